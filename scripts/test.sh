@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Install shadow with its test extras and the system packages the tests need, then run the
+# whole suite (unit, property, integration with real Prometheus / vllm-router / openai client,
+# ruff and mypy). Run it inside the Python environment you want to use (a venv is best).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python3 -m pip install --quiet --upgrade pip
+python3 -m pip install --quiet -e '.[test]'
+
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ]; then
+    echo "installing Prometheus (Debian package) for the integration tests..." >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  else
+    echo "Prometheus is missing: run 'sudo apt-get install -y prometheus' (tests that need it will fail)" >&2
+  fi
+fi
+
+set +e
+python3 -m pytest "$@"
+rc=$?
+set -e
+if [ "$rc" = "5" ]; then
+  echo "pytest collected no tests: treating as a failure" >&2
+  exit 1
+fi
+exit "$rc"

@@ -1,0 +1,1 @@
+"""Sub-commands of the `shadow` CLI; each module has `register(subparsers)`."""
