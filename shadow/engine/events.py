@@ -1,0 +1,136 @@
+"""Normalised fleet events: what the mirror produces, what the engine consumes, what `--record` writes.
+
+One event per fact, plain and immutable. `t` is seconds on the producer's clock (monotonic for
+live feeds, trace-relative for replays). Request ids are opaque strings (never prompt text);
+`worker` is a worker name as configured (e.g. "d0"), mapped to an index by whoever holds the
+worker list. `to_dict`/`from_dict` give the NDJSON form published as a JSON Schema.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, ClassVar, Literal
+
+FinishReason = Literal["stop", "length", "abort", "error", "cut", "reaped", "other"]
+
+
+@dataclass(frozen=True, slots=True)
+class Arrive:
+    """A request reached the router (before any decode placement)."""
+
+    kind: ClassVar[str] = "arrive"
+    request_id: str
+    t: float
+    prompt_tokens: int | None = None
+    prompt_key: str | None = None
+    max_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """The router placed the request's decode on `worker`."""
+
+    kind: ClassVar[str] = "route"
+    request_id: str
+    t: float
+    worker: str
+    prompt_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """The request's stream advanced to `generated` output tokens in total (cumulative)."""
+
+    kind: ClassVar[str] = "token"
+    request_id: str
+    t: float
+    generated: int
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """The request ended on its worker (normally, or by error / cut / reaping)."""
+
+    kind: ClassVar[str] = "finish"
+    request_id: str
+    t: float
+    reason: FinishReason = "stop"
+    generated: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """The client went away before the request finished."""
+
+    kind: ClassVar[str] = "cancel"
+    request_id: str
+    t: float
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """A measured decode step: `duration_s` long, ending at `t` (on `worker`, if per worker)."""
+
+    kind: ClassVar[str] = "step"
+    t: float
+    duration_s: float
+    worker: str | None = None
+
+
+Event = Arrive | Route | Token | Finish | Cancel | Step
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.kind: cls for cls in (Arrive, Route, Token, Finish, Cancel, Step)  # type: ignore[misc]
+}
+
+
+def to_dict(event: Event) -> dict[str, Any]:
+    """The NDJSON form: {"type": kind, ...fields}, with None fields left out."""
+    out: dict[str, Any] = {"type": event.kind}
+    out.update({k: v for k, v in asdict(event).items() if v is not None})
+    return out
+
+
+def from_dict(data: dict[str, Any]) -> Event:
+    """Parse and validate one NDJSON object; raises ValueError with a one-line reason."""
+    if not isinstance(data, dict):
+        raise ValueError("event must be a JSON object")
+    kind = data.get("type")
+    cls = EVENT_TYPES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ValueError(f"unknown event type {kind!r}")
+    known = {f.name: f for f in fields(cls)}
+    extra = set(data) - set(known) - {"type"}
+    if extra:
+        raise ValueError(f"{kind}: unknown field(s) {sorted(extra)}")
+    kwargs: dict[str, Any] = {}
+    for name in known:
+        if name in data and data[name] is not None:
+            kwargs[name] = data[name]
+    try:
+        event = cls(**kwargs)
+    except TypeError as exc:
+        raise ValueError(f"{kind}: missing field ({exc})") from None
+    _validate(event)
+    return event
+
+
+def _validate(event: Event) -> None:
+    t = event.t
+    if isinstance(t, bool) or not isinstance(t, int | float) or t != t or t in (float("inf"), float("-inf")):
+        raise ValueError(f"{event.kind}: t must be a finite number")
+    rid = getattr(event, "request_id", None)
+    if rid is not None and (not isinstance(rid, str) or not rid or len(rid) > 256):
+        raise ValueError(f"{event.kind}: request_id must be a non-empty string of at most 256 characters")
+    for name in ("prompt_tokens", "max_tokens", "generated"):
+        value = getattr(event, name, None)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ValueError(f"{event.kind}: {name} must be an integer >= 0")
+    if isinstance(event, Route) and (not isinstance(event.worker, str) or not event.worker):
+        raise ValueError("route: worker must be a non-empty string")
+    if isinstance(event, Step):
+        d = event.duration_s
+        if isinstance(d, bool) or not isinstance(d, int | float) or not (0 <= d < 3600):
+            raise ValueError("step: duration_s must be a number in [0, 3600)")
+    if isinstance(event, Finish) and event.reason not in ("stop", "length", "abort", "error", "cut", "reaped", "other"):
+        raise ValueError(f"finish: unknown reason {event.reason!r}")
