@@ -1,0 +1,9 @@
+"""Pure routing core: fleet math, BR-0/BR-H F-scores, the two-stage assigner, baselines, predictors.
+
+No I/O, no clock, no randomness of its own: time and RNGs are passed in.
+"""
+
+from shadow.core.params import BRParams, br0_equivalent
+from shadow.core.schedule import POLICIES, schedule_round
+
+__all__ = ["POLICIES", "BRParams", "br0_equivalent", "schedule_round"]

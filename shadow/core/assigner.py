@@ -1,0 +1,93 @@
+"""The BalanceRoute two-stage assigner: one routing round over the pool and free slots.
+
+Stage 1, while total free slots exceed S_greedy: the worker with the most free slots (ties:
+larger margin, lower load, lower index) takes its best single request from the whole pool.
+Stage 2: workers popped by (free slots desc, margin desc, index asc) with keys refreshed before
+each pop; each takes the best subset of the first R_max window entries within its free slots,
+or — when no subset scores > 0 — the single best window entry (starvation guard).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from functools import partial
+
+from shadow.core.fscore import Scorer
+from shadow.core.params import BRParams
+from shadow.core.pool import Pool, PoolEntry, best_of
+from shadow.core.subset import best_subset
+
+Assignment = tuple[Hashable, int]
+
+
+def _stage1_worker(scorer: Scorer, free: Sequence[int]) -> int:
+    best = -1
+    best_key: tuple[int, float, float, int] | None = None
+    for g, c in enumerate(free):
+        if c <= 0:
+            continue
+        key = (c, scorer.margin(g), -scorer.load(g), -g)
+        if best_key is None or key > best_key:
+            best, best_key = g, key
+    return best
+
+
+def _stage2_worker(scorer: Scorer, free: Sequence[int]) -> int:
+    best = -1
+    best_key: tuple[int, float, int] | None = None
+    for g, c in enumerate(free):
+        if c <= 0:
+            continue
+        key = (c, scorer.margin(g), -g)
+        if best_key is None or key > best_key:
+            best, best_key = g, key
+    return best
+
+
+def assign_round(
+    scorer: Scorer,
+    pool: Pool,
+    free_slots: Sequence[int],
+    params: BRParams,
+    now: float = 0.0,
+) -> list[Assignment]:
+    """Run one round; admitted entries leave `pool`, `scorer` tracks the new loads.
+
+    Returns (request_id, worker) in decision order. No worker gets more than its free slots;
+    every popped Stage-2 worker admits at least one request.
+    """
+    free = list(free_slots)
+    out: list[Assignment] = []
+    threshold = params.greedy_threshold(scorer.workers)
+
+    def admit(g: int, entries: Sequence[PoolEntry]) -> None:
+        for entry in entries:
+            pool.remove(entry)
+            out.append((entry.request_id, g))
+        free[g] -= len(entries)
+        scorer.admit(g, entries)
+
+    # Stage 1: capacity is plentiful — greedy single fills from the whole pool.
+    total_free = sum(free)
+    while pool and total_free > threshold:
+        g = _stage1_worker(scorer, free)
+        entry = pool.best_single(partial(scorer.score, g), scorer.peak(g))
+        assert entry is not None  # pool is non-empty
+        admit(g, (entry,))
+        total_free -= 1
+
+    # Stage 2: capacity is scarce — exact best subset of the window per popped worker.
+    while pool:
+        g = _stage2_worker(scorer, free)
+        if g < 0:
+            break
+        window = pool.window(params.r_max, now, params.age_s)
+        cap = min(free[g], params.r_max)
+        score = partial(scorer.score, g)
+        chosen, value = best_subset(window, cap, score, scorer.peak(g), params.exhaustive_max)
+        if not chosen or value <= 0:
+            single = best_of(window, score)  # starvation guard
+            assert single is not None
+            chosen = [single]
+        admit(g, chosen)
+    return out

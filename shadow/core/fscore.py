@@ -1,0 +1,195 @@
+"""F-scores: the value of adding Δ KV tokens to worker g, for BR-0 and BR-H.
+
+BR-0: F_g(Δ) = Δ − G·(Δ − m_g)+, the exact one-step drop of I(k).
+BR-H: F_g(Δ) = α·D·Δ − β·Σ_h γ^h (Δ − m_{g,h})+ over projected margins h = 0..H, evaluated in
+O(log H) from margins sorted per worker and prefix sums of the discount weights.
+Both scorers also track loads through admissions inside a round (`admit`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from shadow.core.params import BRParams
+from shadow.core.pool import PoolEntry
+
+FloatArray = npt.NDArray[np.float64]
+
+
+class Scorer(Protocol):
+    """What the two-stage assigner needs from an F-score."""
+
+    workers: int
+
+    def score(self, g: int, delta: float) -> float: ...
+
+    def peak(self, g: int) -> float: ...
+
+    def margin(self, g: int) -> float: ...
+
+    def load(self, g: int) -> float: ...
+
+    def admit(self, g: int, entries: Sequence[PoolEntry]) -> None: ...
+
+
+class BR0Scorer:
+    """BR-0 over current loads L_g (integers stay exact)."""
+
+    __slots__ = ("_loads", "_max", "workers")
+
+    def __init__(self, loads: Sequence[float]) -> None:
+        self._loads = list(loads)
+        self.workers = len(self._loads)
+        self._max = max(self._loads)
+
+    def score(self, g: int, delta: float) -> float:
+        over = delta - (self._max - self._loads[g])
+        return delta - self.workers * over if over > 0 else delta
+
+    def peak(self, g: int) -> float:
+        return self._max - self._loads[g]
+
+    def margin(self, g: int) -> float:
+        return self._max - self._loads[g]
+
+    def load(self, g: int) -> float:
+        return self._loads[g]
+
+    def admit(self, g: int, entries: Sequence[PoolEntry]) -> None:
+        self._loads[g] += sum(e.prompt_tokens for e in entries)
+        if self._loads[g] > self._max:
+            self._max = self._loads[g]
+
+
+def project_loads(
+    loads: Sequence[float],
+    active_worker: npt.NDArray[np.int64],
+    active_load: FloatArray,
+    active_steps: FloatArray,
+    horizon: int,
+) -> FloatArray:
+    """L̂_g(k+h) for h = 0..H from active requests (worker, current load w_i, predicted steps ĉ_i).
+
+    Request i contributes w_i + h while present: for h < max(1, ⌈ĉ_i⌉), and for every h when
+    ĉ_i >= H. Column 0 equals `loads`: load not covered by listed requests (if any) is held
+    constant over the horizon.
+    """
+    workers = len(loads)
+    width = horizon + 1
+    base = np.asarray(loads, dtype=np.float64)
+    proj = np.repeat(base[:, None], width, axis=1)
+    if active_worker.size == 0:
+        return proj
+    steps = np.where(active_steps >= horizon, width, np.clip(np.ceil(active_steps), 1, width))
+    last = steps.astype(np.int64) - 1  # request present for h in [0, last]
+    flat = active_worker * width + last
+    size = workers * width
+    cnt = np.bincount(flat, minlength=size).reshape(workers, width).astype(np.float64)
+    sw = np.bincount(flat, weights=active_load, minlength=size).reshape(workers, width)
+    # Present at h iff last >= h: reverse cumulative sums along h.
+    cnt = np.cumsum(cnt[:, ::-1], axis=1)[:, ::-1]
+    sw = np.cumsum(sw[:, ::-1], axis=1)[:, ::-1]
+    h = np.arange(width, dtype=np.float64)
+    covered = sw[:, 0]
+    proj = sw + h[None, :] * cnt + (base - covered)[:, None]
+    return proj
+
+
+class BRHScorer:
+    """BR-H over a projection L̂ (G × (H+1)); margins re-sorted only for rows that change."""
+
+    __slots__ = (
+        "_D",
+        "_alpha",
+        "_beta",
+        "_d",
+        "_env",
+        "_h",
+        "_newcomer",
+        "_peak",
+        "_proj",
+        "_sorted",
+        "_thr",
+        "_v",
+        "_w",
+        "horizon",
+        "workers",
+    )
+
+    def __init__(self, projection: FloatArray, params: BRParams) -> None:
+        if projection.ndim != 2 or projection.shape[1] != params.horizon + 1:
+            raise ValueError(
+                f"projection must have shape (G, H+1) = (G, {params.horizon + 1}), got {projection.shape}"
+            )
+        self._proj = np.array(projection, dtype=np.float64)
+        self.workers = int(self._proj.shape[0])
+        self.horizon = params.horizon
+        self._alpha = float(params.alpha)
+        self._beta = float(params.beta)
+        self._newcomer = params.newcomer
+        self._d = params.gamma ** np.arange(params.horizon + 1, dtype=np.float64)
+        self._D = float(self._d.sum())
+        self._thr = self._alpha / self._beta * self._D
+        self._h = np.arange(params.horizon + 1, dtype=np.float64)
+        self._env = self._proj.max(axis=0)
+        self._sorted: list[list[float]] = [[] for _ in range(self.workers)]
+        self._w: list[list[float]] = [[] for _ in range(self.workers)]
+        self._v: list[list[float]] = [[] for _ in range(self.workers)]
+        self._peak: list[float] = [0.0] * self.workers
+        self._refresh(range(self.workers))
+
+    def _refresh(self, rows: Sequence[int] | range) -> None:
+        idx = np.asarray(list(rows), dtype=np.int64)
+        margins = self._env[None, :] - self._proj[idx]
+        order = np.argsort(margins, axis=1, kind="stable")
+        sm = np.take_along_axis(margins, order, axis=1)
+        sd = self._d[order]
+        w = np.cumsum(sd, axis=1)
+        v = np.cumsum(sd * sm, axis=1)
+        first = [int(np.searchsorted(row, self._thr * (1 - 1e-12), side="left")) for row in w]
+        sm_l, w_l, v_l = sm.tolist(), w.tolist(), v.tolist()
+        for k, g in enumerate(idx.tolist()):
+            self._sorted[g] = sm_l[k]
+            self._w[g] = [0.0, *w_l[k]]
+            self._v[g] = [0.0, *v_l[k]]
+            j = min(first[k], len(sm_l[k]) - 1)
+            self._peak[g] = sm_l[k][j]
+
+    def score(self, g: int, delta: float) -> float:
+        j = bisect.bisect_left(self._sorted[g], delta)  # number of margins < Δ
+        return self._alpha * self._D * delta - self._beta * (delta * self._w[g][j] - self._v[g][j])
+
+    def peak(self, g: int) -> float:
+        return self._peak[g]
+
+    def margin(self, g: int) -> float:
+        return float(self._env[0] - self._proj[g, 0])
+
+    def load(self, g: int) -> float:
+        return float(self._proj[g, 0])
+
+    def admit(self, g: int, entries: Sequence[PoolEntry]) -> None:
+        width = self.horizon + 1
+        row = self._proj[g]
+        for e in entries:
+            if self._newcomer == "constant":
+                row += e.prompt_tokens
+                continue
+            steps = width if e.horizon_steps is None else e.horizon_steps
+            n = width if steps >= self.horizon else max(1, min(width, math.ceil(steps)))
+            row[:n] += e.prompt_tokens + self._h[:n]
+        if np.any(row > self._env):
+            np.maximum(self._env, row, out=self._env)
+            self._refresh(range(self.workers))
+        else:
+            self._refresh((g,))
+
+    def projection(self) -> FloatArray:
+        """A copy of the current projection (after admissions)."""
+        return self._proj.copy()

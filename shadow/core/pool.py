@@ -1,0 +1,126 @@
+"""The prompt pool: prefill-completed requests waiting for a decode worker.
+
+Ordered by prompt length descending (ties: older first), with aging: entries older than
+`age_s` are promoted to the front of the Stage-2 window in arrival order. Length-sorted keys
+let the best single request for a concave score be found by binary search.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class PoolEntry:
+    """One waiting request. `seq` is its arrival rank (smaller = older, unique per pool)."""
+
+    request_id: Hashable
+    prompt_tokens: int
+    seq: int
+    arrived_at: float = 0.0
+    # BR-H: predicted steps this request stays within the horizon once admitted (None = whole horizon).
+    horizon_steps: float | None = None
+
+
+Score = Callable[[float], float]
+
+
+class Pool:
+    """Waiting requests, sorted by (−prompt_tokens, seq)."""
+
+    __slots__ = ("_by_seq", "_keys", "_next_seq")
+
+    def __init__(self) -> None:
+        self._keys: list[tuple[int, int]] = []
+        self._by_seq: dict[int, PoolEntry] = {}
+        self._next_seq = 0
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __bool__(self) -> bool:
+        return bool(self._keys)
+
+    def __iter__(self) -> Iterator[PoolEntry]:
+        """Entries in pool order (longest prompt first, ties older first)."""
+        for _, seq in self._keys:
+            yield self._by_seq[seq]
+
+    def add(
+        self,
+        request_id: Hashable,
+        prompt_tokens: int,
+        arrived_at: float = 0.0,
+        horizon_steps: float | None = None,
+    ) -> PoolEntry:
+        """Insert a request (arrival order = call order); returns its entry."""
+        entry = PoolEntry(request_id, int(prompt_tokens), self._next_seq, arrived_at, horizon_steps)
+        self._next_seq += 1
+        bisect.insort(self._keys, (-entry.prompt_tokens, entry.seq))
+        self._by_seq[entry.seq] = entry
+        return entry
+
+    def remove(self, entry: PoolEntry) -> None:
+        """Take an entry out of the pool (KeyError if it is not there)."""
+        key = (-entry.prompt_tokens, entry.seq)
+        i = bisect.bisect_left(self._keys, key)
+        if i == len(self._keys) or self._keys[i] != key:
+            raise KeyError(entry.request_id)
+        del self._keys[i]
+        del self._by_seq[entry.seq]
+
+    def window(self, size: int, now: float, age_s: float | None) -> list[PoolEntry]:
+        """The first `size` entries: aged ones (arrival order) first, then by pool order."""
+        out: list[PoolEntry] = []
+        taken: set[int] = set()
+        if age_s is not None:
+            # _by_seq is insertion-ordered, i.e. arrival-ordered: stop at the first young entry.
+            for seq, entry in self._by_seq.items():
+                if len(out) == size or now - entry.arrived_at < age_s:
+                    break
+                out.append(entry)
+                taken.add(seq)
+        for _, seq in self._keys:
+            if len(out) == size:
+                break
+            if seq not in taken:
+                out.append(self._by_seq[seq])
+        return out
+
+    def best_single(self, score: Score, peak: float) -> PoolEntry | None:
+        """Highest-scoring entry for a concave `score` with maximiser `peak` (ties: older).
+
+        By concavity the best is the largest prompt <= peak or the smallest prompt > peak.
+        """
+        keys = self._keys
+        if not keys:
+            return None
+        candidates: list[PoolEntry] = []
+        # Largest prompt <= peak: first key with -s >= -peak (oldest among equal lengths).
+        lo = bisect.bisect_left(keys, (-_floor(peak), -1))
+        if lo < len(keys):
+            candidates.append(self._by_seq[keys[lo][1]])
+        if lo > 0:
+            length = -keys[lo - 1][0]
+            j = bisect.bisect_left(keys, (-length, -1))
+            candidates.append(self._by_seq[keys[j][1]])
+        return best_of(candidates, score)
+
+
+def best_of(entries: list[PoolEntry], score: Score) -> PoolEntry | None:
+    """Highest score among `entries`; equal scores go to the older entry."""
+    best: PoolEntry | None = None
+    best_score = 0.0
+    for entry in entries:
+        value = score(entry.prompt_tokens)
+        if best is None or value > best_score or (value == best_score and entry.seq < best.seq):
+            best, best_score = entry, value
+    return best
+
+
+def _floor(x: float) -> int:
+    if x == float("inf"):
+        return 1 << 62
+    return int(x // 1)

@@ -1,0 +1,188 @@
+"""Predictors of how long an active request stays within the BR-H horizon.
+
+Interface: for requests with `generated` tokens so far, `predict` returns p_fin (probability of
+finishing within H more steps) and mu_rem (expected remaining steps given that it does);
+ĉ = (1 − p_fin)·H + p_fin·mu_rem (`contribution`). Oracle knows the true remaining length and
+is an offline upper bound only; Survival learns the empirical output-length distribution
+online from finished requests; ExactMatch keeps one per prompt key (a hash, never text) and
+falls back to Survival.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+def contribution(p_fin: FloatArray, mu_rem: FloatArray, horizon: int) -> FloatArray:
+    """ĉ = (1 − p_fin)·H + p_fin·mu_rem, clipped to [0, H]."""
+    return np.clip((1.0 - p_fin) * horizon + p_fin * mu_rem, 0.0, float(horizon))
+
+
+class Predictor(Protocol):
+    """Termination-classifier interface used by BR-H."""
+
+    name: str
+
+    def predict(
+        self,
+        generated: IntArray,
+        horizon: int,
+        keys: Sequence[Hashable | None] | None = None,
+        remaining: IntArray | None = None,
+    ) -> tuple[FloatArray, FloatArray]: ...
+
+    def observe(self, output_tokens: int, key: Hashable | None = None) -> None: ...
+
+
+class EmpiricalLengths:
+    """Empirical output-length distribution with O(log N) conditional queries."""
+
+    __slots__ = ("_pending", "_prefix", "_sorted")
+
+    def __init__(self, lengths: Sequence[int] = ()) -> None:
+        self._sorted: FloatArray = np.zeros(0)
+        self._prefix: FloatArray = np.zeros(1)
+        self._pending: list[int] = [int(x) for x in lengths]
+
+    def __len__(self) -> int:
+        return int(self._sorted.size) + len(self._pending)
+
+    def add(self, length: int) -> None:
+        """Record one finished request's output length (tokens)."""
+        if length < 0:
+            raise ValueError(f"output length must be >= 0, got {length}")
+        self._pending.append(int(length))
+
+    def _settle(self) -> None:
+        if self._pending:
+            merged = np.concatenate([self._sorted, np.asarray(self._pending, dtype=np.float64)])
+            merged.sort(kind="mergesort")
+            self._sorted = merged
+            self._prefix = np.concatenate([[0.0], np.cumsum(merged)])
+            self._pending.clear()
+
+    def conditional(self, age: FloatArray, horizon: int) -> tuple[FloatArray, FloatArray]:
+        """p_fin(a) = [F(a+H) − F(a)] / [1 − F(a)], mu_rem(a) = E[O − a | a < O ≤ a+H].
+
+        No data: p_fin = 0 (assume it stays). Every sample ≤ a: p_fin = 1, mu_rem = 1.
+        No sample in (a, a+H]: mu_rem = H/2.
+        """
+        self._settle()
+        age = np.asarray(age, dtype=np.float64)
+        n = self._sorted.size
+        if n == 0:
+            return np.zeros_like(age), np.full_like(age, horizon / 2.0)
+        le_a = np.searchsorted(self._sorted, age, side="right")
+        le_ah = np.searchsorted(self._sorted, age + horizon, side="right")
+        survivors = n - le_a
+        finishing = le_ah - le_a
+        sums = self._prefix[le_ah] - self._prefix[le_a]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            p_fin = np.where(survivors > 0, finishing / np.maximum(survivors, 1), 1.0)
+            mu = np.where(finishing > 0, (sums - age * finishing) / np.maximum(finishing, 1), horizon / 2.0)
+        mu = np.where(survivors > 0, mu, 1.0)
+        return p_fin.astype(np.float64), mu.astype(np.float64)
+
+
+class OraclePredictor:
+    """Knows each request's true remaining steps (offline upper bound, labelled as such)."""
+
+    name = "oracle"
+
+    def predict(
+        self,
+        generated: IntArray,
+        horizon: int,
+        keys: Sequence[Hashable | None] | None = None,
+        remaining: IntArray | None = None,
+    ) -> tuple[FloatArray, FloatArray]:
+        if remaining is None:
+            raise ValueError("the oracle predictor needs true remaining lengths (offline replay only)")
+        r = np.asarray(remaining, dtype=np.float64)
+        return (r <= horizon).astype(np.float64), r
+
+    def observe(self, output_tokens: int, key: Hashable | None = None) -> None:
+        return None
+
+
+class SurvivalPredictor:
+    """Age-conditioned empirical distribution of output lengths, learned online."""
+
+    name = "survival"
+
+    def __init__(self, history: Sequence[int] = ()) -> None:
+        self.lengths = EmpiricalLengths(history)
+
+    def predict(
+        self,
+        generated: IntArray,
+        horizon: int,
+        keys: Sequence[Hashable | None] | None = None,
+        remaining: IntArray | None = None,
+    ) -> tuple[FloatArray, FloatArray]:
+        return self.lengths.conditional(np.asarray(generated, dtype=np.float64), horizon)
+
+    def observe(self, output_tokens: int, key: Hashable | None = None) -> None:
+        self.lengths.add(output_tokens)
+
+
+class ExactMatchPredictor:
+    """Per prompt-key empirical distributions; keys with < `min_samples` fall back to Survival."""
+
+    name = "exactmatch"
+
+    def __init__(self, min_samples: int = 1) -> None:
+        if min_samples < 1:
+            raise ValueError(f"min_samples must be >= 1, got {min_samples}")
+        self.min_samples = min_samples
+        self.fallback = SurvivalPredictor()
+        self._buckets: dict[Hashable, EmpiricalLengths] = {}
+
+    def predict(
+        self,
+        generated: IntArray,
+        horizon: int,
+        keys: Sequence[Hashable | None] | None = None,
+        remaining: IntArray | None = None,
+    ) -> tuple[FloatArray, FloatArray]:
+        gen = np.asarray(generated, dtype=np.float64)
+        p_fin, mu = self.fallback.predict(np.asarray(generated), horizon)
+        if keys is None:
+            return p_fin, mu
+        groups: dict[Hashable, list[int]] = {}
+        for i, key in enumerate(keys):
+            bucket = self._buckets.get(key) if key is not None else None
+            if bucket is not None and len(bucket) >= self.min_samples:
+                groups.setdefault(key, []).append(i)
+        for key, idx_list in groups.items():
+            idx = np.asarray(idx_list, dtype=np.int64)
+            bp, bm = self._buckets[key].conditional(gen[idx], horizon)
+            p_fin[idx] = bp
+            mu[idx] = bm
+        return p_fin, mu
+
+    def observe(self, output_tokens: int, key: Hashable | None = None) -> None:
+        self.fallback.observe(output_tokens)
+        if key is not None:
+            self._buckets.setdefault(key, EmpiricalLengths()).add(output_tokens)
+
+
+PREDICTORS = ("oracle", "survival", "exactmatch")
+
+
+def make_predictor(name: str) -> Predictor:
+    """A fresh predictor by name (ValueError for an unknown one)."""
+    if name == "oracle":
+        return OraclePredictor()
+    if name == "survival":
+        return SurvivalPredictor()
+    if name == "exactmatch":
+        return ExactMatchPredictor()
+    raise ValueError(f"unknown predictor {name!r}; known: {list(PREDICTORS)}")

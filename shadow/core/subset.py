@@ -1,0 +1,92 @@
+"""Best subset of a window of waiting requests for one worker, by an F-score of their sum.
+
+F depends on a subset only through Δ = Σ s_i, and is concave in Δ with maximiser `peak`, so
+the optimum over reachable sums is the largest reachable Δ ≤ peak or the smallest ≥ peak.
+`exhaustive` enumerates subsets (small windows; ties: older requests, then fewer);
+`bitset` runs a per-cardinality subset-sum over Python big-int bitsets (windows up to 16).
+Both are exact in the optimum value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from itertools import combinations
+
+from shadow.core.pool import PoolEntry
+
+Score = Callable[[float], float]
+
+
+def exhaustive(window: Sequence[PoolEntry], cap: int, score: Score) -> tuple[list[PoolEntry], float]:
+    """Best non-empty subset with at most `cap` members: (subset, F)."""
+    best: list[PoolEntry] = []
+    best_key: tuple[float, tuple[int, ...]] | None = None
+    best_f = -math.inf
+    for size in range(1, min(cap, len(window)) + 1):
+        for combo in combinations(window, size):
+            f = score(sum(e.prompt_tokens for e in combo))
+            key = (-f, tuple(sorted(e.seq for e in combo)))
+            if best_key is None or key < best_key:
+                best_key, best, best_f = key, list(combo), f
+    return best, best_f
+
+
+def bitset(window: Sequence[PoolEntry], cap: int, score: Score, peak: float) -> tuple[list[PoolEntry], float]:
+    """Best non-empty subset with at most `cap` members, by per-cardinality subset-sum bitsets."""
+    items = list(window)
+    cap = min(cap, len(items))
+    if cap <= 0:
+        return [], -math.inf
+    sizes = [e.prompt_tokens for e in items]
+    # Sums above peak + max(s) are never the smallest reachable sum >= peak (drop one member
+    # and the sum is still >= peak), and are worse than it by concavity: cap the bit width.
+    bound = sum(sizes) if math.isinf(peak) else min(sum(sizes), max(0, math.ceil(peak)) + max(sizes))
+    limit = bound + 1
+    mask = (1 << limit) - 1
+    layers = [1] + [0] * cap  # layers[j]: bit x set iff sum x is reachable with exactly j items
+    history: list[list[int]] = [layers.copy()]
+    for s in sizes:
+        for j in range(cap, 0, -1):
+            layers[j] |= (layers[j - 1] << s) & mask
+        history.append(layers.copy())
+    reach = 0
+    for j in range(1, cap + 1):
+        reach |= layers[j]
+    if reach == 0:
+        return [], -math.inf
+    candidates: list[int] = []
+    hi = limit - 1 if math.isinf(peak) else min(limit - 1, math.floor(peak))
+    if hi >= 0:
+        below = reach & ((1 << (hi + 1)) - 1)
+        if below:
+            candidates.append(below.bit_length() - 1)  # largest reachable sum <= peak
+    start = max(0, math.ceil(peak)) if not math.isinf(peak) else limit
+    above = reach >> start if start < limit else 0
+    if above:
+        candidates.append(start + (above & -above).bit_length() - 1)  # smallest reachable sum >= peak
+    total = max(candidates, key=lambda x: (score(x), -x))
+    f = score(total)
+    count = next(j for j in range(1, cap + 1) if (layers[j] >> total) & 1)
+    chosen: list[PoolEntry] = []
+    rest = total
+    for t in range(len(items), 0, -1):
+        if count == 0:
+            break
+        before = history[t - 1]
+        if (before[count] >> rest) & 1:
+            continue  # reachable without item t: leave it out
+        chosen.append(items[t - 1])
+        rest -= sizes[t - 1]
+        count -= 1
+    chosen.reverse()
+    return chosen, f
+
+
+def best_subset(
+    window: Sequence[PoolEntry], cap: int, score: Score, peak: float, exhaustive_max: int
+) -> tuple[list[PoolEntry], float]:
+    """Exhaustive search for windows up to `exhaustive_max` entries, bitset subset-sum above."""
+    if len(window) <= exhaustive_max:
+        return exhaustive(window, cap, score)
+    return bitset(window, cap, score, peak)
