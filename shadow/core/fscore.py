@@ -102,13 +102,18 @@ def project_loads(
 
 
 class BRHScorer:
-    """BR-H over a projection L̂ (G × (H+1)); margins re-sorted only for rows that change."""
+    """BR-H over a projection L̂ (G × (H+1)).
+
+    Margins are re-sorted lazily: an admission marks the rows it changed (all of them when the
+    envelope rises) and a row is rebuilt only when its score or peak is next asked for.
+    """
 
     __slots__ = (
         "_D",
         "_alpha",
         "_beta",
         "_d",
+        "_dirty",
         "_env",
         "_h",
         "_newcomer",
@@ -142,30 +147,34 @@ class BRHScorer:
         self._w: list[list[float]] = [[] for _ in range(self.workers)]
         self._v: list[list[float]] = [[] for _ in range(self.workers)]
         self._peak: list[float] = [0.0] * self.workers
-        self._refresh(range(self.workers))
+        self._dirty: set[int] = set(range(self.workers))
 
-    def _refresh(self, rows: Sequence[int] | range) -> None:
-        idx = np.asarray(list(rows), dtype=np.int64)
-        margins = self._env[None, :] - self._proj[idx]
-        order = np.argsort(margins, axis=1, kind="stable")
-        sm = np.take_along_axis(margins, order, axis=1)
+    def _row(self, g: int) -> None:
+        """Sort worker g's margins m_{g,h} with their weights γ^h; prefix sums; the peak Δ*_g."""
+        self._dirty.discard(g)
+        margins = self._env - self._proj[g]
+        order = np.argsort(margins, kind="stable")
+        sm = margins[order]
         sd = self._d[order]
-        w = np.cumsum(sd, axis=1)
-        v = np.cumsum(sd * sm, axis=1)
-        first = [int(np.searchsorted(row, self._thr * (1 - 1e-12), side="left")) for row in w]
-        sm_l, w_l, v_l = sm.tolist(), w.tolist(), v.tolist()
-        for k, g in enumerate(idx.tolist()):
-            self._sorted[g] = sm_l[k]
-            self._w[g] = [0.0, *w_l[k]]
-            self._v[g] = [0.0, *v_l[k]]
-            j = min(first[k], len(sm_l[k]) - 1)
-            self._peak[g] = sm_l[k][j]
+        w = np.cumsum(sd)
+        v = np.cumsum(sd * sm)
+        sm_l = sm.tolist()
+        # Δ* = first sorted margin where the d-weight of margins at or below it reaches (α/β)·D.
+        j = min(int(np.searchsorted(w, self._thr * (1 - 1e-12), side="left")), len(sm_l) - 1)
+        self._sorted[g] = sm_l
+        self._w[g] = [0.0, *w.tolist()]
+        self._v[g] = [0.0, *v.tolist()]
+        self._peak[g] = sm_l[j]
 
     def score(self, g: int, delta: float) -> float:
+        if g in self._dirty:
+            self._row(g)
         j = bisect.bisect_left(self._sorted[g], delta)  # number of margins < Δ
         return self._alpha * self._D * delta - self._beta * (delta * self._w[g][j] - self._v[g][j])
 
     def peak(self, g: int) -> float:
+        if g in self._dirty:
+            self._row(g)
         return self._peak[g]
 
     def margin(self, g: int) -> float:
@@ -186,9 +195,9 @@ class BRHScorer:
             row[:n] += e.prompt_tokens + self._h[:n]
         if np.any(row > self._env):
             np.maximum(self._env, row, out=self._env)
-            self._refresh(range(self.workers))
+            self._dirty.update(range(self.workers))
         else:
-            self._refresh((g,))
+            self._dirty.add(g)
 
     def projection(self) -> FloatArray:
         """A copy of the current projection (after admissions)."""

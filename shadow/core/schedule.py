@@ -127,9 +127,5 @@ def schedule_round(
     pool = Pool()
     for item in waiting:
         pool.add(item[0], int(item[1]), 0.0, float(item[2]) if len(item) == 3 else None)
-    scorer: Scorer
-    if policy == "br0":
-        scorer = BR0Scorer(loads)
-    else:
-        scorer = brh_scorer(loads, active, br)
+    scorer: Scorer = BR0Scorer(loads) if policy == "br0" else brh_scorer(loads, active, br)
     return assign_round(scorer, pool, [int(c) for c in free_slots], br)

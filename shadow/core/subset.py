@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from itertools import combinations
 
 from shadow.core.pool import PoolEntry
 
@@ -20,16 +19,25 @@ Score = Callable[[float], float]
 
 def exhaustive(window: Sequence[PoolEntry], cap: int, score: Score) -> tuple[list[PoolEntry], float]:
     """Best non-empty subset with at most `cap` members: (subset, F)."""
-    best: list[PoolEntry] = []
-    best_key: tuple[float, tuple[int, ...]] | None = None
-    best_f = -math.inf
-    for size in range(1, min(cap, len(window)) + 1):
-        for combo in combinations(window, size):
-            f = score(sum(e.prompt_tokens for e in combo))
-            key = (-f, tuple(sorted(e.seq for e in combo)))
-            if best_key is None or key < best_key:
-                best_key, best, best_f = key, list(combo), f
-    return best, best_f
+    n = len(window)
+    sums = [0] * (1 << n)
+    best_mask, best_f = 0, -math.inf
+    for mask in range(1, 1 << n):
+        low = mask & -mask
+        sums[mask] = sums[mask ^ low] + window[low.bit_length() - 1].prompt_tokens
+        if mask.bit_count() > cap:
+            continue
+        f = score(sums[mask])
+        if f > best_f or (f == best_f and _older(window, mask, best_mask)):
+            best_mask, best_f = mask, f
+    return [e for i, e in enumerate(window) if best_mask >> i & 1], best_f
+
+
+def _older(window: Sequence[PoolEntry], a: int, b: int) -> bool:
+    """Tie-break: the subset whose sorted arrival ranks compare smaller (older, then fewer)."""
+    seqs_a = sorted(e.seq for i, e in enumerate(window) if a >> i & 1)
+    seqs_b = sorted(e.seq for i, e in enumerate(window) if b >> i & 1)
+    return seqs_a < seqs_b
 
 
 def bitset(window: Sequence[PoolEntry], cap: int, score: Score, peak: float) -> tuple[list[PoolEntry], float]:
