@@ -1,0 +1,106 @@
+"""`shadow tap`: in-path taps in front of upstream workers, mirroring the router's decisions.
+
+Point the existing router at the printed tap URLs instead of the workers. When ready, one JSON
+line `{"taps": {NAME: url}, "api": url}` is printed on stdout; the API serves /v1/state,
+/v1/events (GET recent, POST NDJSON), /v1/events/schema and /metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from shadow.mirror.service import TapConfig, TapService
+
+
+def _pairs(values: Sequence[str] | None, what: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for v in values or ():
+        name, sep, url = v.partition("=")
+        if not sep or not name or not url:
+            raise SystemExit(f"shadow tap: {what} must be NAME=URL, got {v!r}")
+        if name in out:
+            raise SystemExit(f"shadow tap: {what} name {name!r} given twice")
+        out[name] = url
+    return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--upstream", action="append", metavar="NAME=URL", required=True,
+                   help="a decode (or plain) worker to put a tap in front of; repeatable")
+    p.add_argument("--prefill", action="append", metavar="NAME=URL",
+                   help="a prefill worker (P/D) to put a tap in front of; repeatable")
+    p.add_argument("--metrics-of", action="append", metavar="NAME=URL",
+                   help="where NAME's Prometheus metrics are (default: its upstream URL + /metrics)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address for taps and API (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=0,
+                   help="API port; taps take the following ports (default 0: all ephemeral)")
+    p.add_argument("--record", metavar="FILE", help="append every normalised event to FILE as NDJSON")
+    p.add_argument("--max-body", type=int, default=4 << 20, metavar="BYTES",
+                   help="largest request/response body the analysis parses (traffic is never limited)")
+    p.add_argument("--queue-size", type=int, default=65536, help="tap-to-analysis queue capacity (items)")
+    p.add_argument("--slots", type=int, default=None, help="decode slots per worker, if known")
+    p.add_argument("--ttl", type=float, default=300.0, help="reap requests silent this long (s)")
+    p.add_argument("--phantom-age", type=float, default=120.0,
+                   help="count as phantom when silent this long (s)")
+    p.add_argument("--scrape-interval", type=float, default=5.0, help="reconciliation period (s); 0 = off")
+    p.add_argument("--forward", metavar="URL", help="also POST every event to another shadow's event API")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("tap", help="mirror an existing router through in-path taps",
+                              description=__doc__)
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace) -> TapConfig:
+    return TapConfig(
+        upstreams=_pairs(args.upstream, "--upstream"),
+        prefill=_pairs(args.prefill, "--prefill"),
+        metrics_of=_pairs(args.metrics_of, "--metrics-of"),
+        host=args.host, port=args.port, record=args.record, max_body=args.max_body,
+        queue_size=args.queue_size, slots=args.slots, ttl_s=args.ttl, phantom_age_s=args.phantom_age,
+        scrape_interval_s=args.scrape_interval, forward_to=args.forward,
+    )
+
+
+async def serve(config: TapConfig) -> None:
+    svc = TapService(config)
+    ready = await svc.start()
+    print(json.dumps(ready), flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await svc.stop()
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    try:
+        asyncio.run(serve(config))
+    except OSError as exc:
+        print(f"shadow tap: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="shadow tap", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

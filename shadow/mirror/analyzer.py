@@ -1,0 +1,386 @@
+"""The analysis side of the taps: turns copied request/response bytes into normalised events.
+
+Consumes `(ctx, seq, t, payload)` items from the taps' `DropQueue` (see `shadow.mirror.proxy`),
+classifies each request as a prefill leg (`kv_transfer_params.do_remote_decode == true`, or a
+non-streaming `max_tokens == 1` request with `kv_transfer_params` or on a tap declared prefill) or a
+decode leg, pairs P/D legs by `X-Request-Id`, and emits Arrive/Route (decode placement = the tap
+that saw the decode leg), Token (cumulative, coalesced per batch), Finish and Cancel into a
+`Mirror`. Every exception is counted and confined to the item that raised it; an end marker always
+produces the request's end event. Prompt text is never kept: a prompt key is a blake2b hash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from shadow.engine.events import Arrive, Cancel, Finish, FinishReason, Route, Token
+from shadow.mirror.hub import Mirror
+from shadow.mirror.proxy import (
+    END_CLIENT_CANCEL,
+    END_COMPLETE,
+    END_UPSTREAM_CUT,
+    END_UPSTREAM_ERROR,
+    TapContext,
+)
+from shadow.mirror.sse import DEFAULT_MAX_FRAME, StreamParser, parse_json_body
+
+ROLE_OTHER, ROLE_PREFILL, ROLE_DECODE = "other", "prefill", "decode"
+_LLM_PATHS = ("/completions", "/chat/completions", "/generate")
+_FINISH_MAP: dict[str, FinishReason] = {
+    "stop": "stop",
+    "length": "length",
+    "abort": "abort",
+    "error": "error",
+    "tool_calls": "stop",
+    "function_call": "stop",
+}
+
+
+class _Leg:
+    __slots__ = (
+        "body",
+        "body_lost",
+        "gaps",
+        "last_seq",
+        "mid",
+        "parser",
+        "prompt_known",
+        "raw_rid",
+        "role",
+        "sent_gen",
+        "stream",
+    )
+
+    def __init__(self, role: str) -> None:
+        self.role = role
+        self.raw_rid = ""
+        self.mid = ""  # the mirrored request id (unique per decode leg)
+        self.stream = False
+        self.parser: StreamParser | None = None
+        self.body: list[bytes] | None = None
+        self.body_lost = False
+        self.last_seq = 0
+        self.sent_gen = 0
+        self.prompt_known = False
+        self.gaps = 0
+
+
+class _Pair:
+    __slots__ = ("decode", "prefill_tap", "prompt", "t_arrive")
+
+    def __init__(self, t_arrive: float, prefill_tap: str) -> None:
+        self.t_arrive = t_arrive
+        self.prefill_tap = prefill_tap
+        self.prompt: int | None = None
+        self.decode: tuple[TapContext, _Leg] | None = None
+
+
+def prompt_key(req: dict[str, Any]) -> str | None:
+    """A stable hash of the prompt (messages or prompt field); the text itself is never kept."""
+    src = req.get("messages", req.get("prompt"))
+    if src is None:
+        return None
+    try:
+        canon = json.dumps(src, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError):
+        return None
+    return hashlib.blake2b(canon.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+
+
+def _is_llm_path(path: str) -> bool:
+    p = path.split("?", 1)[0].rstrip("/")
+    return p.endswith(_LLM_PATHS)
+
+
+class Analyzer:
+    """Per-request analysis of tap traffic; `process(batch)` is synchronous, `run(queue)` loops."""
+
+    def __init__(
+        self,
+        mirror: Mirror,
+        *,
+        prefill_taps: Iterable[str] = (),
+        max_body: int = 4 << 20,
+        max_frame: int = DEFAULT_MAX_FRAME,
+        hook: Callable[[TapContext, bytes], None] | None = None,
+        pair_ttl_s: float = 600.0,
+        max_pairs: int = 100_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.mirror = mirror
+        self.prefill_taps = frozenset(prefill_taps)
+        self.max_body = max_body
+        self.max_frame = max_frame
+        self.hook = hook
+        self.pair_ttl_s = pair_ttl_s
+        self.max_pairs = max_pairs
+        self.clock = clock
+        self._id_prefix = "tap-" + secrets.token_hex(3)
+        self._next_id = 0
+        self._pairs: OrderedDict[str, _Pair] = OrderedDict()
+        self._decode_legs: OrderedDict[str, int] = OrderedDict()  # raw rid -> decode legs seen
+        self._recomputed: OrderedDict[str, str] = OrderedDict()  # raw rid -> mirrored id
+        self._dirty: dict[_Leg, float] = {}
+        # counters (exported by MirrorCollector)
+        self.items = 0
+        self.chunks: dict[str, int] = {}
+        self.legs: dict[tuple[str, str], int] = {}
+        self.ends: dict[tuple[str, str], int] = {}
+        self.inflight: dict[str, int] = {}
+        self.gaps = 0
+
+    # -- driving ---------------------------------------------------------------------------------
+
+    async def run(self, queue: Any, *, batch: int = 512, pace: float = 0.0) -> None:
+        """Consume the taps' queue forever (cancel to stop). `pace` sleeps between batches (tests)."""
+        while True:
+            items = await queue.get_batch(batch)
+            self.process(items)
+            await asyncio.sleep(pace)
+
+    def process(self, items: list[tuple[TapContext, int, float, Any]]) -> None:
+        mirror = self.mirror
+        for item in items:
+            self.items += 1
+            ctx, seq, t, payload = item
+            try:
+                leg = ctx.an
+                if leg is None:
+                    leg = self._start(ctx)
+                if seq > 0:
+                    self._data(ctx, leg, seq, t, payload)
+                elif seq < 0:
+                    self._end(ctx, leg, t, payload)
+            except Exception:
+                mirror.count_error("analysis")
+                if seq < 0:
+                    self._end_anyway(ctx, t)
+        self._flush_tokens()
+
+    def tick(self, now: float) -> None:
+        """Expire P/D pairing records whose decode leg never came."""
+        limit = now - self.pair_ttl_s
+        pairs = self._pairs
+        while pairs:
+            p = next(iter(pairs.values()))
+            if p.t_arrive >= limit:
+                break
+            pairs.popitem(last=False)
+            self.mirror.count_drop("unpaired_prefill")
+
+    # -- one request -----------------------------------------------------------------------------
+
+    def _new_id(self) -> str:
+        self._next_id += 1
+        return f"{self._id_prefix}-{self._next_id}"
+
+    def _start(self, ctx: TapContext) -> _Leg:
+        if ctx.method != "POST" or not _is_llm_path(ctx.path):
+            leg = _Leg(ROLE_OTHER)
+            ctx.an = leg
+            return leg
+        req: dict[str, Any] = {}
+        if ctx.body is None:
+            self.mirror.count_drop("oversized_body")
+        else:
+            try:
+                obj = json.loads(ctx.body)
+                if isinstance(obj, dict):
+                    req = obj
+                else:
+                    self.mirror.count_drop("invalid_request")
+            except ValueError:
+                self.mirror.count_drop("invalid_request")
+        stream = req.get("stream") is True
+        kv = req.get("kv_transfer_params")
+        max_tokens = req.get("max_tokens", req.get("max_completion_tokens"))
+        one = max_tokens == 1 and not stream
+        is_prefill = (isinstance(kv, dict) and kv.get("do_remote_decode") is True) or (
+            one and (isinstance(kv, dict) or ctx.tap in self.prefill_taps)
+        )
+        tap = ctx.tap
+        raw = ctx.request_id[:200] if ctx.request_id else self._new_id()
+        leg = _Leg(ROLE_PREFILL if is_prefill else ROLE_DECODE)
+        ctx.an = leg
+        leg.raw_rid = raw
+        leg.stream = stream
+        self.legs[(tap, leg.role)] = self.legs.get((tap, leg.role), 0) + 1
+        self.inflight[tap] = self.inflight.get(tap, 0) + 1
+        now = self.clock()
+        if is_prefill:
+            pair = self._pairs.get(raw)
+            if pair is None:
+                self._pairs[raw] = _Pair(ctx.t_start, tap)
+                if len(self._pairs) > self.max_pairs:
+                    self._pairs.popitem(last=False)
+                    self.mirror.count_drop("unpaired_prefill")
+            leg.mid = raw
+            return leg
+        # decode leg: one mirrored request per leg (a retried or re-used id gets a suffix),
+        # except the re-dispatch of a recomputed request, which moves the same request.
+        mid = self._recomputed.pop(raw, None)
+        if mid is None:
+            n = self._decode_legs.get(raw, 0) + 1
+            self._decode_legs[raw] = n
+            if len(self._decode_legs) > self.max_pairs:
+                self._decode_legs.popitem(last=False)
+            mid = raw if n == 1 else f"{raw}~{n}"
+        leg.mid = mid
+        pair = self._pairs.get(raw)
+        prompt = pair.prompt if pair is not None else None
+        if pair is not None:
+            pair.decode = (ctx, leg)
+        t_arr = pair.t_arrive if pair is not None else ctx.t_start
+        ok_mt = isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens >= 0
+        mt = max_tokens if ok_mt else None
+        mirror = self.mirror
+        mirror.emit(Arrive(mid, t_arr, prompt, prompt_key(req) if req else None, mt), "tap", now)
+        mirror.emit(Route(mid, ctx.t_start, tap, prompt), "tap", now)
+        leg.prompt_known = prompt is not None
+        return leg
+
+    def _data(self, ctx: TapContext, leg: _Leg, seq: int, t: float, payload: bytes) -> None:
+        if leg.role == ROLE_OTHER:
+            return
+        tap = ctx.tap
+        self.chunks[tap] = self.chunks.get(tap, 0) + 1
+        gap = seq != leg.last_seq + 1
+        leg.last_seq = seq
+        if self.hook is not None:
+            self.hook(ctx, payload)
+        parser = leg.parser
+        if parser is None and leg.body is None:
+            ctype = ctx.resp_headers.get("content-type", "")
+            if "event-stream" in ctype or (leg.stream and not ctype):
+                parser = leg.parser = StreamParser(self.max_frame)
+            else:
+                leg.body = []
+        if gap:
+            leg.gaps += 1
+            self.gaps += 1
+            if parser is not None:
+                parser.reset_partial()
+            else:
+                leg.body_lost = True
+        if parser is not None:
+            parser.feed(payload)
+            if leg.role == ROLE_DECODE:
+                g = parser.generated
+                if g > leg.sent_gen:
+                    leg.sent_gen = g
+                    self._dirty[leg] = t
+                if not leg.prompt_known and parser.prompt_tokens is not None:
+                    self._prompt_learnt(ctx, leg, parser.prompt_tokens, t)
+        elif leg.body is not None and not leg.body_lost:
+            leg.body.append(payload)
+            if sum(map(len, leg.body)) > self.max_body:
+                leg.body = []
+                leg.body_lost = True
+                self.mirror.count_drop("oversized_body")
+
+    def _prompt_learnt(self, ctx: TapContext, leg: _Leg, prompt: int, t: float) -> None:
+        """Prompt tokens learnt after the route (plain mode): a repeated Route that adds them."""
+        leg.prompt_known = True
+        self.mirror.emit(Route(leg.mid, ctx.t_start, ctx.tap, prompt), "tap", self.clock())
+
+    def _flush_tokens(self) -> None:
+        if not self._dirty:
+            return
+        dirty, self._dirty = self._dirty, {}
+        now = self.clock()
+        emit = self.mirror.emit
+        for leg, t in dirty.items():
+            emit(Token(leg.mid, t, leg.sent_gen), "tap", now)
+
+    def _result(self, leg: _Leg) -> StreamParser | None:
+        p: StreamParser | None = None
+        if leg.parser is not None:
+            p = leg.parser
+            p.close()
+        elif leg.body is not None and not leg.body_lost:
+            p = parse_json_body(b"".join(leg.body), self.max_body)
+        if p is not None:
+            if p.invalid_json:
+                self.mirror.count_drop("invalid_json", p.invalid_json)
+            if p.oversized:
+                self.mirror.count_drop("oversized_frame", p.oversized)
+        return p
+
+    def _end(self, ctx: TapContext, leg: _Leg, t: float, reason: str) -> None:
+        tap = ctx.tap
+        self.ends[(tap, reason)] = self.ends.get((tap, reason), 0) + 1
+        if leg.role == ROLE_OTHER:
+            return
+        self.inflight[tap] = self.inflight.get(tap, 1) - 1
+        if leg.role == ROLE_PREFILL:
+            self._end_prefill(ctx, leg, t, reason)
+            return
+        self._dirty.pop(leg, None)
+        now = self.clock()
+        emit = self.mirror.emit
+        mid = leg.mid
+        pair = self._pairs.get(leg.raw_rid)
+        if pair is not None and pair.decode is not None and pair.decode[1] is leg:
+            del self._pairs[leg.raw_rid]
+        p = self._result(leg)
+        gen = max(leg.sent_gen, p.generated if p is not None else 0)
+        if p is not None and not leg.prompt_known and p.prompt_tokens is not None:
+            self._prompt_learnt(ctx, leg, p.prompt_tokens, t)
+        if gen > leg.sent_gen:
+            leg.sent_gen = gen
+            emit(Token(mid, t, gen), "tap", now)
+        if reason == END_CLIENT_CANCEL:
+            emit(Cancel(mid, t), "tap", now)
+            return
+        fr: FinishReason
+        if reason == END_UPSTREAM_CUT:
+            fr = "cut"
+        elif reason == END_UPSTREAM_ERROR or ctx.status >= 400 or (p is not None and p.error):
+            fr = "error"
+        elif p is None:
+            fr = "other"
+        elif p.stop_reason == "recomputed":
+            self._recomputed[leg.raw_rid] = mid  # the request continues elsewhere: no finish
+            if len(self._recomputed) > self.max_pairs:
+                self._recomputed.popitem(last=False)
+            return
+        elif p.finish_reason is not None:
+            fr = _FINISH_MAP.get(p.finish_reason, "other")
+        elif leg.parser is not None and not p.done:
+            fr = "cut"  # 200 and a clean close, but neither a finish reason nor [DONE]
+        else:
+            fr = "other"
+        emit(Finish(mid, t, fr, gen), "tap", now)
+
+    def _end_prefill(self, ctx: TapContext, leg: _Leg, t: float, reason: str) -> None:
+        pair = self._pairs.get(leg.raw_rid)
+        ok = reason == END_COMPLETE and ctx.status < 400
+        p = self._result(leg) if ok else None
+        if p is None or p.error or p.prompt_tokens is None:
+            if not ok or (p is not None and p.error):
+                self.mirror.count_drop("prefill_failed")
+            return
+        if pair is None:
+            return
+        pair.prompt = p.prompt_tokens
+        if pair.decode is not None:  # decode leg started first (concurrent P/D): add the prompt
+            dctx, dleg = pair.decode
+            if not dleg.prompt_known and not dctx.ended:
+                self._prompt_learnt(dctx, dleg, p.prompt_tokens, t)
+
+    def _end_anyway(self, ctx: TapContext, t: float) -> None:
+        """After an analysis error on an end marker: still end the mirrored request."""
+        leg = ctx.an
+        try:
+            if isinstance(leg, _Leg) and leg.role == ROLE_DECODE and leg.mid:
+                self._dirty.pop(leg, None)
+                self.mirror.emit(Finish(leg.mid, t, "other", leg.sent_gen or None), "tap", self.clock())
+        except Exception:
+            self.mirror.count_error("analysis_end")

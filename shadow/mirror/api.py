@@ -1,0 +1,158 @@
+"""The mirror's HTTP API: event ingestion, recent events, state, schema and /metrics.
+
+`create_app(mirror, registry, ...)` builds a FastAPI app:
+- `POST /v1/events`: an NDJSON batch; each line is validated with `from_dict` (plus the schema's
+  type rules) and applied; reply `{"accepted", "rejected": {reason: n}, "outcomes": {outcome: n}}`;
+  a body over `max_body` bytes is refused with 413 and nothing is applied.
+- `GET /v1/events?after=SEQ&limit=N`: recent applied events as NDJSON (header `X-Last-Seq`).
+- `GET /v1/events/schema`: the published JSON Schema; `GET /v1/state`; `GET /metrics`; `GET /health`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, MutableMapping
+from importlib import resources
+from typing import Any
+
+from fastapi import FastAPI, Query, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from shadow.engine.events import Arrive, Event, Step, from_dict
+from shadow.mirror.hub import Mirror, event_dict
+
+DEFAULT_MAX_BODY = 8 << 20
+REJECT_REASONS = ("invalid_json", "not_object", "unknown_type", "unknown_field", "missing_field",
+                  "invalid_value", "apply_error")
+
+
+def load_schema() -> dict[str, Any]:
+    """The published JSON Schema of one event line."""
+    text = resources.files("shadow.mirror").joinpath("events.schema.json").read_text(encoding="utf-8")
+    schema: dict[str, Any] = json.loads(text)
+    return schema
+
+
+def reject_reason(message: str) -> str:
+    """Map a `from_dict` ValueError message to a bounded reason label."""
+    if "must be a JSON object" in message:
+        return "not_object"
+    if "unknown event type" in message:
+        return "unknown_type"
+    if "unknown field" in message:
+        return "unknown_field"
+    if "missing field" in message:
+        return "missing_field"
+    return "invalid_value"
+
+
+def parse_event(obj: Any) -> Event:
+    """`from_dict` plus the type rules the schema states and `from_dict` leaves open."""
+    ev = from_dict(obj)
+    if isinstance(ev, Arrive) and ev.prompt_key is not None and not isinstance(ev.prompt_key, str):
+        raise ValueError("arrive: prompt_key must be a string")
+    if isinstance(ev, Step) and ev.worker is not None and not isinstance(ev.worker, str):
+        raise ValueError("step: worker must be a string")
+    return ev
+
+
+def ingest_ndjson(
+    body: bytes, mirror: Mirror, now: float, rejected: MutableMapping[str, int]
+) -> dict[str, Any]:
+    """Validate and apply every line of an NDJSON batch; never raises."""
+    accepted = 0
+    rej: dict[str, int] = {}
+    outcomes: dict[str, int] = {}
+    for raw in body.split(b"\n"):
+        line = raw.strip()
+        if not line:
+            continue
+        reason: str | None = None
+        ev: Event | None = None
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            reason = "invalid_json"
+        else:
+            try:
+                ev = parse_event(obj)
+            except ValueError as exc:
+                reason = reject_reason(str(exc))
+            except Exception:
+                reason = "invalid_value"
+        if ev is not None:
+            try:
+                out = mirror.emit(ev, "api", now)
+            except Exception:
+                mirror.count_error("api_apply")
+                reason = "apply_error"
+            else:
+                accepted += 1
+                outcomes[out] = outcomes.get(out, 0) + 1
+        if reason is not None:
+            rej[reason] = rej.get(reason, 0) + 1
+            rejected[reason] = rejected.get(reason, 0) + 1
+    return {"accepted": accepted, "rejected": rej, "outcomes": outcomes}
+
+
+def create_app(
+    mirror: Mirror,
+    registry: CollectorRegistry,
+    *,
+    rejected: MutableMapping[str, int] | None = None,
+    extra_state: Callable[[float], dict[str, Any]] | None = None,
+    max_body: int = DEFAULT_MAX_BODY,
+    clock: Callable[[], float] = time.monotonic,
+) -> FastAPI:
+    """The API app over one mirror; `rejected` is the counter dict the metrics collector exports."""
+    app = FastAPI(title="shadow mirror", docs_url=None, redoc_url=None, openapi_url=None)
+    rejected_counts: MutableMapping[str, int] = rejected if rejected is not None else {}
+    schema = load_schema()
+
+    @app.post("/v1/events")
+    async def post_events(request: Request) -> Response:
+        cl = request.headers.get("content-length")
+        if cl is not None and cl.isdigit() and int(cl) > max_body:
+            rejected_counts["too_large"] = rejected_counts.get("too_large", 0) + 1
+            return JSONResponse({"error": f"body over {max_body} bytes"}, status_code=413)
+        parts: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_body:
+                rejected_counts["too_large"] = rejected_counts.get("too_large", 0) + 1
+                return JSONResponse({"error": f"body over {max_body} bytes"}, status_code=413)
+            parts.append(chunk)
+        result = ingest_ndjson(b"".join(parts), mirror, clock(), rejected_counts)
+        return JSONResponse(result)
+
+    @app.get("/v1/events")
+    async def get_events(after: int = Query(0, ge=0), limit: int = Query(1000, ge=1, le=100_000)) -> Response:
+        items = mirror.recent_after(after, limit)
+        last = items[-1][0] if items else max(after, 0)
+        body = "".join(json.dumps(event_dict(ev), separators=(",", ":")) + "\n" for _, ev in items)
+        return Response(body, media_type="application/x-ndjson", headers={"X-Last-Seq": str(last)})
+
+    @app.get("/v1/events/schema")
+    async def get_schema() -> Response:
+        return JSONResponse(schema, media_type="application/schema+json")
+
+    @app.get("/v1/state")
+    async def get_state() -> Response:
+        now = clock()
+        snap = mirror.state.snapshot(now)
+        if extra_state is not None:
+            snap.update(extra_state(now))
+        return JSONResponse(snap)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return JSONResponse({"status": "ok"})
+
+    return app

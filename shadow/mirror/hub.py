@@ -1,0 +1,132 @@
+"""The mirror hub: where normalised events from taps and from the event API meet.
+
+`Mirror.emit(event, source, now)` applies the event to the `MirrorState`, appends it to the
+recorder (if any) and to a bounded ring of recent events (served by GET /v1/events), and counts it.
+All counters here are plain integers exported by `shadow.mirror.metrics.MirrorCollector`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Callable
+from typing import IO, Any
+
+from shadow.engine.events import Event, Finish
+from shadow.mirror.state import OK, MirrorState
+
+SOURCES = ("tap", "api", "reaper")
+
+
+def event_dict(ev: Event) -> dict[str, Any]:
+    """Same result as `shadow.engine.events.to_dict`, without dataclasses.asdict's deep copy."""
+    out: dict[str, Any] = {"type": ev.kind}
+    for name in ev.__slots__:
+        v = getattr(ev, name)
+        if v is not None:
+            out[name] = v
+    return out
+
+
+class Recorder:
+    """Appends events as NDJSON (to_dict form) to a file; buffered, written on `flush()`."""
+
+    def __init__(self, path: str, *, max_buffered: int = 100_000) -> None:
+        self.path = path
+        self._fh: IO[str] | None = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._lines: list[str] = []
+        self.max_buffered = max_buffered
+        self.written = 0
+        self.dropped = 0
+        self.errors = 0
+
+    def write(self, ev: Event) -> None:
+        if len(self._lines) >= self.max_buffered:
+            self.dropped += 1
+            return
+        self._lines.append(json.dumps(event_dict(ev), separators=(",", ":")))
+
+    def flush(self) -> None:
+        if not self._lines or self._fh is None:
+            return
+        lines, self._lines = self._lines, []
+        try:
+            self._fh.write("\n".join(lines) + "\n")
+            self._fh.flush()
+            self.written += len(lines)
+        except OSError:
+            self.errors += 1
+
+    def close(self) -> None:
+        self.flush()
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+class Mirror:
+    """Event fan-in; see module docstring. `listeners` get every applied event (e.g. an emitter)."""
+
+    def __init__(self, state: MirrorState, *, recorder: Recorder | None = None, ring: int = 10_000) -> None:
+        self.state = state
+        self.recorder = recorder
+        self.recent: deque[tuple[int, Event]] = deque(maxlen=ring)
+        self.seq = 0
+        self.listeners: list[Callable[[Event], None]] = []
+        # counters (exported by MirrorCollector)
+        self.events: dict[tuple[str, str], int] = {}
+        self.ignored: dict[str, int] = {}
+        self.dropped: dict[str, int] = {}
+        self.errors: dict[str, int] = {}
+        self.listener_errors = 0
+
+    def count_drop(self, reason: str, n: int = 1) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + n
+
+    def count_error(self, stage: str, n: int = 1) -> None:
+        self.errors[stage] = self.errors.get(stage, 0) + n
+
+    def emit(self, ev: Event, source: str, now: float) -> str:
+        """Apply and fan out one event; returns the state's outcome."""
+        outcome = self.state.apply(ev, now)
+        key = (source, ev.kind)
+        self.events[key] = self.events.get(key, 0) + 1
+        if outcome != OK:
+            self.ignored[outcome] = self.ignored.get(outcome, 0) + 1
+        self.seq += 1
+        self.recent.append((self.seq, ev))
+        if self.recorder is not None:
+            self.recorder.write(ev)
+        for fn in self.listeners:
+            try:
+                fn(ev)
+            except Exception:
+                self.listener_errors += 1
+        return outcome
+
+    def reap(self, now: float, t: float | None = None) -> list[Finish]:
+        """TTL-reap silent requests; the resulting Finish("reaped") events are recorded too."""
+        out = self.state.reap(now, t)
+        for ev in out:
+            key = ("reaper", ev.kind)
+            self.events[key] = self.events.get(key, 0) + 1
+            self.seq += 1
+            self.recent.append((self.seq, ev))
+            if self.recorder is not None:
+                self.recorder.write(ev)
+            for fn in self.listeners:
+                try:
+                    fn(ev)
+                except Exception:
+                    self.listener_errors += 1
+        return out
+
+    def recent_after(self, after: int, limit: int) -> list[tuple[int, Event]]:
+        """Recent events with sequence number > `after`, oldest first, at most `limit`."""
+        out: list[tuple[int, Event]] = []
+        for seq, ev in self.recent:
+            if seq > after:
+                out.append((seq, ev))
+                if len(out) >= limit:
+                    break
+        return out

@@ -1,0 +1,247 @@
+"""Incremental parser for vLLM OpenAI-compatible SSE streams (the analysis side's per-chunk hot path).
+
+`StreamParser.feed(bytes)` accepts a response body split at any byte, with LF, CRLF or CR line ends;
+it never raises on malformed input: invalid JSON and oversized frames are counted and skipped. It
+tracks what the mirror needs: generated tokens (continuous usage where present, else one per chunk
+with non-empty text/content/reasoning/tool_calls), prompt tokens, finish/stop reason, error events,
+`[DONE]` and `kv_transfer_params`. `parse_json_body` does the same for a non-streaming response.
+Prompt or generated text is looked at (non-empty or not) but never kept.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+try:  # optional: faster JSON if the environment has it; stdlib otherwise (same accept/reject set)
+    import orjson as _orjson
+
+    _loads: Callable[[bytes], Any] = _orjson.loads
+except ImportError:  # pragma: no cover - depends on the environment
+    _loads = json.loads
+
+DEFAULT_MAX_FRAME = 1 << 20  # bytes of one SSE event kept while it is incomplete
+
+_CONTENT_KEYS = ("content", "reasoning", "reasoning_content", "tool_calls")
+
+
+class StreamParser:
+    """State of one SSE response body; feed it bytes, read the attributes.
+
+    Attributes (all cumulative): `generated` (best token count), `content_chunks`, `frames`,
+    `prompt_tokens` (from usage, else None), `finish_reason`/`stop_reason` (last non-null seen),
+    `error` (True after an error event), `done` (saw `[DONE]`), `invalid_json`, `oversized`,
+    `role_only` (chunks with no token), `usage_chunks`, `kv_transfer_params` (last seen dict).
+    """
+
+    __slots__ = (
+        "_buf",
+        "_cr_pending",
+        "_skipping",
+        "content_chunks",
+        "continuous_usage",
+        "done",
+        "error",
+        "finish_reason",
+        "frames",
+        "invalid_json",
+        "kv_transfer_params",
+        "max_frame",
+        "on_frame",
+        "oversized",
+        "prompt_tokens",
+        "role_only",
+        "stop_reason",
+        "usage_chunks",
+        "usage_completion",
+    )
+
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME, on_frame: Callable[[bytes], None] | None = None):
+        self.max_frame = max_frame
+        self.on_frame = on_frame
+        self._buf = b""
+        self._cr_pending = False
+        self._skipping = False
+        self.frames = 0
+        self.content_chunks = 0
+        self.role_only = 0
+        self.usage_chunks = 0
+        self.usage_completion: int | None = None
+        self.continuous_usage = False
+        self.prompt_tokens: int | None = None
+        self.finish_reason: str | None = None
+        self.stop_reason: Any = None
+        self.error = False
+        self.done = False
+        self.invalid_json = 0
+        self.oversized = 0
+        self.kv_transfer_params: dict[str, Any] | None = None
+
+    @property
+    def generated(self) -> int:
+        """Output tokens so far: usage's completion_tokens when the stream carries it, else chunks."""
+        uc = self.usage_completion
+        return self.content_chunks if uc is None else uc
+
+    def reset_partial(self) -> None:
+        """Forget an incomplete frame (after a gap in the copy): resynchronise on the next blank line."""
+        self._buf = b""
+        self._cr_pending = False
+        self._skipping = True
+
+    def feed(self, data: bytes) -> None:
+        """Consume the next piece of the body; complete events are interpreted immediately."""
+        if self._cr_pending:
+            data = b"\r" + data
+            self._cr_pending = False
+        if b"\r" in data:
+            if data[-1:] == b"\r":
+                data = data[:-1]
+                self._cr_pending = True
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        buf = self._buf
+        if buf:
+            search_from = len(buf) - 1
+            buf += data
+        else:
+            search_from = 0
+            buf = data
+        start = 0
+        i = buf.find(b"\n\n", search_from)
+        while i >= 0:
+            if self._skipping:
+                self._skipping = False
+            else:
+                self._frame(buf[start:i])
+            start = i + 2
+            i = buf.find(b"\n\n", start)
+        rest = buf[start:] if start else buf
+        if len(rest) > self.max_frame:
+            if not self._skipping:
+                self.oversized += 1
+                self._skipping = True
+            # keep the last byte: it may be the first half of the blank line that ends the frame
+            rest = rest[-1:]
+        self._buf = rest
+
+    def close(self) -> None:
+        """End of body: a final event without its blank line still counts (as browsers do not,
+        but a truncated stream's last complete `data:` line is real progress)."""
+        rest = self._buf
+        self._buf = b""
+        self._cr_pending = False
+        if rest.strip() and not self._skipping:
+            self._frame(rest.rstrip(b"\n"))
+        self._skipping = False
+
+    # -- one event -----------------------------------------------------------------------------
+
+    def _frame(self, frame: bytes) -> None:
+        if frame[:6] == b"data: " and b"\n" not in frame:
+            payload = frame[6:]
+        else:
+            maybe = _data_of(frame)
+            if maybe is None:
+                return  # comment-only / field-only event (e.g. keep-alive)
+            payload = maybe
+        self.frames += 1
+        if self.on_frame is not None:
+            self.on_frame(payload)
+        if payload == b"[DONE]":
+            self.done = True
+            return
+        try:
+            obj = _loads(payload)
+        except ValueError:
+            self.invalid_json += 1
+            return
+        if not isinstance(obj, dict):
+            self.invalid_json += 1
+            return
+        self.interpret(obj)
+
+    def interpret(self, obj: dict[str, Any]) -> None:
+        """Fold one decoded chunk object into the counters (also used for non-streaming bodies)."""
+        if obj.get("error") is not None or obj.get("object") == "error":
+            self.error = True
+            return
+        choices = obj.get("choices")
+        has_content = False
+        if isinstance(choices, list):
+            for ch in choices:
+                if not isinstance(ch, dict):
+                    continue
+                delta = ch.get("delta")
+                if isinstance(delta, dict):
+                    for key in _CONTENT_KEYS:
+                        if delta.get(key):
+                            has_content = True
+                            break
+                elif ch.get("text"):
+                    has_content = True
+                else:
+                    msg = ch.get("message")
+                    if isinstance(msg, dict) and any(msg.get(k) for k in _CONTENT_KEYS):
+                        has_content = True
+                fr = ch.get("finish_reason")
+                if fr is not None:
+                    self.finish_reason = fr if isinstance(fr, str) else str(fr)
+                    sr = ch.get("stop_reason")
+                    if sr is not None:
+                        self.stop_reason = sr
+        if has_content:
+            self.content_chunks += 1
+        elif choices:
+            self.role_only += 1
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            self.usage_chunks += 1
+            ct = usage.get("completion_tokens")
+            if isinstance(ct, int) and not isinstance(ct, bool) and ct >= 0:
+                if choices:
+                    self.continuous_usage = True
+                if self.usage_completion is None or ct >= self.usage_completion:
+                    self.usage_completion = ct
+            pt = usage.get("prompt_tokens")
+            if isinstance(pt, int) and not isinstance(pt, bool) and pt >= 0:
+                self.prompt_tokens = pt
+        kv = obj.get("kv_transfer_params")
+        if isinstance(kv, dict):
+            self.kv_transfer_params = kv
+
+
+def _data_of(frame: bytes) -> bytes | None:
+    """The joined `data` field of one event (SSE spec: lines, `:` comments, one optional space)."""
+    parts: list[bytes] = []
+    for line in frame.split(b"\n"):
+        if not line or line[:1] == b":":
+            continue
+        name, sep, value = line.partition(b":")
+        if name != b"data":
+            continue
+        if sep and value[:1] == b" ":
+            value = value[1:]
+        parts.append(value)
+    if not parts:
+        return None
+    return b"\n".join(parts)
+
+
+def parse_json_body(body: bytes, max_frame: int = DEFAULT_MAX_FRAME) -> StreamParser:
+    """Interpret a complete non-streaming JSON response (completion, chat or error) as one chunk."""
+    p = StreamParser(max_frame=max_frame)
+    if len(body) > max_frame:
+        p.oversized += 1
+        return p
+    try:
+        obj = _loads(body)
+    except ValueError:
+        p.invalid_json += 1
+        return p
+    if not isinstance(obj, dict):
+        p.invalid_json += 1
+        return p
+    p.frames = 1
+    p.interpret(obj)
+    return p
