@@ -15,6 +15,8 @@ from collections.abc import Sequence
 COMMAND_MODULES: tuple[str, ...] = (
     "shadow.commands.demo",
     "shadow.commands.replay",
+    "shadow.commands.load",
+    "shadow.commands.tap",
 )
 
 
