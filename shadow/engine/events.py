@@ -80,7 +80,8 @@ class Step:
 Event = Arrive | Route | Token | Finish | Cancel | Step
 
 EVENT_TYPES: dict[str, type[Event]] = {
-    cls.kind: cls for cls in (Arrive, Route, Token, Finish, Cancel, Step)  # type: ignore[misc]
+    cls.kind: cls
+    for cls in (Arrive, Route, Token, Finish, Cancel, Step)
 }
 
 
@@ -132,5 +133,13 @@ def _validate(event: Event) -> None:
         d = event.duration_s
         if isinstance(d, bool) or not isinstance(d, int | float) or not (0 <= d < 3600):
             raise ValueError("step: duration_s must be a number in [0, 3600)")
-    if isinstance(event, Finish) and event.reason not in ("stop", "length", "abort", "error", "cut", "reaped", "other"):
+    if isinstance(event, Finish) and event.reason not in (
+        "stop",
+        "length",
+        "abort",
+        "error",
+        "cut",
+        "reaped",
+        "other",
+    ):
         raise ValueError(f"finish: unknown reason {event.reason!r}")

@@ -1,0 +1,103 @@
+"""Arguments shared by `shadow replay`, `shadow sweep` and `shadow demo`, and their translation."""
+
+from __future__ import annotations
+
+import argparse
+
+from shadow.core.params import BRParams
+from shadow.core.stepmodel import DEFAULT_A_S_PER_TOKEN, DEFAULT_B_S, StepTimeModel
+from shadow.engine.config import PrefillConfig
+from shadow.replay.experiment import DEFAULT_POLICIES, ReplaySetup, parse_policies
+
+
+def add_workload_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "trace",
+        metavar="TRACE|WORKLOAD",
+        help="a trace file (Azure CSV, Mooncake JSONL, generic JSONL/CSV with arrival_s, prompt_tokens, "
+        "output_tokens[, prompt_key]) or a synthetic workload: paper-azure, paper-templates",
+    )
+    p.add_argument("--limit", type=int, metavar="N", help="replay only the first N requests")
+    p.add_argument("--seed", type=int, default=0, help="seed for synthetic workloads and random policies")
+
+
+def add_fleet_args(p: argparse.ArgumentParser, workers: bool = True) -> None:
+    if workers:
+        p.add_argument("--workers", "-G", type=int, default=8, help="decode DP workers G (default 8)")
+    p.add_argument(
+        "--slots", "-B", type=int, default=64, help="slots (max running requests) per worker (default 64)"
+    )
+    load = p.add_mutually_exclusive_group()
+    load.add_argument(
+        "--load",
+        type=float,
+        metavar="RHO",
+        help="rescale arrivals to RHO × estimated capacity (e.g. 1.05 for near saturation)",
+    )
+    load.add_argument("--rate-scale", type=float, metavar="X", help="multiply the trace's arrival rate by X")
+    p.add_argument(
+        "--step-a",
+        type=float,
+        default=DEFAULT_A_S_PER_TOKEN,
+        help="step model: seconds per KV token of max load",
+    )
+    p.add_argument("--step-b", type=float, default=DEFAULT_B_S, help="step model: fixed seconds per step")
+    p.add_argument(
+        "--prefill",
+        type=int,
+        metavar="N",
+        default=0,
+        help="model N FCFS prefill servers before the pool (0 = requests reach the router at arrival)",
+    )
+
+
+def add_br_args(p: argparse.ArgumentParser) -> None:
+    d = BRParams()
+    g = p.add_argument_group("BalanceRoute parameters")
+    g.add_argument(
+        "--horizon", type=int, default=d.horizon, help=f"BR-H look-ahead H in steps (default {d.horizon})"
+    )
+    g.add_argument("--alpha", type=float, default=d.alpha, help=f"BR-H fill reward α (default {d.alpha})")
+    g.add_argument(
+        "--beta", type=float, default=d.beta, help=f"BR-H overflow penalty β > α (default {d.beta})"
+    )
+    g.add_argument("--gamma", type=float, default=d.gamma, help=f"BR-H discount γ (default {d.gamma})")
+    g.add_argument(
+        "--r-max", type=int, default=d.r_max, help=f"Stage-2 window R_max, 1–16 (default {d.r_max})"
+    )
+    g.add_argument(
+        "--s-greedy",
+        type=int,
+        default=None,
+        help="Stage 1 runs while total free slots exceed this (default G)",
+    )
+    g.add_argument(
+        "--age", type=float, default=d.age_s, help=f"pool aging threshold in seconds (default {d.age_s})"
+    )
+
+
+def br_params(args: argparse.Namespace) -> BRParams:
+    return BRParams(
+        horizon=args.horizon,
+        alpha=args.alpha,
+        beta=args.beta,
+        gamma=args.gamma,
+        r_max=args.r_max,
+        s_greedy=args.s_greedy,
+        age_s=args.age,
+    )
+
+
+def setup_from(args: argparse.Namespace, policies: str | None, workers: int | None = None) -> ReplaySetup:
+    prefill = PrefillConfig(servers=args.prefill) if args.prefill else None
+    return ReplaySetup(
+        workers=workers if workers is not None else args.workers,
+        slots=args.slots,
+        policies=parse_policies(policies) if policies else DEFAULT_POLICIES,
+        load=args.load,
+        rate_scale=args.rate_scale,
+        step=StepTimeModel(a=args.step_a, b=args.step_b),
+        prefill=prefill,
+        br=br_params(args),
+        seed=args.seed,
+    )

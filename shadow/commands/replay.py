@@ -1,0 +1,101 @@
+"""`shadow replay`: a trace or synthetic workload through every policy lane; the paper's table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from shadow.commands._replay_args import add_br_args, add_fleet_args, add_workload_args, setup_from
+from shadow.replay.experiment import DEFAULT_POLICIES, ReplayReport, ReplaySetup, run_replay
+from shadow.replay.render import render_report
+from shadow.traces import Trace, TraceError, resolve
+
+EPILOG = """examples:
+  shadow replay paper-azure --load 1.05                  # the paper's comparison, near saturation
+  shadow replay ../shared/traces/conversation_trace.jsonl --load 1.05 --json out.json --plot loads.png
+  shadow replay paper-templates -G 16 --policies jsq,jsq-bytes,br0,brh:exactmatch,brh:oracle
+
+Throughput and latencies come from the step model T = a·max L + b (set --step-a/--step-b to
+your fleet's fit). brh:oracle knows true output lengths: an offline upper bound, never deployable.
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "replay",
+        help="replay a trace through BR-0/BR-H and the baselines (offline)",
+        description="Replay a trace through the fleet engine: one lane per policy, same arrivals, "
+        "and print average max−min spread, I(k), barrier idle, throughput, TPOT, TTFT and decision time.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_workload_args(p)
+    add_fleet_args(p)
+    p.add_argument(
+        "--policies",
+        default=",".join(DEFAULT_POLICIES),
+        help="comma-separated lanes: rr, random, p2c, jsq, jsq-bytes, least-tokens, br0, "
+        "brh:survival, brh:exactmatch, brh:oracle (default: all)",
+    )
+    add_br_args(p)
+    p.add_argument("--json", metavar="OUT", help="write the figures as JSON to OUT")
+    p.add_argument("--plot", metavar="OUT.png", help="draw per-worker KV-load trajectories per policy")
+    p.set_defaults(func=run)
+
+
+def load_workload(spec: str, seed: int, limit: int | None) -> Trace:
+    return resolve(spec, seed=seed, limit=limit)
+
+
+def replay_with_progress(trace: Trace, setup: ReplaySetup, console: Console) -> ReplayReport:
+    """run_replay with a progress bar per lane (plain lines when not on a terminal)."""
+    with Progress(
+        TextColumn("{task.description:>16}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+        disable=not console.is_terminal,
+    ) as bar:
+        tasks: dict[str, int] = {}
+
+        def progress(label: str, done: int, total: int) -> None:
+            if label not in tasks:
+                tasks[label] = bar.add_task(label, total=total)
+            bar.update(tasks[label], completed=done)  # type: ignore[arg-type]
+            if not console.is_terminal and done == total:
+                console.print(f"  {label}: {total} requests replayed")
+
+        return run_replay(trace, setup, progress)
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console(stderr=False)
+    if not console.is_terminal:
+        console = Console(stderr=False, width=170)
+    err = Console(stderr=True)
+    try:
+        setup = setup_from(args, args.policies)
+        if args.plot:
+            setup = replace(setup, trajectory_points=1500)
+        trace = load_workload(args.trace, args.seed, args.limit)
+        report = replay_with_progress(trace, setup, err)
+    except (TraceError, ValueError) as exc:
+        err.print(f"[red]shadow replay: {exc}[/]", highlight=False)
+        return 2
+    render_report(report, console)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_json(), indent=2) + "\n")
+        err.print(f"wrote {args.json}")
+    if args.plot:
+        from shadow.replay.plot import plot_trajectories
+
+        plot_trajectories(report, args.plot)
+        err.print(f"wrote {args.plot}")
+    return 0

@@ -1,0 +1,85 @@
+"""Engine configuration: fleet shape, step model, prefill stage, lanes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shadow.core.baselines import BASELINES
+from shadow.core.params import BRParams
+from shadow.core.predictors import PREDICTORS
+from shadow.core.stepmodel import StepTimeModel
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillConfig:
+    """N prefill servers, FCFS each; a prompt of s tokens takes c0 + c1·s seconds."""
+
+    servers: int = 4
+    c0_s: float = 0.020
+    c1_s_per_token: float = 2.0e-5
+
+    def __post_init__(self) -> None:
+        if self.servers < 1:
+            raise ValueError(f"prefill servers must be >= 1, got {self.servers}")
+        if self.c0_s < 0 or self.c1_s_per_token < 0:
+            raise ValueError("prefill times must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """G decode workers with B slots each, stepping under T = a·max L + b."""
+
+    workers: int = 8
+    slots: int = 64
+    step: StepTimeModel = field(default_factory=StepTimeModel)
+    prefill: PrefillConfig | None = None
+    br: BRParams = field(default_factory=BRParams)
+    refresh_steps: int = 16
+    seed: int = 0
+    trajectory_points: int = 0  # >0: keep about this many per-step load samples for plots
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if self.slots < 1:
+            raise ValueError(f"slots must be >= 1, got {self.slots}")
+        if self.refresh_steps < 1:
+            raise ValueError(f"refresh_steps must be >= 1, got {self.refresh_steps}")
+
+
+LANE_POLICIES = (*BASELINES, "br0", "brh", "forced")
+
+
+@dataclass(frozen=True, slots=True)
+class LaneSpec:
+    """One lane: a policy (and for BR-H a predictor). `forced` replays given assignments."""
+
+    policy: str
+    predictor: str | None = None
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.policy not in LANE_POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r}; known: {list(LANE_POLICIES)}")
+        if self.policy == "brh":
+            if self.predictor not in PREDICTORS:
+                raise ValueError(f"brh needs a predictor, one of {list(PREDICTORS)}; got {self.predictor!r}")
+        elif self.predictor is not None:
+            raise ValueError(f"policy {self.policy!r} takes no predictor")
+
+    @property
+    def label(self) -> str:
+        """Display name: e.g. "brh-survival"; the oracle lane is marked as an offline bound."""
+        if self.name:
+            return self.name
+        return f"brh-{self.predictor}" if self.policy == "brh" else self.policy
+
+    @classmethod
+    def parse(cls, text: str) -> LaneSpec:
+        """ "jsq", "br0", "brh" (= brh:survival), "brh:oracle", "brh:exactmatch"."""
+        policy, _, predictor = text.strip().partition(":")
+        if policy == "brh":
+            return cls("brh", predictor or "survival")
+        if predictor:
+            raise ValueError(f"policy {policy!r} takes no predictor (got {text!r})")
+        return cls(policy)

@@ -1,0 +1,43 @@
+"""What the offline engine replays: jobs with ground truth the policies never see up front."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One request: arrival, prompt size, true output length (revealed to policies at finish)."""
+
+    request_id: Hashable
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    prompt_key: Hashable | None = None
+
+
+class TraceLike(Protocol):
+    @property
+    def arrival_s(self) -> float: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def output_tokens(self) -> int: ...
+    @property
+    def prompt_key(self) -> str | None: ...
+
+
+def jobs_from(requests: Iterable[TraceLike]) -> list[Job]:
+    """Jobs numbered in order from anything with arrival_s/prompt_tokens/output_tokens/prompt_key."""
+    out: list[Job] = []
+    last = float("-inf")
+    for i, r in enumerate(requests):
+        if r.arrival_s < last:
+            raise ValueError(f"request {i}: arrival {r.arrival_s} is before the previous one ({last})")
+        if r.prompt_tokens < 0 or r.output_tokens < 1:
+            raise ValueError(f"request {i}: prompt_tokens must be >= 0 and output_tokens >= 1")
+        last = r.arrival_s
+        out.append(Job(i, float(r.arrival_s), int(r.prompt_tokens), int(r.output_tokens), r.prompt_key))
+    return out

@@ -1,0 +1,161 @@
+"""One replay experiment: resolve the workload, set the load, run the lanes, compare.
+
+Kept apart from the CLI so tests, the demo and sweeps call the same thing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shadow.core.params import BRParams
+from shadow.core.stepmodel import StepTimeModel
+from shadow.engine.config import EngineConfig, LaneSpec, PrefillConfig
+from shadow.engine.jobs import jobs_from
+from shadow.engine.offline import Progress, run_offline
+from shadow.engine.results import LaneResult
+from shadow.traces import Trace, at_load, estimate_capacity_rps, scale_rate
+
+DEFAULT_POLICIES: tuple[str, ...] = (
+    "rr",
+    "random",
+    "p2c",
+    "jsq",
+    "jsq-bytes",
+    "least-tokens",
+    "br0",
+    "brh:survival",
+    "brh:exactmatch",
+    "brh:oracle",
+)
+BASELINE_POLICIES = ("rr", "random", "p2c", "jsq", "jsq-bytes", "least-tokens")
+
+
+@dataclass(frozen=True)
+class ReplaySetup:
+    """Everything that defines a replay besides the trace."""
+
+    workers: int = 8
+    slots: int = 64
+    policies: tuple[str, ...] = DEFAULT_POLICIES
+    load: float | None = None  # ρ relative to estimated capacity; None keeps the trace's rate
+    rate_scale: float | None = None
+    step: StepTimeModel = field(default_factory=StepTimeModel)
+    prefill: PrefillConfig | None = None
+    br: BRParams = field(default_factory=BRParams)
+    seed: int = 0
+    trajectory_points: int = 0
+
+
+@dataclass(frozen=True)
+class ReplayReport:
+    """Results per lane plus what is needed to read them honestly."""
+
+    workload: dict[str, Any]
+    config: dict[str, Any]
+    results: dict[str, LaneResult]
+    wall_s: float
+
+    def best_baseline(self, metric: str = "avg_spread_tokens", lower: bool = True) -> str | None:
+        """Label of the best baseline lane by `metric`."""
+        cands = [r for r in self.results.values() if r.policy in BASELINE_POLICIES]
+        if not cands:
+            return None
+        pick = min if lower else max
+        return pick(cands, key=lambda r: getattr(r, metric)).label
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "workload": self.workload,
+            "config": self.config,
+            "results": {k: v.figures() for k, v in self.results.items()},
+            "comparison": self.comparison(),
+        }
+
+    def comparison(self) -> dict[str, Any]:
+        """BR lanes against the best baseline: spread ratio (×) and throughput gain (%)."""
+        spread_ref = self.best_baseline("avg_spread_tokens", lower=True)
+        thr_ref = self.best_baseline("throughput_tokens_per_s", lower=False)
+        out: dict[str, Any] = {"best_baseline_spread": spread_ref, "best_baseline_throughput": thr_ref}
+        if spread_ref is None or thr_ref is None:
+            return out
+        base_spread = self.results[spread_ref].avg_spread_tokens
+        base_thr = self.results[thr_ref].throughput_tokens_per_s
+        for label, r in self.results.items():
+            if r.policy in ("br0", "brh"):
+                out[label] = {
+                    "spread_reduction_x": base_spread / r.avg_spread_tokens if r.avg_spread_tokens else None,
+                    "throughput_gain_pct": 100.0 * (r.throughput_tokens_per_s / base_thr - 1.0)
+                    if base_thr
+                    else None,
+                }
+        return out
+
+
+def run_replay(trace: Trace, setup: ReplaySetup, progress: Progress | None = None) -> ReplayReport:
+    """Replay `trace` under `setup`; arrivals rescaled to ρ (or by rate_scale) first."""
+    if not len(trace):
+        raise ValueError(f"{trace.source}: the trace has no requests")
+    lanes = [LaneSpec.parse(p) for p in setup.policies]
+    capacity = estimate_capacity_rps(
+        trace, workers=setup.workers, slots=setup.slots, step_a=setup.step.a, step_b=setup.step.b
+    )
+    if setup.load is not None and setup.rate_scale is not None:
+        raise ValueError("give either a load (rho) or a rate scale, not both")
+    if setup.load is not None:
+        trace = at_load(trace, setup.load, capacity)
+    elif setup.rate_scale is not None:
+        trace = scale_rate(trace, setup.rate_scale)
+    rate = trace.mean_rate_rps
+    config = EngineConfig(
+        workers=setup.workers,
+        slots=setup.slots,
+        step=setup.step,
+        prefill=setup.prefill,
+        br=setup.br,
+        seed=setup.seed,
+        trajectory_points=setup.trajectory_points,
+    )
+    jobs = jobs_from(trace.requests)
+    t0 = time.perf_counter()
+    results = run_offline(jobs, config, lanes, time.perf_counter, progress)
+    wall = time.perf_counter() - t0
+    workload = {
+        "name": trace.name,
+        "source": trace.source,
+        "synthetic": trace.synthetic,
+        "notes": trace.notes,
+        "requests": len(trace),
+        "mean_prompt_tokens": trace.mean_prompt_tokens,
+        "mean_output_tokens": trace.mean_output_tokens,
+        "mean_rate_rps": rate,
+        "estimated_capacity_rps": capacity,
+        "rho": rate / capacity if capacity > 0 else None,
+    }
+    cfg = {
+        "workers": setup.workers,
+        "slots": setup.slots,
+        "step_a_s_per_token": setup.step.a,
+        "step_b_s": setup.step.b,
+        "prefill": None if setup.prefill is None else vars_of(setup.prefill),
+        "br": vars_of(setup.br),
+        "seed": setup.seed,
+        "policies": [lane.label for lane in lanes],
+    }
+    return ReplayReport(workload=workload, config=cfg, results=results, wall_s=wall)
+
+
+def vars_of(obj: Any) -> dict[str, Any]:
+    return {name: getattr(obj, name) for name in obj.__dataclass_fields__}
+
+
+def parse_policies(text: str | Sequence[str]) -> tuple[str, ...]:
+    """ "rr,jsq,br0" or a list; each validated as a lane spec (ValueError on unknown)."""
+    items = [p for part in ([text] if isinstance(text, str) else text) for p in part.split(",") if p.strip()]
+    for item in items:
+        LaneSpec.parse(item)
+    if not items:
+        raise ValueError("no policies given")
+    return tuple(item.strip() for item in items)
