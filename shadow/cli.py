@@ -17,6 +17,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "shadow.commands.replay",
     "shadow.commands.load",
     "shadow.commands.tap",
+    "shadow.commands.fleet",
 )
 
 

@@ -1,0 +1,90 @@
+"""`shadow fleet`: run the simulated vLLM fleet until SIGINT/SIGTERM.
+
+Prints exactly one JSON line on stdout when every server listens:
+`{"prefill": [urls], "decode": [urls]}` (plus `"dp": url` with --dp-front).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+from typing import Any
+
+from shadow.core.stepmodel import DEFAULT_A_S_PER_TOKEN, DEFAULT_B_S
+from shadow.fleet.config import DEFAULT_BASE_PORT, DEFAULT_MODEL, FleetConfig
+from shadow.fleet.faults import FaultSpec
+from shadow.fleet.fleet import Fleet
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "fleet",
+        help="run a simulated vLLM prefill/decode fleet (OpenAI API, SSE, /metrics, P/D, faults)",
+        description=("Serve prefill servers on PORT+i and DP decode ranks on PORT+100+g, all stepping on one "
+                     "barrier clock: step = (a·max_g L_g + b) × time-scale. Prints one JSON line with the "
+                     "URLs when ready; stops on SIGINT/SIGTERM."),
+    )
+    p.add_argument("--prefill", type=int, default=1, metavar="N", help="prefill servers (default 1)")
+    p.add_argument("--decode", type=int, default=2, metavar="G", help="decode DP ranks (default 2)")
+    p.add_argument("--slots", type=int, default=64, metavar="B", help="running slots per rank (default 64)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=DEFAULT_BASE_PORT, metavar="BASE",
+                   help=f"base port (default {DEFAULT_BASE_PORT}; 0 = free ports)")
+    p.add_argument("--time-scale", type=float, default=1.0, metavar="X",
+                   help="wall seconds per model second (default 1; 0.1 runs 10× faster)")
+    p.add_argument("--a", type=float, default=DEFAULT_A_S_PER_TOKEN,
+                   help="step seconds per KV token of max load")
+    p.add_argument("--b", type=float, default=DEFAULT_B_S, help="fixed step seconds")
+    p.add_argument("--prefill-c0", type=float, default=0.010, help="prefill seconds per request")
+    p.add_argument("--prefill-c1", type=float, default=2.0e-5, help="prefill seconds per prompt token")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"served model name (default {DEFAULT_MODEL})")
+    p.add_argument("--max-model-len", type=int, default=32768)
+    p.add_argument("--kv-tokens", type=int, default=1 << 20, help="KV capacity per engine, in tokens")
+    p.add_argument("--kv-ttl", type=float, default=480.0, help="seconds a prefill holds KV nobody pulled")
+    p.add_argument("--mean-output-tokens", type=int, default=128,
+                   help="mean output length of requests without ignore_eos (deterministic draw)")
+    p.add_argument("--max-body-bytes", type=int, default=8 << 20, help="request body limit (413 above)")
+    p.add_argument("--dp-front", action="store_true",
+                   help="also serve all decode ranks on PORT+200, chosen by X-data-parallel-rank")
+    p.add_argument("--fault", action="append", default=[], metavar="TARGET:key=value[,...][@AT]",
+                   help="inject a fault, e.g. decode/0:stall_s=2@5, decode/1:cut_after=10, "
+                        "prefill/0:http_status=503 (keys: see shadow.fleet.faults)")
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace) -> FleetConfig:
+    return FleetConfig(
+        prefill=args.prefill, decode=args.decode, slots=args.slots, host=args.host, base_port=args.port,
+        time_scale=args.time_scale, a=args.a, b=args.b, prefill_c0=args.prefill_c0,
+        prefill_c1=args.prefill_c1,
+        model=args.model, max_model_len=args.max_model_len, kv_capacity_tokens=args.kv_tokens,
+        kv_ttl_s=args.kv_ttl, mean_output_tokens=args.mean_output_tokens, max_body_bytes=args.max_body_bytes,
+        dp_front=args.dp_front, faults=tuple(FaultSpec.parse(f) for f in args.fault),
+    )
+
+
+async def serve(config: FleetConfig) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        async with Fleet(config) as fleet:
+            print(json.dumps(fleet.ready_line()), flush=True)
+            await stop.wait()
+    except OSError as exc:
+        print(f"shadow fleet: cannot listen: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        print(f"shadow fleet: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(serve(config))

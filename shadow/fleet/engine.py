@@ -1,0 +1,245 @@
+"""One simulated decode engine (a DP rank): B slots, a FIFO waiting queue, one token per running
+request per step. Steps are driven by `StepClock`; the HTTP layer only submits and waits.
+
+A `Seq` is one request inside an engine; readers wait on it with `wait_beyond(seen)`, which
+returns once more tokens exist or the request finished (one future per waiting reader, set at
+most once per step: no task or queue per token).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from shadow.fleet.faults import FaultState
+from shadow.fleet.metrics import EngineStats
+
+WAITING, RUNNING, FINISHED = 0, 1, 2
+
+
+class EngineDown(RuntimeError):
+    """The engine crashed and does not accept requests."""
+
+
+class Seq:
+    """A request inside an engine: its sizes, progress and timestamps (event-loop seconds)."""
+
+    __slots__ = ("_waiter", "arrival", "finish_reason", "finished_t", "first_t", "generated",
+                 "kv_params", "last_t", "max_tokens", "natural_finish", "on_release", "prompt_tokens",
+                 "rid", "scheduled_t", "source", "status", "target", "wake_each_token")
+
+    def __init__(self, rid: str, prompt_tokens: int, target: int, natural_finish: str, max_tokens: int,
+                 arrival: float, *, source: str = "local_compute",
+                 on_release: Callable[[], None] | None = None) -> None:
+        self.rid = rid
+        self.prompt_tokens = prompt_tokens
+        self.target = target
+        self.natural_finish = natural_finish
+        self.max_tokens = max_tokens
+        self.arrival = arrival
+        self.source = source
+        self.on_release = on_release
+        self.generated = 0
+        self.status = WAITING
+        self.finish_reason: str | None = None
+        self.kv_params: dict[str, Any] | None = None
+        self.scheduled_t = 0.0
+        self.first_t = 0.0
+        self.last_t = 0.0
+        self.finished_t = 0.0
+        self.wake_each_token = True  # False: readers only want the end (non-streaming)
+        self._waiter: asyncio.Future[None] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status == FINISHED
+
+    def notify(self) -> None:
+        w = self._waiter
+        if w is not None:
+            self._waiter = None
+            if not w.done():
+                w.set_result(None)
+
+    async def wait_beyond(self, seen: int) -> None:
+        """Return when `generated > seen` or the request finished."""
+        while self.generated <= seen and self.status != FINISHED:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiter = fut
+            await fut
+
+    def release(self) -> None:
+        """Run the release hook once (frees the prefill's KV for a P/D request)."""
+        cb = self.on_release
+        if cb is not None:
+            self.on_release = None
+            cb()
+
+
+def finish_seq(seq: Seq, reason: str, now: float, stats: EngineStats) -> None:
+    """Mark `seq` finished with `reason`, record its per-request metrics, wake its reader."""
+    if seq.status == FINISHED:
+        return
+    was_scheduled = seq.status == RUNNING or seq.generated > 0
+    seq.status = FINISHED
+    seq.finish_reason = reason
+    seq.finished_t = now
+    seq.release()
+    stats.success[reason] = stats.success.get(reason, 0) + 1
+    stats.e2e.observe(now - seq.arrival)
+    stats.req_prompt.observe(seq.prompt_tokens)
+    stats.req_generation.observe(seq.generated)
+    stats.req_max_tokens.observe(seq.max_tokens)
+    stats.req_max_generation.observe(seq.max_tokens)
+    stats.req_n.observe(1)
+    if was_scheduled:
+        stats.queue.observe(max(0.0, seq.scheduled_t - seq.arrival))
+        stats.inference.observe(now - seq.scheduled_t)
+        if seq.generated > 0:
+            stats.prefill.observe(seq.first_t - seq.scheduled_t)
+            stats.decode.observe(now - seq.first_t)
+        if seq.generated > 1:
+            stats.tpot.observe((now - seq.first_t) / (seq.generated - 1))
+    seq.notify()
+
+
+class DecodeEngine:
+    """Running batch + FIFO waiting queue of one rank; `admit` and `finish_step` are the clock's."""
+
+    def __init__(self, label: str, *, slots: int, kv_capacity_tokens: int, block_size: int,
+                 max_model_len: int, faults: FaultState, on_work: Callable[[], None]) -> None:
+        self.engine_label = label
+        self.slots = slots
+        self.kv_capacity_tokens = kv_capacity_tokens
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.faults = faults
+        self._on_work = on_work
+        self.running: list[Seq] = []
+        self.waiting: deque[Seq] = deque()
+        self.load = 0  # Σ (prompt + generated) over running requests: L_g
+        self.last_step_end = 0.0
+        self.up = True
+        self._stats = EngineStats(max_model_len)
+
+    # -- MetricsSource ---------------------------------------------------------------------------
+    @property
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    @stats.setter
+    def stats(self, value: EngineStats) -> None:
+        self._stats = value
+
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def kv_blocks(self) -> int:
+        bs = self.block_size
+        return sum(-(-(s.prompt_tokens + s.generated) // bs) for s in self.running)
+
+    def kv_usage(self) -> float:
+        return min(1.0, self.kv_blocks() / max(1, self.kv_capacity_tokens // self.block_size))
+
+    # -- requests --------------------------------------------------------------------------------
+    def submit(self, seq: Seq) -> None:
+        if not self.up:
+            raise EngineDown(self.engine_label)
+        self.waiting.append(seq)
+        self._on_work()
+
+    def abort(self, seq: Seq, now: float, reason: str = "abort") -> None:
+        """Remove `seq` wherever it is and finish it with `reason` (no-op when finished)."""
+        if seq.status == FINISHED:
+            return
+        if seq.status == WAITING:
+            with contextlib.suppress(ValueError):
+                self.waiting.remove(seq)
+        else:
+            try:
+                self.running.remove(seq)
+                self.load -= seq.prompt_tokens + seq.generated
+            except ValueError:
+                pass
+        finish_seq(seq, reason, now, self._stats)
+
+    def reset(self, now: float) -> None:
+        """Crash: drop every request (finished as abort) and start with empty state and metrics."""
+        for seq in [*self.running, *self.waiting]:
+            if seq.status != FINISHED:
+                seq.status = FINISHED
+                seq.finish_reason = "abort"
+                seq.finished_t = now
+                seq.release()
+                seq.notify()
+        self.running = []
+        self.waiting.clear()
+        self.load = 0
+        self._stats = EngineStats(self.max_model_len)
+
+    # -- clock side ------------------------------------------------------------------------------
+    def admit(self, now: float) -> int:
+        """Move waiting requests into free slots (FIFO); return prompt tokens prefilled locally."""
+        waiting = self.waiting
+        running = self.running
+        local = 0
+        while waiting and len(running) < self.slots:
+            seq = waiting[0]
+            size = seq.prompt_tokens + seq.generated
+            if running and self.load + size + 1 > self.kv_capacity_tokens:
+                break
+            waiting.popleft()
+            running.append(seq)
+            seq.status = RUNNING
+            seq.scheduled_t = now
+            self.load += size
+            self._stats.add_prompt(seq.prompt_tokens, seq.source)
+            if seq.source == "local_compute":
+                local += seq.prompt_tokens
+            seq.release()
+        return local
+
+    def finish_step(self, now: float, prefilled: int) -> None:
+        """End of a step: every running request got one token; finish those that are done."""
+        running = self.running
+        n = len(running)
+        st = self._stats
+        st.iteration_tokens.observe(n + prefilled)
+        if not n:
+            self.last_step_end = now
+            return
+        self.load += n
+        st.generation_tokens += n
+        itl_n = 0
+        done = False
+        for seq in running:
+            g = seq.generated + 1
+            seq.generated = g
+            seq.last_t = now
+            if g == 1:
+                seq.first_t = now
+                st.ttft.observe(now - seq.arrival)
+            else:
+                itl_n += 1
+            if g >= seq.target:
+                done = True
+            elif seq.wake_each_token:
+                seq.notify()
+        if itl_n:
+            st.itl.observe(now - self.last_step_end, itl_n)
+        if done:
+            keep: list[Seq] = []
+            for seq in running:
+                if seq.generated >= seq.target:
+                    self.load -= seq.prompt_tokens + seq.generated
+                    finish_seq(seq, seq.natural_finish, now, st)
+                else:
+                    keep.append(seq)
+            self.running = keep
+        self.last_step_end = now
