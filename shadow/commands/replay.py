@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         trace = load_workload(args.trace, args.seed, args.limit)
         report = replay_with_progress(trace, setup, err)
     except (TraceError, ValueError) as exc:
-        err.print(f"[red]shadow replay: {exc}[/]", highlight=False)
+        print(f"shadow replay: {exc}", file=sys.stderr)
         return 2
     render_report(report, console)
     if args.json:

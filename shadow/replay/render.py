@@ -15,7 +15,7 @@ def _f(value: float | None, fmt: str) -> str:
 def render_report(report: ReplayReport, console: Console) -> None:
     """Print the workload header, one row per lane, and BR's gain over the best baseline."""
     w = report.workload
-    synthetic = " [bold yellow](SYNTHETIC workload — not a real trace)[/]" if w["synthetic"] else ""
+    synthetic = " [bold yellow]— SYNTHETIC workload, not a real trace[/]" if w["synthetic"] else ""
     console.print(f"[bold]{w['name']}[/]{synthetic}")
     rho = w.get("rho")
     console.print(

@@ -1,0 +1,106 @@
+"""`shadow sweep`: BR's gain over the best baseline across G, load ρ and (β, γ)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from shadow.commands._replay_args import add_br_args, add_fleet_args, add_workload_args, setup_from
+from shadow.replay.sweep import run_sweep
+from shadow.traces import TraceError, resolve
+
+EPILOG = """examples:
+  shadow sweep paper-azure --workers 4,8,16 --load 1.1                 # does the gain grow with G?
+  shadow sweep paper-azure --loads 0.6,0.8,0.95,1.05,1.2              # where does each policy win?
+  shadow sweep paper-azure --betas 8,16,43 --gammas 0.8,0.86,0.95 --policies jsq,jsq-bytes,brh:oracle
+"""
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "sweep",
+        help="BR-0/BR-H gain over the best baseline across G, load and (β, γ)",
+        description="Replay a workload over a grid and print, per cell, each BR lane's spread reduction "
+        "and throughput gain against the best baseline of that cell.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_workload_args(p)
+    add_fleet_args(p, workers=False)
+    p.add_argument(
+        "--workers", type=_ints, default=[4, 8, 16], help="comma-separated G values (default 4,8,16)"
+    )
+    p.add_argument("--loads", type=_floats, help="comma-separated ρ values (overrides --load)")
+    p.add_argument("--betas", type=_floats, help="comma-separated β values (default: --beta)")
+    p.add_argument("--gammas", type=_floats, help="comma-separated γ values (default: --gamma)")
+    p.add_argument(
+        "--policies",
+        default="rr,p2c,jsq,jsq-bytes,least-tokens,br0,brh:survival,brh:oracle",
+        help="lanes: baselines and BR variants (default rr,p2c,jsq,jsq-bytes,least-tokens,br0,brh:survival,"
+        "brh:oracle)",
+    )
+    add_br_args(p)
+    p.add_argument("--json", metavar="OUT", help="write every cell as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console() if Console().is_terminal else Console(width=170)
+    err = Console(stderr=True)
+    try:
+        base = setup_from(args, args.policies, workers=args.workers[0])
+        trace = resolve(args.trace, seed=args.seed, limit=args.limit)
+        loads = args.loads or [args.load]
+        rows = run_sweep(
+            trace,
+            base,
+            args.workers,
+            loads,
+            args.betas or [base.br.beta],
+            args.gammas or [base.br.gamma],
+            on_cell=lambda cell: err.print(f"  running {cell}", highlight=False),
+        )
+    except (TraceError, ValueError) as exc:
+        print(f"shadow sweep: {exc}", file=sys.stderr)
+        return 2
+    tag = " [bold yellow](SYNTHETIC workload)[/]" if trace.synthetic and "synthetic" not in trace.name else ""
+    console.print(f"[bold]{trace.name}[/]{tag}: gain of each BR lane over the best baseline per cell")
+    table = Table()
+    for col in ("G", "ρ", "β", "γ", "lane", "best baseline (spread)", "spread ×", "throughput %", "vs"):
+        table.add_column(col, justify="left" if col in ("lane", "best baseline (spread)", "vs") else "right")
+    for r in rows:
+        table.add_row(
+            str(r.workers),
+            "trace" if r.load is None else f"{r.load:g}",
+            f"{r.beta:g}",
+            f"{r.gamma:g}",
+            r.lane,
+            f"{r.best_baseline} ({r.baseline_spread:,.0f})",
+            f"{r.spread_reduction_x:.2f}",
+            f"{r.throughput_gain_pct:+.1f}",
+            r.best_throughput_baseline,
+        )
+    console.print(table)
+    if args.json:
+        Path(args.json).write_text(json.dumps([r.to_json() for r in rows], indent=2) + "\n")
+        err.print(f"wrote {args.json}")
+    return 0
