@@ -51,7 +51,7 @@ def test_replay_writes_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert data["workload"]["rho"] == pytest.approx(1.1, rel=0.02)
     assert list(data["results"]) == ["jsq", "jsq-bytes", "br0", "brh-oracle"]
     for figures in data["results"].values():
-        assert REQUIRED <= set(figures)
+        assert set(figures) >= REQUIRED
         assert figures["finished"] == 400
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
