@@ -15,6 +15,7 @@ from collections.abc import Sequence
 COMMAND_MODULES: tuple[str, ...] = (
     "shadow.commands.demo",
     "shadow.commands.replay",
+    "shadow.commands.sweep",
     "shadow.commands.load",
     "shadow.commands.tap",
     "shadow.commands.fleet",
