@@ -79,10 +79,7 @@ class Step:
 
 Event = Arrive | Route | Token | Finish | Cancel | Step
 
-EVENT_TYPES: dict[str, type[Event]] = {
-    cls.kind: cls
-    for cls in (Arrive, Route, Token, Finish, Cancel, Step)
-}
+EVENT_TYPES: dict[str, type[Event]] = {cls.kind: cls for cls in (Arrive, Route, Token, Finish, Cancel, Step)}
 
 
 def to_dict(event: Event) -> dict[str, Any]:

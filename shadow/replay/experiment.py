@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shadow.core.params import BRParams
@@ -99,6 +99,13 @@ def run_replay(trace: Trace, setup: ReplaySetup, progress: Progress | None = Non
     if not len(trace):
         raise ValueError(f"{trace.source}: the trace has no requests")
     lanes = [LaneSpec.parse(p) for p in setup.policies]
+    # A recorded session knows where the real router sent each request: add the `actual` lane,
+    # and size the fleet by the workers seen.
+    worker_names: list[str] = []
+    if all(r.worker is not None for r in trace.requests):
+        worker_names = sorted({r.worker for r in trace.requests if r.worker is not None})
+        setup = replace(setup, workers=len(worker_names))
+        lanes.insert(0, LaneSpec("forced", name="actual"))
     capacity = estimate_capacity_rps(
         trace, workers=setup.workers, slots=setup.slots, step_a=setup.step.a, step_b=setup.step.b
     )
@@ -119,8 +126,12 @@ def run_replay(trace: Trace, setup: ReplaySetup, progress: Progress | None = Non
         trajectory_points=setup.trajectory_points,
     )
     jobs = jobs_from(trace.requests)
+    index = {name: g for g, name in enumerate(worker_names)}
+    forced = {
+        job.request_id: index[r.worker] for job, r in zip(jobs, trace.requests, strict=True) if r.worker
+    }
     t0 = time.perf_counter()
-    results = run_offline(jobs, config, lanes, time.perf_counter, progress)
+    results = run_offline(jobs, config, lanes, time.perf_counter, progress, forced=forced or None)
     wall = time.perf_counter() - t0
     workload = {
         "name": trace.name,
@@ -143,6 +154,7 @@ def run_replay(trace: Trace, setup: ReplaySetup, progress: Progress | None = Non
         "br": vars_of(setup.br),
         "seed": setup.seed,
         "policies": [lane.label for lane in lanes],
+        "worker_names": worker_names or None,
     }
     return ReplayReport(workload=workload, config=cfg, results=results, wall_s=wall)
 

@@ -1,7 +1,8 @@
 """`load_trace`: read a trace file of any supported format, detected from its first non-blank line.
 
 Formats (`fmt`): "azure-csv" (Azure LLM inference CSV), "mooncake" (Mooncake JSONL), "jsonl" and
-"csv" (the generic format, see `shadow.traces.generic`). Gzipped files are read transparently.
+"csv" (the generic format, see `shadow.traces.generic`), "events" (a recorded session of normalised
+mirror events, see `shadow.traces.events`). Gzipped files are read transparently.
 Detection: a line starting with "{" means JSONL (Mooncake when it has `input_length`), anything
 else CSV (Azure when the header names `ContextTokens`). Every input problem is a one-line TraceError.
 """
@@ -12,13 +13,15 @@ import csv
 import os
 from collections.abc import Callable
 
+from shadow.engine.events import EVENT_TYPES
 from shadow.traces.azure import PROMPT_COLUMN, load_azure_csv
+from shadow.traces.events import load_events
 from shadow.traces.generic import load_generic_csv, load_generic_jsonl
 from shadow.traces.model import Trace, TraceError
 from shadow.traces.mooncake import PROMPT_FIELD, load_mooncake
 from shadow.traces.parsing import open_text, parse_json_line
 
-FORMATS: tuple[str, ...] = ("azure-csv", "mooncake", "jsonl", "csv")
+FORMATS: tuple[str, ...] = ("azure-csv", "mooncake", "jsonl", "csv", "events")
 
 
 def _loader(fmt: str) -> Callable[[str, int | None], Trace] | None:
@@ -31,6 +34,8 @@ def _loader(fmt: str) -> Callable[[str, int | None], Trace] | None:
             return lambda path, limit: load_generic_jsonl(path, limit=limit)
         case "csv":
             return lambda path, limit: load_generic_csv(path, limit=limit)
+        case "events":
+            return lambda path, limit: load_events(path, limit=limit)
     return None
 
 
@@ -43,6 +48,8 @@ def detect_format(path: str) -> str:
                 continue
             if stripped.startswith("{"):
                 obj = parse_json_line(stripped, path, line)
+                if isinstance(obj, dict) and obj.get("type") in EVENT_TYPES:
+                    return "events"
                 return "mooncake" if isinstance(obj, dict) and PROMPT_FIELD in obj else "jsonl"
             try:
                 header = next(csv.reader([stripped]))

@@ -55,6 +55,8 @@ class TraceRequest:
     prompt_tokens: int
     output_tokens: int
     prompt_key: str | None = None
+    # Recorded sessions only: the decode worker the real router chose (for the `actual` lane).
+    worker: str | None = None
 
     def __post_init__(self) -> None:
         arrival = self.arrival_s

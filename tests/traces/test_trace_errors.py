@@ -105,7 +105,7 @@ def test_unsorted_message_says_which_line_goes_back(tmp_path: Path) -> None:
         ("empty_az.csv", "", "azure-csv", "file is empty"),
         ("header_only.csv", AZ_HEAD, None, "no requests"),
         ("header_only_generic.csv", GC_HEAD + "\n", None, "no requests"),
-        ("fmt.csv", AZ_HEAD + AZ_ROW, "events", "unknown trace format"),
+        ("fmt.csv", AZ_HEAD + AZ_ROW, "pcap", "unknown trace format"),
     ],
 )
 def test_file_level_errors(tmp_path: Path, name: str, content: str, fmt: str | None, fragment: str) -> None:
