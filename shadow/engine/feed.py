@@ -56,9 +56,9 @@ def recorded_requests(events: Iterable[Event]) -> FeedOutcome:
             out.steps.append(ev.duration_s)
             continue
         p = parts.setdefault(ev.request_id, _Partial())
-        if p.arrival is None or (isinstance(ev, Arrive) and ev.t < p.arrival):
-            if isinstance(ev, Arrive | Route):
-                p.arrival = ev.t
+        first_seen = p.arrival is None and isinstance(ev, Route)
+        if first_seen or (isinstance(ev, Arrive) and (p.arrival is None or ev.t < p.arrival)):
+            p.arrival = ev.t
         if isinstance(ev, Arrive):
             p.prompt = ev.prompt_tokens if ev.prompt_tokens is not None else p.prompt
             p.key = ev.prompt_key or p.key
