@@ -1,0 +1,192 @@
+"""Injected faults, each observed by a client as specified: connection refused (crash, and
+recovery), cut streams, 5xx, duplicated and dropped chunks, mid-stream error events, stalls,
+slow steps; from the control endpoint, the Python API and the CLI grammar."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+import time
+
+import httpx
+import pytest
+from fleet_helpers import stream_raw, words
+
+from shadow.fleet import FaultSpec, FleetThread
+from shadow.fleet.faults import Target
+
+pytestmark = pytest.mark.timeout(60)
+
+STREAM = {"prompt": "a b c", "max_tokens": 6, "ignore_eos": True, "stream": True,
+          "stream_options": {"include_usage": True}}
+
+
+def post_fault(url: str, **settings: object) -> dict:
+    r = httpx.post(url + "/fleet/faults", json=settings)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def token_payloads(events: list[tuple[float, str]]) -> list[dict]:
+    return [json.loads(p) for _, p in events if p.startswith("{") and json.loads(p).get("choices")]
+
+
+def wait_until(pred, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.02)
+    raise AssertionError("condition not reached")
+
+
+def refused(url: str) -> bool:
+    try:
+        httpx.get(url + "/health", timeout=1)
+    except httpx.ConnectError:
+        return True
+    return False
+
+
+def test_crash_refuses_connections_then_recovers(fleet: FleetThread) -> None:
+    d0, d1 = fleet.decode_urls
+    # an in-flight stream on the crashing rank is cut, not ended cleanly
+    with httpx.stream("POST", d1 + "/v1/completions", timeout=10,
+                      json={**STREAM, "max_tokens": 1000}) as r:
+        it = r.iter_raw()
+        next(it)
+        assert post_fault(d0, target="decode/1", crash_s=-1)["applied"] == ["decode/1"]
+        with pytest.raises(httpx.HTTPError):
+            for _ in it:
+                pass
+    wait_until(lambda: refused(d1))
+    with pytest.raises(httpx.ConnectError):
+        httpx.post(d1 + "/v1/completions", json={"prompt": "a"})
+    assert httpx.get(d0 + "/health").status_code == 200  # the other rank lives on
+    post_fault(d0, target="decode/1", recover=True)
+    assert httpx.get(d1 + "/health").status_code == 200
+    _, events = stream_raw(d1 + "/v1/completions", STREAM)
+    assert len(token_payloads(events)) == 6
+    # timed crash through the Python API recovers by itself
+    fleet.call(fleet.fleet.crash("decode", 1, 0.3))
+    assert refused(d1)
+    wait_until(lambda: not refused(d1))
+
+
+def test_cut_stream_after_k_chunks(fleet: FleetThread) -> None:
+    url = fleet.decode_urls[0]
+    post_fault(url, cut_after=3)
+    got = b""
+    with (pytest.raises(httpx.RemoteProtocolError),
+          httpx.stream("POST", url + "/v1/completions", json=STREAM, timeout=10) as r):
+        assert r.status_code == 200
+        for chunk in r.iter_raw():
+            got += chunk
+    assert got.count(b"data: ") == 3 and b"[DONE]" not in got
+    post_fault(url, cut_after=0)
+    _, events = stream_raw(url + "/v1/completions", STREAM)
+    assert events[-1][1] == "[DONE]"
+
+
+def test_http_5xx_for_k_requests(fleet: FleetThread) -> None:
+    url = fleet.decode_urls[1]
+    post_fault(url, http_status=503, http_count=2)
+    for _ in range(2):
+        r = httpx.post(url + "/v1/completions", json={"prompt": "a", "max_tokens": 2})
+        assert r.status_code == 503
+        assert r.json()["error"]["code"] == 503 and r.json()["error"]["type"] == "ServiceUnavailableError"
+    assert httpx.post(url + "/v1/completions", json={"prompt": "a", "max_tokens": 2}).status_code == 200
+    fleet.inject("decode/1", http_status=500)
+    assert httpx.post(url + "/v1/completions", json={"prompt": "a"}).status_code == 500
+    fleet.inject("decode/1", clear=True)
+    assert httpx.post(url + "/v1/completions", json={"prompt": "a"}).status_code == 200
+
+
+def test_duplicated_and_dropped_chunks(fleet: FleetThread) -> None:
+    url = fleet.decode_urls[0]
+    post_fault(url, dup_every=2)
+    _, events = stream_raw(url + "/v1/completions", STREAM)
+    toks = token_payloads(events)
+    assert len(toks) == 6 + 3
+    assert json.loads(events[-2][1])["usage"]["completion_tokens"] == 6
+    post_fault(url, dup_every=0, drop_every=3)
+    _, events = stream_raw(url + "/v1/completions", STREAM)
+    toks = token_payloads(events)
+    assert len(toks) == 6 - 2
+    assert json.loads(events[-2][1])["usage"]["completion_tokens"] == 6
+
+
+def test_mid_stream_error_event(fleet: FleetThread) -> None:
+    url = fleet.decode_urls[0]
+    post_fault(url, error_after=3)
+    r, events = stream_raw(url + "/v1/chat/completions",
+                           {**STREAM, "prompt": None, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200
+    payloads = [p for _, p in events]
+    assert len(payloads) == 5 and payloads[-1] == "[DONE]"
+    err = json.loads(payloads[-2])
+    assert set(err) == {"error"} and err["error"]["code"] == 500
+    assert set(err["error"]) == {"message", "type", "param", "code"}
+
+
+def test_stall_pauses_every_rank(fleet: FleetThread) -> None:
+    d0, d1 = fleet.decode_urls
+    body = {**STREAM, "max_tokens": 40}
+    import threading
+
+    def stall_soon() -> None:
+        time.sleep(0.1)
+        post_fault(d1, stall_s=0.5)
+
+    t = threading.Thread(target=stall_soon)
+    t.start()
+    _, events = stream_raw(d0 + "/v1/completions", body)  # stream on the *other* rank
+    t.join()
+    times = [ts for ts, p in events if p.startswith("{")]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert max(gaps) >= 0.45
+    assert statistics.median(gaps) < 0.05
+
+
+def test_slow_rank_slows_the_barrier(fleet: FleetThread) -> None:
+    d0, d1 = fleet.decode_urls
+    body = {**STREAM, "max_tokens": 15}
+
+    def itl() -> float:
+        _, ev = stream_raw(d0 + "/v1/completions", body)
+        ts = [t for t, p in ev if p.startswith("{")]
+        return statistics.median(b - a for a, b in itertools.pairwise(ts[1:]))
+
+    base = itl()
+    post_fault(d1, slow=8)
+    # rank 1 is slow only while it runs something
+    with httpx.stream("POST", d1 + "/v1/completions", json={**STREAM, "max_tokens": 2000}, timeout=10) as r:
+        it = r.iter_raw()  # keep the iterator: dropping it closes the stream (and aborts)
+        next(it)
+        slow = itl()
+    assert slow > 4 * base
+
+
+def test_fault_spec_cli_grammar() -> None:
+    spec = FaultSpec.parse("decode/1:stall_s=2,slow=3@5")
+    assert spec.target == Target("decode", 1) and spec.at_s == 5.0
+    assert dict(spec.settings) == {"stall_s": 2.0, "slow": 3.0}
+    assert FaultSpec.parse("prefill/*:http_status=503,http_count=4").target == Target("prefill", None)
+    for bad in ("decode:stall_s=1", "decode/1", "decode/1:nope=1", "decode/1:http_status=200",
+                "decode/1:cut_after=-1", "gpu/0:slow=2", "decode/1:slow=0"):
+        with pytest.raises(ValueError):
+            FaultSpec.parse(bad)
+
+
+def test_scheduled_fault_from_config() -> None:
+    from shadow.fleet import FleetConfig
+
+    cfg = FleetConfig(prefill=0, decode=1, base_port=0, time_scale=0.25,
+                      faults=(FaultSpec.parse("decode/0:http_status=502@0.2"),))
+    with FleetThread(cfg) as ft:
+        url = ft.decode_urls[0]
+        assert httpx.post(url + "/v1/completions", json={"prompt": words(2)}).status_code == 200
+        time.sleep(0.35)
+        assert httpx.post(url + "/v1/completions", json={"prompt": words(2)}).status_code == 502
+        assert httpx.get(url + "/fleet/faults").json()["faults"]["http_status"] == 502
