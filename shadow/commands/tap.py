@@ -32,30 +32,54 @@ def _pairs(values: Sequence[str] | None, what: str) -> dict[str, str]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--upstream", action="append", metavar="NAME=URL", required=True,
-                   help="a decode (or plain) worker to put a tap in front of; repeatable")
-    p.add_argument("--prefill", action="append", metavar="NAME=URL",
-                   help="a prefill worker (P/D) to put a tap in front of; repeatable")
-    p.add_argument("--metrics-of", action="append", metavar="NAME=URL",
-                   help="where NAME's Prometheus metrics are (default: its upstream URL + /metrics)")
+    p.add_argument(
+        "--upstream",
+        action="append",
+        metavar="NAME=URL",
+        required=True,
+        help="a decode (or plain) worker to put a tap in front of; repeatable",
+    )
+    p.add_argument(
+        "--prefill",
+        action="append",
+        metavar="NAME=URL",
+        help="a prefill worker (P/D) to put a tap in front of; repeatable",
+    )
+    p.add_argument(
+        "--metrics-of",
+        action="append",
+        metavar="NAME=URL",
+        help="where NAME's Prometheus metrics are (default: its upstream URL + /metrics)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="bind address for taps and API (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=0,
-                   help="API port; taps take the following ports (default 0: all ephemeral)")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=0,
+        help="API port; taps take the following ports (default 0: all ephemeral)",
+    )
     p.add_argument("--record", metavar="FILE", help="append every normalised event to FILE as NDJSON")
-    p.add_argument("--max-body", type=int, default=4 << 20, metavar="BYTES",
-                   help="largest request/response body the analysis parses (traffic is never limited)")
+    p.add_argument(
+        "--max-body",
+        type=int,
+        default=4 << 20,
+        metavar="BYTES",
+        help="largest request/response body the analysis parses (traffic is never limited)",
+    )
     p.add_argument("--queue-size", type=int, default=65536, help="tap-to-analysis queue capacity (items)")
     p.add_argument("--slots", type=int, default=None, help="decode slots per worker, if known")
     p.add_argument("--ttl", type=float, default=300.0, help="reap requests silent this long (s)")
-    p.add_argument("--phantom-age", type=float, default=120.0,
-                   help="count as phantom when silent this long (s)")
+    p.add_argument(
+        "--phantom-age", type=float, default=120.0, help="count as phantom when silent this long (s)"
+    )
     p.add_argument("--scrape-interval", type=float, default=5.0, help="reconciliation period (s); 0 = off")
     p.add_argument("--forward", metavar="URL", help="also POST every event to another shadow's event API")
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("tap", help="mirror an existing router through in-path taps",
-                              description=__doc__)
+    p = subparsers.add_parser(
+        "tap", help="mirror an existing router through in-path taps", description=__doc__
+    )
     add_arguments(p)
     p.set_defaults(func=run)
 
@@ -65,9 +89,16 @@ def config_from_args(args: argparse.Namespace) -> TapConfig:
         upstreams=_pairs(args.upstream, "--upstream"),
         prefill=_pairs(args.prefill, "--prefill"),
         metrics_of=_pairs(args.metrics_of, "--metrics-of"),
-        host=args.host, port=args.port, record=args.record, max_body=args.max_body,
-        queue_size=args.queue_size, slots=args.slots, ttl_s=args.ttl, phantom_age_s=args.phantom_age,
-        scrape_interval_s=args.scrape_interval, forward_to=args.forward,
+        host=args.host,
+        port=args.port,
+        record=args.record,
+        max_body=args.max_body,
+        queue_size=args.queue_size,
+        slots=args.slots,
+        ttl_s=args.ttl,
+        phantom_age_s=args.phantom_age,
+        scrape_interval_s=args.scrape_interval,
+        forward_to=args.forward,
     )
 
 

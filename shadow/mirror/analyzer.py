@@ -138,12 +138,22 @@ class Analyzer:
 
     # -- driving ---------------------------------------------------------------------------------
 
-    async def run(self, queue: Any, *, batch: int = 512, pace: float = 0.0) -> None:
-        """Consume the taps' queue forever (cancel to stop). `pace` sleeps between batches (tests)."""
+    async def run(self, queue: Any, *, batch: int = 16, settle_s: float = 0.002, pace: float = 0.0) -> None:
+        """Consume the taps' queue forever (cancel to stop). The relay shares the event loop, so
+        analysis waits `settle_s` after waking (a burst of chunks is relayed first) and then works in
+        slices of `batch` items (larger under backlog), yielding between slices. `pace` (tests)
+        sleeps between slices to simulate a slow consumer."""
         while True:
-            items = await queue.get_batch(batch)
-            self.process(items)
-            await asyncio.sleep(pace)
+            items = await queue.get_batch(1)
+            if settle_s:
+                await asyncio.sleep(settle_s)
+            while True:
+                self.process(items)
+                await asyncio.sleep(pace)
+                n = len(queue)
+                if not n:
+                    break
+                items = queue.get_nowait_batch(max(batch, n // 4))
 
     def process(self, items: list[tuple[TapContext, int, float, Any]]) -> None:
         mirror = self.mirror

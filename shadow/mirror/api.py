@@ -24,8 +24,15 @@ from shadow.engine.events import Arrive, Event, Step, from_dict
 from shadow.mirror.hub import Mirror, event_dict
 
 DEFAULT_MAX_BODY = 8 << 20
-REJECT_REASONS = ("invalid_json", "not_object", "unknown_type", "unknown_field", "missing_field",
-                  "invalid_value", "apply_error")
+REJECT_REASONS = (
+    "invalid_json",
+    "not_object",
+    "unknown_type",
+    "unknown_field",
+    "missing_field",
+    "invalid_value",
+    "apply_error",
+)
 
 
 def load_schema() -> dict[str, Any]:

@@ -44,8 +44,9 @@ class Emitter:
         self.flush_interval_s = flush_interval_s
         self.max_buffer = max_buffer
         self._buf: deque[str] = deque()
-        self._client = httpx.AsyncClient(transport=transport, timeout=timeout_s, headers=headers,
-                                         trust_env=False)
+        self._client = httpx.AsyncClient(
+            transport=transport, timeout=timeout_s, headers=headers, trust_env=False
+        )
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
         self.sent = 0
@@ -79,7 +80,8 @@ class Emitter:
             lines = [self._buf.popleft() for _ in range(n)]
             try:
                 resp = await self._client.post(
-                    self.url, content=("\n".join(lines) + "\n").encode(),
+                    self.url,
+                    content=("\n".join(lines) + "\n").encode(),
                     headers={"content-type": "application/x-ndjson"},
                 )
                 if resp.status_code >= 400:
@@ -121,6 +123,7 @@ class Emitter:
         self.start()
         return self
 
-    async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await self.aclose()

@@ -25,9 +25,7 @@ END_UPSTREAM_CUT = "upstream_cut"
 END_UPSTREAM_ERROR = "upstream_error"
 END_REASONS = (END_COMPLETE, END_CLIENT_CANCEL, END_UPSTREAM_CUT, END_UPSTREAM_ERROR)
 
-_HOP_BY_HOP = frozenset(
-    (b"connection", b"keep-alive", b"proxy-connection", b"te", b"upgrade", b"expect")
-)
+_HOP_BY_HOP = frozenset((b"connection", b"keep-alive", b"proxy-connection", b"te", b"upgrade", b"expect"))
 MAX_HEAD = 1 << 20
 _BAD_GATEWAY = (
     b"HTTP/1.1 502 Bad Gateway\r\ncontent-type: application/json\r\ncontent-length: 77\r\n"
@@ -58,8 +56,16 @@ class TapContext:
         "tap",
     )
 
-    def __init__(self, tap: str, method: str, path: str, request_id: str | None, body: bytes | None,
-                 body_len: int, t_start: float) -> None:
+    def __init__(
+        self,
+        tap: str,
+        method: str,
+        path: str,
+        request_id: str | None,
+        body: bytes | None,
+        body_len: int,
+        t_start: float,
+    ) -> None:
         self.tap = tap
         self.method = method
         self.path = path
@@ -104,8 +110,16 @@ def _filter_lines(lines: list[bytes], hmap: dict[bytes, bytes]) -> list[bytes] |
 class Tap:
     """One listener in front of one upstream; `await start()` binds, `await close()` stops."""
 
-    def __init__(self, name: str, upstream: str, queue: DropQueue, *, max_body: int = 4 << 20,
-                 connect_timeout: float = 10.0, pool_size: int = 256) -> None:
+    def __init__(
+        self,
+        name: str,
+        upstream: str,
+        queue: DropQueue,
+        *,
+        max_body: int = 4 << 20,
+        connect_timeout: float = 10.0,
+        pool_size: int = 256,
+    ) -> None:
         u = urllib.parse.urlsplit(upstream)
         if u.scheme != "http" or not u.hostname:
             raise ValueError(f"upstream {upstream!r}: only http://host:port is supported")
@@ -214,8 +228,10 @@ class _ClientConn(asyncio.Protocol):
         end = buf.find(b"\r\n\r\n")
         if end < 0:
             if len(buf) > MAX_HEAD:
-                self._fail(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n"
-                           b"connection: close\r\n\r\n")
+                self._fail(
+                    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n"
+                    b"connection: close\r\n\r\n"
+                )
             return
         start_line, lines = _split_head(buf[:end])
         hmap = _header_map(lines)
@@ -254,10 +270,13 @@ class _ClientConn(asyncio.Protocol):
         tap = self.tap
         tap.requests += 1
         ctx = TapContext(
-            tap.name, method, path,
+            tap.name,
+            method,
+            path,
             rid.decode("latin-1") if rid else None,
             body if len(body) <= tap.max_body else None,
-            len(body), time.monotonic(),
+            len(body),
+            time.monotonic(),
         )
         self.ctx = ctx
         tap.queue.put((ctx, 0, ctx.t_start, None))
@@ -268,8 +287,11 @@ class _ClientConn(asyncio.Protocol):
             tap._spawn(self._connect_and_send(ctx, out, method == "HEAD"))
 
     def _maybe_continue(self, hmap: dict[bytes, bytes]) -> None:
-        if (b"100-continue" in hmap.get(b"expect", b"").lower() and self.transport is not None
-                and not self._continued):
+        if (
+            b"100-continue" in hmap.get(b"expect", b"").lower()
+            and self.transport is not None
+            and not self._continued
+        ):
             self._continued = True
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
@@ -467,8 +489,11 @@ class _UpstreamConn(asyncio.Protocol):
                 kept = [*kept, b"connection: close"]
             head = b"\r\n".join([status_line, *kept]) + b"\r\n\r\n"
         ctx.status = status
-        ctx.resp_headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in hmap.items()
-                            if k in (b"content-type", b"content-length", b"transfer-encoding")}
+        ctx.resp_headers = {
+            k.decode("latin-1"): v.decode("latin-1")
+            for k, v in hmap.items()
+            if k in (b"content-type", b"content-length", b"transfer-encoding")
+        }
         rest = buf[end + 4 :]
         self.in_body = True
         client.transport.write(head + rest if rest else head)

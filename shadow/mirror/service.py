@@ -75,23 +75,36 @@ class TapService:
         self.state = MirrorState(c.upstreams, slots=c.slots, ttl_s=c.ttl_s, phantom_age_s=c.phantom_age_s)
         self.recorder = Recorder(c.record) if c.record else None
         self.mirror = Mirror(self.state, recorder=self.recorder)
-        self.analyzer = Analyzer(self.mirror, prefill_taps=c.prefill, max_body=c.max_body, hook=c.hook,
-                                 clock=clock)
-        self.taps = [Tap(n, u, self.queue, max_body=c.max_body)
-                     for n, u in {**c.upstreams, **c.prefill}.items()]
+        self.analyzer = Analyzer(
+            self.mirror, prefill_taps=c.prefill, max_body=c.max_body, hook=c.hook, clock=clock
+        )
+        self.taps = [
+            Tap(n, u, self.queue, max_body=c.max_body) for n, u in {**c.upstreams, **c.prefill}.items()
+        ]
         targets = {n: c.metrics_of.get(n, u.rstrip("/") + "/metrics") for n, u in c.upstreams.items()}
-        self.reconciler = Reconciler(targets, self.state, interval_s=c.scrape_interval_s, clock=clock) \
-            if c.scrape_interval_s > 0 else None
+        self.reconciler = (
+            Reconciler(targets, self.state, interval_s=c.scrape_interval_s, clock=clock)
+            if c.scrape_interval_s > 0
+            else None
+        )
         self.emitter = Emitter(c.forward_to) if c.forward_to else None
         if self.emitter is not None:
             self.mirror.listeners.append(self.emitter)
         self.rejected: dict[str, int] = {}
-        self.registry.register(MirrorCollector(
-            self.mirror, analyzer=self.analyzer, queue=self.queue, taps=self.taps,
-            reconciler=self.reconciler, rejected=self.rejected, clock=clock,
-        ))
-        self.app = create_app(self.mirror, self.registry, rejected=self.rejected,
-                              extra_state=self._extra_state, clock=clock)
+        self.registry.register(
+            MirrorCollector(
+                self.mirror,
+                analyzer=self.analyzer,
+                queue=self.queue,
+                taps=self.taps,
+                reconciler=self.reconciler,
+                rejected=self.rejected,
+                clock=clock,
+            )
+        )
+        self.app = create_app(
+            self.mirror, self.registry, rejected=self.rejected, extra_state=self._extra_state, clock=clock
+        )
         self._tasks: list[asyncio.Task[Any]] = []
         self._server: uvicorn.Server | None = None
         self.api_url = ""
@@ -99,11 +112,20 @@ class TapService:
     def _extra_state(self, now: float) -> dict[str, Any]:
         inflight = self.analyzer.inflight
         out: dict[str, Any] = {
-            "taps": {t.name: {"url": t.url, "upstream": t.upstream, "inflight": inflight.get(t.name, 0),
-                              "role": "prefill" if t.name in self.config.prefill else "decode"}
-                     for t in self.taps},
-            "queue": {"depth": len(self.queue), "capacity": self.queue.maxsize,
-                      "dropped": self.queue.dropped},
+            "taps": {
+                t.name: {
+                    "url": t.url,
+                    "upstream": t.upstream,
+                    "inflight": inflight.get(t.name, 0),
+                    "role": "prefill" if t.name in self.config.prefill else "decode",
+                }
+                for t in self.taps
+            },
+            "queue": {
+                "depth": len(self.queue),
+                "capacity": self.queue.maxsize,
+                "dropped": self.queue.dropped,
+            },
             "errors": dict(self.mirror.errors),
             "dropped": dict(self.mirror.dropped),
         }

@@ -73,10 +73,15 @@ async def raw_request(host: str, port: int, request: bytes, *, timeout: float = 
         writer.close()
 
 
-def http_post(path: str, body: bytes, *, host: str = "127.0.0.1", rid: str | None = None,
-              close: bool = True) -> bytes:
-    lines = [f"POST {path} HTTP/1.1", f"Host: {host}", "Content-Type: application/json",
-             f"Content-Length: {len(body)}"]
+def http_post(
+    path: str, body: bytes, *, host: str = "127.0.0.1", rid: str | None = None, close: bool = True
+) -> bytes:
+    lines = [
+        f"POST {path} HTTP/1.1",
+        f"Host: {host}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+    ]
     if rid:
         lines.append(f"X-Request-Id: {rid}")
     if close:

@@ -69,8 +69,17 @@ def create_stub(name: str = "w", *, tokens: int = 8, step_s: float = 0.0, model:
         stream = bool(body.get("stream"))
         stats.seen.append({"rid": rid, "chat": chat, "stream": stream, "kv": kv})
         if ctl.get("status"):
-            return JSONResponse({"error": {"message": "stub failure", "type": "BadRequestError",
-                                           "param": None, "code": ctl["status"]}}, status_code=ctl["status"])
+            return JSONResponse(
+                {
+                    "error": {
+                        "message": "stub failure",
+                        "type": "BadRequestError",
+                        "param": None,
+                        "code": ctl["status"],
+                    }
+                },
+                status_code=ctl["status"],
+            )
         n = int(ctl.get("tokens", tokens))
         mt = body.get("max_tokens")
         if isinstance(mt, int):
@@ -86,8 +95,14 @@ def create_stub(name: str = "w", *, tokens: int = 8, step_s: float = 0.0, model:
         finish = "length" if isinstance(mt, int) and n >= mt else "stop"
         kv_out = None
         if isinstance(kv, dict) and kv.get("do_remote_decode"):
-            kv_out = {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [1, 2],
-                      "remote_engine_id": name, "remote_host": "127.0.0.1", "remote_port": 1}
+            kv_out = {
+                "do_remote_prefill": True,
+                "do_remote_decode": False,
+                "remote_block_ids": [1, 2],
+                "remote_engine_id": name,
+                "remote_host": "127.0.0.1",
+                "remote_port": 1,
+            }
 
         if not stream:
             stats.running += 1
@@ -97,16 +112,27 @@ def create_stub(name: str = "w", *, tokens: int = 8, step_s: float = 0.0, model:
             finally:
                 stats.running -= 1
             text = "".join(f" t{i}" for i in range(n))
-            choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish, "stop_reason": None}
+            choice: dict[str, Any] = {
+                "index": 0,
+                "logprobs": None,
+                "finish_reason": finish,
+                "stop_reason": None,
+            }
             if chat:
                 choice["message"] = {"role": "assistant", "content": text}
             else:
                 choice["text"] = text
             out: dict[str, Any] = {
-                "id": cid, "object": "chat.completion" if chat else "text_completion", "created": CREATED,
-                "model": model, "choices": [choice],
-                "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + n,
-                          "completion_tokens": n},
+                "id": cid,
+                "object": "chat.completion" if chat else "text_completion",
+                "created": CREATED,
+                "model": model,
+                "choices": [choice],
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "total_tokens": prompt_tokens + n,
+                    "completion_tokens": n,
+                },
             }
             if kv_out is not None:
                 out["kv_transfer_params"] = kv_out
@@ -115,15 +141,29 @@ def create_stub(name: str = "w", *, tokens: int = 8, step_s: float = 0.0, model:
         async def gen() -> Any:
             stats.running += 1
             try:
+
                 def usage(k: int) -> dict[str, int]:
-                    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + k,
-                            "completion_tokens": k}
+                    return {
+                        "prompt_tokens": prompt_tokens,
+                        "total_tokens": prompt_tokens + k,
+                        "completion_tokens": k,
+                    }
 
                 if chat:
-                    first: dict[str, Any] = {"id": cid, "object": obj, "created": CREATED, "model": model,
-                                             "choices": [{"index": 0, "delta": {"role": "assistant",
-                                                                                "content": ""},
-                                                          "logprobs": None, "finish_reason": None}]}
+                    first: dict[str, Any] = {
+                        "id": cid,
+                        "object": obj,
+                        "created": CREATED,
+                        "model": model,
+                        "choices": [
+                            {
+                                "index": 0,
+                                "delta": {"role": "assistant", "content": ""},
+                                "logprobs": None,
+                                "finish_reason": None,
+                            }
+                        ],
+                    }
                     if continuous:
                         first["usage"] = usage(0)
                     yield f"data: {_dumps(first)}\n\n"
@@ -133,8 +173,14 @@ def create_stub(name: str = "w", *, tokens: int = 8, step_s: float = 0.0, model:
                     if ctl.get("cut_after") is not None and i >= ctl["cut_after"]:
                         raise RuntimeError("stub: upstream cut")
                     if ctl.get("error_after") is not None and i >= ctl["error_after"]:
-                        err = {"error": {"message": "Internal server error", "type": "InternalServerError",
-                                         "param": None, "code": 500}}
+                        err = {
+                            "error": {
+                                "message": "Internal server error",
+                                "type": "InternalServerError",
+                                "param": None,
+                                "code": 500,
+                            }
+                        }
                         yield f"data: {_dumps(err)}\n\n"
                         yield "data: [DONE]\n\n"
                         return
@@ -142,23 +188,43 @@ def create_stub(name: str = "w", *, tokens: int = 8, step_s: float = 0.0, model:
                     fr = finish if last else None
                     sr = "recomputed" if last and ctl.get("recompute") else None
                     if chat:
-                        ch: dict[str, Any] = {"index": 0, "delta": {"content": f" t{i}"}, "logprobs": None,
-                                              "finish_reason": fr}
+                        ch: dict[str, Any] = {
+                            "index": 0,
+                            "delta": {"content": f" t{i}"},
+                            "logprobs": None,
+                            "finish_reason": fr,
+                        }
                     else:
-                        ch = {"index": 0, "text": f" t{i}", "logprobs": None, "finish_reason": fr,
-                              "stop_reason": sr}
+                        ch = {
+                            "index": 0,
+                            "text": f" t{i}",
+                            "logprobs": None,
+                            "finish_reason": fr,
+                            "stop_reason": sr,
+                        }
                     if chat and sr:
                         ch["stop_reason"] = sr
-                    chunk: dict[str, Any] = {"id": cid, "object": obj, "created": CREATED, "model": model,
-                                             "choices": [ch]}
+                    chunk: dict[str, Any] = {
+                        "id": cid,
+                        "object": obj,
+                        "created": CREATED,
+                        "model": model,
+                        "choices": [ch],
+                    }
                     if continuous:
                         chunk["usage"] = usage(i + 1)
                     if last and kv_out is not None:
                         chunk["kv_transfer_params"] = kv_out
                     yield f"data: {_dumps(chunk)}\n\n"
                 if include_usage:
-                    u = {"id": cid, "object": obj, "created": CREATED, "model": model, "choices": [],
-                         "usage": usage(n)}
+                    u = {
+                        "id": cid,
+                        "object": obj,
+                        "created": CREATED,
+                        "model": model,
+                        "choices": [],
+                        "usage": usage(n),
+                    }
                     yield f"data: {_dumps(u)}\n\n"
                 if not ctl.get("no_done"):
                     yield "data: [DONE]\n\n"
@@ -188,8 +254,7 @@ class ThreadServer:
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        cfg = uvicorn.Config(app, log_level="error", access_log=False, lifespan="off",
-                             timeout_keep_alive=30)
+        cfg = uvicorn.Config(app, log_level="error", access_log=False, lifespan="off", timeout_keep_alive=30)
         self.server = uvicorn.Server(cfg)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 

@@ -1,0 +1,285 @@
+"""Tap overhead benchmark (run on demand): added latency per SSE chunk and mirrored chunks per CPU-second.
+
+    python3 bench/bench_tap.py [--streams 512 --step-ms 60 --seconds 10] [--max-streams 256 --max-step-ms 4]
+
+Three processes: a barrier-stepped SSE upstream (every step it writes one vLLM-format chunk, stamped
+with CLOCK_MONOTONIC, to every open stream), `shadow tap` in front of it (its own process, so its CPU
+time is measured alone from /proc), and the clients here. Phase 1 (fleet-like load, default 512
+streams at 60 ms ≈ 8.5 k chunks/s) measures per-chunk latency direct vs through the tap and reports
+the added p50/p99. Phase 2 drives the tap as hard as the upstream can and reports mirrored chunks
+per tap CPU-second, checking that nothing was lost (every stream's mirrored Finish carries exactly
+the tokens sent, and the tap's drop counters are zero). Targets: p99 added ≤ 1 ms, ≥ 20,000/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+_TS = re.compile(rb'"ts":(\d+)')
+_CLK = os.sysconf("SC_CLK_TCK")
+
+
+# -- upstream: barrier-stepped SSE server ------------------------------------------------------------
+
+
+def _upstream_main(port_q: mp.Queue, step_s: float, tokens: int, groups: int) -> None:  # type: ignore[type-arg]
+    async def main() -> None:
+        # streams are dealt to `groups` barrier groups (like DP workers) whose steps are staggered
+        group_streams: list[list[list]] = [[] for _ in range(groups)]  # [transport, remaining, i]
+        dealt = [0]
+
+        class Proto(asyncio.Protocol):
+            def connection_made(self, tr: asyncio.BaseTransport) -> None:
+                self.tr = tr
+                self.buf = b""
+
+            def data_received(self, data: bytes) -> None:
+                self.buf += data
+                while True:
+                    end = self.buf.find(b"\r\n\r\n")
+                    if end < 0:
+                        return
+                    head = self.buf[:end].decode("latin-1")
+                    m = re.search(r"(?i)content-length:\s*(\d+)", head)
+                    n = int(m.group(1)) if m else 0
+                    if len(self.buf) < end + 4 + n:
+                        return
+                    self.buf = self.buf[end + 4 + n :]
+                    if head.startswith("GET /metrics"):
+                        body = b"vllm:num_requests_running 0\n"
+                        self.tr.write(
+                            b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: "
+                            + str(len(body)).encode()
+                            + b"\r\n\r\n"
+                            + body
+                        )
+                        continue
+                    self.tr.write(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
+                        b"transfer-encoding: chunked\r\n\r\n"
+                    )
+                    group_streams[dealt[0] % groups].append([self.tr, tokens, 0])
+                    dealt[0] += 1
+
+        loop = asyncio.get_running_loop()
+        srv = await loop.create_server(Proto, "127.0.0.1", 0)
+        port_q.put(srv.sockets[0].getsockname()[1])
+        pad = "x" * 60
+        nxt = time.monotonic()
+        g = 0
+        while True:
+            nxt += step_s / groups
+            delay = nxt - time.monotonic()
+            await asyncio.sleep(max(0.0, delay))
+            streams = group_streams[g]
+            g = (g + 1) % groups
+            alive = []
+            for s in streams:
+                tr, rem, i = s
+                if rem <= 0 or tr.is_closing():
+                    continue
+                last = rem == 1
+                fr = '"length"' if last else "null"
+                data = (
+                    'data: {"id":"cmpl-b","object":"text_completion","created":1,"model":"m","choices":'
+                    f'[{{"index":0,"text":" t{i}{pad}","logprobs":null,"finish_reason":{fr},'
+                    f'"stop_reason":null}}],"ts":{time.monotonic_ns()}}}\n\n'
+                )
+                if last:
+                    data += "data: [DONE]\n\n"
+                b = data.encode()
+                out = b"%x\r\n%s\r\n" % (len(b), b)
+                if last:
+                    out += b"0\r\n\r\n"
+                tr.write(out)
+                s[1] = rem - 1
+                s[2] = i + 1
+                if s[1] > 0:
+                    alive.append(s)
+            streams[:] = alive
+
+    asyncio.run(main())
+
+
+# -- clients -----------------------------------------------------------------------------------------
+
+
+class _Client(asyncio.Protocol):
+    def __init__(self, done: asyncio.Future, lat: list[int] | None) -> None:  # type: ignore[type-arg]
+        self.done = done
+        self.lat = lat
+        self.frames = 0
+        self.tail = b""
+
+    def data_received(self, data: bytes) -> None:
+        now = time.monotonic_ns()
+        buf = self.tail + data
+        self.tail = buf[-64:]
+        if self.lat is not None:
+            for m in _TS.finditer(data):
+                self.lat.append(now - int(m.group(1)))
+        self.frames += data.count(b'"ts":')
+        if b"0\r\n\r\n" in buf and b"[DONE]" in buf and not self.done.done():
+            self.done.set_result(self.frames)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_result(self.frames)
+
+
+async def _run_streams(
+    port: int, n: int, lat: list[int] | None, rid_prefix: str, port2: int = 0, lat2: list[int] | None = None
+) -> int:
+    """n streams to `port`; with `port2`, every other stream goes there instead (recorded in lat2),
+    so both paths share the same upstream steps and the same machine noise."""
+    loop = asyncio.get_running_loop()
+    futs = []
+    trs = []
+    body = b'{"model":"m","prompt":"p","stream":true,"max_tokens":100000}'
+    for i in range(n):
+        fut = loop.create_future()
+        p, lt = (port2, lat2) if port2 and i % 2 else (port, lat)
+        tr, _ = await loop.create_connection(lambda f=fut, lt=lt: _Client(f, lt), "127.0.0.1", p)
+        tr.write(
+            b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"x-request-id: %s-%d\r\ncontent-length: %d\r\n\r\n%s" % (rid_prefix.encode(), i, len(body), body)
+        )
+        futs.append(fut)
+        trs.append(tr)
+    frames = await asyncio.gather(*futs)
+    for tr in trs:
+        tr.close()
+    return sum(frames)
+
+
+def _cpu_s(pid: int) -> float:
+    parts = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(parts[11]) + int(parts[12])) / _CLK
+
+
+def _start_upstream(step_s: float, tokens: int, groups: int) -> tuple[mp.Process, int]:
+    q: mp.Queue = mp.Queue()  # type: ignore[type-arg]
+    p = mp.Process(target=_upstream_main, args=(q, step_s, tokens, groups), daemon=True)
+    p.start()
+    return p, q.get(timeout=10)
+
+
+def _start_tap(upstream_port: int, record: str, extra: list[str]) -> tuple[subprocess.Popen[str], dict]:  # type: ignore[type-arg]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "shadow.commands.tap",
+            "--upstream",
+            f"u=http://127.0.0.1:{upstream_port}",
+            "--scrape-interval",
+            "0",
+            "--record",
+            record,
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    assert proc.stdout is not None
+    ready = json.loads(proc.stdout.readline())
+    return proc, ready
+
+
+def _pct(xs: list[int], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] / 1e6 if xs else float("nan")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--streams", type=int, default=512)
+    ap.add_argument("--step-ms", type=float, default=60.0)
+    ap.add_argument("--groups", type=int, default=8, help="staggered barrier groups (DP workers)")
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--max-streams", type=int, default=128)
+    ap.add_argument("--max-step-ms", type=float, default=4.0)
+    ap.add_argument("--max-seconds", type=float, default=8.0)
+    ap.add_argument("--tap-args", default="", help="extra `shadow tap` arguments (one string)")
+    args = ap.parse_args()
+
+    # phase 1: latency at fleet-like load
+    tokens = max(2, int(args.seconds / (args.step_ms / 1000)))
+    up, up_port = _start_upstream(args.step_ms / 1000, tokens, args.groups)
+    with tempfile.TemporaryDirectory() as td:
+        tap, ready = _start_tap(up_port, os.path.join(td, "p1.ndjson"), args.tap_args.split())
+        tap_port = int(ready["taps"]["u"].rsplit(":", 1)[1])
+        try:
+            direct: list[int] = []
+            via: list[int] = []
+            frames = asyncio.run(_run_streams(up_port, 2 * args.streams, direct, "d", tap_port, via))
+        finally:
+            tap.terminate()
+            tap.wait(10)
+            up.terminate()
+    rate = args.streams / (args.step_ms / 1000)
+    print(
+        f"phase 1: {args.streams} streams in {args.groups} staggered groups x {tokens} chunks every "
+        f"{args.step_ms:g} ms (~{rate:,.0f} chunks/s)"
+    )
+    print(f"  (interleaved with as many direct streams on the same upstream steps; {frames:,} chunks in all)")
+    print(f"  chunk latency direct  p50 {_pct(direct, 0.5):.3f} ms  p99 {_pct(direct, 0.99):.3f} ms")
+    print(f"  chunk latency via tap p50 {_pct(via, 0.5):.3f} ms  p99 {_pct(via, 0.99):.3f} ms")
+    add50, add99 = _pct(via, 0.5) - _pct(direct, 0.5), _pct(via, 0.99) - _pct(direct, 0.99)
+    print(f"  added by the tap:     p50 {add50:.3f} ms  p99 {add99:.3f} ms   (target p99 <= 1 ms)")
+
+    # phase 2: throughput per tap CPU-second, nothing lost
+    tokens2 = max(2, int(args.max_seconds / (args.max_step_ms / 1000)))
+    up, up_port = _start_upstream(args.max_step_ms / 1000, tokens2, 1)
+    with tempfile.TemporaryDirectory() as td:
+        rec = os.path.join(td, "p2.ndjson")
+        tap, ready = _start_tap(up_port, rec, args.tap_args.split())
+        tap_port = int(ready["taps"]["u"].rsplit(":", 1)[1])
+        try:
+            c0 = _cpu_s(tap.pid)
+            t0 = time.monotonic()
+            frames = asyncio.run(_run_streams(tap_port, args.max_streams, None, "x"))
+            wall = time.monotonic() - t0
+            time.sleep(0.6)  # let the analysis drain and the recorder flush
+            c1 = _cpu_s(tap.pid)
+            metrics = httpx.get(ready["api"] + "/metrics").text
+            state = httpx.get(ready["api"] + "/v1/state").json()
+        finally:
+            tap.terminate()
+            tap.wait(10)
+            up.terminate()
+        fins = [json.loads(line) for line in Path(rec).read_text().splitlines() if '"finish"' in line]
+    cpu = c1 - c0
+    dropped = sum(
+        float(m.group(1)) for m in re.finditer(r"^shadow_mirror_dropped_total\{[^}]*\} (\S+)$", metrics, re.M)
+    )
+    errors = sum(
+        float(m.group(1)) for m in re.finditer(r"^shadow_mirror_errors_total\{[^}]*\} (\S+)$", metrics, re.M)
+    )
+    exact = sum(1 for f in fins if f.get("generated") == tokens2 and f.get("reason") == "length")
+    print(f"phase 2: {args.max_streams} streams x {tokens2} chunks every {args.max_step_ms:g} ms")
+    print(f"  relayed {frames:,} chunks in {wall:.2f} s wall ({frames / wall:,.0f}/s); tap CPU {cpu:.2f} s")
+    print(f"  mirrored chunks per tap CPU-second: {frames / cpu:,.0f}   (target >= 20,000)")
+    print(
+        f"  lost: dropped={dropped:g} errors={errors:g}; finishes exact {exact}/{args.max_streams}; "
+        f"active after: {sum(w['active'] for w in state['workers'].values())}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
