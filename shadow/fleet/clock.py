@@ -3,7 +3,8 @@
 Per step: every live engine admits waiting requests into free slots, then the step lasts
 max_g (a·L_g + b + c1·P_g)·slow_g × time_scale, where L_g is rank g's load (Σ prompt + generated
 over its running requests), P_g the prompt tokens it prefilled locally this step and slow_g its
-slow-step fault multiplier; at the end every running request of every rank gets one token.
+slow-step fault multiplier (idle live ranks count with L_g = 0, as DP ranks run dummy batches in
+lockstep); at the end every running request of every rank gets one token.
 A stall on any rank stops the whole group (as a hung rank stops a DP collective). The clock
 sleeps while no rank has work; `poke()` wakes it.
 """
@@ -65,9 +66,10 @@ class StepClock:
                 if e.running:
                     busy = True
                     max_load = max(max_load, e.load)
-                    t = (a * e.load + b + c1 * prefilled[i]) * e.faults.slow
-                    if t > worst:
-                        worst = t
+                # idle live ranks run dummy batches in lockstep (cost b, times their slow factor)
+                t = (a * e.load + b + c1 * prefilled[i]) * e.faults.slow
+                if t > worst:
+                    worst = t
             if not busy:
                 await self._nap(None)
                 continue
