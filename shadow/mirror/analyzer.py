@@ -329,6 +329,11 @@ class Analyzer:
         if leg.role == ROLE_OTHER:
             return
         self.inflight[tap] = self.inflight.get(tap, 1) - 1
+        if ctx.seq != leg.last_seq:  # the copy lost this stream's tail
+            leg.gaps += 1
+            self.gaps += 1
+            leg.last_seq = ctx.seq
+            leg.body_lost = True
         if leg.role == ROLE_PREFILL:
             self._end_prefill(ctx, leg, t, reason)
             return
@@ -363,6 +368,8 @@ class Analyzer:
             return
         elif p.finish_reason is not None:
             fr = _FINISH_MAP.get(p.finish_reason, "other")
+        elif leg.gaps:
+            fr = "other"  # the copy lost data: the real end is unknown
         elif leg.parser is not None and not p.done:
             fr = "cut"  # 200 and a clean close, but neither a finish reason nor [DONE]
         else:

@@ -254,7 +254,9 @@ class ThreadServer:
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        cfg = uvicorn.Config(app, log_level="error", access_log=False, lifespan="off", timeout_keep_alive=30)
+        cfg = uvicorn.Config(
+            app, log_level="critical", access_log=False, lifespan="off", timeout_keep_alive=30
+        )
         self.server = uvicorn.Server(cfg)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
