@@ -1,0 +1,30 @@
+"""The code base passes ruff and mypy (strict on the pure core and the engine), as CI requires."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*cmd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_ruff_check_passes() -> None:
+    ruff = shutil.which("ruff") or "ruff"
+    proc = run(ruff, "check", "shadow", "tests", "bench")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_mypy_strict_on_core_and_engine() -> None:
+    proc = run(sys.executable, "-m", "mypy", "--strict", "shadow/core", "shadow/engine")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_mypy_on_the_whole_package() -> None:
+    proc = run(sys.executable, "-m", "mypy", "shadow")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
