@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from shadow.core.stepmodel import StepTimeModel
 from shadow.fleet.engine import DecodeEngine
+from shadow.fleet.metrics import ITL_BUCKETS, Hist
 
 
 class StepClock:
@@ -31,6 +32,7 @@ class StepClock:
         self.steps = 0
         self.last_step_s = 0.0  # wall duration of the last step
         self.last_max_load = 0
+        self.step_hist = Hist(ITL_BUCKETS)
         self._wake = asyncio.Event()
 
     def poke(self) -> None:
@@ -81,4 +83,5 @@ class StepClock:
                     e.finish_step(end, prefilled[i])
             self.steps += 1
             self.last_step_s = end - now
+            self.step_hist.observe(end - now)
             self.last_max_load = max_load

@@ -233,10 +233,54 @@ class VllmCollector:
         yield info
 
 
-def make_registry(collector: VllmCollector) -> CollectorRegistry:
-    """A private registry holding only `collector`."""
+class ClockView(Protocol):
+    """What `StepCollector` reads from the shared step clock."""
+
+    steps: int
+    last_step_s: float
+    last_max_load: int
+    step_hist: Hist
+
+
+class StepCollector:
+    """Ground truth of the simulated barrier clock, for checking what a sidecar infers:
+    `shadow_fleet_steps_total`, `shadow_fleet_step_duration_seconds` (histogram),
+    `shadow_fleet_last_step_seconds`, `shadow_fleet_last_max_load_tokens` and this rank's
+    `shadow_fleet_load_tokens` (L_g). Not a vLLM metric: vLLM exposes no step times."""
+
+    def __init__(self, clock: Callable[[], ClockView | None],
+                 sources: Callable[[], Iterable[MetricsSource]],
+                 load: Callable[[MetricsSource], int]) -> None:
+        self._clock = clock
+        self._sources = sources
+        self._load = load
+
+    def collect(self) -> Iterable[Metric]:
+        clock = self._clock()
+        if clock is None:
+            return
+        yield CounterMetricFamily("shadow_fleet_steps", "Steps of the shared decode clock.",
+                                  value=clock.steps)
+        h = HistogramMetricFamily("shadow_fleet_step_duration_seconds", "Wall duration of decode steps.")
+        h.add_metric([], clock.step_hist.cumulative(), clock.step_hist.sum)
+        yield h
+        yield GaugeMetricFamily("shadow_fleet_last_step_seconds", "Wall duration of the last decode step.",
+                                value=clock.last_step_s)
+        yield GaugeMetricFamily("shadow_fleet_last_max_load_tokens", "max_g L_g of the last decode step.",
+                                value=clock.last_max_load)
+        load = GaugeMetricFamily("shadow_fleet_load_tokens",
+                                 "KV load L_g: prompt + generated tokens of the rank's running requests.",
+                                 labels=["engine"])
+        for s in self._sources():
+            load.add_metric([s.engine_label], self._load(s))
+        yield load
+
+
+def make_registry(*collectors: object) -> CollectorRegistry:
+    """A private registry holding only `collectors`."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
+    for c in collectors:
+        registry.register(c)  # type: ignore[arg-type]
     return registry
 
 

@@ -35,7 +35,7 @@ from shadow.fleet.config import VLLM_VERSION, FleetConfig
 from shadow.fleet.engine import DecodeEngine, EngineDown, Seq
 from shadow.fleet.faults import FaultState, StreamFaults, Target, validate_settings
 from shadow.fleet.listener import Listener
-from shadow.fleet.metrics import MetricsSource, VllmCollector, exposition, make_registry
+from shadow.fleet.metrics import MetricsSource, StepCollector, VllmCollector, exposition, make_registry
 from shadow.fleet.openai_api import ApiError, GenRequest, parse_request
 from shadow.fleet.pd import HandleError, KvDirectory, KvStore
 from shadow.fleet.prefill import PrefillEngine
@@ -99,8 +99,9 @@ class BaseServer:
         self.created = int(time.time())
         self.up = True
         self._tasks: set[asyncio.Task[Any]] = set()
-        self.registry = make_registry(VllmCollector(config.model, self.metric_sources, config.block_size,
-                                                    config.kv_capacity_tokens))
+        self.registry = make_registry(
+            VllmCollector(config.model, self.metric_sources, config.block_size, config.kv_capacity_tokens),
+            StepCollector(self.step_clock, self.metric_sources, lambda s: getattr(s, "load", 0)))
 
     # -- identity --------------------------------------------------------------------------------
     @property
@@ -122,6 +123,10 @@ class BaseServer:
 
     def state(self) -> dict[str, Any]:
         raise NotImplementedError
+
+    def step_clock(self) -> StepClock | None:
+        """The decode clock whose ground truth this server's /metrics shows (None: none)."""
+        return None
 
     def poke(self) -> None:
         """Re-evaluate stalls after a fault change."""
@@ -429,6 +434,9 @@ class DecodeServer(BaseServer):
     def metric_sources(self) -> list[MetricsSource]:
         return [self.engine]
 
+    def step_clock(self) -> StepClock | None:
+        return self.clock
+
     def admit(self, req: GenRequest, scope: Scope, rid: str, now: float) -> tuple[Seq, Callable[[str], None]]:
         return self.submit_local(self.engine, req, rid, now)
 
@@ -462,6 +470,9 @@ class DpFrontServer(BaseServer):
 
     def metric_sources(self) -> list[MetricsSource]:
         return [r.engine for r in self.ranks if r.engine.up]
+
+    def step_clock(self) -> StepClock | None:
+        return self.ranks[0].clock if self.ranks else None
 
     def admit(self, req: GenRequest, scope: Scope, rid: str, now: float) -> tuple[Seq, Callable[[str], None]]:
         text = header(scope, b"x-data-parallel-rank")

@@ -10,6 +10,7 @@ import time
 
 import httpx
 import pytest
+from fleet_helpers import metric_value
 
 from shadow.fleet import FleetConfig, FleetThread
 
@@ -47,6 +48,10 @@ def test_every_rank_follows_the_loaded_rank() -> None:
             r1, r2 = await asyncio.gather(stream_times(client, ft.decode_urls[1], probe),
                                           stream_times(client, ft.decode_urls[2], probe))
             state = (await client.get(ft.decode_urls[1] + "/fleet/state")).json()
+            m = (await client.get(ft.decode_urls[0] + "/metrics")).text
+            assert metric_value(m, "shadow_fleet_steps_total") > 25
+            assert metric_value(m, "shadow_fleet_load_tokens", engine="0") > n_load * 1000
+            assert metric_value(m, "shadow_fleet_step_duration_seconds_count") > 25
             for t in loaders:
                 t.cancel()
             await asyncio.gather(*loaders, return_exceptions=True)

@@ -148,17 +148,21 @@ def test_prometheus_scrapes_vllm_series(procs: list[Proc], tmp_path: Path) -> No
         port = free_port()
         p = start(procs, [exe, f"--config.file={conf}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                           f"--web.listen-address=127.0.0.1:{port}"], tmp_path / "prometheus.log")
+        try:
+            wait_http(f"http://127.0.0.1:{port}/-/ready", 30)  # 503 while starting
+        except TimeoutError:
+            pytest.fail(p.tail())
         api = f"http://127.0.0.1:{port}/api/v1/query"
         deadline = time.monotonic() + 30
         result: list = []
         while time.monotonic() < deadline:
             try:
                 query = 'vllm:generation_tokens_total{job="fleet"}'
-                q = httpx.get(api, params={"query": query}, timeout=2).json()
-                result = q["data"]["result"]
+                q = httpx.get(api, params={"query": query}, timeout=2)
+                result = q.json()["data"]["result"] if q.status_code == 200 else []
                 if len(result) == 3:
                     break
-            except httpx.HTTPError:
+            except (httpx.HTTPError, ValueError):
                 pass
             time.sleep(0.3)
         assert len(result) == 3, p.tail()
