@@ -134,16 +134,33 @@ class SurvivalPredictor:
 
 
 class ExactMatchPredictor:
-    """Per prompt-key empirical distributions; keys with < `min_samples` fall back to Survival."""
+    """Per prompt-key empirical distributions; keys with < `min_samples` fall back to Survival.
+
+    All buckets live in one sorted array of composite values (bucket id · 2^24 + length), so a
+    batch of requests with different keys is answered with a few vectorised searches.
+    """
 
     name = "exactmatch"
+    _SHIFT = float(2**24)  # output lengths < 16.7 M; 2^29 buckets stay exact in float64
 
     def __init__(self, min_samples: int = 1) -> None:
         if min_samples < 1:
             raise ValueError(f"min_samples must be >= 1, got {min_samples}")
         self.min_samples = min_samples
         self.fallback = SurvivalPredictor()
-        self._buckets: dict[Hashable, EmpiricalLengths] = {}
+        self._ids: dict[Hashable, int] = {}
+        self._counts: list[int] = []
+        self._pending: list[float] = []
+        self._composite: FloatArray = np.zeros(0)
+        self._prefix: FloatArray = np.zeros(1)
+
+    def _settle(self) -> None:
+        if self._pending:
+            merged = np.concatenate([self._composite, np.asarray(self._pending, dtype=np.float64)])
+            merged.sort(kind="mergesort")
+            self._composite = merged
+            self._prefix = np.concatenate([[0.0], np.cumsum(np.mod(merged, self._SHIFT))])
+            self._pending.clear()
 
     def predict(
         self,
@@ -154,24 +171,44 @@ class ExactMatchPredictor:
     ) -> tuple[FloatArray, FloatArray]:
         gen = np.asarray(generated, dtype=np.float64)
         p_fin, mu = self.fallback.predict(np.asarray(generated), horizon)
-        if keys is None:
+        if keys is None or not self._ids:
             return p_fin, mu
-        groups: dict[Hashable, list[int]] = {}
-        for i, key in enumerate(keys):
-            bucket = self._buckets.get(key) if key is not None else None
-            if bucket is not None and len(bucket) >= self.min_samples:
-                groups.setdefault(key, []).append(i)
-        for key, idx_list in groups.items():
-            idx = np.asarray(idx_list, dtype=np.int64)
-            bp, bm = self._buckets[key].conditional(gen[idx], horizon)
-            p_fin[idx] = bp
-            mu[idx] = bm
+        self._settle()
+        bucket = np.fromiter(
+            (self._ids.get(k, -1) if k is not None else -1 for k in keys), dtype=np.int64, count=len(keys)
+        )
+        counts = np.asarray(self._counts, dtype=np.int64)
+        use = np.flatnonzero((bucket >= 0) & (counts[np.maximum(bucket, 0)] >= self.min_samples))
+        if use.size == 0:
+            return p_fin, mu
+        base = bucket[use].astype(np.float64) * self._SHIFT
+        age = gen[use]
+        comp, pre = self._composite, self._prefix
+        le_a = np.searchsorted(comp, base + age, side="right")
+        le_ah = np.searchsorted(comp, base + age + horizon, side="right")
+        end = np.searchsorted(comp, base + (self._SHIFT - 1.0), side="right")
+        survivors = end - le_a
+        finishing = le_ah - le_a
+        sums = pre[le_ah] - pre[le_a]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            bp = np.where(survivors > 0, finishing / np.maximum(survivors, 1), 1.0)
+            bm = np.where(finishing > 0, (sums - age * finishing) / np.maximum(finishing, 1), horizon / 2.0)
+        bm = np.where(survivors > 0, bm, 1.0)
+        p_fin[use] = bp
+        mu[use] = bm
         return p_fin, mu
 
     def observe(self, output_tokens: int, key: Hashable | None = None) -> None:
         self.fallback.observe(output_tokens)
-        if key is not None:
-            self._buckets.setdefault(key, EmpiricalLengths()).add(output_tokens)
+        if key is None:
+            return
+        if not 0 <= output_tokens < self._SHIFT:
+            raise ValueError(f"output length out of range: {output_tokens}")
+        bucket = self._ids.setdefault(key, len(self._ids))
+        if bucket == len(self._counts):
+            self._counts.append(0)
+        self._counts[bucket] += 1
+        self._pending.append(bucket * self._SHIFT + output_tokens)
 
 
 PREDICTORS = ("oracle", "survival", "exactmatch")

@@ -86,3 +86,29 @@ def test_make_predictor_rejects_unknown_names() -> None:
         make_predictor("psychic")
     with pytest.raises(ValueError, match="min_samples"):
         ExactMatchPredictor(min_samples=0)
+
+
+@given(
+    data=st.lists(st.tuples(st.sampled_from(["a", "b", "c", "d"]), st.integers(1, 400)), max_size=80),
+    queries=st.lists(
+        st.tuples(st.sampled_from(["a", "b", "c", "d", "e", None]), st.integers(0, 400)),
+        min_size=1,
+        max_size=20,
+    ),
+    min_samples=st.integers(1, 3),
+    h=st.integers(1, 90),
+)
+def test_exactmatch_batch_equals_per_bucket_survival(
+    data: list[tuple[str, int]], queries: list[tuple[str | None, int]], min_samples: int, h: int
+) -> None:
+    pred = ExactMatchPredictor(min_samples=min_samples)
+    for key, o in data:
+        pred.observe(o, key)
+    keys = [k for k, _ in queries]
+    ages = np.asarray([a for _, a in queries])
+    p, mu = pred.predict(ages, horizon=h, keys=keys)
+    for i, (key, age) in enumerate(queries):
+        own = [o for k, o in data if k == key]
+        ref = SurvivalPredictor(own if len(own) >= min_samples else [o for _, o in data])
+        rp, rmu = ref.predict(np.asarray([age]), horizon=h)
+        assert p[i] == pytest.approx(rp[0]) and mu[i] == pytest.approx(rmu[0])
