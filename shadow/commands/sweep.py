@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from shadow.commands._replay_args import add_br_args, add_fleet_args, add_workload_args, setup_from
-from shadow.replay.sweep import run_sweep
+from shadow.replay.sweep import SweepRow, run_sweep
 from shadow.traces import TraceError, resolve
 
 EPILOG = """examples:
@@ -100,7 +100,36 @@ def run(args: argparse.Namespace) -> int:
             r.best_throughput_baseline,
         )
     console.print(table)
+    console.print(_winners(rows))
     if args.json:
         Path(args.json).write_text(json.dumps([r.to_json() for r in rows], indent=2) + "\n")
         err.print(f"wrote {args.json}")
     return 0
+
+
+def _winners(rows: list[SweepRow]) -> Table:
+    """Average spread of every lane per (G, ρ) cell (first β, γ), the lowest in bold: who wins where."""
+    cells: dict[tuple[int, float | None], dict[str, float]] = {}
+    for r in rows:
+        cell = cells.setdefault((r.workers, r.load), {})
+        for lane, spread in r.by_policy_spread.items():
+            cell.setdefault(lane, spread)
+    lanes = list(dict.fromkeys(k for spreads in cells.values() for k in spreads))
+    table = Table(title="average max−min spread (tokens) per policy; lowest in bold")
+    table.add_column("G", justify="right")
+    table.add_column("ρ", justify="right")
+    for lane in lanes:
+        table.add_column(lane, justify="right")
+    for (g, rho), spreads in cells.items():
+        best = min(spreads.values())
+        table.add_row(
+            str(g),
+            "trace" if rho is None else f"{rho:g}",
+            *(
+                ("[bold]" if spreads.get(lane) == best else "") + f"{spreads[lane]:,.0f}"
+                if lane in spreads
+                else "–"
+                for lane in lanes
+            ),
+        )
+    return table
