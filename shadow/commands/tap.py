@@ -126,6 +126,9 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     try:
         asyncio.run(serve(config))
+    except ValueError as exc:
+        print(f"shadow tap: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         print(f"shadow tap: {exc}", file=sys.stderr)
         return 1
