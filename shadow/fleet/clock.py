@@ -51,10 +51,12 @@ class StepClock:
         a, b, c1 = self.model.a, self.model.b, self.prefill_c1
         engines = self.engines
         prefilled = [0] * len(engines)
+        planned_end: float | None = None  # deadline of the previous step while steps run back to back
         while True:
             now = loop.time()
             stall_until = max((e.faults.stall_until for e in engines if e.up), default=0.0)
             if stall_until > now:
+                planned_end = None
                 await self._nap(stall_until - now)
                 continue
             worst = 0.0
@@ -73,15 +75,23 @@ class StepClock:
                 if t > worst:
                     worst = t
             if not busy:
+                planned_end = None
                 await self._nap(None)
                 continue
             dt = worst * self.time_scale
-            await asyncio.sleep(dt)
+            # Timer and event-loop latency (~1 ms) would lengthen every step: a step that starts
+            # late by less than its own duration is shortened by that lateness, so that step times
+            # average to the model.
+            start = now
+            if planned_end is not None and 0.0 < now - planned_end < dt:
+                start = planned_end
+            planned_end = start + dt
+            await asyncio.sleep(planned_end - now)
             end = loop.time()
             for i, e in enumerate(engines):
                 if e.up and (e.running or prefilled[i]):
                     e.finish_step(end, prefilled[i])
             self.steps += 1
-            self.last_step_s = end - now
-            self.step_hist.observe(end - now)
+            self.last_step_s = end - start
+            self.step_hist.observe(end - start)
             self.last_max_load = max_load

@@ -45,7 +45,7 @@ def prompt_tokens(prompt: Any) -> tuple[int, str]:
     if isinstance(prompt, str):
         return count_words(prompt), prompt
     if isinstance(prompt, list) and prompt:
-        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if set(map(type, prompt)) == {int}:  # C-speed check: token ids (bools excluded)
             return len(prompt), " ".join(map(str, prompt))
         if len(prompt) == 1 and isinstance(prompt[0], str):
             return count_words(prompt[0]), prompt[0]
