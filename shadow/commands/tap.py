@@ -74,6 +74,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--phantom-age", type=float, default=120.0, help="count as phantom when silent this long (s)"
     )
     p.add_argument("--scrape-interval", type=float, default=5.0, help="reconciliation period (s); 0 = off")
+    p.add_argument(
+        "--inject-usage",
+        action="store_true",
+        help="ask workers for continuous usage stats (exact token counts) and strip them from what clients "
+        "receive unless they asked; changes the wire bytes, off by default",
+    )
     p.add_argument("--forward", metavar="URL", help="also POST every event to another shadow's event API")
 
 
@@ -100,6 +106,7 @@ def config_from_args(args: argparse.Namespace) -> TapConfig:
         phantom_age_s=args.phantom_age,
         scrape_interval_s=args.scrape_interval,
         forward_to=args.forward,
+        inject_usage=args.inject_usage,
     )
 
 

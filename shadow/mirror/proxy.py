@@ -18,6 +18,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from shadow.mirror.dropqueue import DropQueue
+from shadow.mirror.usage_inject import FrameRewriter, inject_request
 
 END_COMPLETE = "complete"
 END_CLIENT_CANCEL = "client_cancel"
@@ -119,6 +120,7 @@ class Tap:
         max_body: int = 4 << 20,
         connect_timeout: float = 10.0,
         pool_size: int = 256,
+        inject_usage: bool = False,
     ) -> None:
         u = urllib.parse.urlsplit(upstream)
         if u.scheme != "http" or not u.hostname:
@@ -131,6 +133,7 @@ class Tap:
         self.max_body = max_body
         self.connect_timeout = connect_timeout
         self.pool_size = pool_size
+        self.inject_usage = inject_usage
         self._pool: list[_UpstreamConn] = []
         self._server: asyncio.AbstractServer | None = None
         self._clients: set[_ClientConn] = set()
@@ -262,7 +265,19 @@ class _ClientConn(asyncio.Protocol):
         conn = hmap.get(b"connection", b"").lower()
         self.keep_alive = (b"close" not in conn) if version == b"HTTP/1.1" else (b"keep-alive" in conn)
         kept = _filter_lines(lines, hmap)
-        if kept is None:
+        rewrite = 0
+        injected = inject_request(body) if self.tap.inject_usage and method == "POST" else None
+        if injected is not None:
+            new_body, rewrite = injected
+            drop = (b"content-length", b"transfer-encoding")
+            lines2 = [
+                ln
+                for ln in (lines if kept is None else kept)
+                if ln.partition(b":")[0].strip().lower() not in drop
+            ]
+            lines2.append(b"content-length: %d" % len(new_body))
+            out = b"\r\n".join([start_line, *lines2]) + b"\r\n\r\n" + new_body
+        elif kept is None:
             out = buf[:body_end]
         else:
             out = b"\r\n".join([start_line, *kept]) + b"\r\n\r\n" + buf[body_start:body_end]
@@ -282,9 +297,9 @@ class _ClientConn(asyncio.Protocol):
         tap.queue.put((ctx, 0, ctx.t_start, None))
         up = tap._take()
         if up is not None:
-            up.send(self, ctx, out, method == "HEAD", reused=True)
+            up.send(self, ctx, out, method == "HEAD", reused=True, rewrite=rewrite)
         else:
-            tap._spawn(self._connect_and_send(ctx, out, method == "HEAD"))
+            tap._spawn(self._connect_and_send(ctx, out, method == "HEAD", rewrite))
 
     def _maybe_continue(self, hmap: dict[bytes, bytes]) -> None:
         if (
@@ -295,7 +310,7 @@ class _ClientConn(asyncio.Protocol):
             self._continued = True
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
-    async def _connect_and_send(self, ctx: TapContext, out: bytes, head_only: bool) -> None:
+    async def _connect_and_send(self, ctx: TapContext, out: bytes, head_only: bool, rewrite: int = 0) -> None:
         tap = self.tap
         loop = asyncio.get_running_loop()
         try:
@@ -312,7 +327,7 @@ class _ClientConn(asyncio.Protocol):
         if self.closed or self.ctx is not ctx:
             up.close()
             return
-        up.send(self, ctx, out, head_only, reused=False)
+        up.send(self, ctx, out, head_only, reused=False, rewrite=rewrite)
 
     def _fail(self, raw: bytes) -> None:
         self.keep_alive = False
@@ -383,6 +398,8 @@ class _UpstreamConn(asyncio.Protocol):
         self.head_only = False
         self.reused = False
         self.out = b""
+        self.rewrite = 0
+        self.rw: FrameRewriter | None = None
 
     def usable(self) -> bool:
         return self.alive and self.transport is not None and not self.transport.is_closing()
@@ -391,8 +408,17 @@ class _UpstreamConn(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
 
-    def send(self, client: _ClientConn, ctx: TapContext, out: bytes, head_only: bool, reused: bool) -> None:
+    def send(
+        self,
+        client: _ClientConn,
+        ctx: TapContext,
+        out: bytes,
+        head_only: bool,
+        reused: bool,
+        rewrite: int = 0,
+    ) -> None:
         self._reset()
+        self.rewrite = rewrite
         self.client = client
         self.ctx = ctx
         self.head_only = head_only
@@ -428,7 +454,8 @@ class _UpstreamConn(asyncio.Protocol):
             return
         self.got_bytes = True
         if self.in_body:
-            client.transport.write(data)
+            if self.rw is None:
+                client.transport.write(data)
             self._body(data)
             return
         self._head(data)
@@ -496,7 +523,11 @@ class _UpstreamConn(asyncio.Protocol):
         }
         rest = buf[end + 4 :]
         self.in_body = True
-        client.transport.write(head + rest if rest else head)
+        if self.rewrite and status == 200 and mode == _BODY_CHUNKED:
+            self.rw = FrameRewriter(self.rewrite)  # --inject-usage: the client gets rewritten frames
+            client.transport.write(head)
+        else:
+            client.transport.write(head + rest if rest else head)
         if mode == _BODY_NONE:
             self._done()
         elif rest:
@@ -524,6 +555,11 @@ class _UpstreamConn(asyncio.Protocol):
             return
         ctx.seq += 1
         self.tap.queue.put((ctx, ctx.seq, time.monotonic(), payload))
+        rw = self.rw
+        if rw is not None and self.client is not None and self.client.transport is not None:
+            out = rw.feed(payload)
+            if out:
+                self.client.transport.write(b"%x\r\n%s\r\n" % (len(out), out))
 
     def _chunked(self, data: bytes) -> None:
         i, n = 0, len(data)
@@ -568,6 +604,11 @@ class _UpstreamConn(asyncio.Protocol):
 
     def _done(self) -> None:
         client, ctx = self.client, self.ctx
+        rw = self.rw
+        if rw is not None and client is not None and client.transport is not None:
+            rest = rw.flush()
+            client.transport.write((b"%x\r\n%s\r\n" % (len(rest), rest) if rest else b"") + b"0\r\n\r\n")
+        self.rw = None
         self.client = None
         self.ctx = None
         self.in_body = False
@@ -612,7 +653,7 @@ class _UpstreamConn(asyncio.Protocol):
             self.ctx = None
             if self.reused and not client.closed:
                 # a pooled connection the worker had already closed: one fresh attempt, no byte sent yet
-                self.tap._spawn(client._connect_and_send(ctx, self.out, self.head_only))
+                self.tap._spawn(client._connect_and_send(ctx, self.out, self.head_only, self.rewrite))
                 return
             self.tap._end(ctx, END_UPSTREAM_ERROR)
             client.ctx = None

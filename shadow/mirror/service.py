@@ -49,6 +49,7 @@ class TapConfig:
     forward_to: str | None = None  # post every event to another shadow's /v1/events
     hook: Callable[[TapContext, bytes], None] | None = None  # tests: analysis fault injection
     pace_s: float = 0.0  # tests: slow analysis consumer
+    inject_usage: bool = False  # ask workers for continuous usage; strip what the client did not ask for
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -79,7 +80,8 @@ class TapService:
             self.mirror, prefill_taps=c.prefill, max_body=c.max_body, hook=c.hook, clock=clock
         )
         self.taps = [
-            Tap(n, u, self.queue, max_body=c.max_body) for n, u in {**c.upstreams, **c.prefill}.items()
+            Tap(n, u, self.queue, max_body=c.max_body, inject_usage=c.inject_usage)
+            for n, u in {**c.upstreams, **c.prefill}.items()
         ]
         targets = {n: c.metrics_of.get(n, u.rstrip("/") + "/metrics") for n, u in c.upstreams.items()}
         self.reconciler = (

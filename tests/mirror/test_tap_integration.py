@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 import time
 import uuid
 from typing import Any
@@ -346,3 +347,42 @@ def test_recorded_events_are_valid_ndjson(tmp_path: Any) -> None:
         e.kind for e in evs if e.request_id == "r0"
     } == {"arrive", "route", "finish", "token"}
     assert "secret" not in rec.read_text()
+
+
+def test_inject_usage_gives_exact_counts_and_clients_see_what_they_asked_for() -> None:
+    chat = [{"role": "user", "content": "hello there"}]
+    bodies = {
+        "plain": {"model": "m", "messages": chat, "stream": True},
+        "usage": {"model": "m", "prompt": "abc", "stream": True, "stream_options": {"include_usage": True}},
+        "cont": {
+            "model": "m",
+            "prompt": "abc",
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        },
+        "json": {"model": "m", "prompt": "abc", "max_tokens": 3},
+    }
+    with ThreadServer(create_stub("d0", tokens=6)) as up:
+        cfg = TapConfig({"d0": up.url}, scrape_interval_s=0, inject_usage=True)
+        with TapInThread(cfg) as t, httpx.Client() as c:
+            for name, body in bodies.items():
+                direct = c.post(
+                    up.url + "/v1/completions" if "prompt" in body else up.url + "/v1/chat/completions",
+                    json=body,
+                )
+                path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
+                via = c.post(t.ready["taps"]["d0"] + path, json=body, headers={"X-Request-Id": f"inj-{name}"})
+
+                # the stub derives response ids from the request bytes, which injection changes
+                def norm(b: bytes) -> bytes:
+                    return re.sub(rb'"id":"[^"]*"', b'"id":""', b)
+
+                assert (via.status_code, norm(via.content)) == (direct.status_code, norm(direct.content)), (
+                    name
+                )
+            assert t.wait_for(lambda: t.svc.state.live() == 0)
+            recent = t.sync(lambda: [ev for _, ev in t.svc.mirror.recent])
+            plain_routes = [ev for ev in recent if isinstance(ev, Route) and ev.request_id == "inj-plain"]
+            assert plain_routes[-1].prompt_tokens is not None  # learnt from injected continuous usage
+            fin = next(ev for ev in recent if isinstance(ev, Finish) and ev.request_id == "inj-plain")
+            assert fin.generated == 6 and fin.reason == "stop"
