@@ -204,18 +204,38 @@ def test_cli_prints_urls_and_stops_on_sigterm(procs: list[Proc], tmp_path: Path)
             p.wait(5)
 
 
+def free_layout_base(offsets: tuple[int, ...]) -> int:
+    """A BASE port for which BASE+offset is free for every offset (checked by binding)."""
+    import socket
+
+    for _ in range(50):
+        base = free_port() // 1000 * 1000 + 500
+        if base + max(offsets) > 65535:
+            continue
+        socks = []
+        try:
+            for off in offsets:
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", base + off))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise AssertionError("no free port layout found in 50 tries")
+
+
 def test_cli_fixed_ports_layout(tmp_path: Path) -> None:
-    base = free_port() // 1000 * 1000 + 500  # BASE, BASE+1, BASE+100.., likely free
-    if base + 200 > 65535:
-        base = 20500
+    base = free_layout_base((0, 1, 100, 101, 200))
     p = subprocess.Popen([sys.executable, "-m", "shadow", "fleet", "--prefill", "2", "--decode", "2",
                           "--port", str(base), "--dp-front", "--time-scale", "0.25"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert p.stdout is not None
         line = p.stdout.readline()
-        if not line:
-            pytest.skip(f"ports near {base} busy: {p.stderr.read() if p.stderr else ''}")
+        assert line, f"fleet did not start on ports near {base}: {p.stderr.read() if p.stderr else ''}"
         urls = json.loads(line)
         assert urls["prefill"] == [f"http://127.0.0.1:{base}", f"http://127.0.0.1:{base + 1}"]
         assert urls["decode"] == [f"http://127.0.0.1:{base + 100}", f"http://127.0.0.1:{base + 101}"]
