@@ -351,6 +351,8 @@ class Analyzer:
         if gen > leg.sent_gen:
             leg.sent_gen = gen
             emit(Token(mid, t, gen), "tap", now)
+        if reason == END_CLIENT_CANCEL and p is not None and (p.done or p.finish_reason is not None):
+            reason = END_COMPLETE  # the client left after the stream's end: the worker had finished it
         if reason == END_CLIENT_CANCEL:
             emit(Cancel(mid, t), "tap", now)
             return

@@ -343,9 +343,9 @@ def test_recorded_events_are_valid_ndjson(tmp_path: Any) -> None:
             assert t.wait_for(lambda: t.svc.state.live() == 0)
     lines = rec.read_text().splitlines()
     evs = [from_dict(json.loads(x)) for x in lines]
-    assert [e.kind for e in evs if e.request_id == "r0"] == ["arrive", "route", "token", "finish"] or {
-        e.kind for e in evs if e.request_id == "r0"
-    } == {"arrive", "route", "finish", "token"}
+    kinds = [e.kind for e in evs if getattr(e, "request_id", None) == "r0"]
+    # tokens are coalesced per analysis batch: a fast stream may end before its first Token
+    assert kinds[:2] == ["arrive", "route"] and kinds[-1] == "finish" and set(kinds[2:-1]) <= {"token"}
     assert "secret" not in rec.read_text()
 
 

@@ -1,0 +1,177 @@
+"""The analysis side in isolation: synthetic tap items in, normalised events out."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from shadow.engine.events import Arrive, Cancel, Finish, Route, Token
+from shadow.mirror.analyzer import Analyzer
+from shadow.mirror.hub import Mirror
+from shadow.mirror.proxy import END_CLIENT_CANCEL, END_COMPLETE, END_UPSTREAM_CUT, TapContext
+from shadow.mirror.state import MirrorState
+
+SSE = {"content-type": "text/event-stream; charset=utf-8"}
+JSON = {"content-type": "application/json"}
+
+
+def _sse(n: int, finish: str = "length", extra: dict[str, Any] | None = None) -> list[bytes]:
+    out = []
+    for i in range(n):
+        ch: dict[str, Any] = {
+            "choices": [{"index": 0, "text": f"t{i}", "finish_reason": finish if i == n - 1 else None}]
+        }
+        if extra and i == n - 1:
+            ch["choices"][0].update(extra)
+        out.append(f"data: {json.dumps(ch)}\n\n".encode())
+    return [*out, b"data: [DONE]\n\n"]
+
+
+class Rig:
+    def __init__(self, **kw: Any) -> None:
+        self.mirror = Mirror(MirrorState(["d0", "d1"]))
+        self.an = Analyzer(self.mirror, clock=lambda: 0.0, **kw)
+
+    def ctx(
+        self,
+        tap: str,
+        body: dict[str, Any] | bytes | None,
+        rid: str | None = None,
+        path: str = "/v1/completions",
+        method: str = "POST",
+        t: float = 1.0,
+    ) -> TapContext:
+        raw = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+        return TapContext(tap, method, path, rid, raw, len(raw or b""), t)
+
+    def run(
+        self,
+        ctx: TapContext,
+        pieces: list[bytes],
+        end: str = END_COMPLETE,
+        status: int = 200,
+        headers: dict[str, str] | None = None,
+        start: bool = True,
+    ) -> None:
+        items: list[tuple[TapContext, int, float, Any]] = []
+        if start:
+            items.append((ctx, 0, ctx.t_start, None))
+        ctx.status = status
+        ctx.resp_headers = headers if headers is not None else SSE
+        for p in pieces:
+            ctx.seq += 1
+            items.append((ctx, ctx.seq, 2.0, p))
+        items.append((ctx, -1, 3.0, end))
+        self.an.process(items)
+
+    def events(self, rid: str | None = None) -> list[Any]:
+        return [ev for _, ev in self.mirror.recent if rid is None or getattr(ev, "request_id", None) == rid]
+
+
+def test_plain_stream_route_tokens_finish() -> None:
+    r = Rig()
+    r.run(r.ctx("d0", {"prompt": "secret", "stream": True, "max_tokens": 3}, rid="a"), _sse(3))
+    evs = r.events("a")
+    assert (
+        isinstance(evs[0], Arrive)
+        and evs[0].max_tokens == 3
+        and evs[0].prompt_key
+        and evs[0].prompt_tokens is None
+    )
+    assert isinstance(evs[1], Route) and evs[1].worker == "d0"
+    assert evs[-1] == Finish("a", 3.0, "length", 3)
+    assert "secret" not in repr(evs)
+
+
+def test_cancel_mid_stream_but_finish_when_the_stream_had_ended() -> None:
+    r = Rig()
+    r.run(r.ctx("d0", {"stream": True}, rid="a"), _sse(5)[:2], end=END_CLIENT_CANCEL)
+    assert r.events("a")[-1] == Cancel("a", 3.0)
+    r.run(r.ctx("d0", {"stream": True}, rid="b"), _sse(2), end=END_CLIENT_CANCEL)
+    assert r.events("b")[-1] == Finish("b", 3.0, "length", 2)
+    r.run(r.ctx("d1", {"stream": True}, rid="c"), _sse(4)[:2], end=END_UPSTREAM_CUT)
+    assert r.events("c")[-1] == Finish("c", 3.0, "cut", 2)
+    assert r.mirror.state.live() == 0
+
+
+def test_prefill_after_decode_start_adds_the_prompt_and_retries_get_new_ids() -> None:
+    r = Rig()
+    pre = r.ctx(
+        "p0", {"stream": False, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}}, rid="x"
+    )
+    dec = r.ctx("d1", {"stream": True, "kv_transfer_params": {"do_remote_prefill": True}}, rid="x")
+    r.an.process([(pre, 0, 1.0, None), (dec, 0, 1.1, None)])  # concurrent legs (Mooncake style)
+    pre.status, pre.resp_headers = 200, JSON
+    body = json.dumps(
+        {"choices": [{"text": "a", "finish_reason": "length"}], "usage": {"prompt_tokens": 42}}
+    ).encode()
+    pre.seq = 1
+    r.an.process([(pre, 1, 1.2, body), (pre, -1, 1.3, END_COMPLETE)])
+    r.run(dec, _sse(2), start=False)
+    routes = [e for e in r.events("x") if isinstance(e, Route)]
+    assert [x.prompt_tokens for x in routes] == [None, 42] and {x.worker for x in routes} == {"d1"}
+    # the same X-Request-Id again (a retry, or a client re-using ids): a new mirrored request
+    r.run(r.ctx("d0", {"stream": True}, rid="x"), _sse(1))
+    assert [e.worker for e in r.events("x~2") if isinstance(e, Route)] == ["d0"]
+    assert r.mirror.state.workers["d1"].finished == 1 and r.mirror.state.workers["d0"].finished == 1
+
+
+def test_recompute_moves_the_request_instead_of_finishing_it() -> None:
+    r = Rig()
+    r.run(r.ctx("d0", {"stream": True}, rid="a"), _sse(2, extra={"stop_reason": "recomputed"}))
+    assert r.mirror.state.active("d0") == 1 and not [e for e in r.events("a") if isinstance(e, Finish)]
+    r.run(r.ctx("d1", {"stream": True}, rid="a"), _sse(3))
+    assert r.mirror.state.outcomes["moved"] == 1 and r.mirror.state.live() == 0
+    assert r.mirror.state.workers["d1"].finished == 1
+
+
+def test_hook_errors_gaps_and_other_paths_are_isolated() -> None:
+    calls = []
+
+    def hook(ctx: TapContext, payload: bytes) -> None:
+        calls.append(payload)
+        if len(calls) == 2:
+            raise RuntimeError("bug")
+
+    r = Rig(hook=hook)
+    ctx = r.ctx("d0", {"stream": True}, rid="a")
+    pieces = _sse(4)
+    r.an.process([(ctx, 0, 1.0, None)])
+    ctx.status, ctx.resp_headers = 200, SSE
+    ctx.seq = 5
+    r.an.process(
+        [
+            (ctx, 1, 2.0, pieces[0]),
+            (ctx, 2, 2.0, pieces[1]),
+            (ctx, 4, 2.0, pieces[3][:10]),
+            (ctx, 5, 2.0, pieces[4]),
+            (ctx, -1, 3.0, END_COMPLETE),
+        ]
+    )
+    assert r.mirror.errors == {"analysis": 1} and r.an.gaps == 1
+    fin = r.events("a")[-1]
+    assert isinstance(fin, Finish) and fin.reason == "other"  # data was lost: the real end is unknown
+    r.run(r.ctx("d0", None, method="GET", path="/v1/models"), [b'{"data":[]}'], headers=JSON)
+    r.run(r.ctx("d0", None, rid="big"), _sse(1))  # body over the analysis limit: still mirrored
+    assert r.mirror.dropped["oversized_body"] == 1 and r.events("big")[-1].reason == "length"
+    r.run(r.ctx("d0", b"{nope", rid="bad"), [b"{}"], status=400, headers=JSON)
+    assert r.events("bad")[-1].reason == "error" and r.mirror.dropped["invalid_request"] == 1
+    assert r.mirror.state.live() == 0
+
+
+def test_non_stream_decode_and_tokens_are_cumulative() -> None:
+    r = Rig()
+    body = json.dumps(
+        {
+            "choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 9, "completion_tokens": 4},
+        }
+    ).encode()
+    r.run(
+        r.ctx("d0", {"messages": []}, rid="a", path="/v1/chat/completions"),
+        [body[:10], body[10:]],
+        headers=JSON,
+    )
+    evs = r.events("a")
+    assert [e.kind for e in evs] == ["arrive", "route", "route", "token", "finish"]
+    assert evs[2].prompt_tokens == 9 and evs[3] == Token("a", 3.0, 4) and evs[4].generated == 4
