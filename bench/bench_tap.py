@@ -1,14 +1,19 @@
 """Tap overhead benchmark (run on demand): added latency per SSE chunk and mirrored chunks per CPU-second.
 
-    python3 bench/bench_tap.py [--streams 512 --step-ms 60 --seconds 10] [--max-streams 256 --max-step-ms 4]
+    python3 bench/bench_tap.py [--pin] [--streams 512 --step-ms 60 --seconds 8]
+                               [--max-streams 128 --max-step-ms 4] [--tap-args "--loop asyncio"]
 
-Three processes: a barrier-stepped SSE upstream (every step it writes one vLLM-format chunk, stamped
-with CLOCK_MONOTONIC, to every open stream), `shadow tap` in front of it (its own process, so its CPU
-time is measured alone from /proc), and the clients here. Phase 1 (fleet-like load, default 512
-streams at 60 ms ≈ 8.5 k chunks/s) measures per-chunk latency direct vs through the tap and reports
-the added p50/p99. Phase 2 drives the tap as hard as the upstream can and reports mirrored chunks
-per tap CPU-second, checking that nothing was lost (every stream's mirrored Finish carries exactly
-the tokens sent, and the tap's drop counters are zero). Targets: p99 added ≤ 1 ms, ≥ 20,000/s.
+Three processes: a barrier-stepped SSE upstream (streams dealt to 8 staggered groups, like DP
+workers; every step it writes one vLLM-format chunk stamped with CLOCK_MONOTONIC to each stream of
+a group), `shadow tap` in front of it (its own process, CPU read from /proc), and the clients here.
+Phase 1 (fleet-like load: 512 streams at 60 ms ≈ 8.5 k chunks/s through the tap) runs as many
+direct streams interleaved on the same upstream steps, so both paths share the machine's noise, and
+reports per-chunk latency direct vs through the tap and the added p50/p99. Phase 2 drives the tap
+at ~32 k chunks/s offered and reports mirrored chunks per tap CPU-second (user + system), checking
+that nothing was lost (every stream's recorded Finish carries exactly the tokens sent; drop and
+error counters are zero). `--pin` gives the tap a core of its own (CPU 1; upstream and clients
+share CPU 0), as when one tap process runs per decode node. Targets: p99 added ≤ 1 ms, ≥ 20,000/s.
+Set BENCH_TAP_PROFILE=FILE to run the tap under cProfile.
 """
 
 from __future__ import annotations
@@ -165,9 +170,10 @@ async def _run_streams(
     return sum(frames)
 
 
-def _cpu_s(pid: int) -> float:
+def _cpu_s(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process."""
     parts = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(parts[11]) + int(parts[12])) / _CLK
+    return int(parts[11]) / _CLK, int(parts[12]) / _CLK
 
 
 def _start_upstream(step_s: float, tokens: int, groups: int) -> tuple[mp.Process, int]:
@@ -181,6 +187,11 @@ def _start_tap(upstream_port: int, record: str, extra: list[str]) -> tuple[subpr
     proc = subprocess.Popen(
         [
             sys.executable,
+            *(
+                ["-m", "cProfile", "-o", os.environ["BENCH_TAP_PROFILE"]]
+                if os.environ.get("BENCH_TAP_PROFILE")
+                else []
+            ),
             "-m",
             "shadow.commands.tap",
             "--upstream",
@@ -215,13 +226,25 @@ def main() -> int:
     ap.add_argument("--max-step-ms", type=float, default=4.0)
     ap.add_argument("--max-seconds", type=float, default=8.0)
     ap.add_argument("--tap-args", default="", help="extra `shadow tap` arguments (one string)")
+    ap.add_argument(
+        "--pin",
+        action="store_true",
+        help="give the tap CPU 1 to itself, upstream and clients CPU 0 (a tap per node, as deployed)",
+    )
     args = ap.parse_args()
+
+    def pin(tap_pid: int, up_pid: int) -> None:
+        if args.pin and hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= 2:
+            os.sched_setaffinity(tap_pid, {1})
+            os.sched_setaffinity(up_pid, {0})
+            os.sched_setaffinity(0, {0})
 
     # phase 1: latency at fleet-like load
     tokens = max(2, int(args.seconds / (args.step_ms / 1000)))
     up, up_port = _start_upstream(args.step_ms / 1000, tokens, args.groups)
     with tempfile.TemporaryDirectory() as td:
         tap, ready = _start_tap(up_port, os.path.join(td, "p1.ndjson"), args.tap_args.split())
+        pin(tap.pid, up.pid or 0)
         tap_port = int(ready["taps"]["u"].rsplit(":", 1)[1])
         try:
             direct: list[int] = []
@@ -248,6 +271,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as td:
         rec = os.path.join(td, "p2.ndjson")
         tap, ready = _start_tap(up_port, rec, args.tap_args.split())
+        pin(tap.pid, up.pid or 0)
         tap_port = int(ready["taps"]["u"].rsplit(":", 1)[1])
         try:
             c0 = _cpu_s(tap.pid)
@@ -263,7 +287,8 @@ def main() -> int:
             tap.wait(10)
             up.terminate()
         fins = [json.loads(line) for line in Path(rec).read_text().splitlines() if '"finish"' in line]
-    cpu = c1 - c0
+    user, system = c1[0] - c0[0], c1[1] - c0[1]
+    cpu = user + system
     dropped = sum(
         float(m.group(1)) for m in re.finditer(r"^shadow_mirror_dropped_total\{[^}]*\} (\S+)$", metrics, re.M)
     )
@@ -272,7 +297,10 @@ def main() -> int:
     )
     exact = sum(1 for f in fins if f.get("generated") == tokens2 and f.get("reason") == "length")
     print(f"phase 2: {args.max_streams} streams x {tokens2} chunks every {args.max_step_ms:g} ms")
-    print(f"  relayed {frames:,} chunks in {wall:.2f} s wall ({frames / wall:,.0f}/s); tap CPU {cpu:.2f} s")
+    print(
+        f"  relayed {frames:,} chunks in {wall:.2f} s wall ({frames / wall:,.0f}/s); "
+        f"tap CPU {cpu:.2f} s ({user:.2f} user + {system:.2f} system)"
+    )
     print(f"  mirrored chunks per tap CPU-second: {frames / cpu:,.0f}   (target >= 20,000)")
     print(
         f"  lost: dropped={dropped:g} errors={errors:g}; finishes exact {exact}/{args.max_streams}; "

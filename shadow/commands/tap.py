@@ -14,7 +14,7 @@ import gc
 import json
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from shadow.mirror.service import TapConfig, TapService
@@ -75,6 +75,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--scrape-interval", type=float, default=5.0, help="reconciliation period (s); 0 = off")
     p.add_argument(
+        "--loop",
+        choices=("auto", "asyncio", "uvloop"),
+        default="auto",
+        help="event loop: uvloop roughly halves the relay's CPU per chunk; auto = uvloop when installed",
+    )
+    p.add_argument(
         "--inject-usage",
         action="store_true",
         help="ask workers for continuous usage stats (exact token counts) and strip them from what clients "
@@ -129,10 +135,24 @@ async def serve(config: TapConfig) -> None:
         await svc.stop()
 
 
+def _runner(kind: str) -> Callable[[Coroutine[Any, Any, None]], None]:
+    """asyncio.run, or uvloop's equivalent (optional dependency; `auto` falls back to asyncio)."""
+    if kind != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if kind == "uvloop":
+                raise SystemExit("shadow tap: --loop uvloop needs the uvloop package") from None
+        else:
+            return uvloop.run
+    return asyncio.run
+
+
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     try:
-        asyncio.run(serve(config))
+        runner = _runner(args.loop)
+        runner(serve(config))
     except ValueError as exc:
         print(f"shadow tap: {exc}", file=sys.stderr)
         return 2

@@ -15,7 +15,7 @@ import contextlib
 import time
 import urllib.parse
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, cast
 
 from shadow.mirror.dropqueue import DropQueue
 from shadow.mirror.usage_inject import FrameRewriter, inject_request
@@ -214,8 +214,7 @@ class _ClientConn(asyncio.Protocol):
         self._continued = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # (uvloop's transports are not subclasses)
         self.tap._clients.add(self)
 
     def data_received(self, data: bytes) -> None:
@@ -405,8 +404,7 @@ class _UpstreamConn(asyncio.Protocol):
         return self.alive and self.transport is not None and not self.transport.is_closing()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # (uvloop's transports are not subclasses)
 
     def send(
         self,
@@ -574,6 +572,26 @@ class _UpstreamConn(asyncio.Protocol):
                 if self.remaining == 0:
                     self.cstate = _C_SIZE
                 continue
+            if st == _C_SIZE and not self.cline:  # fast path: "<hex>\r\n<payload>" as servers send it
+                j = data.find(b"\r\n", i)
+                if j == i:
+                    i += 2  # the CRLF that closes the previous chunk's data
+                    continue
+                if j > i:
+                    try:
+                        size = int(data[i:j], 16)
+                    except ValueError:
+                        size = -1  # extensions, spaces: the general path below
+                    if size > 0:
+                        i = j + 2
+                        end = i + size
+                        if end <= n:
+                            self._copy(data[i:end])
+                            i = end
+                        else:
+                            self.remaining = size
+                            self.cstate = _C_DATA
+                        continue
             j = data.find(b"\n", i)
             if j < 0:
                 self.cline += data[i:]

@@ -151,6 +151,18 @@ class StreamParser:
         if payload == b"[DONE]":
             self.done = True
             return
+        if (
+            b'"finish_reason":null' in payload
+            and (b'"text":"' in payload or b'"content":"' in payload)
+            and b'":""' not in payload
+            and b'"usage"' not in payload
+            and b'"error"' not in payload
+            and b'"kv_transfer_params"' not in payload
+        ):
+            # Fast path for the common mid-stream chunk: one non-empty token, nothing else to learn.
+            # Sound on JSON text: an unescaped quote is always structure, never inside a string.
+            self.content_chunks += 1
+            return
         try:
             obj = _loads(payload)
         except ValueError:
