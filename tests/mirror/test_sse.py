@@ -304,3 +304,40 @@ def test_garbage_never_raises(pieces: list[bytes]) -> None:
     p.close()
     assert p.generated >= 0 and p.frames >= 0
     assert len(p._buf) <= 513
+
+
+_texts = st.lists(
+    st.sampled_from([*'ab "\\:{},', '"usage"', '":""', '"finish_reason":null', "é"]), max_size=12
+).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    chat=st.booleans(),
+    text=_texts,
+    finish=st.sampled_from([None, "stop", "length"]),
+    usage=st.booleans(),
+    compact=st.booleans(),
+)
+def test_fast_path_agrees_with_full_interpretation(
+    chat: bool, text: str, finish: str | None, usage: bool, compact: bool
+) -> None:
+    choice: dict = {"index": 0, "logprobs": None, "finish_reason": finish}
+    if chat:
+        choice["delta"] = {"content": text}
+    else:
+        choice["text"] = text
+    obj: dict = {"id": "x", "object": "o", "created": 1, "model": "m", "choices": [choice]}
+    if usage:
+        obj["usage"] = {"prompt_tokens": 2, "completion_tokens": 1}
+    sep = (",", ":") if compact else (", ", ": ")
+    fast = StreamParser()
+    fast.feed(b"data: " + json.dumps(obj, separators=sep).encode() + b"\n\n")
+    slow = StreamParser()
+    slow.interpret(obj)
+    assert (fast.content_chunks, fast.generated, fast.finish_reason, fast.role_only) == (
+        slow.content_chunks,
+        slow.generated,
+        slow.finish_reason,
+        slow.role_only,
+    )
