@@ -1,6 +1,8 @@
 """`shadow tap`: in-path taps in front of upstream workers, mirroring the router's decisions.
 
-Point the existing router at the printed tap URLs instead of the workers. When ready, one JSON
+Point the existing router at the printed tap URLs instead of the workers — or, in front mode
+(`--front`), point clients at a tap in front of the router and name the decode workers behind it
+with `--worker`; decisions are read from what the router exposes. When ready, one JSON
 line `{"taps": {NAME: url}, "api": url}` is printed on stdout; the API serves /v1/state,
 /v1/events (GET recent, POST NDJSON), /v1/events/schema and /metrics.
 """
@@ -37,8 +39,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--upstream",
         action="append",
         metavar="NAME=URL",
-        required=True,
         help="a decode (or plain) worker to put a tap in front of; repeatable",
+    )
+    p.add_argument(
+        "--front",
+        action="append",
+        metavar="NAME=URL",
+        help="front mode: a pass-through tap in front of the router itself (point clients at it); the "
+        "decode worker is read from the decision the router exposes (vllm-router P/D request ids)",
+    )
+    p.add_argument(
+        "--worker",
+        action="append",
+        metavar="NAME=URL",
+        help="front mode: a decode worker behind the router (named in its decisions; /metrics reconciled)",
     )
     p.add_argument(
         "--prefill",
@@ -98,9 +112,15 @@ def register(subparsers: Any) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> TapConfig:
+    if not args.upstream and not args.front:
+        raise SystemExit(
+            "shadow tap: give --upstream NAME=URL (in-path taps) or --front NAME=URL (front mode)"
+        )
     return TapConfig(
         upstreams=_pairs(args.upstream, "--upstream"),
         prefill=_pairs(args.prefill, "--prefill"),
+        front=_pairs(args.front, "--front"),
+        workers=_pairs(args.worker, "--worker"),
         metrics_of=_pairs(args.metrics_of, "--metrics-of"),
         host=args.host,
         port=args.port,

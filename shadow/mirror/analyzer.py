@@ -7,6 +7,11 @@ decode leg, pairs P/D legs by `X-Request-Id`, and emits Arrive/Route (decode pla
 that saw the decode leg), Token (cumulative, coalesced per batch), Finish and Cancel into a
 `Mirror`. Every exception is counted and confined to the item that raised it; an end marker always
 produces the request's end event. Prompt text is never kept: a prompt key is a blake2b hash.
+
+Front mode: a tap in front of the router itself (`front_taps`) sees whole client requests; the
+decode worker comes from the decision the router exposes in the response — vllm-router's P/D
+request id `___prefill_addr_<P>___decode_addr_<D>_<uuid>`, echoed in every chunk's `id` — mapped
+to a worker name through `worker_by_addr` (host:port → name).
 """
 
 from __future__ import annotations
@@ -14,10 +19,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from shadow.engine.events import Arrive, Cancel, Finish, FinishReason, Route, Token
@@ -32,6 +38,16 @@ from shadow.mirror.proxy import (
 from shadow.mirror.sse import DEFAULT_MAX_FRAME, StreamParser, parse_json_body
 
 ROLE_OTHER, ROLE_PREFILL, ROLE_DECODE = "other", "prefill", "decode"
+# vllm-router (P/D) names both choices in the request id it sends to workers; vLLM echoes it in `id`.
+_VLLM_ROUTER_DECISION = re.compile(rb"___prefill_addr_([^\s\"]+?)___decode_addr_([^\s\"]+?)_[0-9a-f]{32}")
+
+
+def decode_decision(data: bytes) -> tuple[str, str] | None:
+    """(prefill address, decode address) named by a vllm-router P/D request id in `data`, if any."""
+    m = _VLLM_ROUTER_DECISION.search(data)
+    if m is None:
+        return None
+    return m.group(1).decode("ascii", "replace"), m.group(2).decode("ascii", "replace")
 _LLM_PATHS = ("/completions", "/chat/completions", "/generate")
 _FINISH_MAP: dict[str, FinishReason] = {
     "stop": "stop",
@@ -56,10 +72,14 @@ class _Leg:
         "role",
         "sent_gen",
         "stream",
+        "tail",
+        "worker",
     )
 
     def __init__(self, role: str) -> None:
         self.role = role
+        self.worker: str | None = None  # where the decode runs (the tap's name, or decoded in front mode)
+        self.tail = b""  # front mode: the end of the previous chunk, for a decision split across reads
         self.raw_rid = ""
         self.mid = ""  # the mirrored request id (unique per decode leg)
         self.stream = False
@@ -113,9 +133,13 @@ class Analyzer:
         pair_ttl_s: float = 600.0,
         max_pairs: int = 100_000,
         clock: Callable[[], float] = time.monotonic,
+        front_taps: Iterable[str] = (),
+        worker_by_addr: Mapping[str, str] | None = None,
     ) -> None:
         self.mirror = mirror
         self.prefill_taps = frozenset(prefill_taps)
+        self.front_taps = frozenset(front_taps)
+        self.worker_by_addr = dict(worker_by_addr or {})
         self.max_body = max_body
         self.max_frame = max_frame
         self.hook = hook
@@ -252,9 +276,29 @@ class Analyzer:
         mt = max_tokens if ok_mt else None
         mirror = self.mirror
         mirror.emit(Arrive(mid, t_arr, prompt, prompt_key(req) if req else None, mt), "tap", now)
-        mirror.emit(Route(mid, ctx.t_start, tap, prompt), "tap", now)
         leg.prompt_known = prompt is not None
+        if tap in self.front_taps:
+            return leg  # the route comes with the response (see _decision)
+        leg.worker = tap
+        mirror.emit(Route(mid, ctx.t_start, tap, prompt), "tap", now)
         return leg
+
+    def _decision(self, ctx: TapContext, leg: _Leg, payload: bytes) -> None:
+        """Front mode: find the router's decision in the response and emit the Route."""
+        found = decode_decision(leg.tail + payload)
+        if found is None:
+            leg.tail = payload[-200:]
+            return
+        leg.tail = b""
+        addr = found[1]
+        name = self.worker_by_addr.get(addr)
+        if name is None:
+            self.mirror.count_drop("unknown_decode_address")
+            name = addr
+        leg.worker = name
+        prompt = leg.parser.prompt_tokens if leg.parser is not None else None
+        leg.prompt_known = prompt is not None
+        self.mirror.emit(Route(leg.mid, ctx.t_start, name, prompt), "tap", self.clock())
 
     def _data(self, ctx: TapContext, leg: _Leg, seq: int, t: float, payload: bytes) -> None:
         if leg.role == ROLE_OTHER:
@@ -265,6 +309,8 @@ class Analyzer:
         leg.last_seq = seq
         if self.hook is not None:
             self.hook(ctx, payload)
+        if leg.worker is None and leg.role == ROLE_DECODE:
+            self._decision(ctx, leg, payload)
         parser = leg.parser
         if parser is None and leg.body is None:
             ctype = ctx.resp_headers.get("content-type", "")
@@ -286,7 +332,7 @@ class Analyzer:
                 if g > leg.sent_gen:
                     leg.sent_gen = g
                     self._dirty[leg] = t
-                if not leg.prompt_known and parser.prompt_tokens is not None:
+                if not leg.prompt_known and leg.worker is not None and parser.prompt_tokens is not None:
                     self._prompt_learnt(ctx, leg, parser.prompt_tokens, t)
         elif leg.body is not None and not leg.body_lost:
             leg.body.append(payload)
@@ -298,7 +344,8 @@ class Analyzer:
     def _prompt_learnt(self, ctx: TapContext, leg: _Leg, prompt: int, t: float) -> None:
         """Prompt tokens learnt after the route (plain mode): a repeated Route that adds them."""
         leg.prompt_known = True
-        self.mirror.emit(Route(leg.mid, ctx.t_start, ctx.tap, prompt), "tap", self.clock())
+        if leg.worker is not None:
+            self.mirror.emit(Route(leg.mid, ctx.t_start, leg.worker, prompt), "tap", self.clock())
 
     def _flush_tokens(self) -> None:
         if not self._dirty:
@@ -338,6 +385,8 @@ class Analyzer:
             self._end_prefill(ctx, leg, t, reason)
             return
         self._dirty.pop(leg, None)
+        if leg.worker is None:
+            self.mirror.count_drop("no_routing_decision")  # front mode: the router named no worker
         now = self.clock()
         emit = self.mirror.emit
         mid = leg.mid

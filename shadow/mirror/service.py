@@ -31,10 +31,17 @@ from shadow.mirror.state import MirrorState
 
 @dataclass
 class TapConfig:
-    """What `shadow tap` is told. Upstreams are {name: base URL}; prefill ones get taps too."""
+    """What `shadow tap` is told. Upstreams are {name: base URL}; prefill ones get taps too.
+
+    Front mode: `front` taps sit in front of routers ({name: router URL}); `workers` names the
+    decode workers behind them ({name: URL}, no tap) so that decisions read from the router's
+    responses map to names, and so that their /metrics are reconciled.
+    """
 
     upstreams: dict[str, str]
     prefill: dict[str, str] = field(default_factory=dict)
+    front: dict[str, str] = field(default_factory=dict)
+    workers: dict[str, str] = field(default_factory=dict)
     metrics_of: dict[str, str] = field(default_factory=dict)  # default: <upstream>/metrics
     host: str = "127.0.0.1"
     port: int = 0  # API port; taps on port+1.. when non-zero, else ephemeral
@@ -52,6 +59,12 @@ class TapConfig:
     inject_usage: bool = False  # ask workers for continuous usage; strip what the client did not ask for
 
 
+def _host_port(url: str) -> str:
+    """"http://h:p/..." → "h:p" (how vllm-router names workers in its request ids)."""
+    rest = url.split("://", 1)[-1]
+    return rest.split("/", 1)[0]
+
+
 def _bind(host: str, port: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -66,24 +79,34 @@ class TapService:
 
     def __init__(self, config: TapConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
         c = config
-        dup = set(c.upstreams) & set(c.prefill)
+        names = [*c.upstreams, *c.prefill, *c.front, *c.workers]
+        dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ValueError(f"names used twice: {sorted(dup)}")
+        if not c.upstreams and not c.front:
+            raise ValueError("nothing to mirror: give upstream workers to tap, or a router to front")
         self.config = c
         self.clock = clock
         self.registry = CollectorRegistry(auto_describe=True)
         self.queue = DropQueue(c.queue_size)
-        self.state = MirrorState(c.upstreams, slots=c.slots, ttl_s=c.ttl_s, phantom_age_s=c.phantom_age_s)
+        decode_workers = {**c.upstreams, **c.workers}
+        self.state = MirrorState(decode_workers, slots=c.slots, ttl_s=c.ttl_s, phantom_age_s=c.phantom_age_s)
         self.recorder = Recorder(c.record) if c.record else None
         self.mirror = Mirror(self.state, recorder=self.recorder)
         self.analyzer = Analyzer(
-            self.mirror, prefill_taps=c.prefill, max_body=c.max_body, hook=c.hook, clock=clock
+            self.mirror,
+            prefill_taps=c.prefill,
+            max_body=c.max_body,
+            hook=c.hook,
+            clock=clock,
+            front_taps=c.front,
+            worker_by_addr={_host_port(u): n for n, u in decode_workers.items()},
         )
         self.taps = [
             Tap(n, u, self.queue, max_body=c.max_body, inject_usage=c.inject_usage)
-            for n, u in {**c.upstreams, **c.prefill}.items()
+            for n, u in {**c.upstreams, **c.prefill, **c.front}.items()
         ]
-        targets = {n: c.metrics_of.get(n, u.rstrip("/") + "/metrics") for n, u in c.upstreams.items()}
+        targets = {n: c.metrics_of.get(n, u.rstrip("/") + "/metrics") for n, u in decode_workers.items()}
         self.reconciler = (
             Reconciler(targets, self.state, interval_s=c.scrape_interval_s, clock=clock)
             if c.scrape_interval_s > 0
@@ -119,7 +142,9 @@ class TapService:
                     "url": t.url,
                     "upstream": t.upstream,
                     "inflight": inflight.get(t.name, 0),
-                    "role": "prefill" if t.name in self.config.prefill else "decode",
+                    "role": "prefill"
+                    if t.name in self.config.prefill
+                    else ("front" if t.name in self.config.front else "decode"),
                 }
                 for t in self.taps
             },

@@ -175,3 +175,39 @@ def test_non_stream_decode_and_tokens_are_cumulative() -> None:
     evs = r.events("a")
     assert [e.kind for e in evs] == ["arrive", "route", "route", "token", "finish"]
     assert evs[2].prompt_tokens == 9 and evs[3] == Token("a", 3.0, 4) and evs[4].generated == 4
+
+
+def _sse_with_id(rid: str, n: int) -> bytes:
+    out = b""
+    for i in range(n):
+        ch = {
+            "id": rid,
+            "choices": [{"index": 0, "text": f"t{i}", "finish_reason": "length" if i == n - 1 else None}],
+        }
+        out += f"data: {json.dumps(ch)}\n\n".encode()
+    return out + b"data: [DONE]\n\n"
+
+
+def test_front_mode_routes_by_the_decision_in_the_response_even_split_across_reads() -> None:
+    from shadow.mirror.analyzer import decode_decision
+
+    rid = "cmpl-___prefill_addr_10.0.0.1:8001___decode_addr_127.0.0.1:9002_" + "ab" * 16
+    assert decode_decision(rid.encode()) == ("10.0.0.1:8001", "127.0.0.1:9002")
+    assert decode_decision(b"cmpl-plain-id") is None
+    rig = Rig(front_taps=["router"], worker_by_addr={"127.0.0.1:9001": "d0", "127.0.0.1:9002": "d1"})
+    body = _sse_with_id(rid, 3)
+    cut = body.index(b"decode_addr_") + 5  # the decision straddles two reads
+    rig.run(rig.ctx("router", {"prompt": "x", "stream": True}, rid="r1"), [body[:cut], body[cut:]])
+    routes = [e for e in rig.events() if isinstance(e, Route)]
+    assert [r.worker for r in routes] == ["d1"]
+    assert isinstance(rig.events()[-1], Finish)
+    assert rig.mirror.state.workers["d1"].finished == 1
+
+
+def test_front_mode_without_a_decision_is_counted_and_still_ends() -> None:
+    rig = Rig(front_taps=["router"], worker_by_addr={})
+    rig.run(rig.ctx("router", {"prompt": "x", "stream": True}, rid="r2"), _sse(2))
+    assert not [e for e in rig.events() if isinstance(e, Route)]
+    assert isinstance(rig.events()[-1], Finish)
+    assert rig.mirror.dropped.get("no_routing_decision") == 1
+    assert rig.mirror.state.live() == 0

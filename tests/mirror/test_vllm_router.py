@@ -215,3 +215,34 @@ def test_pd_mode_decisions_recovered_from_taps(router: Any) -> None:
             )
             assert legs == 20
             _quiescent_check(t, decode, lambda: _run_requests(url, 6, 150, workers=6))
+
+
+def test_front_mode_reads_decisions_from_vllm_router_responses(router: Any) -> None:
+    """A tap in front of a real vllm-router (P/D) recovers every decode decision from its request ids."""
+    with FleetThread(FleetConfig(prefill=1, decode=3, base_port=0, time_scale=0.25)) as ft:
+        decode = {f"d{i}": u for i, u in enumerate(ft.decode_urls)}
+        args = ["--vllm-pd-disaggregation", "--prefill", ft.prefill_urls[0]]
+        for u in decode.values():
+            args += ["--decode", u]
+        url, murl = router([*args, "--policy", "random"])
+        cfg = TapConfig({}, front={"router": url}, workers=decode, scrape_interval_s=0.2)
+        with TapInThread(cfg) as t:
+            front = t.ready["taps"]["router"]
+            _run_requests(front, 24, 4)
+            assert t.wait_for(lambda: t.svc.state.live() == 0 and not len(t.svc.queue))
+            st_ = httpx.get(t.ready["api"] + "/v1/state").json()
+            dec = _decisions(murl)
+            for n, u in decode.items():
+                rank = httpx.get(u + "/metrics").text
+                served = sum(
+                    float(x.rsplit(" ", 1)[1])
+                    for x in rank.splitlines()
+                    if x.startswith("vllm:request_success_total{")
+                )
+                assert served == st_["workers"][n]["finished"], (n, served, st_["workers"])
+                assert dec.get(u.rstrip("/"), 0) == served, (n, dec)
+            assert sum(st_["workers"][n]["finished"] for n in decode) == 24
+            assert st_["phantoms"] == 0
+            dropped = t.sync(lambda: dict(t.svc.mirror.dropped))
+            assert "no_routing_decision" not in dropped and "unknown_decode_address" not in dropped
+            _quiescent_check(t, decode, lambda: _run_requests(front, 6, 150, workers=6))
