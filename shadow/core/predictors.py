@@ -41,6 +41,18 @@ class Predictor(Protocol):
     def observe(self, output_tokens: int, key: Hashable | None = None) -> None: ...
 
 
+def _from_counts(
+    age: FloatArray, horizon: int, survivors: IntArray, finishing: IntArray, sums: FloatArray
+) -> tuple[FloatArray, FloatArray]:
+    """p_fin and mu_rem from, per query, the samples above the age, those ending within H, and
+    the sum of the latter (see `EmpiricalLengths.conditional` for the edge cases)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p_fin = np.where(survivors > 0, finishing / np.maximum(survivors, 1), 1.0)
+        mu = np.where(finishing > 0, (sums - age * finishing) / np.maximum(finishing, 1), horizon / 2.0)
+    mu = np.where(survivors > 0, mu, 1.0)
+    return p_fin.astype(np.float64), mu.astype(np.float64)
+
+
 class EmpiricalLengths:
     """Empirical output-length distribution with O(log N) conditional queries."""
 
@@ -81,14 +93,7 @@ class EmpiricalLengths:
             return np.zeros_like(age), np.full_like(age, horizon / 2.0)
         le_a = np.searchsorted(self._sorted, age, side="right")
         le_ah = np.searchsorted(self._sorted, age + horizon, side="right")
-        survivors = n - le_a
-        finishing = le_ah - le_a
-        sums = self._prefix[le_ah] - self._prefix[le_a]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            p_fin = np.where(survivors > 0, finishing / np.maximum(survivors, 1), 1.0)
-            mu = np.where(finishing > 0, (sums - age * finishing) / np.maximum(finishing, 1), horizon / 2.0)
-        mu = np.where(survivors > 0, mu, 1.0)
-        return p_fin.astype(np.float64), mu.astype(np.float64)
+        return _from_counts(age, horizon, n - le_a, le_ah - le_a, self._prefix[le_ah] - self._prefix[le_a])
 
 
 class OraclePredictor:
@@ -187,13 +192,7 @@ class ExactMatchPredictor:
         le_a = np.searchsorted(comp, base + age, side="right")
         le_ah = np.searchsorted(comp, base + age + horizon, side="right")
         end = np.searchsorted(comp, base + (self._SHIFT - 1.0), side="right")
-        survivors = end - le_a
-        finishing = le_ah - le_a
-        sums = pre[le_ah] - pre[le_a]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            bp = np.where(survivors > 0, finishing / np.maximum(survivors, 1), 1.0)
-            bm = np.where(finishing > 0, (sums - age * finishing) / np.maximum(finishing, 1), horizon / 2.0)
-        bm = np.where(survivors > 0, bm, 1.0)
+        bp, bm = _from_counts(age, horizon, end - le_a, le_ah - le_a, pre[le_ah] - pre[le_a])
         p_fin[use] = bp
         mu[use] = bm
         return p_fin, mu

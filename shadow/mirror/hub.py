@@ -93,6 +93,11 @@ class Mirror:
         self.events[key] = self.events.get(key, 0) + 1
         if outcome != OK:
             self.ignored[outcome] = self.ignored.get(outcome, 0) + 1
+        self._fan_out(ev)
+        return outcome
+
+    def _fan_out(self, ev: Event) -> None:
+        """Number the event, keep it in `recent`, record it, and hand it to every listener."""
         self.seq += 1
         self.recent.append((self.seq, ev))
         if self.recorder is not None:
@@ -102,7 +107,6 @@ class Mirror:
                 fn(ev)
             except Exception:
                 self.listener_errors += 1
-        return outcome
 
     def reap(self, now: float, t: float | None = None) -> list[Finish]:
         """TTL-reap silent requests; the resulting Finish("reaped") events are recorded too."""
@@ -110,15 +114,7 @@ class Mirror:
         for ev in out:
             key = ("reaper", ev.kind)
             self.events[key] = self.events.get(key, 0) + 1
-            self.seq += 1
-            self.recent.append((self.seq, ev))
-            if self.recorder is not None:
-                self.recorder.write(ev)
-            for fn in self.listeners:
-                try:
-                    fn(ev)
-                except Exception:
-                    self.listener_errors += 1
+            self._fan_out(ev)
         return out
 
     def recent_after(self, after: int, limit: int) -> list[tuple[int, Event]]:

@@ -15,19 +15,9 @@ from shadow.engine.config import EngineConfig, LaneSpec, PrefillConfig
 from shadow.engine.jobs import Job
 from shadow.engine.lane import Lane
 from shadow.engine.offline import ready_times, run_lane, run_offline
+from shadow.replay.experiment import DEFAULT_POLICIES
 
-ALL_LANES = [
-    "rr",
-    "random",
-    "p2c",
-    "jsq",
-    "jsq-bytes",
-    "least-tokens",
-    "br0",
-    "brh:survival",
-    "brh:exactmatch",
-    "brh:oracle",
-]
+ALL_LANES = list(DEFAULT_POLICIES)
 
 
 @st.composite
