@@ -68,6 +68,7 @@ class Lane:
         self.loads: list[float] = [0.0] * g
         self.running: list[int] = [0] * g
         self.queued_tokens: list[float] = [0.0] * g
+        self.running_prompt: list[float] = [0.0] * g  # prompt tokens of running requests
         self.queues: list[deque[tuple[Job, float]]] = [deque() for _ in range(g)]
         self.totals = LaneTotals()
         self._free_slots: list[list[int]] = [list(range((w + 1) * b - 1, w * b - 1, -1)) for w in range(g)]
@@ -262,6 +263,7 @@ class Lane:
             self._slot_steps[slot] = self.config.br.horizon if steps is None else steps
             self._slot_ref[slot] = self.k
         self.loads[g] += job.prompt_tokens
+        self.running_prompt[g] += job.prompt_tokens
         self.running[g] += 1
         self._calendar.setdefault(self.k + job.output_tokens - 1, []).append((g, slot, job))
         self._started_now.append((g, job))
@@ -269,6 +271,7 @@ class Lane:
 
     def _finish(self, g: int, slot: int, job: Job, end: float) -> None:
         self.loads[g] -= job.prompt_tokens + job.output_tokens
+        self.running_prompt[g] -= job.prompt_tokens
         self.running[g] -= 1
         self.slot_active[slot] = False
         self._slot_key[slot] = None
