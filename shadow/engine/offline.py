@@ -1,13 +1,15 @@
-"""Offline driver: replay jobs through every lane, each lane on its own simulated clock.
+"""Offline driver: one shared stream of jobs, consumed once, advancing every lane in lockstep.
 
 Prefill (optional) is shared: N FCFS prefill servers give each job the time it enters the
-router, identical for all lanes. Each lane then steps until every job has finished. `clock`
-(for decision timing only) and `progress` are injected; nothing here reads the wall clock.
+router, identical for all lanes. Each lane keeps its own simulated clock (its step times follow
+its own loads); a job is offered to a lane at the first step boundary at or after its ready time.
+`clock` (for decision timing only) and `progress` are injected; nothing here reads the wall clock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping, Sequence
+import heapq
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 
 from shadow.engine.config import EngineConfig, LaneSpec, PrefillConfig
 from shadow.engine.jobs import Job
@@ -17,18 +19,28 @@ from shadow.engine.results import LaneResult, lane_result
 Progress = Callable[[str, int, int], None]  # (lane label, finished jobs, total jobs)
 
 
+class PrefillStage:
+    """N FCFS prefill servers; `ready(job)` is when the job leaves prefill (jobs in arrival order)."""
+
+    def __init__(self, config: PrefillConfig | None) -> None:
+        self.config = config
+        self._free_at = [0.0] * (config.servers if config is not None else 0)
+
+    def ready(self, job: Job) -> float:
+        c = self.config
+        if c is None:
+            return job.arrival_s
+        free = self._free_at
+        p = min(range(c.servers), key=lambda i: (max(free[i], job.arrival_s), i))
+        done = max(free[p], job.arrival_s) + c.c0_s + c.c1_s_per_token * job.prompt_tokens
+        free[p] = done
+        return done
+
+
 def ready_times(jobs: Sequence[Job], prefill: PrefillConfig | None) -> list[float]:
     """When each job leaves prefill: earliest-free FCFS server, c0 + c1·s per job."""
-    if prefill is None:
-        return [j.arrival_s for j in jobs]
-    free_at = [0.0] * prefill.servers
-    out: list[float] = []
-    for j in jobs:
-        p = min(range(prefill.servers), key=lambda i: (max(free_at[i], j.arrival_s), i))
-        done = max(free_at[p], j.arrival_s) + prefill.c0_s + prefill.c1_s_per_token * j.prompt_tokens
-        free_at[p] = done
-        out.append(done)
-    return out
+    stage = PrefillStage(prefill)
+    return [stage.ready(j) for j in jobs]
 
 
 def run_lane(
@@ -62,22 +74,74 @@ def run_lane(
         progress(label, n, n)
 
 
+def _advance(lane: Lane, t: float) -> None:
+    """Step `lane` until its clock reaches `t` (an idle lane jumps there)."""
+    while lane.now < t:
+        if not lane.step():
+            lane.now = t
+
+
+def run_lanes(
+    jobs: Iterable[Job],
+    lanes: Sequence[Lane],
+    prefill: PrefillConfig | None = None,
+    progress: Progress | None = None,
+    total: int | None = None,
+) -> int:
+    """Feed one stream of jobs (in arrival order) to every lane in lockstep, then drain them.
+
+    Returns the number of jobs. Jobs are consumed once; memory holds only jobs not yet ready.
+    """
+    stage = PrefillStage(prefill)
+    pending: list[tuple[float, int, Job]] = []  # (ready time, order, job): prefill can reorder
+    offered = 0
+    last_arrival = float("-inf")
+
+    def deliver(until: float) -> None:
+        nonlocal offered
+        while pending and pending[0][0] <= until:
+            ready, _, job = heapq.heappop(pending)
+            for lane in lanes:
+                _advance(lane, ready)
+                lane.offer(job, ready)
+            offered += 1
+            if progress is not None and offered % 500 == 0:
+                for lane in lanes:
+                    progress(lane.spec.label, lane.totals.finished, total or offered)
+
+    for n, job in enumerate(jobs):
+        if job.arrival_s < last_arrival:
+            raise ValueError(f"job {job.request_id!r} arrives before the previous one")
+        last_arrival = job.arrival_s
+        heapq.heappush(pending, (stage.ready(job), n, job))
+        deliver(job.arrival_s)  # ready times are >= arrivals: everything up to here is final
+    deliver(float("inf"))
+    for lane in lanes:
+        while lane.totals.finished < offered:
+            if not lane.step():
+                raise RuntimeError(f"lane {lane.spec.label}: jobs left but nothing runs (engine bug)")
+            if progress is not None and lane.k % 2048 == 0:
+                progress(lane.spec.label, lane.totals.finished, total or offered)
+        if progress is not None:
+            progress(lane.spec.label, offered, total or offered)
+    return offered
+
+
 def run_offline(
-    jobs: Sequence[Job],
+    jobs: Iterable[Job],
     config: EngineConfig,
     lanes: Sequence[LaneSpec],
     clock: Clock,
     progress: Progress | None = None,
     forced: Mapping[Hashable, int] | None = None,
+    total: int | None = None,
 ) -> dict[str, LaneResult]:
-    """Replay `jobs` through each lane; results keyed by lane label, in lane order."""
+    """Replay `jobs` through every lane on one shared stream; results keyed by lane label."""
     labels = [spec.label for spec in lanes]
     if len(set(labels)) != len(labels):
         raise ValueError(f"lane labels must be unique, got {labels}")
-    ready = ready_times(jobs, config.prefill)
-    out: dict[str, LaneResult] = {}
-    for spec in lanes:
-        lane = Lane(spec, config, clock, forced if spec.policy == "forced" else None)
-        run_lane(lane, jobs, ready, progress)
-        out[spec.label] = lane_result(lane, len(jobs), config.trajectory_points)
-    return out
+    running = [Lane(spec, config, clock, forced if spec.policy == "forced" else None) for spec in lanes]
+    if total is None and isinstance(jobs, Sequence):
+        total = len(jobs)
+    n = run_lanes(jobs, running, config.prefill, progress, total)
+    return {lane.spec.label: lane_result(lane, n, config.trajectory_points) for lane in running}

@@ -15,6 +15,7 @@ from shadow.engine.config import EngineConfig, LaneSpec, PrefillConfig
 from shadow.engine.jobs import Job
 from shadow.engine.lane import Lane
 from shadow.engine.offline import ready_times, run_lane, run_offline
+from shadow.engine.results import lane_result
 from shadow.replay.experiment import DEFAULT_POLICIES
 
 ALL_LANES = list(DEFAULT_POLICIES)
@@ -185,3 +186,29 @@ def test_bad_configuration_is_a_clear_error() -> None:
         EngineConfig(workers=0)
     with pytest.raises(ValueError, match="unique"):
         run_offline([Job(0, 0, 1, 1)], EngineConfig(), [LaneSpec("rr"), LaneSpec("rr")], time.perf_counter)
+
+
+@settings(max_examples=25, deadline=None)
+@given(jobs=workloads(), workers=st.integers(1, 4), slots=st.integers(1, 3), prefill=st.booleans())
+def test_lockstep_stream_equals_each_lane_alone(
+    jobs: list[Job], workers: int, slots: int, prefill: bool
+) -> None:
+    # One shared stream, consumed once (a generator), gives every lane exactly what it gets alone.
+    config = EngineConfig(
+        workers=workers,
+        slots=slots,
+        step=StepTimeModel(a=1e-6, b=0.01),
+        prefill=PrefillConfig(servers=2, c0_s=0.01, c1_s_per_token=1e-5) if prefill else None,
+    )
+    specs = [LaneSpec.parse(p) for p in ("rr", "jsq-bytes", "br0", "brh:survival")]
+    shared = run_offline((j for j in jobs), config, specs, time.perf_counter)
+    ready = ready_times(jobs, config.prefill)
+    for spec in specs:
+        lane = Lane(spec, config, time.perf_counter)
+        run_lane(lane, jobs, ready)
+        alone = lane_result(lane, len(jobs), 0).figures()
+        together = shared[spec.label].figures()
+        for key in ("decision_ms_p50", "decision_ms_p99"):  # wall-clock timings differ
+            alone.pop(key)
+            together.pop(key)
+        assert together == alone
