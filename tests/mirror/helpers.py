@@ -3,63 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from shadow.mirror.service import TapConfig, TapService
+from shadow.mirror.thread import TapThread
 
 T = TypeVar("T")
 
 
-class TapInThread:
-    """`with TapInThread(config) as t:` — t.ready is the ready document, t.svc the service."""
-
-    def __init__(self, config: TapConfig) -> None:
-        self.config = config
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.svc: TapService
-        self.ready: dict[str, Any] = {}
-
-    def call(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def sync(self, fn: Any, *args: Any) -> Any:
-        async def _run() -> Any:
-            return fn(*args)
-
-        return self.call(_run())
-
-    def __enter__(self) -> TapInThread:
-        self.thread.start()
-
-        async def _start() -> dict[str, Any]:
-            self.svc = TapService(self.config)
-            return await self.svc.start()
-
-        self.ready = self.call(_start())
-        return self
+class TapInThread(TapThread):
+    """The package's TapThread, plus `drain()` for tests."""
 
     def drain(self) -> None:
         self.call(self.svc.drain())
-
-    def wait_for(self, pred: Any, timeout: float = 5.0) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.sync(pred):
-                return True
-            time.sleep(0.01)
-        return bool(self.sync(pred))
-
-    def __exit__(self, *exc: Any) -> None:
-        try:
-            self.call(self.svc.stop())
-        finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(10)
-            self.loop.close()
 
 
 async def raw_request(host: str, port: int, request: bytes, *, timeout: float = 10) -> bytes:
