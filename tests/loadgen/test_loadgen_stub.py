@@ -66,13 +66,15 @@ def test_summary_figures_match_known_stub_timings(stub: StubServer) -> None:
     report = _run(trace, stub.url)
     s = report.summary
     assert s.ok == 6
-    assert 0.08 <= s.ttft_s["p50"] < 0.08 + 0.03  # type: ignore[operator]
-    assert 0.08 <= s.ttft_s["p99"] < 0.08 + 0.06  # type: ignore[operator]
-    assert 0.017 <= s.tpot_s["p50"] < 0.02 + 0.008  # type: ignore[operator]
-    assert 0.18 <= s.e2e_s["p50"] < 0.18 + 0.05  # ttft + 5 gaps
+    # Lower bounds are exact (nothing can beat the stub's delays); upper bounds only catch unit or
+    # formula errors and leave room for a loaded CI machine.
+    assert 0.08 <= s.ttft_s["p50"] < 0.08 + 0.3  # type: ignore[operator]
+    assert 0.08 <= s.ttft_s["p99"] < 0.08 + 0.5  # type: ignore[operator]
+    assert 0.017 <= s.tpot_s["p50"] < 0.02 + 0.04  # type: ignore[operator]
+    assert 0.18 <= s.e2e_s["p50"] < 0.18 + 0.5  # ttft + 5 gaps
     assert s.output_tokens == 36
     assert s.output_tokens_per_s == pytest.approx(36 / s.wall_s)
-    assert 0.1 + 0.18 <= s.wall_s < 0.1 + 0.18 + 0.2
+    assert 0.1 + 0.18 <= s.wall_s < 0.1 + 0.18 + 1.5
 
 
 def test_chat_ttft_skips_the_role_only_chunk(stub: StubServer) -> None:
