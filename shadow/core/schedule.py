@@ -15,10 +15,10 @@ from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
-from shadow.core.assigner import assign_round
+from shadow.core.balanceroute import BalanceRoute
 from shadow.core.baselines import BASELINES, WorkerView, bind_all, make_baseline
-from shadow.core.fscore import BR0Scorer, BRHScorer, Scorer, project_loads
 from shadow.core.params import BRParams
 from shadow.core.pool import Pool
 
@@ -65,30 +65,29 @@ def _check_waiting(waiting: Sequence[Sequence[Any]]) -> None:
             raise ValueError(f"waiting[{i}]: predicted_steps must be a number >= 0, got {item[2]!r}")
 
 
-def brh_scorer(loads: Sequence[float], active: Sequence[Active] | None, params: BRParams) -> BRHScorer:
-    """A BR-H scorer whose projection is built from `active` (worker, load, predicted steps).
+def _active_arrays(
+    loads: Sequence[float], active: Sequence[Active] | None
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Validate `active` (worker, load, predicted steps) and split it into arrays.
 
-    Without `active`, today's loads are held constant over the horizon.
+    Without `active`, today's loads are held constant over the horizon (empty arrays).
     """
     workers = len(loads)
     if active is None or len(active) == 0:
-        idx = np.zeros(0, dtype=np.int64)
-        w = np.zeros(0)
-        c = np.zeros(0)
-    else:
-        arr = np.asarray(active, dtype=np.float64)
-        if arr.ndim != 2 or arr.shape[1] != 3:
-            raise ValueError("active must be a sequence of (worker_index, current_load, predicted_steps)")
-        idx = arr[:, 0].astype(np.int64)
-        if np.any(idx != arr[:, 0]) or np.any(idx < 0) or np.any(idx >= workers):
-            raise ValueError(f"active: worker_index must be an integer in [0, {workers})")
-        w, c = arr[:, 1], arr[:, 2]
-        if not (np.all(np.isfinite(w)) and np.all(w >= 0) and np.all(np.isfinite(c)) and np.all(c >= 0)):
-            raise ValueError("active: loads and predicted steps must be finite numbers >= 0")
-        per_worker = np.bincount(idx, weights=w, minlength=workers)
-        if not np.allclose(per_worker, np.asarray(loads, dtype=np.float64), rtol=1e-9, atol=1e-6):
-            raise ValueError("active: current loads must sum, per worker, to `loads`")
-    return BRHScorer(project_loads(loads, idx, w, c, params.horizon), params)
+        return np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0)
+    arr = np.asarray(active, dtype=np.float64)
+    if arr.ndim != 2 or arr.shape[1] != 3:
+        raise ValueError("active must be a sequence of (worker_index, current_load, predicted_steps)")
+    idx = arr[:, 0].astype(np.int64)
+    if np.any(idx != arr[:, 0]) or np.any(idx < 0) or np.any(idx >= workers):
+        raise ValueError(f"active: worker_index must be an integer in [0, {workers})")
+    w, c = arr[:, 1], arr[:, 2]
+    if not (np.all(np.isfinite(w)) and np.all(w >= 0) and np.all(np.isfinite(c)) and np.all(c >= 0)):
+        raise ValueError("active: loads and predicted steps must be finite numbers >= 0")
+    per_worker = np.bincount(idx, weights=w, minlength=workers)
+    if not np.allclose(per_worker, np.asarray(loads, dtype=np.float64), rtol=1e-9, atol=1e-6):
+        raise ValueError("active: current loads must sum, per worker, to `loads`")
+    return idx, w, c
 
 
 def schedule_round(
@@ -124,8 +123,9 @@ def schedule_round(
         admitted = list(waiting)[:capacity]
         picks = bind_all(make_baseline(policy, random.Random(seed)), view, [w[1] for w in admitted], True)
         return [(w[0], g) for w, g in zip(admitted, picks, strict=True)]
+    idx, w, c = _active_arrays(loads, active if policy == "brh" else None)
     pool = Pool()
     for item in waiting:
         pool.add(item[0], int(item[1]), 0.0, float(item[2]) if len(item) == 3 else None)
-    scorer: Scorer = BR0Scorer(loads) if policy == "br0" else brh_scorer(loads, active, br)
-    return assign_round(scorer, pool, [int(c) for c in free_slots], br)
+    router = BalanceRoute("br0" if policy == "br0" else "brh", br)
+    return router.round(loads, [int(c) for c in free_slots], pool, 0.0, idx, w, c)
