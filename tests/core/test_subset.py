@@ -87,3 +87,23 @@ def test_cap_is_respected_even_when_more_would_score_better() -> None:
     assert len(chosen) == 2 and value == 200
     chosen, value = bitset(window, 2, lambda d: d, float("inf"))
     assert len(chosen) == 2 and value == 200
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 5_000), min_size=1, max_size=40),
+    loads=st.lists(st.integers(0, 20_000), min_size=2, max_size=6),
+    data=st.data(),
+)
+def test_pool_best_single_equals_a_scan_of_the_whole_pool(
+    sizes: list[int], loads: list[int], data: st.DataObject
+) -> None:
+    from shadow.core.pool import Pool
+
+    g = data.draw(st.integers(0, len(loads) - 1))
+    scorer = BR0Scorer(loads)
+    pool = Pool()
+    entries = [pool.add(f"r{i}", s) for i, s in enumerate(sizes)]
+    best = pool.best_single(lambda d: scorer.score(g, d), scorer.peak(g))
+    expected = max(entries, key=lambda e: (scorer.score(g, e.prompt_tokens), -e.seq))
+    assert best is expected
