@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 from typing import Any
@@ -31,6 +32,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--decode", type=int, default=2, metavar="G", help="decode DP ranks (default 2)")
     p.add_argument("--slots", type=int, default=64, metavar="B", help="running slots per rank (default 64)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument(
+        "--control-token",
+        default=os.environ.get("SHADOW_FLEET_CONTROL_TOKEN"),
+        help="bearer token for POST /fleet/faults (env SHADOW_FLEET_CONTROL_TOKEN); without one, fault "
+        "injection is refused unless the fleet listens on loopback",
+    )
     p.add_argument("--port", type=int, default=DEFAULT_BASE_PORT, metavar="BASE",
                    help=f"base port (default {DEFAULT_BASE_PORT}; 0 = free ports)")
     p.add_argument("--time-scale", type=float, default=1.0, metavar="X",
@@ -58,6 +65,7 @@ def register(subparsers: Any) -> None:
 def config_from_args(args: argparse.Namespace) -> FleetConfig:
     return FleetConfig(
         prefill=args.prefill, decode=args.decode, slots=args.slots, host=args.host, base_port=args.port,
+        control_token=args.control_token,
         time_scale=args.time_scale, a=args.a, b=args.b, prefill_c0=args.prefill_c0,
         prefill_c1=args.prefill_c1,
         model=args.model, max_model_len=args.max_model_len, kv_capacity_tokens=args.kv_tokens,

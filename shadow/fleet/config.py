@@ -43,6 +43,9 @@ class FleetConfig:
     max_body_bytes: int = 8 << 20
     dp_front: bool = False  # also serve all decode ranks on one port (X-data-parallel-rank)
     faults: tuple[FaultSpec, ...] = field(default_factory=tuple)
+    # Bearer token for POST /fleet/faults. Without one, fault injection is accepted only when the
+    # fleet listens on loopback.
+    control_token: str | None = None
 
     def __post_init__(self) -> None:
         if self.prefill < 0 or self.decode < 1:

@@ -10,6 +10,8 @@ disconnect aborts the request; a crash drops connections without a clean end.
 from __future__ import annotations
 
 import asyncio
+import hmac
+import ipaddress
 import json
 import time
 import uuid
@@ -240,6 +242,11 @@ class BaseServer:
         await send_json(send, 200, {"server": self.name, "up": self.up, **self.state()})
 
     async def _post_faults(self, scope: Scope, receive: Receive, send: Send) -> None:
+        denied = self._control_denied(scope)
+        if denied is not None:
+            status, message = denied
+            await send_json(send, status, ApiError(status, message).body())
+            return
         try:
             raw = await read_body(receive, 1 << 20)
             body = json.loads(raw or b"{}")
@@ -258,6 +265,18 @@ class BaseServer:
             await send_json(send, 404, ApiError(404, f"no fleet server matches target {target}").body())
             return
         await send_json(send, 200, {"applied": applied, "settings": settings})
+
+    def _control_denied(self, scope: Scope) -> tuple[int, str] | None:
+        """Fault injection is an admin action: a bearer token, or loopback-only without one."""
+        token = self.config.control_token
+        if token is None:
+            if is_loopback(self.config.host):
+                return None
+            return 403, "fault injection over the network needs a control token (--control-token)"
+        given = header(scope, b"authorization") or ""
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            return 401, "fault injection needs 'Authorization: Bearer <control token>'"
+        return None
 
     # -- generation ------------------------------------------------------------------------------
     async def _generate(self, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
@@ -554,3 +573,13 @@ class PrefillServer(BaseServer):
                 "prefilling": e.current is not None, "kv_engine_id": self.kv.engine_id,
                 "kv_holds": len(self.kv.holds), "kv_held_tokens": self.kv.held_tokens(),
                 "kv_expired": self.kv.expired}
+
+
+def is_loopback(host: str) -> bool:
+    """True for localhost and loopback addresses (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

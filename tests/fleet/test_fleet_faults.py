@@ -13,7 +13,7 @@ import httpx
 import pytest
 from fleet_helpers import stream_raw, words
 
-from shadow.fleet import FaultSpec, FleetThread
+from shadow.fleet import FaultSpec, FleetConfig, FleetThread
 from shadow.fleet.faults import Target
 
 pytestmark = pytest.mark.timeout(60)
@@ -190,3 +190,21 @@ def test_scheduled_fault_from_config() -> None:
         time.sleep(0.35)
         assert httpx.post(url + "/v1/completions", json={"prompt": words(2)}).status_code == 502
         assert httpx.get(url + "/fleet/faults").json()["faults"]["http_status"] == 502
+
+
+def test_fault_injection_is_an_admin_action() -> None:
+    # With a control token, POST /fleet/faults needs it; GET stays open (read-only).
+    with FleetThread(FleetConfig(prefill=0, decode=1, base_port=0, control_token="s3cret")) as ft:
+        url = ft.decode_urls[0] + "/fleet/faults"
+        assert httpx.post(url, json={"slow": 2}).status_code == 401
+        assert httpx.post(url, json={"slow": 2}, headers={"Authorization": "Bearer nope"}).status_code == 401
+        ok = httpx.post(url, json={"slow": 2}, headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200
+        assert httpx.get(url).json()["faults"]["slow"] == 2
+
+
+def test_no_token_means_loopback_only() -> None:
+    from shadow.fleet.server import is_loopback
+
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3") and not is_loopback("example.org")
