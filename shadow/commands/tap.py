@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import gc
 import json
+import os
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
@@ -101,6 +102,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "receive unless they asked; changes the wire bytes, off by default",
     )
     p.add_argument("--forward", metavar="URL", help="also POST every event to another shadow's event API")
+    p.add_argument(
+        "--events-token",
+        default=os.environ.get("SHADOW_EVENTS_TOKEN"),
+        help="bearer token required by POST /v1/events (env SHADOW_EVENTS_TOKEN); without one, event "
+        "ingestion is refused unless the API listens on loopback",
+    )
 
 
 def register(subparsers: Any) -> None:
@@ -133,6 +140,7 @@ def config_from_args(args: argparse.Namespace) -> TapConfig:
         scrape_interval_s=args.scrape_interval,
         forward_to=args.forward,
         inject_usage=args.inject_usage,
+        events_token=args.events_token,
     )
 
 

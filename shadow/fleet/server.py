@@ -10,8 +10,6 @@ disconnect aborts the request; a crash drops connections without a clean end.
 from __future__ import annotations
 
 import asyncio
-import hmac
-import ipaddress
 import json
 import time
 import uuid
@@ -42,6 +40,7 @@ from shadow.fleet.openai_api import ApiError, GenRequest, parse_request
 from shadow.fleet.pd import HandleError, KvDirectory, KvStore
 from shadow.fleet.prefill import PrefillEngine
 from shadow.fleet.sse import DONE, SSE_CONTENT_TYPE, StreamFormat, full_response, stream_error_event
+from shadow.security import admin_denied
 
 METRICS_CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 GENERATE_PATHS = {"/v1/completions": False, "/v1/chat/completions": True}
@@ -268,15 +267,8 @@ class BaseServer:
 
     def _control_denied(self, scope: Scope) -> tuple[int, str] | None:
         """Fault injection is an admin action: a bearer token, or loopback-only without one."""
-        token = self.config.control_token
-        if token is None:
-            if is_loopback(self.config.host):
-                return None
-            return 403, "fault injection over the network needs a control token (--control-token)"
-        given = header(scope, b"authorization") or ""
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            return 401, "fault injection needs 'Authorization: Bearer <control token>'"
-        return None
+        cfg = self.config
+        return admin_denied(cfg.host, cfg.control_token, header(scope, b"authorization"), "fault injection")
 
     # -- generation ------------------------------------------------------------------------------
     async def _generate(self, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
@@ -574,12 +566,3 @@ class PrefillServer(BaseServer):
                 "kv_holds": len(self.kv.holds), "kv_held_tokens": self.kv.held_tokens(),
                 "kv_expired": self.kv.expired}
 
-
-def is_loopback(host: str) -> bool:
-    """True for localhost and loopback addresses (127.0.0.0/8, ::1)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

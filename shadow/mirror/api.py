@@ -1,7 +1,8 @@
 """The mirror's HTTP API: event ingestion, recent events, state, schema and /metrics.
 
 `create_app(mirror, registry, ...)` builds a FastAPI app:
-- `POST /v1/events`: an NDJSON batch; each line is validated with `from_dict` (plus the schema's
+- `POST /v1/events` (bearer token when configured; loopback-only without one): an NDJSON batch;
+  each line is validated with `from_dict` (plus the schema's
   type rules) and applied; reply `{"accepted", "rejected": {reason: n}, "outcomes": {outcome: n}}`;
   a body over `max_body` bytes is refused with 413 and nothing is applied.
 - `GET /v1/events?after=SEQ&limit=N`: recent applied events as NDJSON (header `X-Last-Seq`).
@@ -22,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from shadow.engine.events import Arrive, Event, Step, from_dict
 from shadow.mirror.hub import Mirror, event_dict
+from shadow.security import admin_denied
 
 DEFAULT_MAX_BODY = 8 << 20
 REJECT_REASONS = (
@@ -112,14 +114,24 @@ def create_app(
     extra_state: Callable[[float], dict[str, Any]] | None = None,
     max_body: int = DEFAULT_MAX_BODY,
     clock: Callable[[], float] = time.monotonic,
+    host: str = "127.0.0.1",
+    ingest_token: str | None = None,
 ) -> FastAPI:
-    """The API app over one mirror; `rejected` is the counter dict the metrics collector exports."""
+    """The API app over one mirror; `rejected` is the counter dict the metrics collector exports.
+
+    Ingestion changes the mirrored state, so `POST /v1/events` needs `ingest_token` as a bearer
+    token when one is set, and is refused on a non-loopback `host` when none is.
+    """
     app = FastAPI(title="shadow mirror", docs_url=None, redoc_url=None, openapi_url=None)
     rejected_counts: MutableMapping[str, int] = rejected if rejected is not None else {}
     schema = load_schema()
 
     @app.post("/v1/events")
     async def post_events(request: Request) -> Response:
+        denied = admin_denied(host, ingest_token, request.headers.get("authorization"), "event ingestion")
+        if denied is not None:
+            rejected_counts["unauthorized"] = rejected_counts.get("unauthorized", 0) + 1
+            return JSONResponse({"error": denied[1]}, status_code=denied[0])
         cl = request.headers.get("content-length")
         if cl is not None and cl.isdigit() and int(cl) > max_body:
             rejected_counts["too_large"] = rejected_counts.get("too_large", 0) + 1

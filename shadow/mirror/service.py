@@ -57,6 +57,7 @@ class TapConfig:
     hook: Callable[[TapContext, bytes], None] | None = None  # tests: analysis fault injection
     pace_s: float = 0.0  # tests: slow analysis consumer
     inject_usage: bool = False  # ask workers for continuous usage; strip what the client did not ask for
+    events_token: str | None = None  # bearer token for POST /v1/events (required off loopback)
 
 
 def _host_port(url: str) -> str:
@@ -128,7 +129,13 @@ class TapService:
             )
         )
         self.app = create_app(
-            self.mirror, self.registry, rejected=self.rejected, extra_state=self._extra_state, clock=clock
+            self.mirror,
+            self.registry,
+            rejected=self.rejected,
+            extra_state=self._extra_state,
+            clock=clock,
+            host=c.host,
+            ingest_token=c.events_token,
         )
         self._tasks: list[asyncio.Task[Any]] = []
         self._server: uvicorn.Server | None = None

@@ -246,3 +246,26 @@ def test_emitter_feeds_a_real_api_app() -> None:
         assert mirror.state.workers["d1"].kv_tokens == 6
 
     asyncio.run(run())
+
+
+def test_event_ingestion_needs_a_token_off_loopback() -> None:
+    line = json.dumps(to_dict(Arrive("a", 1.0, 5))) + "\n"
+
+    async def post(app: Any, headers: dict[str, str] | None = None) -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            return await client.post("/v1/events", content=line, headers=headers or {})
+
+    def app_for(**kw: Any) -> Any:
+        return create_app(Mirror(MirrorState(["d0"])), CollectorRegistry(), **kw)
+
+    # Loopback without a token: allowed (the default). Network without a token: refused.
+    assert asyncio.run(post(app_for())).json()["accepted"] == 1
+    refused = asyncio.run(post(app_for(host="0.0.0.0")))
+    assert refused.status_code == 403 and "token" in refused.json()["error"]
+    # With a token, it is required wherever the API listens.
+    guarded = app_for(host="0.0.0.0", ingest_token="t0k")
+    assert asyncio.run(post(guarded)).status_code == 401
+    assert asyncio.run(post(guarded, {"Authorization": "Bearer wrong"})).status_code == 401
+    ok = asyncio.run(post(guarded, {"Authorization": "Bearer t0k"}))
+    assert ok.status_code == 200 and ok.json()["accepted"] == 1
