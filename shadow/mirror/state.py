@@ -61,8 +61,12 @@ class MirrorState:
         phantom_age_s: float = 120.0,
         tombstones: int = 200_000,
         dynamic_workers: bool = False,
+        tombstone_ttl_s: float | None = None,
     ) -> None:
         self.ttl_s = ttl_s
+        # Ended requests are remembered (to absorb late and duplicate events) for this long, and at
+        # most `tombstones` of them: memory follows rate × TTL, under a hard cap.
+        self.tombstone_ttl_s = ttl_s if tombstone_ttl_s is None else tombstone_ttl_s
         self.phantom_age_s = phantom_age_s
         self.dynamic_workers = dynamic_workers
         self._slots = slots
@@ -71,7 +75,8 @@ class MirrorState:
         for w in workers:
             self.add_worker(w)
         self._live: dict[str, _Req] = {}
-        self._tomb: OrderedDict[str, str | None] = OrderedDict()
+        # ended request -> (its worker, when it ended); insertion order is end order
+        self._tomb: OrderedDict[str, tuple[str | None, float]] = OrderedDict()
         self.outcomes: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
         self.orphans = 0
         self.reaped = 0
@@ -127,8 +132,9 @@ class MirrorState:
             self.add_worker(worker)
             wc = self.workers[worker]
         if rid in self._tomb:
-            if self._tomb[rid] is None:  # ended before its route was seen
-                self._tomb[rid] = worker
+            buried_worker, ended = self._tomb[rid]
+            if buried_worker is None:  # ended before its route was seen
+                self._tomb[rid] = (worker, ended)
                 wc.finished += 1
                 return LATE
             return DUPLICATE
@@ -185,10 +191,10 @@ class MirrorState:
             return DUPLICATE
         req = self._live.pop(rid, None)
         if req is None:
-            self._bury(rid, None)
+            self._bury(rid, None, now)
             self.orphans += 1
             return ORPHAN
-        self._bury(rid, req.worker)
+        self._bury(rid, req.worker, now)
         if req.worker is not None:
             wc = self.workers[req.worker]
             wc.active -= 1
@@ -201,17 +207,28 @@ class MirrorState:
                 wc.finished += 1
         return OK
 
-    def _bury(self, rid: str, worker: str | None) -> None:
+    def _bury(self, rid: str, worker: str | None, now: float) -> None:
         tomb = self._tomb
-        tomb[rid] = worker
+        tomb[rid] = (worker, now)
         if len(tomb) > self._tomb_cap:
             tomb.popitem(last=False)
+
+    def _forget(self, now: float) -> None:
+        """Drop tombstones older than the tombstone TTL (oldest first)."""
+        limit = now - self.tombstone_ttl_s
+        tomb = self._tomb
+        while tomb:
+            rid, (_, ended) = next(iter(tomb.items()))
+            if ended >= limit:
+                break
+            del tomb[rid]
 
     # -- time ----------------------------------------------------------------------------------
 
     def reap(self, now: float, t: float | None = None) -> list[Finish]:
         """End every request silent for longer than the TTL; returns the Finish("reaped") events
         (already applied; `t` is stamped on them, default `now`)."""
+        self._forget(now)
         limit = now - self.ttl_s
         stale = [(rid, r) for rid, r in self._live.items() if r.t_last < limit]
         out: list[Finish] = []

@@ -157,3 +157,23 @@ def test_any_event_soup_leaves_no_active_request_after_every_stream_ends(
         s2.apply(ev, 0.0)
     s2.reap(10.0)
     assert s2.live() == 0 and s2.active() == 0 and s2.phantoms(100.0) == 0
+
+
+def test_tombstones_are_forgotten_after_their_ttl_and_capped() -> None:
+    from shadow.engine.events import Arrive, Finish, Route
+    from shadow.mirror.state import DUPLICATE, MirrorState
+
+    st = MirrorState(["d0"], ttl_s=10.0, tombstones=1000)
+    for i in range(50):
+        st.apply(Arrive(f"r{i}", 0.0, 5), float(i))
+        st.apply(Route(f"r{i}", 0.0, "d0"), float(i))
+        st.apply(Finish(f"r{i}", 0.0, "stop", 3), float(i))
+    assert st.apply(Finish("r49", 0.0, "stop", 3), 49.5) == DUPLICATE  # remembered within the TTL
+    st.reap(55.0)  # forgets requests that ended before t = 45
+    assert len(st._tomb) == 5 and "r45" in st._tomb and "r44" not in st._tomb
+    assert st.workers["d0"].finished == 50 and st.live() == 0
+    capped = MirrorState(["d0"], ttl_s=1e9, tombstones=10)
+    for i in range(30):
+        capped.apply(Arrive(f"q{i}", 0.0, 5), 0.0)
+        capped.apply(Finish(f"q{i}", 0.0, "stop", 1), 0.0)
+    assert len(capped._tomb) == 10
