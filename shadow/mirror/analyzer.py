@@ -149,7 +149,8 @@ class Analyzer:
         self._id_prefix = "tap-" + secrets.token_hex(3)
         self._next_id = 0
         self._pairs: OrderedDict[str, _Pair] = OrderedDict()
-        self._decode_legs: OrderedDict[str, int] = OrderedDict()  # raw rid -> decode legs seen
+        # raw rid -> (decode legs seen, when the last one started); oldest first, expired by tick()
+        self._decode_legs: OrderedDict[str, tuple[int, float]] = OrderedDict()
         self._recomputed: OrderedDict[str, str] = OrderedDict()  # raw rid -> mirrored id
         self._dirty: dict[_Leg, float] = {}
         # counters (exported by MirrorCollector)
@@ -199,8 +200,14 @@ class Analyzer:
         self._flush_tokens()
 
     def tick(self, now: float) -> None:
-        """Expire P/D pairing records whose decode leg never came."""
+        """Expire P/D pairing records whose decode leg never came, and old retry counters."""
         limit = now - self.pair_ttl_s
+        legs = self._decode_legs
+        while legs:
+            rid, (_, started) = next(iter(legs.items()))
+            if started >= limit:
+                break
+            del legs[rid]
         pairs = self._pairs
         while pairs:
             p = next(iter(pairs.values()))
@@ -261,8 +268,8 @@ class Analyzer:
         # except the re-dispatch of a recomputed request, which moves the same request.
         mid = self._recomputed.pop(raw, None)
         if mid is None:
-            n = self._decode_legs.get(raw, 0) + 1
-            self._decode_legs[raw] = n
+            n = self._decode_legs.pop(raw, (0, 0.0))[0] + 1
+            self._decode_legs[raw] = (n, ctx.t_start)
             if len(self._decode_legs) > self.max_pairs:
                 self._decode_legs.popitem(last=False)
             mid = raw if n == 1 else f"{raw}~{n}"

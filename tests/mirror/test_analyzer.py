@@ -211,3 +211,14 @@ def test_front_mode_without_a_decision_is_counted_and_still_ends() -> None:
     assert isinstance(rig.events()[-1], Finish)
     assert rig.mirror.dropped.get("no_routing_decision") == 1
     assert rig.mirror.state.live() == 0
+
+
+def test_retry_counters_expire_with_the_pairing_ttl() -> None:
+    rig = Rig(pair_ttl_s=5.0)
+    rig.run(rig.ctx("d0", {"prompt": "x", "stream": True}, rid="same", t=1.0), _sse(2))
+    rig.run(rig.ctx("d0", {"prompt": "x", "stream": True}, rid="same", t=2.0), _sse(2))
+    assert [e.request_id for e in rig.events() if isinstance(e, Route)] == ["same", "same~2"]
+    rig.an.tick(now=100.0)  # both legs started long before: their retry counter is forgotten
+    assert not rig.an._decode_legs
+    rig.run(rig.ctx("d0", {"prompt": "x", "stream": True}, rid="other", t=101.0), _sse(2))
+    assert rig.an._decode_legs["other"][0] == 1
