@@ -185,6 +185,14 @@ class VllmCollector:
                 fam.add_metric([self._model, s.engine_label], value(s.stats), created=s.stats.created)
             return fam
 
+        def counter_by(name: str, doc: str, label: str,
+                       values: Callable[[EngineStats], dict[str, int]]) -> CounterMetricFamily:
+            fam = CounterMetricFamily(name, doc, labels=[*base, label])
+            for s in srcs:
+                for key, v in values(s.stats).items():
+                    fam.add_metric([self._model, s.engine_label, key], v, created=s.stats.created)
+            return fam
+
         yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
                     lambda s: s.num_running())
         yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
@@ -206,20 +214,12 @@ class VllmCollector:
                       lambda st: 0)
         yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
                       lambda st: st.prompt_tokens)
-        by_source = CounterMetricFamily("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
-                                        labels=[*base, "source"])
-        for s in srcs:
-            for src, v in s.stats.prompt_by_source.items():
-                by_source.add_metric([self._model, s.engine_label, src], v, created=s.stats.created)
-        yield by_source
+        yield counter_by("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", "source",
+                         lambda st: st.prompt_by_source)
         yield counter("vllm:generation_tokens", "Number of generation tokens processed.",
                       lambda st: st.generation_tokens)
-        success = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
-                                      labels=[*base, "finished_reason"])
-        for s in srcs:
-            for reason, v in s.stats.success.items():
-                success.add_metric([self._model, s.engine_label, reason], v, created=s.stats.created)
-        yield success
+        yield counter_by("vllm:request_success", "Count of successfully processed requests.",
+                         "finished_reason", lambda st: st.success)
         for name, doc in _HELP.items():
             fam = HistogramMetricFamily(name, doc, labels=base)
             for s in srcs:
