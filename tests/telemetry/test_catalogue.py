@@ -1,0 +1,82 @@
+"""The metric catalogue against the real exporters: nothing exported outside it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from shadow.telemetry import catalogue
+from shadow.telemetry.catalogue import CATALOGUE, LABELS, check_exposition, lookup
+from tests.telemetry.stack import running_stack, send_traffic
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_catalogue_entries_follow_the_conventions() -> None:
+    names = [m.name for m in CATALOGUE]
+    assert len(names) == len(set(names))
+    for m in CATALOGUE:
+        assert m.exporter in catalogue.EXPORTERS
+        assert m.help.strip(), m.name
+        assert set(m.labels) <= set(LABELS), m.name
+        if m.exporter == "vllm":
+            continue
+        assert m.name.startswith("shadow_") and ":" not in m.name, m.name
+        assert m.name.endswith("_total") == (m.type == "counter"), m.name
+        assert not any(x in m.name for x in ("_ms", "_percent", "request_id")), m.name
+        if m.type == "histogram":
+            assert "worker" not in m.labels, f"{m.name}: no worker label on histograms"
+
+
+def test_lookup_maps_series_to_families() -> None:
+    assert lookup("shadow_mirror_events_total").name == "shadow_mirror_events_total"  # type: ignore[union-attr]
+    assert lookup("shadow_fleet_step_duration_seconds_bucket").type == "histogram"  # type: ignore[union-attr]
+    assert lookup("shadow_mirror_events_created").name == "shadow_mirror_events_total"  # type: ignore[union-attr]
+    assert lookup("shadow_mirror_kv_tokens_sum") is None  # a gauge has no _sum
+    assert lookup("shadow_nonexistent") is None
+
+
+def test_check_exposition_reports_unknown_type_and_label_problems() -> None:
+    text = (
+        "# TYPE shadow_mirror_kv_tokens gauge\nshadow_mirror_kv_tokens{worker=\"a\",extra=\"x\"} 1\n"
+        "# TYPE shadow_mirror_phantom_requests counter\nshadow_mirror_phantom_requests_total 1\n"
+        "# TYPE shadow_made_up gauge\nshadow_made_up 1\n"
+    )
+    problems = check_exposition(text)
+    assert any("shadow_mirror_kv_tokens: labels" in p for p in problems)
+    assert any("shadow_mirror_phantom_requests" in p and "not in the catalogue" in p for p in problems)
+    assert any("shadow_made_up" in p for p in problems)
+    ok = "# TYPE shadow_mirror_kv_tokens gauge\nshadow_mirror_kv_tokens{worker=\"a\"} 1\n"
+    assert check_exposition(ok) == []
+    assert check_exposition(ok, exporters=["fleet"]) != []  # right name, wrong exporter
+
+
+def test_docs_table_is_generated_from_the_catalogue() -> None:
+    assert (ROOT / "docs" / "metrics.md").read_text() == catalogue.markdown(), (
+        "docs/metrics.md is stale: run `shadow dashboards build`"
+    )
+
+
+@pytest.mark.integration
+def test_real_exporters_export_nothing_outside_the_catalogue() -> None:
+    with running_stack() as stack:
+        send_traffic(list(stack.tap_urls.values()))
+        stack.taps.wait_for(lambda: stack.taps.svc.state.live() == 0 and not len(stack.taps.svc.queue))
+        # wait for one reconciliation scrape so the drift/scrape families carry samples
+        stack.taps.wait_for(lambda: all(w.last_ok is not None for w in stack.taps.svc.reconciler.workers.values()))
+        tap_text = httpx.get(stack.api + "/metrics", timeout=5).text
+        fleet_texts = [httpx.get(u + "/metrics", timeout=5).text for u in stack.fleet.decode_urls]
+    assert check_exposition(tap_text, exporters=["tap"]) == []
+    for text in fleet_texts:
+        assert check_exposition(text, exporters=["fleet", "vllm"]) == []
+    # and the scrape really covered the mirror's families, with samples
+    exported = {line.split("{")[0].split(" ")[0] for line in tap_text.splitlines() if not line.startswith("#")}
+    for name in ("shadow_mirror_events_total", "shadow_mirror_requests_finished_total",
+                 "shadow_mirror_drift_requests", "shadow_mirror_chunks_total"):
+        assert name in exported, name
+    tap_specs = {m.name for m in catalogue.for_exporter("tap")}
+    declared = {line.split()[2] for line in tap_text.splitlines() if line.startswith("# TYPE ")}
+    families = {s.name for n in declared if (s := lookup(n)) is not None}
+    assert tap_specs - families == set(), "catalogued tap metrics the running tap does not declare"
