@@ -19,6 +19,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "shadow.commands.load",
     "shadow.commands.tap",
     "shadow.commands.fleet",
+    "shadow.commands.dashboards",
 )
 
 

@@ -282,7 +282,8 @@ def check_exposition(text: str, exporters: Iterable[str] = EXPORTERS) -> list[st
         if spec is None and fam.type == "counter":
             spec = _BY_NAME.get(fam.name)
         if spec is None or spec.exporter not in allowed:
-            problems.append(f"{name}: not in the catalogue for {sorted(allowed)} (shadow/telemetry/catalogue.py)")
+            problems.append(f"{name}: not in the catalogue for {sorted(allowed)} "
+                            "(shadow/telemetry/catalogue.py)")
             continue
         if spec.type != fam.type:
             problems.append(f"{name}: exported as {fam.type}, catalogued as {spec.type}")

@@ -40,12 +40,14 @@ def test_there_are_rule_files_and_tests() -> None:
 
 
 def test_promtool_check_rules() -> None:
-    res = subprocess.run([_promtool(), "check", "rules", *map(str, RULE_FILES)], capture_output=True, text=True)
+    res = subprocess.run([_promtool(), "check", "rules", *map(str, RULE_FILES)],
+                         capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
 
 
 def test_promtool_test_rules() -> None:
-    res = subprocess.run([_promtool(), "test", "rules", *map(str, TEST_FILES)], capture_output=True, text=True,
+    res = subprocess.run([_promtool(), "test", "rules", *map(str, TEST_FILES)],
+                         capture_output=True, text=True,
                          cwd=ROOT)
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.count("SUCCESS") == len(TEST_FILES), res.stdout
@@ -77,7 +79,9 @@ def test_every_alert_has_a_runbook_severity_and_text() -> None:
 def test_every_alert_names_only_catalogued_metrics() -> None:
     for rule in _alerts():
         for name in metric_names(rule["expr"]):
-            assert name in EXTERNAL or lookup(name) is not None, f"{rule['alert']}: {name} not in the catalogue"
+            assert name in EXTERNAL or lookup(name) is not None, (
+                f"{rule['alert']}: {name} not in the catalogue"
+            )
 
 
 def test_every_alert_is_tested_firing_and_not_firing() -> None:

@@ -65,14 +65,17 @@ def test_real_exporters_export_nothing_outside_the_catalogue() -> None:
         send_traffic(list(stack.tap_urls.values()))
         stack.taps.wait_for(lambda: stack.taps.svc.state.live() == 0 and not len(stack.taps.svc.queue))
         # wait for one reconciliation scrape so the drift/scrape families carry samples
-        stack.taps.wait_for(lambda: all(w.last_ok is not None for w in stack.taps.svc.reconciler.workers.values()))
+        rec = stack.taps.svc.reconciler
+        assert rec is not None
+        stack.taps.wait_for(lambda: all(w.last_ok is not None for w in rec.workers.values()))
         tap_text = httpx.get(stack.api + "/metrics", timeout=5).text
         fleet_texts = [httpx.get(u + "/metrics", timeout=5).text for u in stack.fleet.decode_urls]
     assert check_exposition(tap_text, exporters=["tap"]) == []
     for text in fleet_texts:
         assert check_exposition(text, exporters=["fleet", "vllm"]) == []
     # and the scrape really covered the mirror's families, with samples
-    exported = {line.split("{")[0].split(" ")[0] for line in tap_text.splitlines() if not line.startswith("#")}
+    exported = {line.split("{")[0].split(" ")[0]
+                for line in tap_text.splitlines() if not line.startswith("#")}
     for name in ("shadow_mirror_events_total", "shadow_mirror_requests_finished_total",
                  "shadow_mirror_drift_requests", "shadow_mirror_chunks_total"):
         assert name in exported, name

@@ -1,0 +1,29 @@
+"""Grafana dashboards built from code with the Grafana Foundation SDK (extra `shadow[dashboards]`).
+
+`build_all()` returns {file name: dashboard JSON object}; `render(obj)` gives the committed bytes
+(sorted keys, two-space indent, trailing newline) so that rebuilding is byte-for-byte stable.
+Router, Predictors, Pool and Fairness dashboards wait for active-mode metrics.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+
+from shadow.telemetry.dashboards import fleet, mirror, overview, stepmodel
+
+MODULES = (overview, fleet, mirror, stepmodel)
+
+
+def build_all() -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for mod in MODULES:
+        obj = json.loads(JSONEncoder(sort_keys=True).encode(mod.build().build()))
+        out[f"{mod.UID}.json"] = obj
+    return out
+
+
+def render(obj: dict[str, Any]) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"

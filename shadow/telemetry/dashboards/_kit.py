@@ -1,0 +1,139 @@
+"""Small typed helpers over the Grafana Foundation SDK: one datasource variable, fleet/instance
+variables, panels with a unit and a description, explicit ids and grid positions.
+
+Every target uses `${datasource}`; every selector filters on the `fleet` target label (added by the
+shipped scrape configs) and the sidecar `instance`.
+"""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import common as cb
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.builders import heatmap, prometheus, stat, timeseries
+from grafana_foundation_sdk.cog import builder as cogbuilder
+from grafana_foundation_sdk.models import common as cm
+from grafana_foundation_sdk.models import dashboard as dm
+from grafana_foundation_sdk.models import prometheus as pm
+
+DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
+SEL = 'fleet=~"$fleet", instance=~"$instance"'
+RATE = "$__rate_interval"
+TAGS = ["shadow", "llm-routing"]
+
+
+def sel(extra: str = "") -> str:
+    """The dashboard's series selector, optionally with more matchers."""
+    return "{" + SEL + (", " + extra if extra else "") + "}"
+
+
+def q(expr: str, legend: str = "", ref: str = "A", *, instant: bool = False,
+      heat: bool = False) -> prometheus.Dataquery:
+    t = prometheus.Dataquery().expr(expr).ref_id(ref).datasource(DS)
+    if legend:
+        t = t.legend_format(legend)
+    if instant:
+        t = t.instant()
+    if heat:
+        t = t.format(pm.PromQueryFormat.HEATMAP)
+    return t
+
+
+def ts(title: str, description: str, unit: str, *targets: prometheus.Dataquery,
+       min_: float | None = 0, max_: float | None = None, decimals: float | None = None) -> timeseries.Panel:
+    p = (timeseries.Panel().title(title).description(description).unit(unit).datasource(DS)
+         .legend(cb.VizLegendOptions().display_mode(cm.LegendDisplayMode.LIST)
+                 .placement(cm.LegendPlacement.BOTTOM).show_legend(True)))
+    if min_ is not None:
+        p = p.min(min_)
+    if max_ is not None:
+        p = p.max(max_)
+    if decimals is not None:
+        p = p.decimals(decimals)
+    for t in targets:
+        p = p.with_target(t)
+    return p
+
+
+def thresholds(*steps: tuple[float | None, str]) -> db.ThresholdsConfig:
+    return (db.ThresholdsConfig().mode(dm.ThresholdsMode.ABSOLUTE)
+            .steps([dm.Threshold(value=v, color=c) for v, c in steps]))
+
+
+def st(title: str, description: str, unit: str, expr: str, *, decimals: float | None = None,
+       steps: tuple[tuple[float | None, str], ...] = ((None, "blue"),)) -> stat.Panel:
+    p = (stat.Panel().title(title).description(description).unit(unit).datasource(DS)
+         .reduce_options(cb.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+         .graph_mode(cm.BigValueGraphMode.AREA).color_mode(cm.BigValueColorMode.VALUE)
+         .thresholds(thresholds(*steps))
+         .with_target(q(expr, instant=True)))
+    if decimals is not None:
+        p = p.decimals(decimals)
+    return p
+
+
+def heat(title: str, description: str, unit: str, target: prometheus.Dataquery, *,
+         calculate: bool) -> heatmap.Panel:
+    return (heatmap.Panel().title(title).description(description).unit(unit).datasource(DS)
+            .calculate(calculate).y_axis(heatmap.YAxisConfig().unit(unit)).with_target(target))
+
+
+def variables(d: db.Dashboard, *, lane: bool = False) -> db.Dashboard:
+    """Datasource, fleet and sidecar instance variables (multi, all, reload on time change)."""
+    d = d.with_variable(db.DatasourceVariable("datasource").label("Data source").type("prometheus"))
+    d = d.with_variable(
+        db.QueryVariable("fleet").label("Fleet").datasource(DS)
+        .query("label_values(shadow_mirror_events_total, fleet)")
+        .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC)
+        .multi(True).include_all(True).all_value(".*"))
+    d = d.with_variable(
+        db.QueryVariable("instance").label("Sidecar").datasource(DS)
+        .query('label_values(shadow_mirror_events_total{fleet=~"$fleet"}, instance)')
+        .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC)
+        .multi(True).include_all(True).all_value(".*"))
+    if lane:
+        d = d.with_variable(
+            db.QueryVariable("lane").label("Lane").datasource(DS)
+            .query('label_values(shadow_lane_steps_total{fleet=~"$fleet"}, lane)')
+            .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC)
+            .multi(True).include_all(True).all_value(".*"))
+    return d
+
+
+class Layout:
+    """Places panels left to right on Grafana's 24-column grid, rows across; ids from 1."""
+
+    def __init__(self, d: db.Dashboard) -> None:
+        self.d = d
+        self.next_id = 1
+        self.x = 0
+        self.y = 0
+        self.row_h = 0
+
+    def row(self, title: str) -> None:
+        self._newline()
+        self.d = self.d.with_row(db.Row(title).id(self._id()).grid_pos(dm.GridPos(h=1, w=24, x=0, y=self.y)))
+        self.y += 1
+
+    def add(self, panel: cogbuilder.Builder[dm.Panel], w: int = 12, h: int = 8) -> None:
+        if self.x + w > 24:
+            self._newline()
+        panel.id(self._id()).grid_pos(dm.GridPos(h=h, w=w, x=self.x, y=self.y))  # type: ignore[attr-defined]
+        self.d = self.d.with_panel(panel)
+        self.x += w
+        self.row_h = max(self.row_h, h)
+
+    def _newline(self) -> None:
+        if self.x:
+            self.y += self.row_h
+        self.x = 0
+        self.row_h = 0
+
+    def _id(self) -> int:
+        self.next_id += 1
+        return self.next_id - 1
+
+
+def dashboard(uid: str, title: str, description: str) -> db.Dashboard:
+    return (db.Dashboard(title).uid(uid).description(description).tags(TAGS).editable()
+            .refresh("30s").time("now-1h", "now").timezone("browser")
+            .tooltip(dm.DashboardCursorSync.CROSSHAIR))

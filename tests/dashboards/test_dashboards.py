@@ -1,0 +1,109 @@
+"""Dashboards: rebuilt from code they equal the committed files; structure, units, datasource,
+descriptions, ids and grid; every query parses and names only catalogued metrics."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shadow.commands.dashboards import generated_files
+from shadow.telemetry.catalogue import lookup
+from tests.telemetry.promql import metric_names, substitute
+
+ROOT = Path(__file__).resolve().parents[2]
+FILES = sorted((ROOT / "dashboards").glob("*.json"))
+VARS = {"fleet": ".*", "instance": ".*", "lane": ".*"}
+
+
+def _load() -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in FILES]
+
+
+def _panels(d: dict[str, Any]) -> list[dict[str, Any]]:
+    return [p for p in d["panels"] if p["type"] != "row"]
+
+
+def all_queries() -> list[tuple[str, str, str]]:
+    """(dashboard uid, panel title, expr) for every target."""
+    return [(d["uid"], p["title"], t["expr"]) for d in _load() for p in _panels(d) for t in p["targets"]]
+
+
+def test_generated_files_are_up_to_date() -> None:
+    for path, text in generated_files(ROOT).items():
+        assert path.is_file(), f"{path} missing: run `shadow dashboards build`"
+        assert path.read_text(encoding="utf-8") == text, f"{path} is stale: run `shadow dashboards build`"
+
+
+def test_the_four_dashboards_exist_with_unique_stable_uids() -> None:
+    uids = [d["uid"] for d in _load()]
+    assert sorted(uids) == ["shadow-fleet", "shadow-mirror-health", "shadow-overview", "shadow-step-model"]
+    for d, path in zip(_load(), FILES, strict=True):
+        assert path.name == d["uid"] + ".json"
+        assert re.fullmatch(r"[a-zA-Z0-9_-]{1,40}", d["uid"])
+        assert d.get("id") is None
+        assert d["schemaVersion"] <= 41
+
+
+def test_variables_datasource_fleet_instance() -> None:
+    for d in _load():
+        vs = {v["name"]: v for v in d["templating"]["list"]}
+        assert [v["type"] for v in vs.values()].count("datasource") == 1
+        assert vs["datasource"]["query"] == "prometheus"
+        for name in ("fleet", "instance"):
+            assert vs[name]["type"] == "query" and vs[name]["refresh"] == 2, name
+            assert vs[name]["datasource"]["uid"] == "${datasource}"
+
+
+def test_every_panel_has_datasource_unit_description_and_targets() -> None:
+    for d in _load():
+        ids = [p["id"] for p in d["panels"]]
+        assert len(ids) == len(set(ids)), d["uid"]
+        for p in _panels(d):
+            where = f"{d['uid']}/{p['title']}"
+            assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, where
+            assert p.get("description", "").strip(), where
+            assert p["fieldConfig"]["defaults"].get("unit"), where
+            assert p["targets"], where
+            refs = [t["refId"] for t in p["targets"]]
+            assert all(refs) and len(refs) == len(set(refs)), where
+            for t in p["targets"]:
+                assert t["datasource"]["uid"] == "${datasource}", where
+
+
+def test_grid_positions_fit_and_do_not_overlap() -> None:
+    for d in _load():
+        cells: set[tuple[int, int]] = set()
+        for p in d["panels"]:
+            g = p["gridPos"]
+            assert g["x"] >= 0 and g["x"] + g["w"] <= 24, p["title"]
+            for x in range(g["x"], g["x"] + g["w"]):
+                for y in range(g["y"], g["y"] + g["h"]):
+                    assert (x, y) not in cells, f"{d['uid']}: {p['title']} overlaps"
+                    cells.add((x, y))
+
+
+@pytest.mark.parametrize(("uid", "title", "expr"), all_queries())
+def test_query_parses_names_catalogued_metrics_and_rates_counters(uid: str, title: str, expr: str) -> None:
+    text = substitute(expr, VARS)
+    names = metric_names(text)
+    assert names, f"{uid}/{title}: no metric"
+    for name in names:
+        assert lookup(name) is not None, f"{uid}/{title}: {name} is not in the catalogue"
+    assert "[1m]" in text or ("_total" not in text and "_bucket" not in text and "_sum" not in text), (
+        f"{uid}/{title}: counters must be rated over $__rate_interval"
+    )
+    for m in re.finditer(r"(\w+_total)\{", expr):
+        before = expr[: m.start()].rstrip()
+        assert before.endswith(("rate(", "increase(")), f"{uid}/{title}: {m.group(1)} used without rate()"
+
+
+def test_variable_queries_name_catalogued_metrics() -> None:
+    for d in _load():
+        for v in d["templating"]["list"]:
+            if v["type"] == "query":
+                m = re.fullmatch(r"label_values\((\w+)(\{.*\})?, (\w+)\)", v["query"])
+                assert m and lookup(m.group(1)) is not None, v["query"]
