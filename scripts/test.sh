@@ -8,15 +8,19 @@ cd "$(dirname "$0")/.."
 python3 -m pip install --quiet --upgrade pip
 python3 -m pip install --quiet -e '.[test]'
 
-if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1 \
+   || ! command -v prometheus-alertmanager >/dev/null 2>&1 || ! command -v systemd-analyze >/dev/null 2>&1; then
   if [ "$(id -u)" = "0" ]; then
-    echo "installing Prometheus (Debian package) for the integration tests..." >&2
+    echo "installing Prometheus, Alertmanager and systemd (Debian packages) for the tests..." >&2
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+    apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager systemd >/dev/null
   else
-    echo "Prometheus is missing: run 'sudo apt-get install -y prometheus' (tests that need it will fail)" >&2
+    echo "missing: run 'sudo apt-get install -y prometheus prometheus-alertmanager systemd' (tests that need them will fail)" >&2
   fi
+fi
+if ! command -v kubectl >/dev/null 2>&1; then
+  echo "kubectl is missing: tests/deploy needs 'kubectl kustomize' (kubectl >= 1.27)" >&2
 fi
 
 set +e

@@ -1,0 +1,155 @@
+"""deploy/: the kustomize overlay builds, validates offline against Kubernetes schemas, the generated
+PrometheusRule and dashboard ConfigMaps match alerts/ and dashboards/, the bare-metal Prometheus and
+Alertmanager configs check, and systemd accepts the hardened unit.
+
+Not checked offline: the ServiceMonitor and PrometheusRule against their CRD schemas (none ship
+with kubernetes-validate); the PrometheusRule's groups are checked with promtool instead, and the
+ServiceMonitor's fields by hand below.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "deploy" / "kubernetes"
+K8S_VERSION = "1.32.0"
+
+
+def _tool(name: str, package: str) -> str:
+    exe = shutil.which(name)
+    if exe is None:
+        pytest.fail(f"{name} is missing (apt-get install -y {package})")
+    return exe
+
+
+def _build(path: Path) -> list[dict[str, Any]]:
+    res = subprocess.run([_tool("kubectl", "kubectl"), "kustomize", str(path)],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    return [d for d in yaml.safe_load_all(res.stdout) if d]
+
+
+@pytest.fixture(scope="module")
+def built() -> list[dict[str, Any]]:
+    return _build(K8S / "overlays" / "example")
+
+
+def _one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    assert len(found) == 1, (kind, name, [d["metadata"]["name"] for d in found])
+    return found[0]
+
+
+def test_overlay_builds_every_object(built: list[dict[str, Any]]) -> None:
+    kinds = sorted(d["kind"] for d in built)
+    assert kinds.count("ConfigMap") == 5  # 4 dashboards + the sidecar config
+    for kind in ("Deployment", "Service", "ServiceMonitor", "PrometheusRule", "NetworkPolicy", "Secret"):
+        assert kind in kinds, kind
+    assert {d["metadata"].get("namespace") for d in built} == {"llm-serving"}
+
+
+def test_core_objects_validate_strictly_against_kubernetes_schemas(built: list[dict[str, Any]]) -> None:
+    core = [d for d in built if not d["apiVersion"].startswith("monitoring.coreos.com/")]
+    assert len(core) == len(built) - 2
+    for doc in core:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_schema_validation_can_fail(built: list[dict[str, Any]]) -> None:
+    deploy = _one(built, "Deployment")
+    bad = yaml.safe_load(yaml.safe_dump(deploy))
+    bad["spec"]["template"]["spec"]["initContainers"][0]["restartPolicyy"] = "Always"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, K8S_VERSION, strict=True)
+
+
+def test_sidecar_is_native_nonroot_readonly(built: list[dict[str, Any]]) -> None:
+    spec = _one(built, "Deployment", "router")["spec"]["template"]["spec"]
+    (side,) = [c for c in spec["initContainers"] if c["name"] == "shadow"]
+    assert side["restartPolicy"] == "Always"
+    assert side["image"] == "registry.example.com/shadow:0.1.0"
+    assert side["args"][0] == "serve"
+    sc = side["securityContext"]
+    assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"]
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert "readinessProbe" not in side  # shadow mode: never take the router's Pod out of its Service
+    assert [c["name"] for c in spec["containers"]] == ["router"]  # the router itself is untouched
+    ports = {p["name"] for p in side["ports"]}
+    svc = _one(built, "Service", "shadow")
+    assert {p["targetPort"] for p in svc["spec"]["ports"]} <= ports
+    mon = _one(built, "ServiceMonitor", "shadow")
+    assert {e["port"] for e in mon["spec"]["endpoints"]} <= {p["name"] for p in svc["spec"]["ports"]}
+    assert mon["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert all(e["path"] == "/metrics" for e in mon["spec"]["endpoints"])
+    pol = _one(built, "NetworkPolicy", "shadow")
+    allowed = {p["port"] for rule in pol["spec"]["ingress"] for p in rule["ports"]}
+    assert "shadow-api" in allowed and "http" in allowed  # the router's own port stays reachable
+
+
+def test_prometheusrule_is_the_alert_rules_and_passes_promtool(built: list[dict[str, Any]],
+                                                              tmp_path: Path) -> None:
+    rule = _one(built, "PrometheusRule", "shadow")
+    groups: list[Any] = []
+    for path in sorted((ROOT / "alerts" / "rules").glob("*.yaml")):
+        groups += yaml.safe_load(path.read_text())["groups"]
+    assert rule["spec"]["groups"] == groups
+    out = tmp_path / "rules.yaml"
+    out.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    res = subprocess.run([_tool("promtool", "prometheus"), "check", "rules", str(out)],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_dashboard_configmaps_carry_the_committed_dashboards(built: list[dict[str, Any]]) -> None:
+    maps = [d for d in built
+            if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("shadow-dashboard-")]
+    files = {p.name: p.read_text() for p in (ROOT / "dashboards").glob("*.json")}
+    assert {k for m in maps for k in m["data"]} == set(files)
+    for m in maps:
+        assert m["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert m["metadata"]["annotations"]["grafana_folder"]
+        for name, text in m["data"].items():
+            assert text == files[name]
+
+
+def test_bare_metal_prometheus_and_alertmanager_configs_check(tmp_path: Path) -> None:
+    conf = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    for p in (ROOT / "alerts" / "rules").glob("*.yaml"):
+        shutil.copy(p, rules / p.name)
+    conf["rule_files"] = [str(rules / "*.yaml")]
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(conf))
+    res = subprocess.run([_tool("promtool", "prometheus"), "check", "config",
+                          str(tmp_path / "prometheus.yml")], capture_output=True, text=True)
+    assert res.returncode == 0 and "SUCCESS" in res.stdout, res.stdout + res.stderr
+    res = subprocess.run([_tool("amtool", "prometheus-alertmanager"), "check-config",
+                          str(ROOT / "deploy" / "alertmanager" / "alertmanager.yml")],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_systemd_unit_verifies_and_is_hardened(tmp_path: Path) -> None:
+    shadow = shutil.which("shadow")
+    assert shadow, "the shadow console script is not on PATH"
+    text = (ROOT / "deploy" / "systemd" / "shadow-sidecar.service").read_text()
+    assert "ExecStart=/opt/shadow/venv/bin/shadow serve" in text
+    assert not any(line.startswith(("BindsTo=", "Requires=")) for line in text.splitlines())
+    # the unit as shipped, with its binary path pointed at this environment's shadow (verify checks
+    # that ExecStart is executable)
+    unit = tmp_path / "shadow-sidecar.service"
+    unit.write_text(text.replace("/opt/shadow/venv/bin/shadow", shadow))
+    analyze = _tool("systemd-analyze", "systemd")
+    res = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True)
+    assert res.returncode == 0 and not res.stderr.strip(), res.stderr
+    res = subprocess.run([analyze, "security", "--offline=true", "--threshold=20", str(unit)],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr
