@@ -8,6 +8,7 @@ let the best single request for a concave score be found by binary search.
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 
@@ -87,6 +88,35 @@ class Pool:
                 break
             if seq not in taken:
                 out.append(self._by_seq[seq])
+        return out
+
+    def nearest(self, length: float, size: int) -> list[PoolEntry]:
+        """Up to `size` entries whose prompt lengths are nearest `length` (ties: the shorter)."""
+        keys = self._keys
+        target = _floor(length) if length > 0 else 0
+        hi = bisect.bisect_left(keys, (-target, -1))  # keys[hi:] have prompt <= target
+        lo = hi - 1  # keys[:hi] have prompt > target, nearest at lo
+        out: list[PoolEntry] = []
+        while len(out) < size and (lo >= 0 or hi < len(keys)):
+            below = length - (-keys[hi][0]) if hi < len(keys) else math.inf
+            above = (-keys[lo][0]) - length if lo >= 0 else math.inf
+            if below <= above:
+                out.append(self._by_seq[keys[hi][1]])
+                hi += 1
+            else:
+                out.append(self._by_seq[keys[lo][1]])
+                lo -= 1
+        return out
+
+    def pop_arrived_before(self, t: float) -> list[PoolEntry]:
+        """Remove and return entries that arrived before `t` (entries are added in arrival order)."""
+        out: list[PoolEntry] = []
+        for entry in self._by_seq.values():
+            if entry.arrived_at >= t:
+                break
+            out.append(entry)
+        for entry in out:
+            self.remove(entry)
         return out
 
     def best_single(self, score: Score, peak: float) -> PoolEntry | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from shadow.core.baselines import BASELINES
+from shadow.core.bra import BRAParams
 from shadow.core.params import BRParams
 from shadow.core.predictors import PREDICTORS
 from shadow.core.stepmodel import StepTimeModel
@@ -34,6 +35,7 @@ class EngineConfig:
     step: StepTimeModel = field(default_factory=StepTimeModel)
     prefill: PrefillConfig | None = None
     br: BRParams = field(default_factory=BRParams)
+    bra: BRAParams = field(default_factory=BRAParams)  # BRA (this project's policy) only
     refresh_steps: int = 16
     seed: int = 0
     trajectory_points: int = 0  # >0: keep about this many per-step load samples for plots
@@ -47,7 +49,8 @@ class EngineConfig:
             raise ValueError(f"refresh_steps must be >= 1, got {self.refresh_steps}")
 
 
-LANE_POLICIES = (*BASELINES, "br0", "brh", "forced")
+LANE_POLICIES = (*BASELINES, "br0", "brh", "bra", "forced")
+PREDICTED_POLICIES = ("brh", "bra")  # pool policies that take a predictor
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,9 +64,11 @@ class LaneSpec:
     def __post_init__(self) -> None:
         if self.policy not in LANE_POLICIES:
             raise ValueError(f"unknown policy {self.policy!r}; known: {list(LANE_POLICIES)}")
-        if self.policy == "brh":
+        if self.policy in PREDICTED_POLICIES:
             if self.predictor not in PREDICTORS:
-                raise ValueError(f"brh needs a predictor, one of {list(PREDICTORS)}; got {self.predictor!r}")
+                raise ValueError(
+                    f"{self.policy} needs a predictor, one of {list(PREDICTORS)}; got {self.predictor!r}"
+                )
         elif self.predictor is not None:
             raise ValueError(f"policy {self.policy!r} takes no predictor")
 
@@ -72,14 +77,14 @@ class LaneSpec:
         """Display name: e.g. "brh-survival"; the oracle lane is marked as an offline bound."""
         if self.name:
             return self.name
-        return f"brh-{self.predictor}" if self.policy == "brh" else self.policy
+        return f"{self.policy}-{self.predictor}" if self.policy in PREDICTED_POLICIES else self.policy
 
     @classmethod
     def parse(cls, text: str) -> LaneSpec:
-        """ "jsq", "br0", "brh" (= brh:survival), "brh:oracle", "brh:exactmatch"."""
+        """ "jsq", "br0", "brh" (= brh:survival), "brh:oracle", "brh:exactmatch"; "bra" likewise."""
         policy, _, predictor = text.strip().partition(":")
-        if policy == "brh":
-            return cls("brh", predictor or "survival")
+        if policy in PREDICTED_POLICIES:
+            return cls(policy, predictor or "survival")
         if predictor:
             raise ValueError(f"policy {policy!r} takes no predictor (got {text!r})")
         return cls(policy)

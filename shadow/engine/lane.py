@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 from shadow.core.balanceroute import BalanceRoute
 from shadow.core.baselines import BASELINES, Baseline, WorkerView, make_baseline
+from shadow.core.bra import BalanceRouteAdaptive
 from shadow.core.pool import Pool
 from shadow.core.predictors import Predictor, contribution, make_predictor
 from shadow.engine.config import EngineConfig, LaneSpec
@@ -39,6 +40,7 @@ class LaneTotals:
     sum_idle_s: float = 0.0  # Σ a·I(k): worker-seconds spent waiting at the barrier
     tokens: int = 0
     finished: int = 0
+    shed: int = 0  # waiting requests dropped by `shed_waiting` (admission timeout)
     first_arrival_s: float = float("inf")
     last_finish_s: float = 0.0
     ttft_s: list[float] = field(default_factory=list)
@@ -91,13 +93,18 @@ class Lane:
         # Policy.
         self.forced = forced
         self.baseline: Baseline | None = None
-        self.router: BalanceRoute | None = None
+        self.router: BalanceRoute | BalanceRouteAdaptive | None = None
         self.predictor: Predictor | None = None
         self.pool: Pool | None = None
         if spec.policy in BASELINES:
             self.baseline = make_baseline(spec.policy, random.Random(config.seed))
         elif spec.policy in ("br0", "brh"):
             self.router = BalanceRoute("br0" if spec.policy == "br0" else "brh", config.br)
+            self.pool = Pool()
+            if spec.predictor is not None:
+                self.predictor = make_predictor(spec.predictor)
+        elif spec.policy == "bra":
+            self.router = BalanceRouteAdaptive(config.br, config.bra)
             self.pool = Pool()
             if spec.predictor is not None:
                 self.predictor = make_predictor(spec.predictor)
@@ -159,6 +166,27 @@ class Lane:
         )
         return float(contribution(p, mu, h)[0])
 
+    def shed_waiting(self, before: float) -> int:
+        """Drop waiting (not yet admitted) requests that reached the router before `before`.
+
+        The overload model of a proxy with an admission timeout; returns and counts the number shed.
+        Queues and the pool hold requests in ready order, so only their heads are looked at.
+        """
+        shed = 0
+        if self.pool is not None:
+            for entry in self.pool.pop_arrived_before(before):
+                assert isinstance(entry.request_id, Job)
+                self._pool_ready.pop(entry.request_id.request_id, None)
+                shed += 1
+        else:
+            for g, queue in enumerate(self.queues):
+                while queue and queue[0][1] < before:
+                    job, _ = queue.popleft()
+                    self.queued_tokens[g] -= job.prompt_tokens
+                    shed += 1
+        self.totals.shed += shed
+        return shed
+
     # -- stepping ---------------------------------------------------------------------------
 
     @property
@@ -217,7 +245,19 @@ class Lane:
             return
         assert self.router is not None
         t0 = self.clock()
-        if self.router.variant == "brh":
+        if isinstance(self.router, BalanceRouteAdaptive):
+            idx, w, c = self._projection_inputs() if self.predictor is not None else (None, None, None)
+            decisions = self.router.round(
+                self.loads,
+                free,
+                self.pool,
+                self.now,
+                None if idx is None else self._slot_worker[idx],
+                w,
+                c,
+                self.running_prompt,
+            )
+        elif self.predictor is not None:
             idx, w, c = self._projection_inputs()
             decisions = self.router.round(self.loads, free, self.pool, self.now, self._slot_worker[idx], w, c)
         else:
