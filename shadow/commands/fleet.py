@@ -24,9 +24,11 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "fleet",
         help="run a simulated vLLM prefill/decode fleet (OpenAI API, SSE, /metrics, P/D, faults)",
-        description=("Serve prefill servers on PORT+i and DP decode ranks on PORT+100+g, all stepping on one "
-                     "barrier clock: step = (a·max_g L_g + b) × time-scale. Prints one JSON line with the "
-                     "URLs when ready; stops on SIGINT/SIGTERM."),
+        description=(
+            "Serve prefill servers on PORT+i and DP decode ranks on PORT+100+g, all stepping on one "
+            "barrier clock: step = (a·max_g L_g + b) × time-scale. Prints one JSON line with the "
+            "URLs when ready; stops on SIGINT/SIGTERM."
+        ),
     )
     p.add_argument("--prefill", type=int, default=1, metavar="N", help="prefill servers (default 1)")
     p.add_argument("--decode", type=int, default=2, metavar="G", help="decode DP ranks (default 2)")
@@ -38,12 +40,23 @@ def register(subparsers: Any) -> None:
         help="bearer token for POST /fleet/faults (env SHADOW_FLEET_CONTROL_TOKEN); without one, fault "
         "injection is refused unless the fleet listens on loopback",
     )
-    p.add_argument("--port", type=int, default=DEFAULT_BASE_PORT, metavar="BASE",
-                   help=f"base port (default {DEFAULT_BASE_PORT}; 0 = free ports)")
-    p.add_argument("--time-scale", type=float, default=1.0, metavar="X",
-                   help="wall seconds per model second (default 1; 0.1 runs 10× faster)")
-    p.add_argument("--a", type=float, default=DEFAULT_A_S_PER_TOKEN,
-                   help="step seconds per KV token of max load")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_BASE_PORT,
+        metavar="BASE",
+        help=f"base port (default {DEFAULT_BASE_PORT}; 0 = free ports)",
+    )
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="wall seconds per model second (default 1; 0.1 runs 10× faster)",
+    )
+    p.add_argument(
+        "--a", type=float, default=DEFAULT_A_S_PER_TOKEN, help="step seconds per KV token of max load"
+    )
     p.add_argument("--b", type=float, default=DEFAULT_B_S, help="fixed step seconds")
     p.add_argument("--prefill-c0", type=float, default=0.010, help="prefill seconds per request")
     p.add_argument("--prefill-c1", type=float, default=2.0e-5, help="prefill seconds per prompt token")
@@ -51,26 +64,50 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-model-len", type=int, default=32768)
     p.add_argument("--kv-tokens", type=int, default=1 << 20, help="KV capacity per engine, in tokens")
     p.add_argument("--kv-ttl", type=float, default=480.0, help="seconds a prefill holds KV nobody pulled")
-    p.add_argument("--mean-output-tokens", type=int, default=128,
-                   help="mean output length of requests without ignore_eos (deterministic draw)")
+    p.add_argument(
+        "--mean-output-tokens",
+        type=int,
+        default=128,
+        help="mean output length of requests without ignore_eos (deterministic draw)",
+    )
     p.add_argument("--max-body-bytes", type=int, default=8 << 20, help="request body limit (413 above)")
-    p.add_argument("--dp-front", action="store_true",
-                   help="also serve all decode ranks on PORT+200, chosen by X-data-parallel-rank")
-    p.add_argument("--fault", action="append", default=[], metavar="TARGET:key=value[,...][@AT]",
-                   help="inject a fault, e.g. decode/0:stall_s=2@5, decode/1:cut_after=10, "
-                        "prefill/0:http_status=503 (keys: see shadow.fleet.faults)")
+    p.add_argument(
+        "--dp-front",
+        action="store_true",
+        help="also serve all decode ranks on PORT+200, chosen by X-data-parallel-rank",
+    )
+    p.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="TARGET:key=value[,...][@AT]",
+        help="inject a fault, e.g. decode/0:stall_s=2@5, decode/1:cut_after=10, "
+        "prefill/0:http_status=503 (keys: see shadow.fleet.faults)",
+    )
     p.set_defaults(func=run)
 
 
 def config_from_args(args: argparse.Namespace) -> FleetConfig:
     return FleetConfig(
-        prefill=args.prefill, decode=args.decode, slots=args.slots, host=args.host, base_port=args.port,
+        prefill=args.prefill,
+        decode=args.decode,
+        slots=args.slots,
+        host=args.host,
+        base_port=args.port,
         control_token=args.control_token,
-        time_scale=args.time_scale, a=args.a, b=args.b, prefill_c0=args.prefill_c0,
+        time_scale=args.time_scale,
+        a=args.a,
+        b=args.b,
+        prefill_c0=args.prefill_c0,
         prefill_c1=args.prefill_c1,
-        model=args.model, max_model_len=args.max_model_len, kv_capacity_tokens=args.kv_tokens,
-        kv_ttl_s=args.kv_ttl, mean_output_tokens=args.mean_output_tokens, max_body_bytes=args.max_body_bytes,
-        dp_front=args.dp_front, faults=tuple(FaultSpec.parse(f) for f in args.fault),
+        model=args.model,
+        max_model_len=args.max_model_len,
+        kv_capacity_tokens=args.kv_tokens,
+        kv_ttl_s=args.kv_ttl,
+        mean_output_tokens=args.mean_output_tokens,
+        max_body_bytes=args.max_body_bytes,
+        dp_front=args.dp_front,
+        faults=tuple(FaultSpec.parse(f) for f in args.fault),
     )
 
 

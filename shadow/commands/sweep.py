@@ -15,9 +15,20 @@ from shadow.replay.sweep import SweepRow, run_sweep
 from shadow.traces import TraceError, resolve
 
 EPILOG = """examples:
-  shadow sweep paper-azure --workers 4,8,16 --load 1.1                 # does the gain grow with G?
-  shadow sweep paper-azure --loads 0.6,0.8,0.95,1.05,1.2              # where does each policy win?
-  shadow sweep paper-azure --betas 8,16,43 --gammas 0.8,0.86,0.95 --policies jsq,jsq-bytes,brh:oracle
+  shadow sweep paper-azure --workers 8 --loads 1.05                    # steady-state protocol, 3 seeds
+  shadow sweep paper-azure --workers 4,8,16,32,64 --loads 0.6,0.8,0.95,1.05,1.2 --jobs 2 --json out.json
+  shadow sweep trace.csv --policies jsq-bytes,br0,bra,bra{pick},bra{window} --seeds 0,1,2,3,4
+  shadow sweep paper-azure --whole-run --betas 8,16,43 --gammas 0.8,0.86,0.95 --policies jsq,brh:oracle
+
+Protocol (default): open-loop arrivals at RHO x estimated balanced capacity; a request waiting
+longer than --timeout seconds for a decode slot is shed (queues and pool alike, counted); the
+first --warmup lifetimes (lifetime = mean output x balanced saturated step time) are discarded,
+the window is the next --window lifetimes up to the last arrival, the drain is discarded;
+spread is averaged per step (step units) and weighted by step time (seconds); ratios to the
+best baseline are paired per seed and given with a 95% t-interval over seeds.
+--whole-run keeps the old whole-run figures (unbounded queues: they depend on run length).
+bra is this project's BalanceRoute-adaptive; bra{pick}, bra{pick,hold}, bra{window}, bra{} are
+its ablations (bra{} = BR-H's decisions).
 """
 
 
@@ -54,20 +65,39 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--gammas", type=_floats, help="comma-separated γ values (default: --gamma)")
     p.add_argument(
         "--policies",
-        default="rr,p2c,jsq,jsq-bytes,least-tokens,br0,brh:survival,brh:oracle",
-        help="lanes: baselines and BR variants (default rr,p2c,jsq,jsq-bytes,least-tokens,br0,brh:survival,"
-        "brh:oracle)",
+        help=f"lanes: baselines, BR variants, bra and its ablations (default {PROTOCOL_POLICIES}; "
+        f"with --whole-run {WHOLE_RUN_POLICIES})",
     )
     add_br_args(p)
-    p.add_argument("--json", metavar="OUT", help="write every cell as JSON")
+    p.add_argument("--json", metavar="OUT", help="write every cell (and every seed's run) as JSON")
+    g = p.add_argument_group("steady-state protocol (the default)")
+    g.add_argument("--whole-run", action="store_true", help="old whole-run figures, unbounded queues")
+    g.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
+    g.add_argument("--warmup", type=float, default=3.0, help="warm-up discarded, in lifetimes (default 3)")
+    g.add_argument("--window", type=float, default=5.0, help="measured window, in lifetimes (default 5)")
+    g.add_argument(
+        "--timeout", type=float, default=5.0, help="admission timeout in s; 0 = never shed (default 5)"
+    )
+    g.add_argument(
+        "--max-requests", type=int, default=40_000, help="cap on requests per run (default 40,000)"
+    )
+    g.add_argument("--jobs", type=int, default=1, help="local worker processes (default 1)")
     p.set_defaults(func=run)
 
 
+PROTOCOL_POLICIES = "rr,p2c,jsq,jsq-bytes,least-tokens,br0,brh:survival,bra"
+WHOLE_RUN_POLICIES = "rr,p2c,jsq,jsq-bytes,least-tokens,br0,brh:survival,brh:oracle"
+
+
 def run(args: argparse.Namespace) -> int:
+    if not args.whole_run:
+        from shadow.commands.sweep_protocol import run_protocol
+
+        return run_protocol(args, args.policies or PROTOCOL_POLICIES)
     console = Console() if Console().is_terminal else Console(width=170)
     err = Console(stderr=True)
     try:
-        base = setup_from(args, args.policies, workers=args.workers[0])
+        base = setup_from(args, args.policies or WHOLE_RUN_POLICIES, workers=args.workers[0])
         trace = resolve(args.trace, seed=args.seed, limit=args.limit)
         loads = args.loads or [args.load]
         rows = run_sweep(

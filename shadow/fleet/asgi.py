@@ -77,8 +77,9 @@ async def read_body(receive: Receive, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def send_bytes(send: Send, status: int, body: bytes, content_type: bytes | None,
-                     headers: Headers | None = None) -> None:
+async def send_bytes(
+    send: Send, status: int, body: bytes, content_type: bytes | None, headers: Headers | None = None
+) -> None:
     hdrs: Headers = [(b"content-length", str(len(body)).encode())]
     if content_type is not None:
         hdrs.append((b"content-type", content_type))

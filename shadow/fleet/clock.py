@@ -23,8 +23,9 @@ from shadow.fleet.metrics import ITL_BUCKETS, Hist
 class StepClock:
     """Drives `engines` in lockstep; run `run()` as one task."""
 
-    def __init__(self, engines: Sequence[DecodeEngine], model: StepTimeModel, *, time_scale: float,
-                 prefill_c1: float) -> None:
+    def __init__(
+        self, engines: Sequence[DecodeEngine], model: StepTimeModel, *, time_scale: float, prefill_c1: float
+    ) -> None:
         self.engines = list(engines)
         self.model = model
         self.time_scale = time_scale

@@ -64,8 +64,13 @@ class FleetConfig:
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"fleet: {name} must be a finite number >= 0")
-        for name in ("max_model_len", "kv_capacity_tokens", "block_size", "mean_output_tokens",
-                     "max_body_bytes"):
+        for name in (
+            "max_model_len",
+            "kv_capacity_tokens",
+            "block_size",
+            "mean_output_tokens",
+            "max_body_bytes",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"fleet: {name} must be >= 1")
         StepTimeModel(self.a, self.b)  # validates a, b

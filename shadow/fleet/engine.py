@@ -27,13 +27,39 @@ class EngineDown(RuntimeError):
 class Seq:
     """A request inside an engine: its sizes, progress and timestamps (event-loop seconds)."""
 
-    __slots__ = ("_waiter", "arrival", "finish_reason", "finished_t", "first_t", "generated",
-                 "kv_params", "last_t", "max_tokens", "natural_finish", "on_release", "prompt_tokens",
-                 "rid", "scheduled_t", "source", "status", "target", "wake_each_token")
+    __slots__ = (
+        "_waiter",
+        "arrival",
+        "finish_reason",
+        "finished_t",
+        "first_t",
+        "generated",
+        "kv_params",
+        "last_t",
+        "max_tokens",
+        "natural_finish",
+        "on_release",
+        "prompt_tokens",
+        "rid",
+        "scheduled_t",
+        "source",
+        "status",
+        "target",
+        "wake_each_token",
+    )
 
-    def __init__(self, rid: str, prompt_tokens: int, target: int, natural_finish: str, max_tokens: int,
-                 arrival: float, *, source: str = "local_compute",
-                 on_release: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        rid: str,
+        prompt_tokens: int,
+        target: int,
+        natural_finish: str,
+        max_tokens: int,
+        arrival: float,
+        *,
+        source: str = "local_compute",
+        on_release: Callable[[], None] | None = None,
+    ) -> None:
         self.rid = rid
         self.prompt_tokens = prompt_tokens
         self.target = target
@@ -109,8 +135,17 @@ def finish_seq(seq: Seq, reason: str, now: float, stats: EngineStats) -> None:
 class DecodeEngine:
     """Running batch + FIFO waiting queue of one rank; `admit` and `finish_step` are the clock's."""
 
-    def __init__(self, label: str, *, slots: int, kv_capacity_tokens: int, block_size: int,
-                 max_model_len: int, faults: FaultState, on_work: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        label: str,
+        *,
+        slots: int,
+        kv_capacity_tokens: int,
+        block_size: int,
+        max_model_len: int,
+        faults: FaultState,
+        on_work: Callable[[], None],
+    ) -> None:
         self.engine_label = label
         self.slots = slots
         self.kv_capacity_tokens = kv_capacity_tokens

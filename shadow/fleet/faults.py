@@ -45,8 +45,9 @@ class Target:
     def parse(cls, text: str) -> Target:
         role, sep, idx = text.strip().partition("/")
         if role not in ROLES or not sep or not idx:
-            raise ValueError(f"fault target must look like 'decode/1', 'prefill/0' or 'decode/*', "
-                             f"got {text!r}")
+            raise ValueError(
+                f"fault target must look like 'decode/1', 'prefill/0' or 'decode/*', got {text!r}"
+            )
         if idx == "*":
             return cls(role, None)
         if not idx.isdigit():

@@ -86,17 +86,24 @@ class Fleet:
                 self.clock.poke()
 
         kvd, af = self.directory, self.apply_faults
-        self.prefill_servers = [PrefillServer(i, cfg, cfg.prefill_port(i), kvd, af)
-                                for i in range(cfg.prefill)]
-        self.decode_servers = [DecodeServer(g, cfg, cfg.decode_port(g), kvd, af, poke)
-                               for g in range(cfg.decode)]
-        self.clock = StepClock([d.engine for d in self.decode_servers], cfg.step_model,
-                               time_scale=cfg.time_scale, prefill_c1=cfg.prefill_c1)
+        self.prefill_servers = [
+            PrefillServer(i, cfg, cfg.prefill_port(i), kvd, af) for i in range(cfg.prefill)
+        ]
+        self.decode_servers = [
+            DecodeServer(g, cfg, cfg.decode_port(g), kvd, af, poke) for g in range(cfg.decode)
+        ]
+        self.clock = StepClock(
+            [d.engine for d in self.decode_servers],
+            cfg.step_model,
+            time_scale=cfg.time_scale,
+            prefill_c1=cfg.prefill_c1,
+        )
         for d in self.decode_servers:
             d.clock = self.clock
         if cfg.dp_front:
-            self.dp_server = DpFrontServer(cfg, cfg.dp_front_port(), self.directory, self.apply_faults,
-                                           self.decode_servers)
+            self.dp_server = DpFrontServer(
+                cfg, cfg.dp_front_port(), self.directory, self.apply_faults, self.decode_servers
+            )
         try:
             for s in self.servers():
                 await s.listener.start()
@@ -106,8 +113,9 @@ class Fleet:
         for p in self.prefill_servers:
             p.register()
             self._tasks.append(asyncio.create_task(p.engine.run(), name=f"prefill-{p.index}"))
-            self._tasks.append(asyncio.create_task(p.engine.local_clock.run(),
-                                                   name=f"prefill-{p.index}-local"))
+            self._tasks.append(
+                asyncio.create_task(p.engine.local_clock.run(), name=f"prefill-{p.index}-local")
+            )
         self._tasks.append(asyncio.create_task(self.clock.run(), name="decode-clock"))
         self._tasks.append(asyncio.create_task(self._tick(), name="fleet-tick"))
         self.started_at = loop.time()
@@ -130,8 +138,9 @@ class Fleet:
         await self.start()
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await self.stop()
 
     async def _tick(self) -> None:
@@ -210,8 +219,9 @@ class FleetThread:
             raise RuntimeError("simulated fleet failed to start") from self._error
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     def close(self) -> None:

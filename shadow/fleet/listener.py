@@ -55,9 +55,16 @@ class Listener:
             return
         sock = bind_socket(self.host, self.port)
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self._app, log_config=None, access_log=False, lifespan="off",
-                                proxy_headers=False, server_header=True, date_header=True,
-                                timeout_graceful_shutdown=1)
+        config = uvicorn.Config(
+            self._app,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            proxy_headers=False,
+            server_header=True,
+            date_header=True,
+            timeout_graceful_shutdown=1,
+        )
         config.load()
         server = uvicorn.Server(config)
         server.lifespan = config.lifespan_class(config)

@@ -24,12 +24,74 @@ from prometheus_client.core import (
 FINISH_REASONS = ("stop", "length", "abort", "error")
 PROMPT_SOURCES = ("local_compute", "external_kv_transfer", "local_cache_hit")
 
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-                10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-               20.0, 40.0, 80.0)
-LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-                   120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+LATENCY_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 N_BUCKETS = (1, 2, 5, 10, 20)
 
@@ -162,8 +224,13 @@ _HELP = {
 class VllmCollector:
     """Yields vLLM-named metric families for the engines that `sources()` returns."""
 
-    def __init__(self, model_name: str, sources: Callable[[], Iterable[MetricsSource]],
-                 block_size: int, kv_capacity_tokens: int) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        sources: Callable[[], Iterable[MetricsSource]],
+        block_size: int,
+        kv_capacity_tokens: int,
+    ) -> None:
         self._model = model_name
         self._sources = sources
         self._block_size = block_size
@@ -185,49 +252,81 @@ class VllmCollector:
                 fam.add_metric([self._model, s.engine_label], value(s.stats), created=s.stats.created)
             return fam
 
-        def counter_by(name: str, doc: str, label: str,
-                       values: Callable[[EngineStats], dict[str, int]]) -> CounterMetricFamily:
+        def counter_by(
+            name: str, doc: str, label: str, values: Callable[[EngineStats], dict[str, int]]
+        ) -> CounterMetricFamily:
             fam = CounterMetricFamily(name, doc, labels=[*base, label])
             for s in srcs:
                 for key, v in values(s.stats).items():
                     fam.add_metric([self._model, s.engine_label, key], v, created=s.stats.created)
             return fam
 
-        yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
-                    lambda s: s.num_running())
-        yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-                    lambda s: s.num_waiting())
-        by_reason = GaugeMetricFamily("vllm:num_requests_waiting_by_reason",
-                                      "Number of requests waiting, by reason.", labels=[*base, "reason"])
+        yield gauge(
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            lambda s: s.num_running(),
+        )
+        yield gauge(
+            "vllm:num_requests_waiting",
+            "Number of requests waiting to be processed.",
+            lambda s: s.num_waiting(),
+        )
+        by_reason = GaugeMetricFamily(
+            "vllm:num_requests_waiting_by_reason",
+            "Number of requests waiting, by reason.",
+            labels=[*base, "reason"],
+        )
         for s in srcs:
             by_reason.add_metric([self._model, s.engine_label, "capacity"], s.num_waiting())
             by_reason.add_metric([self._model, s.engine_label, "deferred"], 0)
         yield by_reason
-        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
-                    lambda s: s.kv_usage())
-        yield counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
-                      lambda st: st.preemptions)
-        yield counter("vllm:prefix_cache_queries",
-                      "Prefix cache queries, in terms of number of queried tokens.",
-                      lambda st: st.prompt_tokens)
-        yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
-                      lambda st: 0)
-        yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
-                      lambda st: st.prompt_tokens)
-        yield counter_by("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", "source",
-                         lambda st: st.prompt_by_source)
-        yield counter("vllm:generation_tokens", "Number of generation tokens processed.",
-                      lambda st: st.generation_tokens)
-        yield counter_by("vllm:request_success", "Count of successfully processed requests.",
-                         "finished_reason", lambda st: st.success)
+        yield gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", lambda s: s.kv_usage()
+        )
+        yield counter(
+            "vllm:num_preemptions",
+            "Cumulative number of preemption from the engine.",
+            lambda st: st.preemptions,
+        )
+        yield counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            lambda st: st.prompt_tokens,
+        )
+        yield counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", lambda st: 0
+        )
+        yield counter(
+            "vllm:prompt_tokens", "Number of prefill tokens processed.", lambda st: st.prompt_tokens
+        )
+        yield counter_by(
+            "vllm:prompt_tokens_by_source",
+            "Number of prompt tokens by source.",
+            "source",
+            lambda st: st.prompt_by_source,
+        )
+        yield counter(
+            "vllm:generation_tokens",
+            "Number of generation tokens processed.",
+            lambda st: st.generation_tokens,
+        )
+        yield counter_by(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            "finished_reason",
+            lambda st: st.success,
+        )
         for name, doc in _HELP.items():
             fam = HistogramMetricFamily(name, doc, labels=base)
             for s in srcs:
                 h = s.stats.hists[name]
                 fam.add_metric([self._model, s.engine_label], h.cumulative(), h.sum)
             yield fam
-        info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-                                 labels=["block_size", "enable_prefix_caching", "num_gpu_blocks", "engine"])
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            labels=["block_size", "enable_prefix_caching", "num_gpu_blocks", "engine"],
+        )
         for s in srcs:
             info.add_metric([str(self._block_size), "False", str(self._num_blocks), s.engine_label], 1.0)
         yield info
@@ -248,9 +347,12 @@ class StepCollector:
     `shadow_fleet_last_step_seconds`, `shadow_fleet_last_max_load_tokens` and this rank's
     `shadow_fleet_load_tokens` (L_g). Not a vLLM metric: vLLM exposes no step times."""
 
-    def __init__(self, clock: Callable[[], ClockView | None],
-                 sources: Callable[[], Iterable[MetricsSource]],
-                 load: Callable[[MetricsSource], int]) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], ClockView | None],
+        sources: Callable[[], Iterable[MetricsSource]],
+        load: Callable[[MetricsSource], int],
+    ) -> None:
         self._clock = clock
         self._sources = sources
         self._load = load
@@ -259,18 +361,27 @@ class StepCollector:
         clock = self._clock()
         if clock is None:
             return
-        yield CounterMetricFamily("shadow_fleet_steps", "Steps of the shared decode clock.",
-                                  value=clock.steps)
+        yield CounterMetricFamily(
+            "shadow_fleet_steps", "Steps of the shared decode clock.", value=clock.steps
+        )
         h = HistogramMetricFamily("shadow_fleet_step_duration_seconds", "Wall duration of decode steps.")
         h.add_metric([], clock.step_hist.cumulative(), clock.step_hist.sum)
         yield h
-        yield GaugeMetricFamily("shadow_fleet_last_step_seconds", "Wall duration of the last decode step.",
-                                value=clock.last_step_s)
-        yield GaugeMetricFamily("shadow_fleet_last_max_load_tokens", "max_g L_g of the last decode step.",
-                                value=clock.last_max_load)
-        load = GaugeMetricFamily("shadow_fleet_load_tokens",
-                                 "KV load L_g: prompt + generated tokens of the rank's running requests.",
-                                 labels=["engine"])
+        yield GaugeMetricFamily(
+            "shadow_fleet_last_step_seconds",
+            "Wall duration of the last decode step.",
+            value=clock.last_step_s,
+        )
+        yield GaugeMetricFamily(
+            "shadow_fleet_last_max_load_tokens",
+            "max_g L_g of the last decode step.",
+            value=clock.last_max_load,
+        )
+        load = GaugeMetricFamily(
+            "shadow_fleet_load_tokens",
+            "KV load L_g: prompt + generated tokens of the rank's running requests.",
+            labels=["engine"],
+        )
         for s in self._sources():
             load.add_metric([s.engine_label], self._load(s))
         yield load

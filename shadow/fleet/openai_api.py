@@ -16,23 +16,34 @@ from shadow.fleet.config import FleetConfig
 from shadow.fleet.sse import error_body
 from shadow.fleet.tokens import PromptError, chat_tokens, output_length, prompt_tokens
 
-ERROR_TYPES = {400: "BadRequestError", 401: "UnauthorizedError", 403: "ForbiddenError",
-               404: "NotFoundError", 413: "RequestEntityTooLargeError", 429: "RateLimitError",
-               500: "InternalServerError", 501: "NotImplementedError", 502: "BadGatewayError",
-               503: "ServiceUnavailableError", 504: "GatewayTimeoutError"}
+ERROR_TYPES = {
+    400: "BadRequestError",
+    401: "UnauthorizedError",
+    403: "ForbiddenError",
+    404: "NotFoundError",
+    413: "RequestEntityTooLargeError",
+    429: "RateLimitError",
+    500: "InternalServerError",
+    501: "NotImplementedError",
+    502: "BadGatewayError",
+    503: "ServiceUnavailableError",
+    504: "GatewayTimeoutError",
+}
 
 
 class ApiError(Exception):
     """An error answered before streaming starts."""
 
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 err_type: str | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, param: str | None = None, err_type: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
-        self.err_type = err_type or ERROR_TYPES.get(status, "BadRequestError" if status < 500
-                                                    else "InternalServerError")
+        self.err_type = err_type or ERROR_TYPES.get(
+            status, "BadRequestError" if status < 500 else "InternalServerError"
+        )
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.err_type, self.status, self.param)
@@ -115,9 +126,13 @@ def parse_request(raw: bytes, *, chat: bool, config: FleetConfig) -> GenRequest:
     if p_tokens < 1:
         raise ApiError(400, "The prompt must not be empty", "prompt")
     if p_tokens >= config.max_model_len:
-        raise ApiError(400, f"This model's maximum context length is {config.max_model_len} tokens. However, "
-                       f"your request has {p_tokens} input tokens. Please reduce the length of the input "
-                       "messages.", "messages" if chat else "prompt")
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {config.max_model_len} tokens. However, "
+            f"your request has {p_tokens} input tokens. Please reduce the length of the input "
+            "messages.",
+            "messages" if chat else "prompt",
+        )
     key = "max_tokens"
     max_tokens = None
     if chat:
@@ -130,20 +145,40 @@ def parse_request(raw: bytes, *, chat: bool, config: FleetConfig) -> GenRequest:
     if max_tokens < 1:
         raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.", key)
     if p_tokens + max_tokens > config.max_model_len:
-        raise ApiError(400, f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. "
-                       f"This model's maximum context length is {config.max_model_len} tokens and your "
-                       f"request has {p_tokens} input tokens "
-                       f"({max_tokens} > {config.max_model_len} - {p_tokens}).", key)
+        raise ApiError(
+            400,
+            f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. "
+            f"This model's maximum context length is {config.max_model_len} tokens and your "
+            f"request has {p_tokens} input tokens "
+            f"({max_tokens} > {config.max_model_len} - {p_tokens}).",
+            key,
+        )
     min_tokens = _int(body, "min_tokens") or 0
     if min_tokens < 0 or min_tokens > max_tokens:
-        raise ApiError(400, f"min_tokens must be between 0 and max_tokens={max_tokens}, got {min_tokens}",
-                       "min_tokens")
+        raise ApiError(
+            400, f"min_tokens must be between 0 and max_tokens={max_tokens}, got {min_tokens}", "min_tokens"
+        )
     kv = body.get("kv_transfer_params")
     if kv is not None and not isinstance(kv, dict):
         raise ApiError(400, "kv_transfer_params must be an object", "kv_transfer_params")
     seed = _int(body, "seed")
-    target, finish = output_length(seed_text, max_tokens, ignore_eos=_bool(body, "ignore_eos"),
-                                   min_tokens=min_tokens, mean_tokens=config.mean_output_tokens, seed=seed)
-    return GenRequest(chat=chat, model=config.model, prompt_tokens=p_tokens, max_tokens=max_tokens,
-                      target=target, natural_finish=finish, stream=stream, include_usage=include_usage,
-                      continuous_usage=continuous, kv_params=kv)
+    target, finish = output_length(
+        seed_text,
+        max_tokens,
+        ignore_eos=_bool(body, "ignore_eos"),
+        min_tokens=min_tokens,
+        mean_tokens=config.mean_output_tokens,
+        seed=seed,
+    )
+    return GenRequest(
+        chat=chat,
+        model=config.model,
+        prompt_tokens=p_tokens,
+        max_tokens=max_tokens,
+        target=target,
+        natural_finish=finish,
+        stream=stream,
+        include_usage=include_usage,
+        continuous_usage=continuous,
+        kv_params=kv,
+    )

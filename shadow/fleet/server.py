@@ -67,8 +67,9 @@ class _Emitter:
             for ev in events:
                 if f.cut_after and self.sent >= f.cut_after:
                     if out:
-                        await self._send({"type": "http.response.body", "body": b"".join(out),
-                                          "more_body": True})
+                        await self._send(
+                            {"type": "http.response.body", "body": b"".join(out), "more_body": True}
+                        )
                     raise StreamCut
                 if f.error_after and self.sent >= f.error_after:
                     out.append(stream_error_event("Simulated fault: engine error mid-stream"))
@@ -89,8 +90,9 @@ class BaseServer:
 
     role = "server"
 
-    def __init__(self, index: int, config: FleetConfig, port: int, directory: KvDirectory,
-                 apply_faults: ApplyFaults) -> None:
+    def __init__(
+        self, index: int, config: FleetConfig, port: int, directory: KvDirectory, apply_faults: ApplyFaults
+    ) -> None:
         self.index = index
         self.config = config
         self.directory = directory
@@ -102,7 +104,8 @@ class BaseServer:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.registry = make_registry(
             VllmCollector(config.model, self.metric_sources, config.block_size, config.kv_capacity_tokens),
-            StepCollector(self.step_clock, self.metric_sources, lambda s: getattr(s, "load", 0)))
+            StepCollector(self.step_clock, self.metric_sources, lambda s: getattr(s, "load", 0)),
+        )
 
     # -- identity --------------------------------------------------------------------------------
     @property
@@ -197,9 +200,14 @@ class BaseServer:
             await self._post_faults(scope, receive, send)
             return
         getter = {
-            "/health": self._health, "/v1/models": self._models, "/metrics": self._metrics,
-            "/load": self._load, "/get_load": self._load, "/version": self._version,
-            "/fleet/faults": self._get_faults, "/fleet/state": self._state,
+            "/health": self._health,
+            "/v1/models": self._models,
+            "/metrics": self._metrics,
+            "/load": self._load,
+            "/get_load": self._load,
+            "/version": self._version,
+            "/fleet/faults": self._get_faults,
+            "/fleet/state": self._state,
         }.get(path)
         if getter is None:
             await send_json(send, 404, {"detail": "Not Found"})
@@ -214,13 +222,31 @@ class BaseServer:
 
     async def _models(self, send: Send) -> None:
         m = self.config.model
-        card = {"id": m, "object": "model", "created": self.created, "owned_by": "vllm", "root": m,
-                "parent": None, "max_model_len": self.config.max_model_len,
-                "permission": [{"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission",
-                                "created": self.created, "allow_create_engine": False, "allow_sampling": True,
-                                "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
-                                "allow_fine_tuning": False, "organization": "*", "group": None,
-                                "is_blocking": False}]}
+        card = {
+            "id": m,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "vllm",
+            "root": m,
+            "parent": None,
+            "max_model_len": self.config.max_model_len,
+            "permission": [
+                {
+                    "id": f"modelperm-{uuid.uuid4().hex}",
+                    "object": "model_permission",
+                    "created": self.created,
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ],
+        }
         await send_json(send, 200, {"object": "list", "data": [card]})
 
     async def _metrics(self, send: Send) -> None:
@@ -301,8 +327,16 @@ class BaseServer:
         else:
             await self._respond(send, receive, seq, req, rid, abort, hdrs)
 
-    async def _respond(self, send: Send, receive: Receive, seq: Seq, req: GenRequest, rid: str,
-                       abort: Callable[[str], None], hdrs: Headers) -> None:
+    async def _respond(
+        self,
+        send: Send,
+        receive: Receive,
+        seq: Seq,
+        req: GenRequest,
+        rid: str,
+        abort: Callable[[str], None],
+        hdrs: Headers,
+    ) -> None:
         seq.wake_each_token = False
         gone = False
 
@@ -324,18 +358,45 @@ class BaseServer:
         if seq.finish_reason == "error":
             await send_json(send, 500, ApiError(500, "Internal server error").body(), hdrs)
             return
-        body = full_response(chat=req.chat, rid=rid, created=int(time.time()), model=req.model,
-                             prompt_tokens=req.prompt_tokens, completion_tokens=seq.generated,
-                             finish=seq.finish_reason or "abort", kv_params=seq.kv_params)
+        body = full_response(
+            chat=req.chat,
+            rid=rid,
+            created=int(time.time()),
+            model=req.model,
+            prompt_tokens=req.prompt_tokens,
+            completion_tokens=seq.generated,
+            finish=seq.finish_reason or "abort",
+            kv_params=seq.kv_params,
+        )
         await send_json(send, 200, body, hdrs)
 
-    async def _stream(self, send: Send, receive: Receive, seq: Seq, req: GenRequest, rid: str,
-                      abort: Callable[[str], None], faults: StreamFaults, hdrs: Headers) -> None:
-        fmt = StreamFormat(chat=req.chat, rid=rid, created=int(time.time()), model=req.model,
-                           prompt_tokens=req.prompt_tokens, include_usage=req.include_usage,
-                           continuous_usage=req.continuous_usage)
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", SSE_CONTENT_TYPE), *hdrs]})
+    async def _stream(
+        self,
+        send: Send,
+        receive: Receive,
+        seq: Seq,
+        req: GenRequest,
+        rid: str,
+        abort: Callable[[str], None],
+        faults: StreamFaults,
+        hdrs: Headers,
+    ) -> None:
+        fmt = StreamFormat(
+            chat=req.chat,
+            rid=rid,
+            created=int(time.time()),
+            model=req.model,
+            prompt_tokens=req.prompt_tokens,
+            include_usage=req.include_usage,
+            continuous_usage=req.continuous_usage,
+        )
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", SSE_CONTENT_TYPE), *hdrs],
+            }
+        )
         gone = False
 
         def on_gone() -> None:
@@ -391,8 +452,9 @@ class BaseServer:
                 abort("abort")
 
     # -- shared helpers --------------------------------------------------------------------------
-    def submit_local(self, engine: DecodeEngine, req: GenRequest, rid: str, now: float
-                     ) -> tuple[Seq, Callable[[str], None]]:
+    def submit_local(
+        self, engine: DecodeEngine, req: GenRequest, rid: str, now: float
+    ) -> tuple[Seq, Callable[[str], None]]:
         """Queue `req` on a decode engine, claiming the prefill's KV first for a decode leg."""
         if not engine.up:
             raise ApiError(503, f"{self.name}: engine {engine.engine_label} is down")
@@ -408,8 +470,16 @@ class BaseServer:
             def on_release() -> None:
                 store.release(hold)
 
-        seq = Seq(rid, req.prompt_tokens, req.target, req.natural_finish, req.max_tokens, now,
-                  source=source, on_release=on_release)
+        seq = Seq(
+            rid,
+            req.prompt_tokens,
+            req.target,
+            req.natural_finish,
+            req.max_tokens,
+            now,
+            source=source,
+            on_release=on_release,
+        )
         try:
             engine.submit(seq)
         except EngineDown:
@@ -424,8 +494,14 @@ class BaseServer:
 
 
 def engine_state(e: DecodeEngine) -> dict[str, Any]:
-    return {"engine": e.engine_label, "up": e.up, "running": e.num_running(), "waiting": e.num_waiting(),
-            "load_tokens": e.load, "kv_usage": e.kv_usage()}
+    return {
+        "engine": e.engine_label,
+        "up": e.up,
+        "running": e.num_running(),
+        "waiting": e.num_waiting(),
+        "load_tokens": e.load,
+        "kv_usage": e.kv_usage(),
+    }
 
 
 class DecodeServer(BaseServer):
@@ -433,12 +509,25 @@ class DecodeServer(BaseServer):
 
     role = "decode"
 
-    def __init__(self, index: int, config: FleetConfig, port: int, directory: KvDirectory,
-                 apply_faults: ApplyFaults, on_work: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        index: int,
+        config: FleetConfig,
+        port: int,
+        directory: KvDirectory,
+        apply_faults: ApplyFaults,
+        on_work: Callable[[], None],
+    ) -> None:
         super().__init__(index, config, port, directory, apply_faults)
-        self.engine = DecodeEngine(str(index), slots=config.slots,
-                                   kv_capacity_tokens=config.kv_capacity_tokens, block_size=config.block_size,
-                                   max_model_len=config.max_model_len, faults=self.faults, on_work=on_work)
+        self.engine = DecodeEngine(
+            str(index),
+            slots=config.slots,
+            kv_capacity_tokens=config.kv_capacity_tokens,
+            block_size=config.block_size,
+            max_model_len=config.max_model_len,
+            faults=self.faults,
+            on_work=on_work,
+        )
         self._on_work = on_work
         self.clock: StepClock | None = None
 
@@ -464,9 +553,16 @@ class DecodeServer(BaseServer):
 
     def state(self) -> dict[str, Any]:
         clock = self.clock
-        return {"engines": [engine_state(self.engine)],
-                "clock": None if clock is None else {"steps": clock.steps, "last_step_s": clock.last_step_s,
-                                                     "last_max_load": clock.last_max_load}}
+        return {
+            "engines": [engine_state(self.engine)],
+            "clock": None
+            if clock is None
+            else {
+                "steps": clock.steps,
+                "last_step_s": clock.last_step_s,
+                "last_max_load": clock.last_max_load,
+            },
+        }
 
 
 class DpFrontServer(BaseServer):
@@ -474,8 +570,14 @@ class DpFrontServer(BaseServer):
 
     role = "dp"
 
-    def __init__(self, config: FleetConfig, port: int, directory: KvDirectory, apply_faults: ApplyFaults,
-                 ranks: Sequence[DecodeServer]) -> None:
+    def __init__(
+        self,
+        config: FleetConfig,
+        port: int,
+        directory: KvDirectory,
+        apply_faults: ApplyFaults,
+        ranks: Sequence[DecodeServer],
+    ) -> None:
         super().__init__(0, config, port, directory, apply_faults)
         self.ranks = list(ranks)
 
@@ -509,11 +611,13 @@ class PrefillServer(BaseServer):
 
     role = "prefill"
 
-    def __init__(self, index: int, config: FleetConfig, port: int, directory: KvDirectory,
-                 apply_faults: ApplyFaults) -> None:
+    def __init__(
+        self, index: int, config: FleetConfig, port: int, directory: KvDirectory, apply_faults: ApplyFaults
+    ) -> None:
         super().__init__(index, config, port, directory, apply_faults)
-        self.kv = KvStore(self._new_engine_id(), config.host, port, ttl_s=config.kv_ttl_s,
-                          block_size=config.block_size)
+        self.kv = KvStore(
+            self._new_engine_id(), config.host, port, ttl_s=config.kv_ttl_s, block_size=config.block_size
+        )
         self.engine = PrefillEngine(config, self.faults, self.kv)
 
     def _new_engine_id(self) -> str:
@@ -561,8 +665,12 @@ class PrefillServer(BaseServer):
 
     def state(self) -> dict[str, Any]:
         e = self.engine
-        return {"engines": [engine_state(e.local)], "prefill_queue": len(e.queue),
-                "prefilling": e.current is not None, "kv_engine_id": self.kv.engine_id,
-                "kv_holds": len(self.kv.holds), "kv_held_tokens": self.kv.held_tokens(),
-                "kv_expired": self.kv.expired}
-
+        return {
+            "engines": [engine_state(e.local)],
+            "prefill_queue": len(e.queue),
+            "prefilling": e.current is not None,
+            "kv_engine_id": self.kv.engine_id,
+            "kv_holds": len(self.kv.holds),
+            "kv_held_tokens": self.kv.held_tokens(),
+            "kv_expired": self.kv.expired,
+        }

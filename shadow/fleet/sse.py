@@ -30,8 +30,11 @@ def event(obj: Any) -> bytes:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
-            "completion_tokens": completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+    }
 
 
 def error_body(message: str, err_type: str, code: int, param: str | None = None) -> dict[str, Any]:
@@ -41,27 +44,48 @@ def error_body(message: str, err_type: str, code: int, param: str | None = None)
 class StreamFormat:
     """Builds the SSE events of one streamed request (completion or chat)."""
 
-    def __init__(self, *, chat: bool, rid: str, created: int, model: str, prompt_tokens: int,
-                 include_usage: bool, continuous_usage: bool) -> None:
+    def __init__(
+        self,
+        *,
+        chat: bool,
+        rid: str,
+        created: int,
+        model: str,
+        prompt_tokens: int,
+        include_usage: bool,
+        continuous_usage: bool,
+    ) -> None:
         self.chat = chat
         self.prompt_tokens = prompt_tokens
         self.include_usage = include_usage
         self.continuous = include_usage and continuous_usage
         self._head: dict[str, Any] = {
-            "id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": created, "model": model}
+            "id": rid,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": created,
+            "model": model,
+        }
         # The common token chunk never changes without continuous usage: build it once.
         self._plain_token = None if self.continuous else event(self._token_obj(None, None, 0))
 
     def _choice(self, finish: str | None) -> dict[str, Any]:
         if self.chat:
-            c: dict[str, Any] = {"index": 0, "delta": {"content": TOKEN_TEXT}, "logprobs": None,
-                                 "finish_reason": finish}
+            c: dict[str, Any] = {
+                "index": 0,
+                "delta": {"content": TOKEN_TEXT},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
             if finish is not None:
                 c["stop_reason"] = None
             return c
-        return {"index": 0, "text": TOKEN_TEXT, "logprobs": None, "finish_reason": finish,
-                "stop_reason": None}
+        return {
+            "index": 0,
+            "text": TOKEN_TEXT,
+            "logprobs": None,
+            "finish_reason": finish,
+            "stop_reason": None,
+        }
 
     def _token_obj(self, finish: str | None, kv_params: dict[str, Any] | None, n_done: int) -> dict[str, Any]:
         obj = dict(self._head)
@@ -74,14 +98,21 @@ class StreamFormat:
 
     def role_chunk(self) -> bytes:
         obj = dict(self._head)
-        obj["choices"] = [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                           "finish_reason": None}]
+        obj["choices"] = [
+            {
+                "index": 0,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+        ]
         if self.continuous:
             obj["usage"] = usage(self.prompt_tokens, 0)
         return event(obj)
 
-    def token_chunk(self, n_done: int, finish: str | None = None,
-                    kv_params: dict[str, Any] | None = None) -> bytes:
+    def token_chunk(
+        self, n_done: int, finish: str | None = None, kv_params: dict[str, Any] | None = None
+    ) -> bytes:
         """The chunk carrying token number `n_done` (1-based); `finish` on the last one."""
         if self._plain_token is not None and finish is None and kv_params is None:
             return self._plain_token
@@ -108,24 +139,59 @@ def stream_error_event(message: str, err_type: str = "InternalServerError", code
     return event(error_body(message, err_type, code))
 
 
-def full_response(*, chat: bool, rid: str, created: int, model: str, prompt_tokens: int,
-                  completion_tokens: int, finish: str, kv_params: dict[str, Any] | None) -> dict[str, Any]:
+def full_response(
+    *,
+    chat: bool,
+    rid: str,
+    created: int,
+    model: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    finish: str,
+    kv_params: dict[str, Any] | None,
+) -> dict[str, Any]:
     """The non-streaming response body (vLLM serialises every field, unset ones as null)."""
     text = TOKEN_TEXT * completion_tokens
     choice: dict[str, Any]
     if chat:
-        choice = {"index": 0,
-                  "message": {"role": "assistant", "content": text, "refusal": None, "annotations": None,
-                              "audio": None, "function_call": None, "tool_calls": [], "reasoning": None},
-                  "logprobs": None, "finish_reason": finish, "stop_reason": None, "token_ids": None}
+        choice = {
+            "index": 0,
+            "message": {
+                "role": "assistant",
+                "content": text,
+                "refusal": None,
+                "annotations": None,
+                "audio": None,
+                "function_call": None,
+                "tool_calls": [],
+                "reasoning": None,
+            },
+            "logprobs": None,
+            "finish_reason": finish,
+            "stop_reason": None,
+            "token_ids": None,
+        }
         obj_type = "chat.completion"
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None,
-                  "token_ids": None, "prompt_logprobs": None, "prompt_token_ids": None}
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": finish,
+            "stop_reason": None,
+            "token_ids": None,
+            "prompt_logprobs": None,
+            "prompt_token_ids": None,
+        }
         obj_type = "text_completion"
     body: dict[str, Any] = {
-        "id": rid, "object": obj_type, "created": created, "model": model, "choices": [choice],
-        "service_tier": None, "system_fingerprint": None,
+        "id": rid,
+        "object": obj_type,
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "service_tier": None,
+        "system_fingerprint": None,
         "usage": {**usage(prompt_tokens, completion_tokens), "prompt_tokens_details": None},
     }
     if chat:

@@ -51,8 +51,9 @@ def prompt_tokens(prompt: Any) -> tuple[int, str]:
             return count_words(prompt[0]), prompt[0]
         if all(isinstance(p, str) for p in prompt):
             raise PromptError("batched prompts are not supported by the simulated fleet", "prompt")
-    raise PromptError("prompt must be a string, a list of token ids or a one-element list of strings",
-                      "prompt")
+    raise PromptError(
+        "prompt must be a string, a list of token ids or a one-element list of strings", "prompt"
+    )
 
 
 def _content_text(content: Any) -> str:
@@ -89,8 +90,9 @@ def chat_tokens(messages: Any) -> tuple[int, str]:
     return total, "\n".join(texts)
 
 
-def output_length(seed_text: str, max_tokens: int, *, ignore_eos: bool, min_tokens: int,
-                  mean_tokens: int, seed: int | None) -> tuple[int, str]:
+def output_length(
+    seed_text: str, max_tokens: int, *, ignore_eos: bool, min_tokens: int, mean_tokens: int, seed: int | None
+) -> tuple[int, str]:
     """(number of tokens to generate, finish reason) for a request, deterministically."""
     if ignore_eos:
         return max_tokens, "length"

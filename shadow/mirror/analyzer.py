@@ -48,6 +48,8 @@ def decode_decision(data: bytes) -> tuple[str, str] | None:
     if m is None:
         return None
     return m.group(1).decode("ascii", "replace"), m.group(2).decode("ascii", "replace")
+
+
 _LLM_PATHS = ("/completions", "/chat/completions", "/generate")
 _FINISH_MAP: dict[str, FinishReason] = {
     "stop": "stop",

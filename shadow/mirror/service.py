@@ -61,7 +61,7 @@ class TapConfig:
 
 
 def _host_port(url: str) -> str:
-    """"http://h:p/..." → "h:p" (how vllm-router names workers in its request ids)."""
+    """ "http://h:p/..." → "h:p" (how vllm-router names workers in its request ids)."""
     rest = url.split("://", 1)[-1]
     return rest.split("/", 1)[0]
 

@@ -1,0 +1,126 @@
+"""`shadow sweep` (and `shadow replay --steady`) under the steady-state protocol: tables with CIs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from shadow.commands._replay_args import br_params
+from shadow.core.stepmodel import StepTimeModel
+from shadow.replay.protocol import Cell, Protocol, cells_for, run_cells, summarise
+from shadow.traces import TraceError
+
+
+def protocol_from(args: argparse.Namespace) -> Protocol:
+    seeds = tuple(int(x) for x in str(args.seeds).split(",") if x.strip())
+    return Protocol(
+        warmup_lifetimes=args.warmup,
+        window_lifetimes=args.window,
+        timeout_s=args.timeout if args.timeout and args.timeout > 0 else None,
+        seeds=seeds,
+        max_requests=args.max_requests,
+    )
+
+
+def run_protocol(args: argparse.Namespace, policies: str) -> int:
+    """Run the grid of (G, ρ, seed) cells and print one table per (G, ρ)."""
+    console = Console() if Console().is_terminal else Console(width=200)
+    err = Console(stderr=True)
+    try:
+        if args.rate_scale is not None or args.prefill:
+            raise ValueError(
+                "the steady-state protocol sets the rate by --load/--loads and has no prefill stage"
+            )
+        proto = protocol_from(args)
+        lanes = [x.strip() for x in policies.split(",") if x.strip()]
+        workers = args.workers if isinstance(args.workers, list) else [args.workers]
+        loads = getattr(args, "loads", None) or [args.load if args.load is not None else 1.05]
+        base = Cell(
+            workload=args.trace,
+            workers=workers[0],
+            load=loads[0],
+            seed=0,
+            lanes=tuple(lanes),
+            slots=args.slots,
+            step=StepTimeModel(a=args.step_a, b=args.step_b),
+            br=br_params(args),
+            protocol=proto,
+        )
+        cells = cells_for([args.trace], workers, loads, lanes, base)
+        done = [0]
+
+        def on_done(r: dict[str, Any]) -> None:
+            done[0] += 1
+            err.print(
+                f"  [{done[0]}/{len(cells)}] G={r['workers']} ρ={r['load']:g} seed={r['seed']} "
+                f"({r['requests']} requests)",
+                highlight=False,
+            )
+
+        runs = run_cells(cells, max(1, args.jobs), on_done)
+    except (TraceError, ValueError) as exc:
+        print(f"shadow sweep: {exc}", file=sys.stderr)
+        return 2
+    summary = summarise(runs)
+    console.print(f"[bold]protocol[/]: {proto.describe()}")
+    for cell in summary:
+        console.print(cell_table(cell))
+    if args.json:
+        doc = {
+            "command": "shadow " + " ".join(sys.argv[1:]),
+            "protocol": proto.__dict__ | {"seeds": list(proto.seeds)},
+            "step": {"a": args.step_a, "b": args.step_b},
+            "slots": args.slots,
+            "summary": summary,
+            "runs": sorted(runs, key=lambda r: (r["workers"], r["load"], r["seed"])),
+        }
+        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+        err.print(f"wrote {args.json}")
+    return 0
+
+
+def _ci(pair: tuple[float, float], fmt: str) -> str:
+    mean, half = pair
+    if math.isnan(mean):
+        return "–"
+    return f"{mean:{fmt}} ± {half:{fmt.lstrip('+')}}"
+
+
+def cell_table(cell: dict[str, Any]) -> Table:
+    """One (workload, G, ρ) cell: every lane with mean ± 95 % CI over seeds."""
+    title = (
+        f"{cell['workload']}  G={cell['workers']}  ρ={cell['load']:g}  seeds={len(cell['seeds'])}  "
+        f"window {cell['window_s']:.0f} s ({cell['window_s'] / cell['lifetime_s']:.1f} lifetimes), "
+        f"{cell['requests']:,} requests/run; best baseline by spread: {cell['best_baseline_spread']}"
+    )
+    t = Table(title=title, title_justify="left")
+    for col in (
+        "lane",
+        "spread/step (tok)",
+        "× best (steps)",
+        "× best (seconds)",
+        "throughput vs best %",
+        "TPOT P95 vs best %",
+        "shed %",
+        "decision P99 ms",
+    ):
+        t.add_column(col, justify="left" if col == "lane" else "right")
+    for label, row in cell["lanes"].items():
+        t.add_row(
+            label,
+            _ci(row["spread_steps"], ",.0f"),
+            _ci(row.get("spread_x", (math.nan, 0.0)), ".2f"),
+            _ci(row.get("spread_seconds_x", (math.nan, 0.0)), ".2f"),
+            _ci(row.get("throughput_pct", (math.nan, 0.0)), "+.1f"),
+            _ci(row.get("tpot_p95_pct", (math.nan, 0.0)), "+.1f"),
+            _ci((100 * row["shed_fraction"][0], 100 * row["shed_fraction"][1]), ".1f"),
+            _ci(row["decision_p99_ms"], ".2f"),
+        )
+    return t

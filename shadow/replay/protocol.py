@@ -1,0 +1,412 @@
+"""The steady-state measurement protocol: figures that are properties of a policy, not of the run's length.
+
+Per cell (workload, G, ρ) and seed:
+- Open-loop arrivals at ρ × the estimated balanced capacity (`estimate_capacity_rps`), the trace's
+  arrival shape kept. Synthetic workloads are redrawn per seed; a real trace is rotated to a
+  seeded start and tiled (copies laid end to end) up to the request count the window needs.
+- Overload model: an admission timeout, as proxies have — a request still waiting for a decode
+  slot `timeout_s` after it reached the router is shed and counted. It applies identically to the
+  per-worker FIFO queues of bind-at-arrival baselines and to BR's pool, so above saturation queues
+  stop growing (≈ λ·timeout) and a steady state exists.
+- Window: one "lifetime" is mean_output × the balanced saturated step time (how long a slot
+  holds a mean request). The first `warmup` lifetimes of arrivals are discarded; the window runs
+  `window` lifetimes to the last arrival; the drain after it is discarded (the lane stops there).
+  Requests: ⌈(warmup + window) · ρ · G · B⌉ (≈ arrivals per lifetime × lifetimes), capped.
+- Figures inside the window on each lane's own clock: spread per step (step units) and weighted
+  by step time (seconds), I(k), barrier idle, throughput, TPOT P95 and TTFT of requests finished
+  in it, shed fraction of arrivals in it, decision P99.
+Across seeds: mean and a two-sided 95 % t-interval; ratios against the best baseline are taken
+per seed on the same traffic (paired), then averaged with their t-interval.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from shadow.core.bra import BRAParams
+from shadow.core.params import BRParams
+from shadow.core.stepmodel import StepTimeModel
+from shadow.engine.config import EngineConfig, LaneSpec
+from shadow.engine.jobs import Job, jobs_from
+from shadow.engine.lane import Clock, Lane
+from shadow.traces import Trace, at_load, estimate_capacity_rps, mean_slot_load_tokens, resolve
+from shadow.traces.model import TraceRequest
+from shadow.traces.synthetic import SYNTHETIC_SUFFIX, WORKLOADS, synthetic_workload
+
+BASELINES = ("rr", "random", "p2c", "jsq", "jsq-bytes", "least-tokens")
+ABLATIONS: dict[str, BRAParams] = {
+    "bra": BRAParams(),
+    "bra{}": BRAParams(score_pick=False, hold=False, scale_window=False),
+    "bra{pick}": BRAParams(hold=False, scale_window=False),
+    "bra{pick,hold}": BRAParams(scale_window=False),
+    "bra{window}": BRAParams(score_pick=False, hold=False),
+    "bra{pick,window}": BRAParams(hold=False),
+}
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How a cell is measured (see the module docstring); every field is printed with the results."""
+
+    warmup_lifetimes: float = 3.0
+    window_lifetimes: float = 5.0
+    timeout_s: float | None = 5.0
+    seeds: tuple[int, ...] = (0, 1, 2)
+    max_requests: int = 40_000
+
+    def __post_init__(self) -> None:
+        if not self.warmup_lifetimes >= 0 or not self.window_lifetimes > 0:
+            raise ValueError("warm-up must be >= 0 and the window > 0 lifetimes")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ValueError(f"admission timeout must be > 0 s (or none), got {self.timeout_s!r}")
+        if not self.seeds:
+            raise ValueError("give at least one seed")
+        if self.max_requests < 10:
+            raise ValueError(f"max_requests must be >= 10, got {self.max_requests}")
+
+    def describe(self) -> str:
+        timeout = "none (queues unbounded)" if self.timeout_s is None else f"{self.timeout_s:g} s, shed"
+        return (
+            f"steady state: warm-up {self.warmup_lifetimes:g} lifetimes discarded, window "
+            f"{self.window_lifetimes:g} lifetimes, drain discarded; admission timeout {timeout}; "
+            f"seeds {','.join(map(str, self.seeds))} (95% t-interval); ≤ {self.max_requests:,} requests/run"
+        )
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One (workload, G, ρ, seed) run of several lanes; picklable for worker processes."""
+
+    workload: str
+    workers: int
+    load: float
+    seed: int
+    lanes: tuple[str, ...]
+    slots: int = 64
+    step: StepTimeModel = field(default_factory=StepTimeModel)
+    br: BRParams = field(default_factory=BRParams)
+    protocol: Protocol = field(default_factory=Protocol)
+
+
+def lane_spec(text: str) -> tuple[LaneSpec, BRAParams | None]:
+    """A lane token: a baseline, br0, brh[:pred], bra[:pred] or an ablation like bra{pick,hold}[:pred]."""
+    name, _, predictor = text.strip().partition(":")
+    if name in ABLATIONS:
+        spec = LaneSpec("bra", predictor or "survival", name=name + (f":{predictor}" if predictor else ""))
+        return spec, ABLATIONS[name]
+    if name.startswith("bra{"):
+        raise ValueError(f"unknown BRA ablation {name!r}; known: {list(ABLATIONS)}")
+    return LaneSpec.parse(text), None
+
+
+def workload(spec: str, seed: int, n: int) -> Trace:
+    """`n` requests of `spec`: a fresh synthetic draw per seed, or a real trace rotated and tiled."""
+    if spec.removesuffix(SYNTHETIC_SUFFIX) in WORKLOADS:
+        return synthetic_workload(spec, seed=seed, n=n)
+    base = resolve(spec)
+    return tile(base, n, seed)
+
+
+def tile(trace: Trace, n: int, seed: int) -> Trace:
+    """`n` requests from `trace` starting at a seeded offset, copies laid end to end (gaps kept)."""
+    m = len(trace)
+    if m < 2:
+        raise ValueError(f"{trace.source}: need at least two requests to tile")
+    start = int(np.random.default_rng(seed).integers(m)) if seed else 0
+    arr = trace.arrays()["arrival_s"]
+    gaps = np.diff(arr, append=arr[-1] + (arr[-1] - arr[0]) / (m - 1))  # wrap gap = mean gap
+    out: list[TraceRequest] = []
+    t = 0.0
+    for k in range(n):
+        i = (start + k) % m
+        r = trace.requests[i]
+        out.append(replace(r, arrival_s=t))
+        t += float(gaps[i])
+    note = f"{n} requests from offset {start}, tiled" if n > m or start else f"first {n} requests"
+    return Trace(trace.name, tuple(out), trace.source, trace.synthetic, f"{trace.notes}; {note}".strip("; "))
+
+
+def lifetime_s(trace: Trace, slots: int, step: StepTimeModel) -> float:
+    """Seconds a slot holds a mean request at balanced saturation: mean_output × (a·B·load + b)."""
+    return trace.mean_output_tokens * (step.a * slots * mean_slot_load_tokens(trace) + step.b)
+
+
+def requests_needed(cell: Cell) -> int:
+    p = cell.protocol
+    return min(
+        p.max_requests,
+        math.ceil((p.warmup_lifetimes + p.window_lifetimes) * cell.load * cell.workers * cell.slots),
+    )
+
+
+def run_cell(cell: Cell, clock: Clock) -> dict[str, Any]:
+    """Run every lane of `cell` under the protocol; figures per lane plus the cell's facts."""
+    n = requests_needed(cell)
+    trace = workload(cell.workload, cell.seed, n)
+    capacity = estimate_capacity_rps(
+        trace, workers=cell.workers, slots=cell.slots, step_a=cell.step.a, step_b=cell.step.b
+    )
+    trace = at_load(trace, cell.load, capacity)
+    jobs = jobs_from(trace.requests)
+    life = lifetime_s(trace, cell.slots, cell.step)
+    t0 = jobs[0].arrival_s
+    t_end = jobs[-1].arrival_s
+    t_start = min(t0 + cell.protocol.warmup_lifetimes * life, t_end)
+    arrivals_in = sum(1 for j in jobs if t_start <= j.arrival_s < t_end)
+    config = EngineConfig(workers=cell.workers, slots=cell.slots, step=cell.step, br=cell.br, seed=cell.seed)
+    lanes: dict[str, dict[str, Any]] = {}
+    for token in cell.lanes:
+        spec, bra = lane_spec(token)
+        cfg = config if bra is None else replace(config, bra=bra)
+        lane = Lane(spec, cfg, clock)
+        lanes[spec.label] = drive(lane, jobs, t_start, t_end, cell.protocol.timeout_s) | {
+            "arrivals": arrivals_in,
+            "policy": spec.policy,
+        }
+        lanes[spec.label]["shed_fraction"] = lanes[spec.label]["shed"] / arrivals_in if arrivals_in else 0.0
+    return {
+        "workload": trace.name,
+        "workers": cell.workers,
+        "load": cell.load,
+        "seed": cell.seed,
+        "requests": n,
+        "capacity_rps": capacity,
+        "lifetime_s": life,
+        "window_s": t_end - t_start,
+        "lanes": lanes,
+    }
+
+
+def drive(
+    lane: Lane, jobs: Sequence[Job], t_start: float, t_end: float, timeout_s: float | None
+) -> dict[str, Any]:
+    """Step `lane` through `jobs` (arrival order, no prefill stage) until `t_end`; window figures."""
+    tt = lane.totals
+    i, n = 0, len(jobs)
+    snap: dict[str, float] | None = None
+    spread_time = 0.0
+    sum_load = 0.0  # Σ total KV load over window steps (before each step's tokens)
+    while True:
+        while i < n and jobs[i].arrival_s <= lane.now:
+            lane.offer(jobs[i], jobs[i].arrival_s)
+            i += 1
+        if timeout_s is not None:
+            lane.shed_waiting(lane.now - timeout_s)
+        if snap is None and lane.now >= t_start:
+            snap = _snapshot(lane)
+        if lane.now >= t_end:
+            break
+        spread0, busy0 = tt.sum_spread, tt.busy_time_s
+        load_now = sum(lane.loads)
+        if lane.step():
+            if snap is not None:
+                spread_time += (tt.sum_spread - spread0) * (tt.busy_time_s - busy0)
+                sum_load += load_now
+        elif i < n:
+            lane.now = jobs[i].arrival_s
+        else:
+            break
+    if snap is None:
+        snap = _snapshot(lane)
+    end = _snapshot(lane, sum_load)
+    steps = end["steps"] - snap["steps"]
+    busy = end["busy"] - snap["busy"]
+    span = end["now"] - snap["now"]
+    f0, f1 = int(snap["finished"]), int(end["finished"])
+    tpot = [x for x in tt.tpot_s[int(snap["tpot"]) : int(end["tpot"])]]
+    ttft = tt.ttft_s[f0:f1]
+    dec = tt.decision_s[int(snap["decisions"]) : int(end["decisions"])]
+    g = lane.config.workers
+    return {
+        "steps": int(steps),
+        "spread_steps": (end["spread"] - snap["spread"]) / steps if steps else 0.0,
+        "spread_seconds": spread_time / busy if busy > 0 else 0.0,
+        "imbalance": (end["imbalance"] - snap["imbalance"]) / steps if steps else 0.0,
+        "idle_fraction": (end["idle"] - snap["idle"]) / (g * busy) if busy > 0 else 0.0,
+        "throughput_tps": (end["tokens"] - snap["tokens"]) / span if span > 0 else 0.0,
+        "running_per_step": (end["tokens"] - snap["tokens"]) / steps if steps else 0.0,
+        "mean_step_ms": 1e3 * busy / steps if steps else 0.0,
+        "mean_load": (end["load"] - snap["load"]) / steps if steps else 0.0,
+        "finished": f1 - f0,
+        "shed": int(end["shed"] - snap["shed"]),
+        "tpot_p95_ms": _pct(tpot, 95),
+        "ttft_p50_ms": _pct(ttft, 50),
+        "ttft_p99_ms": _pct(ttft, 99),
+        "decision_p99_ms": _pct(dec, 99),
+    }
+
+
+def _snapshot(lane: Lane, sum_load: float = 0.0) -> dict[str, float]:
+    t = lane.totals
+    return {
+        "load": sum_load,
+        "now": lane.now,
+        "steps": t.steps,
+        "busy": t.busy_time_s,
+        "spread": t.sum_spread,
+        "imbalance": t.sum_imbalance,
+        "idle": t.sum_idle_s,
+        "tokens": t.tokens,
+        "finished": t.finished,
+        "tpot": len(t.tpot_s),
+        "shed": t.shed,
+        "decisions": len(t.decision_s),
+    }
+
+
+def _pct(values: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(np.asarray(values), q)) * 1e3 if len(values) else None
+
+
+# -- aggregation over seeds -----------------------------------------------------------------
+
+_T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145]
+
+
+def t_interval(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and the half-width of its two-sided 95 % t-interval (0 for one value)."""
+    xs = [float(v) for v in values]
+    mean = sum(xs) / len(xs)
+    if len(xs) < 2:
+        return mean, 0.0
+    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
+    t = _T975[len(xs) - 2] if len(xs) - 2 < len(_T975) else 1.96
+    return mean, t * sd / math.sqrt(len(xs))
+
+
+def summarise(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (workload, G, ρ): each lane's figures over seeds, and paired ratios to the best baseline."""
+    cells: dict[tuple[str, int, float], list[dict[str, Any]]] = {}
+    for r in runs:
+        cells.setdefault((r["workload"], r["workers"], r["load"]), []).append(r)
+    out: list[dict[str, Any]] = []
+    for (name, g, rho), rs in sorted(cells.items()):
+        rs = sorted(rs, key=lambda r: r["seed"])
+        labels = list(rs[0]["lanes"])
+        base = [lb for lb in labels if rs[0]["lanes"][lb]["policy"] in BASELINES]
+
+        def mean_of(label: str, key: str, rs: list[dict[str, Any]] = rs) -> float:
+            vals = [r["lanes"][label][key] for r in rs if r["lanes"][label][key] is not None]
+            return sum(vals) / len(vals) if vals else math.nan
+
+        best_s = min(base, key=lambda lb: mean_of(lb, "spread_steps")) if base else None
+        best_t = max(base, key=lambda lb: mean_of(lb, "throughput_tps")) if base else None
+        best_p = min(base, key=lambda lb: mean_of(lb, "tpot_p95_ms")) if base else None
+        best_sec = min(base, key=lambda lb: mean_of(lb, "spread_seconds")) if base else None
+        lanes: dict[str, Any] = {}
+        for lb in labels:
+            row: dict[str, Any] = {"policy": rs[0]["lanes"][lb]["policy"]}
+            for key in (
+                "spread_steps",
+                "spread_seconds",
+                "imbalance",
+                "idle_fraction",
+                "throughput_tps",
+                "tpot_p95_ms",
+                "ttft_p99_ms",
+                "shed_fraction",
+                "decision_p99_ms",
+            ):
+                vals = [r["lanes"][lb][key] for r in rs if r["lanes"][lb][key] is not None]
+                row[key] = t_interval(vals) if vals else (math.nan, 0.0)
+            if best_s is not None:
+                row["spread_x"] = _paired(rs, best_s, lb, "spread_steps", invert=True)
+                row["spread_seconds_x"] = _paired(rs, best_sec or best_s, lb, "spread_seconds", invert=True)
+                row["throughput_pct"] = _paired_pct(rs, best_t or best_s, lb, "throughput_tps")
+                row["tpot_p95_pct"] = _paired_pct(rs, best_p or best_s, lb, "tpot_p95_ms")
+            lanes[lb] = row
+        out.append(
+            {
+                "workload": name,
+                "workers": g,
+                "load": rho,
+                "seeds": [r["seed"] for r in rs],
+                "requests": rs[0]["requests"],
+                "window_s": t_interval([r["window_s"] for r in rs])[0],
+                "lifetime_s": rs[0]["lifetime_s"],
+                "best_baseline_spread": best_s,
+                "best_baseline_throughput": best_t,
+                "best_baseline_tpot": best_p,
+                "lanes": lanes,
+            }
+        )
+    return out
+
+
+def _paired(rs: Sequence[dict[str, Any]], ref: str, lb: str, key: str, invert: bool) -> tuple[float, float]:
+    vals = []
+    for r in rs:
+        a, b = r["lanes"][ref][key], r["lanes"][lb][key]
+        if a and b:
+            vals.append(a / b if invert else b / a)
+    return t_interval(vals) if vals else (math.nan, 0.0)
+
+
+def _paired_pct(rs: Sequence[dict[str, Any]], ref: str, lb: str, key: str) -> tuple[float, float]:
+    vals = []
+    for r in rs:
+        a, b = r["lanes"][ref][key], r["lanes"][lb][key]
+        if a and b is not None:
+            vals.append(100.0 * (b / a - 1.0))
+    return t_interval(vals) if vals else (math.nan, 0.0)
+
+
+def cells_for(
+    workloads: Sequence[str],
+    workers: Sequence[int],
+    loads: Sequence[float],
+    lanes: Sequence[str],
+    base: Cell,
+) -> list[Cell]:
+    """Every (workload, G, ρ, seed) cell, largest first (better packing on a process pool)."""
+    for token in lanes:
+        lane_spec(token)
+    cells = [
+        replace(base, workload=w, workers=g, load=rho, seed=s, lanes=tuple(lanes))
+        for w in workloads
+        for g in workers
+        for rho in loads
+        for s in base.protocol.seeds
+    ]
+    return sorted(cells, key=lambda c: -c.workers * c.load)
+
+
+def run_cells(
+    cells: Sequence[Cell],
+    processes: int,
+    on_done: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Run cells locally, in `processes` worker processes (1 = in this process)."""
+    import time
+
+    out: list[dict[str, Any]] = []
+    if processes <= 1:
+        for c in cells:
+            r = run_cell(c, time.perf_counter)
+            out.append(r)
+            if on_done is not None:
+                on_done(r)
+        return out
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        for r in pool.imap_unordered(_run_cell_timed, cells):
+            out.append(r)
+            if on_done is not None:
+                on_done(r)
+    return out
+
+
+def _run_cell_timed(cell: Cell) -> dict[str, Any]:
+    import time
+
+    return run_cell(cell, time.perf_counter)
+
+
+def protocol_json(p: Protocol) -> dict[str, Any]:
+    return asdict(p)
