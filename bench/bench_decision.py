@@ -25,6 +25,7 @@ import numpy as np
 
 from shadow.core import POLICIES, BRParams, schedule_round
 from shadow.core.balanceroute import BalanceRoute
+from shadow.core.bra import BalanceRouteAdaptive
 from shadow.core.baselines import WorkerView, bind_all, make_baseline
 from shadow.core.pool import Pool
 
@@ -51,12 +52,18 @@ def percentile(xs: list[float], q: float) -> float:
 def time_round(policy: str, state, params: BRParams) -> float:  # type: ignore[no-untyped-def]
     """Milliseconds for one routing round over a pre-built pool (what a live router pays)."""
     loads, free, waiting, active = state
-    if policy in ("br0", "brh"):
+    if policy in ("br0", "brh", "bra"):
         pool = Pool()
         for rid, s in waiting:
             pool.add(rid, s)
         arr = np.asarray(active, dtype=np.float64)
         idx, w, c = arr[:, 0].astype(np.int64), arr[:, 1], arr[:, 2]
+        if policy == "bra":  # BR-H projections, prompt loads ≈ loads minus generated tokens
+            bra = BalanceRouteAdaptive(params)
+            prompts = [0.8 * x for x in loads]
+            t0 = time.perf_counter()
+            bra.round(loads, free, pool, 0.0, idx, w, c, prompts)
+            return (time.perf_counter() - t0) * 1e3
         router = BalanceRoute(policy, params)  # type: ignore[arg-type]
         t0 = time.perf_counter()
         router.round(loads, free, pool, 0.0, idx, w, c)
@@ -72,7 +79,7 @@ def time_round(policy: str, state, params: BRParams) -> float:  # type: ignore[n
 def time_e2e(policy: str, state, params: BRParams) -> float:  # type: ignore[no-untyped-def]
     loads, free, waiting, active = state
     t0 = time.perf_counter()
-    schedule_round(policy, loads, free, waiting, params=params, active=active if policy == "brh" else None)
+    schedule_round(policy, loads, free, waiting, params=params, active=active if policy in ("brh", "bra") else None)
     return (time.perf_counter() - t0) * 1e3
 
 
@@ -91,7 +98,7 @@ def run(rounds: int, grid_g: list[int], grid_w: list[int], grid_r: list[int]) ->
             for r_max in grid_r:
                 params = BRParams(horizon=horizon, r_max=r_max)
                 for policy in POLICIES:
-                    if r_max != grid_r[0] and policy not in ("br0", "brh"):
+                    if r_max != grid_r[0] and policy not in ("br0", "brh", "bra"):
                         continue
                     times = [time_round(policy, st, params) for st in states]
                     e2e = [time_e2e(policy, st, params) for st in states]

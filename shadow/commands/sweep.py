@@ -27,7 +27,7 @@ the window is the next --window lifetimes up to the last arrival, the drain is d
 spread is averaged per step (step units) and weighted by step time (seconds); ratios to the
 best baseline are paired per seed and given with a 95% t-interval over seeds.
 --whole-run keeps the old whole-run figures (unbounded queues: they depend on run length).
-bra is this project's BalanceRoute-adaptive; bra{pick}, bra{pick,hold}, bra{window}, bra{} are
+bra is this project's BalanceRoute-adaptive; bra{pick}, bra{pick+hold}, bra{window}, bra{} are
 its ablations (bra{} = BR-H's decisions).
 """
 

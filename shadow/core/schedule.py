@@ -2,7 +2,7 @@
 
 Given per-worker loads and free slots and the waiting requests (oldest first), return the
 admissions one routing round of the named policy makes, as (request_id, worker_index) pairs
-in decision order. Pool policies (br0, brh) run the two-stage assigner; baselines route the
+in decision order. Pool policies (br0, brh; bra, this project's variant) run the two-stage assigner; baselines route the
 waiting requests in arrival order among workers with a free slot, using `loads` as their load
 signal (jsq-bytes, least-tokens) and free slots as the count signal (jsq, p2c).
 """
@@ -18,11 +18,12 @@ import numpy as np
 import numpy.typing as npt
 
 from shadow.core.balanceroute import BalanceRoute
+from shadow.core.bra import BalanceRouteAdaptive
 from shadow.core.baselines import BASELINES, WorkerView, bind_all, make_baseline
 from shadow.core.params import BRParams
 from shadow.core.pool import Pool
 
-POOL_POLICIES = ("br0", "brh")
+POOL_POLICIES = ("br0", "brh", "bra")  # bra: this project's BalanceRoute-adaptive
 POLICIES: tuple[str, ...] = ("rr", "random", "p2c", "jsq", "jsq-bytes", "least-tokens", *POOL_POLICIES)
 
 Waiting = tuple[Hashable, int] | tuple[Hashable, int, float]
@@ -123,9 +124,16 @@ def schedule_round(
         admitted = list(waiting)[:capacity]
         picks = bind_all(make_baseline(policy, random.Random(seed)), view, [w[1] for w in admitted], True)
         return [(w[0], g) for w, g in zip(admitted, picks, strict=True)]
-    idx, w, c = _active_arrays(loads, active if policy == "brh" else None)
+    idx, w, c = _active_arrays(loads, active if policy in ("brh", "bra") else None)
     pool = Pool()
     for item in waiting:
         pool.add(item[0], int(item[1]), 0.0, float(item[2]) if len(item) == 3 else None)
+    free = [int(c) for c in free_slots]
+    if policy == "bra":
+        # Without `active` BRA scores with BR-0; a round has no clock, so nothing is held back
+        # for longer than this call (held requests are simply not in the result).
+        has_active = active is not None and len(active) > 0
+        bra = BalanceRouteAdaptive(br)
+        return bra.round(loads, free, pool, 0.0, *((idx, w, c) if has_active else (None, None, None)))
     router = BalanceRoute("br0" if policy == "br0" else "brh", br)
-    return router.round(loads, [int(c) for c in free_slots], pool, 0.0, idx, w, c)
+    return router.round(loads, free, pool, 0.0, idx, w, c)

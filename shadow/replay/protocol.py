@@ -43,9 +43,9 @@ ABLATIONS: dict[str, BRAParams] = {
     "bra": BRAParams(),
     "bra{}": BRAParams(score_pick=False, hold=False, scale_window=False),
     "bra{pick}": BRAParams(hold=False, scale_window=False),
-    "bra{pick,hold}": BRAParams(scale_window=False),
+    "bra{pick+hold}": BRAParams(scale_window=False),
     "bra{window}": BRAParams(score_pick=False, hold=False),
-    "bra{pick,window}": BRAParams(hold=False),
+    "bra{pick+window}": BRAParams(hold=False),
 }
 
 
@@ -94,7 +94,7 @@ class Cell:
 
 
 def lane_spec(text: str) -> tuple[LaneSpec, BRAParams | None]:
-    """A lane token: a baseline, br0, brh[:pred], bra[:pred] or an ablation like bra{pick,hold}[:pred]."""
+    """A lane token: a baseline, br0, brh[:pred], bra[:pred] or an ablation like bra{pick+hold}[:pred]."""
     name, _, predictor = text.strip().partition(":")
     if name in ABLATIONS:
         spec = LaneSpec("bra", predictor or "survival", name=name + (f":{predictor}" if predictor else ""))

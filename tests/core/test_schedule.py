@@ -38,8 +38,12 @@ def test_invariants_for_every_policy(
     for g, n in per_worker.items():
         assert 0 <= g < len(loads)
         assert n <= free[g], f"worker {g} got {n} requests for {free[g]} free slots"
-    # Work conserving: every policy fills min(waiting, free slots).
-    assert len(out) == min(len(waiting), sum(free))
+    # Work conserving: every policy fills min(waiting, free slots) — except that BRA may hold a
+    # request back when every placement raises the barrier (tests/core/test_bra.py).
+    if policy == "bra":
+        assert len(out) <= min(len(waiting), sum(free))
+    else:
+        assert len(out) == min(len(waiting), sum(free))
 
 
 @settings(max_examples=200, deadline=None)
