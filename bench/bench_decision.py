@@ -25,8 +25,8 @@ import numpy as np
 
 from shadow.core import POLICIES, BRParams, schedule_round
 from shadow.core.balanceroute import BalanceRoute
-from shadow.core.bra import BalanceRouteAdaptive
 from shadow.core.baselines import WorkerView, bind_all, make_baseline
+from shadow.core.bra import BalanceRouteAdaptive
 from shadow.core.pool import Pool
 
 SLOTS = 64
@@ -79,7 +79,8 @@ def time_round(policy: str, state, params: BRParams) -> float:  # type: ignore[n
 def time_e2e(policy: str, state, params: BRParams) -> float:  # type: ignore[no-untyped-def]
     loads, free, waiting, active = state
     t0 = time.perf_counter()
-    schedule_round(policy, loads, free, waiting, params=params, active=active if policy in ("brh", "bra") else None)
+    act = active if policy in ("brh", "bra") else None
+    schedule_round(policy, loads, free, waiting, params=params, active=act)
     return (time.perf_counter() - t0) * 1e3
 
 

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from shadow.commands._replay_args import add_br_args, add_fleet_args, add_workload_args, setup_from
+from shadow.commands.sweep_protocol import add_protocol_args, run_protocol
 from shadow.replay.experiment import DEFAULT_POLICIES, ReplayReport, ReplaySetup, run_replay
 from shadow.replay.render import render_report
 from shadow.traces import Trace, TraceError, resolve
@@ -20,6 +21,7 @@ EPILOG = """examples:
   shadow replay paper-azure --load 1.05                  # the paper's comparison, near saturation
   shadow replay ../shared/traces/conversation_trace.jsonl --load 1.05 --json out.json --plot loads.png
   shadow replay paper-templates -G 16 --policies jsq,jsq-bytes,br0,brh:exactmatch,brh:oracle
+  shadow replay paper-azure --load 1.05 --steady --policies jsq-bytes,least-tokens,br0,bra   # 3 seeds, CI
 
 Throughput and latencies come from the step model T = a·max L + b (set --step-a/--step-b to
 your fleet's fit). brh:oracle knows true output lengths: an offline upper bound, never deployable.
@@ -41,11 +43,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--policies",
         default=",".join(DEFAULT_POLICIES),
         help="comma-separated lanes: rr, random, p2c, jsq, jsq-bytes, least-tokens, br0, "
-        "brh:survival, brh:exactmatch, brh:oracle (default: all)",
+        "brh:survival, brh:exactmatch, brh:oracle, bra (this project's BalanceRoute-adaptive; "
+        "also bra:oracle ...) (default: all but bra)",
     )
     add_br_args(p)
     p.add_argument("--json", metavar="OUT", help="write the figures as JSON to OUT")
     p.add_argument("--plot", metavar="OUT.png", help="draw per-worker KV-load trajectories per policy")
+    add_protocol_args(p, default=False)
     p.set_defaults(func=run)
 
 
@@ -77,6 +81,8 @@ def replay_with_progress(trace: Trace, setup: ReplaySetup, console: Console) -> 
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.steady:
+        return run_protocol(args, args.policies, "replay")
     console = Console(stderr=False)
     if not console.is_terminal:
         console = Console(stderr=False, width=170)

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from shadow.commands._replay_args import add_br_args, add_fleet_args, add_workload_args, setup_from
+from shadow.commands.sweep_protocol import add_protocol_args
 from shadow.replay.sweep import SweepRow, run_sweep
 from shadow.traces import TraceError, resolve
 
@@ -70,18 +71,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     add_br_args(p)
     p.add_argument("--json", metavar="OUT", help="write every cell (and every seed's run) as JSON")
-    g = p.add_argument_group("steady-state protocol (the default)")
-    g.add_argument("--whole-run", action="store_true", help="old whole-run figures, unbounded queues")
-    g.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
-    g.add_argument("--warmup", type=float, default=3.0, help="warm-up discarded, in lifetimes (default 3)")
-    g.add_argument("--window", type=float, default=5.0, help="measured window, in lifetimes (default 5)")
-    g.add_argument(
-        "--timeout", type=float, default=5.0, help="admission timeout in s; 0 = never shed (default 5)"
-    )
-    g.add_argument(
-        "--max-requests", type=int, default=40_000, help="cap on requests per run (default 40,000)"
-    )
-    g.add_argument("--jobs", type=int, default=1, help="local worker processes (default 1)")
+    add_protocol_args(p, default=True)
     p.set_defaults(func=run)
 
 
@@ -93,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.whole_run:
         from shadow.commands.sweep_protocol import run_protocol
 
-        return run_protocol(args, args.policies or PROTOCOL_POLICIES)
+        return run_protocol(args, args.policies or PROTOCOL_POLICIES, "sweep")
     console = Console() if Console().is_terminal else Console(width=170)
     err = Console(stderr=True)
     try:

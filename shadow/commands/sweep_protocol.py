@@ -18,6 +18,26 @@ from shadow.replay.protocol import Cell, Protocol, cells_for, run_cells, summari
 from shadow.traces import TraceError
 
 
+def add_protocol_args(p: argparse.ArgumentParser, default: bool) -> None:
+    """The protocol's flags; `default` says whether it is the command's default mode."""
+    title = "steady-state protocol (the default)" if default else "steady-state protocol (--steady)"
+    g = p.add_argument_group(title)
+    if default:
+        g.add_argument("--whole-run", action="store_true", help="old whole-run figures, unbounded queues")
+    else:
+        g.add_argument("--steady", action="store_true", help="measure under the steady-state protocol")
+    g.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
+    g.add_argument("--warmup", type=float, default=3.0, help="warm-up discarded, in lifetimes (default 3)")
+    g.add_argument("--window", type=float, default=5.0, help="measured window, in lifetimes (default 5)")
+    g.add_argument(
+        "--timeout", type=float, default=5.0, help="admission timeout in s; 0 = never shed (default 5)"
+    )
+    g.add_argument(
+        "--max-requests", type=int, default=40_000, help="cap on requests per run (default 40,000)"
+    )
+    g.add_argument("--jobs", type=int, default=1, help="local worker processes (default 1)")
+
+
 def protocol_from(args: argparse.Namespace) -> Protocol:
     seeds = tuple(int(x) for x in str(args.seeds).split(",") if x.strip())
     return Protocol(
@@ -29,7 +49,7 @@ def protocol_from(args: argparse.Namespace) -> Protocol:
     )
 
 
-def run_protocol(args: argparse.Namespace, policies: str) -> int:
+def run_protocol(args: argparse.Namespace, policies: str, command: str) -> int:
     """Run the grid of (G, ρ, seed) cells and print one table per (G, ρ)."""
     console = Console() if Console().is_terminal else Console(width=200)
     err = Console(stderr=True)
@@ -38,6 +58,8 @@ def run_protocol(args: argparse.Namespace, policies: str) -> int:
             raise ValueError(
                 "the steady-state protocol sets the rate by --load/--loads and has no prefill stage"
             )
+        if getattr(args, "limit", None):
+            raise ValueError("the steady-state protocol sizes runs itself: use --max-requests, not --limit")
         proto = protocol_from(args)
         lanes = [x.strip() for x in policies.split(",") if x.strip()]
         workers = args.workers if isinstance(args.workers, list) else [args.workers]
@@ -66,7 +88,7 @@ def run_protocol(args: argparse.Namespace, policies: str) -> int:
 
         runs = run_cells(cells, max(1, args.jobs), on_done)
     except (TraceError, ValueError) as exc:
-        print(f"shadow sweep: {exc}", file=sys.stderr)
+        print(f"shadow {command}: {exc}", file=sys.stderr)
         return 2
     summary = summarise(runs)
     console.print(f"[bold]protocol[/]: {proto.describe()}")

@@ -2,9 +2,10 @@
 
 Given per-worker loads and free slots and the waiting requests (oldest first), return the
 admissions one routing round of the named policy makes, as (request_id, worker_index) pairs
-in decision order. Pool policies (br0, brh; bra, this project's variant) run the two-stage assigner; baselines route the
-waiting requests in arrival order among workers with a free slot, using `loads` as their load
-signal (jsq-bytes, least-tokens) and free slots as the count signal (jsq, p2c).
+in decision order. Pool policies (br0, brh, and bra — this project's variant) run the two-stage
+assigner; baselines route the waiting requests in arrival order among workers with a free
+slot, using `loads` as their load signal (jsq-bytes, least-tokens) and free slots as the count
+signal (jsq, p2c).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import numpy as np
 import numpy.typing as npt
 
 from shadow.core.balanceroute import BalanceRoute
-from shadow.core.bra import BalanceRouteAdaptive
 from shadow.core.baselines import BASELINES, WorkerView, bind_all, make_baseline
+from shadow.core.bra import BalanceRouteAdaptive
 from shadow.core.params import BRParams
 from shadow.core.pool import Pool
 

@@ -99,6 +99,7 @@ def test_sweep_reports_each_cell(tmp_path: Path, capsys: pytest.CaptureFixture[s
         [
             "sweep",
             "paper-azure",
+            "--whole-run",
             "--limit",
             "300",
             "--workers",

@@ -96,9 +96,10 @@ def test_every_idea_off_makes_balanceroute_decisions(
     loads, free, sizes, ages, active = state
     br = BRParams(r_max=r_max, s_greedy=s_greedy, horizon=20)
     off = BRAParams(score_pick=False, hold=False, scale_window=False)
-    a = BalanceRouteAdaptive(br, off).round(loads, free, _pool(sizes, ages, 10.0), 10.0, *(active or (None, None, None)))
+    act = active or (None, None, None)
+    a = BalanceRouteAdaptive(br, off).round(loads, free, _pool(sizes, ages, 10.0), 10.0, *act)
     variant = "br0" if active is None else "brh"
-    b = BalanceRoute(variant, br).round(loads, free, _pool(sizes, ages, 10.0), 10.0, *(active or (None, None, None)))
+    b = BalanceRoute(variant, br).round(loads, free, _pool(sizes, ages, 10.0), 10.0, *act)
     assert a == b
 
 
