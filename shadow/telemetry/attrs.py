@@ -1,0 +1,27 @@
+"""Span attribute keys shadow uses (our own constants: the Python semconv `gen_ai` ones are marked
+moved). Never prompt or completion text."""
+
+SERVICE_NAME = "shadow-sidecar"
+
+# shadow.* (our namespace)
+REQUEST_ID = "shadow.request.id"
+ACTUAL_WORKER = "shadow.actual.worker"
+DECISION_WORKER = "shadow.decision.worker"
+AGREE = "shadow.agree"
+LANE = "shadow.lane"
+FINISH_REASON = "shadow.finish.reason"
+PROMPT_KEY = "shadow.prompt.key"  # a hash, never the prompt
+CANDIDATES = "shadow.candidates.count"
+POOL_SIZE = "shadow.pool.size"
+DECISIONS = "shadow.decisions.count"
+HELD = "shadow.admission.held"
+MODE_FROM = "shadow.mode.from"
+MODE_TO = "shadow.mode.to"
+MODE_REASON = "shadow.mode.reason"
+SOURCE = "shadow.source"
+
+# gen_ai.* (OpenTelemetry GenAI semantic conventions, development status)
+GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"

@@ -1,0 +1,143 @@
+"""Tracing: mirrored-request spans (sampled, capped), routing-round spans, provider from OTEL_*
+variables; asserted with the in-memory exporter on an injected provider (never the global one)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from shadow.engine.events import Arrive, Cancel, Finish, Route, Token
+from shadow.telemetry import attrs
+from shadow.telemetry.tracing import MirrorSpans, RoutingSpans, get_tracer, make_provider
+from tests.telemetry.stack import running_stack, send_traffic
+
+
+def _provider(ratio: str) -> tuple[TracerProvider, InMemorySpanExporter]:
+    provider = make_provider({"OTEL_TRACES_SAMPLER_ARG": ratio, "OTEL_SERVICE_NAME": "shadow-test"})
+    assert provider is not None
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+Traced = tuple[trace.Tracer, InMemorySpanExporter]
+
+
+@pytest.fixture
+def traced() -> Iterator[Traced]:
+    provider, exporter = _provider("1")
+    yield get_tracer(provider), exporter
+    provider.shutdown()
+
+
+def test_one_span_per_request_with_worker_tokens_and_reason(traced: Traced) -> None:
+    tracer, exporter = traced
+    spans = MirrorSpans(tracer, clock_ns=iter(range(1_000, 10_000, 100)).__next__)
+    for ev in (Arrive("r1", 0.0, prompt_tokens=50, max_tokens=9, prompt_key="k1"),
+               Route("r1", 0.1, "d1"),
+               Token("r1", 0.2, 3), Token("r1", 0.3, 9), Finish("r1", 0.4, "length", 9),
+               Arrive("r2", 0.0), Route("r2", 0.1, "d0"), Cancel("r2", 0.2)):
+        spans(ev)
+    done = {s.attributes[attrs.REQUEST_ID]: s for s in exporter.get_finished_spans()}
+    assert set(done) == {"r1", "r2"} and not spans.open
+    r1 = done["r1"]
+    assert r1.name == "shadow.mirror.request" and r1.kind == trace.SpanKind.INTERNAL
+    assert r1.attributes[attrs.ACTUAL_WORKER] == "d1"
+    assert r1.attributes[attrs.GEN_AI_USAGE_INPUT_TOKENS] == 50
+    assert r1.attributes[attrs.GEN_AI_REQUEST_MAX_TOKENS] == 9
+    assert r1.attributes[attrs.GEN_AI_USAGE_OUTPUT_TOKENS] == 9
+    assert r1.attributes[attrs.FINISH_REASON] == "length"
+    assert r1.attributes[attrs.PROMPT_KEY] == "k1"
+    assert [e.name for e in r1.events] == ["route"]
+    assert r1.start_time < r1.events[0].timestamp < r1.end_time
+    assert r1.resource.attributes["service.name"] == "shadow-test"
+    assert done["r2"].attributes[attrs.FINISH_REASON] == "cancel"
+    assert done["r2"].status.status_code == trace.StatusCode.UNSET
+
+
+def test_errors_mark_the_span(traced: Traced) -> None:
+    tracer, exporter = traced
+    spans = MirrorSpans(tracer)
+    spans(Route("r", 0.0, "d0"))  # a request first seen at routing still gets its span
+    spans(Finish("r", 1.0, "cut"))
+    (span,) = exporter.get_finished_spans()
+    assert span.status.status_code == trace.StatusCode.ERROR and span.attributes[attrs.FINISH_REASON] == "cut"
+
+
+def test_unsampled_requests_keep_no_span_state() -> None:
+    provider, exporter = _provider("0")
+    spans = MirrorSpans(get_tracer(provider))
+    for i in range(5):
+        spans(Arrive(f"r{i}", 0.0))
+        spans(Route(f"r{i}", 0.1, "d0"))
+    assert not spans.open and len(spans.unsampled) == 5
+    for i in range(5):
+        spans(Finish(f"r{i}", 1.0))
+    assert not spans.unsampled and exporter.get_finished_spans() == ()
+
+
+def test_open_spans_are_capped_and_evictions_counted(traced: Traced) -> None:
+    tracer, exporter = traced
+    spans = MirrorSpans(tracer, max_open=2)
+    for i in range(3):
+        spans(Arrive(f"r{i}", 0.0))
+    assert len(spans.open) == 2 and spans.evicted == 1
+    (evicted,) = exporter.get_finished_spans()
+    assert evicted.attributes[attrs.REQUEST_ID] == "r0"
+    assert evicted.attributes[attrs.FINISH_REASON] == "evicted"
+
+
+def test_routing_round_with_admissions_and_mode_transition(traced: Traced) -> None:
+    tracer, exporter = traced
+    routing = RoutingSpans(tracer)
+    with routing.round("br0", pool_size=3, candidates=4) as span:
+        routing.admission(span, "a", "d1", actual_worker="d1")
+        routing.admission(span, "b", "d2", actual_worker="d0")
+        routing.admission(span, "c", None, held=True)
+    routing.mode_transition("shadow", "active", "operator")
+    rnd, mode = exporter.get_finished_spans()
+    assert rnd.name == "shadow.route.round" and rnd.attributes[attrs.LANE] == "br0"
+    assert rnd.attributes[attrs.POOL_SIZE] == 3 and rnd.attributes[attrs.CANDIDATES] == 4
+    agree = [e.attributes.get(attrs.AGREE) for e in rnd.events]
+    assert agree == [True, False, None]
+    assert [e.attributes[attrs.HELD] for e in rnd.events] == [False, False, True]
+    assert mode.name == "shadow.mode.transition" and mode.attributes[attrs.MODE_REASON] == "operator"
+
+
+def test_provider_from_environment() -> None:
+    assert make_provider({"OTEL_SDK_DISABLED": "true"}) is None
+    assert isinstance(get_tracer(None), trace.NoOpTracer)
+    spans = MirrorSpans(get_tracer(None))
+    spans(Arrive("r", 0.0))
+    assert not spans.open  # no-op spans are never recording
+    with pytest.raises(ValueError, match="OTEL_TRACES_SAMPLER_ARG"):
+        make_provider({"OTEL_TRACES_SAMPLER_ARG": "2"})
+    p = make_provider({})
+    assert p is not None and p.sampler.get_description().startswith("ParentBased")
+    p.shutdown()
+
+
+@pytest.mark.integration
+def test_spans_for_real_mirrored_requests(traced: Traced) -> None:
+    tracer, exporter = traced
+    spans = MirrorSpans(tracer)
+    with running_stack() as stack:
+        stack.taps.sync(stack.taps.svc.mirror.listeners.append, spans)
+        send_traffic(list(stack.tap_urls.values()), per_url=3, max_tokens=6)
+        stack.taps.wait_for(lambda: stack.taps.svc.state.live() == 0 and not len(stack.taps.svc.queue))
+        assert stack.taps.sync(lambda: len(spans.open)) == 0
+    done = exporter.get_finished_spans()
+    assert len(done) == 6
+    by_worker: dict[str, int] = {}
+    for s in done:
+        w = s.attributes[attrs.ACTUAL_WORKER]
+        by_worker[w] = by_worker.get(w, 0) + 1
+        assert 0 < s.attributes[attrs.GEN_AI_USAGE_OUTPUT_TOKENS] <= 6
+        assert s.attributes[attrs.FINISH_REASON] in ("stop", "length")
+        assert s.end_time > s.start_time
+    assert by_worker == {"d0": 3, "d1": 3}
