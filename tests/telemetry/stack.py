@@ -52,9 +52,10 @@ def send_traffic(urls: list[str], per_url: int = 3, max_tokens: int = 8) -> None
 
 
 @contextmanager
-def running_stack(decode: int = 2, slots: int = 8, scrape_interval_s: float = 0.5) -> Iterator[Stack]:
-    """Fleet (plain decode ranks, fast steps) with a tap in front of each rank."""
-    cfg = FleetConfig(prefill=0, decode=decode, slots=slots, base_port=0, time_scale=0.05)
+def running_stack(decode: int = 2, slots: int = 8, scrape_interval_s: float = 0.5,
+                  time_scale: float = 0.05) -> Iterator[Stack]:
+    """Fleet (plain decode ranks; fast steps by default) with a tap in front of each rank."""
+    cfg = FleetConfig(prefill=0, decode=decode, slots=slots, base_port=0, time_scale=time_scale)
     with FleetThread(cfg) as fleet:
         workers = {f"d{g}": u for g, u in enumerate(fleet.decode_urls)}
         with TapThread(TapConfig(workers, slots=slots, scrape_interval_s=scrape_interval_s)) as taps:

@@ -11,13 +11,8 @@ and the test lists them (it fails if a serve metric is exported and its expressi
 from __future__ import annotations
 
 import json
-import shutil
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -25,6 +20,8 @@ import yaml
 
 from shadow.telemetry.catalogue import lookup
 from tests.telemetry.promql import metric_names, substitute
+from tests.telemetry.servers import Prometheus
+from tests.telemetry.servers import wait_for as _wait
 from tests.telemetry.stack import Stack, running_stack, send_traffic
 
 pytestmark = pytest.mark.integration
@@ -32,71 +29,6 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 VARS = {"fleet": ".*", "instance": ".*", "lane": ".*"}
 RATE = "30s"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait(pred: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-class Prometheus:
-    """Debian's prometheus on loopback with the shipped config, templated to the given targets."""
-
-    def __init__(self, tmp: Path, targets: list[str], interval: str = "1s") -> None:
-        exe = shutil.which("prometheus")
-        if exe is None:
-            pytest.fail("prometheus is not installed (apt-get install -y prometheus; scripts/test.sh does)")
-        conf = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
-        rules = tmp / "rules"
-        rules.mkdir()
-        for p in (ROOT / "alerts" / "rules").glob("*.yaml"):
-            shutil.copy(p, rules / p.name)
-        conf["global"].update(scrape_interval=interval, evaluation_interval=interval)
-        conf["rule_files"] = [str(rules / "*.yaml")]
-        conf.pop("alerting", None)
-        (job,) = [j for j in conf["scrape_configs"] if j["job_name"] == "shadow"]
-        job["static_configs"][0]["targets"] = targets
-        (tmp / "prometheus.yml").write_text(yaml.safe_dump(conf))
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = (tmp / "prometheus.log").open("wb")
-        self.proc = subprocess.Popen(
-            [exe, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}"],
-            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-    def ready(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"prometheus exited with {self.proc.returncode}")
-        try:
-            return httpx.get(self.url + "/-/ready", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def query(self, expr: str) -> dict[str, Any]:
-        r = httpx.get(self.url + "/api/v1/query", params={"query": expr}, timeout=10)
-        body: dict[str, Any] = r.json()
-        return body
-
-    def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
-        self.log.close()
 
 
 def _expressions() -> list[tuple[str, str]]:
