@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
 import httpx
@@ -71,6 +73,12 @@ def test_real_exporters_export_nothing_outside_the_catalogue() -> None:
         tap_text = httpx.get(stack.api + "/metrics", timeout=5).text
         fleet_texts = [httpx.get(u + "/metrics", timeout=5).text for u in stack.fleet.decode_urls]
     assert check_exposition(tap_text, exporters=["tap"]) == []
+    # Prometheus' own metric lint (naming, units, _total only on counters) accepts what shadow exports
+    # (the fleet's vllm:* names are vLLM's, colons included, and are not linted here)
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing (apt-get install -y prometheus)"
+    lint = subprocess.run([promtool, "check", "metrics"], input=tap_text, capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
     for text in fleet_texts:
         assert check_exposition(text, exporters=["fleet", "vllm"]) == []
     # and the scrape really covered the mirror's families, with samples
