@@ -17,8 +17,11 @@ def is_loopback(host: str) -> bool:
 
 
 def bearer_ok(authorization: str | None, token: str) -> bool:
-    """Constant-time check of an `Authorization: Bearer <token>` header value."""
-    return hmac.compare_digest((authorization or "").encode(), f"Bearer {token}".encode())
+    """Constant-time check of an `Authorization: Bearer <token>` header value (the scheme is
+    case-insensitive, RFC 9110 §11.1)."""
+    scheme, _, cred = (authorization or "").strip().partition(" ")
+    ok_scheme = scheme.lower() == "bearer"
+    return hmac.compare_digest(cred.strip().encode(), token.encode()) and ok_scheme
 
 
 def admin_denied(

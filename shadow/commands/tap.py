@@ -5,6 +5,14 @@ Point the existing router at the printed tap URLs instead of the workers — or,
 with `--worker`; decisions are read from what the router exposes. When ready, one JSON
 line `{"taps": {NAME: url}, "api": url}` is printed on stdout; the API serves /v1/state,
 /v1/events (GET recent, POST NDJSON), /v1/events/schema and /metrics.
+
+Taps relay the inference API only (/v1/*, /health, /metrics, /version, /tokenize, ...; extend
+with --allow-path); malformed or ambiguous HTTP/1.1 gets 400 and is never forwarded. SIGTERM or
+SIGINT: stop accepting, let in-flight streams finish (up to --drain-timeout), exit; a second
+signal exits at once.
+
+Example:
+  shadow tap --upstream d0=http://10.0.0.5:8000 --upstream d1=http://10.0.0.6:8000 --slots 256
 """
 
 from __future__ import annotations
@@ -15,11 +23,14 @@ import contextlib
 import gc
 import json
 import os
+import resource
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+from shadow.mirror.http1 import DEFAULT_ALLOW_PATHS
+from shadow.mirror.keys import default_secret_path, load_or_create_secret
 from shadow.mirror.service import TapConfig, TapService
 
 
@@ -103,6 +114,51 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--forward", metavar="URL", help="also POST every event to another shadow's event API")
     p.add_argument(
+        "--forward-token",
+        default=os.environ.get("SHADOW_FORWARD_TOKEN"),
+        help="bearer token for --forward posts (env SHADOW_FORWARD_TOKEN); failures are counted in "
+        "shadow_mirror_forward_errors_total",
+    )
+    p.add_argument(
+        "--allow-path",
+        action="append",
+        metavar="PATH",
+        default=[],
+        help="relay this path too (a trailing / makes it a prefix); repeatable. Default list: "
+        + " ".join(DEFAULT_ALLOW_PATHS),
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="on SIGTERM/SIGINT, wait this long for in-flight requests to finish (default 30)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=4096,
+        help="client connections per tap; beyond it the oldest idle one is closed, else 503 (default 4096)",
+    )
+    p.add_argument(
+        "--header-timeout", type=float, default=10.0, metavar="S", help="request head deadline (default 10)"
+    )
+    p.add_argument(
+        "--idle-timeout", type=float, default=60.0, metavar="S", help="idle keep-alive close (default 60)"
+    )
+    p.add_argument(
+        "--max-live",
+        type=int,
+        default=1_000_000,
+        help="mirrored requests alive at once; new ones beyond it are dropped and counted (default 1e6)",
+    )
+    p.add_argument(
+        "--key-file",
+        metavar="FILE",
+        help="secret for prompt keys (HMAC), created when missing; default $SHADOW_KEY_FILE or "
+        "~/.local/state/shadow/prompt-key",
+    )
+    p.add_argument(
         "--events-token",
         default=os.environ.get("SHADOW_EVENTS_TOKEN"),
         help="bearer token required by POST /v1/events (env SHADOW_EVENTS_TOKEN); without one, event "
@@ -141,10 +197,28 @@ def config_from_args(args: argparse.Namespace) -> TapConfig:
         forward_to=args.forward,
         inject_usage=args.inject_usage,
         events_token=args.events_token,
+        forward_token=args.forward_token,
+        allow_paths=tuple(args.allow_path),
+        max_connections=args.max_connections,
+        header_timeout_s=args.header_timeout,
+        idle_timeout_s=args.idle_timeout,
+        max_live=args.max_live,
+        key_secret=load_or_create_secret(args.key_file or default_secret_path()),
     )
 
 
-async def serve(config: TapConfig) -> None:
+def raise_fd_limit() -> None:
+    """Lift the soft open-files limit to the hard one (each relayed request holds two sockets)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(
+                resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard)
+            )
+
+
+async def serve(config: TapConfig, drain_timeout_s: float = 30.0) -> None:
+    raise_fd_limit()
     svc = TapService(config)
     ready = await svc.start()
     # Latency: full (generation 2) collections are the relay's worst pauses; make them rare and
@@ -154,13 +228,20 @@ async def serve(config: TapConfig) -> None:
     print(json.dumps(ready), flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set():  # a second signal: exit at once
+            print("shadow tap: second signal, exiting now", file=sys.stderr, flush=True)
+            os._exit(1)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal)
     try:
         await stop.wait()
     finally:
-        await svc.stop()
+        await svc.stop(drain_timeout_s=drain_timeout_s)
 
 
 def _runner(kind: str) -> Callable[[Coroutine[Any, Any, None]], None]:
@@ -180,7 +261,7 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     try:
         runner = _runner(args.loop)
-        runner(serve(config))
+        runner(serve(config, args.drain_timeout))
     except ValueError as exc:
         print(f"shadow tap: {exc}", file=sys.stderr)
         return 2

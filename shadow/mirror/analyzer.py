@@ -17,7 +17,6 @@ to a worker name through `worker_by_addr` (host:port → name).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import re
 import secrets
@@ -28,6 +27,7 @@ from typing import Any
 
 from shadow.engine.events import Arrive, Cancel, Finish, FinishReason, Route, Token
 from shadow.mirror.hub import Mirror
+from shadow.mirror.keys import KeySecret
 from shadow.mirror.proxy import (
     END_CLIENT_CANCEL,
     END_COMPLETE,
@@ -105,15 +105,9 @@ class _Pair:
 
 
 def prompt_key(req: dict[str, Any]) -> str | None:
-    """A stable hash of the prompt (messages or prompt field); the text itself is never kept."""
-    src = req.get("messages", req.get("prompt"))
-    if src is None:
-        return None
-    try:
-        canon = json.dumps(src, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    except (TypeError, ValueError):
-        return None
-    return hashlib.blake2b(canon.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+    """A keyed hash of the prompt under a fresh random secret (use `shadow.mirror.keys.KeySecret`
+    for a per-deployment one); the text itself is never kept."""
+    return KeySecret().prompt_key(req)
 
 
 def _is_llm_path(path: str) -> bool:
@@ -137,8 +131,10 @@ class Analyzer:
         clock: Callable[[], float] = time.monotonic,
         front_taps: Iterable[str] = (),
         worker_by_addr: Mapping[str, str] | None = None,
+        prompt_key_fn: Callable[[dict[str, Any]], str | None] | None = None,
     ) -> None:
         self.mirror = mirror
+        self.prompt_key = prompt_key_fn if prompt_key_fn is not None else KeySecret().prompt_key
         self.prefill_taps = frozenset(prefill_taps)
         self.front_taps = frozenset(front_taps)
         self.worker_by_addr = dict(worker_by_addr or {})
@@ -284,7 +280,7 @@ class Analyzer:
         ok_mt = isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens >= 0
         mt = max_tokens if ok_mt else None
         mirror = self.mirror
-        mirror.emit(Arrive(mid, t_arr, prompt, prompt_key(req) if req else None, mt), "tap", now)
+        mirror.emit(Arrive(mid, t_arr, prompt, self.prompt_key(req) if req else None, mt), "tap", now)
         leg.prompt_known = prompt is not None
         if tap in self.front_taps:
             return leg  # the route comes with the response (see _decision)

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, MutableMapping
 from importlib import resources
@@ -26,8 +27,12 @@ from shadow.mirror.hub import Mirror, event_dict
 from shadow.security import admin_denied
 
 DEFAULT_MAX_BODY = 8 << 20
+DEFAULT_MAX_ID_LEN = 256
+MAX_INT = 1 << 53  # integers in events stay exact in a float (Prometheus) and in JSON readers
+MAX_LINE = 64 << 10  # one NDJSON line
 REJECT_REASONS = (
     "invalid_json",
+    "too_long",
     "not_object",
     "unknown_type",
     "unknown_field",
@@ -57,20 +62,62 @@ def reject_reason(message: str) -> str:
     return "invalid_value"
 
 
-def parse_event(obj: Any) -> Event:
-    """`from_dict` plus the type rules the schema states and `from_dict` leaves open."""
+class TooLong(ValueError):
+    """An id, worker name or prompt key longer than the configured limit."""
+
+
+def parse_event(obj: Any, max_id_len: int = DEFAULT_MAX_ID_LEN) -> Event:
+    """`from_dict` plus the type rules the schema states and `from_dict` leaves open, bounded
+    integers (|n| <= 2^53), finite numbers, and strings of at most `max_id_len` characters."""
     ev = from_dict(obj)
     if isinstance(ev, Arrive) and ev.prompt_key is not None and not isinstance(ev.prompt_key, str):
         raise ValueError("arrive: prompt_key must be a string")
     if isinstance(ev, Step) and ev.worker is not None and not isinstance(ev.worker, str):
         raise ValueError("step: worker must be a string")
+    for name in ev.__slots__:
+        v = getattr(ev, name)
+        if isinstance(v, bool) or v is None:
+            continue
+        if isinstance(v, int):
+            if not -MAX_INT <= v <= MAX_INT:
+                raise ValueError(f"{ev.kind}: {name} out of range")
+        elif isinstance(v, float):
+            if not math.isfinite(v) or abs(v) > MAX_INT:
+                raise ValueError(f"{ev.kind}: {name} out of range")
+        elif isinstance(v, str):
+            if len(v) > max_id_len:
+                raise TooLong(f"{ev.kind}: {name} longer than {max_id_len}")
+        elif isinstance(v, list | tuple | dict):
+            _check_nested(v, ev.kind, name, max_id_len)
     return ev
 
 
+def _check_nested(v: Any, kind: str, name: str, max_id_len: int) -> None:
+    items = v.values() if isinstance(v, dict) else v
+    if len(v) > 100_000:
+        raise TooLong(f"{kind}: {name} has too many items")
+    for x in items:
+        if isinstance(x, bool) or x is None:
+            continue
+        if isinstance(x, int) and not -MAX_INT <= x <= MAX_INT:
+            raise ValueError(f"{kind}: {name} out of range")
+        if isinstance(x, float) and (not math.isfinite(x) or abs(x) > MAX_INT):
+            raise ValueError(f"{kind}: {name} out of range")
+        if isinstance(x, str) and len(x) > max_id_len:
+            raise TooLong(f"{kind}: {name} longer than {max_id_len}")
+        if isinstance(x, list | tuple | dict):
+            raise ValueError(f"{kind}: {name} nested too deep")
+
+
 def ingest_ndjson(
-    body: bytes, mirror: Mirror, now: float, rejected: MutableMapping[str, int]
+    body: bytes,
+    mirror: Mirror,
+    now: float,
+    rejected: MutableMapping[str, int],
+    max_id_len: int = DEFAULT_MAX_ID_LEN,
 ) -> dict[str, Any]:
-    """Validate and apply every line of an NDJSON batch; never raises."""
+    """Validate and apply every line of an NDJSON batch; never raises (a bad line is rejected
+    with a reason and the others still apply)."""
     accepted = 0
     rej: dict[str, int] = {}
     outcomes: dict[str, int] = {}
@@ -80,13 +127,19 @@ def ingest_ndjson(
             continue
         reason: str | None = None
         ev: Event | None = None
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            reason = "invalid_json"
+        obj: Any = None
+        if len(line) > MAX_LINE:
+            reason = "too_long"
         else:
             try:
-                ev = parse_event(obj)
+                obj = json.loads(line)
+            except (ValueError, RecursionError):  # RecursionError: JSON nested beyond reason
+                reason = "invalid_json"
+        if reason is None:
+            try:
+                ev = parse_event(obj, max_id_len)
+            except TooLong:
+                reason = "too_long"
             except ValueError as exc:
                 reason = reject_reason(str(exc))
             except Exception:
@@ -116,6 +169,7 @@ def create_app(
     clock: Callable[[], float] = time.monotonic,
     host: str = "127.0.0.1",
     ingest_token: str | None = None,
+    max_id_len: int = DEFAULT_MAX_ID_LEN,
 ) -> FastAPI:
     """The API app over one mirror; `rejected` is the counter dict the metrics collector exports.
 
@@ -144,7 +198,7 @@ def create_app(
                 rejected_counts["too_large"] = rejected_counts.get("too_large", 0) + 1
                 return JSONResponse({"error": f"body over {max_body} bytes"}, status_code=413)
             parts.append(chunk)
-        result = ingest_ndjson(b"".join(parts), mirror, clock(), rejected_counts)
+        result = ingest_ndjson(b"".join(parts), mirror, clock(), rejected_counts, max_id_len)
         return JSONResponse(result)
 
     @app.get("/v1/events")
@@ -168,7 +222,12 @@ def create_app(
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        try:
+            body = generate_latest(registry)
+        except Exception as exc:  # never a 500 because of some event's content: say what failed
+            mirror.count_error("metrics")
+            return Response(f"# metrics failed: {type(exc).__name__}\n", status_code=200)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/health")
     async def health() -> Response:

@@ -67,10 +67,22 @@ class Recorder:
 class Mirror:
     """Event fan-in; see module docstring. `listeners` get every applied event (e.g. an emitter)."""
 
-    def __init__(self, state: MirrorState, *, recorder: Recorder | None = None, ring: int = 10_000) -> None:
+    def __init__(
+        self,
+        state: MirrorState,
+        *,
+        recorder: Recorder | None = None,
+        ring: int = 10_000,
+        ring_bytes: int = 16 << 20,
+        max_live: int = 1_000_000,
+    ) -> None:
         self.state = state
         self.recorder = recorder
         self.recent: deque[tuple[int, Event]] = deque(maxlen=ring)
+        self.ring_bytes = ring_bytes  # the recent-events ring is also bounded by (approximate) bytes
+        self.max_live = max_live  # a new request beyond this many live ones is dropped (counted)
+        self._ring_sizes: deque[int] = deque()
+        self._ring_used = 0
         self.seq = 0
         self.listeners: list[Callable[[Event], None]] = []
         # counters (exported by MirrorCollector)
@@ -87,7 +99,11 @@ class Mirror:
         self.errors[stage] = self.errors.get(stage, 0) + n
 
     def emit(self, ev: Event, source: str, now: float) -> str:
-        """Apply and fan out one event; returns the state's outcome."""
+        """Apply and fan out one event; returns the state's outcome (or "live_cap" when dropped)."""
+        rid = getattr(ev, "request_id", None)
+        if rid is not None and self.state.live() >= self.max_live and not self.state.known(rid):
+            self.count_drop("live_cap")
+            return "live_cap"
         outcome = self.state.apply(ev, now)
         key = (source, ev.kind)
         self.events[key] = self.events.get(key, 0) + 1
@@ -99,7 +115,16 @@ class Mirror:
     def _fan_out(self, ev: Event) -> None:
         """Number the event, keep it in `recent`, record it, and hand it to every listener."""
         self.seq += 1
-        self.recent.append((self.seq, ev))
+        recent = self.recent
+        size = 64 + sum(len(v) for v in (getattr(ev, n) for n in ev.__slots__) if isinstance(v, str))
+        if len(recent) == recent.maxlen:
+            self._ring_used -= self._ring_sizes.popleft()
+        recent.append((self.seq, ev))
+        self._ring_sizes.append(size)
+        self._ring_used += size
+        while self._ring_used > self.ring_bytes and len(recent) > 1:
+            recent.popleft()
+            self._ring_used -= self._ring_sizes.popleft()
         if self.recorder is not None:
             self.recorder.write(ev)
         for fn in self.listeners:

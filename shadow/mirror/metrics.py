@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 
 from shadow.mirror.analyzer import Analyzer
 from shadow.mirror.dropqueue import DropQueue
+from shadow.mirror.emitter import Emitter
 from shadow.mirror.hub import Mirror
 from shadow.mirror.proxy import Tap
 from shadow.mirror.reconcile import Reconciler
@@ -53,7 +54,9 @@ class MirrorCollector(Collector):
         reconciler: Reconciler | None = None,
         rejected: Mapping[str, int] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        emitter: Emitter | None = None,
     ) -> None:
+        self.emitter = emitter
         self.mirror = mirror
         self.analyzer = analyzer
         self.queue = queue
@@ -199,6 +202,42 @@ class MirrorCollector(Collector):
                 "Failed connections to upstream workers.",
                 ["worker"],
                 {t.name: t.connect_errors for t in self.taps},
+            )
+            yield _counter(
+                "shadow_mirror_tap_rejected",
+                "Requests or connections a tap refused or cut, by reason (bad_framing, head_too_large, "
+                "header_timeout, idle_timeout, path_not_allowed, upgrade, busy, evicted_idle, not_resent, "
+                "bad_upstream_response).",
+                ["worker", "reason"],
+                {(t.name, k): v for t in self.taps for k, v in list(t.rejected.items())},
+            )
+            yield _gauge(
+                "shadow_mirror_tap_connections",
+                "Client connections open on each tap.",
+                ["worker"],
+                {t.name: t.connections for t in self.taps},
+            )
+        if self.queue is not None:
+            yield _gauge(
+                "shadow_mirror_queue_bytes",
+                "Payload bytes waiting in the tap-to-analysis queue.",
+                [],
+                {(): self.queue.bytes},
+            )
+        em = self.emitter
+        if em is not None:
+            yield _counter("shadow_mirror_forward_sent", "Events forwarded (--forward).", [], {(): em.sent})
+            yield _counter(
+                "shadow_mirror_forward_dropped",
+                "Events not forwarded (full buffer or a failed post).",
+                [],
+                {(): em.dropped},
+            )
+            yield _counter(
+                "shadow_mirror_forward_errors",
+                "Failed forwarding posts (network errors and HTTP statuses >= 400, e.g. 401).",
+                [],
+                {(): em.errors},
             )
         r = self.reconciler
         if r is not None:

@@ -1,11 +1,21 @@
-"""The in-path tap: a lean HTTP/1.1 reverse proxy in front of one upstream worker.
+"""The in-path tap: an HTTP/1.1 reverse proxy in front of one upstream worker, framed by llhttp.
 
-Bytes pass unchanged in both directions (the response's own framing, chunked or not, is relayed
-as is; only hop-by-hop headers are dropped and connection persistence is managed per side). A copy
-of each request and of the de-chunked response body goes to a `DropQueue` as
-`(ctx, seq, t, payload)` items: seq 0 = request start (payload None), seq > 0 = body bytes,
-seq -1 = end (payload = one of END_REASONS). Putting never blocks; a full queue drops data (the
-consumer sees a seq gap) but never an end marker. Nothing here parses JSON or SSE.
+Both directions are parsed by llhttp (httptools) and the tap writes out only what the parser
+delivered, re-framed canonically (a chunked body leaves as the same chunks, without extensions):
+bytes the parser did not accept are never forwarded. Ambiguous or invalid request framing
+(obs-fold, bare LF, CL+TE, bad or negative chunk sizes or Content-Length, repeated
+Content-Length, a Transfer-Encoding other than `chunked`) is answered 400 and the connection is
+closed; an invalid upstream response cuts that one stream (502 before its head, truncation
+after). Bodies stream through with bounded buffers: reading a side pauses when the other cannot
+take more. Hop-by-hop headers are dropped and connection persistence is managed per side.
+Only paths on the allow-list are relayed (`TapLimits.allow_paths`); a request already written
+upstream is resent only when idempotent and body-less.
+
+A copy of each request and of the de-chunked response body goes to a `DropQueue` as
+`(ctx, seq, t, payload)` items: seq 0 = request start (payload None; sent once the request body
+is complete), seq > 0 = response body bytes, seq -1 = end (payload = one of END_REASONS). Putting
+never blocks; a full queue drops data (the consumer sees a seq gap) but never an end marker.
+Nothing here parses JSON or SSE; nothing here does analysis (the relay loop only relays).
 """
 
 from __future__ import annotations
@@ -14,10 +24,28 @@ import asyncio
 import contextlib
 import time
 import urllib.parse
+from collections import deque
 from collections.abc import Coroutine
 from typing import Any, cast
 
+from httptools import HttpParserError, HttpRequestParser, HttpResponseParser
+
 from shadow.mirror.dropqueue import DropQueue
+from shadow.mirror.http1 import (
+    BAD_GATEWAY,
+    BAD_REQUEST,
+    BUSY,
+    HEAD_TOO_LARGE,
+    IDEMPOTENT,
+    NO_UPGRADE,
+    NOT_RELAYED,
+    NOT_RESENT,
+    TIMEOUT,
+    TapLimits,
+    connection_tokens,
+    kept_headers,
+    path_allowed,
+)
 from shadow.mirror.usage_inject import FrameRewriter, inject_request
 
 END_COMPLETE = "complete"
@@ -26,17 +54,31 @@ END_UPSTREAM_CUT = "upstream_cut"
 END_UPSTREAM_ERROR = "upstream_error"
 END_REASONS = (END_COMPLETE, END_CLIENT_CANCEL, END_UPSTREAM_CUT, END_UPSTREAM_ERROR)
 
-_HOP_BY_HOP = frozenset((b"connection", b"keep-alive", b"proxy-connection", b"te", b"upgrade", b"expect"))
-MAX_HEAD = 1 << 20
-_BAD_GATEWAY = (
-    b"HTTP/1.1 502 Bad Gateway\r\ncontent-type: application/json\r\ncontent-length: 77\r\n"
-    b"connection: close\r\n\r\n"
-    b'{"error":{"message":"shadow tap: upstream unavailable","type":"BadGateway"}}\n'
+# Reasons counted in `Tap.rejected` (a bounded label set).
+REJECT_REASONS = (
+    "bad_framing",
+    "head_too_large",
+    "header_timeout",
+    "idle_timeout",
+    "path_not_allowed",
+    "upgrade",
+    "busy",
+    "evicted_idle",
+    "not_resent",
+    "bad_upstream_response",
 )
-assert len(_BAD_GATEWAY.split(b"\r\n\r\n", 1)[1]) == 77
 
 _BODY_NONE, _BODY_LENGTH, _BODY_CHUNKED, _BODY_CLOSE = 0, 1, 2, 3
-_C_SIZE, _C_DATA, _C_TRAILER, _C_DONE = 0, 1, 2, 3
+_FRAMING = frozenset((b"content-length", b"transfer-encoding"))
+
+
+class _Reject(Exception):
+    """Raised inside a parser callback: answer `response` and close."""
+
+    def __init__(self, response: bytes, reason: str) -> None:
+        super().__init__(reason)
+        self.response = response
+        self.reason = reason
 
 
 class TapContext:
@@ -44,6 +86,7 @@ class TapContext:
 
     __slots__ = (
         "an",
+        "announced",
         "body",
         "body_len",
         "ended",
@@ -78,38 +121,16 @@ class TapContext:
         self.resp_headers: dict[str, str] = {}
         self.seq = 0
         self.ended = False
+        self.announced = False
         self.an: Any = None  # the analysis side's per-request state
 
 
-def _split_head(head: bytes) -> tuple[bytes, list[bytes]]:
-    lines = head.split(b"\r\n")
-    return lines[0], lines[1:]
-
-
-def _header_map(lines: list[bytes]) -> dict[bytes, bytes]:
-    out: dict[bytes, bytes] = {}
-    for line in lines:
-        name, _, value = line.partition(b":")
-        key = name.strip().lower()
-        v = value.strip()
-        out[key] = out[key] + b", " + v if key in out else v
-    return out
-
-
-def _filter_lines(lines: list[bytes], hmap: dict[bytes, bytes]) -> list[bytes] | None:
-    """Header lines without hop-by-hop ones; None when nothing had to be removed."""
-    drop = set(_HOP_BY_HOP)
-    conn = hmap.get(b"connection")
-    if conn:
-        drop.update(t.strip().lower() for t in conn.split(b","))
-    drop.discard(b"transfer-encoding")  # we relay the same framing
-    drop.discard(b"content-length")
-    kept = [ln for ln in lines if ln.partition(b":")[0].strip().lower() not in drop]
-    return None if len(kept) == len(lines) else kept
-
-
 class Tap:
-    """One listener in front of one upstream; `await start()` binds, `await close()` stops."""
+    """One listener in front of one upstream; `await start()` binds, `await close()` stops.
+
+    `begin_drain()` stops accepting and lets in-flight requests finish (`await drained(t)`).
+    Counters: `requests`, `connect_errors`, `rejected[reason]` (REJECT_REASONS).
+    """
 
     def __init__(
         self,
@@ -121,6 +142,7 @@ class Tap:
         connect_timeout: float = 10.0,
         pool_size: int = 256,
         inject_usage: bool = False,
+        limits: TapLimits | None = None,
     ) -> None:
         u = urllib.parse.urlsplit(upstream)
         if u.scheme != "http" or not u.hostname:
@@ -134,12 +156,16 @@ class Tap:
         self.connect_timeout = connect_timeout
         self.pool_size = pool_size
         self.inject_usage = inject_usage
-        self._pool: list[_UpstreamConn] = []
+        self.limits = limits or TapLimits()
+        self._pool: list[tuple[_UpstreamConn, float]] = []
         self._server: asyncio.AbstractServer | None = None
         self._clients: set[_ClientConn] = set()
+        self._idle: dict[_ClientConn, None] = {}  # connections without a request in flight, oldest first
         self._tasks: set[asyncio.Future[None]] = set()
         self.connect_errors = 0
         self.requests = 0
+        self.rejected: dict[str, int] = dict.fromkeys(REJECT_REASONS, 0)
+        self.draining = False
         self.host = ""
         self.port = 0
 
@@ -147,55 +173,141 @@ class Tap:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    @property
+    def connections(self) -> int:
+        return len(self._clients)
+
+    def inflight(self) -> int:
+        """Client connections with a request in flight."""
+        return sum(1 for c in self._clients if c.active is not None)
+
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _ClientConn(self), host, port, backlog=1024)
+        self._server = await loop.create_server(lambda: _ClientConn(self), host, port, backlog=4096)
         sock = self._server.sockets[0].getsockname()
         self.host, self.port = sock[0], sock[1]
         return self.url
+
+    def begin_drain(self) -> None:
+        """Stop accepting; close idle connections; in-flight ones close after their response."""
+        self.draining = True
+        if self._server is not None:
+            self._server.close()
+        for c in list(self._idle):
+            if c.active is None and not c.reqs and c.transport is not None:
+                c.transport.close()
+
+    async def drained(self, timeout_s: float) -> bool:
+        """Wait until no request is in flight (True) or `timeout_s` passes (False)."""
+        deadline = time.monotonic() + timeout_s
+        while self.inflight():
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return True
 
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
         for c in list(self._clients):
+            c.disarm()
             if c.transport is not None:
                 c.transport.close()
-        for up in self._pool:
+        for up, _ in self._pool:
             up.close()
         self._pool.clear()
         if self._server is not None:
-            await self._server.wait_closed()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 5)
+
+    def count(self, reason: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
 
     # -- pool ------------------------------------------------------------------------------------
 
     def _take(self) -> _UpstreamConn | None:
         pool = self._pool
+        oldest = time.monotonic() - self.limits.pool_idle_s
         while pool:
-            up = pool.pop()
-            if up.usable():
+            up, t = pool.pop()
+            if t >= oldest and up.usable():
                 return up
+            up.close()
         return None
 
     def _give_back(self, up: _UpstreamConn) -> None:
-        if up.usable() and len(self._pool) < self.pool_size:
-            self._pool.append(up)
+        if up.usable() and len(self._pool) < self.pool_size and not self.draining:
+            self._pool.append((up, time.monotonic()))
         else:
             up.close()
 
     def _forget(self, up: _UpstreamConn) -> None:
-        with contextlib.suppress(ValueError):
-            self._pool.remove(up)
+        for i, (u, _) in enumerate(self._pool):
+            if u is up:
+                del self._pool[i]
+                return
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _announce(self, ctx: TapContext) -> None:
+        if not ctx.announced:
+            ctx.announced = True
+            self.queue.put((ctx, 0, ctx.t_start, None))
+
     def _end(self, ctx: TapContext, reason: str) -> None:
         if ctx.ended:
             return
+        self._announce(ctx)
         ctx.ended = True
         self.queue.put_end((ctx, -1, time.monotonic(), reason))
+
+
+class _Req:
+    """One parsed request on a client connection (possibly pipelined behind another)."""
+
+    __slots__ = (
+        "body_len",
+        "chunked",
+        "complete",
+        "copy",
+        "copy_len",
+        "ctx",
+        "head",
+        "head_lines",
+        "hold",
+        "keep_alive",
+        "method",
+        "pending",
+        "pending_len",
+        "rewrite",
+        "target",
+        "up",
+    )
+
+    def __init__(self, method: bytes, target: bytes, head_lines: list[bytes], keep_alive: bool) -> None:
+        self.method = method
+        self.target = target
+        self.head_lines = head_lines
+        self.head = b"%s %s HTTP/1.1\r\n%s\r\n" % (
+            method,
+            target,
+            b"".join(ln + b"\r\n" for ln in head_lines),
+        )
+        self.keep_alive = keep_alive
+        self.chunked = False
+        self.complete = False
+        self.copy: list[bytes] | None = []
+        self.copy_len = 0
+        self.body_len = 0
+        self.pending: list[bytes] = []
+        self.pending_len = 0
+        self.hold = False
+        self.rewrite = 0
+        self.up: _UpstreamConn | None = None
+        self.ctx: TapContext
 
 
 class _ClientConn(asyncio.Protocol):
@@ -204,112 +316,279 @@ class _ClientConn(asyncio.Protocol):
     def __init__(self, tap: Tap) -> None:
         self.tap = tap
         self.transport: asyncio.Transport | None = None
-        self.buf = b""
-        self.ctx: TapContext | None = None
-        self.up: _UpstreamConn | None = None
-        self.keep_alive = True
+        self.parser = HttpRequestParser(self)
+        self.reqs: deque[_Req] = deque()  # parsed requests; reqs[0] is `active` once started
+        self.active: _Req | None = None
         self.closed = False
         self.write_paused = False
-        self._read_paused = False
-        self._continued = False
+        self.http11 = True
+        self.buffered = 0
+        self._pauses: set[str] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_kind = ""
+        self._broken: bytes | None = None  # a reject to send once the active response is done
+        self._in_head = False
+        self._head_fed = 0
+        self._url: list[bytes] = []
+        self._hdrs: list[tuple[bytes, bytes]] = []
+        self._parsing: _Req | None = None
+
+    # -- connection ------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # (uvloop's transports are not subclasses)
-        self.tap._clients.add(self)
+        tap = self.tap
+        if len(tap._clients) >= tap.limits.max_connections:
+            if tap._idle:
+                victim = next(iter(tap._idle))
+                tap.count("evicted_idle")
+                victim._drop()
+            else:
+                tap.count("busy")
+                self.closed = True
+                self.transport.write(BUSY)
+                self.transport.close()
+                return
+        tap._clients.add(self)
+        tap._idle[self] = None
+        self.arm("header", tap.limits.header_timeout_s)
+
+    def _drop(self) -> None:
+        self.tap._clients.discard(self)
+        self.tap._idle.pop(self, None)
+        self.disarm()
+        if self.transport is not None:
+            self.transport.close()
+
+    def arm(self, kind: str, seconds: float) -> None:
+        self.disarm()
+        self._timer_kind = kind
+        self._timer = asyncio.get_running_loop().call_later(seconds, self._expired)
+
+    def disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+            self._timer_kind = ""
+
+    def _expired(self) -> None:
+        kind = self._timer_kind
+        self._timer = None
+        self._timer_kind = ""
+        if self.closed or self.active is not None:
+            return
+        if kind == "header":
+            self.tap.count("header_timeout")
+            self._fail(TIMEOUT)
+        else:
+            self.tap.count("idle_timeout")
+            self._drop()
+
+    def _pause(self, why: str) -> None:
+        if not self._pauses and self.transport is not None:
+            self.transport.pause_reading()
+        self._pauses.add(why)
+
+    def _resume(self, why: str) -> None:
+        if why in self._pauses:
+            self._pauses.discard(why)
+            if not self._pauses and self.transport is not None and not self.closed:
+                self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
-        self.buf = self.buf + data if self.buf else data
-        if self.ctx is None:
-            self._try_request()
-        elif len(self.buf) > MAX_HEAD and not self._read_paused and self.transport is not None:
-            self._read_paused = True  # pipelined data beyond reason: wait for the response to end
-            self.transport.pause_reading()
-
-    def _try_request(self) -> None:
-        buf = self.buf
-        end = buf.find(b"\r\n\r\n")
-        if end < 0:
-            if len(buf) > MAX_HEAD:
-                self._fail(
-                    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n"
-                    b"connection: close\r\n\r\n"
-                )
+        if self._broken is not None or self.closed:
             return
-        start_line, lines = _split_head(buf[:end])
-        hmap = _header_map(lines)
-        body_start = end + 4
-        te = hmap.get(b"transfer-encoding")
-        if te is not None and b"chunked" in te.lower():
-            body_end = _chunked_end(buf, body_start)
-            if body_end < 0:
-                self._maybe_continue(hmap)
-                return
-            body = _dechunk(buf[body_start:body_end])
+        if self._timer_kind == "idle":
+            self.arm("header", self.tap.limits.header_timeout_s)
+        fresh = not self._in_head and self._parsing is None
+        if self._in_head or fresh:
+            self._head_fed += len(data)
+        try:
+            self.parser.feed_data(data)
+        except _Reject as exc:  # (never raised by feed_data itself; kept for clarity)
+            self._reject(exc)
+            return
+        except HttpParserError:
+            rej = self._pending_reject
+            self._pending_reject = None
+            self._reject(rej if rej is not None else _Reject(BAD_REQUEST, "bad_framing"))
+            return
+        if self._in_head and self._head_fed > self.tap.limits.max_head:
+            self._reject(_Reject(HEAD_TOO_LARGE, "head_too_large"))
+
+    _pending_reject: _Reject | None = None
+
+    def _raise(self, rej: _Reject) -> None:
+        self._pending_reject = rej
+        raise rej
+
+    def _reject(self, rej: _Reject) -> None:
+        self.tap.count(rej.reason)
+        self._pause("broken")
+        # requests parsed but not started are dropped (never forwarded)
+        while self.reqs and self.reqs[-1] is not self.active:
+            self.reqs.pop()
+        if self.active is None:
+            self._fail(rej.response)
         else:
-            try:
-                clen = int(hmap.get(b"content-length", b"0"))
-            except ValueError:
-                self._fail(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
-                return
-            body_end = body_start + clen
-            if len(buf) < body_end:
-                self._maybe_continue(hmap)
-                return
-            body = buf[body_start:body_end]
-        self.buf = buf[body_end:]
-        parts = start_line.split(b" ")
-        method = parts[0].decode("latin-1")
-        path = parts[1].decode("latin-1") if len(parts) > 1 else "/"
-        version = parts[2] if len(parts) > 2 else b"HTTP/1.1"
-        conn = hmap.get(b"connection", b"").lower()
-        self.keep_alive = (b"close" not in conn) if version == b"HTTP/1.1" else (b"keep-alive" in conn)
-        kept = _filter_lines(lines, hmap)
-        rewrite = 0
-        injected = inject_request(body) if self.tap.inject_usage and method == "POST" else None
-        if injected is not None:
-            new_body, rewrite = injected
-            drop = (b"content-length", b"transfer-encoding")
-            lines2 = [
-                ln
-                for ln in (lines if kept is None else kept)
-                if ln.partition(b":")[0].strip().lower() not in drop
-            ]
-            lines2.append(b"content-length: %d" % len(new_body))
-            out = b"\r\n".join([start_line, *lines2]) + b"\r\n\r\n" + new_body
-        elif kept is None:
-            out = buf[:body_end]
-        else:
-            out = b"\r\n".join([start_line, *kept]) + b"\r\n\r\n" + buf[body_start:body_end]
-        rid = hmap.get(b"x-request-id")
+            self._broken = rej.response  # answered once the response in flight is done
+
+    # -- request parser callbacks ----------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._in_head = True
+        self._url = []
+        self._hdrs = []
+
+    def on_url(self, url: bytes) -> None:
+        self._url.append(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._in_head:
+            return  # request trailers are dropped
+        if len(self._hdrs) >= self.tap.limits.max_headers:
+            self._raise(_Reject(HEAD_TOO_LARGE, "head_too_large"))
+        self._hdrs.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._head_fed = 0
         tap = self.tap
-        tap.requests += 1
-        ctx = TapContext(
+        p = self.parser
+        hdrs = self._hdrs
+        method: bytes = p.get_method()
+        target = b"".join(self._url)
+        if p.get_http_version() not in ("1.1", "1.0"):
+            self._raise(_Reject(BAD_REQUEST, "bad_framing"))
+        te = [v for n, v in hdrs if n.lower() == b"transfer-encoding"]
+        if te and (len(te) > 1 or te[0].strip().lower() != b"chunked"):
+            self._raise(_Reject(BAD_REQUEST, "bad_framing"))  # only plain `chunked` is unambiguous
+        if sum(1 for n, _ in hdrs if n.lower() == b"host") > 1:
+            self._raise(_Reject(BAD_REQUEST, "bad_framing"))
+        conn = connection_tokens(hdrs)
+        if method == b"CONNECT" or (b"upgrade" in conn and any(n.lower() == b"upgrade" for n, _ in hdrs)):
+            self._raise(_Reject(NO_UPGRADE, "upgrade"))
+        if not path_allowed(target, tap.limits.allow_paths):
+            self._raise(_Reject(NOT_RELAYED, "path_not_allowed"))
+        if not target.startswith(b"/"):  # absolute-form: the upstream gets origin-form
+            u = urllib.parse.urlsplit(target)
+            target = (u.path or b"/") + (b"?" + u.query if u.query else b"")
+        self.http11 = p.get_http_version() == "1.1"
+        req = _Req(method, target, kept_headers(hdrs), bool(p.should_keep_alive()))
+        req.chunked = bool(te)
+        rid = next((v for n, v in hdrs if n.lower() == b"x-request-id"), None)
+        req.ctx = TapContext(
             tap.name,
-            method,
-            path,
+            method.decode("latin-1"),
+            target.decode("latin-1"),
             rid.decode("latin-1") if rid else None,
-            body if len(body) <= tap.max_body else None,
-            len(body),
+            None,
+            0,
             time.monotonic(),
         )
-        self.ctx = ctx
-        tap.queue.put((ctx, 0, ctx.t_start, None))
+        has_body = req.chunked or any(n.lower() == b"content-length" and v.strip() != b"0" for n, v in hdrs)
+        if tap.inject_usage and method == b"POST" and has_body:
+            req.hold = True  # the body is rewritten once complete (or sent as is when too large)
+        if (
+            has_body
+            and self.http11
+            and any(n.lower() == b"expect" and v.strip().lower() == b"100-continue" for n, v in hdrs)
+        ):
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # type: ignore[union-attr]
+        self._parsing = req
+        self.reqs.append(req)
+        if self.active is None:
+            self._start(req)
+
+    def on_body(self, body: bytes) -> None:
+        req = self._parsing
+        if req is None:
+            return
+        n = len(body)
+        req.body_len += n
+        if req.copy is not None:
+            if req.copy_len + n <= self.tap.max_body:
+                req.copy.append(body)
+                req.copy_len += n
+            else:
+                req.copy = None
+        self._forward(req, b"%x\r\n%b\r\n" % (n, body) if req.chunked else body)
+
+    def on_message_complete(self) -> None:
+        req = self._parsing
+        self._parsing = None
+        self._in_head = False
+        if req is None:
+            return
+        req.complete = True
+        if req.chunked:
+            self._forward(req, b"0\r\n\r\n")
+        ctx = req.ctx
+        ctx.body_len = req.body_len
+        ctx.body = b"".join(req.copy) if req.copy is not None else None
+        if req.hold:
+            self._inject(req, ctx.body)
+        if req is self.active:
+            self.tap._announce(ctx)
+        if not req.keep_alive:
+            self._pause("done")  # nothing more is read from a connection that closes after this
+
+    def _inject(self, req: _Req, body: bytes | None) -> None:
+        """--inject-usage: rewrite the complete request body (held until now) and release it."""
+        req.hold = False
+        injected = inject_request(body) if body is not None else None
+        if injected is not None:
+            new_body, req.rewrite = injected
+            lines = [ln for ln in req.head_lines if ln.split(b":", 1)[0].strip().lower() not in _FRAMING]
+            lines.append(b"content-length: %d" % len(new_body))
+            req.head = b"%s %s HTTP/1.1\r\n%s\r\n" % (
+                req.method,
+                req.target,
+                b"".join(ln + b"\r\n" for ln in lines),
+            )
+            self.buffered -= req.pending_len
+            req.pending = [new_body]
+            req.pending_len = len(new_body)
+            self.buffered += req.pending_len
+        if req.up is not None:
+            req.up.flush_request()
+
+    def _forward(self, req: _Req, data: bytes) -> None:
+        up = req.up
+        if up is not None and not req.hold and up.transport is not None:
+            up.transport.write(data)
+            return
+        req.pending.append(data)
+        req.pending_len += len(data)
+        self.buffered += len(data)
+        if req.hold and req.pending_len > self.tap.max_body:
+            self._inject(req, None)  # too large to rewrite: relay unchanged
+        if self.buffered > self.tap.limits.max_buffer:
+            self._pause("buffer")
+
+    def released(self, n: int) -> None:
+        """`n` held request bytes were written upstream."""
+        self.buffered -= n
+        if self.buffered <= self.tap.limits.max_buffer // 2:
+            self._resume("buffer")
+
+    # -- dispatch --------------------------------------------------------------------------------
+
+    def _start(self, req: _Req) -> None:
+        tap = self.tap
+        self.active = req
+        self.disarm()
+        tap._idle.pop(self, None)
+        tap.requests += 1
+        if req.complete:
+            tap._announce(req.ctx)
         up = tap._take()
         if up is not None:
-            up.send(self, ctx, out, method == "HEAD", reused=True, rewrite=rewrite)
+            up.begin(self, req, reused=True)
         else:
-            tap._spawn(self._connect_and_send(ctx, out, method == "HEAD", rewrite))
+            tap._spawn(self._connect_and_send(req))
 
-    def _maybe_continue(self, hmap: dict[bytes, bytes]) -> None:
-        if (
-            b"100-continue" in hmap.get(b"expect", b"").lower()
-            and self.transport is not None
-            and not self._continued
-        ):
-            self._continued = True
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-
-    async def _connect_and_send(self, ctx: TapContext, out: bytes, head_only: bool, rewrite: int = 0) -> None:
+    async def _connect_and_send(self, req: _Req) -> None:
         tap = self.tap
         loop = asyncio.get_running_loop()
         try:
@@ -319,58 +598,70 @@ class _ClientConn(asyncio.Protocol):
             )
         except (TimeoutError, OSError):
             tap.connect_errors += 1
-            if self.ctx is ctx and not self.closed:
-                tap._end(ctx, END_UPSTREAM_ERROR)
-                self._fail(_BAD_GATEWAY)
+            if self.active is req and not self.closed:
+                tap._end(req.ctx, END_UPSTREAM_ERROR)
+                self._fail(BAD_GATEWAY)
             return
-        if self.closed or self.ctx is not ctx:
+        if self.closed or self.active is not req:
             up.close()
             return
-        up.send(self, ctx, out, head_only, reused=False, rewrite=rewrite)
+        up.begin(self, req, reused=False)
 
     def _fail(self, raw: bytes) -> None:
-        self.keep_alive = False
         if self.transport is not None and not self.closed:
             self.transport.write(raw)
             self.transport.close()
+        self.closed = True
+        self.disarm()
 
     def response_done(self, close_after: bool) -> None:
         """Called by the upstream side once the whole response was relayed."""
-        self.ctx = None
-        self.up = None
-        self._continued = False
-        if close_after or not self.keep_alive:
+        req = self.active
+        self.active = None
+        if req is not None and self.reqs and self.reqs[0] is req:
+            self.reqs.popleft()
+        if req is not None and not req.complete:
+            close_after = True  # answered before the request ended: the rest of it is not relayed
+        if self._broken is not None:
+            self._fail(self._broken)
+            return
+        if close_after or (req is not None and not req.keep_alive) or self.tap.draining:
+            self.closed = True
             if self.transport is not None:
                 self.transport.close()
             return
-        if self._read_paused and self.transport is not None:
-            self._read_paused = False
-            self.transport.resume_reading()
-        if self.buf:
-            self._try_request()
+        if self.reqs:
+            self._start(self.reqs[0])
+            return
+        self.tap._idle[self] = None
+        self.arm("idle", self.tap.limits.idle_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self.tap._clients.discard(self)
-        ctx, up = self.ctx, self.up
-        if ctx is not None:
-            self.ctx = None
-            self.up = None
-            self.tap._end(ctx, END_CLIENT_CANCEL)
+        self.disarm()
+        tap = self.tap
+        tap._clients.discard(self)
+        tap._idle.pop(self, None)
+        req = self.active
+        self.active = None
+        self.reqs.clear()
+        if req is not None:
+            tap._end(req.ctx, END_CLIENT_CANCEL)
+            up = req.up
             if up is not None:
                 up.client = None
-                up.ctx = None
+                up.req = None
                 up.close()
 
     def pause_writing(self) -> None:
         self.write_paused = True
-        if self.up is not None:
-            self.up.pause()
+        if self.active is not None and self.active.up is not None:
+            self.active.up.pause()
 
     def resume_writing(self) -> None:
         self.write_paused = False
-        if self.up is not None:
-            self.up.resume()
+        if self.active is not None and self.active.up is not None:
+            self.active.up.resume()
 
 
 class _UpstreamConn(asyncio.Protocol):
@@ -379,54 +670,59 @@ class _UpstreamConn(asyncio.Protocol):
     def __init__(self, tap: Tap) -> None:
         self.tap = tap
         self.transport: asyncio.Transport | None = None
+        self.parser = HttpResponseParser(self)
         self.client: _ClientConn | None = None
-        self.ctx: TapContext | None = None
+        self.req: _Req | None = None
         self.alive = True
         self.paused = False
+        self.reused = False
         self._reset()
 
     def _reset(self) -> None:
-        self.head_buf = b""
-        self.in_body = False
         self.got_bytes = False
-        self.body_mode = _BODY_NONE
-        self.remaining = 0
-        self.cstate = _C_SIZE
-        self.cline = b""
+        self.head_done = False
+        self.interim = False
+        self.finished = False
+        self.mode = _BODY_NONE
+        self.rechunk = False
+        self.close_client = False
         self.reusable = True
-        self.head_only = False
-        self.reused = False
-        self.out = b""
-        self.rewrite = 0
+        self.stop_at_head = False
+        self.reason = b""
+        self.hdrs: list[tuple[bytes, bytes]] = []
+        self.trailers: list[bytes] = []
         self.rw: FrameRewriter | None = None
+        self.bad = False
 
     def usable(self) -> bool:
         return self.alive and self.transport is not None and not self.transport.is_closing()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # (uvloop's transports are not subclasses)
+        self.transport = cast(asyncio.Transport, transport)
 
-    def send(
-        self,
-        client: _ClientConn,
-        ctx: TapContext,
-        out: bytes,
-        head_only: bool,
-        reused: bool,
-        rewrite: int = 0,
-    ) -> None:
+    def begin(self, client: _ClientConn, req: _Req, reused: bool) -> None:
         self._reset()
-        self.rewrite = rewrite
         self.client = client
-        self.ctx = ctx
-        self.head_only = head_only
+        self.req = req
         self.reused = reused
-        self.out = out if reused else b""
-        client.up = self
+        req.up = self
         if client.write_paused:
             self.pause()
-        assert self.transport is not None
-        self.transport.write(out)
+        if not req.hold:
+            self.flush_request()
+
+    def flush_request(self) -> None:
+        """Write the request head and the body held so far."""
+        req, client = self.req, self.client
+        if req is None or client is None or self.transport is None:
+            return
+        data = req.head + b"".join(req.pending) if req.pending else req.head
+        n = req.pending_len
+        req.pending = []
+        req.pending_len = 0
+        self.transport.write(data)
+        if n:
+            client.released(n)
 
     def pause(self) -> None:
         if not self.paused and self.transport is not None:
@@ -443,6 +739,14 @@ class _UpstreamConn(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def pause_writing(self) -> None:
+        if self.client is not None:
+            self.client._pause("upstream")
+
+    def resume_writing(self) -> None:
+        if self.client is not None:
+            self.client._resume("upstream")
+
     # -- response --------------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
@@ -451,272 +755,192 @@ class _UpstreamConn(asyncio.Protocol):
             self.close()  # bytes nobody asked for
             return
         self.got_bytes = True
-        if self.in_body:
-            if self.rw is None:
-                client.transport.write(data)
-            self._body(data)
-            return
-        self._head(data)
+        try:
+            self.parser.feed_data(data)
+        except HttpParserError:
+            if self.stop_at_head:
+                self.finished = True  # a HEAD response ends at its head (the parser cannot be told)
+                self.reusable = False
+            elif self.finished:
+                self.reusable = False  # bytes after the response: this connection is not reused
+            else:
+                self.tap.count("bad_upstream_response")
+                self._cut()
+                return
+        if self.finished:
+            self._finish()
 
-    def _head(self, data: bytes) -> None:
-        buf = self.head_buf + data if self.head_buf else data
-        client = self.client
-        ctx = self.ctx
-        assert client is not None and client.transport is not None and ctx is not None
-        while True:
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
-                if len(buf) > MAX_HEAD:
-                    self._cut()
-                    return
-                self.head_buf = buf
-                return
-            status_line, lines = _split_head(buf[:end])
-            parts = status_line.split(b" ", 2)
-            try:
-                status = int(parts[1])
-            except (IndexError, ValueError):
-                self._cut()
-                return
-            if 100 <= status < 200 and status != 101:
-                client.transport.write(buf[: end + 4])  # interim response (e.g. 103)
-                buf = buf[end + 4 :]
-                continue
-            break
-        hmap = _header_map(lines)
-        self.head_buf = b""
-        version = parts[0]
-        conn = hmap.get(b"connection", b"").lower()
-        self.reusable = version == b"HTTP/1.1" and b"close" not in conn
-        te = hmap.get(b"transfer-encoding")
-        if self.head_only or status in (204, 304):
+    def on_message_begin(self) -> None:
+        if self.finished or self.req is None:
+            raise RuntimeError("unsolicited response")
+        self.hdrs = []
+        self.reason = b""
+
+    def on_status(self, reason: bytes) -> None:
+        self.reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.head_done:
+            if len(self.trailers) < self.tap.limits.max_headers:
+                self.trailers.append(name + b": " + value)
+            return
+        if len(self.hdrs) >= self.tap.limits.max_headers:
+            raise RuntimeError("too many response headers")
+        self.hdrs.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        client, req = self.client, self.req
+        assert client is not None and req is not None and client.transport is not None
+        status: int = self.parser.get_status_code()
+        hdrs = self.hdrs
+        if 100 <= status < 200:
+            if status == 101:
+                raise RuntimeError("upgrade response")
+            self.interim = True
+            if client.http11:
+                lines = kept_headers(hdrs)
+                client.transport.write(
+                    b"HTTP/1.1 %d %s\r\n%s\r\n"
+                    % (status, self.reason, b"".join(ln + b"\r\n" for ln in lines))
+                )
+            return
+        self.head_done = True
+        ctx = req.ctx
+        has_te = any(n.lower() == b"transfer-encoding" for n, _ in hdrs)
+        if req.method == b"HEAD" or status in (204, 304):
             mode = _BODY_NONE
-        elif te is not None and b"chunked" in te.lower():
+            self.stop_at_head = req.method == b"HEAD"
+        elif has_te:
             mode = _BODY_CHUNKED
-        elif b"content-length" in hmap:
-            try:
-                self.remaining = int(hmap[b"content-length"])
-            except ValueError:
-                self._cut()
-                return
-            mode = _BODY_LENGTH if self.remaining > 0 else _BODY_NONE
+        elif any(n.lower() == b"content-length" for n, _ in hdrs):
+            mode = _BODY_LENGTH
         else:
             mode = _BODY_CLOSE
             self.reusable = False
-        self.body_mode = mode
-        close_client = mode == _BODY_CLOSE or not client.keep_alive
-        kept = _filter_lines(lines, hmap)
-        if kept is None and not close_client:
-            head = buf[: end + 4]
-        else:
-            kept = lines if kept is None else kept
-            if close_client:
-                kept = [*kept, b"connection: close"]
-            head = b"\r\n".join([status_line, *kept]) + b"\r\n\r\n"
+        self.mode = mode
+        drop: frozenset[bytes] = frozenset()
+        close_client = mode == _BODY_CLOSE or not req.keep_alive or self.tap.draining or not req.complete
+        self.rechunk = mode == _BODY_CHUNKED
+        if mode == _BODY_CHUNKED and not client.http11:
+            drop = frozenset((b"transfer-encoding",))  # an HTTP/1.0 client reads until close
+            self.rechunk = False
+            close_client = True
+        self.close_client = close_client
+        lines = kept_headers(hdrs, drop)
+        if close_client:
+            lines.append(b"connection: close")
         ctx.status = status
         ctx.resp_headers = {
-            k.decode("latin-1"): v.decode("latin-1")
-            for k, v in hmap.items()
-            if k in (b"content-type", b"content-length", b"transfer-encoding")
+            k: v.decode("latin-1")
+            for n, v in hdrs
+            if (k := n.decode("latin-1").lower()) in ("content-type", "content-length", "transfer-encoding")
         }
-        rest = buf[end + 4 :]
-        self.in_body = True
-        if self.rewrite and status == 200 and mode == _BODY_CHUNKED:
-            self.rw = FrameRewriter(self.rewrite)  # --inject-usage: the client gets rewritten frames
-            client.transport.write(head)
-        else:
-            client.transport.write(head + rest if rest else head)
-        if mode == _BODY_NONE:
-            self._done()
-        elif rest:
-            self._body(rest)
+        if req.rewrite and status == 200 and self.rechunk:
+            self.rw = FrameRewriter(req.rewrite)  # --inject-usage: the client gets rewritten frames
+        client.transport.write(
+            b"HTTP/1.1 %d %s\r\n%s\r\n" % (status, self.reason, b"".join(ln + b"\r\n" for ln in lines))
+        )
+        if self.stop_at_head:
+            self.finished = True
+            raise RuntimeError("HEAD response ends at its head")
 
-    def _body(self, data: bytes) -> None:
-        mode = self.body_mode
-        if mode == _BODY_CHUNKED:
-            self._chunked(data)
-        elif mode == _BODY_LENGTH:
-            n = len(data)
-            if n >= self.remaining:
-                self._copy(data[: self.remaining] if n > self.remaining else data)
-                self.remaining = 0
-                self._done()
-            else:
-                self.remaining -= n
-                self._copy(data)
-        else:
-            self._copy(data)
-
-    def _copy(self, payload: bytes) -> None:
-        ctx = self.ctx
-        if ctx is None or not payload:
+    def on_body(self, body: bytes) -> None:
+        req, client = self.req, self.client
+        if req is None or client is None or client.transport is None:
             return
+        ctx = req.ctx
+        tap = self.tap
+        if not ctx.announced:
+            tap._announce(ctx)
         ctx.seq += 1
-        self.tap.queue.put((ctx, ctx.seq, time.monotonic(), payload))
+        tap.queue.put((ctx, ctx.seq, time.monotonic(), body), len(body))
         rw = self.rw
-        if rw is not None and self.client is not None and self.client.transport is not None:
-            out = rw.feed(payload)
+        if rw is not None:
+            out = rw.feed(body)
             if out:
-                self.client.transport.write(b"%x\r\n%s\r\n" % (len(out), out))
+                client.transport.write(b"%x\r\n%b\r\n" % (len(out), out))
+        elif self.rechunk:
+            client.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+        else:
+            client.transport.write(body)
 
-    def _chunked(self, data: bytes) -> None:
-        i, n = 0, len(data)
-        while i < n:
-            st = self.cstate
-            if st == _C_DATA:
-                rem = self.remaining
-                take = n - i if n - i < rem else rem
-                self._copy(data if take == n else data[i : i + take])
-                i += take
-                self.remaining = rem - take
-                if self.remaining == 0:
-                    self.cstate = _C_SIZE
-                continue
-            if st == _C_SIZE and not self.cline:  # fast path: "<hex>\r\n<payload>" as servers send it
-                j = data.find(b"\r\n", i)
-                if j == i:
-                    i += 2  # the CRLF that closes the previous chunk's data
-                    continue
-                if j > i:
-                    try:
-                        size = int(data[i:j], 16)
-                    except ValueError:
-                        size = -1  # extensions, spaces: the general path below
-                    if size > 0:
-                        i = j + 2
-                        end = i + size
-                        if end <= n:
-                            self._copy(data[i:end])
-                            i = end
-                        else:
-                            self.remaining = size
-                            self.cstate = _C_DATA
-                        continue
-            j = data.find(b"\n", i)
-            if j < 0:
-                self.cline += data[i:]
-                if len(self.cline) > 4096:
-                    self._cut()
-                return
-            line = (self.cline + data[i:j]) if self.cline else data[i:j]
-            self.cline = b""
-            i = j + 1
-            line = line.strip()
-            if st == _C_SIZE:
-                if not line:
-                    continue  # the CRLF that closes the previous chunk's data
-                try:
-                    size = int(line.split(b";", 1)[0], 16)
-                except ValueError:
-                    self._cut()
-                    return
-                if size == 0:
-                    self.cstate = _C_TRAILER
-                else:
-                    self.remaining = size
-                    self.cstate = _C_DATA
-            elif st == _C_TRAILER and not line:
-                self.cstate = _C_DONE
-                self._done()
-                return
-
-    def _done(self) -> None:
-        client, ctx = self.client, self.ctx
+    def on_message_complete(self) -> None:
+        if self.interim:
+            self.interim = False
+            return
+        client = self.client
+        self.finished = True
+        if client is None or client.transport is None:
+            return
         rw = self.rw
-        if rw is not None and client is not None and client.transport is not None:
+        if rw is not None:
             rest = rw.flush()
-            client.transport.write((b"%x\r\n%s\r\n" % (len(rest), rest) if rest else b"") + b"0\r\n\r\n")
+            if rest:
+                client.transport.write(b"%x\r\n%b\r\n" % (len(rest), rest))
+        if self.rechunk:
+            client.transport.write(b"0\r\n%s\r\n" % b"".join(t + b"\r\n" for t in self.trailers))
+
+    def _finish(self) -> None:
+        client, req = self.client, self.req
         self.rw = None
         self.client = None
-        self.ctx = None
-        self.in_body = False
-        if ctx is not None:
-            self.tap._end(ctx, END_COMPLETE)
-        close_client = self.body_mode == _BODY_CLOSE
+        self.req = None
+        if req is not None:
+            self.tap._end(req.ctx, END_COMPLETE)
         if self.paused:
             self.resume()
-        if self.reusable and self.usable():
+        if self.reusable and self.usable() and self.parser.should_keep_alive():
             self.tap._give_back(self)
         else:
             self.close()
         if client is not None:
-            client.response_done(close_client)
+            client.response_done(self.close_client)
 
     def _cut(self) -> None:
         """Protocol error or premature close mid-response: the client sees the same truncation."""
-        client, ctx = self.client, self.ctx
+        client, req = self.client, self.req
         self.client = None
-        self.ctx = None
+        self.req = None
         self.close()
-        if ctx is not None:
-            self.tap._end(ctx, END_UPSTREAM_CUT)
+        if req is not None:
+            self.tap._end(req.ctx, END_UPSTREAM_CUT if self.head_done else END_UPSTREAM_ERROR)
         if client is not None:
-            client.ctx = None
-            client.up = None
-            client.keep_alive = False
-            if client.transport is not None:
-                client.transport.close()
+            client.active = None
+            if self.head_done:
+                client.closed = True
+                if client.transport is not None:
+                    client.transport.close()
+            else:
+                client._fail(BAD_GATEWAY)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.alive = False
         self.tap._forget(self)
-        client, ctx = self.client, self.ctx
-        if client is None or ctx is None:
+        client, req = self.client, self.req
+        if client is None or req is None:
             return
-        if self.in_body and self.body_mode == _BODY_CLOSE:
-            self._done()
+        if self.head_done and self.mode == _BODY_CLOSE:
+            self.finished = True
+            self._finish()
             return
         if not self.got_bytes:
             self.client = None
-            self.ctx = None
-            if self.reused and not client.closed:
-                # a pooled connection the worker had already closed: one fresh attempt, no byte sent yet
-                self.tap._spawn(client._connect_and_send(ctx, self.out, self.head_only, self.rewrite))
+            self.req = None
+            if (
+                self.reused
+                and not client.closed
+                and req.method in IDEMPOTENT
+                and req.body_len == 0
+                and req.complete
+            ):
+                # a pooled connection the worker had closed: one fresh attempt for a safe request
+                req.up = None
+                self.tap._spawn(client._connect_and_send(req))
                 return
-            self.tap._end(ctx, END_UPSTREAM_ERROR)
-            client.ctx = None
-            client.up = None
-            client._fail(_BAD_GATEWAY)
+            if self.reused:
+                self.tap.count("not_resent")
+            self.tap._end(req.ctx, END_UPSTREAM_ERROR)
+            client.active = None
+            client._fail(NOT_RESENT if self.reused else BAD_GATEWAY)
             return
         self._cut()
-
-
-def _chunked_end(buf: bytes, start: int) -> int:
-    """Index just past a complete chunked body starting at `start`, or -1 if incomplete."""
-    i = start
-    n = len(buf)
-    while True:
-        j = buf.find(b"\r\n", i)
-        if j < 0:
-            return -1
-        try:
-            size = int(buf[i:j].split(b";", 1)[0].strip(), 16)
-        except ValueError:
-            return -1
-        i = j + 2
-        if size == 0:
-            while True:  # trailers up to an empty line
-                k = buf.find(b"\r\n", i)
-                if k < 0:
-                    return -1
-                if k == i:
-                    return k + 2
-                i = k + 2
-        i += size + 2
-        if i > n:
-            return -1
-
-
-def _dechunk(raw: bytes) -> bytes:
-    out: list[bytes] = []
-    i = 0
-    while True:
-        j = raw.find(b"\r\n", i)
-        if j < 0:
-            break
-        size = int(raw[i:j].split(b";", 1)[0].strip(), 16)
-        if size == 0:
-            break
-        out.append(raw[j + 2 : j + 2 + size])
-        i = j + 2 + size + 2
-    return b"".join(out)

@@ -1,8 +1,14 @@
-"""Assembly of a running mirror: taps + analysis + state + reconciliation + event API, in one loop.
+"""Assembly of a running mirror: taps on the caller's loop; analysis, state, reconciliation, the
+event API and housekeeping on a second loop in their own thread (`self.analysis`).
 
-`TapService(config)`: `await start()` binds everything and returns the ready document
-`{"taps": {name: url}, "api": url}`; `await stop()` ends it. Everything is created per instance
-(own CollectorRegistry, own state); nothing global. Used by `shadow tap` and by tests.
+`TapService(config)`: `await start()` (on the relay loop) binds everything and returns the ready
+document `{"taps": {name: url}, "api": url}`; `await stop(drain_timeout_s=0)` stops accepting,
+lets in-flight requests finish for up to `drain_timeout_s`, then ends everything. The relay loop
+only relays: the taps hand copies to a bounded `DropQueue` (full = dropped and counted) that the
+analysis thread consumes; `Mirror` listeners are called on the analysis thread, and so are the
+API's handlers (run work that touches the mirror with `self.analysis.call/sync`).
+`watermark()` tells how far the analysis got (`await settle()` waits for it). Everything is
+created per instance (own CollectorRegistry, own state); nothing global.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,11 +29,14 @@ from shadow.mirror.analyzer import Analyzer
 from shadow.mirror.api import create_app
 from shadow.mirror.dropqueue import DropQueue
 from shadow.mirror.emitter import Emitter
+from shadow.mirror.http1 import DEFAULT_ALLOW_PATHS, TapLimits
 from shadow.mirror.hub import Mirror, Recorder
+from shadow.mirror.keys import KeySecret
 from shadow.mirror.metrics import MirrorCollector
 from shadow.mirror.proxy import Tap, TapContext
 from shadow.mirror.reconcile import Reconciler
 from shadow.mirror.state import MirrorState
+from shadow.mirror.thread import LoopThread
 
 
 @dataclass
@@ -58,6 +68,19 @@ class TapConfig:
     pace_s: float = 0.0  # tests: slow analysis consumer
     inject_usage: bool = False  # ask workers for continuous usage; strip what the client did not ask for
     events_token: str | None = None  # bearer token for POST /v1/events (required off loopback)
+    forward_token: str | None = None  # bearer token sent with --forward posts
+    # caps and timeouts of the in-path taps (see TapLimits) and of the mirror
+    max_connections: int = 4096
+    header_timeout_s: float = 10.0
+    idle_timeout_s: float = 60.0
+    max_head: int = 64 << 10
+    allow_paths: tuple[str, ...] = ()  # relayed in addition to DEFAULT_ALLOW_PATHS
+    queue_bytes: int = 256 << 20
+    max_live: int = 1_000_000  # mirrored requests alive at once; beyond it new ones are dropped and counted
+    max_id_len: int = 256  # request ids, worker names and prompt keys longer than this are rejected
+    ring_bytes: int = 16 << 20  # the recent-events buffer (GET /v1/events), approximate bytes
+    key_secret: bytes | None = None  # HMAC key of prompt keys; None = a fresh random one
+    switch_interval_s: float | None = 0.0005  # GIL hand-over bound between relay and analysis threads
 
 
 def _host_port(url: str) -> str:
@@ -89,11 +112,14 @@ class TapService:
         self.config = c
         self.clock = clock
         self.registry = CollectorRegistry(auto_describe=True)
-        self.queue = DropQueue(c.queue_size)
+        self.queue = DropQueue(c.queue_size, max_bytes=c.queue_bytes)
         decode_workers = {**c.upstreams, **c.workers}
         self.state = MirrorState(decode_workers, slots=c.slots, ttl_s=c.ttl_s, phantom_age_s=c.phantom_age_s)
         self.recorder = Recorder(c.record) if c.record else None
-        self.mirror = Mirror(self.state, recorder=self.recorder)
+        self.mirror = Mirror(
+            self.state, recorder=self.recorder, max_live=c.max_live, ring_bytes=c.ring_bytes
+        )
+        self.keys = KeySecret(c.key_secret)
         self.analyzer = Analyzer(
             self.mirror,
             prefill_taps=c.prefill,
@@ -102,9 +128,17 @@ class TapService:
             clock=clock,
             front_taps=c.front,
             worker_by_addr={_host_port(u): n for n, u in decode_workers.items()},
+            prompt_key_fn=self.keys.prompt_key,
+        )
+        self.limits = TapLimits(
+            max_head=c.max_head,
+            header_timeout_s=c.header_timeout_s,
+            idle_timeout_s=c.idle_timeout_s,
+            max_connections=c.max_connections,
+            allow_paths=DEFAULT_ALLOW_PATHS + tuple(c.allow_paths),
         )
         self.taps = [
-            Tap(n, u, self.queue, max_body=c.max_body, inject_usage=c.inject_usage)
+            Tap(n, u, self.queue, max_body=c.max_body, inject_usage=c.inject_usage, limits=self.limits)
             for n, u in {**c.upstreams, **c.prefill, **c.front}.items()
         ]
         targets = {n: c.metrics_of.get(n, u.rstrip("/") + "/metrics") for n, u in decode_workers.items()}
@@ -113,7 +147,14 @@ class TapService:
             if c.scrape_interval_s > 0
             else None
         )
-        self.emitter = Emitter(c.forward_to) if c.forward_to else None
+        self.emitter = (
+            Emitter(
+                c.forward_to,
+                headers={"authorization": f"Bearer {c.forward_token}"} if c.forward_token else None,
+            )
+            if c.forward_to
+            else None
+        )
         if self.emitter is not None:
             self.mirror.listeners.append(self.emitter)
         self.rejected: dict[str, int] = {}
@@ -126,6 +167,7 @@ class TapService:
                 reconciler=self.reconciler,
                 rejected=self.rejected,
                 clock=clock,
+                emitter=self.emitter,
             )
         )
         self.app = create_app(
@@ -136,10 +178,13 @@ class TapService:
             clock=clock,
             host=c.host,
             ingest_token=c.events_token,
+            max_id_len=c.max_id_len,
         )
+        self.analysis = LoopThread("shadow-analysis")
         self._tasks: list[asyncio.Task[Any]] = []
         self._server: uvicorn.Server | None = None
         self.api_url = ""
+        self.processed = 0  # items the analysis has consumed (the watermark)
 
     def _extra_state(self, now: float) -> dict[str, Any]:
         inflight = self.analyzer.inflight
@@ -162,6 +207,8 @@ class TapService:
             },
             "errors": dict(self.mirror.errors),
             "dropped": dict(self.mirror.dropped),
+            "watermark": self.watermark(),
+            "connections": {t.name: t.connections for t in self.taps},
         }
         if self.reconciler is not None:
             rec = self.reconciler.snapshot(now)
@@ -171,13 +218,59 @@ class TapService:
                 w[name] = r["drift_requests"]
         return out
 
+    def watermark(self) -> dict[str, int]:
+        """How far the analysis got: `offered` items went into the hand-off, `processed` were
+        consumed, `dropped` were refused (full); settled when processed + dropped == offered.
+        `scrapes` counts finished reconciliation rounds."""
+        q = self.queue
+        return {
+            "offered": q.offered,
+            "processed": self.processed,
+            "dropped": q.dropped,
+            "scrapes": self.reconciler.scrapes if self.reconciler is not None else 0,
+        }
+
+    def settled(self, mark: int | None = None) -> bool:
+        """True once everything offered up to `mark` (default: now) has been processed or dropped."""
+        q = self.queue
+        target = q.offered if mark is None else mark
+        return self.processed + q.dropped >= target
+
+    async def settle(self, timeout_s: float = 10.0) -> bool:
+        """Wait (on any loop) until the analysis has consumed what was offered when called."""
+        mark = self.queue.offered
+        deadline = time.monotonic() + timeout_s
+        while not self.settled(mark):
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.002)
+        return True
+
     async def start(self) -> dict[str, Any]:
         c = self.config
+        if c.switch_interval_s is not None and sys.getswitchinterval() > c.switch_interval_s:
+            sys.setswitchinterval(c.switch_interval_s)  # the relay thread waits at most this for the GIL
         api_sock = _bind(c.host, c.port)
         taps: dict[str, str] = {}
-        for i, tap in enumerate(self.taps):
-            taps[tap.name] = await tap.start(c.host, c.port + 1 + i if c.port else 0)
-        self._tasks.append(asyncio.create_task(self.analyzer.run(self.queue, pace=c.pace_s)))
+        try:
+            for i, tap in enumerate(self.taps):
+                taps[tap.name] = await tap.start(c.host, c.port + 1 + i if c.port else 0)
+        except BaseException:
+            api_sock.close()
+            for tap in self.taps:
+                with contextlib.suppress(Exception):
+                    await tap.close()
+            raise
+        self.analysis.start()
+        await asyncio.wrap_future(self.analysis.submit(self._start_analysis(api_sock)))
+        h, p = api_sock.getsockname()[:2]
+        self.api_url = f"http://{h}:{p}"
+        return {"taps": taps, "api": self.api_url}
+
+    async def _start_analysis(self, api_sock: socket.socket) -> None:
+        """On the analysis loop: consumer, housekeeping, reconciliation, forwarding, the API."""
+        c = self.config
+        self._tasks.append(asyncio.create_task(self._consume(c.pace_s)))
         self._tasks.append(asyncio.create_task(self._housekeeping()))
         if self.reconciler is not None:
             self._tasks.append(asyncio.create_task(self.reconciler.run()))
@@ -188,9 +281,28 @@ class TapService:
         self._tasks.append(asyncio.create_task(self._server.serve(sockets=[api_sock])))
         while not self._server.started:
             await asyncio.sleep(0.005)
-        h, p = api_sock.getsockname()[:2]
-        self.api_url = f"http://{h}:{p}"
-        return {"taps": taps, "api": self.api_url}
+
+    async def _consume(self, pace: float, settle_s: float = 0.002) -> None:
+        """The analysis side of the hand-off: batches from the queue, processed in order."""
+        q = self.queue
+        analyzer = self.analyzer
+        while True:
+            items = await q.get_batch(1, timeout=0.5)
+            if not items:
+                continue
+            if settle_s:
+                await asyncio.sleep(settle_s)  # let a burst accumulate: fewer wake-ups of this thread
+            while items:
+                try:
+                    analyzer.process(items)
+                except Exception:
+                    self.mirror.count_error("analysis")
+                self.processed += len(items)
+                if pace:
+                    await asyncio.sleep(pace)
+                items = q.get_nowait_batch(4096)
+                if items:
+                    await asyncio.sleep(0)  # the API and the housekeeping get their turn
 
     async def _housekeeping(self) -> None:
         while True:
@@ -205,18 +317,26 @@ class TapService:
                 self.mirror.count_error("housekeeping")
 
     async def drain(self, timeout_s: float = 5.0) -> None:
-        """Wait until the analysis queue is empty (tests, shutdown)."""
-        deadline = time.monotonic() + timeout_s
-        while len(self.queue) and time.monotonic() < deadline:
-            await asyncio.sleep(0.005)
-        await asyncio.sleep(0.005)
+        """Wait until the analysis has consumed everything offered so far (tests, shutdown)."""
+        await self.settle(timeout_s)
 
-    async def stop(self) -> None:
+    async def stop(self, drain_timeout_s: float = 0.0) -> None:
+        """Stop accepting; let in-flight requests finish (up to `drain_timeout_s`); end everything."""
+        for tap in self.taps:
+            tap.begin_drain()
+        if drain_timeout_s > 0:
+            await asyncio.gather(*(tap.drained(drain_timeout_s) for tap in self.taps))
         for tap in self.taps:
             with contextlib.suppress(Exception):
                 await tap.close()
         with contextlib.suppress(Exception):
-            await self.drain(1.0)
+            await self.settle(2.0)
+        if self.analysis.running:
+            with contextlib.suppress(Exception):
+                await asyncio.wrap_future(self.analysis.submit(self._stop_analysis()))
+            self.analysis.stop()
+
+    async def _stop_analysis(self) -> None:
         if self._server is not None:
             self._server.should_exit = True
         for t in self._tasks:

@@ -251,6 +251,10 @@ class MirrorState:
         """Every request not yet ended, routed or not (arrived, orphan tokens)."""
         return len(self._live)
 
+    def known(self, request_id: str) -> bool:
+        """True when `request_id` is live or remembered as ended."""
+        return request_id in self._live or request_id in self._tomb
+
     def pending(self) -> int:
         return sum(1 for r in self._live.values() if r.worker is None)
 

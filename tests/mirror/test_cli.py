@@ -49,10 +49,17 @@ def test_shadow_tap_process(tmp_path: Path) -> None:
                 headers={"X-Request-Id": "cli-1"},
             )
             assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n")
-            deadline = time.monotonic() + 5
+            # Wait on the analysis watermark (everything the tap offered by now is processed), then
+            # for two more scrape rounds, so the drift below was computed after the finish applied.
+            mark = httpx.get(ready["api"] + "/v1/state").json()["watermark"]["offered"]
+            deadline = time.monotonic() + 20
+            scrapes_after = None
             while time.monotonic() < deadline:
                 state = httpx.get(ready["api"] + "/v1/state").json()
-                if state["workers"]["d0"]["finished"] == 1 and state["reconcile"]["d0"]["age_s"] is not None:
+                wm = state["watermark"]
+                if scrapes_after is None and wm["processed"] + wm["dropped"] >= mark:
+                    scrapes_after = wm["scrapes"] + 2
+                if scrapes_after is not None and wm["scrapes"] >= scrapes_after:
                     break
                 time.sleep(0.05)
             assert state["workers"]["d0"] == {

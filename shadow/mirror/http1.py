@@ -1,0 +1,118 @@
+"""HTTP/1.1 pieces the tap needs around llhttp (httptools): limits, the path allow-list, header
+filtering and the canned responses it answers itself. No framing is parsed here (llhttp does).
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from dataclasses import dataclass
+
+# The inference API (OpenAI-compatible, vLLM's side endpoints) — what a router sends a worker.
+# An entry ending in "/" is a prefix; any other entry must match the whole path.
+DEFAULT_ALLOW_PATHS: tuple[str, ...] = (
+    "/v1/",
+    "/health",
+    "/ping",
+    "/version",
+    "/metrics",
+    "/load",
+    "/get_load",
+    "/get_server_info",
+    "/get_model_info",
+    "/tokenize",
+    "/detokenize",
+    "/pooling",
+    "/score",
+    "/rerank",
+    "/invocations",
+)
+
+HOP_BY_HOP = frozenset(
+    (b"connection", b"keep-alive", b"proxy-connection", b"te", b"upgrade", b"expect", b"trailer")
+)
+
+
+@dataclass(frozen=True)
+class TapLimits:
+    """Per-tap caps and timeouts; every one has a counter in `Tap.rejected` when it bites."""
+
+    max_head: int = 64 << 10  # request line + headers, bytes (431 beyond)
+    max_headers: int = 128  # header lines per message (431 beyond)
+    header_timeout_s: float = 10.0  # a request head must arrive within this (408 + close)
+    idle_timeout_s: float = 60.0  # keep-alive connection with no request (closed)
+    max_connections: int = 4096  # client connections; beyond it the oldest idle one is closed, else 503
+    max_buffer: int = 256 << 10  # request bytes held (upstream not writable, pipelined) before reading pauses
+    pool_idle_s: float = (
+        4.0  # pooled upstream connections idle longer are not reused (servers' keep-alive ~5 s)
+    )
+    allow_paths: tuple[str, ...] = DEFAULT_ALLOW_PATHS
+
+
+def canned(status: int, reason: str, message: str) -> bytes:
+    """A complete JSON error response that closes the connection."""
+    body = b'{"error":{"message":"shadow tap: %s","type":"%s"}}\n' % (
+        message.encode("ascii", "replace"),
+        reason.replace(" ", "").encode(),
+    )
+    return (
+        b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+        b"connection: close\r\n\r\n%s" % (status, reason.encode(), len(body), body)
+    )
+
+
+BAD_REQUEST = canned(400, "Bad Request", "malformed or ambiguous HTTP/1.1 framing")
+BAD_GATEWAY = canned(502, "Bad Gateway", "upstream unavailable")
+NOT_RESENT = canned(
+    502, "Bad Gateway", "upstream closed before answering; a non-idempotent request is not resent"
+)
+HEAD_TOO_LARGE = canned(431, "Request Header Fields Too Large", "request head too large")
+TIMEOUT = canned(408, "Request Timeout", "request head not received in time")
+BUSY = canned(503, "Service Unavailable", "connection limit reached")
+NOT_RELAYED = canned(404, "Not Found", "path not relayed by this tap (see --allow-path)")
+NO_UPGRADE = canned(501, "Not Implemented", "protocol upgrades are not relayed")
+IDEMPOTENT = frozenset((b"GET", b"HEAD", b"OPTIONS"))
+
+
+def path_allowed(target: bytes, allow: tuple[str, ...]) -> bool:
+    """True when the request target's path (percent-decoded, no dot segments) is on the allow-list.
+
+    Absolute-form targets are judged by their path; a path with `.`/`..` segments, a backslash or
+    an encoded slash is refused whatever the list says (upstreams normalise them differently).
+    """
+    try:
+        raw = target.decode("ascii")
+    except UnicodeDecodeError:
+        return False
+    if not raw.startswith("/"):
+        if not raw.lower().startswith(("http://", "https://")):
+            return False
+        raw = urllib.parse.urlsplit(raw).path or "/"
+    path = raw.split("?", 1)[0].split("#", 1)[0]
+    low = path.lower()
+    if "\\" in path or "%2f" in low or "%5c" in low:
+        return False
+    path = urllib.parse.unquote(path)
+    if not path.startswith("/") or any(seg in (".", "..") for seg in path.split("/")) or "//" in path:
+        return False
+    return any(path.startswith(a) if a.endswith("/") else path == a for a in allow)
+
+
+def connection_tokens(headers: list[tuple[bytes, bytes]]) -> set[bytes]:
+    """Lower-cased tokens of every Connection header."""
+    out: set[bytes] = set()
+    for n, v in headers:
+        if n.lower() == b"connection":
+            out.update(t.strip().lower() for t in v.split(b","))
+    return out
+
+
+def kept_headers(
+    headers: list[tuple[bytes, bytes]], drop_extra: frozenset[bytes] = frozenset()
+) -> list[bytes]:
+    """`name: value` lines without hop-by-hop headers (nor those named by Connection, nor `drop_extra`)."""
+    drop = HOP_BY_HOP | drop_extra
+    conn = connection_tokens(headers)
+    conn.discard(b"transfer-encoding")  # framing headers are the tap's business, never the peer's choice
+    conn.discard(b"content-length")
+    conn.discard(b"host")
+    return [n + b": " + v for n, v in headers if (k := n.lower()) not in drop and k not in conn]
