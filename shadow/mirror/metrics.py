@@ -224,21 +224,22 @@ class MirrorCollector(Collector):
                 [],
                 {(): self.queue.bytes},
             )
-        em = self.emitter
-        if em is not None:
-            yield _counter("shadow_mirror_forward_sent", "Events forwarded (--forward).", [], {(): em.sent})
-            yield _counter(
-                "shadow_mirror_forward_dropped",
-                "Events not forwarded (full buffer or a failed post).",
-                [],
-                {(): em.dropped},
-            )
-            yield _counter(
-                "shadow_mirror_forward_errors",
-                "Failed forwarding posts (network errors and HTTP statuses >= 400, e.g. 401).",
-                [],
-                {(): em.errors},
-            )
+        em = self.emitter  # zeros without --forward
+        yield _counter(
+            "shadow_mirror_forward_sent", "Events forwarded (--forward).", [], {(): em.sent if em else 0}
+        )
+        yield _counter(
+            "shadow_mirror_forward_dropped",
+            "Events not forwarded (full buffer or a failed post).",
+            [],
+            {(): em.dropped if em else 0},
+        )
+        yield _counter(
+            "shadow_mirror_forward_errors",
+            "Failed forwarding posts (network errors and HTTP statuses >= 400, e.g. 401).",
+            [],
+            {(): em.errors if em else 0},
+        )
         r = self.reconciler
         if r is not None:
             rw = r.workers
