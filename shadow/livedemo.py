@@ -10,7 +10,6 @@ and the fleet's measured step time is shown next to the model's.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import socket
 import subprocess
 import tempfile
@@ -22,6 +21,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from shadow._tools import find_executable
 from shadow.fleet import FleetConfig, FleetThread
 from shadow.loadgen import LoadOptions, run_load
 from shadow.mirror.service import TapConfig
@@ -75,7 +75,7 @@ class _Router:
     """A vllm-router process in P/D mode, stopped on exit."""
 
     def __init__(self, prefill: str, decode: list[str], policy: str, log: Path) -> None:
-        exe = shutil.which("vllm-router")
+        exe = find_executable("vllm-router")
         if exe is None:
             raise RuntimeError("the live demo needs vllm-router: pip install vllm-router (or '.[test]')")
         self.port, self.metrics_port = _free_port(), _free_port()

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from shadow._tools import find_executable
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -15,7 +16,7 @@ def run(*cmd: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_ruff_check_passes() -> None:
-    ruff = shutil.which("ruff") or "ruff"
+    ruff = find_executable("ruff") or "ruff"
     proc = run(ruff, "check", "shadow", "tests", "bench")
     assert proc.returncode == 0, proc.stdout + proc.stderr
 

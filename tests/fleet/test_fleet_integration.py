@@ -18,6 +18,7 @@ import pytest
 from fleet_helpers import check_stream, free_port, metric_value, wait_http, words
 from openai import OpenAI
 
+from shadow._tools import find_executable
 from shadow.fleet import FleetConfig, FleetThread
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -61,7 +62,7 @@ def start(procs: list[Proc], args: list[str], log: Path) -> Proc:
 
 
 def router_bin() -> str:
-    exe = shutil.which("vllm-router")
+    exe = find_executable("vllm-router")
     if exe is None:
         pytest.fail("vllm-router is not installed (pip install -e '.[test]')")
     return exe

@@ -3,8 +3,10 @@
 It serves ``GET /v1/models``, ``POST /v1/completions`` and ``POST /v1/chat/completions`` on a
 free loopback port (uvicorn in a thread), streams vLLM-format SSE (``data: {...}\\n\\n``, a
 role-only first chat chunk, a usage chunk when ``stream_options.include_usage``, then
-``data: [DONE]``), honours ``max_tokens``/``ignore_eos``, and records every request (body,
-headers, arrival time) and the maximum number of requests in flight.
+``data: [DONE]``; optionally the finish reason in a separate chunk with empty content, as vLLM
+sends it when the last step generates no text, e.g. EOS), honours ``max_tokens``/``ignore_eos``,
+and records every request (body, headers, arrival time) and the maximum number of requests in
+flight.
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ class StubConfig:
     fail_ids: set[str] = field(default_factory=set)  # X-Request-Id -> HTTP 500 before streaming
     midstream_fail_ids: set[str] = field(default_factory=set)  # -> error event after one token
     models_status: int = 200
+    # The finish reason on a chunk of its own with empty content (text "" / delta.content ""),
+    # `finish_delay_s` after the last token, instead of on the last token's chunk.
+    separate_finish: bool = False
+    finish_delay_s: float = 0.0
+    usage: bool = True  # False: ignore stream_options.include_usage (no usage chunk)
 
 
 @dataclass
@@ -164,7 +171,7 @@ class StubServer:
                     "usage": usage,
                 }
             )
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        include_usage = cfg.usage and bool((body.get("stream_options") or {}).get("include_usage"))
         midstream_fail = rid in cfg.midstream_fail_ids
         return StreamingResponse(
             self._stream(chat, n, finish, usage if include_usage else None, midstream_fail),
@@ -219,24 +226,12 @@ class StubServer:
                         }
                     )
                     break
-                fr = finish if i == n - 1 else None
-                if chat:
-                    choice = {
-                        "index": 0,
-                        "delta": {"content": f" t{i}"},
-                        "logprobs": None,
-                        "finish_reason": fr,
-                    }
-                else:
-                    choice = {
-                        "index": 0,
-                        "text": f" t{i}",
-                        "logprobs": None,
-                        "finish_reason": fr,
-                        "stop_reason": None,
-                    }
-                yield chunk([choice])
+                fr = finish if i == n - 1 and not cfg.separate_finish else None
+                yield chunk([self._choice(chat, f" t{i}", fr)])
             else:
+                if cfg.separate_finish:
+                    await asyncio.sleep(cfg.finish_delay_s)
+                    yield chunk([self._choice(chat, "", finish)])
                 if usage is not None:
                     yield chunk([], usage=usage)
             self._leave()
@@ -245,6 +240,14 @@ class StubServer:
         finally:
             if not left:
                 self._leave()
+
+    @staticmethod
+    def _choice(chat: bool, text: str, finish_reason: str | None) -> dict[str, Any]:
+        """One streamed choice in vLLM's shape (chat delta or completion text)."""
+        if chat:
+            return {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
+                "stop_reason": None}
 
     # -- lifecycle ---------------------------------------------------------------------------
 

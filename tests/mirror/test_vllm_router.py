@@ -3,7 +3,6 @@ routing decision is recovered, and mirrored active counts match the fleet's own 
 
 from __future__ import annotations
 
-import shutil
 import socket
 import subprocess
 import threading
@@ -17,6 +16,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from shadow._tools import find_executable
 from shadow.engine.events import Route
 from shadow.fleet import FleetConfig, FleetThread
 from shadow.mirror.reconcile import parse_vllm_metrics
@@ -50,7 +50,7 @@ def router(tmp_path: Path) -> Iterator[Any]:
     procs: list[tuple[subprocess.Popen[bytes], Any]] = []
 
     def start(args: list[str]) -> tuple[str, str]:
-        exe = shutil.which("vllm-router")
+        exe = find_executable("vllm-router")
         if exe is None:
             pytest.fail("vllm-router is not installed (pip install -e '.[test]')")
         port, mport = _free_port(), _free_port()
