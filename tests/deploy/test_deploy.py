@@ -18,6 +18,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from shadow._tools import find_executable
+
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "kubernetes"
 K8S_VERSION = "1.32.0"
@@ -138,8 +140,8 @@ def test_bare_metal_prometheus_and_alertmanager_configs_check(tmp_path: Path) ->
 
 
 def test_systemd_unit_verifies_and_is_hardened(tmp_path: Path) -> None:
-    shadow = shutil.which("shadow")
-    assert shadow, "the shadow console script is not on PATH"
+    shadow = find_executable("shadow")
+    assert shadow, "the shadow console script is neither beside the interpreter nor on PATH"
     text = (ROOT / "deploy" / "systemd" / "shadow-sidecar.service").read_text()
     assert "ExecStart=/opt/shadow/venv/bin/shadow serve" in text
     assert not any(line.startswith(("BindsTo=", "Requires=")) for line in text.splitlines())
