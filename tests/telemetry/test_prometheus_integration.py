@@ -54,6 +54,9 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Promethe
         r = httpx.post(stack.api + "/v1/events", timeout=5,
                        content=b'not json\n{"type": "finish", "request_id": "nobody", "t": 1.0}\n')
         assert r.status_code == 200 and r.json()["rejected"] == {"invalid_json": 1}
+        # and one request a tap refuses (a path it does not relay)
+        d0 = stack.tap_urls["d0"]
+        assert httpx.get(d0 + "/not-relayed", timeout=5).status_code >= 400
         stack.taps.wait_for(lambda: stack.taps.svc.state.live() == 0 and not len(stack.taps.svc.queue))
         prom = Prometheus(tmp_path_factory.mktemp("prom"), [stack.api.removeprefix("http://")])
         try:

@@ -51,6 +51,26 @@ def build() -> db.Dashboard:
                q(f"sum (rate(shadow_mirror_stream_gaps_total{sel()}[{RATE}]))", "stream gaps", ref="B"),
                q(f"sum by (worker) (rate(shadow_mirror_upstream_connect_errors_total{sel()}[{RATE}]))",
                  "connect {{worker}}", ref="C")), w=8)
+    lay.row("Taps")
+    lay.add(ts("Tap rejections by reason",
+               "Requests or connections the taps refused or cut per second, by reason: hostile or "
+               "broken peers (bad_framing, head_too_large, timeouts, path_not_allowed, upgrade) and "
+               "the connection cap (busy, evicted_idle).",
+               "reqps", q(f"sum by (reason) (rate(shadow_mirror_tap_rejected_total{sel()}[{RATE}]))",
+                          "{{reason}}")), w=6)
+    lay.add(ts("Client connections per tap",
+               "Client connections open on each tap.",
+               "short", q(f"sum by (worker) (shadow_mirror_tap_connections{sel()})", "{{worker}}")), w=6)
+    lay.add(ts("Analysis queue bytes",
+               "Payload bytes waiting between the taps and the analysis.",
+               "bytes", q(f"sum by (instance) (shadow_mirror_queue_bytes{sel()})", "{{instance}}")), w=6)
+    lay.add(ts("Forwarding (--forward)",
+               "Events per second forwarded to another shadow, dropped (full buffer or failed post), "
+               "and failed posts; all zero without --forward.",
+               "ops",
+               q(f"sum (rate(shadow_mirror_forward_sent_total{sel()}[{RATE}]))", "sent"),
+               q(f"sum (rate(shadow_mirror_forward_dropped_total{sel()}[{RATE}]))", "dropped", ref="B"),
+               q(f"sum (rate(shadow_mirror_forward_errors_total{sel()}[{RATE}]))", "errors", ref="C")), w=6)
     lay.row("Consistency with the workers")
     lay.add(ts("Drift per worker",
                "Mirrored active requests minus the worker's own running + waiting at the last scrape. "
