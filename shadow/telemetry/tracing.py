@@ -12,6 +12,9 @@ active proxy call for routing rounds, admissions and mode transitions.
   open spans are capped (default 10,000; evictions counted in `evicted`).
 - `RoutingSpans(tracer)`: `round(lane, ...)` (a context manager span per routing round),
   `admission(...)` (a span event on the round), `mode_transition(...)`.
+- `trace_mirror(mirror, environ)`: the one call a process makes (`shadow serve`, `shadow tap`):
+  when an OTLP endpoint is configured, attach `MirrorSpans` to the mirror and return the provider
+  (shut it down on exit); otherwise do nothing and return None.
 """
 
 from __future__ import annotations
@@ -64,7 +67,11 @@ def make_provider(
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         except ImportError:
             raise RuntimeError("OTLP export needs pip install 'shadow[otlp]'") from None
-        exporter = OTLPSpanExporter()  # endpoint, headers, timeout from OTEL_EXPORTER_OTLP_*
+        # the endpoint as the OTLP spec resolves it, from `env`; headers, timeout, compression are
+        # read by the exporter from OTEL_EXPORTER_OTLP_* itself
+        traces = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        endpoint = traces or str(env.get("OTEL_EXPORTER_OTLP_ENDPOINT")).rstrip("/") + "/v1/traces"
+        exporter = OTLPSpanExporter(endpoint=endpoint)
     if exporter is not None:
         provider.add_span_processor(BatchSpanProcessor(exporter))
     return provider
@@ -145,6 +152,18 @@ class MirrorSpans:
     def _end(self, rid: str) -> None:
         span = self.open.pop(rid)
         span.end(end_time=self.clock_ns())
+
+
+def trace_mirror(mirror: Any, environ: Mapping[str, str] | None = None) -> TracerProvider | None:
+    """Attach mirrored-request spans to `mirror` when OTEL_EXPORTER_OTLP(_TRACES)_ENDPOINT is set
+    (and the SDK is not disabled); returns the provider to shut down on exit, or None."""
+    env = os.environ if environ is None else environ
+    if not (env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")):
+        return None
+    provider = make_provider(env)
+    if provider is not None:
+        mirror.listeners.append(MirrorSpans(get_tracer(provider)))
+    return provider
 
 
 class RoutingSpans:

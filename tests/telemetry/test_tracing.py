@@ -141,3 +141,61 @@ def test_spans_for_real_mirrored_requests(traced: Traced) -> None:
         assert s.attributes[attrs.FINISH_REASON] in ("stop", "length")
         assert s.end_time > s.start_time
     assert by_worker == {"d0": 3, "d1": 3}
+
+
+def test_trace_mirror_exports_over_otlp_http_configured_by_otel_variables() -> None:
+    """The standard variables alone send mirrored-request spans to an OTLP/HTTP receiver (a loopback
+    double decoding the protobuf); without an endpoint nothing is attached."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from shadow.telemetry.tracing import trace_mirror
+
+    class _Mirror:
+        def __init__(self) -> None:
+            self.listeners: list[object] = []
+
+    assert trace_mirror(_Mirror(), {}) is None
+    posts: list[tuple[str, str, bytes]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            posts.append((self.path, self.headers["Content-Type"], body))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}",
+               "OTEL_TRACES_SAMPLER_ARG": "1", "OTEL_SERVICE_NAME": "shadow-otlp-test"}
+        mirror = _Mirror()
+        provider = trace_mirror(mirror, env)
+        assert provider is not None and len(mirror.listeners) == 1
+        listener = mirror.listeners[0]
+        assert isinstance(listener, MirrorSpans)
+        listener(Arrive("r1", 0.0, prompt_tokens=12))
+        listener(Route("r1", 0.1, "d3"))
+        listener(Finish("r1", 0.5, "stop", 4))
+        provider.shutdown()  # flushes the batch processor
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [(p, t) for p, t, _ in posts] == [("/v1/traces", "application/x-protobuf")]
+    req = ExportTraceServiceRequest()
+    req.ParseFromString(posts[0][2])
+    (rs,) = req.resource_spans
+    res = {a.key: a.value.string_value for a in rs.resource.attributes}
+    assert res["service.name"] == "shadow-otlp-test"
+    (span,) = [s for ss in rs.scope_spans for s in ss.spans]
+    got = {a.key: a.value for a in span.attributes}
+    assert span.name == "shadow.mirror.request"
+    assert got[attrs.ACTUAL_WORKER].string_value == "d3"
+    assert got[attrs.GEN_AI_USAGE_OUTPUT_TOKENS].int_value == 4
