@@ -59,6 +59,7 @@ REJECT_REASONS = (
     "bad_framing",
     "head_too_large",
     "header_timeout",
+    "body_timeout",
     "idle_timeout",
     "path_not_allowed",
     "upgrade",
@@ -375,7 +376,13 @@ class _ClientConn(asyncio.Protocol):
         kind = self._timer_kind
         self._timer = None
         self._timer_kind = ""
-        if self.closed or self.active is not None:
+        if self.closed:
+            return
+        if kind == "body":  # the request body stalled: the request is abandoned upstream too
+            if self._parsing is not None:
+                self._reject(_Reject(TIMEOUT, "body_timeout"))
+            return
+        if self.active is not None:
             return
         if kind == "header":
             self.tap.count("header_timeout")
@@ -400,6 +407,8 @@ class _ClientConn(asyncio.Protocol):
             return
         if self._timer_kind == "idle":
             self.arm("header", self.tap.limits.header_timeout_s)
+        elif self._parsing is not None and not self._in_head:
+            self.arm("body", self.tap.limits.header_timeout_s)  # longest silence inside a request body
         fresh = not self._in_head and self._parsing is None
         if self._in_head or fresh:
             self._head_fed += len(data)
@@ -428,8 +437,26 @@ class _ClientConn(asyncio.Protocol):
         # requests parsed but not started are dropped (never forwarded)
         while self.reqs and self.reqs[-1] is not self.active:
             self.reqs.pop()
-        if self.active is None:
+        req = self.active
+        if req is None:
             self._fail(rej.response)
+        elif not req.complete:
+            # the request in flight is itself broken: abandon it upstream, answer (or cut) the client
+            self.active = None
+            self.reqs.clear()
+            up = req.up
+            head_sent = up is not None and up.head_done
+            if up is not None:
+                up.client = None
+                up.req = None
+                up.close()
+            self.tap._end(req.ctx, END_CLIENT_CANCEL)
+            if head_sent:
+                self.closed = True
+                if self.transport is not None:
+                    self.transport.close()
+            else:
+                self._fail(rej.response)
         else:
             self._broken = rej.response  # answered once the response in flight is done
 
@@ -499,6 +526,8 @@ class _ClientConn(asyncio.Protocol):
         self.reqs.append(req)
         if self.active is None:
             self._start(req)
+        if has_body:
+            self.arm("body", tap.limits.header_timeout_s)
 
     def on_body(self, body: bytes) -> None:
         req = self._parsing
@@ -518,6 +547,8 @@ class _ClientConn(asyncio.Protocol):
         req = self._parsing
         self._parsing = None
         self._in_head = False
+        if self._timer_kind == "body":
+            self.disarm()
         if req is None:
             return
         req.complete = True
@@ -870,6 +901,8 @@ class _UpstreamConn(asyncio.Protocol):
             return
         client = self.client
         self.finished = True
+        if not self.parser.should_keep_alive():  # (only meaningful inside this callback)
+            self.reusable = False
         if client is None or client.transport is None:
             return
         rw = self.rw
@@ -889,7 +922,7 @@ class _UpstreamConn(asyncio.Protocol):
             self.tap._end(req.ctx, END_COMPLETE)
         if self.paused:
             self.resume()
-        if self.reusable and self.usable() and self.parser.should_keep_alive():
+        if self.reusable and self.usable():
             self.tap._give_back(self)
         else:
             self.close()

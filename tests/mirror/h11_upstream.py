@@ -1,0 +1,104 @@
+"""A real uvicorn server with the h11 protocol that records every request it frames (method, path,
+body length, peer port), for differential tests of the tap's framing and for attack tests."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    body_len: int
+    peer_port: int
+
+
+@dataclass
+class Recorder:
+    seen: list[Seen] = field(default_factory=list)
+    started: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    inflight: int = 0
+
+
+def recording_app(rec: Recorder) -> Any:
+    """ASGI app: records each request as framed by h11, answers 200 `ok <path>` (or per path)."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        with rec.lock:
+            rec.started += 1
+            rec.inflight += 1
+        try:
+            n = 0
+            while True:
+                msg = await receive()
+                if msg["type"] == "http.disconnect":
+                    break
+                n += len(msg.get("body", b""))
+                if not msg.get("more_body"):
+                    break
+            peer = scope.get("client") or ("", 0)
+            with rec.lock:
+                rec.seen.append(Seen(scope["method"], scope["path"], n, int(peer[1])))
+            body = b"ok " + scope["path"].encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", b"text/plain"), (b"content-length", b"%d" % len(body))],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+        finally:
+            with rec.lock:
+                rec.inflight -= 1
+
+    return app
+
+
+class H11Server:
+    """uvicorn (http="h11") on a free loopback port in a daemon thread."""
+
+    def __init__(self, app: Any, *, keep_alive_s: float = 5.0) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        cfg = uvicorn.Config(
+            app,
+            http="h11",
+            log_level="critical",
+            access_log=False,
+            lifespan="off",
+            timeout_keep_alive=int(keep_alive_s) or 1,
+        )
+        self.server = uvicorn.Server(cfg)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def connections(self) -> int:
+        """Connections the server still holds open."""
+        return len(self.server.server_state.connections)
+
+    def __enter__(self) -> H11Server:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("h11 server did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.sock.close()
