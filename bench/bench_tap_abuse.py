@@ -241,7 +241,8 @@ def main() -> int:
     p50 = lat_ms[len(lat_ms) // 2] if lat_ms else float("nan")
     worst = lat_ms[-1] if lat_ms else float("nan")
     print(
-        f"  a fresh client afterwards: {len(lat)}/50 requests served; latency p50 {p50:.2f} ms, max {worst:.2f} ms"
+        f"  a fresh client afterwards: {len(lat)}/50 requests served; "
+        f"latency p50 {p50:.2f} ms, max {worst:.2f} ms"
     )
     print(json.dumps({"added_p99_ms_flood": round(add99, 3), "served_after_half_open": len(lat)}))
     return 0
