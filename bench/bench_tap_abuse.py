@@ -5,7 +5,7 @@
 
 Reuses bench_tap's barrier-stepped SSE upstream and its interleaved direct/tap clients, with
 `shadow tap` in its own process (loopback only).
-Phase A (flood): while `streams` SSE streams relay through the tap (and as many go direct on
+Phase A (flood): while waves of `streams` SSE streams relay through the tap (and as many go direct on
 the same upstream steps), another process POSTs `flood` arrive events with unique ids to the tap's
 event API in NDJSON batches of `batch` events; the tap runs with --ttl 2 so the flooded requests
 are also reaped (a million at a time) during the run. Reports chunk latency direct vs via the tap
@@ -109,7 +109,7 @@ def main() -> int:
     ap.add_argument("--streams", type=int, default=256)
     ap.add_argument("--step-ms", type=float, default=60.0)
     ap.add_argument("--groups", type=int, default=8)
-    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--seconds", type=float, default=10.0, help="length of one wave of streams")
     ap.add_argument("--flood", type=int, default=1_000_000)
     ap.add_argument("--batch", type=int, default=150_000)
     ap.add_argument("--half-open", type=int, default=20_000)
@@ -141,12 +141,18 @@ def main() -> int:
             via: list[int] = []
 
             async def phase_a() -> int:
-                task = asyncio.create_task(
-                    _run_streams(up_port, 2 * args.streams, direct, "d", tap_port, via)
+                # waves of streams until the flood is over (the first starts before it)
+                first = asyncio.create_task(
+                    _run_streams(up_port, 2 * args.streams, direct, "d0", tap_port, via)
                 )
-                await asyncio.sleep(0.5)  # streams are flowing
+                await asyncio.sleep(0.5)
                 flood.start()
-                return await task
+                frames = await first
+                wave = 1
+                while flood.is_alive():
+                    frames += await _run_streams(up_port, 2 * args.streams, direct, f"d{wave}", tap_port, via)
+                    wave += 1
+                return frames
 
             t0 = time.monotonic()
             frames = asyncio.run(phase_a())
