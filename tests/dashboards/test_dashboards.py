@@ -46,6 +46,8 @@ def test_the_four_dashboards_exist_with_unique_stable_uids() -> None:
         assert re.fullmatch(r"[a-zA-Z0-9_-]{1,40}", d["uid"])
         assert d.get("id") is None
         assert d["schemaVersion"] <= 41
+        assert d["editable"] is False  # the code is the source of truth (dashboard-linter's rule)
+        assert d["graphTooltip"] == 1 and "shadow" in d["tags"]
 
 
 def test_variables_datasource_fleet_instance() -> None:

@@ -134,6 +134,8 @@ class Layout:
 
 
 def dashboard(uid: str, title: str, description: str) -> db.Dashboard:
-    return (db.Dashboard(title).uid(uid).description(description).tags(TAGS).editable()
+    return (db.Dashboard(title).uid(uid).description(description).tags(TAGS).readonly()
             .refresh("30s").time("now-1h", "now").timezone("browser")
-            .tooltip(dm.DashboardCursorSync.CROSSHAIR))
+            .tooltip(dm.DashboardCursorSync.CROSSHAIR)
+            .link(db.DashboardLink("shadow dashboards").type(dm.DashboardLinkType.DASHBOARDS)
+                  .tags(["shadow"]).as_dropdown(True).include_vars(True).keep_time(True)))
