@@ -30,7 +30,18 @@ def add_protocol_args(p: argparse.ArgumentParser, default: bool) -> None:
     g.add_argument("--warmup", type=float, default=3.0, help="warm-up discarded, in lifetimes (default 3)")
     g.add_argument("--window", type=float, default=5.0, help="measured window, in lifetimes (default 5)")
     g.add_argument(
-        "--timeout", type=float, default=5.0, help="admission timeout in s; 0 = never shed (default 5)"
+        "--timeout",
+        type=float,
+        default=0.0,
+        help="admission timeout in s, waiting requests shed; 0 = none (default)",
+    )
+    g.add_argument(
+        "--queue",
+        type=int,
+        default=6,
+        metavar="N",
+        help="bounded queue: reject arrivals while N×G requests wait (pool or queues); "
+        "0 = unbounded (default 6)",
     )
     g.add_argument(
         "--max-requests", type=int, default=40_000, help="cap on requests per run (default 40,000)"
@@ -44,6 +55,7 @@ def protocol_from(args: argparse.Namespace) -> Protocol:
         warmup_lifetimes=args.warmup,
         window_lifetimes=args.window,
         timeout_s=args.timeout if args.timeout and args.timeout > 0 else None,
+        queue_per_worker=args.queue if args.queue else None,
         seeds=seeds,
         max_requests=args.max_requests,
     )

@@ -55,13 +55,16 @@ class Protocol:
 
     warmup_lifetimes: float = 3.0
     window_lifetimes: float = 5.0
-    timeout_s: float | None = 5.0
+    timeout_s: float | None = None
+    queue_per_worker: int | None = 6  # bounded queue: reject arrivals while waiting >= this × G
     seeds: tuple[int, ...] = (0, 1, 2)
     max_requests: int = 40_000
 
     def __post_init__(self) -> None:
         if not self.warmup_lifetimes >= 0 or not self.window_lifetimes > 0:
             raise ValueError("warm-up must be >= 0 and the window > 0 lifetimes")
+        if self.queue_per_worker is not None and self.queue_per_worker < 1:
+            raise ValueError(f"queue bound must be >= 1 per worker (or none), got {self.queue_per_worker!r}")
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise ValueError(f"admission timeout must be > 0 s (or none), got {self.timeout_s!r}")
         if not self.seeds:
@@ -70,10 +73,14 @@ class Protocol:
             raise ValueError(f"max_requests must be >= 10, got {self.max_requests}")
 
     def describe(self) -> str:
-        timeout = "none (queues unbounded)" if self.timeout_s is None else f"{self.timeout_s:g} s, shed"
+        timeout = "none" if self.timeout_s is None else f"{self.timeout_s:g} s, shed"
+        bound = (
+            "none" if self.queue_per_worker is None else f"{self.queue_per_worker}×G waiting, arrivals shed"
+        )
         return (
             f"steady state: warm-up {self.warmup_lifetimes:g} lifetimes discarded, window "
             f"{self.window_lifetimes:g} lifetimes, drain discarded; admission timeout {timeout}; "
+            f"queue bound {bound}; "
             f"seeds {','.join(map(str, self.seeds))} (95% t-interval); ≤ {self.max_requests:,} requests/run"
         )
 
@@ -164,7 +171,10 @@ def run_cell(cell: Cell, clock: Clock) -> dict[str, Any]:
         spec, bra = lane_spec(token)
         cfg = config if bra is None else replace(config, bra=bra)
         lane = Lane(spec, cfg, clock)
-        lanes[spec.label] = drive(lane, jobs, t_start, t_end, cell.protocol.timeout_s) | {
+        cap = (
+            None if cell.protocol.queue_per_worker is None else cell.protocol.queue_per_worker * cell.workers
+        )
+        lanes[spec.label] = drive(lane, jobs, t_start, t_end, cell.protocol.timeout_s, cap) | {
             "arrivals": arrivals_in,
             "policy": spec.policy,
         }
@@ -183,7 +193,12 @@ def run_cell(cell: Cell, clock: Clock) -> dict[str, Any]:
 
 
 def drive(
-    lane: Lane, jobs: Sequence[Job], t_start: float, t_end: float, timeout_s: float | None
+    lane: Lane,
+    jobs: Sequence[Job],
+    t_start: float,
+    t_end: float,
+    timeout_s: float | None,
+    queue_cap: int | None = None,
 ) -> dict[str, Any]:
     """Step `lane` through `jobs` (arrival order, no prefill stage) until `t_end`; window figures."""
     tt = lane.totals
@@ -193,7 +208,10 @@ def drive(
     sum_load = 0.0  # Σ total KV load over window steps (before each step's tokens)
     while True:
         while i < n and jobs[i].arrival_s <= lane.now:
-            lane.offer(jobs[i], jobs[i].arrival_s)
+            if queue_cap is not None and lane.waiting >= queue_cap:
+                lane.totals.shed += 1  # bounded queue: rejected at the door, whatever its size
+            else:
+                lane.offer(jobs[i], jobs[i].arrival_s)
             i += 1
         if timeout_s is not None:
             lane.shed_waiting(lane.now - timeout_s)

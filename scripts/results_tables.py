@@ -1,0 +1,110 @@
+"""Markdown tables from `shadow sweep --json` files (steady-state protocol) for docs/results/.
+
+    python scripts/results_tables.py grid FILE.json [LANE ...]      # one row per (G, ρ)
+    python scripts/results_tables.py lanes FILE.json                # every lane of every cell
+    python scripts/results_tables.py targets FILE.json [LANE]       # the issue's targets, per cell
+
+Figures are means over seeds ± the half-width of the 95 % t-interval; "×" is the paired spread
+reduction against the cell's best baseline by spread (> 1 = lower spread than it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Any
+
+
+def ci(pair: list[float], fmt: str) -> str:
+    mean, half = pair
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return "–"
+    return f"{mean:{fmt}} ± {half:{fmt.lstrip('+')}}"
+
+
+def grid(doc: dict[str, Any], lanes: list[str]) -> str:
+    head = ["G", "ρ", "best baseline (spread/step)"]
+    for lb in lanes:
+        head += [f"{lb} ×"]
+    last = lanes[-1]
+    head += [f"{last} × (seconds)", f"{last} throughput %", f"{last} TPOT P95 %", f"shed % ({last} / best)"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    for c in doc["summary"]:
+        best = c["best_baseline_spread"]
+        b = c["lanes"][best]
+        cells = [str(c["workers"]), f"{c['load']:g}", f"{best} {b['spread_steps'][0]:,.0f}"]
+        for lb in lanes:
+            cells.append(ci(c["lanes"][lb]["spread_x"], ".2f") if lb in c["lanes"] else "–")
+        r = c["lanes"][last]
+        cells += [
+            ci(r["spread_seconds_x"], ".2f"),
+            ci(r["throughput_pct"], "+.1f"),
+            ci(r["tpot_p95_pct"], "+.1f"),
+            f"{100 * r['shed_fraction'][0]:.1f} / {100 * b['shed_fraction'][0]:.1f}",
+        ]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def lanes_table(doc: dict[str, Any]) -> str:
+    head = ["G", "ρ", "lane", "spread/step", "× best", "× best (s)", "throughput %", "TPOT P95 %", "shed %"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    for c in doc["summary"]:
+        for lb, r in c["lanes"].items():
+            rows.append(
+                "| "
+                + " | ".join(
+                    [
+                        str(c["workers"]),
+                        f"{c['load']:g}",
+                        lb,
+                        ci(r["spread_steps"], ",.0f"),
+                        ci(r["spread_x"], ".2f"),
+                        ci(r["spread_seconds_x"], ".2f"),
+                        ci(r["throughput_pct"], "+.1f"),
+                        ci(r["tpot_p95_pct"], "+.1f"),
+                        ci([100 * r["shed_fraction"][0], 100 * r["shed_fraction"][1]], ".1f"),
+                    ]
+                )
+                + " |"
+            )
+    return "\n".join(rows)
+
+
+def targets(doc: dict[str, Any], lane: str) -> str:
+    """Per (G, ρ): does `lane` meet the issue's targets? "ok" = its 95 % CI reaches the bar."""
+    head = ["G", "ρ", "spread ≤ best baseline", "× best", "throughput ≥ best", "TPOT P95 ≤ best"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    misses = 0
+    for c in doc["summary"]:
+        r = c["lanes"][lane]
+        sx, tp, tt = r["spread_x"], r["throughput_pct"], r["tpot_p95_pct"]
+        ok_s = sx[0] + sx[1] >= 1.0
+        ok_t = tp[0] + tp[1] >= 0.0
+        ok_p = tt[0] - tt[1] <= 0.0
+        misses += (not ok_s) + (not ok_t) + (not ok_p)
+        rows.append(
+            f"| {c['workers']} | {c['load']:g} | {'ok' if ok_s else '**no**'} | {ci(sx, '.2f')} | "
+            f"{'ok' if ok_t else '**no**'} ({ci(tp, '+.1f')}) | "
+            f"{'ok' if ok_p else '**no**'} ({ci(tt, '+.1f')}) |"
+        )
+    rows.append(f"\n{misses} misses over {len(doc['summary'])} cells × 3 targets")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    kind, path, *lanes = sys.argv[1:]
+    with open(path) as f:
+        doc = json.load(f)
+    print(f"`{doc['command']}`\n")
+    if kind == "grid":
+        print(grid(doc, lanes or ["br0", "brh-survival", "bra"]))
+    elif kind == "targets":
+        print(targets(doc, lanes[0] if lanes else "bra"))
+    else:
+        print(lanes_table(doc))
+
+
+if __name__ == "__main__":
+    main()
