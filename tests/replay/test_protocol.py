@@ -40,9 +40,16 @@ def test_shed_waiting_drops_only_requests_that_waited_too_long(policy: str) -> N
         assert sum(lane.queued_tokens) == 100 * lane.waiting
 
 
-def _cell(timeout: float | None, lanes: tuple[str, ...] = ("jsq-bytes", "br0", "bra")) -> Cell:
+def _cell(
+    timeout: float | None, lanes: tuple[str, ...] = ("jsq-bytes", "br0", "bra"), queue: int | None = None
+) -> Cell:
     proto = Protocol(
-        warmup_lifetimes=1.0, window_lifetimes=2.0, timeout_s=timeout, seeds=(0,), max_requests=400
+        queue_per_worker=queue,
+        warmup_lifetimes=1.0,
+        window_lifetimes=2.0,
+        timeout_s=timeout,
+        seeds=(0,),
+        max_requests=400,
     )
     return Cell("paper-azure", 2, 1.2, 0, lanes, slots=4, protocol=proto)
 
@@ -57,6 +64,35 @@ def test_overloaded_cell_sheds_with_a_timeout_and_not_without() -> None:
         assert o["shed"] == 0
         assert w["spread_steps"] >= 0 and w["throughput_tps"] > 0
     assert with_timeout["window_s"] == pytest.approx(2.0 * with_timeout["lifetime_s"], rel=0.2)
+
+
+def test_bounded_queue_rejects_arrivals_and_never_holds_more_than_its_bound() -> None:
+    from shadow.engine.config import EngineConfig
+    from shadow.replay.protocol import drive
+
+    for policy in ("jsq-bytes", "br0", "bra"):
+        lane = Lane(LaneSpec.parse(policy), EngineConfig(workers=2, slots=2), time.perf_counter)
+        jobs = [Job(i, 0.001 * i, 1000, 400) for i in range(100)]  # a burst far beyond 4 slots
+        seen: list[int] = []
+        step = lane.step
+
+        def watch(step=step, lane=lane, seen=seen) -> bool:  # type: ignore[no-untyped-def]
+            seen.append(lane.waiting)
+            return step()
+
+        lane.step = watch  # type: ignore[method-assign]
+        fig = drive(lane, jobs, 0.0, 5.0, None, queue_cap=6)
+        assert max(seen) <= 6
+        assert lane.totals.shed == 100 - 6 - 4  # four run, six wait, the rest are rejected
+        assert fig["shed"] == 90  # rejections inside the window are the window's shed count
+
+
+def test_default_protocol_is_the_bounded_queue() -> None:
+    p = Protocol()
+    assert p.queue_per_worker == 6 and p.timeout_s is None
+    assert "queue bound 6×G" in p.describe()
+    with pytest.raises(ValueError, match="queue bound"):
+        Protocol(queue_per_worker=0)
 
 
 def test_summary_pairs_ratios_per_seed() -> None:
@@ -154,11 +190,11 @@ def test_sweep_prints_the_protocol_and_writes_cis(tmp_path: Path, capsys: pytest
     ]
     assert main(args) == 0
     text = capsys.readouterr().out
-    assert "admission timeout 5 s" in text and "× best (steps)" in text
+    assert "queue bound 6×G" in text and "× best (steps)" in text
     doc = json.loads(out.read_text())
     (cell,) = doc["summary"]
     assert cell["seeds"] == [0, 1] and set(cell["lanes"]) == {"jsq", "br0", "bra"}
-    assert len(doc["runs"]) == 2 and doc["protocol"]["timeout_s"] == 5.0
+    assert len(doc["runs"]) == 2 and doc["protocol"]["queue_per_worker"] == 6
     assert (
         main(
             [
