@@ -2,30 +2,26 @@
 
 Given per-worker loads and free slots and the waiting requests (oldest first), return the
 admissions one routing round of the named policy makes, as (request_id, worker_index) pairs
-in decision order. Pool policies (br0, brh, and bra — this project's variant) run the two-stage
-assigner; baselines route the waiting requests in arrival order among workers with a free
-slot, using `loads` as their load signal (jsq-bytes, least-tokens) and free slots as the count
-signal (jsq, p2c).
+in decision order. Pool policies (br0, brh) run the two-stage assigner; baselines route the
+waiting requests in arrival order among workers with a free slot, using `loads` as their load
+signal (jsq-bytes, least-tokens) and free slots as the count signal (jsq, p2c).
 """
 
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from shadow.core.balanceroute import BalanceRoute
-from shadow.core.baselines import BASELINES, WorkerView, bind_all, make_baseline
-from shadow.core.bra import BalanceRouteAdaptive
+from shadow.core.baselines import BASELINES
 from shadow.core.params import BRParams
-from shadow.core.pool import Pool
+from shadow.core.routers import Router, StaticView, make_router
 
 POOL_POLICIES = ("br0", "brh", "bra")  # bra: this project's BalanceRoute-adaptive
-POLICIES: tuple[str, ...] = ("rr", "random", "p2c", "jsq", "jsq-bytes", "least-tokens", *POOL_POLICIES)
+POLICIES: tuple[str, ...] = (*BASELINES, *POOL_POLICIES)
 
 Waiting = tuple[Hashable, int] | tuple[Hashable, int, float]
 Active = tuple[int, float, float]
@@ -93,7 +89,7 @@ def _active_arrays(
 
 
 def schedule_round(
-    policy: str,
+    policy: str | Router,
     loads: Sequence[float],
     free_slots: Sequence[int],
     waiting: Sequence[Waiting],
@@ -101,40 +97,39 @@ def schedule_round(
     params: Mapping[str, Any] | BRParams | None = None,
     active: Sequence[Active] | None = None,
     seed: int = 0,
+    now: float = 0.0,
 ) -> list[tuple[Hashable, int]]:
     """Admissions of one routing round of `policy`: [(request_id, worker_index), ...].
 
     `waiting` is (request_id, prompt_tokens) — optionally with a third item, the predicted
     steps the request stays once admitted (BR-H) — oldest first. `active` (BR-H only) lists
     (worker_index, current_load_tokens, predicted_remaining_steps) whose loads sum per worker
-    to `loads`. Raises ValueError on an unknown policy or invalid input.
+    to `loads`. `policy` is a name (a fresh router for this one round: round-robin starts at
+    worker 0 and `random` draws from `seed`) or a router from `make_round_router` whose state
+    (round-robin position, random stream, waiting pool) carries over between rounds; requests
+    a router keeps waiting stay in its pool and are not repeated in later `waiting` lists.
+    Raises ValueError on an unknown policy or invalid input.
     """
-    if policy not in POLICIES:
-        raise ValueError(f"unknown policy {policy!r}; known: {list(POLICIES)}")
+    router = make_round_router(policy, params=params, seed=seed) if isinstance(policy, str) else policy
     _check_fleet(loads, free_slots)
     _check_waiting(waiting)
-    br = BRParams.from_mapping(params)
-    if policy in BASELINES:
-        view = WorkerView(
-            kv_tokens=[float(x) for x in loads],
-            outstanding=[-int(c) for c in free_slots],
-            outstanding_tokens=[float(x) for x in loads],
-            free_slots=[int(c) for c in free_slots],
-        )
-        capacity = sum(view.free_slots)
-        admitted = list(waiting)[:capacity]
-        picks = bind_all(make_baseline(policy, random.Random(seed)), view, [w[1] for w in admitted], True)
-        return [(w[0], g) for w, g in zip(admitted, picks, strict=True)]
-    idx, w, c = _active_arrays(loads, active if policy in ("brh", "bra") else None)
-    pool = Pool()
+    idx, w, c = _active_arrays(loads, active if router.name in ("brh", "bra") else None)
     for item in waiting:
-        pool.add(item[0], int(item[1]), 0.0, float(item[2]) if len(item) == 3 else None)
-    free = [int(c) for c in free_slots]
-    if policy == "bra":
-        # Without `active` BRA scores with BR-0; a round has no clock, so nothing is held back
-        # for longer than this call (held requests are simply not in the result).
-        has_active = active is not None and len(active) > 0
-        bra = BalanceRouteAdaptive(br)
-        return bra.round(loads, free, pool, 0.0, *((idx, w, c) if has_active else (None, None, None)))
-    router = BalanceRoute("br0" if policy == "br0" else "brh", br)
-    return router.round(loads, free, pool, 0.0, idx, w, c)
+        router.on_arrive(item[0], int(item[1]), now, float(item[2]) if len(item) == 3 else None)
+    view = StaticView(
+        loads=[float(x) for x in loads],
+        free_slots=[int(x) for x in free_slots],
+        active_worker=idx,
+        active_load=w,
+        active_steps=c,
+    )
+    return router.decide(view, now)
+
+
+def make_round_router(
+    policy: str, *, params: Mapping[str, Any] | BRParams | None = None, seed: int = 0
+) -> Router:
+    """A router for repeated `schedule_round` calls (baselines place only into free slots)."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; known: {list(POLICIES)}")
+    return make_router(policy, params=BRParams.from_mapping(params), seed=seed, only_free=True)

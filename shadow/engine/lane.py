@@ -10,23 +10,39 @@ projection over the G·B slot arrays when it routes.
 
 from __future__ import annotations
 
-import random
+import heapq
 from collections import deque
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from shadow.core.balanceroute import BalanceRoute
-from shadow.core.baselines import BASELINES, Baseline, WorkerView, make_baseline
-from shadow.core.bra import BalanceRouteAdaptive
+from shadow.core.baselines import WorkerView
 from shadow.core.pool import Pool
-from shadow.core.predictors import Predictor, contribution, make_predictor
+from shadow.core.predictors import Predictor, contribution
+from shadow.core.routers import Router, make_router
 from shadow.engine.config import EngineConfig, LaneSpec
 from shadow.engine.jobs import Job
+from shadow.engine.summary import SampleSink
 
 Clock = Callable[[], float]
+
+
+class EndSource(Protocol):
+    """Live driver: what is known of a request's real output so far.
+
+    `end_of(request_id)` is (tokens generated so far, final output length or None while the real
+    stream has not ended); the final length, once given, is >= every earlier count.
+    """
+
+    def end_of(self, request_id: Hashable) -> tuple[int, int | None]: ...
+
+
+def _samples() -> SampleSink:
+    out: list[float] = []
+    return out
 
 
 @dataclass(slots=True)
@@ -38,21 +54,60 @@ class LaneTotals:
     sum_spread: float = 0.0
     sum_imbalance: float = 0.0
     sum_idle_s: float = 0.0  # Σ a·I(k): worker-seconds spent waiting at the barrier
+    sum_max: float = 0.0  # Σ max_g L_g(k): re-prices the steps under another step model
     tokens: int = 0
     finished: int = 0
     shed: int = 0  # waiting requests dropped by `shed_waiting` (admission timeout)
+    stalls: int = 0  # live: steps held because a running request's end was not yet known
     first_arrival_s: float = float("inf")
     last_finish_s: float = 0.0
-    ttft_s: list[float] = field(default_factory=list)
-    tpot_s: list[float] = field(default_factory=list)
-    wait_s: list[float] = field(default_factory=list)
-    decision_s: list[float] = field(default_factory=list)
+    ttft_s: SampleSink = field(default_factory=_samples)
+    tpot_s: SampleSink = field(default_factory=_samples)
+    wait_s: SampleSink = field(default_factory=_samples)
+    decision_s: SampleSink = field(default_factory=_samples)
     trajectory_t: list[float] = field(default_factory=list)
     trajectory_loads: list[list[float]] = field(default_factory=list)
 
 
+class _View:
+    """The lane as a router sees it (`FleetView`); the costly parts are computed on demand."""
+
+    __slots__ = ("_free", "lane", "loads")
+
+    def __init__(self, lane: Lane) -> None:
+        self.lane = lane
+        self.loads: Sequence[float] = lane.loads
+        self._free: list[int] | None = None
+
+    @property
+    def free_slots(self) -> Sequence[int]:
+        if self._free is None:
+            b = self.lane.config.slots
+            self._free = [b - r for r in self.lane.running]
+        return self._free
+
+    @property
+    def prompt_loads(self) -> Sequence[float] | None:
+        return self.lane.running_prompt
+
+    def worker_view(self) -> WorkerView:
+        return self.lane._view()
+
+    def projection(
+        self,
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        idx, w, c = self.lane._projection_inputs()
+        return self.lane._slot_worker[idx], w, c
+
+
 class Lane:
-    """A simulated fleet under one routing policy; fed jobs with `offer`, advanced with `step`."""
+    """A simulated fleet under one routing policy; fed jobs with `offer`, advanced with `step`.
+
+    Offline (`ends` None) a job's output length is known at admission and its finish is booked
+    then. Live (`ends` given) the lane asks `ends` before every step whether a running request
+    ends at that step; when the real stream has not told yet, the step is held (`stalled`,
+    counted in `totals.stalls`) and `step` returns False without time passing.
+    """
 
     def __init__(
         self,
@@ -60,6 +115,7 @@ class Lane:
         config: EngineConfig,
         clock: Clock,
         forced: Mapping[Hashable, int] | None = None,
+        ends: EndSource | None = None,
     ) -> None:
         self.spec = spec
         self.config = config
@@ -74,7 +130,12 @@ class Lane:
         self.queues: list[deque[tuple[Job, float]]] = [deque() for _ in range(g)]
         self.totals = LaneTotals()
         self._free_slots: list[list[int]] = [list(range((w + 1) * b - 1, w * b - 1, -1)) for w in range(g)]
-        self._calendar: dict[int, list[tuple[int, int, Job]]] = {}
+        self._calendar: dict[int, list[tuple[int, int, Job, int]]] = {}
+        self.ends = ends
+        self.stalled = False
+        # live: (last step known not to end it, tie, worker, slot, job) of requests whose end is open
+        self._watch: list[tuple[int, int, int, int, Job]] = []
+        self._watch_seq = 0
         self._started_now: list[tuple[int, Job]] = []
         self._first_token: dict[Hashable, float] = {}
         self._pool_ready: dict[Hashable, float] = {}
@@ -91,47 +152,36 @@ class Lane:
         self._slot_worker = np.repeat(np.arange(g, dtype=np.int64), b)
         self._last_refresh = -(10**9)
         # Policy.
-        self.forced = forced
-        self.baseline: Baseline | None = None
-        self.router: BalanceRoute | BalanceRouteAdaptive | None = None
-        self.predictor: Predictor | None = None
-        self.pool: Pool | None = None
-        if spec.policy in BASELINES:
-            self.baseline = make_baseline(spec.policy, random.Random(config.seed))
-        elif spec.policy in ("br0", "brh"):
-            self.router = BalanceRoute("br0" if spec.policy == "br0" else "brh", config.br)
-            self.pool = Pool()
-            if spec.predictor is not None:
-                self.predictor = make_predictor(spec.predictor)
-        elif spec.policy == "bra":
-            self.router = BalanceRouteAdaptive(config.br, config.bra)
-            self.pool = Pool()
-            if spec.predictor is not None:
-                self.predictor = make_predictor(spec.predictor)
-        elif forced is None:
+        if spec.policy == "forced" and forced is None:
             raise ValueError("a forced lane needs its assignments")
+        self.router: Router = make_router(
+            spec.policy,
+            params=config.br,
+            bra=config.bra,
+            predictor=spec.predictor,
+            seed=config.seed,
+            assignments=forced,
+            workers=g,
+        )
+        self.predictor: Predictor | None = self.router.predictor
 
     # -- arrivals ---------------------------------------------------------------------------
 
     @property
     def binds_at_arrival(self) -> bool:
-        return self.pool is None
+        return self.router.binds_at_arrival
 
     def offer(self, job: Job, ready_s: float) -> None:
         """A job whose prefill completed at `ready_s` (<= now) reaches the router."""
         self.totals.first_arrival_s = min(self.totals.first_arrival_s, job.arrival_s)
-        if self.pool is not None:
-            self.pool.add(job, job.prompt_tokens, ready_s, self._newcomer_steps(job))
+        router = self.router
+        if not router.binds_at_arrival:
+            router.on_arrive(job, job.prompt_tokens, ready_s, self._newcomer_steps(job))
             self._pool_ready[job.request_id] = ready_s
             return
         t0 = self.clock()
-        if self.baseline is not None:
-            g = self.baseline.pick(self._view(), job.prompt_tokens)
-        else:
-            assert self.forced is not None
-            g = self.forced[job.request_id]
-            if not 0 <= g < self.config.workers:
-                raise ValueError(f"forced assignment of {job.request_id!r} to unknown worker {g}")
+        router.on_arrive(job.request_id, job.prompt_tokens, ready_s)
+        ((_, g),) = router.decide(_View(self), self.now)
         self.totals.decision_s.append(self.clock() - t0)
         self.queues[g].append((job, ready_s))
         self.queued_tokens[g] += job.prompt_tokens
@@ -173,8 +223,9 @@ class Lane:
         Queues and the pool hold requests in ready order, so only their heads are looked at.
         """
         shed = 0
-        if self.pool is not None:
-            for entry in self.pool.pop_arrived_before(before):
+        pool: Pool | None = getattr(self.router, "pool", None)
+        if pool is not None:
+            for entry in pool.pop_arrived_before(before):
                 assert isinstance(entry.request_id, Job)
                 self._pool_ready.pop(entry.request_id.request_id, None)
                 shed += 1
@@ -195,13 +246,20 @@ class Lane:
 
     @property
     def waiting(self) -> int:
-        return len(self.pool) if self.pool is not None else sum(len(q) for q in self.queues)
+        return self.router.waiting() + sum(len(q) for q in self.queues)
 
     def step(self) -> bool:
-        """Run one decode step; False (and no time passes) when nothing is running after admissions."""
+        """Run one decode step; False (and no time passes) when nothing is running after admissions,
+        or (live, `stalled` set) when a running request's end at this step is not yet known."""
         self._admit()
         if not any(self.running):
             return False
+        if self._watch and self._unknown_end():
+            if not self.stalled:
+                self.totals.stalls += 1
+            self.stalled = True
+            return False
+        self.stalled = False
         loads = self.loads
         mx, mn, tot = max(loads), min(loads), sum(loads)
         imb = len(loads) * mx - tot
@@ -213,6 +271,7 @@ class Lane:
         tt.sum_spread += mx - mn
         tt.sum_imbalance += imb
         tt.sum_idle_s += model.a * imb
+        tt.sum_max += mx
         if self._record_all:
             tt.trajectory_t.append(self.now)
             tt.trajectory_loads.append(list(loads))
@@ -224,48 +283,51 @@ class Lane:
         for g in range(len(loads)):
             loads[g] += running[g]
         tt.tokens += sum(running)
-        for g, slot, job in self._calendar.pop(self.k, ()):
-            self._finish(g, slot, job, end)
+        for g, slot, job, out in self._calendar.pop(self.k, ()):
+            self._finish(g, slot, job, out, end)
         self.now = end
         self.k += 1
         return True
 
     def _admit(self) -> None:
-        if self.pool is None:
+        if self.router.binds_at_arrival:
             for g, queue in enumerate(self.queues):
                 while queue and self.running[g] < self.config.slots:
                     job, ready = queue.popleft()
                     self.queued_tokens[g] -= job.prompt_tokens
                     self._start(g, job, ready)
             return
-        if not self.pool:
+        router = self.router
+        if not router.waiting():
             return
-        free = [self.config.slots - r for r in self.running]
-        if not any(free):
+        view = _View(self)
+        if not any(view.free_slots):
             return
-        assert self.router is not None
         t0 = self.clock()
-        if isinstance(self.router, BalanceRouteAdaptive):
-            idx, w, c = self._projection_inputs() if self.predictor is not None else (None, None, None)
-            decisions = self.router.round(
-                self.loads,
-                free,
-                self.pool,
-                self.now,
-                None if idx is None else self._slot_worker[idx],
-                w,
-                c,
-                self.running_prompt,
-            )
-        elif self.predictor is not None:
-            idx, w, c = self._projection_inputs()
-            decisions = self.router.round(self.loads, free, self.pool, self.now, self._slot_worker[idx], w, c)
-        else:
-            decisions = self.router.round(self.loads, free, self.pool, self.now)
+        decisions = router.decide(view, self.now)
         self.totals.decision_s.append(self.clock() - t0)
         for entry, g in decisions:
             assert isinstance(entry, Job)
             self._start(g, entry, self._ready_of(entry))
+
+    def _unknown_end(self) -> bool:
+        """Live: resolve the open ends this step needs; True when one is still unknown (hold)."""
+        assert self.ends is not None
+        watch, k = self._watch, self.k
+        while watch and watch[0][0] < k:
+            _, n, g, slot, job = watch[0]
+            gen, final = self.ends.end_of(job.request_id)
+            start = int(self.slot_start[slot])
+            if final is not None:
+                heapq.heappop(watch)
+                done = max(start + max(final, gen, 1) - 1, k)
+                self._calendar.setdefault(done, []).append((g, slot, job, done - start + 1))
+                self.slot_output[slot] = done - start + 1
+            elif start + gen - 2 >= k:
+                heapq.heapreplace(watch, (start + gen - 2, n, g, slot, job))
+            else:
+                return True
+        return False
 
     def _ready_of(self, job: Job) -> float:
         return self._pool_ready.pop(job.request_id, self.now)
@@ -296,7 +358,6 @@ class Lane:
         self.slot_active[slot] = True
         self.slot_prompt[slot] = job.prompt_tokens
         self.slot_start[slot] = self.k
-        self.slot_output[slot] = job.output_tokens
         self._slot_key[slot] = job.prompt_key
         if self.predictor is not None:
             steps = self._newcomer_steps(job)
@@ -305,12 +366,26 @@ class Lane:
         self.loads[g] += job.prompt_tokens
         self.running_prompt[g] += job.prompt_tokens
         self.running[g] += 1
-        self._calendar.setdefault(self.k + job.output_tokens - 1, []).append((g, slot, job))
+        if self.ends is None:
+            self.slot_output[slot] = job.output_tokens
+            self._calendar.setdefault(self.k + job.output_tokens - 1, []).append(
+                (g, slot, job, job.output_tokens)
+            )
+        else:
+            gen, final = self.ends.end_of(job.request_id)
+            if final is not None:
+                out = max(final, gen, 1)
+                self.slot_output[slot] = out
+                self._calendar.setdefault(self.k + out - 1, []).append((g, slot, job, out))
+            else:
+                self.slot_output[slot] = gen
+                self._watch_seq += 1
+                heapq.heappush(self._watch, (self.k + gen - 2, self._watch_seq, g, slot, job))
         self._started_now.append((g, job))
         self.totals.wait_s.append(self.now - ready_s)
 
-    def _finish(self, g: int, slot: int, job: Job, end: float) -> None:
-        self.loads[g] -= job.prompt_tokens + job.output_tokens
+    def _finish(self, g: int, slot: int, job: Job, out: int, end: float) -> None:
+        self.loads[g] -= job.prompt_tokens + out
         self.running_prompt[g] -= job.prompt_tokens
         self.running[g] -= 1
         self.slot_active[slot] = False
@@ -321,10 +396,9 @@ class Lane:
         tt.last_finish_s = max(tt.last_finish_s, end)
         first = self._first_token.pop(job.request_id)
         tt.ttft_s.append(first - job.arrival_s)
-        if job.output_tokens >= 2:
-            tt.tpot_s.append((end - first) / (job.output_tokens - 1))
-        if self.predictor is not None:
-            self.predictor.observe(job.output_tokens, job.prompt_key)
+        if out >= 2:
+            tt.tpot_s.append((end - first) / (out - 1))
+        self.router.on_finish(job.request_id, out, job.prompt_key)
 
     # -- checking ---------------------------------------------------------------------------
 

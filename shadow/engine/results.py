@@ -5,15 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
-
 from shadow.engine.lane import Lane
+from shadow.engine.summary import percentile
 
-
-def _pct(values: list[float], q: float, scale: float = 1.0) -> float | None:
-    if not values:
-        return None
-    return float(np.percentile(np.asarray(values), q)) * scale
+_pct = percentile
 
 
 @dataclass(frozen=True, slots=True)
