@@ -18,6 +18,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "shadow.commands.sweep",
     "shadow.commands.load",
     "shadow.commands.tap",
+    "shadow.commands.serve",
     "shadow.commands.fleet",
     "shadow.commands.dashboards",
 )

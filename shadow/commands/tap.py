@@ -175,7 +175,7 @@ def register(subparsers: Any) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> TapConfig:
-    if not args.upstream and not args.front:
+    if not args.upstream and not args.front and not getattr(args, "worker", None):
         raise SystemExit(
             "shadow tap: give --upstream NAME=URL (in-path taps) or --front NAME=URL (front mode)"
         )

@@ -59,11 +59,13 @@ def recorded_requests(events: Iterable[Event]) -> FeedOutcome:
         first_seen = p.arrival is None and isinstance(ev, Route)
         if first_seen or (isinstance(ev, Arrive) and (p.arrival is None or ev.t < p.arrival)):
             p.arrival = ev.t
+        # The first prompt size known counts (later ones correct the mirrored state only): the
+        # size the live lanes used when the request reached them.
         if isinstance(ev, Arrive):
-            p.prompt = ev.prompt_tokens if ev.prompt_tokens is not None else p.prompt
-            p.key = ev.prompt_key or p.key
+            p.prompt = ev.prompt_tokens if p.prompt is None else p.prompt
+            p.key = p.key or ev.prompt_key
         elif isinstance(ev, Route):
-            p.worker = ev.worker
+            p.worker = p.worker or ev.worker
             if p.prompt is None and ev.prompt_tokens is not None:
                 p.prompt = ev.prompt_tokens
         elif isinstance(ev, Token):

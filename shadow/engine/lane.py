@@ -69,7 +69,7 @@ class LaneTotals:
     trajectory_loads: list[list[float]] = field(default_factory=list)
 
 
-class _View:
+class LaneView:
     """The lane as a router sees it (`FleetView`); the costly parts are computed on demand."""
 
     __slots__ = ("_free", "lane", "loads")
@@ -132,6 +132,7 @@ class Lane:
         self._free_slots: list[list[int]] = [list(range((w + 1) * b - 1, w * b - 1, -1)) for w in range(g)]
         self._calendar: dict[int, list[tuple[int, int, Job, int]]] = {}
         self.ends = ends
+        self.on_done: Callable[[Hashable], None] | None = None  # called as each request finishes
         self.stalled = False
         # live: (last step known not to end it, tie, worker, slot, job) of requests whose end is open
         self._watch: list[tuple[int, int, int, int, Job]] = []
@@ -181,7 +182,7 @@ class Lane:
             return
         t0 = self.clock()
         router.on_arrive(job.request_id, job.prompt_tokens, ready_s)
-        ((_, g),) = router.decide(_View(self), self.now)
+        ((_, g),) = router.decide(LaneView(self), self.now)
         self.totals.decision_s.append(self.clock() - t0)
         self.queues[g].append((job, ready_s))
         self.queued_tokens[g] += job.prompt_tokens
@@ -300,7 +301,7 @@ class Lane:
         router = self.router
         if not router.waiting():
             return
-        view = _View(self)
+        view = LaneView(self)
         if not any(view.free_slots):
             return
         t0 = self.clock()
@@ -399,6 +400,8 @@ class Lane:
         if out >= 2:
             tt.tpot_s.append((end - first) / (out - 1))
         self.router.on_finish(job.request_id, out, job.prompt_key)
+        if self.on_done is not None:
+            self.on_done(job.request_id)
 
     # -- checking ---------------------------------------------------------------------------
 

@@ -56,6 +56,18 @@ class LogHistogram:
     def mean(self) -> float | None:
         return self.total / self.count if self.count else None
 
+    def cumulative(self, bounds: tuple[float, ...]) -> list[int]:
+        """Samples <= each bound (within one bucket), for Prometheus histogram buckets."""
+        cum = np.cumsum(self._counts)
+        out: list[int] = []
+        for b in bounds:
+            if b <= self.LO:
+                out.append(self.zeros)
+                continue
+            i = int((math.log(b) - self._log_lo) / self._step)
+            out.append(self.zeros + int(cum[min(i, len(cum) - 1)]))
+        return out
+
     def percentile(self, q: float) -> float | None:
         """The q-th percentile (0–100), to within 1%; None without samples."""
         if not self.count:

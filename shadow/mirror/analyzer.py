@@ -65,6 +65,7 @@ class _Leg:
     __slots__ = (
         "body",
         "body_lost",
+        "estimate",
         "gaps",
         "last_seq",
         "mid",
@@ -91,6 +92,7 @@ class _Leg:
         self.last_seq = 0
         self.sent_gen = 0
         self.prompt_known = False
+        self.estimate: int | None = None  # prompt tokens read from the request body (plain mode)
         self.gaps = 0
 
 
@@ -108,6 +110,53 @@ def prompt_key(req: dict[str, Any]) -> str | None:
     """A keyed hash of the prompt under a fresh random secret (use `shadow.mirror.keys.KeySecret`
     for a per-deployment one); the text itself is never kept."""
     return KeySecret().prompt_key(req)
+
+
+CHAT_MESSAGE_TOKENS = 4  # template tokens per chat message, before calibration
+
+
+def estimate_prompt_tokens(req: dict[str, Any]) -> int | None:
+    """Prompt tokens read from a request body: exact for token-id prompts, else a word count
+    (+ CHAT_MESSAGE_TOKENS per chat message) that `PromptCalibration` scales to the workers' counts."""
+    prompt = req.get("prompt")
+    if isinstance(prompt, list) and prompt and all(type(x) is int for x in prompt):
+        return len(prompt)
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return len(prompt.split())
+    messages = req.get("messages")
+    if isinstance(messages, list) and messages:
+        total = 0
+        for m in messages:
+            content = m.get("content") if isinstance(m, dict) else None
+            if isinstance(content, list):
+                texts = [p.get("text") for p in content if isinstance(p, dict)]
+                content = " ".join(x for x in texts if isinstance(x, str))
+            total += (len(content.split()) if isinstance(content, str) else 0) + CHAT_MESSAGE_TOKENS
+        return total
+    return None
+
+
+class PromptCalibration:
+    """Tokens per estimated token, learnt from the exact counts workers report (usage).
+
+    Starts at 1.0 (exact for whitespace tokenisers such as the simulated fleet's); each exact
+    count moves it by an exponentially weighted average over about `memory` requests."""
+
+    def __init__(self, memory: int = 200) -> None:
+        self.ratio = 1.0
+        self.weight = 1.0 / memory
+        self.observed = 0
+
+    def scale(self, estimate: int) -> int:
+        return max(0, round(estimate * self.ratio))
+
+    def observe(self, estimate: int, exact: int) -> None:
+        if estimate > 0 and exact >= 0:
+            self.observed += 1
+            w = max(self.weight, 1.0 / self.observed)
+            self.ratio += w * (exact / estimate - self.ratio)
 
 
 def _is_llm_path(path: str) -> bool:
@@ -151,6 +200,7 @@ class Analyzer:
         self._decode_legs: OrderedDict[str, tuple[int, float]] = OrderedDict()
         self._recomputed: OrderedDict[str, str] = OrderedDict()  # raw rid -> mirrored id
         self._dirty: dict[_Leg, float] = {}
+        self.calibration = PromptCalibration()
         # counters (exported by MirrorCollector)
         self.items = 0
         self.chunks: dict[str, int] = {}
@@ -280,7 +330,14 @@ class Analyzer:
         ok_mt = isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens >= 0
         mt = max_tokens if ok_mt else None
         mirror = self.mirror
-        mirror.emit(Arrive(mid, t_arr, prompt, self.prompt_key(req) if req else None, mt), "tap", now)
+        arrive_prompt = prompt
+        if prompt is None and req:
+            # Plain mode: the worker reports its count at the end of the stream at best; until
+            # then the mirrored load holds the body's estimate (corrected when the count comes).
+            leg.estimate = estimate_prompt_tokens(req)
+            if leg.estimate is not None:
+                arrive_prompt = self.calibration.scale(leg.estimate)
+        mirror.emit(Arrive(mid, t_arr, arrive_prompt, self.prompt_key(req) if req else None, mt), "tap", now)
         leg.prompt_known = prompt is not None
         if tap in self.front_taps:
             return leg  # the route comes with the response (see _decision)
@@ -349,6 +406,8 @@ class Analyzer:
     def _prompt_learnt(self, ctx: TapContext, leg: _Leg, prompt: int, t: float) -> None:
         """Prompt tokens learnt after the route (plain mode): a repeated Route that adds them."""
         leg.prompt_known = True
+        if leg.estimate is not None:
+            self.calibration.observe(leg.estimate, prompt)
         if leg.worker is not None:
             self.mirror.emit(Route(leg.mid, ctx.t_start, leg.worker, prompt), "tap", self.clock())
 

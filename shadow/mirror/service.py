@@ -107,7 +107,7 @@ class TapService:
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ValueError(f"names used twice: {sorted(dup)}")
-        if not c.upstreams and not c.front:
+        if not c.upstreams and not c.front and not c.workers:
             raise ValueError("nothing to mirror: give upstream workers to tap, or a router to front")
         self.config = c
         self.clock = clock

@@ -146,7 +146,8 @@ class MirrorState:
             wc.kv_tokens += req.prompt
             return OK
         req.t_last = now
-        if ev.prompt_tokens is not None and req.prompt == 0:
+        if ev.prompt_tokens is not None and ev.prompt_tokens != req.prompt:
+            # a worker's own count (prefill, usage) replaces an estimate from the request body
             self._set_prompt(req, ev.prompt_tokens)
         if req.worker == worker:
             return DUPLICATE

@@ -76,7 +76,7 @@ def test_plain_stream_route_tokens_finish() -> None:
         isinstance(evs[0], Arrive)
         and evs[0].max_tokens == 3
         and evs[0].prompt_key
-        and evs[0].prompt_tokens is None
+        and evs[0].prompt_tokens == 1  # plain mode: the body's estimate (one word)
     )
     assert isinstance(evs[1], Route) and evs[1].worker == "d0"
     assert evs[-1] == Finish("a", 3.0, "length", 3)

@@ -1,0 +1,286 @@
+"""`shadow serve`: the sidecar — the mirror of `shadow tap` plus live counterfactual lanes.
+
+Takes every `shadow tap` option (taps, front mode, event API, --forward from other tap
+processes) and runs, beside the router, one lane with the router's real placements (`actual`)
+and one lane per policy, fed as the mirrored requests happen. Prints one JSON line
+`{"taps": {NAME: url}, "api": url}` when ready; the API serves /v1/report, /metrics, /v1/state,
+/v1/events. SIGINT/SIGTERM stop it.
+
+Configuration, later sources winning: defaults < YAML file (--config, env SHADOW_SERVE_CONFIG)
+< environment (SHADOW_SERVE_<OPTION>, e.g. SHADOW_SERVE_LAG=5, SHADOW_SERVE_UPSTREAM=d0=URL,d1=URL)
+< command-line flags. YAML keys are the option names (`lag: 5`, `slots: 64`,
+`upstream: {d0: "http://..."}` or a list of NAME=URL, `policies: [jsq-bytes, br0]`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
+
+from shadow.commands import tap as tap_cmd
+from shadow.core.stepmodel import DEFAULT_A_S_PER_TOKEN, DEFAULT_B_S
+from shadow.live.lanes import DEFAULT_POLICIES
+from shadow.live.service import ServeConfig, ServeService, check_policies
+
+ENV_PREFIX = "SHADOW_SERVE_"
+
+EPILOG = """examples:
+  # a simulated fleet of 4 decode ranks x 16 slots, taps in front of each, live lanes:
+  shadow fleet --decode 4 --slots 16 --port 18000
+  shadow serve --upstream d0=http://127.0.0.1:18100 --upstream d1=http://127.0.0.1:18101 \\
+               --upstream d2=http://127.0.0.1:18102 --upstream d3=http://127.0.0.1:18103 --slots 16
+  curl -s http://127.0.0.1:PORT/v1/report          # the lanes now; ?drain=1 at the end of a session
+
+  # beside vllm-router in P/D mode (front mode), configured from a file:
+  shadow serve --config serve.yaml --front router=http://127.0.0.1:8000
+
+  # two tap processes forward their events here (each: shadow tap ... --forward API_URL):
+  shadow serve --worker d0=http://10.0.0.5:8000 --worker d1=http://10.0.0.6:8000 --slots 256
+"""
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("live lanes")
+    g.add_argument(
+        "--config",
+        metavar="FILE.yaml",
+        help="YAML file of options (keys = option names); flags and SHADOW_SERVE_* override it",
+    )
+    g.add_argument(
+        "--policies",
+        default=",".join(DEFAULT_POLICIES),
+        help="comma-separated lanes beside `actual`: rr, random, p2c, jsq, jsq-bytes, least-tokens, br0, "
+        f"brh[:survival|:exactmatch] (default {','.join(DEFAULT_POLICIES)})",
+    )
+    g.add_argument(
+        "--lag",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="lanes run this far behind the live clock, so that late events still count (default 2.0)",
+    )
+    g.add_argument(
+        "--step-source",
+        choices=("auto", "events", "sse"),
+        default="auto",
+        help="measured step times: worker `step` events, SSE inter-chunk gaps, or auto (events when "
+        "reported, else SSE) (default auto)",
+    )
+    g.add_argument(
+        "--step-a",
+        type=float,
+        default=DEFAULT_A_S_PER_TOKEN,
+        help="step model the lanes simulate: seconds per KV token of max load "
+        f"(default {DEFAULT_A_S_PER_TOKEN})",
+    )
+    g.add_argument(
+        "--step-b",
+        type=float,
+        default=DEFAULT_B_S,
+        help=f"step model the lanes simulate: fixed seconds per step (default {DEFAULT_B_S})",
+    )
+    g.add_argument(
+        "--step-window",
+        type=float,
+        default=0.5,
+        metavar="SECONDS",
+        help="window of one measured step-time sample (default 0.5)",
+    )
+    g.add_argument(
+        "--live-queue-size",
+        type=int,
+        default=200_000,
+        metavar="EVENTS",
+        help="events waiting for the lanes; beyond it events are dropped and counted (default 200000)",
+    )
+
+
+def build_parser(prog: str = "shadow serve") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description=__doc__,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    tap_cmd.add_arguments(p)
+    add_serve_arguments(p)
+    _one_line_errors(p)
+    return p
+
+
+def _one_line_errors(p: argparse.ArgumentParser) -> None:
+    def error(message: str) -> NoReturn:
+        print(f"shadow serve: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+    p.error = error  # type: ignore[method-assign]
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "serve",
+        help="the sidecar: mirror a router (as `shadow tap`) and run live BR-0/BR-H lanes beside it",
+        description=__doc__,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        argument_default=argparse.SUPPRESS,  # only flags given are set; run() merges file and env
+    )
+    tap_cmd.add_arguments(p)
+    add_serve_arguments(p)
+    for action in p._actions:
+        if action.dest not in ("help",):
+            action.default = argparse.SUPPRESS
+    _one_line_errors(p)
+    p.set_defaults(func=run)
+
+
+def _option_tokens(parser: argparse.ArgumentParser, values: Mapping[str, Any], where: str) -> list[str]:
+    """Turn {option: value} (YAML or env) into command-line tokens parsed like flags."""
+    by_dest = {a.dest: a for a in parser._actions if a.option_strings}
+    out: list[str] = []
+    for key, value in values.items():
+        dest = str(key).replace("-", "_")
+        action = by_dest.get(dest)
+        if action is None or dest == "config":
+            known = sorted(d for d in by_dest if d not in ("help", "config"))
+            raise ValueError(f"{where}: unknown option {key!r} (known: {', '.join(known)})")
+        flag = (
+            action.option_strings[-1]
+            if action.option_strings[-1].startswith("--")
+            else action.option_strings[0]
+        )
+        if isinstance(action, argparse._StoreTrueAction):
+            if isinstance(value, str):
+                value = value.strip().lower() in ("1", "true", "yes", "on")
+            if value:
+                out.append(flag)
+            continue
+        if isinstance(action, argparse._AppendAction):
+            if isinstance(value, Mapping):
+                items = [f"{k}={v}" for k, v in value.items()]
+            elif isinstance(value, str):
+                items = [x for x in value.split(",") if x]
+            elif isinstance(value, list):
+                items = [str(x) for x in value]
+            else:
+                raise ValueError(f"{where}: {key} must be a list or a mapping of NAME: URL")
+            for item in items:
+                out += [flag, item]
+            continue
+        if isinstance(value, list):
+            value = ",".join(str(x) for x in value)
+        if value is None:
+            continue
+        out += [flag, str(value)]
+    return out
+
+
+def _yaml_options(path: str) -> dict[str, Any]:
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except OSError as exc:
+        raise ValueError(f"config {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ValueError(f"config {path}:{where} invalid YAML") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"config {path}: must be a mapping of option: value")
+    return data
+
+
+def resolve_args(explicit: Mapping[str, Any], environ: Mapping[str, str]) -> argparse.Namespace:
+    """defaults < YAML < environment < explicit flags, parsed and typed by the same parser."""
+    parser = build_parser()
+    tokens: list[str] = []
+    config = explicit.get("config") or environ.get(ENV_PREFIX + "CONFIG")
+    if config:
+        tokens += _option_tokens(parser, _yaml_options(config), f"config {config}")
+    env = {
+        k[len(ENV_PREFIX) :].lower(): v
+        for k, v in environ.items()
+        if k.startswith(ENV_PREFIX) and k != ENV_PREFIX + "CONFIG"
+    }
+    tokens += _option_tokens(parser, env, "environment")
+    base = parser.parse_args(tokens)
+    for k, v in explicit.items():
+        setattr(base, k, v)
+    return base
+
+
+def config_from_args(args: argparse.Namespace) -> ServeConfig:
+    tap = tap_cmd.config_from_args(args)
+    policies = tuple(p.strip() for p in str(args.policies).split(",") if p.strip())
+    check_policies(policies)
+    return ServeConfig(
+        tap=tap,
+        policies=policies,
+        lag_s=args.lag,
+        step_source=args.step_source,
+        step_a=args.step_a,
+        step_b=args.step_b,
+        live_queue_size=args.live_queue_size,
+        step_window_s=args.step_window,
+    )
+
+
+async def serve(config: ServeConfig) -> None:
+    svc = ServeService(config)
+    ready = await svc.start()
+    gc.freeze()
+    gc.set_threshold(700, 10, 1000)
+    print(json.dumps(ready), flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await svc.stop()
+
+
+def run(args: argparse.Namespace) -> int:
+    explicit = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
+    try:
+        merged = resolve_args(explicit, os.environ)
+        config = config_from_args(merged)
+        config.validate()
+        runner = tap_cmd._runner(merged.loop)
+        runner(serve(config))
+    except ValueError as exc:
+        print(f"shadow serve: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"shadow serve: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="shadow serve", argument_default=argparse.SUPPRESS)
+    tap_cmd.add_arguments(parser)
+    add_serve_arguments(parser)
+    for action in parser._actions:
+        if action.dest != "help":
+            action.default = argparse.SUPPRESS
+    _one_line_errors(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

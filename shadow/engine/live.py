@@ -1,0 +1,304 @@
+"""Live driver: the same lanes as the offline driver, fed by normalised events as they happen.
+
+`LiveDriver.apply(event)` folds Arrive/Route/Token/Finish/Cancel into a request table;
+`advance_to(t)` moves every lane up to `t − lag` on the event clock. A request enters the lanes
+(in arrival order, like `run_lanes`) once its arrival is at or before that horizon and its
+decode worker and prompt size are known. Lanes never see the future: an output length is taken
+only from the request's Finish/Cancel (or a lower bound from its Token counts); a lane step that
+needs an end not yet known is held and counted (`LaneTotals.stalls`). `drain()` releases
+everything known and runs the lanes as far as knowledge allows (the end of a session).
+
+With the same requests, arrival times and step model, the lanes go through exactly the steps
+`run_offline` does on the recorded session (the consistency the tests check). Memory: requests
+leave the table once every lane has finished them; samples are bounded (`LogHistogram`).
+Pure: time arrives in events and arguments; `clock` only times decisions.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+
+from shadow.engine.config import EngineConfig, LaneSpec
+from shadow.engine.events import Arrive, Cancel, Event, Finish, Route, Step, Token
+from shadow.engine.jobs import Job
+from shadow.engine.lane import Clock, Lane, LaneTotals
+from shadow.engine.summary import LogHistogram
+
+ACTUAL = "actual"
+
+
+@dataclass(slots=True)
+class _Req:
+    arrival: float | None = None
+    prompt: int | None = None
+    key: str | None = None
+    worker: int | None = None
+    generated: int = 0
+    final: int | None = None
+    released: bool = False
+    queued: bool = False
+    lanes_done: int = 0
+    t_token: float = -1.0  # event time of the last single-token advance (SSE gap estimate)
+    running: bool = False  # first token seen: holds KV on its worker (mirrored load)
+
+
+def _streaming_totals() -> LaneTotals:
+    return LaneTotals(
+        ttft_s=LogHistogram(), tpot_s=LogHistogram(), wait_s=LogHistogram(), decision_s=LogHistogram()
+    )
+
+
+class LiveDriver:
+    """See module docstring. `workers` are the configured decode worker names (index order)."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        specs: Sequence[LaneSpec],
+        workers: Sequence[str],
+        clock: Clock,
+        *,
+        lag_s: float = 2.0,
+        actual: bool = True,
+        max_requests: int = 1_000_000,
+    ) -> None:
+        if config.workers != len(workers):
+            raise ValueError(f"config has {config.workers} workers but {len(workers)} are named")
+        if lag_s < 0:
+            raise ValueError(f"lag must be >= 0 s, got {lag_s}")
+        self.config = config
+        self.workers = list(workers)
+        self.index = {name: g for g, name in enumerate(workers)}
+        self.lag_s = lag_s
+        self.max_requests = max_requests
+        self._reqs: dict[str, _Req] = {}
+        self._assign: dict[Hashable, int] = {}
+        all_specs = ([LaneSpec("forced", name=ACTUAL)] if actual else []) + list(specs)
+        labels = [s.label for s in all_specs]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"lane labels must be unique, got {labels}")
+        self.lanes: list[Lane] = []
+        for spec in all_specs:
+            lane = Lane(spec, config, clock, self._assign if spec.policy == "forced" else None, ends=self)
+            lane.totals = _streaming_totals()
+            lane.on_done = self._lane_done
+            self.lanes.append(lane)
+        self._pending: list[tuple[float, int, str]] = []  # (arrival, tie, id) releasable, not released
+        self._tie = 0
+        self._released: deque[Job] = deque()
+        self._base = 0  # index of _released[0] in the release sequence
+        self._cursor = [0] * len(self.lanes)
+        self.origin: float | None = None  # event time of lane time 0
+        self.last_release = float("-inf")
+        self.now = float("-inf")  # latest event time seen
+        self.horizon = float("-inf")
+        # mirrored per-worker KV load (running requests: first token seen), from the same events
+        self.mirror_loads: list[float] = [0.0] * len(workers)
+        self.mirror_active: list[int] = [0] * len(workers)
+        # counters
+        self.released = 0
+        self.late = 0  # released after lanes had passed their arrival
+        self.dropped: dict[str, int] = {}
+        self.unknown_worker = 0
+        # per-step observations for the step-time estimate (filled here, read by the caller)
+        self.gap_samples: list[float] = []
+        self.step_samples: list[tuple[float, float, str | None]] = []  # (t, duration, worker)
+        self.on_step: Callable[[Lane], None] | None = None
+        self.on_offer: Callable[[Lane, Job], None] | None = None  # before each offer (agreement)
+
+    # -- events ------------------------------------------------------------------------------
+
+    def end_of(self, request_id: Hashable) -> tuple[int, int | None]:
+        r = self._reqs.get(str(request_id))
+        if r is None:  # cannot happen for a released request (kept until every lane is done)
+            return 1, 1
+        return r.generated, r.final
+
+    def _drop(self, reason: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+
+    def apply(self, ev: Event) -> None:
+        """Fold one event into the request table (never raises on odd input; counts it)."""
+        if ev.t > self.now:
+            self.now = ev.t
+        if isinstance(ev, Token):
+            self._token(ev)
+            return
+        if isinstance(ev, Step):
+            self.step_samples.append((ev.t, ev.duration_s, ev.worker))
+            return
+        rid = ev.request_id
+        r = self._reqs.get(rid)
+        if r is None:
+            if isinstance(ev, Finish | Cancel):
+                self._drop("end_before_start")
+                return
+            if len(self._reqs) >= self.max_requests:
+                self._drop("table_full")
+                return
+            r = self._reqs[rid] = _Req()
+        if isinstance(ev, Arrive):
+            if r.arrival is None or ev.t < r.arrival:
+                r.arrival = ev.t
+            if r.prompt is None:  # the first size known counts (as in the offline feed)
+                r.prompt = ev.prompt_tokens
+            r.key = r.key or ev.prompt_key
+        elif isinstance(ev, Route):
+            g = self.index.get(ev.worker)
+            if g is None:
+                self.unknown_worker += 1
+                return
+            if r.arrival is None:
+                r.arrival = ev.t
+            if r.prompt is None:
+                r.prompt = ev.prompt_tokens
+            if r.worker is None:
+                r.worker = g
+        else:  # Finish / Cancel
+            self._end(rid, r, ev)
+            return
+        if not r.queued and r.worker is not None and r.prompt is not None and r.arrival is not None:
+            r.queued = True
+            self._tie += 1
+            heapq.heappush(self._pending, (r.arrival, self._tie, rid))
+
+    def _token(self, ev: Token) -> None:
+        r = self._reqs.get(ev.request_id)
+        if r is None or r.final is not None:
+            return
+        dg = ev.generated - r.generated
+        if dg <= 0:
+            return
+        if dg == 1 and r.t_token >= 0:
+            self.gap_samples.append(ev.t - r.t_token)
+        r.t_token = ev.t
+        r.generated = ev.generated
+        if r.worker is not None:
+            g = r.worker
+            if not r.running:
+                r.running = True
+                self.mirror_active[g] += 1
+                self.mirror_loads[g] += (r.prompt or 0) + ev.generated
+            else:
+                self.mirror_loads[g] += dg
+
+    def _end(self, rid: str, r: _Req, ev: Finish | Cancel) -> None:
+        if r.final is not None:
+            return
+        if isinstance(ev, Finish) and ev.generated is not None and ev.generated > r.generated:
+            r.generated = ev.generated
+        r.final = r.generated
+        if r.running and r.worker is not None:
+            self.mirror_active[r.worker] -= 1
+            self.mirror_loads[r.worker] -= (r.prompt or 0) + r.generated
+            r.running = False
+        if not r.queued:
+            del self._reqs[rid]
+            self._drop("never_routed")
+        elif r.generated < 1 and not r.released:
+            # never released, and a request without tokens is no request (as the offline feed)
+            r.queued = False
+            self._reqs.pop(rid, None)
+            self._drop("no_tokens")
+
+    def _lane_done(self, request_id: Hashable) -> None:
+        rid = str(request_id)
+        r = self._reqs.get(rid)
+        if r is None:
+            return
+        r.lanes_done += 1
+        if r.lanes_done >= len(self.lanes):
+            del self._reqs[rid]
+            self._assign.pop(rid, None)
+
+    # -- time --------------------------------------------------------------------------------
+
+    def _release(self, horizon: float) -> None:
+        pending = self._pending
+        while pending and pending[0][0] <= horizon:
+            arrival, _, rid = heapq.heappop(pending)
+            r = self._reqs.get(rid)
+            if r is None or not r.queued or r.released:
+                continue  # dropped meanwhile (ended without tokens)
+            assert r.worker is not None and r.prompt is not None
+            if self.origin is None:
+                self.origin = arrival
+            if arrival < self.last_release:
+                self.late += 1
+            self.last_release = max(self.last_release, arrival)
+            r.released = True
+            self._assign[rid] = r.worker
+            self._released.append(Job(rid, arrival - self.origin, max(1, r.prompt), 1, r.key))
+            self.released += 1
+
+    def _run(self, lane: Lane, t: float) -> bool:
+        """Step `lane` until its clock reaches `t` (idle: jump); False when held by an unknown end."""
+        on_step = self.on_step
+        while lane.now < t:
+            if lane.step():
+                if on_step is not None:
+                    on_step(lane)
+            elif lane.stalled:
+                return False
+            else:
+                lane.now = t
+        return True
+
+    def advance_to(self, t: float) -> None:
+        """Move every lane up to event time `t − lag` (as far as known ends allow)."""
+        self._advance(t - self.lag_s, drain=False)
+
+    def drain(self) -> None:
+        """Release every request known and run the lanes as far as known ends allow."""
+        self._advance(float("inf"), drain=True)
+
+    def _advance(self, horizon: float, drain: bool) -> None:
+        self.horizon = max(self.horizon, horizon)
+        self._release(horizon)
+        if self.origin is None:
+            return
+        lane_t = horizon - self.origin
+        released, base = self._released, self._base
+        for i, lane in enumerate(self.lanes):
+            cur = self._cursor[i]
+            held = False
+            while cur - base < len(released):
+                job = released[cur - base]
+                if not self._run(lane, job.arrival_s):
+                    held = True
+                    break
+                if self.on_offer is not None:
+                    self.on_offer(lane, job)
+                lane.offer(job, job.arrival_s)
+                cur += 1
+            self._cursor[i] = cur
+            if held:
+                continue
+            if drain:
+                while lane.step():
+                    if self.on_step is not None:
+                        self.on_step(lane)
+            else:
+                self._run(lane, lane_t)
+        low = min(self._cursor)
+        while self._base < low:
+            released.popleft()
+            self._base += 1
+
+    # -- views -------------------------------------------------------------------------------
+
+    def lag(self, lane: Lane) -> float:
+        """How far `lane` runs behind the newest event time (seconds)."""
+        if self.origin is None:
+            return 0.0
+        return max(0.0, self.now - (lane.now + self.origin))
+
+    def assignment(self, request_id: Hashable) -> int | None:
+        """The worker index the real router chose for a released request."""
+        return self._assign.get(request_id)
+
+    def open_requests(self) -> int:
+        return len(self._reqs)

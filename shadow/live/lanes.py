@@ -1,0 +1,370 @@
+"""Live lanes off the relay loop: a bounded event queue, one worker thread, published snapshots.
+
+`LiveLanes.listener(event)` is what the mirror calls for every applied event, on the relay loop:
+it only appends to a bounded deque (full → the event is dropped and counted as `queue_full`;
+the relay never waits). A daemon thread drains the deque into a `LiveDriver`, closes step-time
+windows (`StepEstimator` → `SlidingFit`), compares the `actual` lane with the mirrored loads
+(fidelity), counts agreement between the router and each policy, advances the lanes to the live
+clock, and publishes an immutable snapshot (`report()`, `metric_values()`) — readers never
+touch lane state. Watermarks: `enqueued`, `processed`, `dropped_total`; `drain()` (blocking,
+call from a thread) processes everything queued and runs the lanes as far as known ends allow.
+
+The live clock: the newest event time plus the wall time elapsed since it was processed (so a
+quiet fleet still moves forward); producers on one host share CLOCK_MONOTONIC.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from shadow.core.params import BRParams
+from shadow.core.routers import Router, make_router
+from shadow.core.stepmodel import StepTimeModel
+from shadow.engine.config import EngineConfig, LaneSpec
+from shadow.engine.events import Event
+from shadow.engine.jobs import Job
+from shadow.engine.lane import Lane, LaneView
+from shadow.engine.live import ACTUAL, LiveDriver
+from shadow.engine.summary import LogHistogram, percentile
+from shadow.live.stepfit import STEP_BUCKETS, SlidingFit, StepEstimator
+
+DECISION_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1)
+DEFAULT_POLICIES = ("jsq-bytes", "br0", "brh:survival")
+
+
+def _r(x: float | None, nd: int = 6) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+class LiveLanes:
+    """See module docstring."""
+
+    def __init__(
+        self,
+        *,
+        workers: Sequence[str],
+        slots: int,
+        policies: Sequence[str] = DEFAULT_POLICIES,
+        lag_s: float = 2.0,
+        step: StepTimeModel | None = None,
+        step_source: str = "auto",
+        br: BRParams | None = None,
+        seed: int = 0,
+        queue_size: int = 200_000,
+        tick_s: float = 0.05,
+        publish_s: float = 0.25,
+        window_s: float = 0.5,
+        fit_window: int = 600,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not workers:
+            raise ValueError("live lanes need at least one decode worker")
+        if queue_size < 1:
+            raise ValueError(f"queue size must be >= 1, got {queue_size}")
+        self.workers = list(workers)
+        self.slots = slots
+        self.step = step or StepTimeModel()
+        self.config = EngineConfig(
+            workers=len(workers), slots=slots, step=self.step, br=br or BRParams(), seed=seed
+        )
+        self.specs = [LaneSpec.parse(p) for p in policies]
+        self.driver = LiveDriver(self.config, self.specs, self.workers, time.perf_counter, lag_s=lag_s)
+        self.clock = clock
+        self.queue_size = queue_size
+        self.tick_s = tick_s
+        self.publish_s = publish_s
+        self._queue: deque[Event] = deque()
+        self.enqueued = 0
+        self.processed = 0
+        self.dropped: dict[str, int] = {"queue_full": 0, "error": 0}
+        self.estimator = StepEstimator(window_s=window_s, source=step_source)
+        self.fit = SlidingFit(fit_window)
+        self.step_hist: dict[str, list[int]] = {s: [0] * (len(STEP_BUCKETS) + 1) for s in ("events", "sse")}
+        self.step_sum: dict[str, float] = {"events": 0.0, "sse": 0.0}
+        self.step_count: dict[str, int] = {"events": 0, "sse": 0}
+        # fidelity: mirrored loads at window ends, compared when the actual lane passes them
+        self._mirror_ring: deque[tuple[float, list[float]]] = deque(maxlen=10_000)
+        self.fidelity_sum = 0.0
+        self.fidelity_n = 0
+        self.fidelity_recent: deque[float] = deque(maxlen=120)
+        # agreement: what each policy would have chosen in the router's place
+        self._agree: dict[str, Router] = {}
+        for spec in self.specs:
+            if spec.policy != "brh":  # BR-H's choice needs its own predictor state: not compared
+                self._agree[spec.label] = make_router(spec.policy, params=self.config.br, seed=seed)
+        self.agreements: dict[str, int] = dict.fromkeys(self._agree, 0)
+        self.decisions: dict[str, int] = dict.fromkeys(self._agree, 0)
+        self.driver.on_step = self._on_step
+        self.driver.on_offer = self._on_offer
+        self._snapshot: dict[str, Any] = {}
+        self._last_event_wall = clock()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._drain_req = 0
+        self._drain_done = 0
+        self._lock = threading.Lock()  # serialises the worker thread with drain()/process_now()
+        self._thread: threading.Thread | None = None
+        self.busy_s = 0.0  # CPU seconds the worker thread spent (thread_time)
+        self._publish()
+
+    # -- relay side ---------------------------------------------------------------------------
+
+    def listener(self, ev: Event) -> None:
+        """Mirror listener: O(1), never blocks, never raises."""
+        if len(self._queue) >= self.queue_size:
+            self.dropped["queue_full"] += 1
+            return
+        self._queue.append(ev)
+        self.enqueued += 1
+
+    @property
+    def dropped_total(self) -> int:
+        return self.dropped["queue_full"]
+
+    # -- worker side --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="shadow-live-lanes", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(10)
+            self._thread = None
+
+    def _run(self) -> None:
+        last_publish = 0.0
+        t_cpu = time.thread_time()
+        while not self._stop.is_set():
+            with self._lock:
+                self.process_now()
+                self.driver.advance_to(self.live_now())
+                wall = self.clock()
+                if wall - last_publish >= self.publish_s:
+                    self._publish()
+                    last_publish = wall
+            now_cpu = time.thread_time()
+            self.busy_s += now_cpu - t_cpu
+            t_cpu = now_cpu
+            self._wake.wait(self.tick_s)
+            self._wake.clear()
+
+    def live_now(self) -> float:
+        """The newest event time plus the wall time since it was processed."""
+        return self.driver.now + max(0.0, self.clock() - self._last_event_wall)
+
+    def process_now(self, limit: int = 1_000_000) -> int:
+        """Apply up to `limit` queued events (worker thread, or tests without the thread)."""
+        q, d = self._queue, self.driver
+        n = 0
+        before = d.now
+        while q and n < limit:
+            ev = q.popleft()
+            try:
+                d.apply(ev)
+            except Exception:
+                self.dropped["error"] += 1
+            n += 1
+            if n % 512 == 0:
+                self._observe()
+        self.processed += n
+        if n:
+            self._observe()
+            if d.now > before:
+                self._last_event_wall = self.clock()
+        return n
+
+    def _observe(self) -> None:
+        d = self.driver
+        est = self.estimator
+        if d.gap_samples:
+            est.add_gaps(d.gap_samples)
+            d.gap_samples = []
+        if d.step_samples:
+            durations = [s[1] for s in d.step_samples]
+            est.add_steps(durations)
+            for x in durations:
+                self._hist("events", x)
+            d.step_samples = []
+        if est.due(d.now):
+            sample = est.close(d.now)
+            loads = list(d.mirror_loads)
+            self._mirror_ring.append((d.now, loads))
+            if sample is not None:
+                source, t_step = sample
+                if source == "sse":
+                    self._hist("sse", t_step)
+                self.fit.add(max(loads), t_step)
+
+    def _hist(self, source: str, x: float) -> None:
+        h = self.step_hist[source]
+        i = 0
+        while i < len(STEP_BUCKETS) and x > STEP_BUCKETS[i]:
+            i += 1
+        h[i] += 1
+        self.step_sum[source] += x
+        self.step_count[source] += 1
+
+    def _on_step(self, lane: Lane) -> None:
+        if lane.spec.label != ACTUAL or self.driver.origin is None:
+            return
+        ring = self._mirror_ring
+        t_event = lane.now + self.driver.origin
+        while ring and ring[0][0] <= t_event:
+            _, mirror = ring.popleft()
+            total = sum(mirror)
+            if total <= 0:
+                continue
+            lane_loads = lane.loads
+            err = sum(abs(a - b) for a, b in zip(lane_loads, mirror, strict=True)) / total
+            self.fidelity_sum += err
+            self.fidelity_n += 1
+            self.fidelity_recent.append(err)
+
+    def _on_offer(self, lane: Lane, job: Job) -> None:
+        if lane.spec.label != ACTUAL or not self._agree:
+            return
+        actual = self.driver.assignment(job.request_id)
+        view = LaneView(lane)
+        for label, router in self._agree.items():
+            router.on_arrive(job.request_id, job.prompt_tokens, lane.now)
+            picks = router.decide(view, lane.now)
+            if picks:
+                self.decisions[label] += 1
+                if picks[0][1] == actual:
+                    self.agreements[label] += 1
+
+    def drain(self, timeout_s: float = 60.0) -> None:
+        """Process everything queued and run the lanes as far as known ends allow (blocking)."""
+        if not self._lock.acquire(timeout=timeout_s):
+            raise TimeoutError("live lanes busy")
+        try:
+            self.process_now()
+            self.driver.drain()
+            self._publish()
+        finally:
+            self._lock.release()
+
+    # -- snapshot -----------------------------------------------------------------------------
+
+    def report(self) -> dict[str, Any]:
+        """The latest published report (see `shadow.live` for the fields)."""
+        return self._snapshot
+
+    def _publish(self) -> None:
+        d = self.driver
+        fit = self.fit.result()
+        good = fit.quality == "good" and fit.a_s_per_token is not None and fit.b_s is not None
+        a = fit.a_s_per_token if good and fit.a_s_per_token is not None else self.step.a
+        b = fit.b_s if good and fit.b_s is not None else self.step.b
+        g = len(self.workers)
+        lanes: dict[str, Any] = {}
+        for lane in d.lanes:
+            t = lane.totals
+            steps = max(t.steps, 1)
+            busy = a * t.sum_max + b * t.steps
+            loads = lane.loads
+            queued = lane.queued_tokens
+            label = lane.spec.label
+            lanes[label] = {
+                "policy": lane.spec.policy,
+                "steps": t.steps,
+                "requests_finished": t.finished,
+                "avg_spread_tokens": t.sum_spread / steps,
+                "avg_imbalance_tokens": t.sum_imbalance / steps,
+                "sum_spread_token_steps": t.sum_spread,
+                "sum_imbalance_token_steps": t.sum_imbalance,
+                "barrier_idle_fraction": a * t.sum_imbalance / (g * busy) if busy > 0 else 0.0,
+                "throughput_tokens_per_s": t.tokens / busy if busy > 0 else 0.0,
+                "tpot_s": busy / t.steps if t.steps else None,
+                "tokens": t.tokens,
+                "spread_tokens": max(loads) - min(loads),
+                "imbalance_tokens": len(loads) * max(loads) - sum(loads),
+                "lookahead_stalls": t.stalls,
+                "lag_s": d.lag(lane),
+                "waiting": lane.waiting,
+                "worker_loads": {w: loads[i] + queued[i] for i, w in enumerate(self.workers)},
+                "worker_running_loads": {w: loads[i] for i, w in enumerate(self.workers)},
+                "worker_active": {w: lane.running[i] for i, w in enumerate(self.workers)},
+                "agreements": self.agreements.get(label),
+                "decisions": self.decisions.get(label),
+                "agreement_rate": self.agreements[label] / self.decisions[label]
+                if self.decisions.get(label)
+                else None,
+                "decision_ms_p50": percentile(t.decision_s, 50, 1e3),
+                "decision_ms_p99": percentile(t.decision_s, 99, 1e3),
+                "decision_buckets": t.decision_s.cumulative(DECISION_BUCKETS)
+                if isinstance(t.decision_s, LogHistogram)
+                else [],
+                "decision_count": len(t.decision_s),
+                "decision_sum_s": t.decision_s.total if isinstance(t.decision_s, LogHistogram) else 0.0,
+            }
+        warnings: list[str] = []
+        if fit.quality != "good":
+            warnings.append(
+                f"step model fit is {fit.quality} (R²={_r(fit.r2, 3)}, {fit.samples} samples): barrier idle, "
+                f"throughput and TPOT use the configured model a={self.step.a:g} s/token, b={self.step.b:g} s"
+            )
+        if self.dropped_total:
+            warnings.append(f"{self.dropped_total} events dropped (lanes overloaded): lanes miss requests")
+        fid = self.fidelity_sum / self.fidelity_n if self.fidelity_n else None
+        self._snapshot = {
+            "lanes": lanes,
+            "step_model": {
+                "a_s_per_token": fit.a_s_per_token,
+                "b_s": fit.b_s,
+                "r2": fit.r2,
+                "samples": fit.samples,
+                "quality": fit.quality,
+                "max_load_range_tokens": [fit.x_min, fit.x_max],
+                "source": self.estimator.source,
+                "samples_by_source": dict(self.estimator.samples),
+                "configured": {"a_s_per_token": self.step.a, "b_s": self.step.b},
+                "figures_use": "fitted" if good else "configured",
+                "measured_step_mean_s": {
+                    s: (self.step_sum[s] / self.step_count[s]) if self.step_count[s] else None
+                    for s in ("events", "sse")
+                },
+            },
+            "fidelity": {
+                "load_rel_error": fid,
+                "load_rel_error_recent": sum(self.fidelity_recent) / len(self.fidelity_recent)
+                if self.fidelity_recent
+                else None,
+                "samples": self.fidelity_n,
+            },
+            "workers": list(self.workers),
+            "slots": self.slots,
+            "lag_s": d.lag_s,
+            "mirrored": {
+                "worker_loads": dict(zip(self.workers, d.mirror_loads, strict=True)),
+                "worker_active": dict(zip(self.workers, d.mirror_active, strict=True)),
+            },
+            "events": {
+                "enqueued": self.enqueued,
+                "processed": self.processed,
+                "dropped": dict(self.dropped),
+                "queue_depth": len(self._queue),
+                "queue_capacity": self.queue_size,
+            },
+            "requests": {
+                "released": d.released,
+                "open": d.open_requests(),
+                "late": d.late,
+                "dropped": dict(d.dropped),
+                "unknown_worker_routes": d.unknown_worker,
+            },
+            "step_histogram": {
+                s: {"buckets": list(STEP_BUCKETS), "counts": list(h), "sum": self.step_sum[s]}
+                for s, h in self.step_hist.items()
+            },
+            "cpu_s": self.busy_s,
+            "warnings": warnings,
+        }

@@ -1,0 +1,119 @@
+"""`ServeService`: the mirror of `shadow tap` plus live lanes, on one API listener.
+
+    svc = ServeService(ServeConfig(tap=TapConfig(upstreams={...}, slots=64)))
+    ready = await svc.start()      # {"taps": {name: url}, "api": url}
+    ...                            # GET {api}/v1/report, {api}/metrics
+    await svc.stop()
+
+The tap side is `shadow.mirror.service.TapService`, unchanged; the lanes (`LiveLanes`) listen to
+its mirror through a bounded queue and run on their own thread. `GET /v1/report` serves the
+latest snapshot; `GET /v1/report?drain=1` first processes everything received and runs the lanes
+as far as known ends allow (use it for the final report of a session).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Query
+from fastapi.responses import JSONResponse, Response
+
+from shadow.core.params import BRParams
+from shadow.core.stepmodel import DEFAULT_A_S_PER_TOKEN, DEFAULT_B_S, StepTimeModel
+from shadow.engine.config import LaneSpec
+from shadow.live.lanes import DEFAULT_POLICIES, LiveLanes
+from shadow.live.metrics import LiveCollector
+from shadow.live.stepfit import SOURCES
+from shadow.mirror.service import TapConfig, TapService
+
+
+def check_policies(policies: tuple[str, ...]) -> tuple[str, ...]:
+    """Validate live lane policies (ValueError with a one-line reason)."""
+    if not policies:
+        raise ValueError("no policies given")
+    labels = []
+    for p in policies:
+        spec = LaneSpec.parse(p)
+        if spec.policy == "forced":
+            raise ValueError("'forced' is not a policy: the router's real placements are the lane 'actual'")
+        if spec.predictor == "oracle":
+            raise ValueError("brh:oracle needs true output lengths up front: offline only (shadow replay)")
+        labels.append(spec.label)
+    dup = {x for x in labels if labels.count(x) > 1}
+    if dup:
+        raise ValueError(f"policy given twice: {sorted(dup)}")
+    return policies
+
+
+@dataclass
+class ServeConfig:
+    """What `shadow serve` is told: the tap configuration plus the live lanes'."""
+
+    tap: TapConfig
+    policies: tuple[str, ...] = DEFAULT_POLICIES
+    lag_s: float = 2.0
+    step_source: str = "auto"
+    step_a: float = DEFAULT_A_S_PER_TOKEN
+    step_b: float = DEFAULT_B_S
+    live_queue_size: int = 200_000
+    step_window_s: float = 0.5
+    br: BRParams = field(default_factory=BRParams)
+
+    def validate(self) -> None:
+        check_policies(self.policies)
+        if self.tap.slots is None or self.tap.slots < 1:
+            raise ValueError(
+                "give the decode slots per worker (--slots B): the lanes simulate B slots per worker"
+            )
+        if not 0 <= self.lag_s <= 3600:
+            raise ValueError(f"--lag must be in [0, 3600] s, got {self.lag_s}")
+        if self.step_source not in SOURCES:
+            raise ValueError(f"--step-source must be one of {', '.join(SOURCES)}, got {self.step_source!r}")
+        if self.live_queue_size < 1:
+            raise ValueError(f"--live-queue-size must be >= 1, got {self.live_queue_size}")
+        if not self.step_window_s > 0:
+            raise ValueError(f"--step-window must be > 0 s, got {self.step_window_s}")
+        StepTimeModel(self.step_a, self.step_b)
+
+
+class ServeService:
+    """See module docstring."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        config.validate()
+        self.config = config
+        self.tap = TapService(config.tap)
+        workers = [*config.tap.upstreams, *config.tap.workers]
+        assert config.tap.slots is not None
+        self.live = LiveLanes(
+            workers=workers,
+            slots=config.tap.slots,
+            policies=config.policies,
+            lag_s=config.lag_s,
+            step=StepTimeModel(config.step_a, config.step_b),
+            step_source=config.step_source,
+            br=config.br,
+            queue_size=config.live_queue_size,
+            window_s=config.step_window_s,
+            clock=self.tap.clock,
+        )
+        self.tap.mirror.listeners.append(self.live.listener)
+        self.tap.registry.register(LiveCollector(self.live))
+        self.tap.app.add_api_route("/v1/report", self._report, methods=["GET"])
+
+    async def _report(self, drain: bool = Query(False)) -> Response:
+        if drain:
+            await self.tap.drain()
+            await asyncio.to_thread(self.live.drain)
+        return JSONResponse(self.live.report())
+
+    async def start(self) -> dict[str, Any]:
+        ready = await self.tap.start()
+        self.live.start()
+        return ready
+
+    async def stop(self) -> None:
+        await self.tap.stop()
+        await asyncio.to_thread(self.live.stop)
