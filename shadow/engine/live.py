@@ -131,6 +131,9 @@ class LiveDriver:
             self.step_samples.append((ev.t, ev.duration_s, ev.worker))
             return
         rid = ev.request_id
+        if isinstance(ev, Route) and ev.worker not in self.index:
+            self.unknown_worker += 1
+            return
         r = self._reqs.get(rid)
         if r is None:
             if isinstance(ev, Finish | Cancel):
@@ -147,10 +150,7 @@ class LiveDriver:
                 r.prompt = ev.prompt_tokens
             r.key = r.key or ev.prompt_key
         elif isinstance(ev, Route):
-            g = self.index.get(ev.worker)
-            if g is None:
-                self.unknown_worker += 1
-                return
+            g = self.index[ev.worker]
             if r.arrival is None:
                 r.arrival = ev.t
             if r.prompt is None:

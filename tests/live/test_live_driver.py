@@ -1,0 +1,151 @@
+"""The live driver: same lanes as the offline driver, ends only from events, bounded memory."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from shadow.core.routers import make_router
+from shadow.core.schedule import make_round_router, schedule_round
+from shadow.engine.config import EngineConfig, LaneSpec
+from shadow.engine.events import Arrive, Event, Finish, Route, Token
+from shadow.engine.jobs import Job, jobs_from
+from shadow.engine.lane import Lane
+from shadow.engine.live import LiveDriver
+from shadow.engine.offline import ready_times, run_lane, run_offline
+from shadow.engine.results import lane_result
+from shadow.traces import at_load, estimate_capacity_rps, resolve
+from tests.live.sessions import session_events
+
+POLICIES = ("jsq-bytes", "br0", "brh:survival")
+
+
+def _offline(reqs, cfg, specs):  # type: ignore[no-untyped-def]
+    first = min(r[1] for r in reqs)
+    jobs = [Job(rid, a - first, p, o, None) for rid, a, p, o, _ in sorted(reqs, key=lambda x: x[1])]
+    forced = {rid: int(w[1:]) for rid, _, _, _, w in reqs}
+    lanes = [LaneSpec("forced", name="actual"), *specs]
+    return run_offline(jobs, cfg, lanes, time.perf_counter, forced=forced)
+
+
+def _feed(driver: LiveDriver, events: list[Event], every: float = 0.1) -> None:
+    last = None
+    for ev in events:
+        driver.apply(ev)
+        if last is None or ev.t - last > every:
+            driver.advance_to(ev.t)
+            last = ev.t
+
+
+def test_live_lanes_equal_the_offline_replay_of_the_same_session() -> None:
+    g, b = 4, 16
+    events, reqs = session_events(400, g, b, rho=1.05, token_every=16)
+    cfg = EngineConfig(workers=g, slots=b)
+    specs = [LaneSpec.parse(p) for p in POLICIES]
+    driver = LiveDriver(cfg, specs, [f"d{i}" for i in range(g)], time.perf_counter, lag_s=2.0)
+    _feed(driver, events)
+    driver.drain()
+    off = _offline(reqs, cfg, specs)
+    live = {lane.spec.label: lane_result(lane, driver.released, 0) for lane in driver.lanes}
+    assert set(live) == set(off) == {"actual", "jsq-bytes", "br0", "brh-survival"}
+    for label, r in live.items():
+        assert r.finished == off[label].finished == 400
+        assert r.steps == off[label].steps
+        assert r.avg_spread_tokens == pytest.approx(off[label].avg_spread_tokens, rel=1e-9)
+    # Ends were learnt from events only: with a token event every 16 tokens the lanes had to wait.
+    assert sum(lane.totals.stalls for lane in driver.lanes) > 0
+    # Bounded memory: every finished request has left the table and the release queue.
+    assert driver.open_requests() == 0 and len(driver._released) == 0
+
+
+def test_a_lane_never_guesses_an_end_it_does_not_know() -> None:
+    cfg = EngineConfig(workers=2, slots=4)
+    driver = LiveDriver(cfg, [LaneSpec("br0")], ["d0", "d1"], time.perf_counter, lag_s=0.0)
+    driver.apply(Arrive("a", 10.0, 100))
+    driver.apply(Route("a", 10.0, "d1", 100))
+    driver.apply(Token("a", 10.5, 5))
+    driver.advance_to(60.0)  # far ahead: the lanes may only run while "a" is known to continue
+    actual, br0 = driver.lanes
+    for lane in (actual, br0):
+        assert lane.stalled and lane.totals.finished == 0
+        assert lane.k == 4  # steps 0..3 emitted tokens 1..4; token 5 exists; the 6th is unknown
+        assert lane.totals.stalls == 1
+    assert driver.lag(actual) > 0
+    driver.apply(Finish("a", 61.0, "stop", 7))
+    driver.advance_to(61.0)
+    for lane in (actual, br0):
+        assert not lane.stalled and lane.totals.finished == 1 and lane.totals.tokens == 7
+        assert lane.loads == [0.0, 0.0]
+    assert actual.totals.stalls == 1
+    assert driver.open_requests() == 0
+
+
+def test_unrouted_and_tokenless_requests_never_reach_the_lanes() -> None:
+    cfg = EngineConfig(workers=1, slots=2)
+    driver = LiveDriver(cfg, [LaneSpec("jsq-bytes")], ["d0"], time.perf_counter, lag_s=1.0)
+    driver.apply(Arrive("x", 1.0, 10))
+    driver.apply(Finish("x", 2.0, "error", 0))  # failed before any placement
+    driver.apply(Arrive("y", 1.0, 10))
+    driver.apply(Route("y", 1.0, "d0", 10))
+    driver.apply(Finish("y", 1.2, "abort", 0))  # no token: not a request (as the offline feed)
+    driver.apply(Route("z", 1.0, "nope", 10))
+    driver.drain()
+    assert driver.released == 0 and driver.open_requests() == 0
+    assert driver.dropped == {"never_routed": 1, "no_tokens": 1} and driver.unknown_worker == 1
+
+
+def test_br0_beats_a_jsq_bytes_router_on_a_saturated_paper_like_run() -> None:
+    # The actual lane replays a JSQ-bytes router's decisions (those of an offline JSQ-bytes lane on
+    # the same trace, i.e. the vllm-ascend proxy's rule); BR-0 runs beside it on the live events.
+    # The paper-like default of `shadow replay`/`shadow demo`: G=8, B=64, 4,000 requests at ρ=1.1.
+    g, b, n = 8, 64, 4000
+    trace = resolve("paper-azure", seed=0, limit=n)
+    cfg = EngineConfig(workers=g, slots=b)
+    cap = estimate_capacity_rps(trace, workers=g, slots=b, step_a=cfg.step.a, step_b=cfg.step.b)
+    jobs = jobs_from(at_load(trace, 1.1, cap).requests)
+    decided: dict[object, int] = {}
+    jsq = Lane(LaneSpec("jsq-bytes"), cfg, time.perf_counter)
+    decide = jsq.router.decide
+
+    def spy(view, now):  # type: ignore[no-untyped-def]
+        out = decide(view, now)
+        decided.update(out)
+        return out
+
+    jsq.router.decide = spy  # type: ignore[method-assign]
+    run_lane(jsq, jobs, ready_times(jobs, None))
+    events: list[Event] = []
+    for j in jobs:
+        rid, t = str(j.request_id), 100.0 + j.arrival_s
+        events += [Arrive(rid, t, j.prompt_tokens), Route(rid, t, f"d{decided[j.request_id]}")]
+        events.append(Finish(rid, t + 0.06 * j.output_tokens, "stop", j.output_tokens))
+    events.sort(key=lambda e: e.t)
+    driver = LiveDriver(cfg, [LaneSpec("br0")], [f"d{i}" for i in range(g)], time.perf_counter, lag_s=2.0)
+    _feed(driver, events, every=0.5)
+    driver.drain()
+    res = {lane.spec.label: lane_result(lane, n, 0) for lane in driver.lanes}
+    assert res["actual"].finished == res["br0"].finished == n
+    jsq_spread = lane_result(jsq, n, 0).avg_spread_tokens
+    assert res["actual"].avg_spread_tokens == pytest.approx(jsq_spread, rel=1e-9)
+    assert res["br0"].avg_spread_tokens <= res["actual"].avg_spread_tokens / 1.5
+
+
+def test_round_robin_and_random_keep_state_across_rounds() -> None:
+    rr = make_round_router("rr")
+    picks = [schedule_round(rr, [0, 0, 0], [1, 1, 1], [(i, 1)])[0][1] for i in range(6)]
+    assert picks == [0, 1, 2, 0, 1, 2]
+    rnd = make_round_router("random", seed=3)
+    draws = {schedule_round(rnd, [0] * 8, [1] * 8, [(i, 1)])[0][1] for i in range(40)}
+    assert len(draws) > 3
+    # a name is a fresh router per round (documented): round-robin restarts at worker 0
+    assert [schedule_round("rr", [0, 0], [1, 1], [(i, 1)])[0][1] for i in range(3)] == [0, 0, 0]
+
+
+def test_registry_rejects_unknown_names_and_misplaced_predictors() -> None:
+    with pytest.raises(ValueError, match="unknown policy 'nope'"):
+        make_router("nope")
+    with pytest.raises(ValueError, match="takes no predictor"):
+        make_router("jsq", predictor="survival")
+    with pytest.raises(ValueError, match="needs its assignments"):
+        make_router("forced")
