@@ -34,6 +34,7 @@ from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec
 from shadow.engine.jobs import Job, jobs_from
 from shadow.engine.lane import Clock, Lane
+from shadow.engine.summary import SampleSink
 from shadow.traces import Trace, at_load, estimate_capacity_rps, mean_slot_load_tokens, resolve
 from shadow.traces.model import TraceRequest
 from shadow.traces.synthetic import SYNTHETIC_SUFFIX, WORKLOADS, synthetic_workload
@@ -236,9 +237,9 @@ def drive(
     busy = end["busy"] - snap["busy"]
     span = end["now"] - snap["now"]
     f0, f1 = int(snap["finished"]), int(end["finished"])
-    tpot = [x for x in tt.tpot_s[int(snap["tpot"]) : int(end["tpot"])]]
-    ttft = tt.ttft_s[f0:f1]
-    dec = tt.decision_s[int(snap["decisions"]) : int(end["decisions"])]
+    tpot = [x for x in _exact(tt.tpot_s)[int(snap["tpot"]) : int(end["tpot"])]]
+    ttft = _exact(tt.ttft_s)[f0:f1]
+    dec = _exact(tt.decision_s)[int(snap["decisions"]) : int(end["decisions"])]
     g = lane.config.workers
     return {
         "steps": int(steps),
@@ -428,3 +429,9 @@ def _run_cell_timed(cell: Cell) -> dict[str, Any]:
 
 def protocol_json(p: Protocol) -> dict[str, Any]:
     return asdict(p)
+
+
+def _exact(samples: SampleSink) -> list[float]:
+    """Offline lanes keep every sample in a list (live lanes keep bounded histograms)."""
+    assert isinstance(samples, list)
+    return samples
