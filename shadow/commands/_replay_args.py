@@ -23,7 +23,13 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
 
 def add_fleet_args(p: argparse.ArgumentParser, workers: bool = True) -> None:
     if workers:
-        p.add_argument("--workers", "-G", type=int, default=8, help="decode DP workers G (default 8)")
+        p.add_argument(
+            "--workers",
+            "-G",
+            type=int,
+            default=None,
+            help="decode DP workers G (default 8; a recorded session: its configured workers)",
+        )
     p.add_argument(
         "--slots", "-B", type=int, default=64, help="slots (max running requests) per worker (default 64)"
     )
@@ -91,7 +97,8 @@ def br_params(args: argparse.Namespace) -> BRParams:
 def setup_from(args: argparse.Namespace, policies: str | None, workers: int | None = None) -> ReplaySetup:
     prefill = PrefillConfig(servers=args.prefill) if args.prefill else None
     return ReplaySetup(
-        workers=workers if workers is not None else args.workers,
+        workers=workers if workers is not None else (args.workers if args.workers is not None else 8),
+        workers_given=workers is None and args.workers is not None,
         slots=args.slots,
         policies=parse_policies(policies) if policies else DEFAULT_POLICIES,
         load=args.load,

@@ -74,7 +74,8 @@ def run_protocol(args: argparse.Namespace, policies: str, command: str) -> int:
             raise ValueError("the steady-state protocol sizes runs itself: use --max-requests, not --limit")
         proto = protocol_from(args)
         lanes = [x.strip() for x in policies.split(",") if x.strip()]
-        workers = args.workers if isinstance(args.workers, list) else [args.workers]
+        one = args.workers if args.workers is not None else 8  # replay's -G (None: the default)
+        workers = args.workers if isinstance(args.workers, list) else [one]
         loads = getattr(args, "loads", None) or [args.load if args.load is not None else 1.05]
         base = Cell(
             workload=args.trace,

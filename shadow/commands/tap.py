@@ -85,7 +85,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0,
         help="API port; taps take the following ports (default 0: all ephemeral)",
     )
-    p.add_argument("--record", metavar="FILE", help="append every normalised event to FILE as NDJSON")
+    p.add_argument(
+        "--record",
+        metavar="FILE",
+        help="record the session compactly (one line per request, step aggregates; gzip if FILE ends "
+        "in .gz); `shadow replay FILE` replays it",
+    )
+    p.add_argument(
+        "--record-max-bytes",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="rotate the recording at about this size (FILE.1, FILE.2, ...; default: never)",
+    )
     p.add_argument(
         "--max-body",
         type=int,
@@ -188,6 +200,7 @@ def config_from_args(args: argparse.Namespace) -> TapConfig:
         host=args.host,
         port=args.port,
         record=args.record,
+        record_max_bytes=args.record_max_bytes,
         max_body=args.max_body,
         queue_size=args.queue_size,
         slots=args.slots,

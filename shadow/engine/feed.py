@@ -9,7 +9,7 @@ reason — nothing is invented.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -36,6 +36,8 @@ class _Partial:
     worker: str | None = None
     generated: int = 0
     ended: bool = False
+    reason: str | None = None
+    t_end: float | None = None
 
 
 @dataclass(slots=True)
@@ -47,6 +49,43 @@ class FeedOutcome:
     steps: list[float] = field(default_factory=list)  # measured step durations, if any
 
 
+def _fold(p: _Partial, ev: Arrive | Route | Token | Finish | Cancel) -> None:
+    """Apply one request event to its partial record (order-tolerant)."""
+    first_seen = p.arrival is None and isinstance(ev, Route)
+    if first_seen or (isinstance(ev, Arrive) and (p.arrival is None or ev.t < p.arrival)):
+        p.arrival = ev.t
+    # The first prompt size known counts (later ones correct the mirrored state only): the
+    # size the live lanes used when the request reached them. Likewise the first placement.
+    if isinstance(ev, Arrive):
+        p.prompt = ev.prompt_tokens if p.prompt is None else p.prompt
+        p.key = p.key or ev.prompt_key
+    elif isinstance(ev, Route):
+        p.worker = p.worker or ev.worker
+        if p.prompt is None and ev.prompt_tokens is not None:
+            p.prompt = ev.prompt_tokens
+    elif isinstance(ev, Token):
+        p.generated = max(p.generated, ev.generated)
+    elif isinstance(ev, Finish):
+        if ev.generated is not None:
+            p.generated = max(p.generated, ev.generated)
+        p.ended, p.reason, p.t_end = True, ev.reason, ev.t
+    else:
+        p.ended, p.reason, p.t_end = True, "cancel", ev.t
+
+
+def _outcome(rid: str, p: _Partial) -> Recorded | str:
+    """The replayable request, or the reason it is dropped."""
+    if not p.ended:
+        return "never_ended"
+    if p.arrival is None:
+        return "no_arrival"
+    if p.prompt is None:
+        return "no_prompt_tokens"
+    if p.generated < 1:
+        return "no_tokens"
+    return Recorded(rid, p.arrival, p.prompt, p.generated, p.key, p.worker)
+
+
 def recorded_requests(events: Iterable[Event]) -> FeedOutcome:
     """Fold events into requests; duplicates and out-of-order events are tolerated."""
     parts: dict[str, _Partial] = {}
@@ -55,37 +94,48 @@ def recorded_requests(events: Iterable[Event]) -> FeedOutcome:
         if isinstance(ev, Step):
             out.steps.append(ev.duration_s)
             continue
-        p = parts.setdefault(ev.request_id, _Partial())
-        first_seen = p.arrival is None and isinstance(ev, Route)
-        if first_seen or (isinstance(ev, Arrive) and (p.arrival is None or ev.t < p.arrival)):
-            p.arrival = ev.t
-        # The first prompt size known counts (later ones correct the mirrored state only): the
-        # size the live lanes used when the request reached them.
-        if isinstance(ev, Arrive):
-            p.prompt = ev.prompt_tokens if p.prompt is None else p.prompt
-            p.key = p.key or ev.prompt_key
-        elif isinstance(ev, Route):
-            p.worker = p.worker or ev.worker
-            if p.prompt is None and ev.prompt_tokens is not None:
-                p.prompt = ev.prompt_tokens
-        elif isinstance(ev, Token):
-            p.generated = max(p.generated, ev.generated)
-        elif isinstance(ev, Finish):
-            if ev.generated is not None:
-                p.generated = max(p.generated, ev.generated)
-            p.ended = True
-        elif isinstance(ev, Cancel):
-            p.ended = True
+        _fold(parts.setdefault(ev.request_id, _Partial()), ev)
     for rid, p in parts.items():
-        if not p.ended:
-            out.dropped["never_ended"] += 1
-        elif p.arrival is None:
-            out.dropped["no_arrival"] += 1
-        elif p.prompt is None:
-            out.dropped["no_prompt_tokens"] += 1
-        elif p.generated < 1:
-            out.dropped["no_tokens"] += 1
+        r = _outcome(rid, p)
+        if isinstance(r, str):
+            out.dropped[r] += 1
         else:
-            out.requests.append(Recorded(rid, p.arrival, p.prompt, p.generated, p.key, p.worker))
+            out.requests.append(r)
     out.requests.sort(key=lambda r: r.arrival_s)
     return out
+
+
+class RequestFolder:
+    """`recorded_requests` one event at a time, for a recorder that writes requests as they end.
+
+    `apply(event)` returns None until a request ends, then (request or None if dropped, end
+    reason, end time). Events for a request after its end are ignored; at most `max_open`
+    requests are open (the oldest is dropped beyond, counted as `evicted`).
+    """
+
+    def __init__(self, max_open: int = 1_000_000) -> None:
+        self.max_open = max_open
+        self._open: OrderedDict[str, _Partial] = OrderedDict()
+        self.dropped: Counter[str] = Counter()
+
+    def apply(self, ev: Event) -> tuple[Recorded | None, str | None, float | None] | None:
+        if isinstance(ev, Step):
+            return None
+        p = self._open.get(ev.request_id)
+        if p is None:
+            p = self._open[ev.request_id] = _Partial()
+            if len(self._open) > self.max_open:
+                self._open.popitem(last=False)
+                self.dropped["evicted"] += 1
+        _fold(p, ev)
+        if not p.ended:
+            return None
+        del self._open[ev.request_id]
+        r = _outcome(ev.request_id, p)
+        if isinstance(r, str):
+            self.dropped[r] += 1
+            return None, p.reason, p.t_end
+        return r, p.reason, p.t_end
+
+    def open(self) -> int:
+        return len(self._open)

@@ -86,6 +86,9 @@ class LiveLanes:
         self.step_hist: dict[str, list[int]] = {s: [0] * (len(STEP_BUCKETS) + 1) for s in ("events", "sse")}
         self.step_sum: dict[str, float] = {"events": 0.0, "sse": 0.0}
         self.step_count: dict[str, int] = {"events": 0, "sse": 0}
+        self._inv_sum = 0.0  # Σ 1/T over SSE windows: their step-weighted mean is count / Σ 1/T
+        self._x_sum = 0.0  # max mirrored load summed over the observations of the current window
+        self._x_n = 0
         # fidelity: mirrored loads at window ends, compared when the actual lane passes them
         self._mirror_ring: deque[tuple[float, list[float]]] = deque(maxlen=10_000)
         self.fidelity_sum = 0.0
@@ -184,6 +187,8 @@ class LiveLanes:
     def _observe(self) -> None:
         d = self.driver
         est = self.estimator
+        self._x_sum += max(d.mirror_loads)
+        self._x_n += 1
         if d.gap_samples:
             est.add_gaps(d.gap_samples)
             d.gap_samples = []
@@ -197,11 +202,14 @@ class LiveLanes:
             sample = est.close(d.now)
             loads = list(d.mirror_loads)
             self._mirror_ring.append((d.now, loads))
+            x = self._x_sum / self._x_n
+            self._x_sum, self._x_n = 0.0, 0
             if sample is not None:
                 source, t_step = sample
                 if source == "sse":
                     self._hist("sse", t_step)
-                self.fit.add(max(loads), t_step)
+                    self._inv_sum += 1.0 / t_step
+                self.fit.add(x, t_step)
 
     def _hist(self, source: str, x: float) -> None:
         h = self.step_hist[source]
@@ -328,9 +336,13 @@ class LiveLanes:
                 "samples_by_source": dict(self.estimator.samples),
                 "configured": {"a_s_per_token": self.step.a, "b_s": self.step.b},
                 "figures_use": "fitted" if good else "configured",
+                # per step: worker-reported steps averaged; SSE windows (equal length, one median
+                # each) weighted by the steps they hold (harmonic mean)
                 "measured_step_mean_s": {
-                    s: (self.step_sum[s] / self.step_count[s]) if self.step_count[s] else None
-                    for s in ("events", "sse")
+                    "events": self.step_sum["events"] / self.step_count["events"]
+                    if self.step_count["events"]
+                    else None,
+                    "sse": self.step_count["sse"] / self._inv_sum if self._inv_sum > 0 else None,
                 },
             },
             "fidelity": {

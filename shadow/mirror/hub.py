@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import Callable
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from shadow.engine.events import Event, Finish
 from shadow.mirror.state import OK, MirrorState
@@ -29,7 +29,9 @@ def event_dict(ev: Event) -> dict[str, Any]:
 
 
 class Recorder:
-    """Appends events as NDJSON (to_dict form) to a file; buffered, written on `flush()`."""
+    """Appends events as NDJSON (to_dict form) to a file; buffered, written on `flush()`.
+
+    The one-event-per-line form (debugging); `--record` writes `recording.CompactRecorder`."""
 
     def __init__(self, path: str, *, max_buffered: int = 100_000) -> None:
         self.path = path
@@ -64,6 +66,19 @@ class Recorder:
             self._fh = None
 
 
+class RecorderLike(Protocol):
+    """What the hub needs of a recorder (`Recorder`, `recording.CompactRecorder`)."""
+
+    dropped: int
+    errors: int
+
+    def write(self, ev: Event) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class Mirror:
     """Event fan-in; see module docstring. `listeners` get every applied event (e.g. an emitter)."""
 
@@ -71,7 +86,7 @@ class Mirror:
         self,
         state: MirrorState,
         *,
-        recorder: Recorder | None = None,
+        recorder: RecorderLike | None = None,
         ring: int = 10_000,
         ring_bytes: int = 16 << 20,
         max_live: int = 1_000_000,

@@ -30,11 +30,12 @@ from shadow.mirror.api import create_app
 from shadow.mirror.dropqueue import DropQueue
 from shadow.mirror.emitter import Emitter
 from shadow.mirror.http1 import DEFAULT_ALLOW_PATHS, TapLimits
-from shadow.mirror.hub import Mirror, Recorder
+from shadow.mirror.hub import Mirror
 from shadow.mirror.keys import KeySecret
 from shadow.mirror.metrics import MirrorCollector
 from shadow.mirror.proxy import Tap, TapContext
 from shadow.mirror.reconcile import Reconciler
+from shadow.mirror.recording import CompactRecorder
 from shadow.mirror.state import MirrorState
 from shadow.mirror.thread import LoopThread
 
@@ -56,6 +57,7 @@ class TapConfig:
     host: str = "127.0.0.1"
     port: int = 0  # API port; taps on port+1.. when non-zero, else ephemeral
     record: str | None = None
+    record_max_bytes: int | None = None  # rotate the recording at this size (None: never)
     max_body: int = 4 << 20
     queue_size: int = 65536
     slots: int | None = None
@@ -115,7 +117,13 @@ class TapService:
         self.queue = DropQueue(c.queue_size, max_bytes=c.queue_bytes)
         decode_workers = {**c.upstreams, **c.workers}
         self.state = MirrorState(decode_workers, slots=c.slots, ttl_s=c.ttl_s, phantom_age_s=c.phantom_age_s)
-        self.recorder = Recorder(c.record) if c.record else None
+        self.recorder = (
+            CompactRecorder(
+                c.record, workers=list(decode_workers), slots=c.slots, max_bytes=c.record_max_bytes
+            )
+            if c.record
+            else None
+        )
         self.mirror = Mirror(
             self.state, recorder=self.recorder, max_live=c.max_live, ring_bytes=c.ring_bytes
         )

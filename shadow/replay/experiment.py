@@ -38,6 +38,7 @@ class ReplaySetup:
     """Everything that defines a replay besides the trace."""
 
     workers: int = 8
+    workers_given: bool = False  # True when the user set -G (a recording must then agree)
     slots: int = 64
     policies: tuple[str, ...] = DEFAULT_POLICIES
     load: float | None = None  # ρ relative to estimated capacity; None keeps the trace's rate
@@ -100,10 +101,17 @@ def run_replay(trace: Trace, setup: ReplaySetup, progress: Progress | None = Non
         raise ValueError(f"{trace.source}: the trace has no requests")
     lanes = [LaneSpec.parse(p) for p in setup.policies]
     # A recorded session knows where the real router sent each request: add the `actual` lane,
-    # and size the fleet by the workers seen.
+    # and size the fleet by the configured workers (its header), or else by the workers seen —
+    # a worker that got no traffic is still a worker. An explicit -G must agree.
     worker_names: list[str] = []
     if all(r.worker is not None for r in trace.requests):
-        worker_names = sorted({r.worker for r in trace.requests if r.worker is not None})
+        seen = {r.worker for r in trace.requests if r.worker is not None}
+        worker_names = list(trace.workers) if trace.workers else sorted(seen)
+        if setup.workers_given and setup.workers != len(worker_names):
+            raise ValueError(
+                f"-G {setup.workers} does not match the recording's {len(worker_names)} workers "
+                f"({', '.join(worker_names)})"
+            )
         setup = replace(setup, workers=len(worker_names))
         lanes.insert(0, LaneSpec("forced", name="actual"))
     capacity = estimate_capacity_rps(

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from shadow.engine.events import EVENT_TYPES
 from shadow.traces.azure import PROMPT_COLUMN, load_azure_csv
-from shadow.traces.events import load_events
+from shadow.traces.events import RECORD_TYPES, load_events
 from shadow.traces.generic import load_generic_csv, load_generic_jsonl
 from shadow.traces.model import Trace, TraceError
 from shadow.traces.mooncake import PROMPT_FIELD, load_mooncake
@@ -48,7 +48,7 @@ def detect_format(path: str) -> str:
                 continue
             if stripped.startswith("{"):
                 obj = parse_json_line(stripped, path, line)
-                if isinstance(obj, dict) and obj.get("type") in EVENT_TYPES:
+                if isinstance(obj, dict) and obj.get("type") in (*EVENT_TYPES, *RECORD_TYPES):
                     return "events"
                 return "mooncake" if isinstance(obj, dict) and PROMPT_FIELD in obj else "jsonl"
             try:

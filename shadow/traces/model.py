@@ -89,6 +89,8 @@ class Trace:
     source: str
     synthetic: bool
     notes: str = ""
+    # a recorded session: the configured decode workers, in order (None: not known)
+    workers: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.requests, tuple):
