@@ -1,6 +1,7 @@
 """From a stream of normalised events (a recorded live session) to replayable requests.
 
-Each request needs an arrival (Arrive, else its first Route), a prompt size (Arrive or Route),
+Each request needs an arrival at the decode router (its first Route: in P/D after prefill; else
+its Arrive), a prompt size (Arrive or Route),
 and an end (Finish, or Cancel after tokens) with its output length (Finish.generated, else the
 last Token). The decode worker the real router chose comes from Route, for the `actual` lane.
 Requests that never end, never got a token, or lack a prompt size are dropped and counted by
@@ -30,7 +31,8 @@ class Recorded:
 
 @dataclass(slots=True)
 class _Partial:
-    arrival: float | None = None
+    arrival: float | None = None  # Arrive (the request reached the router)
+    placed: float | None = None  # first Route (its decode placement: prefill done)
     prompt: int | None = None
     key: str | None = None
     worker: str | None = None
@@ -51,9 +53,10 @@ class FeedOutcome:
 
 def _fold(p: _Partial, ev: Arrive | Route | Token | Finish | Cancel) -> None:
     """Apply one request event to its partial record (order-tolerant)."""
-    first_seen = p.arrival is None and isinstance(ev, Route)
-    if first_seen or (isinstance(ev, Arrive) and (p.arrival is None or ev.t < p.arrival)):
+    if isinstance(ev, Arrive) and (p.arrival is None or ev.t < p.arrival):
         p.arrival = ev.t
+    elif isinstance(ev, Route) and (p.placed is None or ev.t < p.placed):
+        p.placed = ev.t
     # The first prompt size known counts (later ones correct the mirrored state only): the
     # size the live lanes used when the request reached them. Likewise the first placement.
     if isinstance(ev, Arrive):
@@ -77,13 +80,16 @@ def _outcome(rid: str, p: _Partial) -> Recorded | str:
     """The replayable request, or the reason it is dropped."""
     if not p.ended:
         return "never_ended"
-    if p.arrival is None:
+    # A request reaches the decode router when it is placed (after its prefill, in P/D): that
+    # is the time the lanes offer it, live and replayed alike.
+    arrival = p.placed if p.placed is not None else p.arrival
+    if arrival is None:
         return "no_arrival"
     if p.prompt is None:
         return "no_prompt_tokens"
     if p.generated < 1:
         return "no_tokens"
-    return Recorded(rid, p.arrival, p.prompt, p.generated, p.key, p.worker)
+    return Recorded(rid, arrival, p.prompt, p.generated, p.key, p.worker)
 
 
 def recorded_requests(events: Iterable[Event]) -> FeedOutcome:

@@ -144,14 +144,12 @@ class LiveDriver:
                 return
             r = self._reqs[rid] = _Req()
         if isinstance(ev, Arrive):
-            if r.arrival is None or ev.t < r.arrival:
-                r.arrival = ev.t
             if r.prompt is None:  # the first size known counts (as in the offline feed)
                 r.prompt = ev.prompt_tokens
             r.key = r.key or ev.prompt_key
         elif isinstance(ev, Route):
             g = self.index[ev.worker]
-            if r.arrival is None:
+            if r.arrival is None:  # lanes offer a request when it is placed (after prefill in P/D)
                 r.arrival = ev.t
             if r.prompt is None:
                 r.prompt = ev.prompt_tokens

@@ -49,7 +49,10 @@ def load_events(path: str | os.PathLike[str], *, limit: int | None = None) -> Tr
             kind = obj.get("type")
             try:
                 if kind in EVENT_TYPES:
-                    events.append(from_dict(obj))
+                    try:
+                        events.append(from_dict(obj))
+                    except ValueError as err:
+                        raise TraceError.at(name, line, f"invalid event: {err}") from None
                 elif kind == "request":
                     compact.append(_request(obj))
                 elif kind == "session":

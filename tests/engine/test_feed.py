@@ -39,7 +39,7 @@ def test_events_fold_into_requests_and_incomplete_ones_are_counted() -> None:
     assert [
         (r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.worker) for r in out.requests
     ] == [
-        ("a", 10.0, 100, 3, "d1"),
+        ("a", 10.1, 100, 3, "d1"),  # reaches the decode router when placed
         ("b", 11.0, 50, 4, "d0"),
     ]
     assert out.requests[0].prompt_key == "k1"
