@@ -21,12 +21,14 @@ EPILOG = """examples:
   shadow sweep trace.csv --policies jsq-bytes,br0,bra,bra{pick},bra{window} --seeds 0,1,2,3,4
   shadow sweep paper-azure --whole-run --betas 8,16,43 --gammas 0.8,0.86,0.95 --policies jsq,brh:oracle
 
-Protocol (default): open-loop arrivals at RHO x estimated balanced capacity; a request waiting
-longer than --timeout seconds for a decode slot is shed (queues and pool alike, counted); the
-first --warmup lifetimes (lifetime = mean output x balanced saturated step time) are discarded,
-the window is the next --window lifetimes up to the last arrival, the drain is discarded;
-spread is averaged per step (step units) and weighted by step time (seconds); ratios to the
-best baseline are paired per seed and given with a 95% t-interval over seeds.
+Protocol (default): open-loop arrivals at RHO x estimated balanced capacity; a bounded queue:
+an arrival is rejected (shed, counted) while --queue N x G requests wait (BR's pool, or the
+baselines' per-worker queues summed), so every policy serves the same request mix; --timeout S
+instead sheds requests that waited S seconds (this penalises policies that reorder). The first
+--warmup lifetimes (lifetime = mean output x balanced saturated step time) are discarded, the
+window is the next --window lifetimes up to the last arrival, the drain is discarded; spread is
+averaged per step (step units) and weighted by step time (seconds); ratios to the best baseline
+are paired per seed and given with a 95% t-interval over seeds.
 --whole-run keeps the old whole-run figures (unbounded queues: they depend on run length).
 bra is this project's BalanceRoute-adaptive; bra{pick}, bra{pick+hold}, bra{window}, bra{} are
 its ablations (bra{} = BR-H's decisions).
