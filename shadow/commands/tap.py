@@ -165,6 +165,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="mirrored requests alive at once; new ones beyond it are dropped and counted (default 1e6)",
     )
     p.add_argument(
+        "--max-head",
+        type=int,
+        default=64 << 10,
+        metavar="BYTES",
+        help="request head size cap, 431 beyond (65536)",
+    )
+    p.add_argument(
+        "--max-id-len",
+        type=int,
+        default=256,
+        help="longest request id / worker / prompt key accepted by the event API (default 256)",
+    )
+    p.add_argument(
+        "--ring-bytes",
+        type=int,
+        default=16 << 20,
+        metavar="BYTES",
+        help="recent-events buffer served by GET /v1/events, approximate bytes (default 16 MiB)",
+    )
+    p.add_argument(
+        "--queue-bytes",
+        type=int,
+        default=256 << 20,
+        metavar="BYTES",
+        help="payload bytes the tap-to-analysis hand-off may hold; beyond it copies are dropped and "
+        "counted, traffic is never affected (default 256 MiB)",
+    )
+    p.add_argument(
         "--key-file",
         metavar="FILE",
         help="secret for prompt keys (HMAC), created when missing; default $SHADOW_KEY_FILE or "
@@ -216,6 +244,10 @@ def config_from_args(args: argparse.Namespace) -> TapConfig:
         header_timeout_s=args.header_timeout,
         idle_timeout_s=args.idle_timeout,
         max_live=args.max_live,
+        max_head=args.max_head,
+        max_id_len=args.max_id_len,
+        ring_bytes=args.ring_bytes,
+        queue_bytes=args.queue_bytes,
         key_secret=load_or_create_secret(args.key_file or default_secret_path()),
     )
 

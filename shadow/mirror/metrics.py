@@ -206,7 +206,8 @@ class MirrorCollector(Collector):
             yield _counter(
                 "shadow_mirror_tap_rejected",
                 "Requests or connections a tap refused or cut, by reason (bad_framing, head_too_large, "
-                "header_timeout, idle_timeout, path_not_allowed, upgrade, busy, evicted_idle, not_resent, "
+                "header_timeout, body_timeout, idle_timeout, path_not_allowed, upgrade, busy, evicted_idle, "
+                "not_resent, "
                 "bad_upstream_response).",
                 ["worker", "reason"],
                 {(t.name, k): v for t in self.taps for k, v in list(t.rejected.items())},

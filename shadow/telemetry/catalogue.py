@@ -118,7 +118,8 @@ CATALOGUE: tuple[MetricSpec, ...] = (
        "Failed connections to upstream workers.", _TAP),
     _m("shadow_mirror_tap_rejected_total", "counter", "requests", "worker reason",
        "Requests or connections a tap refused or cut, by reason (bad_framing, head_too_large, "
-       "header_timeout, idle_timeout, path_not_allowed, upgrade, busy, evicted_idle, not_resent, "
+       "header_timeout, body_timeout, idle_timeout, path_not_allowed, upgrade, busy, evicted_idle, "
+       "not_resent, "
        "bad_upstream_response).", _TAP),
     _m("shadow_mirror_tap_connections", "gauge", "connections", "worker",
        "Client connections open on each tap.", _TAP),
