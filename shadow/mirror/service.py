@@ -290,7 +290,7 @@ class TapService:
         while not self._server.started:
             await asyncio.sleep(0.005)
 
-    async def _consume(self, pace: float, settle_s: float = 0.002) -> None:
+    async def _consume(self, pace: float, settle_s: float = 0.01) -> None:
         """The analysis side of the hand-off: batches from the queue, processed in order."""
         q = self.queue
         analyzer = self.analyzer
