@@ -7,12 +7,42 @@ import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
 from shadow.fleet import FleetConfig, FleetThread
+from shadow.live import ServeConfig, ServeService
 from shadow.mirror.service import TapConfig
 from shadow.mirror.thread import TapThread
+
+
+class ServeThread(TapThread):
+    """`shadow serve` (taps + live lanes) on its own loop in a thread; `svc` is its tap service."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        super().__init__(config.tap)
+        self.serve_config = config
+        self.serve: ServeService
+
+    def __enter__(self) -> ServeThread:
+        self.thread.start()
+
+        async def _start() -> dict[str, Any]:
+            self.serve = ServeService(self.serve_config)
+            self.svc = self.serve.tap
+            return await self.serve.start()
+
+        self.ready = self.call(_start())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.call(self.serve.stop())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10)
+            self.loop.close()
 
 
 @dataclass
@@ -53,10 +83,26 @@ def send_traffic(urls: list[str], per_url: int = 3, max_tokens: int = 8) -> None
 
 @contextmanager
 def running_stack(decode: int = 2, slots: int = 8, scrape_interval_s: float = 0.5,
-                  time_scale: float = 0.05) -> Iterator[Stack]:
-    """Fleet (plain decode ranks; fast steps by default) with a tap in front of each rank."""
+                  time_scale: float = 0.05, serve: bool = False) -> Iterator[Stack]:
+    """Fleet (plain decode ranks; fast steps by default) with a tap in front of each rank: as
+    `shadow tap` (taps only) or, with `serve`, as `shadow serve` (taps + live lanes)."""
     cfg = FleetConfig(prefill=0, decode=decode, slots=slots, base_port=0, time_scale=time_scale)
     with FleetThread(cfg) as fleet:
         workers = {f"d{g}": u for g, u in enumerate(fleet.decode_urls)}
-        with TapThread(TapConfig(workers, slots=slots, scrape_interval_s=scrape_interval_s)) as taps:
+        tap = TapConfig(workers, slots=slots, scrape_interval_s=scrape_interval_s)
+        runner = ServeThread(ServeConfig(tap=tap)) if serve else TapThread(tap)
+        with runner as taps:
             yield Stack(fleet, taps)
+
+
+def until_step_model(stack: Stack, bursts: int = 5) -> dict[str, Any]:
+    """Send bursts of concurrent streams until `shadow serve` has fitted its step model (SSE step
+    estimates need co-scheduled streams); returns the report's step_model. Fails after `bursts`."""
+    urls = list(stack.tap_urls.values())
+    for _ in range(bursts):
+        send_traffic(urls, per_url=8, max_tokens=60)
+        stack.taps.wait_for(lambda: stack.taps.svc.state.live() == 0 and not len(stack.taps.svc.queue))
+        report = httpx.get(stack.api + "/v1/report", params={"drain": 1}, timeout=30).json()
+        if report["step_model"].get("samples", 0) >= 2 and report["step_model"].get("r2") is not None:
+            return dict(report["step_model"])
+    raise AssertionError(f"no step model after {bursts} bursts of traffic")
