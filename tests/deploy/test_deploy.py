@@ -155,3 +155,47 @@ def test_systemd_unit_verifies_and_is_hardened(tmp_path: Path) -> None:
     res = subprocess.run([analyze, "security", "--offline=true", "--threshold=20", str(unit)],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr
+
+
+def _serve_config_of(argv: list[str], environ: dict[str, str]) -> Any:
+    """What `shadow <argv>` would run, resolved exactly as the CLI does (flags, file, environment),
+    without starting anything (the example addresses are never contacted)."""
+    from shadow.cli import build_parser
+    from shadow.commands.serve import config_from_args, resolve_args
+
+    args = build_parser().parse_args(argv)
+    explicit = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
+    config = config_from_args(resolve_args(explicit, environ))
+    config.validate()
+    return config
+
+
+def test_the_sidecar_args_and_example_config_configure_shadow_serve(
+    built: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SHADOW_EVENTS_TOKEN", "t")  # as the Pod sets it from the Secret
+    spec = _one(built, "Deployment", "router")["spec"]["template"]["spec"]
+    (side,) = [c for c in spec["initContainers"] if c["name"] == "shadow"]
+    example = K8S / "overlays" / "example" / "config.yaml"
+    argv = [a.replace("/etc/shadow/config.yaml", str(example)) for a in side["args"]]
+    config = _serve_config_of(argv, {"SHADOW_EVENTS_TOKEN": "t"})
+    assert config.tap.host == "0.0.0.0" and config.tap.port == 9400
+    assert config.tap.front == {"router": "http://127.0.0.1:8000"}
+    assert set(config.tap.workers) == {"d0", "d1"} and config.tap.slots == 256
+    assert config.policies == ("jsq-bytes", "br0", "brh:survival")
+    assert config.tap.events_token == "t"
+
+
+def test_the_systemd_defaults_configure_shadow_serve(monkeypatch: pytest.MonkeyPatch) -> None:
+    import shlex
+
+    env: dict[str, str] = {}
+    for line in (ROOT / "deploy" / "systemd" / "shadow-sidecar.default").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            k, _, v = line.partition("=")
+            env[k] = shlex.split(v)[0] if v.startswith('"') else v
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)  # as systemd's EnvironmentFile= sets them
+    config = _serve_config_of(["serve", *shlex.split(env.pop("SHADOW_ARGS"))], env)
+    assert config.tap.port == 9400 and set(config.tap.workers) == {"d0", "d1"}
+    assert config.tap.events_token == env["SHADOW_EVENTS_TOKEN"]
