@@ -18,7 +18,8 @@ from shadow.mirror.thread import TapThread
 
 
 class ServeThread(TapThread):
-    """`shadow serve` (taps + live lanes) on its own loop in a thread; `svc` is its tap service."""
+    """`shadow serve` (taps + live lanes) off the caller's thread, with TapThread's `sync`,
+    `settle` and `wait_for` on its tap service (`svc`); `serve` is the ServeService."""
 
     def __init__(self, config: ServeConfig) -> None:
         super().__init__(config.tap)
@@ -26,7 +27,7 @@ class ServeThread(TapThread):
         self.serve: ServeService
 
     def __enter__(self) -> ServeThread:
-        self.thread.start()
+        self.relay.start()
 
         async def _start() -> dict[str, Any]:
             self.serve = ServeService(self.serve_config)
@@ -40,9 +41,7 @@ class ServeThread(TapThread):
         try:
             self.call(self.serve.stop())
         finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(10)
-            self.loop.close()
+            self.relay.stop()
 
 
 @dataclass
