@@ -11,6 +11,9 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from shadow import __version__
+from shadow.commands._help import ShadowArgumentParser
+
 # One module per sub-command, in the order `--help` lists them.
 COMMAND_MODULES: tuple[str, ...] = (
     "shadow.commands.demo",
@@ -20,19 +23,21 @@ COMMAND_MODULES: tuple[str, ...] = (
     "shadow.commands.tap",
     "shadow.commands.serve",
     "shadow.commands.fleet",
+    "shadow.commands.router",
     "shadow.commands.dashboards",
 )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ShadowArgumentParser(
         prog="shadow",
         description=(
             "Run BalanceRoute (BR-0/BR-H) and baseline routers counterfactually beside an "
             "existing LLM router, offline on traces or live on mirrored traffic."
         ),
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"shadow {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ShadowArgumentParser)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
     return parser

@@ -9,6 +9,7 @@ import socket
 
 import uvicorn
 
+from shadow._net import bind_listen
 from shadow.fleet.asgi import Receive, Scope, Send
 
 
@@ -23,17 +24,8 @@ class _App:
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    sock.listen(1024)
-    sock.setblocking(False)
-    return sock
+    """A listening socket; bind errors name host:port (see `shadow._net`)."""
+    return bind_listen(host, port)
 
 
 class Listener:

@@ -25,6 +25,7 @@ from typing import Any
 import uvicorn
 from prometheus_client import CollectorRegistry
 
+from shadow._net import bind_listen
 from shadow.mirror.analyzer import Analyzer
 from shadow.mirror.api import create_app
 from shadow.mirror.dropqueue import DropQueue
@@ -92,12 +93,7 @@ def _host_port(url: str) -> str:
 
 
 def _bind(host: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(1024)
-    sock.setblocking(False)
-    return sock
+    return bind_listen(host, port)  # errors name host:port
 
 
 class TapService:

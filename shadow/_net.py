@@ -1,0 +1,24 @@
+"""Listening sockets whose bind errors name the address (one helper for every server we start)."""
+
+from __future__ import annotations
+
+import socket
+
+
+def bind_listen(host: str, port: int, backlog: int = 1024) -> socket.socket:
+    """A non-blocking listening TCP socket on host:port (0 = a free port).
+
+    Raises OSError whose message names host:port, e.g. "cannot listen on 127.0.0.1:8000: Address
+    already in use".
+    """
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except OSError as exc:
+        sock.close()
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        raise OSError(exc.errno, f"cannot listen on {where}: {exc.strerror or exc}") from None
+    sock.setblocking(False)
+    return sock
