@@ -1,218 +1,379 @@
-"""`shadow demo --live`: the whole loop on the embedded default, on loopback.
+"""`shadow demo`: the live loop on loopback, sized for two cores.
 
-A simulated P/D fleet (1 prefill, G decode ranks) → taps in front of every worker → a real
-vllm-router (PyPI) in P/D mode pointed at the taps → a trace sent through the router with the
-official openai client. The mirror records the session; then the recording replays through the
-engine with the router's real decisions as the `actual` lane beside BR-0/BR-H and the baselines,
-and the fleet's measured step time is shown next to the model's.
+Processes: the simulated fleet (`shadow fleet`: P prefill servers, G decode ranks × B slots) →
+`shadow serve` with taps in front of every worker and live lanes → an existing router pointed at
+the taps (the JSQ stand-in `shadow router`, or the real `vllm-router` in P/D mode) → the load
+generator (official openai client, in this process) replaying the synthetic paper-like workload
+at saturation, time-compressed (outputs ÷ `output_divisor`, arrivals rescaled to ρ × the
+estimated capacity of the fleet). A live view shows the `actual` lane (the router's real
+placements) against each policy lane, the fitted step model and twin fidelity, polled from
+`/v1/report`. Every child runs in its own process group: Ctrl-C reaches only this process, which
+stops the load, then the router, the sidecar and the fleet.
 """
 
 from __future__ import annotations
 
 import asyncio
-import socket
-import subprocess
+import contextlib
+import json
+import math
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import httpx
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
+from shadow._procs import Child, shadow_argv
 from shadow._tools import find_executable
-from shadow.fleet import FleetConfig, FleetThread
-from shadow.loadgen import LoadOptions, run_load
-from shadow.mirror.service import TapConfig
-from shadow.mirror.thread import TapThread
-from shadow.replay.experiment import ReplaySetup, run_replay
-from shadow.replay.render import render_report
-from shadow.traces import Trace, at_load, estimate_capacity_rps, load_trace, resolve
+from shadow.loadgen import LoadOptions, LoadReport, run_load
+from shadow.traces import Trace, at_load, estimate_capacity_rps, resolve
+
+ROUTERS = ("jsq", "vllm-router")
 
 
 @dataclass(frozen=True)
-class LiveDemoOptions:
-    """Size of the live demo (defaults: ≈ 20 s of traffic at ≈ 30 ms steps)."""
+class DemoOptions:
+    """Size and wiring of the demo; the defaults are what the README's figures were measured with."""
 
     workers: int = 4
     slots: int = 16
-    requests: int = 240
-    output_divisor: int = 10  # paper-like outputs (≈ 1,050 tokens) / 10, to keep the client light
-    load: float = 1.05
-    policy: str = "round_robin"  # the vllm-router policy under observation
+    prefill: int = 2
+    step_a: float = 4e-7  # fleet ground truth: s per KV token of the largest rank's load
+    step_b: float = 0.020  # fleet ground truth: fixed s per step
+    prefill_c1: float = 1e-5  # fleet prefill s per prompt token
+    time_scale: float = 1.0
+    output_divisor: int = 10
+    load: float = 1.1
+    duration_s: float = 75.0
+    requests: int | None = None  # None: every request that arrives within duration_s
+    router: str = "jsq"
+    router_policy: str = "round_robin"  # vllm-router's policy (the JSQ stand-in has one rule)
+    policies: tuple[str, ...] = ("jsq-bytes", "br0", "brh:survival")
     seed: int = 0
+    record: str | None = None
+    report_json: str | None = None
+    headless: bool = False
+    drain_timeout_s: float = 60.0
+
+    def validate(self) -> None:
+        if self.router not in ROUTERS:
+            raise ValueError(f"--router must be one of {', '.join(ROUTERS)}, got {self.router!r}")
+        if self.requests is not None and self.requests < 1:
+            raise ValueError(f"--requests must be >= 1, got {self.requests}")
+        if not (math.isfinite(self.duration_s) and self.duration_s > 0):
+            raise ValueError(f"--duration must be > 0 seconds, got {self.duration_s}")
+
+
+def demo_workload(opts: DemoOptions) -> Trace:
+    """The paper-like workload, outputs ÷ divisor, at ρ × the fleet's estimated capacity, cut to
+    the requests arriving within the duration (or the first `requests`)."""
+
+    def scaled(n: int) -> Trace:
+        base = resolve("paper-azure", seed=opts.seed, limit=n)
+        reqs = tuple(replace(r, output_tokens=max(1, r.output_tokens // opts.output_divisor))
+                     for r in base.requests)
+        return replace(base, name=f"paper-azure (synthetic), outputs ÷ {opts.output_divisor}", requests=reqs)
+
+    a, b = opts.step_a * opts.time_scale, opts.step_b * opts.time_scale
+    cap = estimate_capacity_rps(scaled(2000), workers=opts.workers, slots=opts.slots, step_a=a, step_b=b)
+    want = opts.requests or max(2, math.ceil(opts.load * cap * opts.duration_s * 1.05) + 2)
+    trace = at_load(scaled(want), opts.load, cap)
+    if opts.requests is None:
+        keep = tuple(r for r in trace.requests if r.arrival_s < opts.duration_s)
+        trace = replace(trace, requests=keep[: max(1, len(keep))])
+    return trace
+
+
+def _vllm_router_argv(exe: str, prefill: list[str], decode: list[str], policy: str, port: int,
+                      metrics_port: int) -> list[str]:
+    argv = [exe, "--host", "127.0.0.1", "--port", str(port), "--vllm-pd-disaggregation",
+            "--policy", policy, "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
+            "--worker-startup-check-interval", "1"]
+    for p in prefill:
+        argv += ["--prefill", p]
+    for d in decode:
+        argv += ["--decode", d]
+    return argv
 
 
 def _free_port() -> int:
+    import socket
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def _workload(opts: LiveDemoOptions, fleet: FleetConfig) -> Trace:
-    base = resolve("paper-azure", seed=opts.seed, limit=opts.requests)
-    reqs = tuple(
-        replace(r, output_tokens=max(1, r.output_tokens // opts.output_divisor)) for r in base.requests
-    )
-    trace = replace(
-        base,
-        name=f"paper-azure (synthetic), outputs / {opts.output_divisor}",
-        requests=reqs,
-    )
-    model = fleet.step_model
-    cap = estimate_capacity_rps(
-        trace,
-        workers=opts.workers,
-        slots=opts.slots,
-        step_a=model.a * fleet.time_scale,
-        step_b=model.b * fleet.time_scale,
-    )
-    return at_load(trace, opts.load, cap)
+def _wait_healthy(url: str, child: Child, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not child.alive():
+            raise RuntimeError(f"{child.name} exited with code {child.proc.returncode}: {child.tail()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"{child.name} did not become healthy within {timeout_s:.0f} s")
 
 
-class _Router:
-    """A vllm-router process in P/D mode, stopped on exit."""
+class Demo:
+    """The running loop: start(), run_load(), final_report(), stop()."""
 
-    def __init__(self, prefill: str, decode: list[str], policy: str, log: Path) -> None:
-        exe = find_executable("vllm-router")
-        if exe is None:
-            raise RuntimeError("the live demo needs vllm-router: pip install vllm-router (or '.[test]')")
-        self.port, self.metrics_port = _free_port(), _free_port()
-        args = [
-            exe,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--vllm-pd-disaggregation",
-            "--prefill",
-            prefill,
-            "--policy",
-            policy,
-            "--prometheus-host",
-            "127.0.0.1",
-            "--prometheus-port",
-            str(self.metrics_port),
-            "--worker-startup-check-interval",
-            "1",
-        ]
-        for d in decode:
-            args += ["--decode", d]
-        self._log = log.open("wb")
-        self.proc = subprocess.Popen(
-            args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-        )
-        self.url = f"http://127.0.0.1:{self.port}"
+    def __init__(self, opts: DemoOptions, workdir: Path) -> None:
+        opts.validate()
+        self.opts = opts
+        self.workdir = workdir
+        self.children: list[Child] = []
+        self.taps: dict[str, str] = {}
+        self.api = ""
+        self.router_url = ""
+        self.router_name = "shadow router (vllm-ascend JSQ rule)" if opts.router == "jsq" else "vllm-router"
+        self.trace = demo_workload(opts)
+        self.load: LoadReport | None = None
+        self.progress = {"done": 0, "failed": 0, "in_flight": 0}
+        self.started_at = 0.0
 
-    def wait_ready(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vllm-router exited with code {self.proc.returncode}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
+    # -- processes -------------------------------------------------------------------------------
+    def start(self, say: Callable[[str], None]) -> None:
+        o = self.opts
+        if o.router == "vllm-router":
+            exe = find_executable("vllm-router")
+            if exe is None:
+                raise RuntimeError("--router vllm-router needs the vllm-router package (pip install "
+                                   "vllm-router), not found beside the interpreter or on PATH")
+        fleet = self._spawn("fleet", shadow_argv(
+            "fleet", "--prefill", str(o.prefill), "--decode", str(o.workers), "--slots", str(o.slots),
+            "--port", "0", "--time-scale", str(o.time_scale), "--a", str(o.step_a), "--b", str(o.step_b),
+            "--prefill-c1", str(o.prefill_c1)))
+        decode = {f"d{g}": u for g, u in enumerate(fleet.ready["decode"])}
+        prefill = {f"p{i}": u for i, u in enumerate(fleet.ready["prefill"])}
+        say(f"fleet: {o.prefill} prefill + {o.workers} decode ranks × {o.slots} slots, step = "
+            f"({o.step_a:g}·max L + {o.step_b:g}) s × {o.time_scale:g}")
+        serve_args = ["serve", "--port", "0", "--slots", str(o.slots), "--policies", ",".join(o.policies),
+                      "--step-a", str(o.step_a * o.time_scale), "--step-b", str(o.step_b * o.time_scale),
+                      "--scrape-interval", "1"]
+        for n, u in decode.items():
+            serve_args += ["--upstream", f"{n}={u}"]
+        for n, u in prefill.items():
+            serve_args += ["--prefill", f"{n}={u}"]
+        if o.record:
+            serve_args += ["--record", o.record]
+        serve = self._spawn("serve", shadow_argv(*serve_args))
+        self.taps, self.api = serve.ready["taps"], serve.ready["api"]
+        say(f"shadow serve: taps in front of every worker; API {self.api}")
+        pre_taps = [self.taps[n] for n in prefill]
+        dec_taps = [self.taps[n] for n in decode]
+        if o.router == "jsq":
+            args = ["router", "--port", "0"]
+            for n, u in zip(prefill, pre_taps, strict=True):
+                args += ["--prefill", f"{n}={u}"]
+            for n, u in zip(decode, dec_taps, strict=True):
+                args += ["--decode", f"{n}={u}"]
+            router = self._spawn("router", shadow_argv(*args))
+            self.router_url = router.ready["url"]
+        else:
+            exe = find_executable("vllm-router")
+            assert exe is not None
+            port, mport = _free_port(), _free_port()
+            router = self._spawn("vllm-router", _vllm_router_argv(exe, pre_taps, dec_taps, o.router_policy,
+                                                                   port, mport), json_ready=False)
+            self.router_url = f"http://127.0.0.1:{port}"
+            _wait_healthy(self.router_url, router)
+        say(f"router: {self.router_name} at {self.router_url}, pointed at the taps")
+
+    def _spawn(self, name: str, argv: list[str], json_ready: bool = True) -> Child:
+        child = Child(name, argv, self.workdir / f"{name}.log", json_ready=json_ready)
+        self.children.append(child)
+        return child
+
+    def stop(self) -> None:
+        """Stop the children, the last started first (router, sidecar, fleet)."""
+        while self.children:
+            self.children.pop().stop()
+
+    # -- load and report -------------------------------------------------------------------------
+    async def run_load(self, stop: asyncio.Event) -> LoadReport:
+        """Send the workload through the router; `stop` cancels what is still in flight."""
+        demo = self
+
+        class _Sink:
+            def start(self, total: int) -> None:
                 pass
-            time.sleep(0.1)
-        raise RuntimeError("vllm-router did not become healthy in time")
 
-    def decisions(self) -> dict[str, float]:
-        """vllm_router_policy_decisions_total per worker URL."""
-        out: dict[str, float] = {}
-        text = httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
-        for line in text.splitlines():
-            if line.startswith("vllm_router_policy_decisions_total{") and 'worker="' in line:
-                labels, _, value = line.rpartition(" ")
-                worker = labels.split('worker="', 1)[1].split('"', 1)[0].rstrip("/")
-                out[worker] = out.get(worker, 0.0) + float(value)
-        return out
+            def update(self, done: int, failed: int, in_flight: int) -> None:
+                demo.progress.update(done=done, failed=failed, in_flight=in_flight)
 
-    def close(self) -> None:
-        self.proc.terminate()
+            def close(self) -> None:
+                pass
+
+        self.started_at = time.monotonic()
+        opts = LoadOptions(concurrency=None, request_timeout_s=600.0)
+        self.load = await run_load(self.trace, self.router_url, opts, progress=_Sink(), stop=stop)
+        return self.load
+
+    async def report(self, client: httpx.AsyncClient, drain: bool = False) -> dict[str, Any]:
+        r = await client.get(self.api + "/v1/report", params={"drain": 1} if drain else None,
+                             timeout=self.opts.drain_timeout_s)
+        r.raise_for_status()
+        doc: dict[str, Any] = r.json()
+        return doc
+
+    def demo_block(self) -> dict[str, Any]:
+        o = self.opts
+        summary = self.load.summary if self.load is not None else None
+        return {
+            "fleet": {"step_a_s_per_token": o.step_a * o.time_scale, "step_b_s": o.step_b * o.time_scale,
+                      "workers": o.workers, "slots": o.slots, "prefill_servers": o.prefill,
+                      "time_scale": o.time_scale},
+            "router": self.router_name,
+            "requests": summary.sent if summary is not None else 0,
+            "requests_ok": summary.ok if summary is not None else 0,
+            "requests_failed": summary.failed if summary is not None else 0,
+            "workload": {"name": self.trace.name, "synthetic": True, "rho": o.load,
+                         "planned": len(self.trace), "output_divisor": o.output_divisor,
+                         "mean_rate_rps": self.trace.mean_rate_rps},
+            "duration_s": o.duration_s,
+        }
+
+
+# -- the view ------------------------------------------------------------------------------------
+def _num(v: Any, fmt: str, scale: float = 1.0) -> str:
+    return "–" if v is None else format(v * scale, fmt)
+
+
+def lanes_table(report: dict[str, Any]) -> Table:
+    """actual vs each lane: the figures of /v1/report, with the spread ratio against actual."""
+    lanes: dict[str, Any] = report.get("lanes", {})
+    actual = lanes.get("actual", {}).get("avg_spread_tokens")
+    table = Table(title="live lanes (same traffic; `actual` = the router's real placements)")
+    for col in ("lane", "avg spread\n(tokens)", "vs actual", "avg I(k)\n(tokens)", "barrier\nidle",
+                "throughput\n(tok/s)", "TPOT\n(ms)", "steps", "finished", "agrees with\nrouter"):
+        table.add_column(col, justify="left" if col == "lane" else "right")
+    for label, f in lanes.items():
+        spread = f.get("avg_spread_tokens")
+        if label == "actual" or not spread or not actual:
+            ratio = "–"
+        elif actual >= spread:
+            ratio = f"{actual / spread:.2f}× lower"
+        else:
+            ratio = f"{spread / actual:.2f}× higher"
+        table.add_row(label, _num(spread, ",.0f"), ratio, _num(f.get("avg_imbalance_tokens"), ",.0f"),
+                      _num(f.get("barrier_idle_fraction"), ".1f", 100) + "%",
+                      _num(f.get("throughput_tokens_per_s"), ",.0f"), _num(f.get("tpot_s"), ".1f", 1e3),
+                      str(f.get("steps", "–")), str(f.get("requests_finished", "–")),
+                      "–" if label == "actual" else _num(f.get("agreement_rate"), ".0%"))
+    return table
+
+
+def status_lines(demo: Demo, report: dict[str, Any], elapsed_s: float) -> Text:
+    o = demo.opts
+    sm = report.get("step_model", {})
+    fid = report.get("fidelity", {})
+    p = demo.progress
+    text = Text()
+    text.append(f"{demo.trace.name} — SYNTHETIC, ρ={o.load:g}; {o.workers} decode ranks × {o.slots} slots "
+                f"behind {demo.router_name}\n", style="bold")
+    text.append(f"t={elapsed_s:5.1f}/{o.duration_s:g} s   requests: {p['done']} done, {p['failed']} failed, "
+                f"{p['in_flight']} in flight of {len(demo.trace)}\n")
+    text.append(f"step model fit: a={_num(sm.get('a_s_per_token'), '.3g')} s/token, "
+                f"b={_num(sm.get('b_s'), '.3g')} s, R²={_num(sm.get('r2'), '.3f')}, "
+                f"{sm.get('samples', 0)} samples   (fleet truth: a={o.step_a * o.time_scale:.3g}, "
+                f"b={o.step_b * o.time_scale:.3g})\n")
+    err = _num(fid.get("load_rel_error"), ".1%")
+    text.append(f"twin fidelity: load error {err} (actual lane vs mirror)\n")
+    for w in report.get("warnings", []):
+        text.append(f"warning: {w}\n", style="yellow")
+    text.append(f"metrics: {demo.api}/metrics   report: {demo.api}/v1/report", style="dim")
+    return text
+
+
+def headline(report: dict[str, Any]) -> str:
+    lanes = report.get("lanes", {})
+    actual = lanes.get("actual", {}).get("avg_spread_tokens")
+    br0 = lanes.get("br0", {}).get("avg_spread_tokens")
+    if not actual or not br0:
+        return "not enough steps yet for a comparison"
+    if br0 <= actual:
+        return f"BR-0 would have kept the average spread {actual / br0:.2f}× lower than the router did"
+    return f"BR-0's average spread is {br0 / actual:.2f}× higher than the router's here"
+
+
+def run_demo(opts: DemoOptions, console: Console, err: Console) -> int:
+    """Run the loop; 0 when the load ran and the final report was fetched."""
+    workdir = Path(tempfile.mkdtemp(prefix="shadow-demo-"))
+    demo = Demo(opts, workdir)
+    err.print(f"shadow demo: {len(demo.trace)} requests of {demo.trace.name} (SYNTHETIC) at ρ={opts.load:g}, "
+              f"{demo.trace.mean_rate_rps:.1f} req/s, for {opts.duration_s:g} s; logs in {workdir}")
+    try:
+        demo.start(lambda s: err.print("  " + s))
+        final = asyncio.run(_main(demo, console, err))
+    except KeyboardInterrupt:
+        err.print("shadow demo: interrupted, stopping")
+        return 130
+    finally:
+        demo.stop()
+    if final is None:
+        return 130
+    final["demo"] = demo.demo_block()
+    if opts.report_json:
+        Path(opts.report_json).write_text(json.dumps(final, indent=2) + "\n")
+        err.print(f"wrote {opts.report_json}")
+    if opts.record:
+        err.print(f"recorded the session to {opts.record}: `shadow replay {opts.record} -B {opts.slots}` "
+                  f"replays it offline")
+    console.print(lanes_table(final))
+    console.print(status_lines(demo, final, opts.duration_s))
+    console.print(f"[bold]{headline(final)}[/]")
+    return 0
+
+
+async def _main(demo: Demo, console: Console, err: Console) -> dict[str, Any] | None:
+    stop = asyncio.Event()
+    opts = demo.opts
+    async with httpx.AsyncClient() as client:
+        load = asyncio.create_task(demo.run_load(stop))
+
+        async def deadline() -> None:
+            # Arrivals end at the duration; requests still running get a grace period, then stop.
+            await asyncio.sleep(opts.duration_s + opts.drain_timeout_s)
+            stop.set()
+
+        timer = asyncio.create_task(deadline())
         try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
-        self._log.close()
-
-
-def _fleet_counts(url: str) -> tuple[float, float, float]:
-    """(requests succeeded, step-duration sum, step count) from one rank's /metrics."""
-    ok = steps_sum = steps = 0.0
-    for line in httpx.get(url + "/metrics", timeout=5).text.splitlines():
-        if line.startswith("vllm:request_success_total{"):
-            ok += float(line.rsplit(" ", 1)[1])
-        elif line.startswith("shadow_fleet_step_duration_seconds_sum"):
-            steps_sum = float(line.rsplit(" ", 1)[1])
-        elif line.startswith("shadow_fleet_step_duration_seconds_count"):
-            steps = float(line.rsplit(" ", 1)[1])
-    return ok, steps_sum, steps
-
-
-def run_live_demo(opts: LiveDemoOptions, console: Console, err: Console) -> int:
-    """Run the live loop, print what the mirror saw and the counterfactual; 0 when all agree."""
-    fleet_cfg = FleetConfig(prefill=1, decode=opts.workers, slots=opts.slots, base_port=0, time_scale=1.0)
-    trace = _workload(opts, fleet_cfg)
-    work = Path(tempfile.mkdtemp(prefix="shadow-demo-"))
-    record = work / "session.ndjson"
-    err.print(
-        f"live demo: {len(trace)} requests of {trace.name} at ρ={opts.load} through vllm-router "
-        f"({opts.policy}) into a simulated fleet of {opts.workers} decode ranks × {opts.slots} slots; "
-        f"files in {work}"
-    )
-    with FleetThread(fleet_cfg) as fleet:
-        decode = {f"d{g}": u for g, u in enumerate(fleet.decode_urls)}
-        cfg = TapConfig(
-            decode, prefill={"p0": fleet.prefill_urls[0]}, record=str(record), scrape_interval_s=1.0
-        )
-        with TapThread(cfg) as taps:
-            tap_urls = taps.ready["taps"]
-            router = _Router(tap_urls["p0"], [tap_urls[n] for n in decode], opts.policy, work / "router.log")
-            try:
-                router.wait_ready()
-                report = asyncio.run(run_load(trace, router.url, LoadOptions(concurrency=None)))
-                taps.wait_for(lambda: taps.svc.state.live() == 0 and not len(taps.svc.queue), timeout=15)
-                decisions = router.decisions()
-                state = httpx.get(taps.ready["api"] + "/v1/state", timeout=5).json()
-            finally:
-                router.close()
-        counts = {n: _fleet_counts(u) for n, u in decode.items()}
-    summary = report.summary
-    console.print(
-        f"[bold]Live:[/] {summary.ok}/{summary.planned} requests ok through vllm-router; "
-        f"mirror phantoms {state['phantoms']}"
-    )
-    table = Table(title="decode decisions: router's own counter vs mirror vs fleet")
-    for col in ("worker", "vllm-router decisions", "mirrored finished", "fleet succeeded"):
-        table.add_column(col, justify="left" if col == "worker" else "right")
-    agree = summary.ok == summary.planned and state["phantoms"] == 0
-    for name in decode:
-        mine = state["workers"][name]["finished"]
-        theirs = decisions.get(tap_urls[name].rstrip("/"), 0.0)
-        served = counts[name][0]
-        agree = agree and mine == theirs == served
-        table.add_row(name, f"{theirs:.0f}", str(mine), f"{served:.0f}")
-    console.print(table)
-    _, step_sum, steps = counts["d0"]
-    measured_ms = 1e3 * step_sum / steps if steps else float("nan")
-    replay = run_replay(
-        load_trace(record),
-        ReplaySetup(
-            slots=opts.slots,
-            policies=("jsq", "jsq-bytes", "br0", "brh:survival", "brh:oracle"),
-            step=fleet_cfg.step_model,
-        ),
-    )
-    render_report(replay, console)
-    actual = replay.results["actual"]
-    console.print(
-        f"fleet measured mean step {measured_ms:.1f} ms (all steps, incl. ramp-up and drain); "
-        f"the actual lane's model says {actual.mean_step_ms:.1f} ms over its busy steps"
-    )
-    console.print(
-        "[green]decisions recovered exactly[/]" if agree else "[red]the mirror disagrees: see above[/]"
-    )
-    return 0 if agree else 1
+            if opts.headless or not console.is_terminal:
+                next_line = 10.0
+                while not load.done():
+                    await asyncio.wait([load], timeout=1.0)
+                    elapsed = time.monotonic() - demo.started_at
+                    if elapsed >= next_line and not load.done():
+                        next_line += 10.0
+                        with contextlib.suppress(httpx.HTTPError):
+                            h = headline(await demo.report(client))
+                            p = demo.progress
+                            err.print(f"  t={elapsed:.0f} s: {p['done']} done, "
+                                      f"{p['in_flight']} in flight; {h}")
+            else:
+                with Live(console=console, refresh_per_second=2, transient=False) as live:
+                    while not load.done():
+                        await asyncio.wait([load], timeout=1.0)
+                        with contextlib.suppress(httpx.HTTPError):
+                            rep = await demo.report(client)
+                            elapsed = time.monotonic() - demo.started_at
+                            live.update(Group(status_lines(demo, rep, elapsed), lanes_table(rep),
+                                              Text(headline(rep), style="bold")))
+            await load
+        except asyncio.CancelledError:
+            stop.set()
+            with contextlib.suppress(BaseException):
+                await load
+            return None
+        finally:
+            timer.cancel()
+        return await demo.report(client, drain=True)

@@ -19,6 +19,17 @@ from shadow.fleet.config import DEFAULT_BASE_PORT, DEFAULT_MODEL, FleetConfig
 from shadow.fleet.faults import FaultSpec
 from shadow.fleet.fleet import Fleet
 
+EPILOG = """examples:
+  shadow fleet                                   # 1 prefill + 2 decode ranks on ports 18000 / 18100-18101
+  shadow fleet --prefill 1 --decode 4 --slots 16 --port 0       # free ports (read them from the JSON line)
+  shadow fleet --decode 8 --time-scale 0.25      # steps four times faster than the model
+  shadow fleet --fault decode/1:slow=2 --fault decode/0:stall_s=2@5   # a slow rank; a stall after 5 s
+  curl -s http://127.0.0.1:18100/metrics | grep -E 'vllm:num_requests_running|shadow_fleet_step'
+
+Decode legs must carry the kv_transfer_params a prefill server returned (P/D, as vllm-router or
+`shadow router --prefill ...` sends them); requests without them are prefilled locally (plain mode).
+"""
+
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
@@ -29,6 +40,7 @@ def register(subparsers: Any) -> None:
             "barrier clock: step = (a·max_g L_g + b) × time-scale. Prints one JSON line with the "
             "URLs when ready; stops on SIGINT/SIGTERM."
         ),
+        epilog=EPILOG,
     )
     p.add_argument("--prefill", type=int, default=1, metavar="N", help="prefill servers (default 1)")
     p.add_argument("--decode", type=int, default=2, metavar="G", help="decode DP ranks (default 2)")
@@ -121,7 +133,7 @@ async def serve(config: FleetConfig) -> int:
             print(json.dumps(fleet.ready_line()), flush=True)
             await stop.wait()
     except OSError as exc:
-        print(f"shadow fleet: cannot listen: {exc}", file=sys.stderr)
+        print(f"shadow fleet: {exc}", file=sys.stderr)
         return 1
     return 0
 

@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     except (TraceError, ValueError) as exc:
         print(f"shadow replay: {exc}", file=sys.stderr)
         return 2
-    render_report(report, console)
+    # Files first: whatever the table shows, the figures are on disk.
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_json(), indent=2) + "\n")
         err.print(f"wrote {args.json}")
@@ -105,4 +105,5 @@ def run(args: argparse.Namespace) -> int:
 
         plot_trajectories(report, args.plot)
         err.print(f"wrote {args.plot}")
+    render_report(report, console)
     return 0

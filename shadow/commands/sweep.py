@@ -12,6 +12,7 @@ from rich.table import Table
 
 from shadow.commands._replay_args import add_br_args, add_fleet_args, add_workload_args, setup_from
 from shadow.commands.sweep_protocol import add_protocol_args
+from shadow.replay.render import pct
 from shadow.replay.sweep import SweepRow, run_sweep
 from shadow.traces import TraceError, resolve
 
@@ -118,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
             r.lane,
             f"{r.best_baseline} ({r.baseline_spread:,.0f})",
             f"{r.spread_reduction_x:.2f}",
-            f"{r.throughput_gain_pct:+.1f}",
+            pct(r.throughput_gain_pct).rstrip("%"),
             r.best_throughput_baseline,
         )
     console.print(table)

@@ -206,9 +206,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+EPILOG = """examples:
+  # taps in front of two decode workers and a prefill server; point the router at the printed URLs
+  shadow tap --upstream d0=http://127.0.0.1:18100 --upstream d1=http://127.0.0.1:18101 \\
+             --prefill p0=http://127.0.0.1:18000 --record session.ndjson
+  # front mode: one tap in front of vllm-router (P/D), decisions read from its request ids
+  shadow tap --front router=http://127.0.0.1:8000 --worker d0=http://127.0.0.1:18100 \\
+             --worker d1=http://127.0.0.1:18101
+  curl -s http://127.0.0.1:PORT/v1/state          # PORT: the "api" URL of the ready line
+  shadow replay session.ndjson                    # the recorded session through every policy
+"""
+
+
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "tap", help="mirror an existing router through in-path taps", description=__doc__
+        "tap", help="mirror an existing router through in-path taps", description=__doc__, epilog=EPILOG
     )
     add_arguments(p)
     p.set_defaults(func=run)

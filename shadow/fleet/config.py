@@ -74,6 +74,11 @@ class FleetConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"fleet: {name} must be >= 1")
         StepTimeModel(self.a, self.b)  # validates a, b
+        for spec in self.faults:
+            size = self.prefill if spec.target.role == "prefill" else self.decode
+            if spec.target.index is not None and spec.target.index >= size:
+                have = f"{spec.target.role}/0..{size - 1}" if size else f"no {spec.target.role} servers"
+                raise ValueError(f"fleet: fault target {spec.target} does not exist ({have})")
 
     @property
     def step_model(self) -> StepTimeModel:

@@ -12,6 +12,44 @@ def _f(value: float | None, fmt: str) -> str:
     return "–" if value is None else format(value, fmt)
 
 
+def pct(value: float | None) -> str:
+    """A signed percentage with one decimal; never "-0.0%" (a change under 0.05% is "±0.0%")."""
+    if value is None:
+        return "–"
+    rounded = round(value, 1)
+    return "±0.0%" if rounded == 0 else f"{rounded:+.1f}%"
+
+
+def ratio_phrase(ratio: float | None, what: str) -> str:
+    """"2.10× lower" when ratio ≥ 1 (BR better), "1.20× higher" when worse (ratio = base / BR)."""
+    if ratio is None:
+        return f"{what}: no ratio (zero {what} in this lane)"
+    if ratio >= 1.0:
+        return f"{what} {ratio:.2f}× lower"
+    return f"{what} {1.0 / ratio:.2f}× higher (worse)"
+
+
+def comparison_lines(report: ReplayReport) -> list[str]:
+    """One line per BR lane: spread ratio and throughput change against the best baseline."""
+    comp = report.comparison()
+    base = comp.get("best_baseline_spread")
+    thr = comp.get("best_baseline_throughput")
+    lines: list[str] = []
+    for label, r in report.results.items():
+        if r.policy not in ("br0", "brh"):
+            continue
+        item = comp.get(label)
+        if base is None or thr is None or item is None:
+            lines.append(f"{label}: no baseline lane in --policies to compare with "
+                         f"(add e.g. jsq-bytes)")
+            continue
+        lines.append(
+            f"{label}: {ratio_phrase(item['spread_reduction_x'], 'spread')} than the best baseline ({base}); "
+            f"throughput {pct(item['throughput_gain_pct'])} vs the best baseline ({thr})"
+        )
+    return lines
+
+
 def render_report(report: ReplayReport, console: Console) -> None:
     """Print the workload header, one row per lane, and BR's gain over the best baseline."""
     w = report.workload
@@ -55,19 +93,9 @@ def render_report(report: ReplayReport, console: Console) -> None:
             _f(r.ttft_p50_ms, ",.0f"),
             _f(r.ttft_p99_ms, ",.0f"),
             _f(r.wait_p50_ms, ",.0f"),
-            f"{_f(r.decision_ms_p50, '.3f')}/{_f(r.decision_ms_p99, '.3f')}",
+            "–" if r.policy == "forced" else f"{_f(r.decision_ms_p50, '.3f')}/{_f(r.decision_ms_p99, '.3f')}",
         )
     console.print(table)
-    comp = report.comparison()
-    base = comp.get("best_baseline_spread")
-    thr = comp.get("best_baseline_throughput")
-    for label, r in report.results.items():
-        if r.policy not in ("br0", "brh"):
-            continue
-        item = comp[label]
-        console.print(
-            f"{label}: spread {_f(item['spread_reduction_x'], '.2f')}× lower than the best baseline "
-            f"({base}); "
-            f"throughput {_f(item['throughput_gain_pct'], '+.1f')}% vs the best baseline ({thr})"
-        )
+    for line in comparison_lines(report):
+        console.print(line)
     console.print(f"[dim]replayed in {report.wall_s:.1f} s; throughput and times come from the step model[/]")
