@@ -105,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
     )
     console = Console() if Console().is_terminal else Console(width=170)
     try:
-        return run_demo(opts, console, Console(stderr=True))
+        err = Console(stderr=True)
+        return run_demo(opts, console, err if err.is_terminal else Console(stderr=True, width=170))
     except (RuntimeError, ValueError, OSError) as exc:
         print(f"shadow demo: {exc}", file=sys.stderr)
         return 2
