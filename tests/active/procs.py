@@ -2,33 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import os
-import select
 import signal
 import subprocess
-import sys
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-
-def read_ready(proc: subprocess.Popen[str], timeout: float = 60.0) -> dict[str, Any]:
-    """The first stdout line of `proc` as JSON (waits for it; fails if the process exits)."""
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.5)
-        if ready:
-            line = proc.stdout.readline()
-            if line:
-                doc: dict[str, Any] = json.loads(line)
-                return doc
-        if proc.poll() is not None:
-            err = proc.stderr.read() if proc.stderr else ""
-            raise AssertionError(f"process exited with {proc.returncode} before ready: {err}")
-    raise AssertionError("no ready line in time")
+from shadow._procs import read_json_line, shadow_argv
 
 
 @contextmanager
@@ -36,10 +17,10 @@ def shadow_process(args: Sequence[str], timeout: float = 60.0) -> Iterator[tuple
                                                                                   dict[str, Any]]]:
     """`python -m shadow ARGS` until the block ends (SIGINT, then kill); yields (proc, ready doc)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "shadow", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(shadow_argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
     try:
-        yield proc, read_ready(proc, timeout)
+        yield proc, read_json_line(proc, " ".join(args[:1]), timeout)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)

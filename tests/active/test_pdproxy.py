@@ -111,7 +111,8 @@ def test_pd_mode_through_the_simulated_fleet(fleet: FleetThread) -> None:
     """Prefill then decode: the fleet refuses a decode leg without a live KV handle, so a full
     stream through the router proves the handle was passed on."""
     p0 = fleet.prefill_urls[0]
-    args = ["router", "--port", "0", "--prefill", p0, *(a for d in fleet.decode_urls for a in ("--decode", d))]
+    args = ["router", "--port", "0", "--prefill", p0,
+            *(a for d in fleet.decode_urls for a in ("--decode", d))]
     with shadow_process(args) as (_, ready):
         url = ready["url"]
         client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
@@ -169,7 +170,8 @@ def recorder() -> Iterator[tuple[_Recorder, str]]:
 
 def test_pd_legs_as_the_vllm_ascend_proxy_sends_them(recorder: tuple[_Recorder, str]) -> None:
     rec, base = recorder
-    with shadow_process(["router", "--port", "0", "--prefill", base + "/p", "--decode", base + "/d"]) as (_, r):
+    args = ["router", "--port", "0", "--prefill", base + "/p", "--decode", base + "/d"]
+    with shadow_process(args) as (_, r):
         body = {"model": "m", "prompt": "hi there", "max_tokens": 50, "min_tokens": 2, "stream": True,
                 "stream_options": {"include_usage": True}}
         raw = json.dumps(body).encode()

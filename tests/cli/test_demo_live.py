@@ -1,0 +1,80 @@
+"""`shadow demo` as a machine runs it: a real subprocess, headless, with a report and a recording;
+the lanes advanced, the report has the promised structure, and the recording replays to the same
+figures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shadow._tools import find_executable
+from shadow.replay.experiment import ReplaySetup, run_replay
+from shadow.traces import load_trace
+
+pytestmark = pytest.mark.integration
+
+LANES = {"actual", "jsq-bytes", "br0", "brh-survival"}
+LANE_KEYS = {"avg_spread_tokens", "avg_imbalance_tokens", "barrier_idle_fraction", "throughput_tokens_per_s",
+             "steps", "requests_finished"}
+
+
+def _demo(tmp_path: Path, *extra: str) -> tuple[dict[str, Any], subprocess.CompletedProcess[str], Path]:
+    report, record = tmp_path / "report.json", tmp_path / "session.ndjson"
+    proc = subprocess.run(
+        [sys.executable, "-m", "shadow", "demo", "--headless", "--duration", "8",
+         "--report-json", str(report), "--record", str(record), *extra],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(report.read_text()), proc, record
+
+
+def _check_structure(doc: dict[str, Any], router: str) -> None:
+    assert set(doc["lanes"]) == LANES
+    for label, lane in doc["lanes"].items():
+        assert set(lane) >= LANE_KEYS, label
+        assert lane["steps"] > 0 and lane["requests_finished"] > 0, label
+    assert set(doc["step_model"]) >= {"a_s_per_token", "b_s", "r2", "samples"}
+    assert "load_rel_error" in doc["fidelity"]
+    assert doc["slots"] == 16 and len(doc["workers"]) == 4
+    demo = doc["demo"]
+    assert demo["fleet"] == {"step_a_s_per_token": 4e-7, "step_b_s": 0.02, "workers": 4, "slots": 16,
+                             "prefill_servers": 2, "time_scale": 1.0}
+    assert router in demo["router"]
+    assert demo["requests"] > 0 and demo["requests_ok"] == demo["requests"]
+    # Every request that was sent finished in the router's real lane.
+    assert doc["lanes"]["actual"]["requests_finished"] == demo["requests_ok"]
+
+
+@pytest.mark.timeout(300)
+def test_headless_demo_report_and_recording(tmp_path: Path) -> None:
+    doc, proc, record = _demo(tmp_path)
+    _check_structure(doc, "shadow router")
+    assert "live lanes" in proc.stdout and "BR-0" in proc.stdout
+    assert "/metrics" in proc.stdout and "/v1/report" in proc.stdout
+    # The recording replays offline to the same per-lane spreads as the live report.
+    replay = run_replay(load_trace(record), ReplaySetup(slots=16, policies=("jsq-bytes", "br0"),
+                                                        step=_step(doc)))
+    for label in ("actual", "jsq-bytes", "br0"):
+        live = doc["lanes"][label]["avg_spread_tokens"]
+        assert replay.results[label].avg_spread_tokens == pytest.approx(live, rel=0.01), label
+
+
+def _step(doc: dict[str, Any]) -> Any:
+    from shadow.core.stepmodel import StepTimeModel
+
+    fleet = doc["demo"]["fleet"]
+    return StepTimeModel(fleet["step_a_s_per_token"], fleet["step_b_s"])
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(find_executable("vllm-router") is None,
+                    reason="vllm-router is not installed (it comes with the test extras)")
+def test_headless_demo_behind_the_real_vllm_router(tmp_path: Path) -> None:
+    doc, _, _ = _demo(tmp_path, "--router", "vllm-router")
+    _check_structure(doc, "vllm-router")
