@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from rich import box
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
@@ -249,13 +250,17 @@ def _num(v: Any, fmt: str, scale: float = 1.0) -> str:
 
 
 def lanes_table(report: dict[str, Any]) -> Table:
-    """actual vs each lane: the figures of /v1/report, with the spread ratio against actual."""
+    """actual vs each lane: the figures of /v1/report, with the spread ratio against actual.
+
+    spread / I(k): average max−min and Σ(max−L) KV tokens per step; idle: barrier-idle fraction;
+    tok/s from the step model (TPOT is in the report); done: requests finished; agree: share of the router's
+    decisions this policy would have made identically."""
     lanes: dict[str, Any] = report.get("lanes", {})
     actual = lanes.get("actual", {}).get("avg_spread_tokens")
-    table = Table(title="live lanes (same traffic; `actual` = the router's real placements)")
-    for col in ("lane", "avg spread\n(tokens)", "vs actual", "avg I(k)\n(tokens)", "barrier\nidle",
-                "throughput\n(tok/s)", "TPOT\n(ms)", "steps", "finished", "agrees with\nrouter"):
-        table.add_column(col, justify="left" if col == "lane" else "right")
+    title = "live lanes (same traffic; actual = the router's real placements)"
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1), collapse_padding=True)
+    for col in ("lane", "spread", "vs actual", "I(k)", "idle", "tok/s", "steps", "done", "agree"):
+        table.add_column(col, justify="left" if col == "lane" else "right", no_wrap=True)
     for label, f in lanes.items():
         spread = f.get("avg_spread_tokens")
         if label == "actual" or not spread or not actual:
@@ -266,8 +271,8 @@ def lanes_table(report: dict[str, Any]) -> Table:
             ratio = f"{spread / actual:.2f}× higher"
         table.add_row(label, _num(spread, ",.0f"), ratio, _num(f.get("avg_imbalance_tokens"), ",.0f"),
                       _num(f.get("barrier_idle_fraction"), ".1f", 100) + "%",
-                      _num(f.get("throughput_tokens_per_s"), ",.0f"), _num(f.get("tpot_s"), ".1f", 1e3),
-                      str(f.get("steps", "–")), str(f.get("requests_finished", "–")),
+                      _num(f.get("throughput_tokens_per_s"), ",.0f"), str(f.get("steps", "–")),
+                      str(f.get("requests_finished", "–")),
                       "–" if label == "actual" else _num(f.get("agreement_rate"), ".0%"))
     return table
 
