@@ -75,6 +75,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--slots", "-B", type=_positive_int, default=D.slots, help="slots per decode rank")
     p.add_argument("--load", type=_positive_float, default=D.load, metavar="RHO",
                    help="arrival rate as ρ × the fleet's estimated capacity")
+    p.add_argument("--step-a", type=_positive_float, default=D.step_a, metavar="A",
+                   help="the fleet's true step cost per KV token of the largest rank (s/token)")
+    p.add_argument("--step-b", type=_positive_float, default=D.step_b, metavar="B",
+                   help="the fleet's true fixed step cost (s)")
     p.add_argument("--time-scale", type=_positive_float, default=D.time_scale, metavar="X",
                    help="fleet wall seconds per model second (0.5 = twice as fast; more CPU)")
     p.add_argument("--seed", type=int, default=D.seed, help="seed of the synthetic workload")
@@ -99,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
 
     opts = DemoOptions(
         workers=args.workers, slots=args.slots, load=args.load, time_scale=args.time_scale,
+        step_a=args.step_a, step_b=args.step_b,
         duration_s=args.duration, requests=args.requests, router=args.router,
         router_policy=args.router_policy, seed=args.seed, record=args.record,
         report_json=args.report_json, headless=args.headless,
