@@ -258,7 +258,8 @@ def lanes_table(report: dict[str, Any]) -> Table:
     lanes: dict[str, Any] = report.get("lanes", {})
     actual = lanes.get("actual", {}).get("avg_spread_tokens")
     title = "live lanes (same traffic; actual = the router's real placements)"
-    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1), collapse_padding=True)
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1),
+                  collapse_padding=True)
     for col in ("lane", "spread", "vs actual", "I(k)", "idle", "tok/s", "steps", "done", "agree"):
         table.add_column(col, justify="left" if col == "lane" else "right", no_wrap=True)
     for label, f in lanes.items():
