@@ -321,11 +321,11 @@ def run_demo(opts: DemoOptions, console: Console, err: Console) -> int:
         demo.start(lambda s: err.print("  " + s))
         final = asyncio.run(_main(demo, console, err))
     except KeyboardInterrupt:
-        err.print("shadow demo: interrupted, stopping")
-        return 130
+        final = None
     finally:
         demo.stop()
     if final is None:
+        err.print("shadow demo: interrupted; load, router, sidecar and fleet stopped")
         return 130
     final["demo"] = demo.demo_block()
     if opts.report_json:

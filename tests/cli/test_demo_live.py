@@ -78,3 +78,34 @@ def _step(doc: dict[str, Any]) -> Any:
 def test_headless_demo_behind_the_real_vllm_router(tmp_path: Path) -> None:
     doc, _, _ = _demo(tmp_path, "--router", "vllm-router")
     _check_structure(doc, "vllm-router")
+
+
+@pytest.mark.timeout(180)
+def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
+    import re
+    import select
+    import signal
+    import time
+
+    import httpx
+
+    proc = subprocess.Popen([sys.executable, "-m", "shadow", "demo", "--duration", "60"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    seen = ""
+    deadline = time.monotonic() + 120
+    while "router:" not in seen and time.monotonic() < deadline and proc.poll() is None:
+        if select.select([proc.stderr], [], [], 1.0)[0]:
+            seen += proc.stderr.readline()
+    assert "router:" in seen, seen
+    api = re.search(r"API (http://\S+)", seen)
+    router = re.search(r"at (http://\S+), pointed", seen)
+    assert api and router
+    assert httpx.get(api.group(1) + "/metrics", timeout=5).status_code == 200
+    proc.send_signal(signal.SIGINT)  # what a terminal's Ctrl-C sends to the foreground process
+    rc = proc.wait(60)
+    rest = proc.stderr.read()
+    assert rc == 130 and "interrupted" in rest and "Traceback" not in rest, rest
+    for url in (api.group(1) + "/metrics", router.group(1) + "/health"):
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(url, timeout=5)
