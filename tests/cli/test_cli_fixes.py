@@ -133,3 +133,10 @@ def test_demo_duration_must_be_positive() -> None:
     proc = _shadow("demo", "--duration", "0")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("shadow demo: error: argument --duration:")
+
+
+def test_offline_table_stays_one_flag_away(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--offline", "--requests", "300"]) == 0
+    out = capsys.readouterr().out
+    assert "300 requests" in out and "SYNTHETIC" in out
+    assert any(line.startswith("br0: spread ") for line in out.splitlines())
