@@ -135,6 +135,9 @@ class Demo:
         self.taps: dict[str, str] = {}
         self.api = ""
         self.router_url = ""
+        self.router_metrics_url = ""  # the router's own Prometheus endpoint
+        self.decode_names: list[str] = []
+        self.decisions: dict[str, Any] = {}
         self.router_name = "shadow router (vllm-ascend JSQ rule)" if opts.router == "jsq" else "vllm-router"
         self.trace = demo_workload(opts)
         self.load: LoadReport | None = None
@@ -154,6 +157,7 @@ class Demo:
             "--port", "0", "--time-scale", str(o.time_scale), "--a", str(o.step_a), "--b", str(o.step_b),
             "--prefill-c1", str(o.prefill_c1)))
         decode = {f"d{g}": u for g, u in enumerate(fleet.ready["decode"])}
+        self.decode_names = list(decode)
         prefill = {f"p{i}": u for i, u in enumerate(fleet.ready["prefill"])}
         say(f"fleet: {o.prefill} prefill + {o.workers} decode ranks × {o.slots} slots, step = "
             f"({o.step_a:g}·max L + {o.step_b:g}) s × {o.time_scale:g}")
@@ -179,6 +183,7 @@ class Demo:
                 args += ["--decode", f"{n}={u}"]
             router = self._spawn("router", shadow_argv(*args))
             self.router_url = router.ready["url"]
+            self.router_metrics_url = self.router_url + "/metrics"
         else:
             exe = find_executable("vllm-router")
             assert exe is not None
@@ -186,6 +191,7 @@ class Demo:
             router = self._spawn("vllm-router", _vllm_router_argv(exe, pre_taps, dec_taps, o.router_policy,
                                                                    port, mport), json_ready=False)
             self.router_url = f"http://127.0.0.1:{port}"
+            self.router_metrics_url = f"http://127.0.0.1:{mport}/metrics"
             _wait_healthy(self.router_url, router)
         say(f"router: {self.router_name} at {self.router_url}, pointed at the taps")
 
@@ -226,6 +232,29 @@ class Demo:
         doc: dict[str, Any] = r.json()
         return doc
 
+    async def check_decisions(self, client: httpx.AsyncClient) -> dict[str, Any]:
+        """Decode placements per worker three ways: the router's own counter, the mirror's
+        finished requests (/v1/state) and the `actual` lane (filled in from the final report)."""
+        text = (await client.get(self.router_metrics_url, timeout=10)).text
+        state = (await client.get(self.api + "/v1/state", timeout=10)).json()
+        tap_to_name = {self.taps[n].rstrip("/"): n for n in self.decode_names}
+        router: dict[str, float] = dict.fromkeys(self.decode_names, 0.0)
+        for line in text.splitlines():
+            labels, _, value = line.rpartition(" ")
+            if line.startswith('shadow_router_decisions_total{') and 'stage="decode"' in labels:
+                name = labels.split('backend="', 1)[1].split('"', 1)[0]
+            elif line.startswith("vllm_router_policy_decisions_total{") and 'worker="' in labels:
+                url = labels.split('worker="', 1)[1].split('"', 1)[0].rstrip("/")
+                name = tap_to_name.get(url, "")
+            else:
+                continue
+            if name in router:
+                router[name] += float(value)
+        mirrored = {n: state["workers"].get(n, {}).get("finished", 0) for n in self.decode_names}
+        return {"router": {n: int(v) for n, v in router.items()}, "mirrored": mirrored,
+                "agree": all(int(router[n]) == mirrored[n] for n in self.decode_names),
+                "phantoms": state.get("phantoms", 0)}
+
     def demo_block(self) -> dict[str, Any]:
         o = self.opts
         summary = self.load.summary if self.load is not None else None
@@ -241,6 +270,7 @@ class Demo:
                          "planned": len(self.trace), "output_divisor": o.output_divisor,
                          "mean_rate_rps": self.trace.mean_rate_rps},
             "duration_s": o.duration_s,
+            "decisions": self.decisions,
         }
 
 
@@ -336,6 +366,12 @@ def run_demo(opts: DemoOptions, console: Console, err: Console) -> int:
                   f"replays it offline")
     console.print(lanes_table(final))
     console.print(status_lines(demo, final, opts.duration_s))
+    dec = demo.decisions
+    if dec:
+        verdict = "[green]the mirror recovered every decode decision[/]" if dec["agree"] else \
+            "[red]the mirror's placements differ from the router's counter[/]"
+        console.print(f"decode decisions per worker — router {dec['router']}, "
+                      f"mirrored {dec['mirrored']}: {verdict}")
     console.print(f"[bold]{headline(final)}[/]")
     return 0
 
@@ -382,4 +418,7 @@ async def _main(demo: Demo, console: Console, err: Console) -> dict[str, Any] | 
             return None
         finally:
             timer.cancel()
-        return await demo.report(client, drain=True)
+        final = await demo.report(client, drain=True)
+        with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
+            demo.decisions = await demo.check_decisions(client)
+        return final

@@ -47,6 +47,10 @@ def _check_structure(doc: dict[str, Any], router: str) -> None:
                              "prefill_servers": 2, "time_scale": 1.0}
     assert router in demo["router"]
     assert demo["requests"] > 0 and demo["requests_ok"] == demo["requests"]
+    # The router's own per-worker decode counter = what the mirror saw finish, worker by worker.
+    dec = demo["decisions"]
+    assert dec["agree"] and dec["phantoms"] == 0, dec
+    assert sum(dec["router"].values()) == demo["requests_ok"]
     # Every request that was sent finished in the router's real lane.
     assert doc["lanes"]["actual"]["requests_finished"] == demo["requests_ok"]
 
