@@ -286,7 +286,13 @@ def main() -> int:
             tap.terminate()
             tap.wait(10)
             up.terminate()
-        fins = [json.loads(line) for line in Path(rec).read_text().splitlines() if '"finish"' in line]
+        # the recording: one `request` line per ended request (compact format), or `finish` events
+        recs = [json.loads(line) for line in Path(rec).read_text().splitlines() if line.strip()]
+        fins = [
+            {"generated": r.get("output_tokens"), "reason": r.get("end")}
+            for r in recs
+            if r.get("type") == "request"
+        ] + [r for r in recs if r.get("type") == "finish"]
     user, system = c1[0] - c0[0], c1[1] - c0[1]
     cpu = user + system
     dropped = sum(
