@@ -251,7 +251,12 @@ class Demo:
             if name in router:
                 router[name] += float(value)
         mirrored = {n: state["workers"].get(n, {}).get("finished", 0) for n in self.decode_names}
+        router_errors = {
+            line.split('reason="', 1)[1].split('"', 1)[0]: int(float(line.rsplit(" ", 1)[1]))
+            for line in text.splitlines() if line.startswith("shadow_router_errors_total{")
+        }
         return {"router": {n: int(v) for n, v in router.items()}, "mirrored": mirrored,
+                "router_errors": router_errors,
                 "agree": all(int(router[n]) == mirrored[n] for n in self.decode_names),
                 "phantoms": state.get("phantoms", 0)}
 
@@ -266,6 +271,7 @@ class Demo:
             "requests": summary.sent if summary is not None else 0,
             "requests_ok": summary.ok if summary is not None else 0,
             "requests_failed": summary.failed if summary is not None else 0,
+            "errors": dict(summary.errors) if summary is not None else {},
             "workload": {"name": self.trace.name, "synthetic": True, "rho": o.load,
                          "planned": len(self.trace), "output_divisor": o.output_divisor,
                          "mean_rate_rps": self.trace.mean_rate_rps},
@@ -366,6 +372,9 @@ def run_demo(opts: DemoOptions, console: Console, err: Console) -> int:
                   f"replays it offline")
     console.print(lanes_table(final))
     console.print(status_lines(demo, final, opts.duration_s))
+    if demo.load is not None and demo.load.summary.failed:
+        err.print(f"[yellow]{demo.load.summary.failed} requests failed: {demo.load.summary.errors}; "
+                  f"router errors {demo.decisions.get('router_errors', {})}[/]")
     dec = demo.decisions
     if dec:
         verdict = "[green]the mirror recovered every decode decision[/]" if dec["agree"] else \

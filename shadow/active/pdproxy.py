@@ -306,6 +306,8 @@ class PdProxy:
         except httpx.HTTPError as exc:
             release_prefill()
             self._release("decode", dec, dec_score)
+            log.warning("decode leg %s to %s failed before a response: %s: %s", request_id, dec.name,
+                        type(exc).__name__, exc)
             return self._error(502, f"decode backend {dec.name} unreachable: {type(exc).__name__}",
                                "decode_unreachable")
         if upstream.status_code != 200:
@@ -327,8 +329,10 @@ class PdProxy:
                     if chunk:
                         release_prefill()
                         yield chunk
-            except httpx.HTTPError:
+            except httpx.HTTPError as exc:
                 self.metrics.errors.labels("decode_stream").inc()
+                log.warning("decode stream %s from %s broke: %s: %s", request_id, dec.name,
+                            type(exc).__name__, exc)
             finally:
                 release_prefill()
                 self._release("decode", dec, dec_score)
