@@ -33,7 +33,7 @@ declare -A MUTATE=(
   [mirror]="shadow/mirror/state.py shadow/mirror/analyzer.py"
 )
 declare -A TESTS=(
-  [core]="tests/core tests/engine"
+  [core]="tests/core"
   [engine]="tests/engine"
   [mirror]="tests/mirror/test_state.py tests/mirror/test_analyzer.py"
 )
