@@ -5,13 +5,17 @@ the empirical length counter. Written against public functions (kills mutants, d
 from __future__ import annotations
 
 import math
+import random
+from typing import Any
 
 import numpy as np
 import pytest
 
+from shadow.core.baselines import Baseline, WorkerView, bind_all, make_baseline
 from shadow.core.imbalance import barrier_idle_fraction, imbalance, spread
 from shadow.core.pool import Pool
 from shadow.core.predictors import EmpiricalLengths, OraclePredictor, SurvivalPredictor
+from shadow.core.schedule import schedule_round
 from shadow.core.stepmodel import StepTimeFit, StepTimeModel
 
 FALLBACK = StepTimeModel(a=1e-7, b=0.02)
@@ -124,3 +128,90 @@ def test_oracle_needs_the_true_lengths() -> None:
     message = r"^the oracle predictor needs true remaining lengths \(offline replay only\)$"
     with pytest.raises(ValueError, match=message):
         OraclePredictor().predict(np.array([1]), 4)
+
+
+# -- baselines ----------------------------------------------------------------------------------
+
+
+def _view(kv: list[float], outstanding: list[int], free: list[int]) -> WorkerView:
+    return WorkerView(list(kv), list(outstanding), list(kv), list(free))
+
+
+@pytest.mark.parametrize("only_free", [False, True])
+def test_bind_all_updates_the_view_after_each_choice(only_free: bool) -> None:
+    view = _view([100.0, 0.0, 50.0], [3, 0, 1], [2, 3, 1])
+    prompts = [40, 7, 7, 300, 1]
+    picks = bind_all(make_baseline("least-tokens", random.Random(0)), view, prompts, only_free)
+    kv = [100.0, 0.0, 50.0]
+    out = [3, 0, 1]
+    free = [2, 3, 1]
+    for g, s in zip(picks, prompts, strict=True):
+        cands = [w for w in range(3) if not only_free or free[w] > 0]
+        assert g == min(cands, key=lambda w: (kv[w], w))
+        kv[g] += s
+        out[g] += 1
+        free[g] -= 1 if only_free else 0
+    assert picks == ([1, 1, 1, 2, 0] if only_free else [1, 1, 1, 2, 1])
+    assert view.kv_tokens == kv and view.outstanding_tokens == kv
+    assert view.outstanding == out and view.free_slots == free
+
+
+@pytest.mark.parametrize("name", ["rr", "random", "p2c", "jsq", "jsq-bytes", "least-tokens"])
+def test_no_free_worker_is_a_named_error_and_only_free_workers_are_picked(name: str) -> None:
+    baseline = make_baseline(name, random.Random(1))
+    with pytest.raises(ValueError, match=rf"^{name}: no worker can take the request$"):
+        baseline.pick(_view([0.0, 0.0], [0, 0], [0, 0]), 5, only_free=True)
+    # only worker 2 has a free slot, though it is the most loaded by every signal
+    view = _view([0.0, 0.0, 9.0], [0, 0, 9], [0, 0, 1])
+    assert {make_baseline(name, random.Random(s)).pick(view, 5, only_free=True) for s in range(20)} == {2}
+    # without the filter every worker can be chosen by the randomised ones
+    if name in ("random", "p2c"):
+        even = _view([0.0] * 3, [0] * 3, [0] * 3)
+        assert {make_baseline(name, random.Random(s)).pick(even, 5) for s in range(40)} == {0, 1, 2}
+
+
+def test_p2c_takes_the_less_loaded_of_two_draws_and_the_first_drawn_on_ties() -> None:
+    for seed in range(30):
+        first, second = random.Random(seed).sample([0, 1, 2, 3], 2)
+        tie = make_baseline("p2c", random.Random(seed)).pick(_view([0.0] * 4, [2, 2, 2, 2], [1] * 4), 1)
+        assert tie == first
+        outstanding = [5, 5, 5, 5]
+        outstanding[second] = 4
+        better = make_baseline("p2c", random.Random(seed)).pick(_view([0.0] * 4, outstanding, [1] * 4), 1)
+        assert better == second
+
+
+def test_the_base_class_has_no_policy() -> None:
+    with pytest.raises(NotImplementedError):
+        Baseline(random.Random(0)).pick(_view([0.0], [0], [1]), 1)
+
+
+# -- schedule_round: the `active` argument ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("active", "message"),
+    [
+        ([(0, 5.0)], r"^active must be a sequence of \(worker_index, current_load, predicted_steps\)$"),
+        ([0, 5.0, 1.0], r"^active must be a sequence of \(worker_index, current_load, predicted_steps\)$"),
+        ([(0.5, 5.0, 1.0)], r"^active: worker_index must be an integer in \[0, 2\)$"),
+        ([(-1, 5.0, 1.0)], r"^active: worker_index must be an integer in \[0, 2\)$"),
+        ([(2, 5.0, 1.0)], r"^active: worker_index must be an integer in \[0, 2\)$"),
+        ([(0, -5.0, 1.0)], r"^active: loads and predicted steps must be finite numbers >= 0$"),
+        ([(0, math.inf, 1.0)], r"^active: loads and predicted steps must be finite numbers >= 0$"),
+        ([(0, 5.0, -1.0)], r"^active: loads and predicted steps must be finite numbers >= 0$"),
+        ([(0, 5.0, math.nan)], r"^active: loads and predicted steps must be finite numbers >= 0$"),
+        ([(0, 4.0, 1.0)], r"^active: current loads must sum, per worker, to `loads`$"),
+    ],
+)
+def test_invalid_active_lists_are_refused(active: list[Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        schedule_round("brh", [5.0, 0.0], [1, 1], [("r", 3)], active=active)
+
+
+def test_active_lists_with_zero_loads_and_zero_steps_on_some_workers_are_accepted() -> None:
+    waiting = [("a", 30), ("b", 5)]
+    params = {"horizon": 4}
+    for active in ([(0, 5.0, 0.0), (0, 0.0, 2.0)], [(0, 5.0, 3)], None, []):
+        out = schedule_round("brh", [5.0, 0.0], [1, 1], waiting, params=params, active=active)
+        assert sorted(g for _, g in out) == [0, 1], (active, out)
