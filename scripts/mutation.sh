@@ -8,8 +8,9 @@
 # Needs the optional extra:  pip install -e '.[mutation]'
 # Each package runs in its own scratch copy (build/mutation/<package>, the working tree as it is,
 # committed or not) with only the tests relevant to it, so that a run stays well under 30
-# minutes for core + engine on 2 cores. Runs under `nice`; MUTATION_JOBS sets the parallel
-# workers (default 2). Prints per package: killed / tested = kill rate, then every surviving
+# minutes for core + engine on 2 cores. Hypothesis tests are capped at MUTATION_MAX_EXAMPLES
+# examples there (default 30, scripts/mutation_conftest.py). Runs under `nice`; MUTATION_JOBS
+# sets the parallel workers (default 2). Prints per package: killed / tested = kill rate, then every surviving
 # mutant's name (see the diff with `cd build/mutation/<package> && mutmut show NAME`).
 # Equivalent mutants (no behaviour change, cannot be killed) are listed in docs/mutation.md.
 set -euo pipefail
@@ -59,6 +60,7 @@ for t in "${targets[@]}"; do
   rm -rf "$dir"
   mkdir -p "$dir"
   cp -r shadow tests pyproject.toml "$dir/"
+  cp scripts/mutation_conftest.py "$dir/conftest.py"
   find "$dir" -name __pycache__ -prune -exec rm -rf {} +
   # shellcheck disable=SC2086
   cat >> "$dir/pyproject.toml" <<TOML

@@ -215,3 +215,64 @@ def test_active_lists_with_zero_loads_and_zero_steps_on_some_workers_are_accepte
     for active in ([(0, 5.0, 0.0), (0, 0.0, 2.0)], [(0, 5.0, 3)], None, []):
         out = schedule_round("brh", [5.0, 0.0], [1, 1], waiting, params=params, active=active)
         assert sorted(g for _, g in out) == [0, 1], (active, out)
+
+
+# -- schedule_round: fleet and waiting validation -----------------------------------------------
+
+SHAPE = r"^waiting\[0\] must be \(request_id, prompt_tokens\[, predicted_steps\]\)$"
+
+
+@pytest.mark.parametrize(
+    ("loads", "free", "waiting", "message"),
+    [
+        ([], [], [], r"^loads: need at least one worker$"),
+        ([1.0], [1, 1], [], r"^loads has 1 workers but free_slots has 2$"),
+        (["5"], [1], [], r"^loads\[0\] must be a finite number >= 0, got '5'$"),
+        ([0.0, True], [1, 1], [], r"^loads\[1\] must be a finite number >= 0, got True$"),
+        ([math.nan], [1], [], r"^loads\[0\] must be a finite number >= 0, got nan$"),
+        ([-1.0], [1], [], r"^loads\[0\] must be a finite number >= 0, got -1.0$"),
+        ([0.0], [1.0], [], r"^free_slots\[0\] must be an integer >= 0, got 1.0$"),
+        ([0.0], [True], [], r"^free_slots\[0\] must be an integer >= 0, got True$"),
+        ([0.0], [-1], [], r"^free_slots\[0\] must be an integer >= 0, got -1$"),
+        ([0.0], [1], [("a", 1, 2.0, 3)], SHAPE),
+        ([0.0], [1], [("a",)], SHAPE),
+        ([0.0], [1], [("a", "5")], r"^waiting\[0\]: prompt_tokens must be an integer >= 0, got '5'$"),
+        ([0.0], [1], [("a", -1)], r"^waiting\[0\]: prompt_tokens must be an integer >= 0, got -1$"),
+        ([0.0], [1], [("a", 1), ("a", 2)], r"^waiting\[1\]: duplicate request id 'a'$"),
+        ([0.0], [1], [(["x"], 1)], r"^waiting\[0\]: request id must be hashable$"),
+        ([0.0], [1], [("a", 1, -1)], r"^waiting\[0\]: predicted_steps must be a number >= 0, got -1$"),
+        ([0.0], [1], [("a", 1, "3")], r"^waiting\[0\]: predicted_steps must be a number >= 0, got '3'$"),
+        ([0.0], [1], [("a", 1, math.nan)], r"^waiting\[0\]: predicted_steps must be a number >= 0, got nan$"),
+    ],
+)
+def test_invalid_fleet_or_waiting_input_is_refused(loads: Any, free: Any, waiting: Any, message: str) -> None:
+    for policy in ("jsq", "br0"):
+        with pytest.raises(ValueError, match=message):
+            schedule_round(policy, loads, free, waiting)
+
+
+def test_edge_values_that_are_valid() -> None:
+    waiting = [("a", 0, 0), ("b", 7, 0.5), ("c", 3)]
+    for policy in ("jsq", "br0", "brh"):
+        out = schedule_round(policy, [0.0, 2.0], [2, 2], waiting)
+        assert sorted(rid for rid, _ in out) == ["a", "b", "c"], policy
+    with pytest.raises(ValueError, match=r"^params must be a mapping or BRParams, got list$"):
+        schedule_round("br0", [0.0], [1], [("a", 1)], params=[1])  # type: ignore[arg-type]
+
+
+def test_baselines_in_schedule_round_count_free_slots_and_use_seed_zero_by_default() -> None:
+    # jsq's count signal is free slots: the worker with more free slots is the shorter queue
+    assert schedule_round("jsq", [0.0, 0.0], [1, 3], [("a", 1)]) == [("a", 1)]
+    waiting = [(f"r{i}", 1) for i in range(12)]
+    free = [3, 3, 3, 3]
+    default = schedule_round("random", [0.0] * 4, free, waiting)
+    assert default == schedule_round("random", [0.0] * 4, free, waiting, seed=0)
+    assert any(schedule_round("random", [0.0] * 4, free, waiting, seed=s) != default for s in range(1, 4))
+
+
+def test_only_predicting_policies_read_active() -> None:
+    bogus = [(7, 1.0, 1.0)]  # worker 7 does not exist
+    assert schedule_round("br0", [0.0], [1], [("a", 1)], active=bogus) == [("a", 0)]
+    for policy in ("brh", "bra"):
+        with pytest.raises(ValueError, match=r"^active: worker_index"):
+            schedule_round(policy, [0.0], [1], [("a", 1)], active=bogus)
