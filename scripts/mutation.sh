@@ -4,6 +4,8 @@
 #
 #   scripts/mutation.sh                 # core, engine and mirror (state + analyzer)
 #   scripts/mutation.sh core engine     # a selection
+#   scripts/mutation.sh --again core    # after adding tests: re-check only the mutants that were
+#                                       # not killed in the last run (same scratch copy and sources)
 #
 # Needs the optional extra:  pip install -e '.[mutation]'
 # Each package runs in its own scratch copy (build/mutation/<package>, the working tree as it is,
@@ -39,6 +41,11 @@ declare -A TESTS=(
   [mirror]="tests/mirror/test_state.py tests/mirror/test_analyzer.py"
 )
 
+AGAIN=0
+if [ "${1:-}" = "--again" ]; then
+  AGAIN=1
+  shift
+fi
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(core engine mirror)
 for t in "${targets[@]}"; do
@@ -57,6 +64,25 @@ toml_list() {  # words -> TOML list of strings
 summary=()
 for t in "${targets[@]}"; do
   dir=$WORK/$t
+  start=$(date +%s)
+  if [ "$AGAIN" = 1 ]; then
+    if [ ! -f "$dir/results.txt" ]; then
+      echo "mutation.sh: no previous run of $t in $dir: run without --again first" >&2
+      exit 2
+    fi
+    rm -rf "$dir/tests"
+    cp -r tests "$dir/"
+    find "$dir/tests" -name __pycache__ -prune -exec rm -rf {} +
+    mapfile -t again < <(grep -v ": killed$" "$dir/results.txt" | grep -v ": timeout$" | sed 's/^ *//; s/: [^:]*$//')
+    echo "== $t: re-checking ${#again[@]} mutants not killed in the last run" >&2
+    if [ ${#again[@]} -gt 0 ]; then
+      (cd "$dir" && nice -n 10 "$PY" -m mutmut run --max-children "$JOBS" "${again[@]}" >"$dir/run-again.log" 2>&1) || {
+        echo "mutation.sh: mutmut failed for $t, see $dir/run-again.log" >&2
+        tail -20 "$dir/run-again.log" >&2
+        exit 1
+      }
+    fi
+  else
   rm -rf "$dir"
   mkdir -p "$dir"
   cp -r shadow tests pyproject.toml "$dir/"
@@ -71,21 +97,22 @@ only_mutate = $(toml_list ${MUTATE[$t]})
 pytest_add_cli_args_test_selection = $(toml_list ${TESTS[$t]})
 pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-x"]
 use_git_change_detection = false
+also_copy = ["conftest.py"]
 TOML
   echo "== $t: mutating ${MUTATE[$t]} against ${TESTS[$t]}" >&2
-  start=$(date +%s)
   (cd "$dir" && nice -n 10 "$PY" -m mutmut run --max-children "$JOBS" >"$dir/run.log" 2>&1) || {
     echo "mutation.sh: mutmut failed for $t, see $dir/run.log" >&2
     tail -20 "$dir/run.log" >&2
     exit 1
   }
+  fi
   secs=$(( $(date +%s) - start ))
   (cd "$dir" && "$PY" -m mutmut results --all true >"$dir/results.txt")
-  line=$("$PY" - "$t" "$secs" "$dir/results.txt" <<'PYEOF'
+  line=$("$PY" - "$t" "$secs" "$dir/results.txt" "$AGAIN" <<'PYEOF'
 import collections
 import sys
 
-name, secs, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+name, secs, path, again = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
 status = {}
 for raw in open(path, encoding="utf-8"):
     key, sep, st = raw.strip().rpartition(": ")
@@ -96,7 +123,7 @@ killed = counts["killed"] + counts["timeout"] + counts["caught by type check"]
 tested = len(status) - counts["skipped"]
 rate = 100.0 * killed / tested if tested else 0.0
 others = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()) if k not in ("killed",))
-print(f"{name}: {killed}/{tested} mutants killed = {rate:.1f}% ({others or 'none other'}; {secs} s)")
+print(f"{name}: {killed}/{tested} mutants killed = {rate:.1f}% ({others or 'none other'}; {secs} s{' re-checking survivors' if again else ''})")
 survivors = sorted(k for k, v in status.items() if v not in ("killed", "timeout", "caught by type check", "skipped"))
 for k in survivors:
     print(f"    {status[k]:>10}  {k}")

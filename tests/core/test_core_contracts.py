@@ -11,8 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from shadow.core.balanceroute import BalanceRoute
 from shadow.core.baselines import Baseline, WorkerView, bind_all, make_baseline
+from shadow.core.bra import BalanceRouteAdaptive
 from shadow.core.imbalance import barrier_idle_fraction, imbalance, spread
+from shadow.core.params import BRParams
 from shadow.core.pool import Pool
 from shadow.core.predictors import EmpiricalLengths, OraclePredictor, SurvivalPredictor
 from shadow.core.schedule import schedule_round
@@ -276,3 +279,124 @@ def test_only_predicting_policies_read_active() -> None:
     for policy in ("brh", "bra"):
         with pytest.raises(ValueError, match=r"^active: worker_index"):
             schedule_round(policy, [0.0], [1], [("a", 1)], active=bogus)
+
+
+# -- schedule_round runs the named policy on exactly the given round ------------------------------
+
+
+Round = tuple[list[float], list[int], list[Any], list[tuple[int, float, float]]]
+
+
+def _random_round(rng: random.Random) -> Round:
+    g = rng.randint(1, 4)
+    active: list[tuple[int, float, float]] = []
+    loads = []
+    for w in range(g):
+        parts = [float(rng.randint(0, 4000)) for _ in range(rng.randint(0, 3))]
+        active += [(w, p, float(rng.randint(0, 120))) for p in parts]
+        loads.append(sum(parts))
+    free = [rng.randint(0, 3) for _ in range(g)]
+    waiting: list[Any] = []
+    for i in range(rng.randint(0, 8)):
+        s = rng.randint(0, 3000)
+        waiting.append((f"r{i}", s, float(rng.randint(0, 8))) if rng.random() < 0.6 else (f"r{i}", s))
+    return loads, free, waiting, active
+
+
+def _direct(policy: str, loads: list[float], free: list[int], waiting: list[Any],
+            active: list[tuple[int, float, float]], params: BRParams) -> list[Any]:
+    pool = Pool()
+    for item in waiting:
+        pool.add(item[0], item[1], 0.0, item[2] if len(item) == 3 else None)
+    arrays: tuple[Any, Any, Any] = (None, None, None)
+    if active:
+        arr = np.asarray(active, dtype=np.float64)
+        arrays = (arr[:, 0].astype(np.int64), arr[:, 1], arr[:, 2])
+    if policy == "bra":
+        return BalanceRouteAdaptive(params).round(loads, free, pool, 0.0, *arrays)
+    if policy == "br0":
+        arrays = (None, None, None)
+    return BalanceRoute(policy, params).round(loads, free, pool, 0.0, *arrays)
+
+
+@pytest.mark.parametrize("policy", ["br0", "brh", "bra"])
+def test_schedule_round_is_one_round_of_the_named_router(policy: str) -> None:
+    """Same admissions as the router itself on a pool of these requests, all arrived now (so
+    none is aged), with their predicted steps, and (brh, bra) the active requests."""
+    rng = random.Random(11)
+    params = BRParams(horizon=6, age_s=0.5, r_max=3)
+    differs_without_steps = differs_aged = 0
+    for _ in range(150):
+        loads, free, waiting, active = _random_round(rng)
+        got = schedule_round(policy, loads, free, waiting, params=params, active=active)
+        assert got == _direct(policy, loads, free, waiting, active, params), (loads, free, waiting)
+        no_aging = BRParams(horizon=6, age_s=None, r_max=3)
+        assert got == schedule_round(policy, loads, free, waiting, params=no_aging, active=active), (
+            "a request routed in this round has no age")
+        bare = [item[:2] for item in waiting]
+        differs_without_steps += got != _direct(policy, loads, free, bare, active, params)
+        aged_pool_params = BRParams(horizon=6, age_s=0.0, r_max=3)
+        differs_aged += got != _direct(policy, loads, free, waiting, active, aged_pool_params)
+    if policy != "br0":  # the cases above are sensitive to what is checked
+        assert differs_without_steps > 0
+    assert differs_aged > 0
+
+
+def test_a_round_without_now_is_a_round_at_time_zero() -> None:
+    """Aging depends on `now`; the default is 0.0 (here r0 and r1 are aged at 0, all four at 1)."""
+    items = [("r0", 1455, -1.65), ("r1", 1369, -1.25), ("r2", 1254, -0.99), ("r3", 1777, -0.67)]
+    params = BRParams(age_s=1.0, r_max=2, s_greedy=100)
+
+    def run(**now: float) -> list[Any]:
+        pool = Pool()
+        for rid, s, t in items:
+            pool.add(rid, s, t)
+        return BalanceRoute("br0", params).round([1066.0, 255.0, 2247.0], [0, 0, 2], pool, **now)
+
+    assert run() == run(now=0.0) == [("r1", 2), ("r0", 2)]
+    assert run(now=1.0) == [("r1", 2), ("r2", 2)]
+
+
+# -- bitset subset search at its edges ----------------------------------------------------------
+
+
+def test_bitset_with_no_room_finds_nothing() -> None:
+    from shadow.core.subset import bitset
+
+    window = [Pool().add("a", 5)]
+    assert bitset(window, 0, lambda d: d, 10.0) == ([], -math.inf)
+    assert bitset([], 3, lambda d: d, 10.0) == ([], -math.inf)
+
+
+def test_bitset_takes_the_whole_window_when_more_is_better() -> None:
+    from shadow.core.subset import bitset
+
+    pool = Pool()
+    window = [pool.add(f"r{i}", s) for i, s in enumerate([3, 5, 9, 1])]
+    chosen, value = bitset(window, 4, lambda d: d, math.inf)
+    assert value == 18 and sorted(e.prompt_tokens for e in chosen) == [1, 3, 5, 9]
+
+
+def test_bitset_keeps_the_best_sum_below_the_peak_when_the_next_sum_is_just_above() -> None:
+    """Reachable sums 8 and 11 around a peak of 10.5; the steep right side makes 8 the best."""
+    from shadow.core.subset import bitset
+
+    def score(d: float) -> float:
+        return -(10.5 - d) if d <= 10.5 else -10 * (d - 10.5)
+
+    pool = Pool()
+    window = [pool.add("a", 8), pool.add("b", 11)]
+    chosen, value = bitset(window, 1, score, 10.5)
+    assert [e.request_id for e in chosen] == ["a"] and value == -2.5
+
+
+def test_fit_threshold_for_distinct_loads() -> None:
+    # identical large loads leave only rounding noise in the variance: no fit
+    assert fit_of([(123456.789, 1.0), (123456.789, 2.0), (123456.789, 3.0)]).coefficients() is None
+    # tiny but distinct loads (variance 1.28e-12, above the 1e-12 floor) do fit
+    assert fit_of([(0.0, 0.0), (1.6e-6, 1.0)]).coefficients() is not None
+
+
+def test_a_fit_through_the_origin_is_physical() -> None:
+    model = fit_of([(0.0, 0.0), (2.0, 1.0)]).model(FALLBACK)
+    assert model is not FALLBACK and (model.a, model.b) == (0.5, 0.0)
