@@ -17,7 +17,13 @@ from shadow.core.bra import BalanceRouteAdaptive
 from shadow.core.imbalance import barrier_idle_fraction, imbalance, spread
 from shadow.core.params import BRParams
 from shadow.core.pool import Pool
-from shadow.core.predictors import EmpiricalLengths, OraclePredictor, SurvivalPredictor
+from shadow.core.predictors import (
+    EmpiricalLengths,
+    ExactMatchPredictor,
+    OraclePredictor,
+    SurvivalPredictor,
+    contribution,
+)
 from shadow.core.schedule import schedule_round
 from shadow.core.stepmodel import StepTimeFit, StepTimeModel
 
@@ -400,3 +406,83 @@ def test_fit_threshold_for_distinct_loads() -> None:
 def test_a_fit_through_the_origin_is_physical() -> None:
     model = fit_of([(0.0, 0.0), (2.0, 1.0)]).model(FALLBACK)
     assert model is not FALLBACK and (model.a, model.b) == (0.5, 0.0)
+
+
+# -- Stage 2 picks the worker with most free slots, then the largest margin, then the lowest index
+
+
+@pytest.mark.parametrize(
+    ("loads", "free", "first"),
+    [([0.0, 0.0, 0.0], [1, 2, 1], 1), ([300.0, 0.0, 100.0], [1, 1, 1], 1), ([50.0, 50.0, 50.0], [1, 1, 1], 0),
+     ([0.0, 50.0, 0.0], [0, 1, 1], 2)],
+)
+def test_stage2_worker_order(loads: list[float], free: list[int], first: int) -> None:
+    waiting = [(f"r{i}", 10 + i) for i in range(6)]
+    out = schedule_round("br0", loads, free, waiting, params={"s_greedy": 100})
+    assert out[0][1] == first, out
+    assert sorted(g for _, g in out) == sorted(g for g, c in enumerate(free) for _ in range(c))
+
+
+# -- Pool.nearest against a scan ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_nearest_are_the_closest_lengths_ties_to_the_shorter(seed: int) -> None:
+    rng = random.Random(seed)
+    pool = Pool()
+    sizes = [rng.choice([0, 1, 5, 5, 9, 20, 20, 33, 100]) for _ in range(rng.randint(1, 12))]
+    entries = [pool.add(f"r{i}", s) for i, s in enumerate(sizes)]
+    length = rng.choice([0, 0.5, 1, 4.5, 5, 7, 19.9, 20, 50, 200, -3])
+    size = rng.randint(1, 14)
+    got = pool.nearest(length, size)
+    want = sorted(entries, key=lambda e: (abs(e.prompt_tokens - length), e.prompt_tokens))[:size]
+    assert sorted(e.prompt_tokens for e in got) == sorted(e.prompt_tokens for e in want), (length, size)
+    assert len({e.seq for e in got}) == len(got) == min(size, len(entries))
+    dists = [abs(e.prompt_tokens - length) for e in got]
+    assert dists == sorted(dists), "nearest first"
+
+
+# -- predictors at their edges ------------------------------------------------------------------
+
+
+def test_contribution_is_clipped_to_the_horizon() -> None:
+    p = np.array([1.0, 1.0, 0.0, 0.5, 1.0])
+    mu = np.array([0.0, 50.0, 3.0, 2.0, -1.0])
+    assert contribution(p, mu, 10).tolist() == [0.0, 10.0, 10.0, 6.0, 0.0]
+
+
+def test_empirical_lengths_without_data_predict_nothing_finishing() -> None:
+    p, mu = EmpiricalLengths().conditional(np.array([0.0, 7.0]), 8)
+    assert p.tolist() == [0.0, 0.0] and mu.tolist() == [4.0, 4.0]
+
+
+def test_exactmatch_length_range_and_horizon_edge() -> None:
+    pred = ExactMatchPredictor()
+    pred.observe(0, "z")
+    with pytest.raises(ValueError, match=r"^output length must be >= 0, got -1$"):
+        pred.observe(-1, "a")
+    with pytest.raises(ValueError, match=r"^output length out of range: 16777216$"):
+        pred.observe(2**24, "a")
+    pred.observe(2**24 - 1, "big")
+    for _ in range(3):
+        pred.observe(10, "a")
+    # age 6, horizon 4: every "a" request ends exactly at the horizon, as survival/oracle say
+    p, _ = pred.predict(np.array([6, 6, 6]), 4, keys=["a", "big", "a"])
+    assert p.tolist() == [1.0, 0.0, 1.0]
+    p, _ = pred.predict(np.array([6]), 3, keys=["a"])
+    assert p.tolist() == [0.0]
+    p, _ = pred.predict(np.array([2**24 - 2]), 1, keys=["big"])
+    assert p.tolist() == [1.0]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"a": -1.0}, r"^step model: a must be a finite number >= 0, got -1.0$"),
+     ({"a": math.nan}, r"^step model: a must be a finite number >= 0, got nan$"),
+     ({"b": math.inf}, r"^step model: b must be a finite number >= 0, got inf$"),
+     ({"b": -0.5}, r"^step model: b must be a finite number >= 0, got -0.5$"),
+     ({"a": 0.0, "b": 0.0}, r"^step model: a and b cannot both be 0 \(steps would take no time\)$")],
+)
+def test_step_model_refusals_name_the_problem(kwargs: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        StepTimeModel(**kwargs)
