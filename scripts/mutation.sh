@@ -66,13 +66,14 @@ for t in "${targets[@]}"; do
   dir=$WORK/$t
   start=$(date +%s)
   if [ "$AGAIN" = 1 ]; then
-    if [ ! -f "$dir/results.txt" ]; then
+    if [ ! -d "$dir/mutants" ]; then
       echo "mutation.sh: no previous run of $t in $dir: run without --again first" >&2
       exit 2
     fi
     rm -rf "$dir/tests"
     cp -r tests "$dir/"
     find "$dir/tests" -name __pycache__ -prune -exec rm -rf {} +
+    (cd "$dir" && "$PY" -m mutmut results --all true >"$dir/results.txt")
     mapfile -t again < <(grep -v ": killed$" "$dir/results.txt" | grep -v ": timeout$" | sed 's/^ *//; s/: [^:]*$//')
     echo "== $t: re-checking ${#again[@]} mutants not killed in the last run" >&2
     if [ ${#again[@]} -gt 0 ]; then

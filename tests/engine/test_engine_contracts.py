@@ -273,3 +273,21 @@ def test_figures_of_an_empty_run() -> None:
                  "decision_ms_p50", "decision_ms_p99"):
         assert getattr(res, name) is None, name
     assert res.trajectory_t == [] and res.trajectory_loads == []
+
+
+@pytest.mark.parametrize("policy", ["jsq", "jsq-bytes", "br0", "brh:oracle"])
+def test_shedding_drops_exactly_the_waiting_requests_that_arrived_before_the_cutoff(policy: str) -> None:
+    cfg = EngineConfig(workers=2, slots=1, step=StepTimeModel(a=0.0, b=1.0))
+    lane = Lane(LaneSpec.parse(policy), cfg, clock=lambda: 0.0)
+    for i in range(6):  # jobs 0, 1 run; 2..5 wait
+        lane.offer(Job(i, float(i), 100 + i, 3), float(i))
+    lane.now = 10.0
+    assert lane.step() and (lane.active, lane.waiting) == (2, 4)
+    assert lane.shed_waiting(2.0) == 0  # job 2 reached the router at 2.0: not before 2.0
+    assert lane.shed_waiting(3.5) == 2 and lane.totals.shed == 2
+    assert lane.waiting == 2 and lane.shed_waiting(3.5) == 0
+    if lane.pool is None:
+        assert sum(lane.queued_tokens) == 104 + 105  # jobs 4 and 5 still queued
+    while lane.step():
+        pass
+    assert lane.totals.finished == 4 and lane.totals.tokens == 4 * 3 and lane.totals.shed == 2
