@@ -452,8 +452,8 @@ def test_contribution_is_clipped_to_the_horizon() -> None:
 
 
 def test_empirical_lengths_without_data_predict_nothing_finishing() -> None:
-    p, mu = EmpiricalLengths().conditional(np.array([0.0, 7.0]), 8)
-    assert p.tolist() == [0.0, 0.0] and mu.tolist() == [4.0, 4.0]
+    p, mu = EmpiricalLengths().conditional(np.array([0, 7]), 7)  # integer ages, odd horizon
+    assert p.tolist() == [0.0, 0.0] and mu.tolist() == [3.5, 3.5]
 
 
 def test_exactmatch_length_range_and_horizon_edge() -> None:
@@ -486,3 +486,12 @@ def test_exactmatch_length_range_and_horizon_edge() -> None:
 def test_step_model_refusals_name_the_problem(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         StepTimeModel(**kwargs)
+
+
+def test_active_loads_must_match_to_a_part_per_billion_plus_a_micro_token() -> None:
+    waiting = [("r", 3)]
+    schedule_round("brh", [1e6, 0.0], [1, 1], waiting, active=[(0, 1e6 + 1e-4, 1.0), (1, 5e-7, 1.0)])
+    with pytest.raises(ValueError, match=r"current loads must sum"):
+        schedule_round("brh", [1e6, 0.0], [1, 1], waiting, active=[(0, 1e6 + 5.0, 1.0)])
+    with pytest.raises(ValueError, match=r"current loads must sum"):
+        schedule_round("brh", [1.0, 0.0], [1, 1], waiting, active=[(0, 1.0, 1.0), (1, 1e-5, 1.0)])
