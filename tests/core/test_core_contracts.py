@@ -170,6 +170,8 @@ def test_no_free_worker_is_a_named_error_and_only_free_workers_are_picked(name: 
     baseline = make_baseline(name, random.Random(1))
     with pytest.raises(ValueError, match=rf"^{name}: no worker can take the request$"):
         baseline.pick(_view([0.0, 0.0], [0, 0], [0, 0]), 5, only_free=True)
+    # by default the free-slot filter is off: a full fleet still gets a worker
+    assert baseline.pick(_view([0.0, 0.0], [0, 0], [0, 0]), 5) in (0, 1)
     # only worker 2 has a free slot, though it is the most loaded by every signal
     view = _view([0.0, 0.0, 9.0], [0, 0, 9], [0, 0, 1])
     assert {make_baseline(name, random.Random(s)).pick(view, 5, only_free=True) for s in range(20)} == {2}
