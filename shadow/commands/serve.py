@@ -29,6 +29,7 @@ from shadow.commands import tap as tap_cmd
 from shadow.core.stepmodel import DEFAULT_A_S_PER_TOKEN, DEFAULT_B_S
 from shadow.live.lanes import DEFAULT_POLICIES
 from shadow.live.service import ServeConfig, ServeService, check_policies
+from shadow.telemetry.tracing import trace_mirror
 
 ENV_PREFIX = "SHADOW_SERVE_"
 
@@ -239,6 +240,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
 
 async def serve(config: ServeConfig) -> None:
     svc = ServeService(config)
+    tracing = trace_mirror(svc.tap.mirror)  # spans per mirrored request when OTEL_EXPORTER_OTLP_* is set
     ready = await svc.start()
     gc.freeze()
     gc.set_threshold(700, 10, 1000)
@@ -252,6 +254,8 @@ async def serve(config: ServeConfig) -> None:
         await stop.wait()
     finally:
         await svc.stop()
+        if tracing is not None:
+            tracing.shutdown()
 
 
 def run(args: argparse.Namespace) -> int:

@@ -66,7 +66,8 @@ def make_provider(
         try:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         except ImportError:
-            raise RuntimeError("OTLP export needs pip install 'shadow[otlp]'") from None
+            raise ValueError("OTEL_EXPORTER_OTLP_ENDPOINT is set but OTLP export needs "
+                             "pip install 'shadow[otlp]'") from None
         # the endpoint as the OTLP spec resolves it, from `env`; headers, timeout, compression are
         # read by the exporter from OTEL_EXPORTER_OTLP_* itself
         traces = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")

@@ -167,3 +167,48 @@ class Webhook:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class OtlpReceiver:
+    """An OTLP/HTTP trace receiver on loopback: decodes every POST /v1/traces (protobuf)."""
+
+    def __init__(self) -> None:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        self.posts: list[tuple[str, str]] = []  # (path, content type)
+        self.requests: list[Any] = []
+        self.lock = threading.Lock()
+        rx = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                req = ExportTraceServiceRequest()
+                req.ParseFromString(body)
+                with rx.lock:
+                    rx.posts.append((self.path, str(self.headers.get("Content-Type"))))
+                    rx.requests.append(req)
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def spans(self) -> list[tuple[dict[str, str], Any]]:
+        """(resource attributes, span) for every span received so far."""
+        with self.lock:
+            out = []
+            for req in self.requests:
+                for rs in req.resource_spans:
+                    res = {a.key: a.value.string_value for a in rs.resource.attributes}
+                    out += [(res, s) for ss in rs.scope_spans for s in ss.spans]
+            return out
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -146,35 +146,17 @@ def test_spans_for_real_mirrored_requests(traced: Traced) -> None:
 def test_trace_mirror_exports_over_otlp_http_configured_by_otel_variables() -> None:
     """The standard variables alone send mirrored-request spans to an OTLP/HTTP receiver (a loopback
     double decoding the protobuf); without an endpoint nothing is attached."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
     from shadow.telemetry.tracing import trace_mirror
+    from tests.telemetry.servers import OtlpReceiver
 
     class _Mirror:
         def __init__(self) -> None:
             self.listeners: list[object] = []
 
     assert trace_mirror(_Mirror(), {}) is None
-    posts: list[tuple[str, str, bytes]] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: object) -> None:
-            pass
-
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            posts.append((self.path, self.headers["Content-Type"], body))
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    rx = OtlpReceiver()
     try:
-        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}",
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": rx.endpoint,
                "OTEL_TRACES_SAMPLER_ARG": "1", "OTEL_SERVICE_NAME": "shadow-otlp-test"}
         mirror = _Mirror()
         provider = trace_mirror(mirror, env)
@@ -186,16 +168,55 @@ def test_trace_mirror_exports_over_otlp_http_configured_by_otel_variables() -> N
         listener(Finish("r1", 0.5, "stop", 4))
         provider.shutdown()  # flushes the batch processor
     finally:
-        server.shutdown()
-        server.server_close()
-    assert [(p, t) for p, t, _ in posts] == [("/v1/traces", "application/x-protobuf")]
-    req = ExportTraceServiceRequest()
-    req.ParseFromString(posts[0][2])
-    (rs,) = req.resource_spans
-    res = {a.key: a.value.string_value for a in rs.resource.attributes}
+        rx.close()
+    assert rx.posts == [("/v1/traces", "application/x-protobuf")]
+    ((res, span),) = rx.spans()
     assert res["service.name"] == "shadow-otlp-test"
-    (span,) = [s for ss in rs.scope_spans for s in ss.spans]
     got = {a.key: a.value for a in span.attributes}
     assert span.name == "shadow.mirror.request"
     assert got[attrs.ACTUAL_WORKER].string_value == "d3"
     assert got[attrs.GEN_AI_USAGE_OUTPUT_TOKENS].int_value == 4
+
+
+@pytest.mark.integration
+def test_shadow_serve_exports_spans_when_otel_variables_say_so() -> None:
+    """`shadow serve` as a process, configured only by OTEL_* variables, sends one span per
+    mirrored request to an OTLP/HTTP receiver; SIGTERM flushes what is left."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from shadow.fleet import FleetConfig, FleetThread
+    from tests.telemetry.servers import OtlpReceiver, wait_for
+    from tests.telemetry.stack import send_traffic
+
+    rx = OtlpReceiver()
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": rx.endpoint, "OTEL_TRACES_SAMPLER_ARG": "1",
+           "OTEL_SERVICE_NAME": "shadow-serve-test", "OTEL_BSP_SCHEDULE_DELAY": "200"}
+    try:
+        cfg = FleetConfig(prefill=0, decode=2, slots=8, base_port=0, time_scale=0.05)
+        with FleetThread(cfg) as fleet:
+            args = [sys.executable, "-m", "shadow", "serve", "--slots", "8"]
+            for g, url in enumerate(fleet.decode_urls):
+                args += ["--upstream", f"d{g}={url}"]
+            proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    stdin=subprocess.DEVNULL, text=True)
+            try:
+                assert proc.stdout is not None
+                ready = json.loads(proc.stdout.readline())
+                send_traffic(list(ready["taps"].values()), per_url=2, max_tokens=5)
+                wait_for(lambda: len(rx.spans()) >= 4, 30, "4 spans at the OTLP receiver")
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                _, err = proc.communicate(timeout=30)
+            assert proc.returncode == 0, err[-2000:]
+    finally:
+        rx.close()
+    spans = rx.spans()
+    assert len(spans) == 4
+    assert {res["service.name"] for res, _ in spans} == {"shadow-serve-test"}
+    workers = sorted({a.key: a.value for a in s.attributes}[attrs.ACTUAL_WORKER].string_value
+                     for _, s in spans)
+    assert workers == ["d0", "d0", "d1", "d1"]
