@@ -1,6 +1,6 @@
 """Alerts end to end: a real Prometheus (shipped scrape config and rules, every `for:` shortened to
 1s for the test) and a real Alertmanager (shipped routing, webhooks pointed at a receiver in the
-test) watch a running stack (simulated fleet + taps).
+test) watch a running stack (simulated fleet + `shadow serve`).
 
 - Traffic that bypasses the taps makes the mirrored state drift from a worker's own count: the
   ShadowStateDrift alert for that worker arrives at the webhook (and not before).
@@ -59,7 +59,7 @@ def test_drift_and_dead_rank_alerts_reach_the_webhook(tmp_path: Path) -> None:
     am = Alertmanager(tmp_path / "am", hook.url)
     try:
         wait_for(am.ready, 60, "alertmanager ready")
-        with running_stack(time_scale=1.0) as stack:
+        with running_stack(time_scale=1.0, serve=True) as stack:
             send_traffic(list(stack.tap_urls.values()), per_url=2)
             stack.taps.wait_for(lambda: stack.taps.svc.state.live() == 0 and not len(stack.taps.svc.queue))
             prom = Prometheus(tmp_path / "prom", [stack.api.removeprefix("http://")],
