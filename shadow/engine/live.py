@@ -98,6 +98,9 @@ class LiveDriver:
         # mirrored per-worker KV load (running requests: first token seen), from the same events
         self.mirror_loads: list[float] = [0.0] * len(workers)
         self.mirror_active: list[int] = [0] * len(workers)
+        # ... and of every placed request not ended (running or queued at its worker), the twin of a
+        # lane's loads + queued prompts
+        self.mirror_placed: list[float] = [0.0] * len(workers)
         # counters
         self.released = 0
         self.late = 0  # released after lanes had passed their arrival
@@ -160,6 +163,7 @@ class LiveDriver:
             return
         if not r.queued and r.worker is not None and r.prompt is not None and r.arrival is not None:
             r.queued = True
+            self.mirror_placed[r.worker] += r.prompt + r.generated
             self._tie += 1
             heapq.heappush(self._pending, (r.arrival, self._tie, rid))
 
@@ -174,6 +178,8 @@ class LiveDriver:
             self.gap_samples.append(ev.t - r.t_token)
         r.t_token = ev.t
         r.generated = ev.generated
+        if r.queued and r.worker is not None:
+            self.mirror_placed[r.worker] += dg
         if r.worker is not None:
             g = r.worker
             if not r.running:
@@ -187,8 +193,12 @@ class LiveDriver:
         if r.final is not None:
             return
         if isinstance(ev, Finish) and ev.generated is not None and ev.generated > r.generated:
+            if r.queued and r.worker is not None:
+                self.mirror_placed[r.worker] += ev.generated - r.generated
             r.generated = ev.generated
         r.final = r.generated
+        if r.queued and r.worker is not None:
+            self.mirror_placed[r.worker] -= (r.prompt or 0) + r.generated
         if r.running and r.worker is not None:
             self.mirror_active[r.worker] -= 1
             self.mirror_loads[r.worker] -= (r.prompt or 0) + r.generated

@@ -86,13 +86,16 @@ class LiveLanes:
         self.step_hist: dict[str, list[int]] = {s: [0] * (len(STEP_BUCKETS) + 1) for s in ("events", "sse")}
         self.step_sum: dict[str, float] = {"events": 0.0, "sse": 0.0}
         self.step_count: dict[str, int] = {"events": 0, "sse": 0}
+        self._model_check = [0.0, 0.0]  # Σ measured, Σ configured-model step time over the windows
         self._inv_sum = 0.0  # Σ 1/T over SSE windows: their step-weighted mean is count / Σ 1/T
         self._x_sum = 0.0  # max mirrored load summed over the observations of the current window
         self._x_n = 0
         # fidelity: mirrored loads at window ends, compared when the actual lane passes them
         self._mirror_ring: deque[tuple[float, list[float]]] = deque(maxlen=10_000)
-        self.fidelity_sum = 0.0
+        self.fidelity_sum = 0.0  # Σ per-snapshot relative error
         self.fidelity_n = 0
+        self.fidelity_abs = 0.0  # Σ_snapshots Σ_g |lane − mirror|
+        self.fidelity_tot = 0.0  # Σ_snapshots Σ_g mirror
         self.fidelity_recent: deque[float] = deque(maxlen=120)
         # agreement: what each policy would have chosen in the router's place
         self._agree: dict[str, Router] = {}
@@ -200,16 +203,17 @@ class LiveLanes:
             d.step_samples = []
         if est.due(d.now):
             sample = est.close(d.now)
-            loads = list(d.mirror_loads)
-            self._mirror_ring.append((d.now, loads))
+            self._mirror_ring.append((d.now, list(d.mirror_placed)))
             x = self._x_sum / self._x_n
             self._x_sum, self._x_n = 0.0, 0
             if sample is not None:
-                source, t_step = sample
+                source, mean_step, robust_step = sample
                 if source == "sse":
-                    self._hist("sse", t_step)
-                    self._inv_sum += 1.0 / t_step
-                self.fit.add(x, t_step)
+                    self._hist("sse", mean_step)
+                    self._inv_sum += 1.0 / mean_step
+                self.fit.add(x, robust_step)
+                self._model_check[0] += mean_step
+                self._model_check[1] += self.step.step_time(x)
 
     def _hist(self, source: str, x: float) -> None:
         h = self.step_hist[source]
@@ -230,8 +234,12 @@ class LiveLanes:
             total = sum(mirror)
             if total <= 0:
                 continue
-            lane_loads = lane.loads
-            err = sum(abs(a - b) for a, b in zip(lane_loads, mirror, strict=True)) / total
+            # placed load on both sides: running KV + prompts queued at the worker
+            lane_loads = [x + q for x, q in zip(lane.loads, lane.queued_tokens, strict=True)]
+            diff = sum(abs(a - b) for a, b in zip(lane_loads, mirror, strict=True))
+            err = diff / total
+            self.fidelity_abs += diff
+            self.fidelity_tot += total
             self.fidelity_sum += err
             self.fidelity_n += 1
             self.fidelity_recent.append(err)
@@ -320,9 +328,18 @@ class LiveLanes:
                 f"step model fit is {fit.quality} (R²={_r(fit.r2, 3)}, {fit.samples} samples): barrier idle, "
                 f"throughput and TPOT use the configured model a={self.step.a:g} s/token, b={self.step.b:g} s"
             )
+        measured, modelled = self._model_check
+        if modelled > 0 and abs(measured / modelled - 1.0) > 0.05:
+            warnings.append(
+                f"measured steps are {100 * (measured / modelled - 1):+.0f}% against the configured model "
+                "the lanes simulate: lanes drift from the fleet's real timing (set --step-a/--step-b "
+                "from the fit)"
+            )
         if self.dropped_total:
             warnings.append(f"{self.dropped_total} events dropped (lanes overloaded): lanes miss requests")
-        fid = self.fidelity_sum / self.fidelity_n if self.fidelity_n else None
+        # Load-weighted: Σ|lane − mirror| / Σ mirror over all snapshots and workers (a near-empty
+        # fleet's snapshot weighs as little as its load); the unweighted mean is reported beside it.
+        fid = self.fidelity_abs / self.fidelity_tot if self.fidelity_tot > 0 else None
         self._snapshot = {
             "lanes": lanes,
             "step_model": {
@@ -336,6 +353,7 @@ class LiveLanes:
                 "samples_by_source": dict(self.estimator.samples),
                 "configured": {"a_s_per_token": self.step.a, "b_s": self.step.b},
                 "figures_use": "fitted" if good else "configured",
+                "measured_vs_configured": (measured / modelled) if modelled > 0 else None,
                 # per step: worker-reported steps averaged; SSE windows (equal length, one median
                 # each) weighted by the steps they hold (harmonic mean)
                 "measured_step_mean_s": {
@@ -347,6 +365,7 @@ class LiveLanes:
             },
             "fidelity": {
                 "load_rel_error": fid,
+                "load_rel_error_unweighted": self.fidelity_sum / self.fidelity_n if self.fidelity_n else None,
                 "load_rel_error_recent": sum(self.fidelity_recent) / len(self.fidelity_recent)
                 if self.fidelity_recent
                 else None,
@@ -357,6 +376,7 @@ class LiveLanes:
             "lag_s": d.lag_s,
             "mirrored": {
                 "worker_loads": dict(zip(self.workers, d.mirror_loads, strict=True)),
+                "worker_placed_loads": dict(zip(self.workers, d.mirror_placed, strict=True)),
                 "worker_active": dict(zip(self.workers, d.mirror_active, strict=True)),
             },
             "events": {

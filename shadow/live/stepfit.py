@@ -3,9 +3,10 @@
 `StepEstimator` turns observations into step-time samples, one per window of event time:
 - `events`: durations reported by workers (`step` events), averaged over the window;
 - `sse`: inter-chunk gaps of streams that advanced by exactly one token (co-scheduled streams on
-  a worker emit one chunk per decode step), reduced to their median over the window — robust to
-  a delayed chunk (which makes one gap long and the next short).
-Each sample is paired with the mirrored max_g L_g at the window's end. `source="auto"` uses
+  a worker emit one chunk per decode step). Per window: their mean (a delayed chunk makes one gap
+  long and the next short, which the mean absorbs; it matches the workers' mean step time) and
+  their median (robust to a stalled step; what the fit uses, so that one hiccup does not tilt it).
+Each sample is paired with the mirrored max_g L_g averaged over the window. `source="auto"` uses
 worker-reported steps when any arrived in the last window, else SSE gaps.
 
 `SlidingFit`: least squares over the last `size` samples, with R²; `quality` says "good" only
@@ -103,15 +104,17 @@ class StepEstimator:
             return False
         return t >= self._window_end
 
-    def close(self, t: float) -> tuple[str, float] | None:
-        """Close the window at `t`: (source, step seconds) of its sample, or None."""
+    def close(self, t: float) -> tuple[str, float, float] | None:
+        """Close the window at `t`: (source, mean step seconds, robust step seconds), or None."""
         self._window_end = t + self.window_s
         gaps, steps = self._gaps, self._steps
         self._gaps, self._steps = [], []
         if self.source in ("auto", "events") and steps:
             self.samples["events"] += 1
-            return "events", float(sum(steps) / len(steps))
+            arr = np.asarray(steps)
+            return "events", float(arr.mean()), float(np.median(arr))
         if self.source in ("auto", "sse") and len(gaps) >= self.min_gaps:
             self.samples["sse"] += 1
-            return "sse", float(np.median(np.asarray(gaps)))
+            arr = np.asarray(gaps)
+            return "sse", float(arr.mean()), float(np.median(arr))
         return None
