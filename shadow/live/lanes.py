@@ -22,7 +22,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from shadow.core.params import BRParams
-from shadow.core.routers import Router, make_router
+from shadow.core.pool import Pool
+from shadow.core.routers import PoolRouter, Router, make_router
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec
 from shadow.engine.events import Event
@@ -252,6 +253,8 @@ class LiveLanes:
         for label, router in self._agree.items():
             router.on_arrive(job.request_id, job.prompt_tokens, lane.now)
             picks = router.decide(view, lane.now)
+            if isinstance(router, PoolRouter):
+                router.pool = Pool()  # one question per request: nothing waits in this copy
             if picks:
                 self.decisions[label] += 1
                 if picks[0][1] == actual:

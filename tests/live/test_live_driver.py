@@ -149,3 +149,25 @@ def test_registry_rejects_unknown_names_and_misplaced_predictors() -> None:
         make_router("jsq", predictor="survival")
     with pytest.raises(ValueError, match="needs its assignments"):
         make_router("forced")
+
+
+def test_agreement_counts_what_each_policy_would_have_chosen_and_keeps_nothing() -> None:
+    from shadow.live.lanes import LiveLanes
+
+    live = LiveLanes(workers=["d0", "d1"], slots=1, policies=["jsq-bytes", "br0"], lag_s=0.0)
+    events: list[Event] = []
+    for i, w in enumerate(["d0", "d1", "d1", "d0", "d1", "d0"]):
+        t = 10.0 + i
+        events += [Arrive(f"r{i}", t, 100 + i), Route(f"r{i}", t, w, 100 + i)]
+        events.append(Finish(f"r{i}", t + 0.5, "stop", 3))
+    for ev in events:
+        live.listener(ev)
+    live.process_now()
+    live.driver.drain()
+    live._publish()
+    lanes = live.report()["lanes"]
+    # jsq-bytes (least outstanding prompt tokens, ties to d0) agrees on an empty fleet only with d0
+    assert lanes["jsq-bytes"]["decisions"] == 6 and lanes["jsq-bytes"]["agreements"] == 3
+    assert 0 < lanes["br0"]["decisions"] <= 6
+    assert set(lanes) == {"actual", "jsq-bytes", "br0"}
+    assert all(r.waiting() == 0 for r in live._agree.values())
