@@ -1,30 +1,33 @@
 """`shadow serve` beside a real router on a real (simulated) fleet, end to end on loopback.
 
-A P/D fleet (2 prefill, 4 decode ranks × 16 slots) → `shadow serve` taps in front of every worker →
-a real vllm-router (PyPI) in P/D mode → 220 requests of the paper-like trace (outputs / 4, so that
-a request lives ≈ 13 s) sent with the official openai client at ρ = 1.1. Checked against the
-fleet's own ground truth (twin fidelity, SSE-measured step times, the fitted step model) and
-against `shadow replay` of the session's recording.
+A P/D fleet (a `shadow fleet` process: 2 prefill, 4 decode ranks × 16 slots) → `shadow serve` taps
+in front of every worker → a real vllm-router (PyPI) in P/D mode → 220 requests of the paper-like
+trace (outputs / 4, so that a request lives ≈ 13 s) sent by `shadow load` (the official openai
+client, in its own process) at ρ = 1.1. Checked against the fleet's own ground truth (twin
+fidelity, SSE-measured step times, the fitted step model) and against `shadow replay` of the
+session's recording. The fleet and the client run in their own processes so that their timing is
+not bound to this process's GIL.
 """
 
 from __future__ import annotations
 
-import asyncio
+import json
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from shadow.fleet import FleetConfig, FleetThread
+from shadow.core.stepmodel import StepTimeModel
 from shadow.live import ServeConfig
 from shadow.live.thread import ServeThread
-from shadow.loadgen import LoadOptions, run_load
 from shadow.mirror.service import TapConfig
 from shadow.replay.experiment import ReplaySetup, run_replay
 from shadow.traces import at_load, estimate_capacity_rps, load_trace, resolve
@@ -61,20 +64,69 @@ def _fleet_steps(url: str) -> tuple[float, float]:
     return total, count
 
 
+def _start(args: list[str], log: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+    """A `shadow` sub-command in its own process (own GIL: its timing is not ours); its ready line."""
+    fh = log.open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shadow", *args], stdout=subprocess.PIPE, stderr=fh, stdin=subprocess.DEVNULL
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line, log.read_text()[-2000:]
+    return proc, json.loads(line)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(280)
 def test_live_lanes_beside_vllm_router_match_the_fleet_and_the_replay(tmp_path: Path) -> None:
-    fleet_cfg = FleetConfig(prefill=2, decode=G, slots=B, base_port=0, a=A, b=B_S)
     base = resolve("paper-azure", seed=0, limit=220)
-    trace = replace(
-        base, requests=tuple(replace(r, output_tokens=max(2, r.output_tokens // 4)) for r in base.requests)
+    short = tuple(replace(r, output_tokens=max(2, r.output_tokens // 4)) for r in base.requests)
+    trace = at_load(
+        replace(base, requests=short),
+        1.1,
+        estimate_capacity_rps(replace(base, requests=short), workers=G, slots=B, step_a=A, step_b=B_S),
     )
-    cap = estimate_capacity_rps(trace, workers=G, slots=B, step_a=A, step_b=B_S)
-    trace = at_load(trace, 1.1, cap)
+    workload = tmp_path / "trace.jsonl"
+    workload.write_text(
+        "".join(
+            json.dumps(
+                {"arrival_s": r.arrival_s, "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens}
+            )
+            + "\n"
+            for r in trace.requests
+        )
+    )
     record = tmp_path / "session.ndjson"
-    with FleetThread(fleet_cfg) as fleet:
-        decode = {f"d{g}": u for g, u in enumerate(fleet.decode_urls)}
-        prefill = {f"p{i}": u for i, u in enumerate(fleet.prefill_urls)}
+    fleet, urls = _start(
+        [
+            "fleet",
+            "--prefill",
+            "2",
+            "--decode",
+            str(G),
+            "--slots",
+            str(B),
+            "--port",
+            "0",
+            "--a",
+            str(A),
+            "--b",
+            str(B_S),
+        ],
+        tmp_path / "fleet.log",
+    )
+    try:
+        decode = {f"d{g}": u for g, u in enumerate(urls["decode"])}
+        prefill = {f"p{i}": u for i, u in enumerate(urls["prefill"])}
         tap = TapConfig(decode, prefill=prefill, slots=B, record=str(record), scrape_interval_s=0)
         config = ServeConfig(tap=tap, policies=POLICIES, step_a=A, step_b=B_S, lag_s=2.0)
         with ServeThread(config) as serve:
@@ -85,15 +137,8 @@ def test_live_lanes_beside_vllm_router_match_the_fleet_and_the_replay(tmp_path: 
                 args += ["--prefill", taps[p]]
             for d in decode:
                 args += ["--decode", taps[d]]
-            args += [
-                "--policy",
-                "round_robin",
-                "--prometheus-host",
-                "127.0.0.1",
-                "--prometheus-port",
-                str(mport),
-            ]
-            args += ["--worker-startup-check-interval", "1"]
+            args += ["--policy", "round_robin", "--prometheus-host", "127.0.0.1"]
+            args += ["--prometheus-port", str(mport), "--worker-startup-check-interval", "1"]
             with (tmp_path / "router.log").open("wb") as log:
                 router = subprocess.Popen(
                     args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
@@ -111,15 +156,35 @@ def test_live_lanes_beside_vllm_router_match_the_fleet_and_the_replay(tmp_path: 
                         assert time.monotonic() < deadline, "vllm-router not healthy"
                         time.sleep(0.1)
                     steps0 = _fleet_steps(decode["d0"])
-                    load = asyncio.run(run_load(trace, url, LoadOptions(concurrency=None)))
+                    out = tmp_path / "load.json"
+                    load = subprocess.run(
+                        [
+                            sys.executable,
+                            "-m",
+                            "shadow",
+                            "load",
+                            str(workload),
+                            "--target",
+                            url,
+                            "--quiet",
+                            "--json",
+                            str(out),
+                        ],
+                        capture_output=True,
+                        timeout=200,
+                    )
+                    assert load.returncode == 0, load.stderr[-2000:]
                     steps1 = _fleet_steps(decode["d0"])
                 finally:
                     router.terminate()
                     router.wait(10)
-            assert load.summary.ok == len(trace)
+            summary = json.loads(out.read_text())
             report = httpx.get(api + "/v1/report", params={"drain": 1}, timeout=120).json()
             metrics = httpx.get(api + "/metrics", timeout=10).text
+    finally:
+        _stop(fleet)
 
+    assert summary["requests"]["ok"] == len(trace), summary["requests"]
     lanes = report["lanes"]
     assert report["workers"] == list(decode) and report["slots"] == B
     assert report["events"]["dropped"]["queue_full"] == 0
@@ -143,9 +208,20 @@ def test_live_lanes_beside_vllm_router_match_the_fleet_and_the_replay(tmp_path: 
     # Consistency: the recording replayed offline gives the lanes' average spread within 1%.
     replay = run_replay(
         load_trace(record),
-        ReplaySetup(workers=G, slots=B, policies=POLICIES, step=fleet_cfg.step_model),
+        ReplaySetup(workers=G, slots=B, policies=POLICIES, step=StepTimeModel(A, B_S)),
     )
     for label, lane in lanes.items():
         offline = replay.results[label]
         assert offline.finished == lane["requests_finished"], label
         assert lane["avg_spread_tokens"] == pytest.approx(offline.avg_spread_tokens, rel=0.01), label
+    print(  # the figures, for `pytest -s` (the README quotes them)
+        json.dumps(
+            {
+                "load_rel_error": fid["load_rel_error"],
+                "sse_step_mean_s": sm["measured_step_mean_s"]["sse"],
+                "fleet_step_mean_s": truth,
+                "fit": [sm["a_s_per_token"], sm["b_s"], sm["r2"]],
+                "spread": {k: v["avg_spread_tokens"] for k, v in lanes.items()},
+            }
+        )
+    )
