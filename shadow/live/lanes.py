@@ -92,7 +92,15 @@ class LiveLanes:
         self._x_sum = 0.0  # max mirrored load summed over the observations of the current window
         self._x_n = 0
         # fidelity: mirrored loads at window ends, compared when the actual lane passes them
-        self._mirror_ring: deque[tuple[float, list[float]]] = deque(maxlen=10_000)
+        # (window start, end, mean placed load per worker) of the mirror, compared with the actual
+        # lane's mean over its steps in the same window (averaging both sides over a window takes
+        # out the phase between the lane's step boundaries and the fleet's)
+        self._mirror_ring: deque[tuple[float, float, list[float]]] = deque(maxlen=10_000)
+        self._mw_sum = [0.0] * len(workers)
+        self._mw_n = 0
+        self._mw_start: float | None = None
+        self._lw_sum = [0.0] * len(workers)
+        self._lw_n = 0
         self.fidelity_sum = 0.0  # Σ per-snapshot relative error
         self.fidelity_n = 0
         self.fidelity_abs = 0.0  # Σ_snapshots Σ_g |lane − mirror|
@@ -193,6 +201,11 @@ class LiveLanes:
         est = self.estimator
         self._x_sum += max(d.mirror_loads)
         self._x_n += 1
+        if self._mw_start is None:
+            self._mw_start = d.now
+        for g, x in enumerate(d.mirror_placed):
+            self._mw_sum[g] += x
+        self._mw_n += 1
         if d.gap_samples:
             est.add_gaps(d.gap_samples)
             d.gap_samples = []
@@ -204,7 +217,12 @@ class LiveLanes:
             d.step_samples = []
         if est.due(d.now):
             sample = est.close(d.now)
-            self._mirror_ring.append((d.now, list(d.mirror_placed)))
+            if self._mw_start is not None:
+                n = self._mw_n
+                self._mirror_ring.append((self._mw_start, d.now, [x / n for x in self._mw_sum]))
+            self._mw_sum = [0.0] * len(self._mw_sum)
+            self._mw_n = 0
+            self._mw_start = d.now
             x = self._x_sum / self._x_n
             self._x_sum, self._x_n = 0.0, 0
             if sample is not None:
@@ -230,20 +248,26 @@ class LiveLanes:
             return
         ring = self._mirror_ring
         t_event = lane.now + self.driver.origin
-        while ring and ring[0][0] <= t_event:
-            _, mirror = ring.popleft()
+        while ring and ring[0][1] <= t_event:
+            _, _, mirror = ring.popleft()
+            n, self._lw_n = self._lw_n, 0
+            lane_mean = [x / n for x in self._lw_sum] if n else None
+            self._lw_sum = [0.0] * len(self._lw_sum)
             total = sum(mirror)
-            if total <= 0:
+            if lane_mean is None or total <= 0:
                 continue
-            # placed load on both sides: running KV + prompts queued at the worker
-            lane_loads = [x + q for x, q in zip(lane.loads, lane.queued_tokens, strict=True)]
-            diff = sum(abs(a - b) for a, b in zip(lane_loads, mirror, strict=True))
+            diff = sum(abs(a - b) for a, b in zip(lane_mean, mirror, strict=True))
             err = diff / total
             self.fidelity_abs += diff
             self.fidelity_tot += total
             self.fidelity_sum += err
             self.fidelity_n += 1
             self.fidelity_recent.append(err)
+        if ring and ring[0][0] <= t_event:
+            # placed load on both sides: running KV + prompts queued at the worker
+            for g, (x, q) in enumerate(zip(lane.loads, lane.queued_tokens, strict=True)):
+                self._lw_sum[g] += x + q
+            self._lw_n += 1
 
     def _on_offer(self, lane: Lane, job: Job) -> None:
         if lane.spec.label != ACTUAL or not self._agree:
