@@ -61,6 +61,7 @@ class StubServer:
         self.requests: list[Recorded] = []
         self.in_flight = 0
         self.max_in_flight = 0
+        self.max_chunks = 0  # most token chunks any one stream has sent (tests wait on it)
         self._lock = threading.Lock()
         self.app = self._build()
         self._server: uvicorn.Server | None = None
@@ -77,6 +78,7 @@ class StubServer:
             self.requests.clear()
             self.in_flight = 0
             self.max_in_flight = 0
+            self.max_chunks = 0
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -228,6 +230,7 @@ class StubServer:
                     break
                 fr = finish if i == n - 1 and not cfg.separate_finish else None
                 yield chunk([self._choice(chat, f" t{i}", fr)])
+                self.max_chunks = max(self.max_chunks, i + 1)
             else:
                 if cfg.separate_finish:
                     await asyncio.sleep(cfg.finish_delay_s)
