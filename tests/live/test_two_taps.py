@@ -1,0 +1,185 @@
+"""Two real `shadow tap` processes forwarding into one `shadow serve` see what one tap service sees.
+
+Topology, all real processes or real HTTP on loopback: `shadow load` (openai client) → `shadow
+router` (the vllm-ascend JSQ stand-in, plain mode) → two `shadow tap` processes (A in front of d0,
+d1; B in front of d2, d3), each `--forward`ing its events to serve S2 → serve S1's own taps in
+front of all four workers → a `shadow fleet` of four decode ranks. S1 and S2 therefore observe the
+same streams, S1 through one tap service and S2 only through the two forwarding processes. Both
+run with a lag longer than the session, so their lanes advance only at the final drain, over
+complete event sets. What must be equal is what the lanes are fed: every request, its worker, its
+prompt and output tokens and how it ended, read from both sessions' recordings; arrival stamps
+differ by the relay hop between the two observation points (the outer tap's comes first; both are
+the machine's monotonic clock). The `actual` lane then agrees within
+2%. The counterfactual lanes are not compared here: they are chaotic in the arrival stamps (a
+sub-millisecond shift moves an arrival across a step boundary and changes which pool a round sees;
+on this 120-request session they differed by up to 22%), so their equality on equal input is
+shown exactly in `test_serve_api.py` (two forwarders = one, same events).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from shadow.live import ServeConfig
+from shadow.live.thread import ServeThread
+from shadow.mirror.service import TapConfig
+from shadow.traces import at_load, estimate_capacity_rps, resolve
+from tests.live.test_live_fleet import _start, _stop
+
+G, B = 4, 16
+A, B_S = 4.0e-7, 0.010
+N = 120
+
+
+def _finished(api: str) -> int:
+    state = httpx.get(api + "/v1/state", timeout=5).json()
+    return sum(int(w.get("finished", 0)) for w in state["workers"].values())
+
+
+def _wait(pred: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_two_forwarding_tap_processes_give_the_lanes_of_one_tap(tmp_path: Path) -> None:
+    base = resolve("paper-azure", seed=3, limit=N)
+    short = tuple(replace(r, output_tokens=max(2, r.output_tokens // 10)) for r in base.requests)
+    trace = replace(base, requests=short)
+    trace = at_load(trace, 1.1, estimate_capacity_rps(trace, workers=G, slots=B, step_a=A, step_b=B_S))
+    workload = tmp_path / "trace.jsonl"
+    workload.write_text(
+        "".join(
+            json.dumps(
+                {"arrival_s": r.arrival_s, "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens}
+            )
+            + "\n"
+            for r in trace.requests
+        )
+    )
+    names = [f"d{g}" for g in range(G)]
+    procs = []
+    fleet, urls = _start(
+        [
+            "fleet",
+            "--prefill",
+            "0",
+            "--decode",
+            str(G),
+            "--slots",
+            str(B),
+            "--port",
+            "0",
+            "--a",
+            str(A),
+            "--b",
+            str(B_S),
+        ],
+        tmp_path / "fleet.log",
+    )
+    procs.append(fleet)
+    try:
+        lag = 3600.0
+        one = ServeConfig(
+            tap=TapConfig(
+                dict(zip(names, urls["decode"], strict=True)),
+                slots=B,
+                scrape_interval_s=0,
+                record=str(tmp_path / "one.ndjson"),
+            ),
+            step_a=A,
+            step_b=B_S,
+            lag_s=lag,
+        )
+        event_fed = {n: f"http://127.0.0.1:9/{n}" for n in names}  # S2 has no taps of its own
+        two = ServeConfig(
+            tap=TapConfig(
+                upstreams={},
+                workers=event_fed,
+                slots=B,
+                scrape_interval_s=0,
+                record=str(tmp_path / "two.ndjson"),
+            ),
+            step_a=A,
+            step_b=B_S,
+            lag_s=lag,
+        )
+        with ServeThread(one) as s1, ServeThread(two) as s2:
+            inner, api1, api2 = s1.ready["taps"], s1.ready["api"], s2.ready["api"]
+            outer: dict[str, str] = {}
+            for i, pair in enumerate((names[:2], names[2:])):
+                args = ["tap", "--scrape-interval", "0", "--forward", api2 + "/v1/events"]
+                for n in pair:
+                    args += ["--upstream", f"{n}={inner[n]}"]
+                tap, ready = _start(args, tmp_path / f"tap{i}.log")
+                procs.append(tap)
+                outer.update(ready["taps"])
+            router_args = ["router", "--port", "0"]
+            for n in names:
+                router_args += ["--decode", f"{n}={outer[n]}"]
+            router, rready = _start(router_args, tmp_path / "router.log")
+            procs.append(router)
+            out = tmp_path / "load.json"
+            res = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "shadow",
+                    "load",
+                    str(workload),
+                    "--target",
+                    rready["url"],
+                    "--quiet",
+                    "--json",
+                    str(out),
+                ],
+                capture_output=True,
+                timeout=180,
+            )
+            assert res.returncode == 0, res.stderr[-2000:]
+            summary = json.loads(out.read_text())
+            assert summary["requests"]["ok"] == N, summary["requests"]
+            _wait(lambda: _finished(api1) == N, 30, "serve S1 to see every finish")
+            _wait(lambda: _finished(api2) == N, 30, "serve S2 to receive every forwarded finish")
+            r1 = httpx.get(api1 + "/v1/report", params={"drain": 1}, timeout=120).json()
+            r2 = httpx.get(api2 + "/v1/report", params={"drain": 1}, timeout=120).json()
+    finally:
+        for p in reversed(procs):
+            _stop(p)
+
+    assert r1["workers"] == r2["workers"] == names and r1["slots"] == r2["slots"] == B
+    assert set(r1["lanes"]) == set(r2["lanes"]) and "actual" in r1["lanes"]
+    seen = [_requests(tmp_path / "one.ndjson"), _requests(tmp_path / "two.ndjson")]
+    assert len(seen[0]) == N and seen[0].keys() == seen[1].keys()
+    for rid, (t1, fields) in seen[0].items():
+        t2, fields2 = seen[1][rid]
+        assert fields2 == fields, (rid, fields, fields2)
+        assert t2 <= t1, (rid, t1, t2)  # the outer tap sees the request before it is relayed inward
+    for label in r1["lanes"]:
+        assert r1["lanes"][label]["requests_finished"] == r2["lanes"][label]["requests_finished"] == N, label
+    a1, a2 = r1["lanes"]["actual"], r2["lanes"]["actual"]
+    for key in ("avg_spread_tokens", "avg_imbalance_tokens", "steps"):
+        assert a2[key] == pytest.approx(a1[key], rel=0.02), (key, a1[key], a2[key])
+
+
+def _requests(path: Path) -> dict[str, tuple[float, tuple[Any, ...]]]:
+    """request_id -> (arrival stamp, (worker, prompt, output, end)) from a compact recording."""
+    out: dict[str, tuple[float, tuple[Any, ...]]] = {}
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        if rec["type"] == "request":
+            key = (rec["worker"], rec["prompt_tokens"], rec["output_tokens"], rec["end"])
+            out[rec["request_id"]] = (rec["arrival_t"], key)
+    return out
