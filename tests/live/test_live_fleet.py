@@ -85,18 +85,19 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(5)
 
 
-@pytest.mark.integration
-@pytest.mark.timeout(280)
-def test_live_lanes_beside_vllm_router_match_the_fleet_and_the_replay(tmp_path: Path) -> None:
-    base = resolve("paper-azure", seed=0, limit=220)
-    short = tuple(replace(r, output_tokens=max(2, r.output_tokens // 4)) for r in base.requests)
-    trace = at_load(
-        replace(base, requests=short),
-        1.1,
-        estimate_capacity_rps(replace(base, requests=short), workers=G, slots=B, step_a=A, step_b=B_S),
+def saturated_workload(
+    path: Path, *, limit: int, seed: int, divide: int, step_a: float, step_b: float, workers: int = G
+) -> Any:
+    """paper-azure with outputs / `divide` at ρ = 1.1 for `workers` × B; written to `path` as JSONL."""
+    base = resolve("paper-azure", seed=seed, limit=limit)
+    short = replace(
+        base,
+        requests=tuple(replace(r, output_tokens=max(2, r.output_tokens // divide)) for r in base.requests),
     )
-    workload = tmp_path / "trace.jsonl"
-    workload.write_text(
+    trace = at_load(
+        short, 1.1, estimate_capacity_rps(short, workers=workers, slots=B, step_a=step_a, step_b=step_b)
+    )
+    path.write_text(
         "".join(
             json.dumps(
                 {"arrival_s": r.arrival_s, "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens}
@@ -105,6 +106,14 @@ def test_live_lanes_beside_vllm_router_match_the_fleet_and_the_replay(tmp_path: 
             for r in trace.requests
         )
     )
+    return trace
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(280)
+def test_live_lanes_beside_vllm_router_match_the_fleet_and_the_replay(tmp_path: Path) -> None:
+    workload = tmp_path / "trace.jsonl"
+    trace = saturated_workload(workload, limit=220, seed=0, divide=4, step_a=A, step_b=B_S)
     record = tmp_path / "session.ndjson"
     fleet, urls = _start(
         [

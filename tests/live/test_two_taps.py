@@ -22,7 +22,6 @@ import json
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +31,7 @@ import pytest
 from shadow.live import ServeConfig
 from shadow.live.thread import ServeThread
 from shadow.mirror.service import TapConfig
-from shadow.traces import at_load, estimate_capacity_rps, resolve
-from tests.live.test_live_fleet import _start, _stop
+from tests.live.test_live_fleet import _start, _stop, saturated_workload
 
 G, B = 4, 16
 A, B_S = 4.0e-7, 0.010
@@ -55,20 +53,8 @@ def _wait(pred: Any, timeout: float, what: str) -> None:
 @pytest.mark.integration
 @pytest.mark.timeout(240)
 def test_two_forwarding_tap_processes_give_the_lanes_of_one_tap(tmp_path: Path) -> None:
-    base = resolve("paper-azure", seed=3, limit=N)
-    short = tuple(replace(r, output_tokens=max(2, r.output_tokens // 10)) for r in base.requests)
-    trace = replace(base, requests=short)
-    trace = at_load(trace, 1.1, estimate_capacity_rps(trace, workers=G, slots=B, step_a=A, step_b=B_S))
     workload = tmp_path / "trace.jsonl"
-    workload.write_text(
-        "".join(
-            json.dumps(
-                {"arrival_s": r.arrival_s, "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens}
-            )
-            + "\n"
-            for r in trace.requests
-        )
-    )
+    saturated_workload(workload, limit=N, seed=3, divide=10, step_a=A, step_b=B_S)
     names = [f"d{g}" for g in range(G)]
     procs = []
     fleet, urls = _start(
