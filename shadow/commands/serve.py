@@ -260,19 +260,14 @@ async def serve(config: ServeConfig) -> None:
 
 def run(args: argparse.Namespace) -> int:
     explicit = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
-    try:
+
+    def body() -> None:
         merged = resolve_args(explicit, os.environ)
         config = config_from_args(merged)
         config.validate()
-        runner = tap_cmd._runner(merged.loop)
-        runner(serve(config))
-    except ValueError as exc:
-        print(f"shadow serve: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"shadow serve: {exc}", file=sys.stderr)
-        return 1
-    return 0
+        tap_cmd._runner(merged.loop)(serve(config))
+
+    return tap_cmd.run_reporting("shadow serve", body)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

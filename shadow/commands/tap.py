@@ -314,18 +314,22 @@ def _runner(kind: str) -> Callable[[Coroutine[Any, Any, None]], None]:
     return asyncio.run
 
 
-def run(args: argparse.Namespace) -> int:
-    config = config_from_args(args)
+def run_reporting(prog: str, body: Callable[[], None]) -> int:
+    """Run a service's `body`; bad configuration exits 2, OS errors (ports, files) 1, one line each."""
     try:
-        runner = _runner(args.loop)
-        runner(serve(config, args.drain_timeout))
+        body()
     except ValueError as exc:
-        print(f"shadow tap: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
-        print(f"shadow tap: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    return run_reporting("shadow tap", lambda: _runner(args.loop)(serve(config, args.drain_timeout)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

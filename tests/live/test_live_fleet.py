@@ -76,6 +76,16 @@ def _start(args: list[str], log: Path) -> tuple[subprocess.Popen[bytes], dict[st
     return proc, json.loads(line)
 
 
+def start_fleet(
+    tmp_path: Path, *, prefill: int, step_a: float | None = None, step_b: float | None = None
+) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+    """A `shadow fleet` process of G decode ranks × B slots (and `prefill` servers) on free ports."""
+    args = ["fleet", "--prefill", str(prefill), "--decode", str(G), "--slots", str(B), "--port", "0"]
+    if step_a is not None and step_b is not None:
+        args += ["--a", str(step_a), "--b", str(step_b)]
+    return _start(args, tmp_path / "fleet.log")
+
+
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     proc.send_signal(signal.SIGINT)
     try:
@@ -115,24 +125,7 @@ def test_live_lanes_beside_vllm_router_match_the_fleet_and_the_replay(tmp_path: 
     workload = tmp_path / "trace.jsonl"
     trace = saturated_workload(workload, limit=220, seed=0, divide=4, step_a=A, step_b=B_S)
     record = tmp_path / "session.ndjson"
-    fleet, urls = _start(
-        [
-            "fleet",
-            "--prefill",
-            "2",
-            "--decode",
-            str(G),
-            "--slots",
-            str(B),
-            "--port",
-            "0",
-            "--a",
-            str(A),
-            "--b",
-            str(B_S),
-        ],
-        tmp_path / "fleet.log",
-    )
+    fleet, urls = start_fleet(tmp_path, prefill=2, step_a=A, step_b=B_S)
     try:
         decode = {f"d{g}": u for g, u in enumerate(urls["decode"])}
         prefill = {f"p{i}": u for i, u in enumerate(urls["prefill"])}

@@ -21,7 +21,7 @@ import pytest
 from shadow.live import ServeConfig
 from shadow.live.thread import ServeThread
 from shadow.mirror.service import TapConfig
-from tests.live.test_live_fleet import _start, _stop
+from tests.live.test_live_fleet import _stop, start_fleet
 
 G, B, QUEUE, STREAMS, TOKENS = 4, 16, 64, 40, 30
 
@@ -44,10 +44,7 @@ def _stream(base: str, model: str, i: int) -> int:
 @pytest.mark.integration
 @pytest.mark.timeout(180)
 def test_lanes_that_cannot_keep_up_drop_and_count_while_every_stream_completes(tmp_path: Path) -> None:
-    fleet, urls = _start(
-        ["fleet", "--prefill", "0", "--decode", str(G), "--slots", str(B), "--port", "0"],
-        tmp_path / "fleet.log",
-    )
+    fleet, urls = start_fleet(tmp_path, prefill=0)
     try:
         names = [f"d{g}" for g in range(G)]
         tap = TapConfig(dict(zip(names, urls["decode"], strict=True)), slots=B, scrape_interval_s=0)

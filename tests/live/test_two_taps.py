@@ -31,7 +31,7 @@ import pytest
 from shadow.live import ServeConfig
 from shadow.live.thread import ServeThread
 from shadow.mirror.service import TapConfig
-from tests.live.test_live_fleet import _start, _stop, saturated_workload
+from tests.live.test_live_fleet import _start, _stop, saturated_workload, start_fleet
 
 G, B = 4, 16
 A, B_S = 4.0e-7, 0.010
@@ -57,24 +57,7 @@ def test_two_forwarding_tap_processes_give_the_lanes_of_one_tap(tmp_path: Path) 
     saturated_workload(workload, limit=N, seed=3, divide=10, step_a=A, step_b=B_S)
     names = [f"d{g}" for g in range(G)]
     procs = []
-    fleet, urls = _start(
-        [
-            "fleet",
-            "--prefill",
-            "0",
-            "--decode",
-            str(G),
-            "--slots",
-            str(B),
-            "--port",
-            "0",
-            "--a",
-            str(A),
-            "--b",
-            str(B_S),
-        ],
-        tmp_path / "fleet.log",
-    )
+    fleet, urls = start_fleet(tmp_path, prefill=0, step_a=A, step_b=B_S)
     procs.append(fleet)
     try:
         lag = 3600.0
