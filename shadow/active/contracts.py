@@ -69,7 +69,8 @@ class StaticModeSource:
     """A fixed choice, for tests and for a proxy run without a controller."""
 
     def __init__(self, mode: RouteMode = "active", policy: str = "br0") -> None:
-        self.choice = RouteChoice(mode, policy if mode == "active" else ("rr" if mode == "fallback" else "router"))
+        fixed = {"active": policy, "fallback": "rr", "shadow": "router"}
+        self.choice = RouteChoice(mode, fixed[mode])
 
     def choose(self, request_id: str) -> RouteChoice:
         return self.choice
