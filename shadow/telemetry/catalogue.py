@@ -15,6 +15,8 @@ from typing import Literal
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from shadow.active.contracts import DEGRADE_REASONS, TRANSITION_REASONS
+
 MetricType = Literal["counter", "gauge", "histogram"]
 
 #: Exporters: `tap` (the mirror, in `shadow tap` and `shadow serve`), `serve` (live lanes, only in
@@ -30,14 +32,47 @@ LABELS: dict[str, str] = {
     "kind": "event kind: arrive | route | token | finish | cancel | step",
     "reason": "a closed set per metric (e.g. queue_full, record_full, parse_error, ...)",
     "stage": "analysis stage that raised (closed set: analysis, listener, record, housekeeping, ...)",
-    "leg": "prefill | decode",
+    "leg": "prefill | decode (taps); prefill | decode | router (active proxy)",
     "engine": "engine index of one simulated or vLLM server",
     "model_name": "served model name (from the worker's configuration)",
     "finished_reason": "stop | length | abort | error",
     "block_size": "KV block size (vLLM cache config info)",
     "enable_prefix_caching": "True | False (vLLM cache config info)",
     "num_gpu_blocks": "KV capacity in blocks (vLLM cache config info)",
+    "mode": "operator mode: shadow | canary | active | fallback; per request: shadow | active | fallback",
+    "policy": "active policy: br0 | brh | jsq | rr, and `router` (the existing router, shadow mode)",
+    "outcome": "ok | client_cancel | upstream_error | rejected",
+    "prompt_bucket": "prompt tokens: lt512 | 512-2k | 2k-8k | ge8k",
+    "round_stage": "stage1 | stage2 (BalanceRoute's two stages within a routing round)",
+    "result": "hit | miss",
 }
+
+#: Closed label sets of the active-routing metrics (the exporters may only use these values).
+LABEL_VALUES: dict[str, tuple[str, ...]] = {
+    "mode": ("shadow", "canary", "active", "fallback"),
+    "policy": ("br0", "brh", "jsq", "rr", "router"),
+    "outcome": ("ok", "client_cancel", "upstream_error", "rejected"),
+    "prompt_bucket": ("lt512", "512-2k", "2k-8k", "ge8k"),
+    "round_stage": ("stage1", "stage2"),
+    "result": ("hit", "miss"),
+}
+
+#: Closed `reason` sets of the active-routing metrics, per family.
+REASON_VALUES: dict[str, tuple[str, ...]] = {
+    "shadow_mode_transitions_total": TRANSITION_REASONS,
+    "shadow_fallback_trips_total": TRANSITION_REASONS,
+    "shadow_policy_degraded_total": DEGRADE_REASONS,
+    "shadow_router_backpressure_total": ("prefill_kv", "transfer_cap", "no_slot"),
+}
+
+
+def allowed_values(metric: str, label: str) -> tuple[str, ...] | None:
+    """The closed set a label of a metric must take its values from (None: bounded otherwise)."""
+    if label == "reason":
+        return REASON_VALUES.get(metric)
+    if label == "leg" and metric.startswith("shadow_router_"):
+        return ("prefill", "decode", "router")
+    return LABEL_VALUES.get(label)
 
 
 @dataclass(frozen=True)
@@ -50,6 +85,9 @@ class MetricSpec:
     labels: tuple[str, ...]
     help: str
     exporter: str
+    #: "" = whenever the exporter runs; "active" = only `shadow serve --active` (the active proxy
+    #: and the mode controller), so a shadow-only `shadow serve` need not declare it.
+    only: str = ""
 
     @property
     def grafana_unit(self) -> str:
@@ -57,8 +95,14 @@ class MetricSpec:
         return {"seconds": "s", "ratio": "percentunit", "bytes": "bytes"}.get(self.unit, "short")
 
 
-def _m(name: str, type_: MetricType, unit: str, labels: str, help_: str, exporter: str) -> MetricSpec:
-    return MetricSpec(name, type_, unit, tuple(labels.split()) if labels else (), help_, exporter)
+def _m(name: str, type_: MetricType, unit: str, labels: str, help_: str, exporter: str,
+       only: str = "") -> MetricSpec:
+    return MetricSpec(name, type_, unit, tuple(labels.split()) if labels else (), help_, exporter, only)
+
+
+def _a(name: str, type_: MetricType, unit: str, labels: str, help_: str) -> MetricSpec:
+    """An active-routing metric: exported by `shadow serve --active` (COORDINATION's fixed table)."""
+    return _m(name, type_, unit, labels, help_, _SERVE, "active")
 
 
 _TAP = "tap"
@@ -192,6 +236,65 @@ CATALOGUE: tuple[MetricSpec, ...] = (
        "Actual lane's per-worker loads vs the mirrored loads, mean relative error.", _SERVE),
     _m("shadow_live_events_dropped_total", "counter", "events", "reason",
        "Events the lanes could not take (queue_full, ...).", _SERVE),
+    # --- active routing (shadow serve --active: the mode controller and the active proxy) -------
+    _a("shadow_mode", "gauge", "info", "mode",
+       "1 for the operator-set mode (shadow, canary, active, fallback), 0 for the others."),
+    _a("shadow_mode_transitions_total", "counter", "transitions", "mode reason",
+       "Transitions into `mode`, by reason (operator, flag_file, drift, recovered, ...)."),
+    _a("shadow_mode_pinned", "gauge", "info", "",
+       "1 when an operator pinned the mode (automatic fallback off)."),
+    _a("shadow_fallback_active", "gauge", "info", "",
+       "1 while automatic fallback routes round-robin."),
+    _a("shadow_fallback_trips_total", "counter", "trips", "reason",
+       "Automatic fallbacks, by trigger."),
+    _a("shadow_fallback_holddown_seconds", "gauge", "seconds", "",
+       "Current hold-down before recovery is tried."),
+    _a("shadow_policy_active", "gauge", "info", "policy",
+       "1 for the policy active mode runs now (br0, brh, jsq, rr)."),
+    _a("shadow_policy_degraded_total", "counter", "degradations", "reason",
+       "BR-H to BR-0 degradations, by reason (calibration, oracle_gap, net_gain)."),
+    _a("shadow_predictor_calibration_error", "gauge", "ratio", "",
+       "BR-H end-probability calibration error on finished requests (window)."),
+    _a("shadow_predictor_key_lookups_total", "counter", "lookups", "result",
+       "BR-H predictor prompt-key lookups, by result (hit, miss)."),
+    _a("shadow_predictor_oracle_gap_ratio", "gauge", "ratio", "",
+       "BR-H's live spread over the offline Oracle bound's on the same window, minus 1."),
+    _a("shadow_router_requests_total", "counter", "requests", "mode policy outcome",
+       "Requests through the active proxy by effective mode, policy and outcome."),
+    _a("shadow_router_decision_duration_seconds", "histogram", "seconds", "policy",
+       "Compute time of one dispatch round."),
+    _a("shadow_router_upstream_errors_total", "counter", "errors", "leg worker",
+       "Failed upstream calls, by leg (prefill, decode, router) and worker."),
+    _a("shadow_router_retries_total", "counter", "retries", "leg",
+       "Retries before the first byte reached a client."),
+    _a("shadow_router_inflight", "gauge", "requests", "leg worker",
+       "Requests in flight per upstream."),
+    _a("shadow_router_kv_transfers_inflight", "gauge", "transfers", "worker",
+       "KV transfers in flight per decode worker (capped)."),
+    _a("shadow_router_backpressure_total", "counter", "waits", "reason",
+       "Waits caused by back-pressure (prefill_kv, transfer_cap, no_slot)."),
+    _a("shadow_pool_requests", "gauge", "requests", "",
+       "Requests waiting in the Prompt Pool."),
+    _a("shadow_pool_oldest_seconds", "gauge", "seconds", "",
+       "Age of the oldest Prompt Pool entry."),
+    _a("shadow_pool_wait_seconds", "histogram", "seconds", "",
+       "Time from prefill done to decode dispatch."),
+    _a("shadow_pool_reaped_total", "counter", "requests", "",
+       "Pool entries released by the TTL reaper."),
+    _a("shadow_pool_starvation_guard_total", "counter", "requests", "",
+       "Pool entries dispatched by the age (starvation) guard rather than by score."),
+    _a("shadow_router_first_token_seconds", "histogram", "seconds", "mode prompt_bucket",
+       "Time to first token the client saw, through the proxy."),
+    _a("shadow_router_tpot_seconds", "histogram", "seconds", "mode prompt_bucket",
+       "Mean time per output token of a finished stream, as the client saw it."),
+    _a("shadow_router_completion_seconds", "histogram", "seconds", "mode prompt_bucket",
+       "Request start to last byte, as the client saw it."),
+    _a("shadow_router_round_stage_seconds", "histogram", "seconds", "round_stage",
+       "Compute time of BR Stage 1 (stage1) and Stage 2 (stage2) within a routing round."),
+    _a("shadow_router_kv_transfer_seconds", "histogram", "seconds", "",
+       "Decode dispatch to first decode token (KV transfer + queueing on the decode worker)."),
+    _a("shadow_router_recomputed_total", "counter", "requests", "",
+       "Decode legs that ended with stop_reason recomputed."),
     # --- simulated fleet ground truth (shadow.fleet.metrics.StepCollector) ------------------------
     _m("shadow_fleet_steps_total", "counter", "steps", "",
        "Steps of the simulated fleet's shared decode clock.", _FLEET),
@@ -276,8 +379,14 @@ def lookup(series_name: str) -> MetricSpec | None:
     return None
 
 
-def for_exporter(*exporters: str) -> tuple[MetricSpec, ...]:
-    return tuple(m for m in CATALOGUE if m.exporter in exporters)
+def for_exporter(*exporters: str, active: bool = True) -> tuple[MetricSpec, ...]:
+    """Specs of `exporters`; without `active`, only those exported whatever the mode."""
+    return tuple(m for m in CATALOGUE if m.exporter in exporters and (active or not m.only))
+
+
+def active_only() -> frozenset[str]:
+    """Names exported only by `shadow serve --active`."""
+    return frozenset(m.name for m in CATALOGUE if m.only == "active")
 
 
 def check_exposition(text: str, exporters: Iterable[str] = EXPORTERS) -> list[str]:
@@ -305,6 +414,10 @@ def check_exposition(text: str, exporters: Iterable[str] = EXPORTERS) -> list[st
         seen: set[str] = set()
         for sample in fam.samples:
             seen |= set(sample.labels) - {"le", "quantile"}
+            for label, value in sample.labels.items():
+                closed = allowed_values(spec.name, label)
+                if closed is not None and value not in closed:
+                    problems.append(f"{name}: {label}={value!r} outside the closed set {list(closed)}")
         if fam.samples and seen != set(spec.labels):
             problems.append(f"{name}: labels {sorted(seen)}, catalogued {sorted(spec.labels)}")
     return problems
@@ -319,14 +432,19 @@ def markdown() -> str:
         "Names are as PromQL sees them (counters end in `_total`, histograms add `_bucket`, `_sum`,",
         "`_count`). Exporters: `tap` = the mirror (`shadow tap`, `shadow serve`); `serve` = the live",
         "lanes (`shadow serve`); `fleet` = the simulated fleet's ground truth; `vllm` = worker metrics",
-        "that shadow reads (vLLM exports them; so does the simulated fleet).",
+        "that shadow reads (vLLM exports them; so does the simulated fleet). `serve (--active)`:",
+        "exported only when `shadow serve --active` runs the active proxy and the mode controller.",
         "",
         "| name | type | unit | labels | exporter | help |",
         "|---|---|---|---|---|---|",
     ]
     for m in CATALOGUE:
         labels = ", ".join(f"`{x}`" for x in m.labels) or "–"
-        out.append(f"| `{m.name}` | {m.type} | {m.unit} | {labels} | {m.exporter} | {m.help} |")
+        exporter = f"{m.exporter} (--{m.only})" if m.only else m.exporter
+        out.append(f"| `{m.name}` | {m.type} | {m.unit} | {labels} | {exporter} | {m.help} |")
     out += ["", "## Labels", "", "| label | bounded by |", "|---|---|"]
     out += [f"| `{k}` | {v} |" for k, v in LABELS.items()]
+    out += ["", "## Closed `reason` sets of the active-routing metrics", "", "| metric | reasons |",
+            "|---|---|"]
+    out += [f"| `{k}` | {', '.join(f'`{x}`' for x in v)} |" for k, v in REASON_VALUES.items()]
     return "\n".join(out) + "\n"

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from shadow.commands.dashboards import generated_files
-from shadow.telemetry.catalogue import lookup
+from shadow.telemetry.catalogue import active_only, lookup
 from tests.telemetry.promql import metric_names, substitute
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,9 +38,10 @@ def test_generated_files_are_up_to_date() -> None:
         assert path.read_text(encoding="utf-8") == text, f"{path} is stale: run `shadow dashboards build`"
 
 
-def test_the_four_dashboards_exist_with_unique_stable_uids() -> None:
+def test_the_eight_dashboards_exist_with_unique_stable_uids() -> None:
     uids = [d["uid"] for d in _load()]
-    assert sorted(uids) == ["shadow-fleet", "shadow-mirror-health", "shadow-overview", "shadow-step-model"]
+    assert sorted(uids) == ["shadow-fairness", "shadow-fleet", "shadow-mirror-health", "shadow-overview",
+                            "shadow-pool", "shadow-predictors", "shadow-router", "shadow-step-model"]
     for d, path in zip(_load(), FILES, strict=True):
         assert path.name == d["uid"] + ".json"
         assert re.fullmatch(r"[a-zA-Z0-9_-]{1,40}", d["uid"])
@@ -109,3 +110,22 @@ def test_variable_queries_name_catalogued_metrics() -> None:
             if v["type"] == "query":
                 m = re.fullmatch(r"label_values\((\w+)(\{.*\})?, (\w+)\)", v["query"])
                 assert m and lookup(m.group(1)) is not None, v["query"]
+
+
+def test_every_active_routing_metric_is_on_a_dashboard() -> None:
+    """The Router, Predictors, Pool and Fairness dashboards cover the whole active-routing table."""
+    shown = set()
+    for _, _, expr in all_queries():
+        shown |= {spec.name for n in metric_names(substitute(expr, VARS)) if (spec := lookup(n))}
+    assert sorted(active_only() - shown) == []
+
+
+def test_active_dashboards_read_active_metrics_or_the_lanes() -> None:
+    for d in _load():
+        if d["uid"] not in ("shadow-router", "shadow-predictors", "shadow-pool", "shadow-fairness"):
+            continue
+        for p in _panels(d):
+            for t in p["targets"]:
+                names = {spec.name for n in metric_names(substitute(t["expr"], VARS)) if (spec := lookup(n))}
+                assert names & active_only() or all(n.startswith("shadow_lane_") for n in names), (
+                    f"{d['uid']}/{p['title']}: {sorted(names)}")

@@ -52,7 +52,7 @@ def _one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict
 
 def test_overlay_builds_every_object(built: list[dict[str, Any]]) -> None:
     kinds = sorted(d["kind"] for d in built)
-    assert kinds.count("ConfigMap") == 5  # 4 dashboards + the sidecar config
+    assert kinds.count("ConfigMap") == 9  # 8 dashboards + the sidecar config
     for kind in ("Deployment", "Service", "ServiceMonitor", "PrometheusRule", "NetworkPolicy", "Secret"):
         assert kind in kinds, kind
     assert {d["metadata"].get("namespace") for d in built} == {"llm-serving"}

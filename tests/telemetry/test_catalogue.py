@@ -55,6 +55,68 @@ def test_check_exposition_reports_unknown_type_and_label_problems() -> None:
     assert check_exposition(ok, exporters=["fleet"]) != []  # right name, wrong exporter
 
 
+def test_active_routing_metrics_are_the_coordinated_table() -> None:
+    """The fixed names, types and labels of active routing (COORDINATION.md), exporter `serve`."""
+    expected = {
+        "shadow_mode": ("gauge", ("mode",)), "shadow_mode_transitions_total": ("counter", ("mode", "reason")),
+        "shadow_mode_pinned": ("gauge", ()), "shadow_fallback_active": ("gauge", ()),
+        "shadow_fallback_trips_total": ("counter", ("reason",)),
+        "shadow_fallback_holddown_seconds": ("gauge", ()), "shadow_policy_active": ("gauge", ("policy",)),
+        "shadow_policy_degraded_total": ("counter", ("reason",)),
+        "shadow_predictor_calibration_error": ("gauge", ()),
+        "shadow_router_requests_total": ("counter", ("mode", "policy", "outcome")),
+        "shadow_router_decision_duration_seconds": ("histogram", ("policy",)),
+        "shadow_router_upstream_errors_total": ("counter", ("leg", "worker")),
+        "shadow_router_retries_total": ("counter", ("leg",)),
+        "shadow_router_inflight": ("gauge", ("leg", "worker")),
+        "shadow_router_kv_transfers_inflight": ("gauge", ("worker",)),
+        "shadow_router_backpressure_total": ("counter", ("reason",)),
+        "shadow_pool_requests": ("gauge", ()), "shadow_pool_oldest_seconds": ("gauge", ()),
+        "shadow_pool_wait_seconds": ("histogram", ()), "shadow_pool_reaped_total": ("counter", ()),
+        "shadow_router_first_token_seconds": ("histogram", ("mode", "prompt_bucket")),
+        "shadow_router_tpot_seconds": ("histogram", ("mode", "prompt_bucket")),
+        "shadow_router_completion_seconds": ("histogram", ("mode", "prompt_bucket")),
+        "shadow_router_round_stage_seconds": ("histogram", ("round_stage",)),
+        "shadow_router_kv_transfer_seconds": ("histogram", ()),
+        "shadow_router_recomputed_total": ("counter", ()),
+        "shadow_pool_starvation_guard_total": ("counter", ()),
+        "shadow_predictor_key_lookups_total": ("counter", ("result",)),
+        "shadow_predictor_oracle_gap_ratio": ("gauge", ()),
+    }
+    got = {m.name: (m.type, m.labels) for m in CATALOGUE if m.only == "active"}
+    assert got == expected
+    assert all(m.exporter == "serve" for m in CATALOGUE if m.only == "active")
+    assert catalogue.active_only() == set(expected)
+    assert catalogue.LABEL_VALUES["prompt_bucket"] == ("lt512", "512-2k", "2k-8k", "ge8k")
+
+
+def test_check_exposition_holds_active_labels_to_their_closed_sets() -> None:
+    good = (
+        "# TYPE shadow_router_requests_total counter\n"
+        'shadow_router_requests_total{mode="active",policy="br0",outcome="ok"} 1\n'
+        "# TYPE shadow_fallback_trips_total counter\n"
+        'shadow_fallback_trips_total{reason="drift"} 1\n'
+        "# TYPE shadow_router_round_stage_seconds histogram\n"
+        'shadow_router_round_stage_seconds_bucket{round_stage="stage1",le="+Inf"} 1\n'
+        'shadow_router_round_stage_seconds_count{round_stage="stage1"} 1\n'
+        'shadow_router_round_stage_seconds_sum{round_stage="stage1"} 0.001\n'
+    )
+    assert check_exposition(good, exporters=["serve"]) == []
+    bad = (
+        "# TYPE shadow_router_requests_total counter\n"
+        'shadow_router_requests_total{mode="canary",policy="br0",outcome="timeout"} 1\n'
+        "# TYPE shadow_fallback_trips_total counter\n"
+        'shadow_fallback_trips_total{reason="cosmic_rays"} 1\n'
+        "# TYPE shadow_router_first_token_seconds histogram\n"
+        'shadow_router_first_token_seconds_count{mode="active",prompt_bucket="1k"} 1\n'
+    )
+    problems = check_exposition(bad, exporters=["serve"])
+    assert any("outcome='timeout'" in p for p in problems), problems
+    assert any("reason='cosmic_rays'" in p for p in problems), problems
+    assert any("prompt_bucket='1k'" in p for p in problems), problems
+    assert not any("mode='canary'" in p for p in problems)  # canary is a mode (of the gauge's set)
+
+
 def test_docs_table_is_generated_from_the_catalogue() -> None:
     assert (ROOT / "docs" / "metrics.md").read_text() == catalogue.markdown(), (
         "docs/metrics.md is stale: run `shadow dashboards build`"
@@ -102,7 +164,8 @@ def test_real_exporters_export_nothing_outside_the_catalogue(serve: bool) -> Non
         for name in ("shadow_lane_steps_total", "shadow_lane_worker_load_tokens",
                      "shadow_step_model_r2", "shadow_fidelity_load_relative_error"):
             assert name in exported, name
-    specs = {m.name for m in catalogue.for_exporter(*exporters)}
+    # (the active-routing families are declared only by `shadow serve --active`: tests/active/)
+    specs = {m.name for m in catalogue.for_exporter(*exporters, active=False)}
     declared = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
     families = {s.name for n in declared if (s := lookup(n)) is not None}
     assert specs - families == set(), "catalogued metrics the running exporter does not declare"

@@ -2,7 +2,8 @@
 
 `build_all()` returns {file name: dashboard JSON object}; `render(obj)` gives the committed bytes
 (sorted keys, two-space indent, trailing newline) so that rebuilding is byte-for-byte stable.
-Router, Predictors, Pool and Fairness dashboards wait for active-mode metrics.
+Router, Predictors, Pool and transfer, and Fairness read the active-routing metrics (`shadow serve
+--active`).
 """
 
 from __future__ import annotations
@@ -12,9 +13,18 @@ from typing import Any
 
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
-from shadow.telemetry.dashboards import fleet, mirror, overview, stepmodel
+from shadow.telemetry.dashboards import (
+    fairness,
+    fleet,
+    mirror,
+    overview,
+    pool,
+    predictors,
+    router,
+    stepmodel,
+)
 
-MODULES = (overview, fleet, mirror, stepmodel)
+MODULES = (overview, fleet, mirror, stepmodel, router, predictors, pool, fairness)
 
 
 def build_all() -> dict[str, dict[str, Any]]:
