@@ -64,7 +64,8 @@ def build() -> db.Dashboard:
                "The calibration error of BR-H's end probabilities and its spread's excess over the "
                "Oracle bound (alert ShadowPredictorDrift).",
                "percentunit",
-               q(f"max by (instance) (shadow_predictor_calibration_error{sel()})", "calibration {{instance}}"),
+               q(f"max by (instance) (shadow_predictor_calibration_error{sel()})",
+                 "calibration {{instance}}"),
                q(f"max by (instance) (shadow_predictor_oracle_gap_ratio{sel()})", "oracle gap {{instance}}",
                  ref="B")), w=8)
     lay.add(ts("BR-H net gain over BR-0",

@@ -52,7 +52,8 @@ def build() -> db.Dashboard:
                "Automatic fallbacks by trigger, and transitions into each mode by reason (operator, "
                "flag file, drift, decision_slow, recovered, ...), counted over the window.",
                "short",
-               q(f"sum by (reason) (increase(shadow_fallback_trips_total{sel()}[{RATE}]))", "trip {{reason}}"),
+               q(f"sum by (reason) (increase(shadow_fallback_trips_total{sel()}[{RATE}]))",
+                 "trip {{reason}}"),
                q(f"sum by (mode, reason) (increase(shadow_mode_transitions_total{sel()}[{RATE}]))",
                  "→ {{mode}} ({{reason}})", ref="B")), w=8)
     lay.row("Decisions")
@@ -63,14 +64,16 @@ def build() -> db.Dashboard:
     lay.add(ts("Decision rounds",
                "Dispatch rounds per second, by policy (pool policies coalesce several requests into "
                "one round).",
-               "ops", q(f"sum by (policy) (rate(shadow_router_decision_duration_seconds_count{sel()}[{RATE}]))",
-                        "{{policy}}")), w=12)
+               "ops",
+               q(f"sum by (policy) (rate(shadow_router_decision_duration_seconds_count{sel()}[{RATE}]))",
+                 "{{policy}}")), w=12)
     lay.row("Requests")
     lay.add(ts("Requests by mode, policy and outcome",
                "Requests per second through the proxy by effective mode (shadow, active, fallback), "
                "policy and outcome (ok, client_cancel, upstream_error, rejected).",
-               "reqps", q(f"sum by (mode, policy, outcome) (rate(shadow_router_requests_total{sel()}[{RATE}]))",
-                          "{{mode}} {{policy}} {{outcome}}")), w=12)
+               "reqps",
+               q(f"sum by (mode, policy, outcome) (rate(shadow_router_requests_total{sel()}[{RATE}]))",
+                 "{{mode}} {{policy}} {{outcome}}")), w=12)
     lay.add(ts("Failed share of requests",
                "Share of requests per second ending in upstream_error or rejected, by effective mode.",
                "percentunit",
@@ -86,7 +89,8 @@ def build() -> db.Dashboard:
                "ops", q(f"sum by (leg) (rate(shadow_router_retries_total{sel()}[{RATE}]))", "{{leg}}")), w=8)
     lay.add(ts("In flight per upstream",
                "Requests in flight from the proxy to each upstream, by leg and worker.",
-               "short", q(f"sum by (leg, worker) (shadow_router_inflight{sel()})", "{{leg}} {{worker}}")), w=8)
+               "short",
+               q(f"sum by (leg, worker) (shadow_router_inflight{sel()})", "{{leg}} {{worker}}")), w=8)
     lay.row("Prompt Pool")
     lay.add(ts("Pool depth",
                "Requests waiting in the Prompt Pool (prefill done, decode not yet dispatched).",
