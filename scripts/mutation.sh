@@ -9,11 +9,17 @@
 #
 # Needs the optional extra:  pip install -e '.[mutation]'
 # Each package runs in its own scratch copy (build/mutation/<package>, the working tree as it is,
-# committed or not) with only the tests relevant to it, so that a run stays well under 30
-# minutes for core + engine on 2 cores. Hypothesis tests are capped at MUTATION_MAX_EXAMPLES
-# examples there (default 30, scripts/mutation_conftest.py). Runs under `nice`; MUTATION_JOBS
-# sets the parallel workers (default 2). Prints per package: killed / tested = kill rate, then every surviving
-# mutant's name (see the diff with `cd build/mutation/<package> && mutmut show NAME`).
+# committed or not). What keeps it fast (docs/mutation.md):
+#   - only the package's own fast tests are selected (TESTS below; `-m "not integration"`), and
+#     mutmut maps each mutated function to the tests that call it and runs only those, fastest
+#     first, stopping at the first failure;
+#   - Hypothesis runs the `mutation` profile (tests/conftest.py): at most MUTATION_MAX_EXAMPLES
+#     examples per property test (default 30), derandomized, no example database;
+#   - MUTATION_JOBS parallel workers (default: the number of cores), under `nice -n MUTATION_NICE`
+#     (default 15) so other work on the machine keeps its share.
+# Prints per package: killed / tested = kill rate, the wall time, the CPU seconds used (user + sys,
+# independent of machine load) and the load average, then every surviving mutant's name
+# (see the diff with `cd build/mutation/<package> && mutmut show NAME`).
 # Equivalent mutants (no behaviour change, cannot be killed) are listed in docs/mutation.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,14 +28,17 @@ PY=${PYTHON:-}
 if [ -z "$PY" ]; then
   if [ -x "$ROOT/.venv/bin/python" ]; then PY=$ROOT/.venv/bin/python; else PY=python3; fi
 fi
-JOBS=${MUTATION_JOBS:-2}
+JOBS=${MUTATION_JOBS:-$(nproc 2>/dev/null || echo 2)}
+NICE=${MUTATION_NICE:-15}
 WORK=${MUTATION_DIR:-$ROOT/build/mutation}
+export SHADOW_HYPOTHESIS_PROFILE=mutation
+export SHADOW_MUTATION_MAX_EXAMPLES=${MUTATION_MAX_EXAMPLES:-30}
 if ! "$PY" -c "import mutmut" 2>/dev/null; then
   echo "mutation.sh: mutmut is not installed: pip install -e '.[mutation]'" >&2
   exit 2
 fi
 
-# package -> files to mutate (globs) | tests that exercise them
+# package -> files to mutate (globs) | the fast tests that exercise them
 declare -A MUTATE=(
   [core]="shadow/core/*"
   [engine]="shadow/engine/*"
@@ -37,7 +46,7 @@ declare -A MUTATE=(
 )
 declare -A TESTS=(
   [core]="tests/core"
-  [engine]="tests/engine"
+  [engine]="tests/engine tests/live/test_live_driver.py tests/replay/test_protocol.py"
   [mirror]="tests/mirror/test_state.py tests/mirror/test_analyzer.py"
 )
 
@@ -61,10 +70,12 @@ toml_list() {  # words -> TOML list of strings
   echo "[${out%, }]"
 }
 
+loadavg() { cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?"; }
+
 summary=()
 for t in "${targets[@]}"; do
   dir=$WORK/$t
-  start=$(date +%s)
+  load_start=$(loadavg)
   if [ "$AGAIN" = 1 ]; then
     if [ ! -d "$dir/mutants" ]; then
       echo "mutation.sh: no previous run of $t in $dir: run without --again first" >&2
@@ -74,46 +85,51 @@ for t in "${targets[@]}"; do
     cp -r tests "$dir/"
     find "$dir/tests" -name __pycache__ -prune -exec rm -rf {} +
     (cd "$dir" && "$PY" -m mutmut results --all true >"$dir/results.txt")
-    mapfile -t again < <(grep -v ": killed$" "$dir/results.txt" | grep -v ": timeout$" | sed 's/^ *//; s/: [^:]*$//')
-    echo "== $t: re-checking ${#again[@]} mutants not killed in the last run" >&2
-    if [ ${#again[@]} -gt 0 ]; then
-      (cd "$dir" && nice -n 10 "$PY" -m mutmut run --max-children "$JOBS" "${again[@]}" >"$dir/run-again.log" 2>&1) || {
-        echo "mutation.sh: mutmut failed for $t, see $dir/run-again.log" >&2
-        tail -20 "$dir/run-again.log" >&2
-        exit 1
-      }
-    fi
+    mapfile -t mutants < <(grep -v ": killed$" "$dir/results.txt" | grep -v ": timeout$" | sed 's/^ *//; s/: [^:]*$//')
+    echo "== $t: re-checking ${#mutants[@]} mutants not killed in the last run" >&2
+    log=$dir/run-again.log
   else
-  rm -rf "$dir"
-  mkdir -p "$dir"
-  cp -r shadow tests pyproject.toml "$dir/"
-  cp scripts/mutation_conftest.py "$dir/conftest.py"
-  find "$dir" -name __pycache__ -prune -exec rm -rf {} +
-  # shellcheck disable=SC2086
-  cat >> "$dir/pyproject.toml" <<TOML
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    cp -r shadow tests pyproject.toml "$dir/"
+    find "$dir" -name __pycache__ -prune -exec rm -rf {} +
+    # shellcheck disable=SC2086
+    cat >> "$dir/pyproject.toml" <<TOML
 
 [tool.mutmut]
 source_paths = ["shadow"]
 only_mutate = $(toml_list ${MUTATE[$t]})
 pytest_add_cli_args_test_selection = $(toml_list ${TESTS[$t]})
-pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-x"]
+pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-x", "-m", "not integration"]
 use_git_change_detection = false
-also_copy = ["conftest.py"]
 TOML
-  echo "== $t: mutating ${MUTATE[$t]} against ${TESTS[$t]}" >&2
-  (cd "$dir" && nice -n 10 "$PY" -m mutmut run --max-children "$JOBS" >"$dir/run.log" 2>&1) || {
-    echo "mutation.sh: mutmut failed for $t, see $dir/run.log" >&2
-    tail -20 "$dir/run.log" >&2
-    exit 1
-  }
+    mutants=()
+    echo "== $t: mutating ${MUTATE[$t]} against ${TESTS[$t]} ($JOBS workers, nice $NICE)" >&2
+    log=$dir/run.log
   fi
-  secs=$(( $(date +%s) - start ))
+  rc=0
+  if [ "$AGAIN" = 0 ] || [ ${#mutants[@]} -gt 0 ]; then
+    # bash's `time` counts the CPU of every reaped descendant (mutmut's forked workers included)
+    TIMEFORMAT="%R %U %S"
+    { time (cd "$dir" && nice -n "$NICE" "$PY" -m mutmut run --max-children "$JOBS" "${mutants[@]}" \
+        >"$log" 2>&1) || rc=$?; } 2>"$dir/time.txt"
+  else
+    echo "0 0 0" >"$dir/time.txt"
+  fi
+  if [ "$rc" != 0 ]; then
+    echo "mutation.sh: mutmut failed for $t, see $log" >&2
+    tail -20 "$log" >&2
+    exit 1
+  fi
+  load_end=$(loadavg)
   (cd "$dir" && "$PY" -m mutmut results --all true >"$dir/results.txt")
-  line=$("$PY" - "$t" "$secs" "$dir/results.txt" "$AGAIN" <<'PYEOF'
+  line=$("$PY" - "$t" "$dir/time.txt" "$dir/results.txt" "$AGAIN" "$JOBS" "$load_start" "$load_end" <<'PYEOF'
 import collections
 import sys
 
-name, secs, path, again = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
+name, timing, path, again, jobs, load0, load1 = sys.argv[1:8]
+wall, user, sys_ = (float(x) for x in open(timing, encoding="utf-8").read().split()[-3:])
+cpu = user + sys_
 status = {}
 for raw in open(path, encoding="utf-8"):
     key, sep, st = raw.strip().rpartition(": ")
@@ -124,7 +140,11 @@ killed = counts["killed"] + counts["timeout"] + counts["caught by type check"]
 tested = len(status) - counts["skipped"]
 rate = 100.0 * killed / tested if tested else 0.0
 others = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()) if k not in ("killed",))
-print(f"{name}: {killed}/{tested} mutants killed = {rate:.1f}% ({others or 'none other'}; {secs} s{' re-checking survivors' if again else ''})")
+what = " re-checking survivors" if again == "1" else ""
+print(
+    f"{name}: {killed}/{tested} mutants killed = {rate:.1f}% ({others or 'none other'}); "
+    f"{wall:.0f} s wall{what}, {cpu:.0f} CPU-s ({jobs} workers; load {load0} -> {load1})"
+)
 survivors = sorted(k for k, v in status.items() if v not in ("killed", "timeout", "caught by type check", "skipped"))
 for k in survivors:
     print(f"    {status[k]:>10}  {k}")

@@ -49,6 +49,7 @@ class Emitter:
         )
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
+        self._closing = False
         self.sent = 0
         self.dropped = 0
         self.errors = 0
@@ -91,13 +92,16 @@ class Emitter:
                 self.sent += n
                 with contextlib.suppress(Exception):
                     self.rejected += sum(resp.json().get("rejected", {}).values())
+            except asyncio.CancelledError:
+                self.dropped += n  # cancelled from outside mid-post: counted, not lost silently
+                raise
             except Exception:
                 self.errors += 1
                 self.dropped += n
 
     async def _loop(self) -> None:
         assert self._wake is not None
-        while True:
+        while not self._closing:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.flush_interval_s)
             self._wake.clear()
@@ -110,10 +114,13 @@ class Emitter:
             self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def aclose(self) -> None:
-        """Stop the flusher, post what is left, close the client."""
+        """Let the flusher finish the batch it is posting (never cut a post short: the batch would
+        be lost), then post what is left and close the client."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(BaseException):
+            self._closing = True
+            if self._wake is not None:
+                self._wake.set()
+            with contextlib.suppress(Exception):
                 await self._task
             self._task = None
         await self.flush()

@@ -1,12 +1,14 @@
 """Helpers for the fleet tests: raw SSE reading, a vLLM stream schema checker, metrics parsing,
-free ports and waiting for sockets."""
+free ports, waiting for sockets, and an event loop with virtual time."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import time
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 import httpx
 
@@ -142,3 +144,42 @@ def metric_value(text: str, name: str, **labels: str) -> float:
 
 def words(n: int) -> str:
     return " ".join(["w"] * n)
+
+
+T = TypeVar("T")
+
+
+class VirtualTimeLoop(asyncio.SelectorEventLoop):
+    """An event loop whose clock jumps to the next timer instead of sleeping (no real I/O)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._virtual_now = 0.0
+        real = self._selector  # type: ignore[has-type]
+        loop = self
+
+        class _Selector:
+            def select(self, timeout: float | None = None) -> Any:
+                events = real.select(0)
+                if events or timeout == 0:
+                    return events
+                if timeout is None:
+                    raise RuntimeError("virtual-time loop: nothing scheduled and nothing ready (deadlock)")
+                loop._virtual_now += timeout
+                return []
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(real, name)
+
+        self._selector = _Selector()
+
+    def time(self) -> float:
+        return self._virtual_now
+
+
+def run_virtual(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    loop = VirtualTimeLoop()
+    try:
+        return loop.run_until_complete(main())
+    finally:
+        loop.close()

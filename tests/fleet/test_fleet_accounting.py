@@ -15,12 +15,10 @@ import asyncio
 import itertools
 import math
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
 
 import httpx
 import pytest
-from fleet_helpers import metric_value, words
+from fleet_helpers import metric_value, run_virtual, words
 
 from shadow.core.stepmodel import StepTimeModel
 from shadow.fleet import FleetConfig, FleetThread
@@ -29,45 +27,6 @@ from shadow.fleet.engine import DecodeEngine, Seq
 from shadow.fleet.faults import FaultState
 
 pytestmark = pytest.mark.timeout(60)
-
-T = TypeVar("T")
-
-
-class VirtualTimeLoop(asyncio.SelectorEventLoop):
-    """An event loop whose clock jumps to the next timer instead of sleeping (no real I/O)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._virtual_now = 0.0
-        real = self._selector  # type: ignore[has-type]
-        loop = self
-
-        class _Selector:
-            def select(self, timeout: float | None = None) -> Any:
-                events = real.select(0)
-                if events or timeout == 0:
-                    return events
-                if timeout is None:
-                    raise RuntimeError("virtual-time loop: nothing scheduled and nothing ready (deadlock)")
-                loop._virtual_now += timeout
-                return []
-
-            def __getattr__(self, name: str) -> Any:
-                return getattr(real, name)
-
-        self._selector = _Selector()
-
-    def time(self) -> float:
-        return self._virtual_now
-
-
-def run_virtual(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    loop = VirtualTimeLoop()
-    try:
-        return loop.run_until_complete(main())
-    finally:
-        loop.close()
-
 
 class Rig:
     """`n` decode engines on one step clock with model (a, b), as the fleet wires them."""

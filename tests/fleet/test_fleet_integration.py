@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -205,44 +207,54 @@ def test_cli_prints_urls_and_stops_on_sigterm(procs: list[Proc], tmp_path: Path)
             p.wait(5)
 
 
-def free_layout_base(offsets: tuple[int, ...]) -> int:
-    """A BASE port for which BASE+offset is free for every offset (checked by binding)."""
-    import socket
+def _outside_ephemeral_range(span: int, rng: random.Random) -> int:
+    """A random BASE with BASE..BASE+span below the kernel's ephemeral range (so no port-0 bind or
+    outgoing connection anywhere on the machine is handed one of them meanwhile)."""
+    try:
+        lo = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        lo = 32768
+    return rng.randrange(10000, max(10001, lo - span - 1))
 
-    for _ in range(50):
-        base = free_port() // 1000 * 1000 + 500
-        if base + max(offsets) > 65535:
-            continue
-        socks = []
+
+def start_fleet_on_fixed_layout(
+    args: list[str], offsets: tuple[int, ...]
+) -> tuple[subprocess.Popen[str], int, dict]:
+    """Start `shadow fleet --port BASE ...` on a BASE whose BASE+offset ports are free. A port can
+    still be taken between the check and the fleet's bind (by any process on the machine): the
+    fleet then exits with "address already in use", and only that failure is retried on a new BASE."""
+    rng = random.Random()
+    last_err = ""
+    for _ in range(20):
+        base = _outside_ephemeral_range(max(offsets), rng)
         try:
             for off in offsets:
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", base + off))
-            return base
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", base + off))
         except OSError:
             continue
-        finally:
-            for s in socks:
-                s.close()
-    raise AssertionError("no free port layout found in 50 tries")
+        p = subprocess.Popen([sys.executable, "-m", "shadow", "fleet", *args, "--port", str(base)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert p.stdout is not None and p.stderr is not None
+        line = p.stdout.readline()
+        if line:
+            return p, base, json.loads(line)
+        p.wait(15)
+        last_err = p.stderr.read()
+        assert "address already in use" in last_err.lower(), (
+            f"fleet did not start on ports near {base}: {last_err}")
+    raise AssertionError(f"no free fixed-port layout in 20 tries; last error: {last_err}")
 
 
 def test_cli_fixed_ports_layout(tmp_path: Path) -> None:
-    base = free_layout_base((0, 1, 100, 101, 200))
-    p = subprocess.Popen([sys.executable, "-m", "shadow", "fleet", "--prefill", "2", "--decode", "2",
-                          "--port", str(base), "--dp-front", "--time-scale", "0.25"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p, base, urls = start_fleet_on_fixed_layout(
+        ["--prefill", "2", "--decode", "2", "--dp-front", "--time-scale", "0.25"], (0, 1, 100, 101, 200))
     try:
-        assert p.stdout is not None
-        line = p.stdout.readline()
-        assert line, f"fleet did not start on ports near {base}: {p.stderr.read() if p.stderr else ''}"
-        urls = json.loads(line)
         assert urls["prefill"] == [f"http://127.0.0.1:{base}", f"http://127.0.0.1:{base + 1}"]
         assert urls["decode"] == [f"http://127.0.0.1:{base + 100}", f"http://127.0.0.1:{base + 101}"]
         assert urls["dp"] == f"http://127.0.0.1:{base + 200}"
         r = httpx.post(urls["dp"] + "/v1/completions", json={"prompt": "a", "max_tokens": 2},
-                       headers={"X-data-parallel-rank": "1"})
+                       headers={"X-data-parallel-rank": "1"}, timeout=60)  # a hang guard, not a bound
         assert r.status_code == 200
         m1 = httpx.get(urls["decode"][1] + "/metrics").text
         assert metric_value(m1, "vllm:request_success_total") == 1

@@ -8,9 +8,13 @@ import time
 
 import httpx
 import pytest
-from fleet_helpers import check_stream, metric_value, stream_raw, words
+from fleet_helpers import check_stream, metric_value, run_virtual, stream_raw, words
 
 from shadow.fleet import FleetConfig, FleetThread
+from shadow.fleet.engine import Seq
+from shadow.fleet.faults import FaultState
+from shadow.fleet.pd import KvStore
+from shadow.fleet.prefill import PrefillEngine
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -79,23 +83,71 @@ def test_handle_expires_after_ttl() -> None:
 
 
 def test_prefill_is_fcfs_and_timed() -> None:
-    cfg = FleetConfig(prefill=1, decode=1, base_port=0, time_scale=1.0, prefill_c0=0.05, prefill_c1=0.0)
-    async def one(client: httpx.AsyncClient, url: str, t0: float) -> float:
-        r = await client.post(url, json={"prompt": "a b", **PREFILL_BODY})
-        assert r.status_code == 200
-        return time.monotonic() - t0
+    """One prefill at a time, in arrival order, each taking exactly c0 + c1·prompt_tokens (virtual
+    time: exact, whatever the machine's load)."""
+    c0, c1 = 0.05, 0.001
+    cfg = FleetConfig(prefill=1, decode=1, base_port=0, time_scale=1.0, prefill_c0=c0, prefill_c1=c1)
+    prompts = [400, 10, 250, 30]  # a short one behind a long one still waits its turn
 
-    async def main(url: str) -> list[float]:
-        async with httpx.AsyncClient(timeout=10) as client:
+    async def main() -> list[Seq]:
+        loop = asyncio.get_running_loop()
+        engine = PrefillEngine(cfg, FaultState(), KvStore("p0", "127.0.0.1", 1, ttl_s=60.0, block_size=16))
+        task = asyncio.create_task(engine.run())
+        seqs = [Seq(f"r{i}", p, 1, "length", 1, loop.time()) for i, p in enumerate(prompts)]
+        for s in seqs:
+            engine.submit_prefill(s)
+        await asyncio.sleep(0.01)  # virtual time: the first prefill is under way
+        assert engine.num_running() == 1 and len(engine.queue) == 3, "prefills run one at a time"
+        late = Seq("late", 5, 1, "length", 1, loop.time())
+        engine.submit_prefill(late)
+        seqs.append(late)
+        for s in seqs:
+            while not s.finished:
+                await s.wait_beyond(s.generated)
+        task.cancel()
+        return seqs
+
+    seqs = run_virtual(main)
+    order = sorted(seqs, key=lambda s: s.scheduled_t)
+    assert [s.rid for s in order] == ["r0", "r1", "r2", "r3", "late"], "prefills not first-come first-served"
+    t = 0.0
+    for s in order:
+        assert s.scheduled_t == pytest.approx(t, abs=1e-12), (
+            f"{s.rid} started at {s.scheduled_t}, not when the previous prefill ended ({t})")
+        want = c0 + c1 * s.prompt_tokens
+        assert s.first_t - s.scheduled_t == pytest.approx(want, rel=1e-9), (
+            f"{s.rid}: prefill of {s.prompt_tokens} tokens took {s.first_t - s.scheduled_t} s, "
+            f"expected c0 + c1·n = {want}")
+        assert (s.generated, s.finish_reason) == (1, "length") and s.kv_params is not None
+        t = s.first_t
+
+
+def test_prefill_server_runs_concurrent_requests_one_at_a_time() -> None:
+    """Over HTTP: four concurrent prefills of c0 each cannot all be done before 4·c0 (a lower bound,
+    so machine load cannot break it); every one gets its KV handle."""
+    c0 = 0.05
+    cfg = FleetConfig(prefill=1, decode=1, base_port=0, time_scale=1.0, prefill_c0=c0, prefill_c1=0.0)
+
+    async def one(client: httpx.AsyncClient, url: str) -> dict:
+        r = await client.post(url, json={"prompt": "a b", **PREFILL_BODY})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    async def main(url: str) -> tuple[float, list[dict]]:
+        async with httpx.AsyncClient(timeout=60) as client:
             await client.get(url.replace("/v1/completions", "/health"))  # warm the connection pool
             t0 = time.monotonic()
-            return sorted(await asyncio.gather(*(one(client, url, t0) for _ in range(4))))
+            bodies = await asyncio.gather(*(one(client, url) for _ in range(4)))
+            return time.monotonic() - t0, list(bodies)
 
     with FleetThread(cfg) as ft:
-        done = asyncio.run(main(ft.prefill_urls[0] + "/v1/completions"))
-        # one at a time: the 4th finishes after ~4 × 50 ms
-        assert done[-1] >= 0.19
-        assert done[0] < 0.15
+        elapsed, bodies = asyncio.run(main(ft.prefill_urls[0] + "/v1/completions"))
+        assert elapsed >= 4 * c0 - 0.01, (
+            f"4 prefills of {c0} s each finished in {elapsed:.3f} s: run in parallel?")
+        handles = {b["kv_transfer_params"]["remote_request_id"] for b in bodies}
+        assert len(handles) == 4
+        state = httpx.get(ft.prefill_urls[0] + "/fleet/state").json()
+        assert state["kv_holds"] == 4
 
 
 def test_request_without_handle_is_served_locally(fleet: FleetThread) -> None:
