@@ -205,3 +205,118 @@ def test_the_no_future_check_has_power_an_oracle_fails_it() -> None:
             differs = True
             break
     assert differs
+
+
+# -- the thin-pool placement and the centred Stage 2, against their documented rules -----------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    g=st.integers(1, 6),
+    data=st.data(),
+    hold=st.booleans(),
+    hold_s=st.sampled_from([0.0, 0.3, 10.0]),
+)
+def test_thin_pool_placement_follows_the_documented_rule_step_by_step(
+    g: int, data: st.DataObject, hold: bool, hold_s: float
+) -> None:
+    """Largest first (pool order), each to the free worker with the best BR-0 F-score over the
+    prompt-load basis *including this round's earlier placements* (ties: lower basis, then lower
+    index); with hold, a young request (age < hold_s) whose best score is <= 0 stays in the pool and
+    the requests behind it are still placed."""
+    # Small integer ranges make score ties, exact zeros and exact ages common.
+    basis0 = data.draw(st.lists(st.integers(0, 60).map(lambda x: 50.0 * x), min_size=g, max_size=g))
+    loads = [b + 1.0 for b in basis0]  # something runs on every worker: hold-back may apply
+    free = data.draw(st.lists(st.integers(0, 3), min_size=g, max_size=g))
+    n = data.draw(st.integers(0, sum(free)))  # thin: everything waiting fits this round
+    sizes = data.draw(st.lists(st.integers(1, 40).map(lambda x: 50 * x), min_size=n, max_size=n))
+    ages = data.draw(st.lists(st.sampled_from([0.0, 0.3, 1.0]), min_size=n, max_size=n))
+    now = 5.0
+    pool = _pool(sizes, ages, now)
+    entries = list(pool)  # pool order: largest first, ties older first
+    router = BalanceRouteAdaptive(adaptive=BRAParams(hold=hold, hold_s=hold_s, scale_window=False))
+    out = router.round(loads, free, pool, now, prompt_loads=list(basis0))
+    placed = dict(out)
+    assert len(placed) == len(out)
+    assert [rid for rid, _ in out] == [e.request_id for e in entries if e.request_id in placed], (
+        "not placed largest first")
+    basis, slots = list(basis0), list(free)
+    for e in entries:
+        top = max(max(basis), 0.0)
+
+        def score(w: int, s: int = e.prompt_tokens, top: float = top) -> float:
+            over = s - (top - basis[w])  # BR-0: fill up to the barrier, G× penalty above it
+            return s - g * over if over > 0 else s
+
+        cands = [w for w in range(g) if slots[w] > 0]
+        assert cands, "a thin pool always fits"
+        best = max(cands, key=lambda w: (score(w), -basis[w], -w))
+        if e.request_id not in placed:
+            assert hold and now - e.arrived_at < hold_s, f"{e.request_id} held without being young"
+            assert score(best) <= 0, f"{e.request_id} held although worker {best} scores {score(best)} > 0"
+            continue
+        if hold and now - e.arrived_at < hold_s:
+            assert score(best) > 0, f"{e.request_id} placed although every placement scores <= 0"
+        w = placed[e.request_id]
+        assert w == best, (
+            f"{e.request_id} ({e.prompt_tokens} tokens) went to worker {w} (score {score(w)}, basis "
+            f"{basis[w]}); the rule picks {best} (score {score(best)}, basis {basis[best]})")
+        basis[w] += e.prompt_tokens
+        slots[w] -= 1
+    assert {e.request_id for e in pool} == {e.request_id for e in entries} - set(placed)
+
+
+def test_hold_back_edges_score_zero_holds_and_age_is_measured_from_arrival() -> None:
+    # G = 2, basis [100, 50]: a request of 100 on worker 1 overflows by 50 → 100 − 2·50 = 0 (held);
+    # one of 99 overflows by 49 → 99 − 98 = 1 > 0 (placed).
+    loads, prompt = [1.0, 1.0], [100.0, 50.0]
+    router = BalanceRouteAdaptive(adaptive=BRAParams(hold_s=0.5))
+    pool = Pool()
+    pool.add("zero", 100, 10.0)
+    assert router.round(loads, [1, 1], pool, 10.1, prompt_loads=prompt) == [], "score 0 must be held"
+    pool = Pool()
+    pool.add("one", 99, 10.0)
+    assert router.round(loads, [1, 1], pool, 10.1, prompt_loads=prompt) == [("one", 1)]
+    # young = now − arrival < hold_s, with a non-zero arrival time; exactly hold_s old is not young
+    pool = Pool()
+    pool.add("young", 100, 9.75)
+    assert router.round(loads, [1, 1], pool, 10.0, prompt_loads=prompt) == []
+    pool = Pool()
+    pool.add("old", 100, 9.5)
+    assert router.round(loads, [1, 1], pool, 10.0, prompt_loads=prompt) == [("old", 1)]
+
+
+def test_a_held_request_does_not_block_smaller_ones_behind_it() -> None:
+    # basis [500, 400]: 300 tokens overflow everywhere (held while young); 50 fits under the barrier.
+    router = BalanceRouteAdaptive(adaptive=BRAParams(hold_s=1.0))
+    pool = Pool()
+    pool.add("big", 300, 0.0)
+    pool.add("small", 50, 0.0)
+    out = router.round([1.0, 1.0], [2, 2], pool, 0.1, prompt_loads=[500.0, 400.0])
+    assert out == [("small", 1)] and [e.request_id for e in pool] == ["big"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    g=st.integers(1, 12),
+    data=st.data(),
+    r_max=st.integers(1, 6),
+    s_greedy=st.integers(0, 12),
+)
+def test_centred_stage2_equals_balanceroute_when_the_window_holds_the_whole_pool(
+    g: int, data: st.DataObject, r_max: int, s_greedy: int
+) -> None:
+    """With no aged entries and a window as large as the pool, centring the window changes
+    nothing: BRA (scale_window only) must make BR-0's decisions with the scaled R_max — the same
+    Stage 1 greedy, the same Stage 2 pops, subsets and starvation guard."""
+    knobs = BRAParams(score_pick=False, hold=False, scale_window=True)
+    window = knobs.window(g, r_max)
+    loads = data.draw(st.lists(st.integers(0, 200).map(lambda x: 100.0 * x), min_size=g, max_size=g))
+    free = data.draw(st.lists(st.integers(0, 4), min_size=g, max_size=g))
+    sizes = data.draw(st.lists(st.integers(1, 200).map(lambda x: 100 * x), max_size=window))
+    params = BRParams(r_max=r_max, s_greedy=s_greedy, age_s=None)
+    ages = [0.0] * len(sizes)
+    bra = BalanceRouteAdaptive(params, knobs).round(loads, free, _pool(sizes, ages, 0.0), 0.0)
+    scaled = BRParams(r_max=window, s_greedy=s_greedy, age_s=None)
+    br = BalanceRoute("br0", scaled).round(loads, free, _pool(sizes, ages, 0.0), 0.0)
+    assert bra == br
