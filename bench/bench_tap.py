@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing as mp
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -183,7 +185,10 @@ def _start_upstream(step_s: float, tokens: int, groups: int) -> tuple[mp.Process
     return p, q.get(timeout=10)
 
 
-def _start_tap(upstream_port: int, record: str, extra: list[str]) -> tuple[subprocess.Popen[str], dict]:  # type: ignore[type-arg]
+def _start_tap(
+    upstream_port: int, record: str, extra: list[str], root: Path = ROOT
+) -> tuple[subprocess.Popen[str], dict]:  # type: ignore[type-arg]
+    env = {**os.environ, "PYTHONPATH": str(root)}
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -204,7 +209,8 @@ def _start_tap(upstream_port: int, record: str, extra: list[str]) -> tuple[subpr
         ],
         stdout=subprocess.PIPE,
         text=True,
-        cwd=ROOT,
+        cwd=root,
+        env=env,
     )
     assert proc.stdout is not None
     ready = json.loads(proc.stdout.readline())
@@ -216,35 +222,51 @@ def _pct(xs: list[int], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] / 1e6 if xs else float("nan")
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--streams", type=int, default=512)
-    ap.add_argument("--step-ms", type=float, default=60.0)
-    ap.add_argument("--groups", type=int, default=8, help="staggered barrier groups (DP workers)")
-    ap.add_argument("--seconds", type=float, default=8.0)
-    ap.add_argument("--max-streams", type=int, default=128)
-    ap.add_argument("--max-step-ms", type=float, default=4.0)
-    ap.add_argument("--max-seconds", type=float, default=8.0)
-    ap.add_argument("--tap-args", default="", help="extra `shadow tap` arguments (one string)")
-    ap.add_argument(
-        "--pin",
-        action="store_true",
-        help="give the tap CPU 1 to itself, upstream and clients CPU 0 (a tap per node, as deployed)",
-    )
-    args = ap.parse_args()
+def _tree(pid: int) -> list[int]:
+    """`pid` and its descendants (the tap may run parts of itself in child processes)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                todo += [int(c) for c in (task / "children").read_text().split()]
+    return out
 
-    def pin(tap_pid: int, up_pid: int) -> None:
-        if args.pin and hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= 2:
-            os.sched_setaffinity(tap_pid, {1})
-            os.sched_setaffinity(up_pid, {0})
-            os.sched_setaffinity(0, {0})
 
-    # phase 1: latency at fleet-like load
+def _tree_cpu_s(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process and its live descendants."""
+    u = s = 0.0
+    for p in _tree(pid):
+        with contextlib.suppress(OSError):
+            a, b = _cpu_s(p)
+            u, s = u + a, s + b
+    return u, s
+
+
+def _pin(args: argparse.Namespace, tap_pid: int, up_pid: int) -> None:
+    """--pin: every thread of the tap's processes on CPU 1; upstream and the clients on CPU 0."""
+    if not (args.pin and hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= 2):
+        return
+    for p in _tree(tap_pid):
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(int(task.name), {1})
+    os.sched_setaffinity(up_pid, {0})
+    os.sched_setaffinity(0, {0})
+
+
+def _load() -> str:
+    return Path("/proc/loadavg").read_text().split()[0]
+
+
+def _phase1(args: argparse.Namespace, root: Path) -> dict[str, float]:
+    """Latency at fleet-like load: per-chunk latency direct vs through the tap, same upstream steps."""
     tokens = max(2, int(args.seconds / (args.step_ms / 1000)))
     up, up_port = _start_upstream(args.step_ms / 1000, tokens, args.groups)
     with tempfile.TemporaryDirectory() as td:
-        tap, ready = _start_tap(up_port, os.path.join(td, "p1.ndjson"), args.tap_args.split())
-        pin(tap.pid, up.pid or 0)
+        tap, ready = _start_tap(up_port, os.path.join(td, "p1.ndjson"), args.tap_args.split(), root)
+        _pin(args, tap.pid, up.pid or 0)
         tap_port = int(ready["taps"]["u"].rsplit(":", 1)[1])
         try:
             direct: list[int] = []
@@ -264,22 +286,25 @@ def main() -> int:
     print(f"  chunk latency via tap p50 {_pct(via, 0.5):.3f} ms  p99 {_pct(via, 0.99):.3f} ms")
     add50, add99 = _pct(via, 0.5) - _pct(direct, 0.5), _pct(via, 0.99) - _pct(direct, 0.99)
     print(f"  added by the tap:     p50 {add50:.3f} ms  p99 {add99:.3f} ms   (target p99 <= 1 ms)")
+    return {"p50": add50, "p99": add99}
 
-    # phase 2: throughput per tap CPU-second, nothing lost
+
+def _phase2(args: argparse.Namespace, root: Path) -> dict[str, float]:
+    """Throughput per tap CPU-second (all the tap's processes), nothing lost."""
     tokens2 = max(2, int(args.max_seconds / (args.max_step_ms / 1000)))
     up, up_port = _start_upstream(args.max_step_ms / 1000, tokens2, 1)
     with tempfile.TemporaryDirectory() as td:
         rec = os.path.join(td, "p2.ndjson")
-        tap, ready = _start_tap(up_port, rec, args.tap_args.split())
-        pin(tap.pid, up.pid or 0)
+        tap, ready = _start_tap(up_port, rec, args.tap_args.split(), root)
+        _pin(args, tap.pid, up.pid or 0)
         tap_port = int(ready["taps"]["u"].rsplit(":", 1)[1])
         try:
-            c0 = _cpu_s(tap.pid)
+            c0 = _tree_cpu_s(tap.pid)
             t0 = time.monotonic()
             frames = asyncio.run(_run_streams(tap_port, args.max_streams, None, "x"))
             wall = time.monotonic() - t0
             time.sleep(0.6)  # let the analysis drain and the recorder flush
-            c1 = _cpu_s(tap.pid)
+            c1 = _tree_cpu_s(tap.pid)
             metrics = httpx.get(ready["api"] + "/metrics").text
             state = httpx.get(ready["api"] + "/v1/state").json()
         finally:
@@ -312,6 +337,74 @@ def main() -> int:
         f"  lost: dropped={dropped:g} errors={errors:g}; finishes exact {exact}/{args.max_streams}; "
         f"active after: {sum(w['active'] for w in state['workers'].values())}"
     )
+    return {"per_cpu_s": frames / cpu, "lost": dropped + errors + (args.max_streams - exact)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--streams", type=int, default=512)
+    ap.add_argument("--step-ms", type=float, default=60.0)
+    ap.add_argument("--groups", type=int, default=8, help="staggered barrier groups (DP workers)")
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--max-streams", type=int, default=128)
+    ap.add_argument("--max-step-ms", type=float, default=4.0)
+    ap.add_argument("--max-seconds", type=float, default=8.0)
+    ap.add_argument("--tap-args", default="", help="extra `shadow tap` arguments (one string)")
+    ap.add_argument(
+        "--pin",
+        action="store_true",
+        help="give the tap CPU 1 to itself, upstream and clients CPU 0 (a tap per node, as deployed)",
+    )
+    ap.add_argument(
+        "--before",
+        metavar="REF",
+        default="",
+        help="also run the tap of git commit REF (e.g. 653b9e4, the pre-hardening relay) or of a source "
+        "directory, alternating with this checkout's, and print a ratio (default: this checkout only)",
+    )
+    ap.add_argument("--repeat", type=int, default=1, help="runs per configuration (default 1)")
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory() as td:
+        configs: list[tuple[str, Path]] = []
+        if args.before and Path(args.before).is_dir():
+            configs.append((f"before({args.before})", Path(args.before).resolve()))
+        elif args.before:
+            old = Path(td) / "before"
+            old.mkdir()
+            archive = subprocess.run(
+                ["git", "-C", str(ROOT), "archive", args.before], check=True, capture_output=True
+            ).stdout
+            subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+            configs.append((f"before({args.before})", old))
+        configs.append(("after(this checkout)" if args.before else "this checkout", ROOT))
+        results: dict[str, list[dict[str, float]]] = {name: [] for name, _ in configs}
+        for run in range(args.repeat):
+            for name, root in configs:
+                print(f"== {name}, run {run + 1}/{args.repeat}, load average {_load()}")
+                r = {**_phase1(args, root), **_phase2(args, root), "load": float(_load())}
+                results[name].append(r)
+                print(
+                    f"SUMMARY {name} run {run + 1}: chunks/tap-CPU-s {r['per_cpu_s']:,.0f}  "
+                    f"added p50 {r['p50']:.3f} ms  p99 {r['p99']:.3f} ms  lost {r['lost']:g}  "
+                    f"load {r['load']:.2f}"
+                )
+    print("== summary (median over runs)")
+    med: dict[str, dict[str, float]] = {}
+    for name, rs in results.items():
+        med[name] = {k: statistics.median(r[k] for r in rs) for k in ("per_cpu_s", "p50", "p99")}
+        m = med[name]
+        print(
+            f"SUMMARY {name}: chunks/tap-CPU-s {m['per_cpu_s']:,.0f} (target >= 20,000)  added p50 "
+            f"{m['p50']:.3f} ms  p99 {m['p99']:.3f} ms (target <= 1 ms)  runs {len(rs)}  "
+            f"load {min(r['load'] for r in rs):.2f}-{max(r['load'] for r in rs):.2f}"
+        )
+    if len(med) == 2:
+        b, a = med.values()
+        print(
+            f"SUMMARY ratio after/before: chunks/tap-CPU-s {a['per_cpu_s'] / b['per_cpu_s']:.2f}x  "
+            f"p99 added {a['p99']:.3f} vs {b['p99']:.3f} ms"
+        )
     return 0
 
 

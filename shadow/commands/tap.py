@@ -119,6 +119,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="event loop: uvloop roughly halves the relay's CPU per chunk; auto = uvloop when installed",
     )
     p.add_argument(
+        "--relay",
+        choices=("process", "thread"),
+        default="process",
+        help="where the taps relay: 'process' = a child process of their own, so analysis, the API, "
+        "reaping and scraping can never take the interpreter from them (default); 'thread' = in this "
+        "process, analysis on a second thread (one process, but their GIL is shared)",
+    )
+    p.add_argument(
         "--inject-usage",
         action="store_true",
         help="ask workers for continuous usage stats (exact token counts) and strip them from what clients "
@@ -261,6 +269,8 @@ def config_from_args(args: argparse.Namespace) -> TapConfig:
         ring_bytes=args.ring_bytes,
         queue_bytes=args.queue_bytes,
         key_secret=load_or_create_secret(args.key_file or default_secret_path()),
+        relay=args.relay,
+        loop=args.loop,
     )
 
 

@@ -21,6 +21,7 @@ from shadow.mirror.emitter import Emitter
 from shadow.mirror.hub import Mirror
 from shadow.mirror.proxy import Tap
 from shadow.mirror.reconcile import Reconciler
+from shadow.mirror.relayview import RemoteQueue, RemoteTap
 
 
 def _counter(name: str, doc: str, labels: list[str], values: Mapping[Any, int | float]) -> Metric:
@@ -49,8 +50,8 @@ class MirrorCollector(Collector):
         mirror: Mirror,
         *,
         analyzer: Analyzer | None = None,
-        queue: DropQueue | None = None,
-        taps: Iterable[Tap] = (),
+        queue: DropQueue | RemoteQueue | None = None,
+        taps: Iterable[Tap | RemoteTap] = (),
         reconciler: Reconciler | None = None,
         rejected: Mapping[str, int] | None = None,
         clock: Callable[[], float] = time.monotonic,

@@ -11,7 +11,8 @@ take more. Hop-by-hop headers are dropped and connection persistence is managed 
 Only paths on the allow-list are relayed (`TapLimits.allow_paths`); a request already written
 upstream is resent only when idempotent and body-less.
 
-A copy of each request and of the de-chunked response body goes to a `DropQueue` as
+A copy of each request and of the de-chunked response body goes to a `Handoff` (a `DropQueue`
+or a `ChannelSink`) as
 `(ctx, seq, t, payload)` items: seq 0 = request start (payload None; sent once the request body
 is complete), seq > 0 = response body bytes, seq -1 = end (payload = one of END_REASONS). Putting
 never blocks; a full queue drops data (the consumer sees a seq gap) but never an end marker.
@@ -26,11 +27,10 @@ import time
 import urllib.parse
 from collections import deque
 from collections.abc import Coroutine
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from httptools import HttpParserError, HttpRequestParser, HttpResponseParser
 
-from shadow.mirror.dropqueue import DropQueue
 from shadow.mirror.http1 import (
     BAD_GATEWAY,
     BAD_REQUEST,
@@ -73,6 +73,14 @@ _BODY_NONE, _BODY_LENGTH, _BODY_CHUNKED, _BODY_CLOSE = 0, 1, 2, 3
 _FRAMING = frozenset((b"content-length", b"transfer-encoding"))
 
 
+class Handoff(Protocol):
+    """Where a tap hands its copies: a `DropQueue` (analysis thread) or a `ChannelSink` (process)."""
+
+    def put(self, item: Any, nbytes: int = 0) -> bool: ...
+
+    def put_end(self, item: Any) -> None: ...
+
+
 class _Reject(Exception):
     """Raised inside a parser callback: answer `response` and close."""
 
@@ -90,11 +98,13 @@ class TapContext:
         "announced",
         "body",
         "body_len",
+        "cid",
         "ended",
         "method",
         "path",
         "request_id",
         "resp_headers",
+        "sent",
         "seq",
         "status",
         "t_start",
@@ -124,6 +134,8 @@ class TapContext:
         self.ended = False
         self.announced = False
         self.an: Any = None  # the analysis side's per-request state
+        self.cid = 0  # the relay process's id for this request (ChannelSink)
+        self.sent = 0  # ChannelSink: 0 nothing sent, 1 request info, 2 info with the response head
 
 
 class Tap:
@@ -137,7 +149,7 @@ class Tap:
         self,
         name: str,
         upstream: str,
-        queue: DropQueue,
+        queue: Handoff,
         *,
         max_body: int = 4 << 20,
         connect_timeout: float = 10.0,
@@ -182,9 +194,14 @@ class Tap:
         """Client connections with a request in flight."""
         return sum(1 for c in self._clients if c.active is not None)
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+    async def start(self, host: str = "127.0.0.1", port: int = 0, sock: Any = None) -> str:
+        """Bind host:port, or serve the already listening `sock` (a relay process gets its
+        listeners from the process that bound them)."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _ClientConn(self), host, port, backlog=4096)
+        if sock is not None:
+            self._server = await loop.create_server(lambda: _ClientConn(self), sock=sock, backlog=4096)
+        else:
+            self._server = await loop.create_server(lambda: _ClientConn(self), host, port, backlog=4096)
         sock = self._server.sockets[0].getsockname()
         self.host, self.port = sock[0], sock[1]
         return self.url

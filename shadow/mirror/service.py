@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import uvicorn
 from prometheus_client import CollectorRegistry
@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry
 from shadow._net import bind_listen
 from shadow.mirror.analyzer import Analyzer
 from shadow.mirror.api import create_app
+from shadow.mirror.channel import ChannelReader
 from shadow.mirror.dropqueue import DropQueue
 from shadow.mirror.emitter import Emitter
 from shadow.mirror.http1 import DEFAULT_ALLOW_PATHS, TapLimits
@@ -37,6 +38,8 @@ from shadow.mirror.metrics import MirrorCollector
 from shadow.mirror.proxy import Tap, TapContext
 from shadow.mirror.reconcile import Reconciler
 from shadow.mirror.recording import CompactRecorder
+from shadow.mirror.relayproc import RelayProcess
+from shadow.mirror.relayview import RemoteQueue, RemoteTap
 from shadow.mirror.state import MirrorState
 from shadow.mirror.thread import LoopThread
 
@@ -84,6 +87,10 @@ class TapConfig:
     ring_bytes: int = 16 << 20  # the recent-events buffer (GET /v1/events), approximate bytes
     key_secret: bytes | None = None  # HMAC key of prompt keys; None = a fresh random one
     switch_interval_s: float | None = 0.0005  # GIL hand-over bound between relay and analysis threads
+    # "process": the taps relay in a child process of their own (nothing here can take its GIL);
+    # "thread": on the caller's loop, analysis on a thread (tests, embedding)
+    relay: str = "thread"
+    loop: str = "auto"  # the relay process's event loop: auto (uvloop when installed), uvloop, asyncio
 
 
 def _host_port(url: str) -> str:
@@ -109,8 +116,18 @@ class TapService:
             raise ValueError("nothing to mirror: give upstream workers to tap, or a router to front")
         self.config = c
         self.clock = clock
+        if c.relay not in ("thread", "process"):
+            raise ValueError(f"relay must be 'thread' or 'process', got {c.relay!r}")
         self.registry = CollectorRegistry(auto_describe=True)
-        self.queue = DropQueue(c.queue_size, max_bytes=c.queue_bytes)
+        self.processed = 0  # items the analysis has consumed (the watermark)
+        self.channel = ChannelReader()
+        self.relay: RelayProcess | None = None
+        self._synced = 0  # the last relay sync token whose items the analysis has processed
+        self.queue: DropQueue | RemoteQueue = (
+            DropQueue(c.queue_size, max_bytes=c.queue_bytes)
+            if c.relay == "thread"
+            else RemoteQueue(self.channel, c.queue_size, lambda: self.processed)
+        )
         decode_workers = {**c.upstreams, **c.workers}
         self.state = MirrorState(decode_workers, slots=c.slots, ttl_s=c.ttl_s, phantom_age_s=c.phantom_age_s)
         self.recorder = (
@@ -120,9 +137,7 @@ class TapService:
             if c.record
             else None
         )
-        self.mirror = Mirror(
-            self.state, recorder=self.recorder, max_live=c.max_live, ring_bytes=c.ring_bytes
-        )
+        self.mirror = Mirror(self.state, recorder=self.recorder, max_live=c.max_live, ring_bytes=c.ring_bytes)
         self.keys = KeySecret(c.key_secret)
         self.analyzer = Analyzer(
             self.mirror,
@@ -141,10 +156,17 @@ class TapService:
             max_connections=c.max_connections,
             allow_paths=DEFAULT_ALLOW_PATHS + tuple(c.allow_paths),
         )
-        self.taps = [
-            Tap(n, u, self.queue, max_body=c.max_body, inject_usage=c.inject_usage, limits=self.limits)
-            for n, u in {**c.upstreams, **c.prefill, **c.front}.items()
-        ]
+        self.taps: list[Tap] | list[RemoteTap] = (
+            [
+                Tap(n, u, self.queue, max_body=c.max_body, inject_usage=c.inject_usage, limits=self.limits)
+                for n, u in {**c.upstreams, **c.prefill, **c.front}.items()
+            ]
+            if isinstance(self.queue, DropQueue)
+            else [
+                RemoteTap(n, u, "", 0, self.channel)
+                for n, u in {**c.upstreams, **c.prefill, **c.front}.items()
+            ]
+        )
         targets = {n: c.metrics_of.get(n, u.rstrip("/") + "/metrics") for n, u in decode_workers.items()}
         self.reconciler = (
             Reconciler(targets, self.state, interval_s=c.scrape_interval_s, clock=clock)
@@ -188,7 +210,6 @@ class TapService:
         self._tasks: list[asyncio.Task[Any]] = []
         self._server: uvicorn.Server | None = None
         self.api_url = ""
-        self.processed = 0  # items the analysis has consumed (the watermark)
 
     def _extra_state(self, now: float) -> dict[str, Any]:
         inflight = self.analyzer.inflight
@@ -241,9 +262,21 @@ class TapService:
         return self.processed + q.dropped >= target
 
     async def settle(self, timeout_s: float = 10.0) -> bool:
-        """Wait (on any loop) until the analysis has consumed what was offered when called."""
-        mark = self.queue.offered
+        """Wait (on any loop) until the analysis has consumed what was offered when called (with a
+        relay process: what it had offered when it answered a sync sent now)."""
         deadline = time.monotonic() + timeout_s
+        relay = self.relay
+        if relay is not None:
+            if self.channel.eof:
+                return True
+            token = relay.next_token()
+            relay.send("sync", token)
+            while self._synced < token and not self.channel.eof:
+                if time.monotonic() >= deadline:
+                    return False
+                await asyncio.sleep(0.002)
+            return True
+        mark = self.queue.offered
         while not self.settled(mark):
             if time.monotonic() >= deadline:
                 return False
@@ -256,14 +289,17 @@ class TapService:
             sys.setswitchinterval(c.switch_interval_s)  # the relay thread waits at most this for the GIL
         api_sock = _bind(c.host, c.port)
         taps: dict[str, str] = {}
+        if c.relay == "process":
+            return await self._start_process(api_sock)
         try:
             for i, tap in enumerate(self.taps):
+                assert isinstance(tap, Tap)
                 taps[tap.name] = await tap.start(c.host, c.port + 1 + i if c.port else 0)
         except BaseException:
             api_sock.close()
             for tap in self.taps:
                 with contextlib.suppress(Exception):
-                    await tap.close()
+                    await tap.close()  # type: ignore[union-attr]
             raise
         self.analysis.start()
         await asyncio.wrap_future(self.analysis.submit(self._start_analysis(api_sock)))
@@ -271,10 +307,84 @@ class TapService:
         self.api_url = f"http://{h}:{p}"
         return {"taps": taps, "api": self.api_url}
 
+    async def _start_process(self, api_sock: socket.socket, ready_timeout_s: float = 30.0) -> dict[str, Any]:
+        """Relay in a child process: bind the taps' listeners here, hand them over, read its frames."""
+        c = self.config
+        listeners: list[socket.socket] = []
+        try:
+            for i, tap in enumerate(self.taps):
+                sock = _bind(c.host, c.port + 1 + i if c.port else 0)
+                listeners.append(sock)
+                assert isinstance(tap, RemoteTap)
+                tap.host, tap.port = sock.getsockname()[:2]
+        except BaseException:
+            for sock in [api_sock, *listeners]:
+                sock.close()
+            raise
+        lim = self.limits
+        spec = {
+            "taps": [{"name": t.name, "upstream": t.upstream} for t in self.taps],
+            "queue_size": c.queue_size,
+            "queue_bytes": c.queue_bytes,
+            "max_body": c.max_body,
+            "inject_usage": c.inject_usage,
+            "loop": c.loop,
+            "limits": {k: getattr(lim, k) for k in lim.__dataclass_fields__},
+        }
+        self.relay = RelayProcess(spec, listeners, buffer_bytes=min(4 << 20, c.queue_bytes))
+        self.relay.start()
+        self.analysis.start()
+        await asyncio.wrap_future(self.analysis.submit(self._start_analysis(api_sock)))
+        h, p = api_sock.getsockname()[:2]
+        self.api_url = f"http://{h}:{p}"
+        deadline = time.monotonic() + ready_timeout_s
+        while not self.channel.marks:  # the relay's first mark: it serves the listeners
+            if not self.relay.alive or self.channel.eof or time.monotonic() > deadline:
+                await self.stop()
+                raise OSError("shadow tap: the relay process did not start (see its error above)")
+            await asyncio.sleep(0.005)
+        return {"taps": {t.name: t.url for t in self.taps}, "api": self.api_url}
+
+    def _on_channel(self) -> None:
+        """Analysis loop: frames from the relay process, processed in order as they come."""
+        relay = self.relay
+        assert relay is not None and relay.data is not None
+        try:
+            chunk = relay.data.recv(1 << 20)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self.channel.eof = True
+            asyncio.get_running_loop().remove_reader(relay.data.fileno())
+            return
+        try:
+            items = self.channel.feed(chunk)
+        except Exception:
+            self.mirror.count_error("channel")
+            return
+        if items:
+            try:
+                self.analyzer.process(items)
+            except Exception:
+                self.mirror.count_error("analysis")
+            self.processed += len(items)
+        self._synced = self.channel.token
+        pace = self.config.pace_s
+        if pace and items:  # tests: a slow consumer (the relay's hand-off fills and drops)
+            loop = asyncio.get_running_loop()
+            loop.remove_reader(relay.data.fileno())
+            loop.call_later(pace, loop.add_reader, relay.data.fileno(), self._on_channel)
+
     async def _start_analysis(self, api_sock: socket.socket) -> None:
         """On the analysis loop: consumer, housekeeping, reconciliation, forwarding, the API."""
         c = self.config
-        self._tasks.append(asyncio.create_task(self._consume(c.pace_s)))
+        if self.relay is not None:
+            assert self.relay.data is not None
+            asyncio.get_running_loop().add_reader(self.relay.data.fileno(), self._on_channel)
+        else:
+            self._tasks.append(asyncio.create_task(self._consume(c.pace_s)))
         self._tasks.append(asyncio.create_task(self._housekeeping()))
         if self.reconciler is not None:
             self._tasks.append(asyncio.create_task(self.reconciler.run()))
@@ -289,6 +399,7 @@ class TapService:
     async def _consume(self, pace: float, settle_s: float = 0.01) -> None:
         """The analysis side of the hand-off: batches from the queue, processed in order."""
         q = self.queue
+        assert isinstance(q, DropQueue)
         analyzer = self.analyzer
         while True:
             items = await q.get_batch(1, timeout=0.5)
@@ -326,11 +437,15 @@ class TapService:
 
     async def stop(self, drain_timeout_s: float = 0.0) -> None:
         """Stop accepting; let in-flight requests finish (up to `drain_timeout_s`); end everything."""
-        for tap in self.taps:
+        if self.relay is not None:
+            await self._stop_process(drain_timeout_s)
+            return
+        taps = cast(list[Tap], self.taps)
+        for tap in taps:
             tap.begin_drain()
         if drain_timeout_s > 0:
-            await asyncio.gather(*(tap.drained(drain_timeout_s) for tap in self.taps))
-        for tap in self.taps:
+            await asyncio.gather(*(tap.drained(drain_timeout_s) for tap in taps))
+        for tap in taps:
             with contextlib.suppress(Exception):
                 await tap.close()
         with contextlib.suppress(Exception):
@@ -339,6 +454,30 @@ class TapService:
             with contextlib.suppress(Exception):
                 await asyncio.wrap_future(self.analysis.submit(self._stop_analysis()))
             self.analysis.stop()
+
+    async def _stop_process(self, drain_timeout_s: float) -> None:
+        """Drain the relay process (it stops accepting and lets in-flight requests finish), stop it,
+        read its last frames, then end the analysis."""
+        relay = self.relay
+        assert relay is not None
+        if relay.alive and not self.channel.eof:
+            token = relay.next_token()
+            relay.send("drain", (token, max(0.0, drain_timeout_s)))
+            deadline = time.monotonic() + drain_timeout_s + 5
+            while self._synced < token and not self.channel.eof and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+        relay.send("stop", 0)
+        await asyncio.to_thread(relay.wait, 10.0)
+        deadline = time.monotonic() + 5
+        while not self.channel.eof and self.analysis.running and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)  # its last frames (ends, the final mark)
+        relay.close_control()
+        if self.analysis.running:
+            with contextlib.suppress(Exception):
+                await asyncio.wrap_future(self.analysis.submit(self._stop_analysis()))
+            self.analysis.stop()
+        if relay.data is not None:
+            relay.data.close()
 
     async def _stop_analysis(self) -> None:
         if self._server is not None:

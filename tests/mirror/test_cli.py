@@ -49,17 +49,16 @@ def test_shadow_tap_process(tmp_path: Path) -> None:
                 headers={"X-Request-Id": "cli-1"},
             )
             assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n")
-            # Wait on the analysis watermark (everything the tap offered by now is processed), then
-            # for two more scrape rounds, so the drift below was computed after the finish applied.
-            mark = httpx.get(ready["api"] + "/v1/state").json()["watermark"]["offered"]
-            deadline = time.monotonic() + 20
+            # Wait on conditions, not a clock: the finish has been applied (the mirrored state says
+            # so), then two more scrape rounds, so the drift below was computed after the finish.
+            # The test's timeout bounds the wait.
             scrapes_after = None
-            while time.monotonic() < deadline:
+            while True:
                 state = httpx.get(ready["api"] + "/v1/state").json()
-                wm = state["watermark"]
-                if scrapes_after is None and wm["processed"] + wm["dropped"] >= mark:
-                    scrapes_after = wm["scrapes"] + 2
-                if scrapes_after is not None and wm["scrapes"] >= scrapes_after:
+                scrapes = state["watermark"]["scrapes"]
+                if scrapes_after is None and state["workers"]["d0"]["finished"] == 1:
+                    scrapes_after = scrapes + 2
+                if scrapes_after is not None and scrapes >= scrapes_after:
                     break
                 time.sleep(0.05)
             assert state["workers"]["d0"] == {
