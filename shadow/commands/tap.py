@@ -9,7 +9,10 @@ line `{"taps": {NAME: url}, "api": url}` is printed on stdout; the API serves /v
 Taps relay the inference API only (/v1/*, /health, /metrics, /version, /tokenize, ...; extend
 with --allow-path); malformed or ambiguous HTTP/1.1 gets 400 and is never forwarded. SIGTERM or
 SIGINT: stop accepting, let in-flight streams finish (up to --drain-timeout), exit; a second
-signal exits at once.
+signal exits at once. The taps relay in a child process of their own (`--relay process`, the
+default): the analysis, the API, reaping and scraping run in this one and can never take the
+relay's interpreter; copies cross over a bounded socket (full: dropped and counted). If the relay
+process dies, `shadow tap` stops and exits 1.
 
 Example:
   shadow tap --upstream d0=http://10.0.0.5:8000 --upstream d1=http://10.0.0.6:8000 --slots 256
@@ -305,10 +308,16 @@ async def serve(config: TapConfig, drain_timeout_s: float = 30.0) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, on_signal)
+    stopped = asyncio.ensure_future(stop.wait())
+    relay_gone = asyncio.ensure_future(svc.relay_exited())
     try:
-        await stop.wait()
+        await asyncio.wait({stopped, relay_gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:
+        for f in (stopped, relay_gone):
+            f.cancel()
         await svc.stop(drain_timeout_s=drain_timeout_s)
+    if relay_gone.done() and not relay_gone.cancelled():
+        raise OSError(f"the relay process exited (code {relay_gone.result()}); the taps are down")
 
 
 def _runner(kind: str) -> Callable[[Coroutine[Any, Any, None]], None]:

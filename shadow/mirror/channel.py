@@ -22,6 +22,7 @@ import contextlib
 import marshal
 import socket
 import struct
+from collections import deque
 from typing import Any
 
 from shadow.mirror.proxy import TapContext
@@ -29,6 +30,9 @@ from shadow.mirror.proxy import TapContext
 _HDR = struct.Struct("<BI")
 _DATA = struct.Struct("<BIIId")  # type, length, cid, seq, t   (length counts cid + seq + t + payload)
 _DATA_FIXED = _DATA.size - _HDR.size
+_START = struct.Struct("<BIId")  # type, length, cid, t
+_START_LEN = _START.size - _HDR.size
+_SEND_MAX = 256 << 10
 T_INFO, T_DATA, T_START, T_END, T_MARK, T_CTL = 1, 2, 3, 4, 5, 6
 MAX_FRAME = 1 << 30
 
@@ -55,7 +59,7 @@ def _info(ctx: TapContext) -> tuple[Any, ...]:
 
 
 class ChannelSink:
-    """Relay side (see module docstring). `stats()` is called for the counters sent with marks."""
+    """Relay side (see module docstring). `mark(token, stats)` sends the relay's counters in order."""
 
     def __init__(self, sock: socket.socket, maxsize: int = 65536, max_bytes: int = 256 << 20) -> None:
         if maxsize < 1:
@@ -64,21 +68,31 @@ class ChannelSink:
         self.sock = sock
         self.maxsize = maxsize
         self.max_bytes = max_bytes
-        self._out: list[bytes] = []
-        self._out_bytes = 0
+        self._out: deque[list[Any]] = deque()  # [frame bytes, items in it, payload bytes in it]
         self._n = 0  # items pending (not yet handed to the socket)
         self.bytes = 0  # payload bytes pending
         self.offered = 0
         self.dropped = 0
+        self.put_total = 0
         self.broken = False  # the analysis side is gone: everything is dropped
         self._next_cid = 1
         self._scheduled = False
-        self._writing = False
+        self._writing = False  # waiting for the socket to be writable (it was full)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.put_total = 0
 
     def __len__(self) -> int:
         return self._n
+
+    def _append(self, b: bytes, items: int = 0, nbytes: int = 0) -> None:
+        self._out.append([b, items, nbytes])
+        self._n += items
+        self.bytes += nbytes
+        if not self._scheduled and not self._writing:
+            self._scheduled = True
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = asyncio.get_running_loop()
+            loop.call_soon(self.flush)  # once per loop iteration, whatever was put in it
 
     def _ship_info(self, ctx: TapContext) -> None:
         """Send the request's static info (and response head once known) ahead of its items."""
@@ -87,16 +101,6 @@ class ChannelSink:
             self._next_cid += 1
         ctx.sent = 2 if ctx.status else 1
         self._append(frame(T_INFO, _info(ctx)))
-
-    def _append(self, b: bytes) -> None:
-        self._out.append(b)
-        self._out_bytes += len(b)
-        if not self._scheduled:
-            self._scheduled = True
-            loop = self._loop
-            if loop is None:
-                loop = self._loop = asyncio.get_running_loop()
-            loop.call_soon(self.flush)
 
     def put(self, item: tuple[TapContext, int, float, Any], nbytes: int = 0) -> bool:
         """Hand an item over; False (and counted) when the hand-off is full."""
@@ -109,11 +113,9 @@ class ChannelSink:
         if ctx.sent < 2 and (ctx.sent == 0 or ctx.status):
             self._ship_info(ctx)
         if seq == 0:
-            self._append(_HDR.pack(T_START, 12) + struct.pack("<Id", ctx.cid, t))
+            self._append(_START.pack(T_START, _START_LEN, ctx.cid, t), 1)
         else:
-            self._append(_DATA.pack(T_DATA, _DATA_FIXED + len(payload), ctx.cid, seq, t) + payload)
-            self.bytes += nbytes
-        self._n += 1
+            self._append(_DATA.pack(T_DATA, _DATA_FIXED + len(payload), ctx.cid, seq, t) + payload, 1, nbytes)
         return True
 
     def put_end(self, item: tuple[TapContext, int, float, Any]) -> None:
@@ -125,56 +127,72 @@ class ChannelSink:
         ctx, _, t, reason = item
         if ctx.sent < 2 and (ctx.sent == 0 or ctx.status):
             self._ship_info(ctx)
-        self._append(frame(T_END, (ctx.cid, t, reason, ctx.seq)))
-        self._n += 1
+        self._append(frame(T_END, (ctx.cid, t, reason, ctx.seq)), 1)
 
     def mark(self, token: int, stats: dict[str, Any]) -> None:
         """A mark frame: the counters now, in stream order after everything offered before it."""
         self._append(
-            frame(
-                T_MARK,
-                {"token": token, "offered": self.offered, "dropped": self.dropped, **stats},
-            )
+            frame(T_MARK, {"token": token, "offered": self.offered, "dropped": self.dropped, **stats})
         )
 
     def flush(self) -> None:
-        """Write what is pending without blocking; the rest waits for the socket to be writable."""
+        """Write what is pending without blocking (at most 256 KB per send); when the socket is
+        full, the rest waits for it to be writable."""
         self._scheduled = False
-        if not self._out:
-            return
-        data = b"".join(self._out) if len(self._out) > 1 else self._out[0]
-        try:
-            n = self.sock.send(data)
-        except (BlockingIOError, InterruptedError):
-            n = 0
-        except OSError:
-            self._break()
-            return
-        if n == len(data):
-            self._out.clear()
-            self._out_bytes = 0
-            self._n = 0
-            self.bytes = 0
-            if self._writing:
-                self._writing = False
+        out = self._out
+        while out:
+            take: list[bytes] = []
+            size = 0
+            for e in out:
+                take.append(e[0])
+                size += len(e[0])
+                if size >= _SEND_MAX:
+                    break
+            data = b"".join(take) if len(take) > 1 else take[0]
+            try:
+                n = self.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                n = 0
+            except OSError:
+                self._break()
+                return
+            full = n < len(data)
+            while n > 0:  # retire what went out
+                e = out[0]
+                size = len(e[0])
+                if n >= size:
+                    out.popleft()
+                    self._n -= e[1]
+                    self.bytes -= e[2]
+                    n -= size
+                else:
+                    e[0] = e[0][n:]
+                    n = 0
+            if full:
+                if not self._writing:
+                    self._writing = True
+                    loop = self._loop or asyncio.get_running_loop()
+                    self._loop = loop
+                    loop.add_writer(self.sock.fileno(), self.flush)
+                return
+        if self._writing:
+            self._writing = False
+            if self._loop is not None:
                 with contextlib.suppress(Exception):
-                    assert self._loop is not None
                     self._loop.remove_writer(self.sock.fileno())
-            return
-        # Partially written: keep the rest. Items and bytes pending are recounted approximately
-        # (by the share of bytes written), which is all the caps need.
-        rest = data[n:]
-        if n:
-            share = len(rest) / len(data)
-            self._n = max(1, int(self._n * share))
-            self.bytes = int(self.bytes * share)
-        self._out = [rest]
-        self._out_bytes = len(rest)
-        if not self._writing:
-            self._writing = True
-            loop = self._loop or asyncio.get_running_loop()
-            self._loop = loop
-            loop.add_writer(self.sock.fileno(), self.flush)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Last words: write everything pending (blocking, up to `timeout_s`), then close."""
+        if self._writing and self._loop is not None:
+            with contextlib.suppress(Exception):
+                self._loop.remove_writer(self.sock.fileno())
+        self._writing = False
+        with contextlib.suppress(OSError):
+            self.sock.settimeout(timeout_s)
+            for e in self._out:
+                self.sock.sendall(e[0])
+        self._out.clear()
+        self.sock.close()
 
     def _break(self) -> None:
         self.broken = True
@@ -233,7 +251,7 @@ class ChannelReader:
                 ctx.seq = seq
                 items.append((ctx, seq, t, bytes(buf[body + _DATA_FIXED : pos])))
             elif kind == T_START:
-                cid, t = struct.unpack_from("<Id", buf, body)
+                cid, t = struct.unpack_from("<Id", buf, body)  # _START without its header
                 items.append((self._ctx(cid), 0, t, None))
             elif kind == T_INFO:
                 (cid, tap, method, path, rid, rbody, blen, t0, status, rh) = marshal.loads(buf[body:pos])

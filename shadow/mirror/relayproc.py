@@ -121,12 +121,7 @@ async def _relay(spec: dict[str, Any]) -> None:
             with contextlib.suppress(Exception):
                 await t.close()
         mark()
-        sink.flush()
-        data.setblocking(True)
-        with contextlib.suppress(OSError):
-            if sink._out:
-                data.sendall(b"".join(sink._out))
-        data.close()
+        sink.close()
 
 
 def main() -> None:

@@ -1,14 +1,19 @@
-"""Assembly of a running mirror: taps on the caller's loop; analysis, state, reconciliation, the
-event API and housekeeping on a second loop in their own thread (`self.analysis`).
+"""Assembly of a running mirror: taps, analysis, state, reconciliation, the event API, housekeeping.
 
-`TapService(config)`: `await start()` (on the relay loop) binds everything and returns the ready
-document `{"taps": {name: url}, "api": url}`; `await stop(drain_timeout_s=0)` stops accepting,
-lets in-flight requests finish for up to `drain_timeout_s`, then ends everything. The relay loop
-only relays: the taps hand copies to a bounded `DropQueue` (full = dropped and counted) that the
-analysis thread consumes; `Mirror` listeners are called on the analysis thread, and so are the
-API's handlers (run work that touches the mirror with `self.analysis.call/sync`).
-`watermark()` tells how far the analysis got (`await settle()` waits for it). Everything is
-created per instance (own CollectorRegistry, own state); nothing global.
+`TapService(config)`: `await start()` binds everything and returns the ready document
+`{"taps": {name: url}, "api": url}`; `await stop(drain_timeout_s=0)` stops accepting, lets
+in-flight requests finish for up to `drain_timeout_s`, then ends everything. The relay only relays:
+
+- `relay="process"` (what `shadow tap`/`shadow serve` run): the taps relay in a child process
+  (`relayproc`) and hand copies over a bounded socket (`channel`; full = dropped and counted); the
+  analysis reads them on its loop thread here. Nothing done in this process can delay the relay.
+- `relay="thread"` (the default for embedding and most tests): taps on the caller's loop, copies
+  through a bounded `DropQueue` to the analysis loop thread (same process: they share the GIL).
+
+`Mirror` listeners and the API's handlers run on the analysis thread (`self.analysis.call/sync`).
+`watermark()` tells how far the analysis got (`await settle()` waits for it; with a relay process
+it first asks the relay for a mark, so it covers what the relay had offered when asked).
+Everything is created per instance (own CollectorRegistry, own state); nothing global.
 """
 
 from __future__ import annotations
@@ -454,6 +459,14 @@ class TapService:
             with contextlib.suppress(Exception):
                 await asyncio.wrap_future(self.analysis.submit(self._stop_analysis()))
             self.analysis.stop()
+
+    async def relay_exited(self, poll_s: float = 0.5) -> int:
+        """Return the relay process's exit code once it is gone (never returns without one)."""
+        while True:
+            relay = self.relay
+            if relay is not None and relay.proc is not None and relay.proc.poll() is not None:
+                return int(relay.proc.returncode)
+            await asyncio.sleep(poll_s)
 
     async def _stop_process(self, drain_timeout_s: float) -> None:
         """Drain the relay process (it stops accepting and lets in-flight requests finish), stop it,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -90,3 +91,36 @@ def test_bad_arguments_fail_cleanly() -> None:
         timeout=30,
     )
     assert p.returncode != 0 and "NAME=URL" in p.stderr + p.stdout
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+def test_shadow_tap_exits_when_its_relay_process_dies() -> None:
+    """The taps relay in a child process; if it dies the taps are down, so `shadow tap` says so
+    and exits 1 instead of serving an API about traffic it no longer sees."""
+    with ThreadServer(create_stub("d0", tokens=3)) as up:
+        p = subprocess.Popen(
+            [sys.executable, "-m", "shadow", "tap", "--upstream", f"d0={up.url}", "--scrape-interval", "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert p.stdout is not None
+            ready = json.loads(p.stdout.readline())
+            r = httpx.post(ready["taps"]["d0"] + "/v1/completions", json={"model": "m", "prompt": "x"})
+            assert r.status_code == 200  # relayed by the child
+            (relay,) = _children(p.pid)
+            os.kill(relay, signal.SIGKILL)
+            rc = p.wait(30)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+        assert rc == 1
+        assert p.stderr is not None and "relay process exited" in p.stderr.read()
