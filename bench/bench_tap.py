@@ -1,18 +1,32 @@
 """Tap overhead benchmark (run on demand): added latency per SSE chunk and mirrored chunks per CPU-second.
 
     python3 bench/bench_tap.py [--pin] [--streams 512 --step-ms 60 --seconds 8]
-                               [--max-streams 128 --max-step-ms 4] [--tap-args "--loop asyncio"]
+                               [--max-streams 128 --max-step-ms 4] [--tap-args "--relay thread"]
+                               [--before REF|DIR --repeat N]
+
+Before/after in one run (what the coordinator re-measures; one SUMMARY line per configuration and
+run, then medians and the ratio):
+
+    nice -n 10 python3 bench/bench_tap.py --pin --before 653b9e4 --repeat 3
+
+653b9e4 is the relay before the hardening (hand-written framing, analysis inline on the relay
+loop); "after" is this checkout (`shadow tap` defaults to `--relay process`; pass
+`--tap-args "--relay thread"` for the analysis-thread variant, which `--before` then does not get
+if REF predates the flag — use a directory for that).
 
 Three processes: a barrier-stepped SSE upstream (streams dealt to 8 staggered groups, like DP
 workers; every step it writes one vLLM-format chunk stamped with CLOCK_MONOTONIC to each stream of
-a group), `shadow tap` in front of it (its own process, CPU read from /proc), and the clients here.
+a group), `shadow tap` in front of it (its own process or processes, CPU read from /proc for the
+whole tree), and the clients here.
 Phase 1 (fleet-like load: 512 streams at 60 ms ≈ 8.5 k chunks/s through the tap) runs as many
 direct streams interleaved on the same upstream steps, so both paths share the machine's noise, and
 reports per-chunk latency direct vs through the tap and the added p50/p99. Phase 2 drives the tap
-at ~32 k chunks/s offered and reports mirrored chunks per tap CPU-second (user + system), checking
-that nothing was lost (every stream's recorded Finish carries exactly the tokens sent; drop and
-error counters are zero). `--pin` gives the tap a core of its own (CPU 1; upstream and clients
-share CPU 0), as when one tap process runs per decode node. Targets: p99 added ≤ 1 ms, ≥ 20,000/s.
+at ~32 k chunks/s offered and reports mirrored chunks per tap CPU-second (user + system, all the
+tap's processes), checking that nothing was lost (every stream's recorded Finish carries exactly
+the tokens sent; drop and error counters are zero). `--pin` gives the tap a core of its own (CPU 1,
+every thread of every tap process; upstream and clients share CPU 0), as when one tap runs per
+decode node. Targets: p99 added ≤ 1 ms, ≥ 20,000/s. Latency figures need a quiet machine: each
+SUMMARY line carries the 1-minute load average.
 Set BENCH_TAP_PROFILE=FILE to run the tap under cProfile.
 """
 
@@ -217,6 +231,18 @@ def _start_tap(
     return proc, ready
 
 
+def _wait_analysis(api: str, rec: str, n: int, limit_s: float = 30.0) -> None:
+    """Until the mirror has no request left and the recording holds `n` requests (or `limit_s`)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        state = httpx.get(api + "/v1/state").json()
+        text = Path(rec).read_text() if os.path.exists(rec) else ""
+        lines = len(re.findall(r'"type": ?"(?:request|finish)"', text))
+        if sum(w["active"] for w in state["workers"].values()) == 0 and lines >= n:
+            return
+        time.sleep(0.1)
+
+
 def _pct(xs: list[int], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))] / 1e6 if xs else float("nan")
@@ -303,7 +329,7 @@ def _phase2(args: argparse.Namespace, root: Path) -> dict[str, float]:
             t0 = time.monotonic()
             frames = asyncio.run(_run_streams(tap_port, args.max_streams, None, "x"))
             wall = time.monotonic() - t0
-            time.sleep(0.6)  # let the analysis drain and the recorder flush
+            _wait_analysis(ready["api"], rec, args.max_streams)
             c1 = _tree_cpu_s(tap.pid)
             metrics = httpx.get(ready["api"] + "/metrics").text
             state = httpx.get(ready["api"] + "/v1/state").json()
