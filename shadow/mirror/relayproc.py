@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -153,6 +154,7 @@ class RelayProcess:
         self.data: socket.socket | None = None
         self.ctl: socket.socket | None = None
         self._token = 1
+        self._lock = threading.Lock()  # sync/drain/stop come from the API's thread and the caller's
 
     def start(self) -> None:
         data_p, data_c = socket.socketpair()
@@ -179,21 +181,22 @@ class RelayProcess:
         self.data, self.ctl = data_p, ctl_p
 
     def next_token(self) -> int:
-        self._token += 1
-        return self._token
+        with self._lock:
+            self._token += 1
+            return self._token
 
     def send(self, cmd: str, arg: Any) -> None:
         """One control frame (tiny; a blocking send is bounded by the socket buffer)."""
-        if self.ctl is None:
-            return
-        with contextlib.suppress(OSError):
-            self.ctl.sendall(frame(T_CTL, (cmd, arg)))
+        with self._lock, contextlib.suppress(OSError):
+            if self.ctl is not None:
+                self.ctl.sendall(frame(T_CTL, (cmd, arg)))
 
     def close_control(self) -> None:
-        if self.ctl is not None:
-            with contextlib.suppress(OSError):
-                self.ctl.close()
-            self.ctl = None
+        with self._lock:
+            if self.ctl is not None:
+                with contextlib.suppress(OSError):
+                    self.ctl.close()
+                self.ctl = None
 
     def wait(self, timeout_s: float) -> int | None:
         if self.proc is None:
