@@ -6,6 +6,10 @@ test) watch a running stack (simulated fleet + `shadow serve`).
   ShadowStateDrift alert for that worker arrives at the webhook (and not before).
 - Killing a decode rank stops its /metrics: ShadowWorkerTelemetryStale for that rank arrives (the
   rule's threshold is 30 s without a good scrape, so this waits about half a minute).
+- With active routing (`shadow serve --active` in canary mode behind the `shadow router` stand-in):
+  an operator forcing fallback through the admin API (PUT /v1/mode with the token) makes
+  ShadowFallbackActive arrive; a crashed decode rank trips automatic fallback; and every dashboard
+  and rule expression that reads an active-routing metric parses and returns data.
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from shadow.telemetry.catalogue import active_only, lookup
+from tests.telemetry.active_stack import active_stack, require_active
+from tests.telemetry.promql import metric_names, substitute
 from tests.telemetry.servers import Alertmanager, Prometheus, Webhook, wait_for
 from tests.telemetry.stack import running_stack, send_traffic
 
@@ -96,6 +103,123 @@ def test_drift_and_dead_rank_alerts_reach_the_webhook(tmp_path: Path) -> None:
                 assert stale[0]["annotations"]["runbook_url"] == "docs/runbooks/worker-telemetry-stale.md"
                 assert all(a["labels"]["worker"] == "d1" for a in hook.firing("ShadowWorkerTelemetryStale"))
             finally:
+                prom.close()
+    finally:
+        am.close()
+        hook.close()
+
+
+def _active_expressions() -> list[tuple[str, str]]:
+    """(where, expr) of every dashboard target and alert rule that reads an active-routing metric."""
+    from tests.telemetry.test_prometheus_integration import _expressions
+
+    out = []
+    for where, expr in _expressions():
+        names = {spec.name for n in metric_names(substitute(expr, {"fleet": ".*", "instance": ".*",
+                                                                  "lane": ".*"}))
+                 if (spec := lookup(n)) is not None}
+        if names & active_only():
+            out.append((where, expr))
+    return out
+
+
+class Traffic:
+    """Streams sent to the front, one after another per thread, until stop()."""
+
+    def __init__(self, url: str, n: int, max_tokens: int = 40) -> None:
+        self.stop_event = threading.Event()
+        self.done = 0
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._run, args=(url, i, max_tokens), daemon=True)
+                        for i in range(n)]
+        for t in self.threads:
+            t.start()
+
+    def _run(self, url: str, i: int, max_tokens: int) -> None:
+        # prompts of two length buckets, so the Fairness panels have more than one bucket
+        prompt = "x " * (64 if i % 2 else 700)
+        with httpx.Client(timeout=30) as client:
+            while not self.stop_event.is_set():
+                body = {"model": "sim-llm", "prompt": prompt, "stream": True, "max_tokens": max_tokens}
+                try:
+                    with client.stream("POST", url + "/v1/completions", json=body) as r:
+                        for _ in r.iter_lines():
+                            pass
+                except httpx.HTTPError:
+                    pass  # a crashed rank fails some streams: that is what the error panels show
+                with self.lock:
+                    self.done += 1
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        for t in self.threads:
+            t.join(60)
+
+
+def test_forced_fallback_alert_reaches_the_webhook_and_active_expressions_return_data(tmp_path: Path) -> None:
+    require_active()
+    hook = Webhook()
+    for d in ("am", "prom", "stack"):
+        (tmp_path / d).mkdir()
+    am = Alertmanager(tmp_path / "am", hook.url)
+    try:
+        wait_for(am.ready, 60, "alertmanager ready")
+        with active_stack(tmp_path / "stack", policy="br0") as stack:
+            prom = Prometheus(tmp_path / "prom", [stack.api.removeprefix("http://")],
+                              alertmanager=am.address, rule_for="1s")
+            traffic = Traffic(stack.front, 6)
+            try:
+                wait_for(prom.ready, 60, "prometheus ready")
+                # routed both ways (canary), and nothing about fallback fires while healthy
+                for mode in ("active", "shadow"):
+                    wait_for(lambda m=mode: prom.query(
+                        f'sum(rate(shadow_router_requests_total{{mode="{m}",outcome="ok"}}[30s])) > 0'
+                    )["data"]["result"], 90, f"ok requests in mode {mode} scraped")
+                assert hook.firing("ShadowFallbackActive") == []
+                assert prom.query('ALERTS{alertname="ShadowFallbackActive"}')["data"]["result"] == []
+
+                # an operator forces fallback: the alert arrives, with its runbook
+                bad = stack.set_mode("fallback")
+                assert bad.status_code == 200, bad.text
+                alerts = wait_for(lambda: hook.firing("ShadowFallbackActive"), 60,
+                                  "ShadowFallbackActive at the webhook")
+                assert alerts[0]["labels"]["severity"] == "page"
+                assert alerts[0]["annotations"]["runbook_url"] == "docs/runbooks/fallback-active.md"
+                assert alerts[0]["labels"]["instance"] == stack.api.removeprefix("http://")
+                wait_for(lambda: prom.query(
+                    'sum(rate(shadow_router_requests_total{mode="fallback"}[30s])) > 0')["data"]["result"],
+                    60, "requests routed in fallback")
+                unauth = httpx.put(stack.api + "/v1/mode", json={"mode": "active"}, timeout=10)
+                assert unauth.status_code == 401  # and without the token nobody can undo it
+                assert stack.set_mode("canary").status_code == 200
+
+                # a decode rank crashes under traffic: upstream errors, and automatic fallback trips
+                stack.fleet.call(stack.fleet.fleet.crash("decode", 1))
+                wait_for(lambda: prom.query("shadow_fallback_active == 1")["data"]["result"], 90,
+                         "automatic fallback after the crash")
+                trips = prom.query("sum by (reason) (shadow_fallback_trips_total)")["data"]["result"]
+                assert trips and all(float(t["value"][1]) >= 1 for t in trips), trips
+                wait_for(lambda: prom.query("sum(rate(shadow_router_upstream_errors_total[30s])) > 0")
+                         ["data"]["result"], 60, "upstream errors scraped")
+
+                # every expression reading an active-routing metric parses and returns data
+                missing = []
+                for where, expr in _active_expressions():
+                    text = substitute(expr, {"fleet": ".*", "instance": ".*", "lane": ".*"})
+                    text = text.replace("[1m]", "[30s]")
+                    body = prom.query(text)
+                    assert body["status"] == "success", f"{where}: {body.get('error')}"
+                    if where.startswith("rule "):
+                        # an alert condition is empty when all is well: each metric it reads has data
+                        names = metric_names(text)
+                        gone = {n for n in names if not prom.query(f"count({n})")["data"]["result"]}
+                        if gone:
+                            missing.append(f"{where}: no data for {sorted(gone)}")
+                    elif not body["data"]["result"]:
+                        missing.append(f"{where}: no data for {text}")
+                assert missing == [], "\n".join(missing)
+            finally:
+                traffic.stop()
                 prom.close()
     finally:
         am.close()

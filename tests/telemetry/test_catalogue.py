@@ -169,3 +169,29 @@ def test_real_exporters_export_nothing_outside_the_catalogue(serve: bool) -> Non
     declared = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
     families = {s.name for n in declared if (s := lookup(n)) is not None}
     assert specs - families == set(), "catalogued metrics the running exporter does not declare"
+
+
+@pytest.mark.integration
+def test_shadow_serve_active_declares_every_catalogued_family_and_nothing_else(tmp_path: Path) -> None:
+    """`shadow serve --active` (canary: requests routed by shadow and by the router) exports the
+    tap, lane and active-routing families of the catalogue, with their closed label sets, and
+    nothing outside it; promtool's metric lint accepts the active families too."""
+    from tests.telemetry.active_stack import active_stack
+
+    with active_stack(tmp_path) as stack:
+        send_traffic([stack.front], per_url=12, max_tokens=30)
+        text = httpx.get(stack.api + "/metrics", timeout=5).text
+    assert check_exposition(text, exporters=["tap", "serve"]) == []
+    declared = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+    families = {s.name for n in declared if (s := lookup(n)) is not None}
+    assert catalogue.active_only() - families == set(), "active families the exporter does not declare"
+    assert {m.name for m in catalogue.for_exporter("tap", "serve")} - families == set()
+    modes = {line.split('mode="')[1].split('"')[0] for line in text.splitlines()
+             if line.startswith("shadow_router_requests_total{") and 'outcome="ok"' in line}
+    assert {"active", "shadow"} <= modes, modes  # canary routed both ways
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing (apt-get install -y prometheus)"
+    lint = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    findings = {line.strip() for line in (lint.stdout + lint.stderr).splitlines() if line.strip()}
+    findings.discard("shadow_step_model_b_seconds metric names should not contain abbreviated units")
+    assert findings == set(), findings

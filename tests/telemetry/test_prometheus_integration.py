@@ -99,8 +99,8 @@ def test_expression_parses_and_returns_data(scraped: tuple[Prometheus, Stack], w
     assert all(lookup(n) is not None or n == "up" for n in names), where
     if any((spec := lookup(n)) is not None and spec.name in active_only() for n in names):
         # active-routing metrics: a shadow-only `shadow serve` does not export them, so here the
-        # expression only has to parse and run; tests/alerts/test_active_stack.py runs it against
-        # `shadow serve --active` and requires data
+        # expression only has to parse and run; tests/alerts/test_alertmanager_integration.py runs
+        # it against `shadow serve --active` and requires data
         return
     exported = {n for n in names if prom.query(f"count({n})")["data"]["result"]}
     if where.startswith("rule "):

@@ -1,0 +1,145 @@
+"""`shadow serve --active` as operators run it, for telemetry tests: a simulated P/D fleet, the
+`shadow router` stand-in for the existing router (pointed at shadow's taps, so every mode mirrors
+what really routed), and the real `shadow serve --active` process in front of it, started through
+the command line only (the contract of issue 10; no internal API).
+
+Port layout as shipped in deploy/: `--port P` puts the API on P, the decode taps on P+1.., the
+prefill taps after them, and the front (shadow's proxy) last, so the router can be given the tap
+URLs before the sidecar starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from shadow._tools import find_executable
+from shadow.fleet import FleetConfig, FleetThread
+
+ADMIN_TOKEN = "telemetry-test-admin-token-0123456789"
+
+
+def serve_options() -> set[str]:
+    """The option strings `shadow serve` accepts."""
+    import argparse
+
+    from shadow.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return {o for a in sub.choices["serve"]._actions for o in a.option_strings}
+
+
+def require_active() -> None:
+    """Skip (with the reason) until `shadow serve --active` and the mode controller exist."""
+    missing = {"--active", "--mode", "--active-policy", "--admin-token"} - serve_options()
+    if missing:
+        pytest.skip(f"shadow serve has no {sorted(missing)} yet (issue 10: the active proxy and the "
+                    "mode controller); this test runs once they are on main")
+
+
+def _free_run(n: int) -> int:
+    for _ in range(200):
+        base = random.randrange(20000, 60000 - n)
+        socks: list[socket.socket] = []
+        try:
+            for p in range(base, base + n + 1):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise AssertionError("no run of free loopback ports")
+
+
+class _Proc:
+    """A child process whose first stdout line is its JSON ready line; stderr to a log file."""
+
+    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+        self.log_path = log
+        self._log = log.open("wb")
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._log, text=True,
+                                     env={**os.environ, **(env or {})})
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line.strip():
+            self.close()
+            raise AssertionError(f"{args[:2]} did not start: {log.read_text()[-2000:]}")
+        self.ready: dict[str, Any] = json.loads(line)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._log.close()
+
+
+@dataclass
+class ActiveStack:
+    fleet: FleetThread
+    serve: dict[str, Any]  # shadow serve's ready line
+    router_url: str
+
+    @property
+    def api(self) -> str:
+        return str(self.serve["api"])
+
+    @property
+    def front(self) -> str:
+        """Where clients send requests: shadow's active proxy."""
+        return str(self.serve["taps"]["router"])
+
+    def set_mode(self, mode: str, **extra: Any) -> httpx.Response:
+        return httpx.put(self.api + "/v1/mode", json={"mode": mode, **extra}, timeout=10,
+                         headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+
+
+@contextmanager
+def active_stack(tmp: Path, *, prefill: int = 1, decode: int = 2, slots: int = 8, mode: str = "canary",
+                 policy: str = "br0", extra: tuple[str, ...] = ()) -> Iterator[ActiveStack]:
+    """Fleet + `shadow router` + `shadow serve --active` (canary: half the requests routed by shadow)."""
+    require_active()
+    shadow = find_executable("shadow")
+    assert shadow, "the shadow console script is missing"
+    cfg = FleetConfig(prefill=prefill, decode=decode, slots=slots, base_port=0, time_scale=1.0)
+    with FleetThread(cfg) as fleet:
+        base = _free_run(2 + decode + prefill)
+        dtaps = [f"d{g}=http://127.0.0.1:{base + 1 + g}" for g in range(decode)]
+        ptaps = [f"p{i}=http://127.0.0.1:{base + 1 + decode + i}" for i in range(prefill)]
+        router = _Proc([shadow, "router", "--port", "0", *[x for t in dtaps for x in ("--decode", t)],
+                        *[x for t in ptaps for x in ("--prefill", t)]], tmp / "router.log")
+        procs = [router]
+        try:
+            args = [shadow, "serve", "--port", str(base), "--front", f"router={router.ready['url']}",
+                    "--slots", str(slots), "--scrape-interval", "0.5", "--active", "--mode", mode,
+                    "--active-policy", policy, "--canary-fraction", "0.5", *extra]
+            for g, url in enumerate(fleet.decode_urls):
+                args += ["--upstream", f"d{g}={url}"]
+            for i, url in enumerate(fleet.prefill_urls):
+                args += ["--prefill", f"p{i}={url}"]
+            serve = _Proc(args, tmp / "serve.log",
+                          env={"SHADOW_SERVE_ADMIN_TOKEN": ADMIN_TOKEN, "OTEL_SDK_DISABLED": "true"})
+            procs.append(serve)
+            assert serve.ready["taps"]["d0"].endswith(f":{base + 1}"), serve.ready  # the layout above
+            yield ActiveStack(fleet, serve.ready, str(router.ready["url"]))
+        finally:
+            for p in reversed(procs):
+                p.close()
