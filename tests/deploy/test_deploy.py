@@ -226,7 +226,7 @@ def _serve_options() -> set[str]:
 
 
 def _needs_active() -> None:
-    missing = {"--active", "--mode-file", "--admin-token"} - _serve_options()
+    missing = {"--active", "--active-port", "--mode-file", "--admin-token"} - _serve_options()
     if missing:
         pytest.skip(f"shadow serve has no {sorted(missing)} yet (issue 10: the active proxy and the mode "
                     "controller); the active overlay's flags are checked once they exist")
@@ -312,8 +312,11 @@ def _listening(argv: list[str], tmp: Path, env: dict[str, str]) -> dict[str, Any
     last = ""
     for _ in range(5):  # a port of the run may be taken between the probe and the bind: try another
         base = _free_run(8)
-        args = [a for a in argv if not a.startswith(("--host=", "--port="))]
+        moved = ("--host=", "--port=", "--active-host=", "--active-port=")
+        args = [a for a in argv if not a.startswith(moved)]
         args += ["--host=127.0.0.1", f"--port={base}", "--scrape-interval=0"]
+        if "--active" in args:
+            args += ["--active-host=127.0.0.1", f"--active-port={base + 7}"]
         proc = subprocess.Popen([shadow, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env={**os.environ, **env, "OTEL_SDK_DISABLED": "true"}, cwd=tmp)
         try:
@@ -343,9 +346,10 @@ def _port(url: str) -> int:
 
 @pytest.mark.parametrize("overlay", ["example", "active"])
 def test_the_real_sidecar_listens_on_the_declared_container_ports(overlay: str, tmp_path: Path) -> None:
-    """Run `shadow serve` with the overlay's own args (only host and base port moved to a free
-    loopback run): the front tap is where `shadow-front` says, relative to `shadow-api`; in the
-    active overlay the router's worker URLs are the decode taps."""
+    """Run `shadow serve` with the overlay's own args (only hosts and ports moved to a free loopback
+    run): clients' port `shadow-front` is the front tap (example) or shadow's proxy (active), the
+    API is `shadow-api`; in the active overlay the router's worker URLs are the decode taps and
+    shadow-mode requests reach the router through the front tap, which the router's port is."""
     if overlay == "active":
         _needs_active()
     docs = _build(K8S / "overlays" / overlay)
@@ -355,7 +359,14 @@ def test_the_real_sidecar_listens_on_the_declared_container_ports(overlay: str, 
     ready = _listening(_local_argv(side["args"], docs, tmp_path), tmp_path, env)
     offset = ready["base"] - ports["shadow-api"]
     assert _port(ready["api"]) == ports["shadow-api"] + offset
-    assert _port(ready["taps"]["router"]) == ports["shadow-front"] + offset
+    if overlay == "example":
+        assert _port(ready["taps"]["router"]) == ports["shadow-front"] + offset
+    else:
+        (flag,) = [a for a in side["args"] if a.startswith("--active-port=")]
+        assert int(flag.split("=")[1]) == ports["shadow-front"]  # clients reach the proxy
+        assert _port(ready["active"]) == ready["base"] + 7  # ... which listens where told
+        # the front tap is internal (proxy -> front tap -> router), not a declared container port
+        assert _port(ready["taps"]["router"]) - offset not in ports.values()
     if overlay == "active":
         (router,) = [c for c in spec["containers"] if c["name"] == "router"]
         urls = router["args"][router["args"].index("--worker-urls") + 1:]

@@ -4,8 +4,8 @@ what really routed), and the real `shadow serve --active` process in front of it
 the command line only (the contract of issue 10; no internal API).
 
 Port layout as shipped in deploy/: `--port P` puts the API on P, the decode taps on P+1.., the
-prefill taps after them, and the front (shadow's proxy) last, so the router can be given the tap
-URLs before the sidecar starts.
+prefill taps after them, and the front tap (to the router) last, so the router can be given the tap
+URLs before the sidecar starts; shadow's proxy listens on its own port (`--active-port`).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def serve_options() -> set[str]:
 
 def require_active() -> None:
     """Skip (with the reason) until `shadow serve --active` and the mode controller exist."""
-    missing = {"--active", "--mode", "--active-policy", "--admin-token"} - serve_options()
+    missing = {"--active", "--active-port", "--mode", "--active-policy", "--admin-token"} - serve_options()
     if missing:
         pytest.skip(f"shadow serve has no {sorted(missing)} yet (issue 10: the active proxy and the "
                     "mode controller); this test runs once they are on main")
@@ -104,8 +104,8 @@ class ActiveStack:
 
     @property
     def front(self) -> str:
-        """Where clients send requests: shadow's active proxy."""
-        return str(self.serve["taps"]["router"])
+        """Where clients send requests: shadow's active proxy (`active` in the ready line)."""
+        return str(self.serve["active"])
 
     def set_mode(self, mode: str, **extra: Any) -> httpx.Response:
         return httpx.put(self.api + "/v1/mode", json={"mode": mode, **extra}, timeout=10,
