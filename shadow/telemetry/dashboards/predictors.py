@@ -44,7 +44,7 @@ def build() -> db.Dashboard:
                "BR-H's end-probability calibration error on requests finished in the window (0 = "
                "predicted end probabilities match observed ends).",
                "percentunit", f"max by (instance) (shadow_predictor_calibration_error{sel()})",
-               decimals=1, steps=((None, "green"), (0.1, "orange"), (0.2, "red"))), w=6, h=5)
+               decimals=1, steps=((None, "green"), (0.1, "orange"), (0.15, "red"))), w=6, h=5)
     lay.add(st("Gap to the Oracle bound",
                "BR-H's live spread over the offline Oracle bound's on the same window, minus 1 (0 = as "
                "good as knowing every end).",
