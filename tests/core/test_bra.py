@@ -320,3 +320,86 @@ def test_centred_stage2_equals_balanceroute_when_the_window_holds_the_whole_pool
     scaled = BRParams(r_max=window, s_greedy=s_greedy, age_s=None)
     br = BalanceRoute("br0", scaled).round(loads, free, _pool(sizes, ages, 0.0), 0.0)
     assert bra == br
+
+
+def test_stage2_takes_the_best_subset_not_the_best_single_for_both_br_and_bra() -> None:
+    # One worker with 2 free slots and 100 tokens below the barrier; S_greedy 10 skips Stage 1.
+    # {b, c} = 50 + 50 fills the gap exactly (F = 100); the best single (a, 70) then b would overflow.
+    def pool() -> Pool:
+        p = Pool()
+        for rid, size in (("a", 70), ("b", 50), ("c", 50)):
+            p.add(rid, size, 0.0)
+        return p
+
+    prm = BRParams(s_greedy=10, age_s=None)
+    assert BalanceRoute("br0", prm).round([0.0, 100.0], [2, 0], pool(), 0.0) == [("b", 0), ("c", 0)]
+    off = BRAParams(score_pick=False, hold=False)
+    assert BalanceRouteAdaptive(prm, off).round([0.0, 100.0], [2, 0], pool(), 0.0) == [("b", 0), ("c", 0)]
+    # Stage 1 runs only while total free slots *exceed* S_greedy: 2 free, S_greedy 2 → no greedy pick.
+    prm2 = BRParams(s_greedy=2, age_s=None)
+    assert BalanceRouteAdaptive(prm2, off).round([0.0, 100.0], [2, 0], pool(), 0.0) == [("b", 0), ("c", 0)]
+    # ... and with S_greedy 1 the first pick is greedy (a), the second the best fill of what is left.
+    prm1 = BRParams(s_greedy=1, age_s=None)
+    assert BalanceRouteAdaptive(prm1, off).round([0.0, 100.0], [2, 0], pool(), 0.0) == [("a", 0), ("b", 0)]
+
+
+def test_stage2_pop_ties_go_to_the_lower_index() -> None:
+    # Equal loads, equal free slots, equal margins: BR's pop order falls back to the lower index.
+    off = BRAParams(score_pick=False, hold=False)
+    pool = Pool()
+    pool.add("a", 50, 0.0)
+    assert BalanceRouteAdaptive(BRParams(s_greedy=5), off).round([0.0, 0.0], [1, 1], pool, 0.0) == [("a", 0)]
+
+
+def test_centred_window_aged_first_then_nearest_the_peak() -> None:
+    from shadow.core.bra import _centred_window
+
+    def ids(window: list) -> list[str]:  # type: ignore[type-arg]
+        return [e.request_id for e in window]
+
+    def pool(aged: int) -> Pool:
+        p = Pool()
+        for i, size in enumerate((10, 20, 30)[:aged]):  # arrived long ago, in this order
+            p.add(f"e{i + 1}", size, 0.1 * i)
+        for i, size in enumerate((100, 200, 300)):
+            p.add(f"y{i + 1}", size, 4.9 + 0.01 * i)
+        return p
+
+    now, age = 5.0, 1.0
+    # Aged entries in arrival order, at most half the window; then nearest the peak (190: 200, 100, 300).
+    assert ids(_centred_window(pool(3), 4, 190.0, now, age)) == ["e1", "e2", "y2", "y1"]
+    # Peak among the aged: the nearest list skips the aged ones already taken and still fills the window.
+    assert ids(_centred_window(pool(3), 4, 15.0, now, age)) == ["e1", "e2", "e3", "y1"]
+    # One aged entry only; young entries are never counted as aged.
+    assert ids(_centred_window(pool(1), 4, 190.0, now, age)) == ["e1", "y2", "y1", "y3"]
+    # A window of 2 or 3 holds at most one aged entry (half, at least one).
+    assert ids(_centred_window(pool(3), 2, 190.0, now, age)) == ["e1", "y2"]
+    assert ids(_centred_window(pool(3), 3, 190.0, now, age)) == ["e1", "y2", "y1"]
+    # No aging: nearest the peak only.
+    assert ids(_centred_window(pool(3), 3, 190.0, now, None)) == ["y2", "y1", "y3"]
+
+
+def test_bra_scores_with_its_own_params_and_the_given_projection() -> None:
+    """On states where BR-H's decisions depend on the horizon or on the active requests, BRA with
+    every idea off follows BR-H with *its* parameters (not the defaults) and *its* projection."""
+    rng = np.random.default_rng(3)
+    off = BRAParams(score_pick=False, hold=False, scale_window=False)
+    mine, other = BRParams(horizon=20, r_max=3, s_greedy=2), BRParams(horizon=80, r_max=3, s_greedy=2)
+    checked = 0
+    for _ in range(300):
+        g = int(rng.integers(2, 6))
+        loads = [float(x) for x in rng.integers(0, 30_000, g)]
+        free = [int(x) for x in rng.integers(0, 4, g)]
+        sizes = [int(x) for x in rng.integers(1, 20_000, int(rng.integers(1, 10)))]
+        act = (np.arange(g, dtype=np.int64), np.asarray(loads), rng.uniform(0, 100, g))
+
+        def fresh(sizes: list[int] = sizes) -> Pool:
+            return _pool(sizes, [0.0] * len(sizes), 0.0)
+
+        want = BalanceRoute("brh", mine).round(loads, free, fresh(), 0.0, *act)
+        if (want == BalanceRoute("brh", other).round(loads, free, fresh(), 0.0, *act)
+                and want == BalanceRoute("br0", mine).round(loads, free, fresh(), 0.0)):
+            continue  # this state cannot tell the horizon or the projection apart
+        assert BalanceRouteAdaptive(mine, off).round(loads, free, fresh(), 0.0, *act) == want
+        checked += 1
+    assert checked >= 20, f"only {checked} states told the horizon or projection apart"

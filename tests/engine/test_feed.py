@@ -68,3 +68,38 @@ def test_bad_event_line_is_a_one_line_error(tmp_path: Path) -> None:
     path.write_text(json.dumps(to_dict(Arrive("a", 1.0, 5))) + "\n" + '{"type": "route", "t": 1}\n')
     with pytest.raises(TraceError, match=r"bad.ndjson:2: invalid event"):
         load_trace(path)
+
+
+def test_request_folder_event_by_event_gives_the_batch_fold_as_requests_end() -> None:
+    from shadow.engine.feed import RequestFolder
+
+    folder = RequestFolder()
+    ends = []
+    for ev in session():
+        got = folder.apply(ev)
+        if got is not None:
+            rec, reason, t_end = got
+            ends.append((rec.request_id if rec else None, reason, t_end))
+            if rec is not None:
+                assert rec in recorded_requests(session()).requests
+    # a ends (stop), b is cancelled after tokens, d and e end but are dropped; c never ends
+    assert ends == [("a", "stop", 10.4), ("b", "cancel", 11.6), (None, "stop", 13.0), (None, "cancel", 13.1)]
+    assert dict(folder.dropped) == {"no_prompt_tokens": 1, "no_tokens": 1}
+    assert folder.open() == 1
+
+
+def test_request_folder_evicts_the_oldest_open_request_beyond_its_bound() -> None:
+    from shadow.engine.feed import RequestFolder
+
+    folder = RequestFolder(max_open=2)
+    for i, rid in enumerate(("x1", "x2", "x3")):
+        assert folder.apply(Arrive(rid, float(i), prompt_tokens=10)) is None
+    assert folder.open() == 2 and folder.dropped["evicted"] == 1
+    folder.apply(Token("x3", 3.0, 1))
+    got = folder.apply(Finish("x3", 3.5, "length", 2))
+    assert got is not None and got[0] is not None
+    assert (got[0].request_id, got[0].prompt_tokens, got[0].output_tokens, got[1]) == ("x3", 10, 2, "length")
+    # x1 was evicted: its end arrives without an arrival and is dropped as such, not invented
+    got = folder.apply(Finish("x1", 4.0, "stop", 3))
+    assert got == (None, "stop", 4.0) and folder.dropped["no_arrival"] == 1
+    assert folder.open() == 1  # x2
