@@ -25,11 +25,13 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
+from shadow.active.fallback import GuardConfig
+from shadow.active.modes import ModeConfig
 from shadow.commands import tap as tap_cmd
 from shadow.core.stepmodel import DEFAULT_A_S_PER_TOKEN, DEFAULT_B_S
 from shadow.live.lanes import DEFAULT_POLICIES
 from shadow.live.service import ServeConfig, ServeService, check_policies
-from shadow.telemetry.tracing import trace_mirror
+from shadow.telemetry.tracing import RoutingSpans, get_tracer, trace_mirror
 
 ENV_PREFIX = "SHADOW_SERVE_"
 
@@ -42,6 +44,15 @@ EPILOG = """examples:
 
   # beside vllm-router in P/D mode (front mode), configured from a file:
   shadow serve --config serve.yaml --front router=http://127.0.0.1:8000
+
+  # active routing modes (see "modes and fallback" below): start in canary with 10% of requests
+  # routed by BR-H, a watched flag file, and the admin API behind a token from a file:
+  shadow serve --config serve.yaml --mode canary --canary-fraction 0.1 --active-policy brh \\
+               --mode-file /etc/shadow/mode.yaml --admin-token-file /etc/shadow/admin.token
+  echo 'mode: active' > /etc/shadow/mode.yaml.new && mv /etc/shadow/mode.yaml.new /etc/shadow/mode.yaml
+  curl -s -X PUT -H "Authorization: Bearer $(cat /etc/shadow/admin.token)" \\
+       -d '{"mode": "active", "policy": "br0", "pin": false}' http://127.0.0.1:PORT/v1/mode
+  curl -s http://127.0.0.1:PORT/v1/mode             # current mode, fallback reason, transitions
 
   # two tap processes forward their events here (each: shadow tap ... --forward API_URL):
   shadow serve --worker d0=http://10.0.0.5:8000 --worker d1=http://10.0.0.6:8000 --slots 256
@@ -104,6 +115,117 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_mode_arguments(p: argparse.ArgumentParser) -> None:
+    """The mode controller's flags (issue 10 items 2-3: modes, admin API, automatic fallback)."""
+    g = p.add_argument_group(
+        "modes and fallback",
+        "Modes: shadow (the router routes), canary (a fixed fraction of request ids routed by shadow), "
+        "active, fallback (round-robin). An invalid mode from any source means shadow (counted as "
+        "flag_error). Automatic fallback to round-robin trips on a decision error, slow decisions, a "
+        "worker down, upstream failures, stale telemetry or mirror drift, and recovers after a "
+        "hold-down that doubles on repeated trips.",
+    )
+    g.add_argument("--mode", default="shadow", metavar="MODE",
+                   help="mode at start: shadow, canary, active, fallback (default shadow)")
+    g.add_argument("--active-policy", default="br0", metavar="POLICY",
+                   help="policy of active mode: br0, brh, jsq, rr (default br0)")
+    g.add_argument("--canary-fraction", type=float, default=0.05, metavar="F",
+                   help="fraction of request ids canary mode routes actively, by a hash of the id "
+                   "(default 0.05)")
+    g.add_argument("--pin-mode", action="store_true",
+                   help="pin the mode: no automatic fallback, no BR-H degrade (default off)")
+    g.add_argument("--mode-file", metavar="FILE",
+                   help="watched flag file, YAML or JSON {mode, policy, canary_fraction, pin}; "
+                   "replace it atomically (write + rename); polled every --mode-file-interval")
+    g.add_argument("--mode-file-interval", type=float, default=0.5, metavar="SECONDS",
+                   help="how often the flag file is read (default 0.5)")
+    g.add_argument("--admin-token", metavar="TOKEN",
+                   help="bearer token of PUT /v1/mode (prefer --admin-token-file or the environment "
+                   "SHADOW_SERVE_ADMIN_TOKEN: flags show in ps); without one, PUT /v1/mode is off")
+    g.add_argument("--admin-token-file", metavar="FILE", help="read the admin token from FILE")
+    g.add_argument("--decision-budget", type=float, default=0.020, metavar="SECONDS",
+                   help="a routing decision round slower than this counts as slow (default 0.02)")
+    g.add_argument("--trip-slow-count", type=int, default=5, metavar="N",
+                   help="this many slow decisions within --trip-window trip fallback (default 5)")
+    g.add_argument("--trip-window", type=float, default=10.0, metavar="SECONDS",
+                   help="window of the slow-decision and upstream-failure counts (default 10)")
+    g.add_argument("--trip-drift", type=float, default=16.0, metavar="REQUESTS",
+                   help="mirror drift (mirrored − worker-reported requests) on any worker that trips "
+                   "fallback (default 16)")
+    g.add_argument("--trip-stale", type=float, default=15.0, metavar="SECONDS",
+                   help="no good /metrics scrape of a worker for this long trips fallback (default 15)")
+    g.add_argument("--trip-upstream-error-rate", type=float, default=0.5, metavar="FRACTION",
+                   help="failed fraction of one upstream's calls in the window that trips fallback "
+                   "(default 0.5) ...")
+    g.add_argument("--trip-upstream-min-calls", type=int, default=10, metavar="N",
+                   help="... given at least N calls in the window (default 10)")
+    g.add_argument("--holddown", type=float, default=10.0, metavar="SECONDS",
+                   help="first hold-down before recovery from fallback is tried; doubles on each "
+                   "repeated trip (default 10)")
+    g.add_argument("--holddown-max", type=float, default=300.0, metavar="SECONDS",
+                   help="cap of the doubling hold-down (default 300)")
+    g.add_argument("--degrade-calibration", type=float, default=0.15, metavar="ECE",
+                   help="BR-H end-probability calibration error above which active BR-H runs BR-0 "
+                   "(default 0.15)")
+    g.add_argument("--degrade-net-gain", type=float, default=0.0, metavar="FRACTION",
+                   help="BR-H's spread gain over BR-0 in the live lanes below which active BR-H runs "
+                   "BR-0 (default 0.0)")
+    g.add_argument("--mode-check-interval", type=float, default=0.25, metavar="SECONDS",
+                   help="how often health signals (drift, scrape age, lanes) are checked (default 0.25)")
+
+
+def mode_config_from_args(args: argparse.Namespace) -> ModeConfig | None:
+    """The mode controller's configuration, or None when shadow serve runs without one."""
+    token = getattr(args, "admin_token", None)
+    token_file = getattr(args, "admin_token_file", None)
+    if token and token_file:
+        raise ValueError("give --admin-token or --admin-token-file, not both")
+    if token_file:
+        try:
+            with open(token_file, encoding="utf-8") as fh:
+                token = fh.read().strip()
+        except OSError as exc:
+            raise ValueError(f"--admin-token-file {token_file}: {exc.strerror or exc}") from None
+        if not token:
+            raise ValueError(f"--admin-token-file {token_file}: empty")
+    if token is not None and len(token) < 16:
+        raise ValueError("the admin token must be at least 16 characters")
+    wanted = (getattr(args, "active", False) or args.mode_file or token or args.mode != "shadow"
+              or args.pin_mode)
+    if not wanted:
+        return None
+    guards = GuardConfig(
+        decision_budget_s=args.decision_budget,
+        slow_count=args.trip_slow_count,
+        slow_window_s=args.trip_window,
+        drift_requests=args.trip_drift,
+        stale_s=args.trip_stale,
+        upstream_error_rate=args.trip_upstream_error_rate,
+        upstream_min_calls=args.trip_upstream_min_calls,
+        upstream_window_s=args.trip_window,
+        holddown_s=args.holddown,
+        holddown_max_s=args.holddown_max,
+        calibration_max=args.degrade_calibration,
+        net_gain_min=args.degrade_net_gain,
+    )
+    guards.validate()
+    for flag, v in (("--mode-file-interval", args.mode_file_interval),
+                    ("--mode-check-interval", args.mode_check_interval)):
+        if not v > 0:
+            raise ValueError(f"{flag} must be > 0 s, got {v}")
+    return ModeConfig(
+        mode=str(args.mode),
+        policy=str(args.active_policy),
+        canary_fraction=args.canary_fraction,
+        pin=bool(args.pin_mode),
+        mode_file=args.mode_file,
+        mode_file_interval_s=args.mode_file_interval,
+        admin_token=token,
+        check_interval_s=args.mode_check_interval,
+        guards=guards,
+    )
+
+
 def build_parser(prog: str = "shadow serve") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog,
@@ -113,6 +235,7 @@ def build_parser(prog: str = "shadow serve") -> argparse.ArgumentParser:
     )
     tap_cmd.add_arguments(p)
     add_serve_arguments(p)
+    add_mode_arguments(p)
     _one_line_errors(p)
     return p
 
@@ -136,6 +259,7 @@ def register(subparsers: Any) -> None:
     )
     tap_cmd.add_arguments(p)
     add_serve_arguments(p)
+    add_mode_arguments(p)
     for action in p._actions:
         if action.dest not in ("help",):
             action.default = argparse.SUPPRESS
@@ -235,12 +359,15 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         step_b=args.step_b,
         live_queue_size=args.live_queue_size,
         step_window_s=args.step_window,
+        modes=mode_config_from_args(args),
     )
 
 
 async def serve(config: ServeConfig) -> None:
     svc = ServeService(config)
     tracing = trace_mirror(svc.tap.mirror)  # spans per mirrored request when OTEL_EXPORTER_OTLP_* is set
+    if tracing is not None and svc.modes is not None:
+        svc.modes.controller.spans = RoutingSpans(get_tracer(tracing))  # a span per mode transition
     ready = await svc.start()
     gc.freeze()
     gc.set_threshold(700, 10, 1000)
@@ -274,6 +401,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="shadow serve", argument_default=argparse.SUPPRESS)
     tap_cmd.add_arguments(parser)
     add_serve_arguments(parser)
+    add_mode_arguments(parser)
     for action in parser._actions:
         if action.dest != "help":
             action.default = argparse.SUPPRESS

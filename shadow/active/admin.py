@@ -1,0 +1,90 @@
+"""The mode admin API on `shadow serve`'s API listener.
+
+- `GET /v1/mode`: the controller's state (open, like /v1/report).
+- `PUT /v1/mode` with `{"mode": ..., "policy": ..., "canary_fraction": ..., "pin": bool}` and
+  `Authorization: Bearer <token>`. No token configured: 403, the API is off. Wrong or missing
+  token: 401. Body over `max_body` (default 4 KiB): 413. Not JSON: 400. Unknown key or invalid
+  value: 422. Nothing changes unless the token is valid and the whole body is. Refusals are
+  counted by reason (`rejected`, shown in GET /v1/mode).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, MutableMapping
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from shadow.active.flagfile import setting_from
+from shadow.active.modes import ModeController
+from shadow.security import bearer_ok
+
+DEFAULT_MAX_BODY = 4096
+DISABLED = ("PUT /v1/mode is disabled: no admin token configured (start shadow serve with "
+            "--admin-token-file FILE, --admin-token or SHADOW_SERVE_ADMIN_TOKEN)")
+
+
+async def _capped_body(request: Request, max_body: int) -> bytes | None:
+    """The request body, or None when it is over `max_body` bytes (read no further than that)."""
+    cl = request.headers.get("content-length")
+    if cl is not None and (not cl.isdigit() or int(cl) > max_body):
+        return None
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_body:
+            return None
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def add_mode_routes(
+    app: FastAPI,
+    controller: ModeController,
+    token: str | None,
+    *,
+    max_body: int = DEFAULT_MAX_BODY,
+    rejected: MutableMapping[str, int] | None = None,
+    view: Callable[[], dict[str, Any]] | None = None,
+) -> MutableMapping[str, int]:
+    """Mount GET/PUT /v1/mode on `app`; returns the refusal counts (by reason). GET serves
+    `view()` (default: the controller's snapshot plus the admin state)."""
+    counts: MutableMapping[str, int] = rejected if rejected is not None else {}
+
+    def default_view() -> dict[str, Any]:
+        body = controller.snapshot()
+        body["admin"] = {"put_enabled": token is not None, "rejected": dict(counts)}
+        return body
+
+    def refuse(status: int, reason: str, message: str, headers: dict[str, str] | None = None) -> Response:
+        counts[reason] = counts.get(reason, 0) + 1
+        return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+    @app.get("/v1/mode")
+    async def get_mode() -> Response:
+        return JSONResponse((view or default_view)())
+
+    @app.put("/v1/mode")
+    async def put_mode(request: Request) -> Response:
+        if token is None:
+            return refuse(403, "disabled", DISABLED)
+        if not bearer_ok(request.headers.get("authorization"), token):
+            return refuse(401, "unauthorized", "PUT /v1/mode needs 'Authorization: Bearer <admin token>'",
+                          {"www-authenticate": 'Bearer realm="shadow"'})
+        raw = await _capped_body(request, max_body)
+        if raw is None:
+            return refuse(413, "too_large", f"body over {max_body} bytes")
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            return refuse(400, "malformed", 'body must be JSON: {"mode": ..., "policy": ..., "pin": ...}')
+        try:
+            setting = setting_from(data, "body")
+        except ValueError as exc:
+            return refuse(422, "invalid", str(exc))
+        return JSONResponse(controller.apply(setting, "operator"))
+
+    return counts

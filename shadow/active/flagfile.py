@@ -1,0 +1,105 @@
+"""The watched mode flag file: `{mode, policy, canary_fraction, pin}` in YAML or JSON.
+
+    mode: canary            # shadow | canary | active | fallback (required)
+    policy: brh             # br0 | brh | jsq | rr (optional: unchanged)
+    canary_fraction: 0.1    # [0, 1] (optional)
+    pin: false              # true: automatic fallback and BR-H degrade off (optional)
+
+`FlagFileWatcher.poll()` reads the file (it is small: capped at 64 KiB) and applies it when its
+bytes changed; a missing, unreadable, oversized or invalid file is a flag error: the controller
+goes to `shadow` (counted, reason `flag_error`) until the file is fixed. Polling, no inotify.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from shadow.active.modes import ModeController, ModeSetting
+
+MAX_FLAG_BYTES = 64 << 10
+KEYS = ("mode", "policy", "canary_fraction", "pin")
+
+
+def setting_from(data: Any, where: str) -> ModeSetting:
+    """A validated `ModeSetting` from a parsed mapping; ValueError naming `where` otherwise."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: must be a mapping with a 'mode' key")
+    unknown = sorted(str(k) for k in data if k not in KEYS)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown} (known: {', '.join(KEYS)})")
+    if "mode" not in data:
+        raise ValueError(f"{where}: 'mode' is required")
+    mode, policy, frac, pin = (data.get(k) for k in KEYS)
+    if not isinstance(mode, str) or (policy is not None and not isinstance(policy, str)):
+        raise ValueError(f"{where}: mode and policy must be strings")
+    if frac is not None and (isinstance(frac, bool) or not isinstance(frac, int | float)):
+        raise ValueError(f"{where}: canary_fraction must be a number in [0, 1], got {frac!r}")
+    if pin is not None and not isinstance(pin, bool):
+        raise ValueError(f"{where}: pin must be true or false, got {pin!r}")
+    setting = ModeSetting(mode, policy, None if frac is None else float(frac), pin)
+    try:
+        setting.validate()
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    return setting
+
+
+def parse_flag(raw: bytes, where: str) -> ModeSetting:
+    """Parse flag-file bytes (JSON is YAML; both accepted)."""
+    import yaml
+
+    if len(raw) > MAX_FLAG_BYTES:
+        raise ValueError(f"{where}: larger than {MAX_FLAG_BYTES} bytes")
+    try:
+        data = yaml.safe_load(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{where}: not UTF-8 text") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark is not None else ""
+        raise ValueError(f"{where}:{line} invalid YAML/JSON") from None
+    return setting_from(data, where)
+
+
+class FlagFileWatcher:
+    """Polls `path` and applies its setting to `controller` on every change (see module docstring)."""
+
+    def __init__(self, path: str, controller: ModeController, interval_s: float = 0.5) -> None:
+        self.path = path
+        self.controller = controller
+        self.interval_s = interval_s
+        self.last: bytes | None = None
+        self.missing_reported = False
+        self.reads = 0
+
+    def poll(self) -> None:
+        """Read once; apply when the content changed since the last read. Never raises."""
+        self.reads += 1
+        try:
+            with open(self.path, "rb") as fh:
+                raw = fh.read(MAX_FLAG_BYTES + 1)
+        except OSError as exc:
+            if not self.missing_reported:
+                self.missing_reported = True
+                self.last = None
+                self.controller.flag_error(f"flag file {self.path}: {exc.strerror or exc}")
+            return
+        self.missing_reported = False
+        if raw == self.last:
+            return
+        self.last = raw
+        try:
+            setting = parse_flag(raw, f"flag file {self.path}")
+        except ValueError as exc:
+            self.controller.flag_error(str(exc))
+            return
+        self.controller.apply(setting, "flag_file")
+
+    async def run(self) -> None:
+        """Poll forever (cancel to stop)."""
+        while True:
+            with contextlib.suppress(Exception):
+                self.poll()
+            await asyncio.sleep(self.interval_s)

@@ -1,0 +1,336 @@
+"""`ModeController`: which mode each new request is routed in, and why (a `ModeSource`).
+
+The operator sets a mode (`shadow`, `canary`, `active`, `fallback`), a policy and a canary
+fraction through the environment at start, a watched flag file or the admin API; an invalid
+setting from any source means `shadow` (counted, reason `flag_error`). In `active`/`canary`,
+`Guards` trip automatic fallback to round-robin (fast) and recover after the hold-down (slow), and
+`Degrade` steps BR-H down to BR-0 on predictor drift; an operator pin turns both off. `choose` is
+lock-free (one immutable plan, swapped on each change), so a change applies to new requests only.
+Every transition is logged (one line), counted, traced, and kept for `/v1/report`'s "mode".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from shadow.active.contracts import ACTIVE_POLICIES, MODES, RouteChoice
+from shadow.active.fallback import Degrade, GuardConfig, Guards, Signals
+from shadow.telemetry.tracing import RoutingSpans
+
+log = logging.getLogger("shadow.active.modes")
+
+SHADOW = RouteChoice("shadow", "router")
+FALLBACK = RouteChoice("fallback", "rr")
+
+
+def canary_point(request_id: str) -> float:
+    """A request id's fixed point in [0, 1): blake2b of the id, so stable across restarts and hosts."""
+    digest = hashlib.blake2b(request_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2.0**64
+
+
+@dataclass(frozen=True)
+class ModeSetting:
+    """What an operator source says: mode, policy, canary fraction, pin (None = unchanged)."""
+
+    mode: str
+    policy: str | None = None
+    canary_fraction: float | None = None
+    pin: bool | None = None
+
+    def validate(self) -> None:
+        """ValueError with a one-line reason."""
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.policy is not None and self.policy not in ACTIVE_POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(ACTIVE_POLICIES)}, got {self.policy!r}")
+        f = self.canary_fraction
+        if f is not None and not (isinstance(f, int | float) and math.isfinite(f) and 0.0 <= f <= 1.0):
+            raise ValueError(f"canary_fraction must be a number in [0, 1], got {f!r}")
+
+
+@dataclass(frozen=True)
+class ModeConfig:
+    """The controller's configuration (`shadow serve`'s mode flags)."""
+
+    mode: str = "shadow"
+    policy: str = "br0"
+    canary_fraction: float = 0.05
+    pin: bool = False
+    mode_file: str | None = None
+    mode_file_interval_s: float = 0.5
+    admin_token: str | None = None
+    check_interval_s: float = 0.25
+    guards: GuardConfig = field(default_factory=GuardConfig)
+    history: int = 100
+
+
+@dataclass(frozen=True)
+class _Plan:
+    choice: RouteChoice  # for every request, or for the canary fraction
+    canary: float | None  # None: not canary
+
+
+class ModeController:
+    """See module docstring. Thread-safe: `choose` from the proxy, the rest from anywhere."""
+
+    def __init__(
+        self,
+        config: ModeConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        spans: RoutingSpans | None = None,
+    ) -> None:
+        self.config = c = config or ModeConfig()
+        c.guards.validate()
+        self.clock = clock
+        self.wall = wall
+        self.spans = spans
+        self._lock = threading.Lock()
+        self.guards = Guards(c.guards)
+        self.degrade = Degrade(c.guards)
+        self.mode = "shadow"
+        self.policy = "br0"
+        self.canary_fraction = 0.0
+        self.pinned = False
+        self.since = wall()
+        self.transitions: dict[tuple[str, str], int] = {}
+        self.history: deque[dict[str, Any]] = deque(maxlen=c.history)
+        self.last_error: str | None = None
+        self.signals = Signals()
+        self.degraded_total: dict[str, int] = {}
+        self._plan = _Plan(SHADOW, None)
+        try:
+            start = ModeSetting(c.mode, c.policy, c.canary_fraction, c.pin)
+            start.validate()
+        except ValueError as exc:
+            self.flag_error(f"environment: {exc}")
+        else:
+            self.apply(start, "environment")
+
+    # -- ModeSource -------------------------------------------------------------------------------
+
+    def choose(self, request_id: str) -> RouteChoice:
+        plan = self._plan
+        if plan.canary is None or canary_point(request_id) < plan.canary:
+            return plan.choice
+        return SHADOW
+
+    def on_decision(self, seconds: float, error: BaseException | None = None) -> None:
+        try:
+            with self._lock:
+                if self._guarded():
+                    was = self._in_fallback
+                    reason = self.guards.decision(self.clock(), seconds, error is not None)
+                    if reason is not None and not was:
+                        self._enter_fallback(reason, f"decision took {seconds * 1e3:.1f} ms"
+                                             + (f", raised {type(error).__name__}" if error else ""))
+        except Exception:  # never raise into the proxy
+            log.exception("shadow mode: on_decision failed")
+
+    def on_upstream(self, worker: str, leg: str, ok: bool) -> None:
+        try:
+            with self._lock:
+                if self._guarded():
+                    was = self._in_fallback
+                    reason = self.guards.upstream(self.clock(), f"{leg}:{worker}", ok)
+                    if reason is not None and not was:
+                        self._enter_fallback(reason, f"{leg} calls to {worker} failing")
+        except Exception:
+            log.exception("shadow mode: on_upstream failed")
+
+    # -- operator sources -----------------------------------------------------------------------
+
+    def apply(self, setting: ModeSetting, reason: str) -> dict[str, Any]:
+        """Apply an operator setting (validated: ValueError leaves everything unchanged)."""
+        setting.validate()
+        with self._lock:
+            prev = "start" if reason == "environment" else self._current()
+            self.mode = setting.mode
+            if setting.policy is not None:
+                self.policy = setting.policy
+            if setting.canary_fraction is not None:
+                self.canary_fraction = float(setting.canary_fraction)
+            if setting.pin is not None:
+                self.pinned = setting.pin
+            if not self._guarded():  # pinned, shadow or operator fallback: automatic state off
+                self.guards.tripped = None
+                self.degrade.degraded = None
+            self._record(prev, self._current(), reason, f"set by {reason}")
+            return self._snapshot()
+
+    def flag_error(self, message: str) -> None:
+        """A flag source was unreadable or invalid: route everything through the router (shadow)."""
+        with self._lock:
+            prev = self._current()
+            self.mode = "shadow"
+            self.guards.tripped = None
+            self.degrade.degraded = None
+            self.last_error = message
+            self._record(prev, "shadow", "flag_error", message)
+
+    # -- health ---------------------------------------------------------------------------------
+
+    def check(self, signals: Signals) -> None:
+        """Run the fallback and degrade checks on a health snapshot (the health poll calls this)."""
+        with self._lock:
+            self.signals = signals
+            if not self._guarded():
+                return
+            now = self.clock()
+            verdict = self.guards.evaluate(now, signals)
+            if verdict is not None:
+                kind, reason = verdict
+                if kind == "trip":
+                    self._enter_fallback(reason, _describe(reason, signals, self.config.guards))
+                else:
+                    self._record("fallback", self.mode, "recovered", "all checks pass after the hold-down")
+            if self.policy == "brh":
+                d = self.degrade.evaluate(now, signals)
+                if d is not None:
+                    self._degrade_changed(*d)
+
+    # -- internals (lock held) ------------------------------------------------------------------
+
+    @property
+    def _in_fallback(self) -> bool:
+        return self.guards.tripped is not None
+
+    def _guarded(self) -> bool:
+        return not self.pinned and self.mode in ("active", "canary")
+
+    def _current(self) -> str:
+        return "fallback" if self._in_fallback and self.mode in ("active", "canary") else self.mode
+
+    def _effective_policy(self) -> str:
+        if self.policy == "brh" and self.degrade.degraded is not None:
+            return "br0"
+        return self.policy
+
+    def _route_policy(self) -> str:
+        """The policy requests routed actively run now (`router` in shadow, `rr` in fallback)."""
+        return {"shadow": "router", "fallback": "rr"}.get(self._current(), self._effective_policy())
+
+    def _enter_fallback(self, reason: str, detail: str) -> None:
+        self._record(self.mode, "fallback", reason, detail)
+
+    def _degrade_changed(self, kind: str, reason: str) -> None:
+        if kind == "degrade":
+            self.degraded_total[reason] = self.degraded_total.get(reason, 0) + 1
+            line = f"shadow policy: brh -> br0 (reason={reason})"
+        else:
+            line = "shadow policy: br0 -> brh (recovered)"
+        log.warning(line)
+        self.history.append({"at": _iso(self.wall()), "policy_from": "brh" if kind == "degrade" else "br0",
+                             "policy_to": self._effective_policy(), "reason": reason})
+        self._replan()
+
+    def _record(self, prev: str, into: str, reason: str, detail: str) -> None:
+        now = self.wall()
+        self.since = now
+        key = (into, reason)
+        self.transitions[key] = self.transitions.get(key, 0) + 1
+        self.history.append({"at": _iso(now), "from": prev, "to": into, "reason": reason,
+                             "policy": self._effective_policy(), "detail": detail})
+        log.warning("shadow mode: %s -> %s (reason=%s: %s)", prev, into, reason, detail)
+        if self.spans is not None:
+            try:
+                self.spans.mode_transition(prev, into, reason)
+            except Exception:
+                log.exception("shadow mode: tracing the transition failed")
+        self._replan()
+
+    def _replan(self) -> None:
+        current = self._current()
+        if current == "shadow":
+            plan = _Plan(SHADOW, None)
+        elif current == "fallback":
+            plan = _Plan(FALLBACK, self.canary_fraction if self.mode == "canary" else None)
+        else:
+            choice = RouteChoice("active", self._effective_policy())
+            plan = _Plan(choice, self.canary_fraction if self.mode == "canary" else None)
+        self._plan = plan
+
+    # -- views ----------------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """The report's "mode" section (also GET /v1/mode)."""
+        with self._lock:
+            return self._snapshot()
+
+    def _snapshot(self) -> dict[str, Any]:
+        now = self.clock()
+        g = self.guards
+        s = self.signals
+        return {
+            "current": self._current(),
+            "configured": self.mode,
+            "policy": self._route_policy(),
+            "configured_policy": self.policy,
+            "canary_fraction": self.canary_fraction,
+            "pinned": self.pinned,
+            "since": _iso(self.since),
+            "fallback_reason": g.tripped,
+            "degraded_reason": self.degrade.degraded,
+            "holddown_s": g.hold.current_s if g.tripped else 0.0,
+            "holddown_left_s": round(g.holddown_left(now), 3),
+            "trips": dict(g.trips),
+            "degradations": dict(self.degraded_total),
+            "transitions": list(self.history),
+            "transitions_total": {f"{m}/{r}": n for (m, r), n in self.transitions.items()},
+            "last_flag_error": self.last_error,
+            "signals": {
+                "drift": dict(s.drift),
+                "scrape_age_s": {k: round(v, 3) for k, v in s.scrape_age_s.items()},
+                "unreachable": sorted(s.unreachable),
+                "calibration_error": s.calibration_error,
+                "calibration_samples": s.calibration_samples,
+                "oracle_gap": s.oracle_gap,
+                "net_gain": s.net_gain,
+                "net_gain_steps": s.net_gain_steps,
+            },
+        }
+
+    def metrics(self) -> Mapping[str, Any]:
+        """Figures for the Prometheus collector (one consistent read)."""
+        with self._lock:
+            return {
+                "mode": self.mode,
+                "pinned": self.pinned,
+                "fallback": self._in_fallback and self.mode in ("active", "canary"),
+                "holddown_s": self.guards.hold.current_s if self.guards.tripped else 0.0,
+                "policy": self._route_policy(),
+                "transitions": dict(self.transitions),
+                "trips": dict(self.guards.trips),
+                "degraded": dict(self.degraded_total),
+                "calibration_error": self.signals.calibration_error,
+                "oracle_gap": self.signals.oracle_gap,
+            }
+
+
+def _describe(reason: str, s: Signals, c: GuardConfig) -> str:
+    if reason == "worker_down":
+        return f"unreachable: {', '.join(sorted(s.unreachable))}"
+    if reason == "telemetry_stale":
+        old = {w: round(a, 1) for w, a in s.scrape_age_s.items() if a > c.stale_s}
+        return f"no good /metrics scrape for > {c.stale_s:g} s: {old}"
+    if reason == "drift":
+        bad = {w: d for w, d in s.drift.items() if abs(d) > c.drift_requests}
+        return f"mirror drift over {c.drift_requests:g} requests: {bad}"
+    if reason == "decision_slow":
+        return f"{c.slow_count} decisions over {c.decision_budget_s * 1e3:g} ms within {c.slow_window_s:g} s"
+    return reason
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
