@@ -86,6 +86,7 @@ class Signals:
     oracle_gap: float | None = None
     net_gain: float | None = None  # (BR-0 spread − BR-H spread) / BR-0 spread, live lanes
     net_gain_steps: int = 0
+    scrapes: int = 0  # reconciliation rounds finished when read (to state bounds in scrapes)
 
 
 class HoldDown:

@@ -68,7 +68,8 @@ class HealthReader:
         if self.live is not None:
             gain, steps = net_gain(self.live.report().get("lanes", {}))
         return Signals(drift=drift, scrape_age_s=ages, unreachable=frozenset(down), calibration_error=cal,
-                       calibration_samples=n, net_gain=gain, net_gain_steps=steps)
+                       calibration_samples=n, net_gain=gain, net_gain_steps=steps,
+                       scrapes=rec.scrapes if rec is not None else 0)
 
 
 class HealthPoll:

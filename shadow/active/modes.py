@@ -241,7 +241,8 @@ class ModeController:
         key = (into, reason)
         self.transitions[key] = self.transitions.get(key, 0) + 1
         self.history.append({"at": _iso(now), "from": prev, "to": into, "reason": reason,
-                             "policy": self._effective_policy(), "detail": detail})
+                             "policy": self._effective_policy(), "detail": detail,
+                             "scrapes": self.signals.scrapes})
         log.warning("shadow mode: %s -> %s (reason=%s: %s)", prev, into, reason, detail)
         if self.spans is not None:
             try:
