@@ -28,8 +28,9 @@ from tests.active.procs import shadow_process
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 HOLD = 1.0
-SERVE_FLAGS = ["--slots", "8", "--scrape-interval", "0.2", "--mode", "active", "--mode-check-interval", "0.05",
-               "--holddown", str(HOLD), "--holddown-max", "8", "--trip-drift", "4", "--trip-stale", "1.0"]
+SERVE_FLAGS = ["--slots", "8", "--scrape-interval", "0.2", "--mode", "active",
+               "--mode-check-interval", "0.05", "--holddown", str(HOLD), "--holddown-max", "8",
+               "--trip-drift", "4", "--trip-stale", "1.0"]
 
 
 def wait_for(pred: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
@@ -108,8 +109,8 @@ def test_a_killed_decode_rank_trips_worker_down_and_recovery_honours_a_doubling_
             assert metric(api, 'shadow_fallback_trips_total{reason="worker_down"}') == round_
             assert metric(api, "shadow_fallback_active") == 1.0
             # while the rank stays down, no recovery whatever the hold-down
-            s1 = scrapes(api)
-            wait_for(lambda: scrapes(api) >= s1 + int(hold / 0.2) + 3, "scrapes past the hold-down")
+            past = scrapes(api) + int(hold / 0.2) + 3
+            wait_for(lambda past=past: scrapes(api) >= past, "scrapes past the hold-down")
             assert mode(api)["current"] == "fallback"
             httpx.post(decode[0] + "/fleet/faults", json={"target": "decode/1", "recover": True},
                        timeout=5).raise_for_status()
@@ -149,7 +150,7 @@ class _Metrics(http.server.BaseHTTPRequestHandler):
     upstream = ""
     failing = threading.Event()
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         if self.failing.is_set():
             self.send_response(503)
             self.end_headers()
