@@ -46,8 +46,8 @@ EPILOG = """examples:
   shadow serve --config serve.yaml --front router=http://127.0.0.1:8000
 
   # active routing modes (see "modes and fallback" below): start in canary with 10% of requests
-  # routed by BR-H, a watched flag file, and the admin API behind a token from a file:
-  shadow serve --config serve.yaml --mode canary --canary-fraction 0.1 --active-policy brh \\
+  # routed by shadow, a watched flag file, and the admin API behind a token from a file:
+  shadow serve --config serve.yaml --active --mode canary --canary-fraction 0.1 \\
                --mode-file /etc/shadow/mode.yaml --admin-token-file /etc/shadow/admin.token
   echo 'mode: active' > /etc/shadow/mode.yaml.new && mv /etc/shadow/mode.yaml.new /etc/shadow/mode.yaml
   curl -s -X PUT -H "Authorization: Bearer $(cat /etc/shadow/admin.token)" \\
@@ -125,10 +125,9 @@ def add_mode_arguments(p: argparse.ArgumentParser) -> None:
         "worker down, upstream failures, stale telemetry or mirror drift, and recovers after a "
         "hold-down that doubles on repeated trips.",
     )
-    g.add_argument("--mode", default="shadow", metavar="MODE",
-                   help="mode at start: shadow, canary, active, fallback (default shadow)")
-    g.add_argument("--active-policy", default="br0", metavar="POLICY",
-                   help="policy of active mode: br0, brh, jsq, rr (default br0)")
+    g.add_argument("--mode", metavar="MODE",
+                   help="mode at start: shadow, canary, active, fallback (default: shadow with a --front "
+                   "router to pass requests to, else active); canary and active run --active-policy")
     g.add_argument("--canary-fraction", type=float, default=0.05, metavar="F",
                    help="fraction of request ids canary mode routes actively, by a hash of the id "
                    "(default 0.05)")
@@ -190,8 +189,7 @@ def mode_config_from_args(args: argparse.Namespace) -> ModeConfig | None:
             raise ValueError(f"--admin-token-file {token_file}: empty")
     if token is not None and len(token) < 16:
         raise ValueError("the admin token must be at least 16 characters")
-    wanted = (getattr(args, "active", False) or args.mode_file or token or args.mode != "shadow"
-              or args.pin_mode)
+    wanted = getattr(args, "active", False) or args.mode_file or token or args.mode or args.pin_mode
     if not wanted:
         return None
     guards = GuardConfig(
@@ -214,8 +212,8 @@ def mode_config_from_args(args: argparse.Namespace) -> ModeConfig | None:
         if not v > 0:
             raise ValueError(f"{flag} must be > 0 s, got {v}")
     return ModeConfig(
-        mode=str(args.mode),
-        policy=str(args.active_policy),
+        mode=str(args.mode or ("shadow" if getattr(args, "front", None) else "active")),
+        policy=str(getattr(args, "active_policy", "br0")),
         canary_fraction=args.canary_fraction,
         pin=bool(args.pin_mode),
         mode_file=args.mode_file,
@@ -359,15 +357,15 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         step_b=args.step_b,
         live_queue_size=args.live_queue_size,
         step_window_s=args.step_window,
-        modes=mode_config_from_args(args),
+        mode_config=mode_config_from_args(args),
     )
 
 
 async def serve(config: ServeConfig) -> None:
     svc = ServeService(config)
     tracing = trace_mirror(svc.tap.mirror)  # spans per mirrored request when OTEL_EXPORTER_OTLP_* is set
-    if tracing is not None and svc.modes is not None:
-        svc.modes.controller.spans = RoutingSpans(get_tracer(tracing))  # a span per mode transition
+    if tracing is not None and svc.mode_control is not None:
+        svc.mode_control.controller.spans = RoutingSpans(get_tracer(tracing))  # a span per mode transition
     ready = await svc.start()
     gc.freeze()
     gc.set_threshold(700, 10, 1000)

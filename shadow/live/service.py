@@ -62,7 +62,7 @@ class ServeConfig:
     live_queue_size: int = 200_000
     step_window_s: float = 0.5
     br: BRParams = field(default_factory=BRParams)
-    modes: ModeConfig | None = None  # the mode controller (active routing); None: none
+    mode_config: ModeConfig | None = None  # the mode controller (active routing); None: none
 
     def validate(self) -> None:
         check_policies(self.policies)
@@ -105,32 +105,32 @@ class ServeService:
         self.tap.mirror.listeners.append(self.live.listener)
         self.tap.registry.register(LiveCollector(self.live))
         self.tap.app.add_api_route("/v1/report", self._report, methods=["GET"])
-        self.modes = self._mode_control(config)
+        self.mode_control = self._mode_control(config)
 
     def _mode_control(self, config: ServeConfig) -> ModeControl | None:
         """The mode controller, its health poll, flag file, admin API and metrics (issue 10)."""
-        if config.modes is None:
+        if config.mode_config is None:
             return None
-        return ModeControl(config.modes, self.tap, self.live, horizon=config.br.horizon)
+        return ModeControl(config.mode_config, self.tap, self.live, horizon=config.br.horizon)
 
     async def _report(self, drain: bool = Query(False)) -> Response:
         if drain:
             await self.tap.drain()
             await asyncio.to_thread(self.live.drain)
         report = self.live.report()
-        if self.modes is not None:
-            report = {**report, "mode": self.modes.report()}
+        if self.mode_control is not None:
+            report = {**report, "mode": self.mode_control.report()}
         return JSONResponse(report)
 
     async def start(self) -> dict[str, Any]:
         ready = await self.tap.start()
         self.live.start()
-        if self.modes is not None:
-            self.modes.start()
+        if self.mode_control is not None:
+            self.mode_control.start()
         return ready
 
     async def stop(self) -> None:
-        if self.modes is not None:
-            await self.modes.stop()
+        if self.mode_control is not None:
+            await self.mode_control.stop()
         await self.tap.stop()
         await asyncio.to_thread(self.live.stop)

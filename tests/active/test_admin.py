@@ -22,7 +22,7 @@ TOKEN = "s3cret-admin-token-0123456789"
 def _config(token: str | None) -> ServeConfig:
     workers = {"d0": "http://127.0.0.1:9", "d1": "http://127.0.0.1:9"}  # event-fed: nothing tapped
     tap = TapConfig(upstreams={}, workers=workers, slots=8, scrape_interval_s=0)
-    return ServeConfig(tap=tap, modes=ModeConfig(mode="shadow", admin_token=token))
+    return ServeConfig(tap=tap, mode_config=ModeConfig(mode="shadow", admin_token=token))
 
 
 @pytest.fixture
