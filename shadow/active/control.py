@@ -9,6 +9,7 @@ mirror's analysis loop (where the reconciler lives); `stop()` cancels them.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from shadow.active.admin import add_mode_routes
@@ -17,17 +18,29 @@ from shadow.active.flagfile import FlagFileWatcher
 from shadow.active.health import HealthPoll, HealthReader
 from shadow.active.mode_metrics import ModeCollector
 from shadow.active.modes import ModeConfig, ModeController
+from shadow.active.oraclegap import OracleGap
+from shadow.core.params import BRParams
+
+log = logging.getLogger("shadow.active.control")
 
 
 class ModeControl:
     """See module docstring. `controller` is the `ModeSource` the active proxy asks."""
 
-    def __init__(self, config: ModeConfig, tap: Any, live: Any = None, *, horizon: int = 80) -> None:
+    def __init__(self, config: ModeConfig, tap: Any, live: Any = None, *, br: BRParams | None = None) -> None:
         self.config = config
         self.tap = tap
+        br = br or BRParams()
         self.controller = ModeController(config, clock=tap.clock)
-        self.calibration = CalibrationMonitor(horizon)
+        self.calibration = CalibrationMonitor(br.horizon)
         tap.mirror.listeners.append(self.calibration)
+        self.oracle = (
+            OracleGap(len(live.workers), live.slots, live.step, br)
+            if live is not None and config.oracle_interval_s > 0
+            else None
+        )
+        if self.oracle is not None:
+            tap.mirror.listeners.append(self.oracle)
         self.reader = HealthReader(tap, live, self.calibration, started=tap.clock())
         self.poll = HealthPoll(self.reader, self.controller, config.check_interval_s)
         self.watcher = (
@@ -52,6 +65,21 @@ class ModeControl:
         self._tasks.append(asyncio.create_task(self.poll.run()))
         if self.watcher is not None:
             self._tasks.append(asyncio.create_task(self.watcher.run()))
+        if self.oracle is not None:
+            self._tasks.append(asyncio.create_task(self._oracle_loop(self.oracle)))
+
+    async def _oracle_loop(self, oracle: OracleGap) -> None:
+        """Every `oracle_interval_s`: replay the window off this thread; the reader reports it."""
+        seen = -1
+        while True:
+            await asyncio.sleep(self.config.oracle_interval_s)
+            if oracle.finished == seen:
+                continue
+            seen = oracle.finished
+            try:
+                self.reader.oracle_gap = await asyncio.to_thread(oracle.compute, oracle.jobs())
+            except Exception:
+                log.exception("shadow mode: oracle gap replay failed")
 
     async def _cancel(self) -> None:
         for t in self._tasks:

@@ -70,6 +70,8 @@ class GuardConfig:
             raise ValueError("trip counts must be >= 1")
         if not 0 < self.upstream_error_rate <= 1:
             raise ValueError(f"upstream error rate must be in (0, 1], got {self.upstream_error_rate}")
+        if not self.oracle_gap_max > 0:
+            raise ValueError(f"oracle gap threshold must be > 0, got {self.oracle_gap_max}")
         if not 0 < self.calibration_max <= 1:
             raise ValueError(f"calibration threshold must be in (0, 1], got {self.calibration_max}")
 

@@ -47,6 +47,7 @@ class HealthReader:
         self.live = live
         self.calibration = calibration
         self.started = started
+        self.oracle_gap: float | None = None  # set by the oracle replay (ModeControl)
 
     def read(self, now: float) -> Signals:
         drift: dict[str, float] = {}
@@ -68,7 +69,7 @@ class HealthReader:
         if self.live is not None:
             gain, steps = net_gain(self.live.report().get("lanes", {}))
         return Signals(drift=drift, scrape_age_s=ages, unreachable=frozenset(down), calibration_error=cal,
-                       calibration_samples=n, net_gain=gain, net_gain_steps=steps,
+                       calibration_samples=n, net_gain=gain, net_gain_steps=steps, oracle_gap=self.oracle_gap,
                        scrapes=rec.scrapes if rec is not None else 0)
 
 

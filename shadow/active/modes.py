@@ -70,6 +70,7 @@ class ModeConfig:
     mode_file_interval_s: float = 0.5
     admin_token: str | None = None
     check_interval_s: float = 0.25
+    oracle_interval_s: float = 60.0  # BR-H vs Oracle replay of the recent window (0: off)
     guards: GuardConfig = field(default_factory=GuardConfig)
     history: int = 100
 

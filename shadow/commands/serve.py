@@ -169,6 +169,12 @@ def add_mode_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--degrade-net-gain", type=float, default=0.0, metavar="FRACTION",
                    help="BR-H's spread gain over BR-0 in the live lanes below which active BR-H runs "
                    "BR-0 (default 0.0)")
+    g.add_argument("--degrade-oracle-gap", type=float, default=1.0, metavar="RATIO",
+                   help="BR-H's spread over the Oracle's on the recent window, minus 1, above which active "
+                   "BR-H runs BR-0 (default 1.0)")
+    g.add_argument("--oracle-interval", type=float, default=60.0, metavar="SECONDS",
+                   help="how often BR-H and the Oracle are replayed on the last 300 finished requests "
+                   "(CPU: ~0.3 s a run; 0 = off) (default 60)")
     g.add_argument("--mode-check-interval", type=float, default=0.25, metavar="SECONDS",
                    help="how often health signals (drift, scrape age, lanes) are checked (default 0.25)")
 
@@ -205,8 +211,11 @@ def mode_config_from_args(args: argparse.Namespace) -> ModeConfig | None:
         holddown_max_s=args.holddown_max,
         calibration_max=args.degrade_calibration,
         net_gain_min=args.degrade_net_gain,
+        oracle_gap_max=args.degrade_oracle_gap,
     )
     guards.validate()
+    if not args.oracle_interval >= 0:
+        raise ValueError(f"--oracle-interval must be >= 0 s, got {args.oracle_interval}")
     for flag, v in (("--mode-file-interval", args.mode_file_interval),
                     ("--mode-check-interval", args.mode_check_interval)):
         if not v > 0:
@@ -220,6 +229,7 @@ def mode_config_from_args(args: argparse.Namespace) -> ModeConfig | None:
         mode_file_interval_s=args.mode_file_interval,
         admin_token=token,
         check_interval_s=args.mode_check_interval,
+        oracle_interval_s=args.oracle_interval,
         guards=guards,
     )
 

@@ -111,7 +111,7 @@ class ServeService:
         """The mode controller, its health poll, flag file, admin API and metrics (issue 10)."""
         if config.mode_config is None:
             return None
-        return ModeControl(config.mode_config, self.tap, self.live, horizon=config.br.horizon)
+        return ModeControl(config.mode_config, self.tap, self.live, br=config.br)
 
     async def _report(self, drain: bool = Query(False)) -> Response:
         if drain:

@@ -248,3 +248,30 @@ def test_prometheus_families_follow_the_coordination_table() -> None:
     for s in fams["shadow_mode_transitions"].samples:
         assert s.labels["mode"] in MODES and s.labels["reason"] in TRANSITION_REASONS
     assert {s.labels["reason"] for s in fams["shadow_policy_degraded"].samples} == set(DEGRADE_REASONS)
+
+
+def test_oracle_gap_replays_the_recent_window_against_the_oracle() -> None:
+    import random
+
+    from shadow.active.oraclegap import OracleGap
+    from shadow.core.params import BRParams
+    from shadow.core.stepmodel import StepTimeModel
+    from shadow.engine.events import Cancel, Route
+
+    g = OracleGap(4, 8, StepTimeModel(), BRParams(), window=200, min_jobs=100)
+    rng = random.Random(1)
+    t = 0.0
+    for i in range(260):
+        t += rng.expovariate(30.0)
+        g(Arrive(f"r{i}", t, None))
+        g(Route(f"r{i}", t, f"d{i % 4}", rng.randint(50, 400)))  # prompt size known at routing
+        if i % 13 == 0:
+            g(Cancel(f"r{i}", t + 0.5))  # cancelled: not in the window
+        g(Finish(f"r{i}", t + 1.0, "stop", int(rng.lognormvariate(4.0, 1.0)) + 1))
+    g(Finish("never-arrived", t, "stop", 5))
+    jobs = g.jobs()
+    assert len(jobs) == 200 and g.finished == 260 - 20
+    assert jobs[0].arrival_s == 0.0 and all(j.prompt_tokens >= 50 for j in jobs)
+    assert g.compute(jobs[:99]) is None  # too few
+    gap = g.compute(jobs)
+    assert gap is not None and math.isfinite(gap) and gap > -1.0
