@@ -110,6 +110,9 @@ class ModeController:
         self.last_error: str | None = None
         self.signals = Signals()
         self.degraded_total: dict[str, int] = {}
+        # what the proxy reported (all modes), so bounds can be stated in decisions and calls
+        self.observed = {"decisions": 0, "slow_decisions": 0, "decision_errors": 0, "upstream_calls": 0,
+                         "upstream_failures": 0}
         self._plan = _Plan(SHADOW, None)
         try:
             start = ModeSetting(c.mode, c.policy, c.canary_fraction, c.pin)
@@ -130,6 +133,10 @@ class ModeController:
     def on_decision(self, seconds: float, error: BaseException | None = None) -> None:
         try:
             with self._lock:
+                o = self.observed
+                o["decisions"] += 1
+                o["slow_decisions"] += seconds > self.config.guards.decision_budget_s
+                o["decision_errors"] += error is not None
                 if self._guarded():
                     was = self._in_fallback
                     reason = self.guards.decision(self.clock(), seconds, error is not None)
@@ -142,6 +149,8 @@ class ModeController:
     def on_upstream(self, worker: str, leg: str, ok: bool) -> None:
         try:
             with self._lock:
+                self.observed["upstream_calls"] += 1
+                self.observed["upstream_failures"] += not ok
                 if self._guarded():
                     was = self._in_fallback
                     reason = self.guards.upstream(self.clock(), f"{leg}:{worker}", ok)
@@ -243,7 +252,7 @@ class ModeController:
         self.transitions[key] = self.transitions.get(key, 0) + 1
         self.history.append({"at": _iso(now), "from": prev, "to": into, "reason": reason,
                              "policy": self._effective_policy(), "detail": detail,
-                             "scrapes": self.signals.scrapes})
+                             "scrapes": self.signals.scrapes, "observed": dict(self.observed)})
         log.warning("shadow mode: %s -> %s (reason=%s: %s)", prev, into, reason, detail)
         if self.spans is not None:
             try:
@@ -291,6 +300,7 @@ class ModeController:
             "transitions": list(self.history),
             "transitions_total": {f"{m}/{r}": n for (m, r), n in self.transitions.items()},
             "last_flag_error": self.last_error,
+            "observed": dict(self.observed),
             "signals": {
                 "drift": dict(s.drift),
                 "scrape_age_s": {k: round(v, 3) for k, v in s.scrape_age_s.items()},

@@ -275,3 +275,29 @@ def test_oracle_gap_replays_the_recent_window_against_the_oracle() -> None:
     assert g.compute(jobs[:99]) is None  # too few
     gap = g.compute(jobs)
     assert gap is not None and math.isfinite(gap) and gap > -1.0
+
+
+def test_slow_decisions_trip_on_exactly_the_nth_and_the_next_request_goes_round_robin() -> None:
+    c, clock = make("active", "brh")  # budget 20 ms, 5 in 10 s
+    for i in range(4):
+        c.on_decision(0.05)
+        c.on_decision(0.001)
+        clock.t += 1.0
+        assert c.choose(f"r{i}") == RouteChoice("active", "brh")
+    c.on_decision(0.021)
+    assert c.choose("next") == RouteChoice("fallback", "rr")
+    trip = c.snapshot()["transitions"][-1]
+    assert trip["reason"] == "decision_slow" and trip["observed"]["slow_decisions"] == 5
+    assert trip["observed"]["decisions"] == 9
+
+
+def test_upstream_failures_trip_and_on_calls_never_raise() -> None:
+    c, _ = make("active", "br0")
+    for _ in range(9):
+        c.on_upstream("p0", "prefill", False)
+    assert c.choose("x").mode == "active"
+    c.on_upstream("p0", "prefill", False)
+    assert c.snapshot()["fallback_reason"] == "upstream_errors"
+    c.on_upstream(None, "decode", True)  # type: ignore[arg-type]  # garbage in: no exception out
+    c.on_decision(float("nan"), None)
+    assert c.snapshot()["observed"]["upstream_calls"] == 11
