@@ -168,6 +168,8 @@ class ModeController:
             prev = "start" if reason == "environment" else self._current()
             self.mode = setting.mode
             if setting.policy is not None:
+                if setting.policy != self.policy:
+                    self.degrade.degraded = None  # a new policy starts undegraded
                 self.policy = setting.policy
             if setting.canary_fraction is not None:
                 self.canary_fraction = float(setting.canary_fraction)
