@@ -137,10 +137,11 @@ class ModeController:
                 o["decisions"] += 1
                 o["slow_decisions"] += seconds > self.config.guards.decision_budget_s
                 o["decision_errors"] += error is not None
-                if self._guarded():
-                    was = self._in_fallback
+                # in fallback the rounds are round-robin's: they say nothing about the policy's
+                # decisions, which are tried again after the hold-down
+                if self._guarded() and not self._in_fallback:
                     reason = self.guards.decision(self.clock(), seconds, error is not None)
-                    if reason is not None and not was:
+                    if reason is not None:
                         self._enter_fallback(reason, f"decision took {seconds * 1e3:.1f} ms"
                                              + (f", raised {type(error).__name__}" if error else ""))
         except Exception:  # never raise into the proxy

@@ -106,6 +106,7 @@ def test_a_decision_error_trips_fallback_and_recovery_honours_the_hold_down(
     lines = [r.getMessage() for r in caplog.records if "->" in r.getMessage()]
     assert lines[-1].startswith("shadow mode: active -> fallback (reason=decision_error")
     assert "\n" not in lines[-1]
+    c.on_decision(0.5, RuntimeError("round-robin's round"))  # fallback's own rounds do not count
     c.check(Signals())
     assert c.choose("r2").mode == "fallback"  # hold-down not over
     clock.t += 10.0  # the error leaves the 10 s window and the 10 s hold-down is over
