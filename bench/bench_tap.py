@@ -2,17 +2,16 @@
 
     python3 bench/bench_tap.py [--pin] [--streams 512 --step-ms 60 --seconds 8]
                                [--max-streams 128 --max-step-ms 4] [--tap-args "--relay thread"]
-                               [--before REF|DIR --repeat N]
+                               [--before REF|DIR ... --thread --repeat N]
 
 Before/after in one run (what the coordinator re-measures; one SUMMARY line per configuration and
 run, then medians and the ratio):
 
-    nice -n 10 python3 bench/bench_tap.py --pin --before 653b9e4 --repeat 3
+    nice -n 10 python3 bench/bench_tap.py --pin --before 653b9e4 --thread --repeat 3
 
 653b9e4 is the relay before the hardening (hand-written framing, analysis inline on the relay
-loop); "after" is this checkout (`shadow tap` defaults to `--relay process`; pass
-`--tap-args "--relay thread"` for the analysis-thread variant, which `--before` then does not get
-if REF predates the flag — use a directory for that).
+loop); "after" is this checkout (`shadow tap` defaults to `--relay process`); `--thread` adds this
+checkout with `--relay thread` (analysis on a second thread of the relay's process).
 
 Three processes: a barrier-stepped SSE upstream (streams dealt to 8 staggered groups, like DP
 workers; every step it writes one vLLM-format chunk stamped with CLOCK_MONOTONIC to each stream of
@@ -286,12 +285,12 @@ def _load() -> str:
     return Path("/proc/loadavg").read_text().split()[0]
 
 
-def _phase1(args: argparse.Namespace, root: Path) -> dict[str, float]:
+def _phase1(args: argparse.Namespace, root: Path, extra: list[str]) -> dict[str, float]:
     """Latency at fleet-like load: per-chunk latency direct vs through the tap, same upstream steps."""
     tokens = max(2, int(args.seconds / (args.step_ms / 1000)))
     up, up_port = _start_upstream(args.step_ms / 1000, tokens, args.groups)
     with tempfile.TemporaryDirectory() as td:
-        tap, ready = _start_tap(up_port, os.path.join(td, "p1.ndjson"), args.tap_args.split(), root)
+        tap, ready = _start_tap(up_port, os.path.join(td, "p1.ndjson"), args.tap_args.split() + extra, root)
         _pin(args, tap.pid, up.pid or 0)
         tap_port = int(ready["taps"]["u"].rsplit(":", 1)[1])
         try:
@@ -315,13 +314,13 @@ def _phase1(args: argparse.Namespace, root: Path) -> dict[str, float]:
     return {"p50": add50, "p99": add99}
 
 
-def _phase2(args: argparse.Namespace, root: Path) -> dict[str, float]:
+def _phase2(args: argparse.Namespace, root: Path, extra: list[str]) -> dict[str, float]:
     """Throughput per tap CPU-second (all the tap's processes), nothing lost."""
     tokens2 = max(2, int(args.max_seconds / (args.max_step_ms / 1000)))
     up, up_port = _start_upstream(args.max_step_ms / 1000, tokens2, 1)
     with tempfile.TemporaryDirectory() as td:
         rec = os.path.join(td, "p2.ndjson")
-        tap, ready = _start_tap(up_port, rec, args.tap_args.split(), root)
+        tap, ready = _start_tap(up_port, rec, args.tap_args.split() + extra, root)
         _pin(args, tap.pid, up.pid or 0)
         tap_port = int(ready["taps"]["u"].rsplit(":", 1)[1])
         try:
@@ -383,32 +382,52 @@ def main() -> int:
     )
     ap.add_argument(
         "--before",
-        metavar="REF",
-        default="",
+        metavar="REF|DIR",
+        action="append",
+        default=[],
         help="also run the tap of git commit REF (e.g. 653b9e4, the pre-hardening relay) or of a source "
-        "directory, alternating with this checkout's, and print a ratio (default: this checkout only)",
+        "directory, alternating with this checkout's, and print ratios (repeatable; default: this "
+        "checkout only)",
+    )
+    ap.add_argument(
+        "--thread",
+        action="store_true",
+        help="also run this checkout with `--relay thread` (analysis on a thread of the relay's process)",
+    )
+    ap.add_argument(
+        "--variant",
+        metavar="ARGS",
+        action="append",
+        default=[],
+        help="also run this checkout with these extra `shadow tap` arguments (repeatable), "
+        'e.g. "--analysis-nice 10"',
     )
     ap.add_argument("--repeat", type=int, default=1, help="runs per configuration (default 1)")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as td:
-        configs: list[tuple[str, Path]] = []
-        if args.before and Path(args.before).is_dir():
-            configs.append((f"before({args.before})", Path(args.before).resolve()))
-        elif args.before:
-            old = Path(td) / "before"
+        configs: list[tuple[str, Path, list[str]]] = []
+        for i, ref in enumerate(args.before):
+            if Path(ref).is_dir():
+                configs.append((f"before({ref})", Path(ref).resolve(), []))
+                continue
+            old = Path(td) / f"before{i}"
             old.mkdir()
             archive = subprocess.run(
-                ["git", "-C", str(ROOT), "archive", args.before], check=True, capture_output=True
+                ["git", "-C", str(ROOT), "archive", ref], check=True, capture_output=True
             ).stdout
             subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
-            configs.append((f"before({args.before})", old))
-        configs.append(("after(this checkout)" if args.before else "this checkout", ROOT))
-        results: dict[str, list[dict[str, float]]] = {name: [] for name, _ in configs}
+            configs.append((f"before({ref})", old, []))
+        if args.thread:
+            configs.append(("after(--relay thread)", ROOT, ["--relay", "thread"]))
+        for v in args.variant:
+            configs.append((f"after({v})", ROOT, v.split()))
+        configs.append(("after(this checkout)" if len(configs) else "this checkout", ROOT, []))
+        results: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in configs}
         for run in range(args.repeat):
-            for name, root in configs:
+            for name, root, extra in configs:
                 print(f"== {name}, run {run + 1}/{args.repeat}, load average {_load()}")
-                r = {**_phase1(args, root), **_phase2(args, root), "load": float(_load())}
+                r = {**_phase1(args, root, extra), **_phase2(args, root, extra), "load": float(_load())}
                 results[name].append(r)
                 print(
                     f"SUMMARY {name} run {run + 1}: chunks/tap-CPU-s {r['per_cpu_s']:,.0f}  "
@@ -425,12 +444,14 @@ def main() -> int:
             f"{m['p50']:.3f} ms  p99 {m['p99']:.3f} ms (target <= 1 ms)  runs {len(rs)}  "
             f"load {min(r['load'] for r in rs):.2f}-{max(r['load'] for r in rs):.2f}"
         )
-    if len(med) == 2:
-        b, a = med.values()
-        print(
-            f"SUMMARY ratio after/before: chunks/tap-CPU-s {a['per_cpu_s'] / b['per_cpu_s']:.2f}x  "
-            f"p99 added {a['p99']:.3f} vs {b['p99']:.3f} ms"
-        )
+    if len(med) >= 2:
+        *olds, (an, a) = med.items()
+        for bn, b in olds:
+            print(
+                f"SUMMARY ratio {an} / {bn}: chunks/tap-CPU-s {a['per_cpu_s'] / b['per_cpu_s']:.2f}x  "
+                f"p99 added {a['p99']:.3f} vs {b['p99']:.3f} ms  "
+                f"p50 added {a['p50']:.3f} vs {b['p50']:.3f} ms"
+            )
     return 0
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_tap import _pct, _run_streams, _start_tap, _start_upstream
+from bench_tap import _pct, _pin, _run_streams, _start_tap, _start_upstream
 
 
 def _raise_nofile() -> int:
@@ -114,14 +114,15 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=150_000)
     ap.add_argument("--half-open", type=int, default=20_000)
     ap.add_argument("--tap-args", default="", help="extra `shadow tap` arguments (one string)")
-    ap.add_argument("--pin", action="store_true", help="tap on CPU 1, everything else on CPU 0")
+    ap.add_argument(
+        "--pin",
+        action="store_true",
+        help="tap (all its processes and threads) on CPU 1, everything else on CPU 0",
+    )
     args = ap.parse_args()
 
     def pin(tap_pid: int, up_pid: int) -> None:
-        if args.pin and hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= 2:
-            os.sched_setaffinity(tap_pid, {1})
-            os.sched_setaffinity(up_pid, {0})
-            os.sched_setaffinity(0, {0})
+        _pin(args, tap_pid, up_pid)
 
     tokens = max(2, int(args.seconds / (args.step_ms / 1000)))
     extra = ["--ttl", "2", *args.tap_args.split()]

@@ -130,6 +130,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "process, analysis on a second thread (one process, but their GIL is shared)",
     )
     p.add_argument(
+        "--analysis-nice",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --relay process: lower the analysis thread's priority by N (0-19; default 0), so "
+        "a core shared with the relay serves the relay first (the analysis drops and counts instead)",
+    )
+    p.add_argument(
         "--inject-usage",
         action="store_true",
         help="ask workers for continuous usage stats (exact token counts) and strip them from what clients "
@@ -274,6 +282,7 @@ def config_from_args(args: argparse.Namespace) -> TapConfig:
         key_secret=load_or_create_secret(args.key_file or default_secret_path()),
         relay=args.relay,
         loop=args.loop,
+        analysis_nice=args.analysis_nice,
     )
 
 

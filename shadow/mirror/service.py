@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -96,6 +98,9 @@ class TapConfig:
     # "thread": on the caller's loop, analysis on a thread (tests, embedding)
     relay: str = "thread"
     loop: str = "auto"  # the relay process's event loop: auto (uvloop when installed), uvloop, asyncio
+    # With a relay process: niceness added to the analysis thread (0 = none), so that when both
+    # share a core the kernel runs the relay first and the analysis falls behind (and drops) instead
+    analysis_nice: int = 0
 
 
 def _host_port(url: str) -> str:
@@ -123,6 +128,8 @@ class TapService:
         self.clock = clock
         if c.relay not in ("thread", "process"):
             raise ValueError(f"relay must be 'thread' or 'process', got {c.relay!r}")
+        if not 0 <= c.analysis_nice <= 19:
+            raise ValueError(f"--analysis-nice must be in 0..19, got {c.analysis_nice}")
         self.registry = CollectorRegistry(auto_describe=True)
         self.processed = 0  # items the analysis has consumed (the watermark)
         self.channel = ChannelReader()
@@ -385,6 +392,10 @@ class TapService:
     async def _start_analysis(self, api_sock: socket.socket) -> None:
         """On the analysis loop: consumer, housekeeping, reconciliation, forwarding, the API."""
         c = self.config
+        if self.relay is not None and c.analysis_nice > 0:
+            with contextlib.suppress(OSError):  # this thread only (Linux: per-thread niceness)
+                tid = threading.get_native_id()
+                os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + c.analysis_nice)
         if self.relay is not None:
             assert self.relay.data is not None
             asyncio.get_running_loop().add_reader(self.relay.data.fileno(), self._on_channel)

@@ -61,8 +61,9 @@ class LoopThread:
 class TapThread:
     """`with TapThread(config) as t:` — `t.ready` is the ready document, `t.svc` the service.
 
-    The taps relay on this thread's loop; `sync`/`wait_for` run on the service's analysis loop,
-    where the mirrored state lives; `settle()` waits for the analysis watermark.
+    The service starts on this thread's loop (the taps relay there with `relay="thread"`, in a child
+    process with `relay="process"`); `sync`/`wait_for` run on the service's analysis loop, where the
+    mirrored state lives; `settle()` waits for the analysis watermark.
     """
 
     def __init__(self, config: Any) -> None:

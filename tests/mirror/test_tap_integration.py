@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import re
 import time
@@ -402,3 +403,28 @@ def test_inject_usage_gives_exact_counts_and_clients_see_what_they_asked_for() -
             assert plain_routes[-1].prompt_tokens is not None  # learnt from injected continuous usage
             fin = next(ev for ev in recent if isinstance(ev, Finish) and ev.request_id == "inj-plain")
             assert fin.generated == 6 and fin.reason == "stop"
+
+
+def test_relay_process_serves_the_taps_and_the_analysis_thread_yields_to_it() -> None:
+    """relay="process": the taps' listeners are served by a child process (not this one), the
+    analysis thread here runs at the configured lower priority, and stopping ends the child."""
+    with ThreadServer(create_stub("d0", tokens=5)) as up:
+        cfg = TapConfig({"d0": up.url}, scrape_interval_s=0, relay="process", analysis_nice=7)
+        with TapInThread(cfg) as t:
+            relay = t.svc.relay
+            assert relay is not None and relay.alive and relay.proc.pid != os.getpid()
+            tid = t.svc.analysis.thread.native_id
+            assert os.getpriority(os.PRIO_PROCESS, tid) == os.getpriority(os.PRIO_PROCESS, 0) + 7
+            raw = asyncio.run(
+                raw_request(
+                    "127.0.0.1",
+                    _port(t.ready["taps"]["d0"]),
+                    http_post(
+                        "/v1/completions", json.dumps({"model": "m", "prompt": "p", "stream": True}).encode()
+                    ),
+                )
+            )
+            assert raw.startswith(b"HTTP/1.1 200") and b"data: [DONE]" in raw
+            assert t.wait_for(lambda: t.svc.state.workers["d0"].finished == 1)
+            assert t.svc.taps[0].requests == 1  # the relay's counters, as of the sync settle() sent
+        assert relay.proc.poll() is not None  # stopped with the service
