@@ -193,8 +193,11 @@ class LiveDriver:
         if r.final is not None:
             return
         if isinstance(ev, Finish) and ev.generated is not None and ev.generated > r.generated:
+            extra = ev.generated - r.generated  # tokens the Finish reports beyond the last Token
             if r.queued and r.worker is not None:
-                self.mirror_placed[r.worker] += ev.generated - r.generated
+                self.mirror_placed[r.worker] += extra
+            if r.running and r.worker is not None:
+                self.mirror_loads[r.worker] += extra  # released just below with the rest
             r.generated = ev.generated
         r.final = r.generated
         if r.queued and r.worker is not None:

@@ -4,13 +4,14 @@ driver's lag figure at its edges (written against behaviour; kills mutants, docs
 from __future__ import annotations
 
 import bisect
+import math
 import time
 
 import numpy as np
 import pytest
 
 from shadow.engine.config import EngineConfig, LaneSpec
-from shadow.engine.events import Arrive, Finish, Route, Token
+from shadow.engine.events import Arrive, Cancel, Finish, Route, Token
 from shadow.engine.live import LiveDriver
 from shadow.engine.summary import LogHistogram
 
@@ -62,3 +63,50 @@ def test_lag_is_zero_before_any_release_and_never_negative() -> None:
     driver.drain()
     assert driver.lag(actual) >= 0.0
     assert driver.lag(actual) == pytest.approx(max(0.0, 30.5 - actual.now))
+
+
+def test_the_mirrored_loads_follow_the_events_and_return_to_zero() -> None:
+    """Mirror twin: KV load (prompt + generated) and count of running requests (first token seen)
+    per worker, and the load of every placed request not ended; token gaps one token apart."""
+    cfg = EngineConfig(workers=2, slots=4)
+    d = LiveDriver(cfg, [LaneSpec("br0")], ["d0", "d1"], time.perf_counter, lag_s=1.0)
+    d.apply(Arrive("a", 1.0, 100))
+    d.apply(Route("a", 1.0, "d1", 100))
+    d.apply(Arrive("b", 1.0, 40))
+    d.apply(Route("b", 1.1, "d1", 40))
+    assert d.mirror_placed == [0.0, 140.0] and d.mirror_loads == [0.0, 0.0] and d.mirror_active == [0, 0]
+    d.apply(Token("a", 2.0, 1))  # a runs
+    assert d.mirror_active == [0, 1] and d.mirror_loads == [0.0, 101.0] and d.mirror_placed == [0.0, 141.0]
+    d.apply(Token("a", 2.25, 2))
+    d.apply(Token("a", 2.75, 5))  # three tokens at once: no single-token gap
+    d.apply(Token("a", 2.5, 4))  # late and stale: ignored
+    assert d.mirror_loads == [0.0, 105.0] and d.mirror_placed == [0.0, 145.0]
+    assert d.gap_samples == [0.25]
+    d.apply(Token("b", 3.0, 2))  # b's first token seen carries 2 generated
+    assert d.mirror_active == [0, 2] and d.mirror_loads == [0.0, 147.0]
+    d.apply(Finish("a", 3.0, "stop", 6))
+    d.apply(Token("a", 3.1, 7))  # after its end: ignored
+    assert d.mirror_active == [0, 1] and d.mirror_loads == [0.0, 42.0] and d.mirror_placed == [0.0, 42.0]
+    d.apply(Cancel("b", 3.5))
+    assert d.mirror_active == [0, 0] and d.mirror_loads == [0.0, 0.0] and d.mirror_placed == [0.0, 0.0]
+    d.apply(Finish("zzz", 4.0, "stop", 1))  # never seen: counted, nothing else changes
+    assert d.dropped == {"end_before_start": 1}
+
+
+def test_percentiles_are_within_one_bucket_of_the_exact_ones() -> None:
+    rng = np.random.default_rng(1)
+    values = rng.lognormal(-3, 1.5, 5000)
+    h = LogHistogram()
+    for v in values:
+        h.append(float(v))
+    srt = np.sort(values)
+    for q in (0, 1, 10, 25, 50, 75, 90, 99, 99.9, 100):
+        got = h.percentile(q)
+        rank = q / 100 * (len(srt) - 1)
+        lo, hi = srt[math.floor(rank)], srt[math.ceil(rank)]
+        assert got is not None and lo / 1.0101 <= got <= hi * 1.0101, (q, got, lo, hi)
+    z = LogHistogram()
+    for v in (0.0, 0.0, 0.0, 2.0):  # three zeros: the lower three quarters are 0
+        z.append(v)
+    assert z.percentile(50) == 0.0 and z.percentile(66) == 0.0
+    assert z.percentile(100) == pytest.approx(2.0, rel=0.0101)
