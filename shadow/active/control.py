@@ -69,13 +69,18 @@ class ModeControl:
             self._tasks.append(asyncio.create_task(self._oracle_loop(self.oracle)))
 
     async def _oracle_loop(self, oracle: OracleGap) -> None:
-        """Every `oracle_interval_s`: replay the window off this thread; the reader reports it."""
-        seen = -1
+        """Replay the window off this thread as soon as it holds enough requests, then every
+        `oracle_interval_s` while new ones finish; the reader reports the result."""
+        interval = self.config.oracle_interval_s
+        seen, last = -1, float("-inf")
+        loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(self.config.oracle_interval_s)
-            if oracle.finished == seen:
+            await asyncio.sleep(min(interval, 2.0))
+            if oracle.finished == seen or loop.time() - last < interval:
                 continue
-            seen = oracle.finished
+            if len(oracle.done) < oracle.min_jobs:
+                continue
+            seen, last = oracle.finished, loop.time()
             try:
                 self.reader.oracle_gap = await asyncio.to_thread(oracle.compute, oracle.jobs())
             except Exception:

@@ -28,7 +28,7 @@ class OracleGap:
     """See module docstring."""
 
     def __init__(self, workers: int, slots: int, step: StepTimeModel, br: BRParams, *, window: int = 300,
-                 min_jobs: int = 100, max_open: int = 100_000) -> None:
+                 min_jobs: int = 50, max_open: int = 100_000) -> None:
         self.config = EngineConfig(workers=workers, slots=slots, step=step, br=br)
         self.window = window
         self.min_jobs = min_jobs
