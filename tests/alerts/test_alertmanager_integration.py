@@ -6,10 +6,12 @@ test) watch a running stack (simulated fleet + `shadow serve`).
   ShadowStateDrift alert for that worker arrives at the webhook (and not before).
 - Killing a decode rank stops its /metrics: ShadowWorkerTelemetryStale for that rank arrives (the
   rule's threshold is 30 s without a good scrape, so this waits about half a minute).
-- With active routing (`shadow serve --active` in canary mode behind the `shadow router` stand-in):
+- The mode controller (`shadow serve` with an admin token, behind the `shadow router` stand-in):
   an operator forcing fallback through the admin API (PUT /v1/mode with the token) makes
-  ShadowFallbackActive arrive; a crashed decode rank trips automatic fallback; and every dashboard
-  and rule expression that reads an active-routing metric parses and returns data.
+  ShadowFallbackActive arrive, and setting the mode back resolves it.
+- With active routing (`shadow serve --active` in canary mode): forced fallback routes requests in
+  mode fallback, a crashed decode rank trips automatic fallback, and every dashboard and rule
+  expression that reads an active-routing metric parses and returns data.
 """
 
 from __future__ import annotations
@@ -156,7 +158,47 @@ class Traffic:
             t.join(60)
 
 
-def test_forced_fallback_alert_reaches_the_webhook_and_active_expressions_return_data(tmp_path: Path) -> None:
+def test_operator_forced_fallback_alert_reaches_the_webhook_and_resolves(tmp_path: Path) -> None:
+    require_active(proxy=False)
+    hook = Webhook()
+    for d in ("am", "prom", "stack"):
+        (tmp_path / d).mkdir()
+    am = Alertmanager(tmp_path / "am", hook.url)
+    try:
+        wait_for(am.ready, 60, "alertmanager ready")
+        with active_stack(tmp_path / "stack", mode="shadow", proxy=False) as stack:
+            prom = Prometheus(tmp_path / "prom", [stack.api.removeprefix("http://")],
+                              alertmanager=am.address, rule_for="1s", keep_firing_for="5s")
+            try:
+                wait_for(prom.ready, 60, "prometheus ready")
+                wait_for(lambda: prom.query('count_over_time(shadow_mode{mode="shadow"}[1m]) >= 3')
+                         ["data"]["result"], 60, "three scrapes of the mode")
+                assert prom.query('ALERTS{alertname="ShadowFallbackActive"}')["data"]["result"] == []
+                assert hook.firing("ShadowFallbackActive") == []
+                # without the token nobody can force it
+                unauth = httpx.put(stack.api + "/v1/mode", json={"mode": "fallback"}, timeout=10)
+                assert unauth.status_code == 401
+                assert stack.set_mode("fallback").status_code == 200
+                alerts = wait_for(lambda: hook.firing("ShadowFallbackActive"), 60,
+                                  "ShadowFallbackActive at the webhook")
+                (alert,) = alerts[:1]
+                assert alert["labels"]["severity"] == "page" and alert["labels"]["fleet"] == "default"
+                assert alert["labels"]["instance"] == stack.api.removeprefix("http://")
+                assert alert["annotations"]["runbook_url"] == "docs/runbooks/fallback-active.md"
+                assert httpx.get(stack.api + "/v1/mode", timeout=10).json()["current"] == "fallback"
+                # back to shadow: the alert resolves after keep_firing_for (2m shipped, 5s here)
+                assert stack.set_mode("shadow").status_code == 200
+                wait_for(lambda: [a for body in hook.received for a in body["alerts"]
+                                  if a["labels"]["alertname"] == "ShadowFallbackActive"
+                                  and a["status"] == "resolved"], 90, "ShadowFallbackActive resolved")
+            finally:
+                prom.close()
+    finally:
+        am.close()
+        hook.close()
+
+
+def test_active_fallback_trips_and_active_expressions_return_data(tmp_path: Path) -> None:
     require_active()
     hook = Webhook()
     for d in ("am", "prom", "stack"):

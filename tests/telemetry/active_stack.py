@@ -40,9 +40,12 @@ def serve_options() -> set[str]:
     return {o for a in sub.choices["serve"]._actions for o in a.option_strings}
 
 
-def require_active() -> None:
-    """Skip (with the reason) until `shadow serve --active` and the mode controller exist."""
-    missing = {"--active", "--active-port", "--mode", "--active-policy", "--admin-token"} - serve_options()
+def require_active(proxy: bool = True) -> None:
+    """Skip (with the reason) until `shadow serve --active` (`proxy`) and the mode controller exist."""
+    wanted = {"--mode", "--admin-token", "--oracle-interval"}
+    if proxy:
+        wanted |= {"--active", "--active-port", "--active-policy"}
+    missing = wanted - serve_options()
     if missing:
         pytest.skip(f"shadow serve has no {sorted(missing)} yet (issue 10: the active proxy and the "
                     "mode controller); this test runs once they are on main")
@@ -104,8 +107,9 @@ class ActiveStack:
 
     @property
     def front(self) -> str:
-        """Where clients send requests: shadow's active proxy (`active` in the ready line)."""
-        return str(self.serve["active"])
+        """Where clients send requests: shadow's active proxy (`active` in the ready line), or
+        without --active the front tap in front of the router."""
+        return str(self.serve.get("active") or self.serve["taps"]["router"])
 
     def set_mode(self, mode: str, **extra: Any) -> httpx.Response:
         return httpx.put(self.api + "/v1/mode", json={"mode": mode, **extra}, timeout=10,
@@ -114,9 +118,12 @@ class ActiveStack:
 
 @contextmanager
 def active_stack(tmp: Path, *, prefill: int = 1, decode: int = 2, slots: int = 8, mode: str = "canary",
-                 policy: str = "br0", extra: tuple[str, ...] = ()) -> Iterator[ActiveStack]:
-    """Fleet + `shadow router` + `shadow serve --active` (canary: half the requests routed by shadow)."""
-    require_active()
+                 policy: str = "br0", proxy: bool = True,
+                 extra: tuple[str, ...] = ()) -> Iterator[ActiveStack]:
+    """Fleet + `shadow router` + `shadow serve --active` (canary: half the requests routed by shadow);
+    without `proxy`, `shadow serve` with the mode controller only (clients reach the router through
+    the front tap; the mode, its admin API and its metrics work, nothing routes actively)."""
+    require_active(proxy)
     shadow = find_executable("shadow")
     assert shadow, "the shadow console script is missing"
     cfg = FleetConfig(prefill=prefill, decode=decode, slots=slots, base_port=0, time_scale=1.0)
@@ -129,8 +136,10 @@ def active_stack(tmp: Path, *, prefill: int = 1, decode: int = 2, slots: int = 8
         procs = [router]
         try:
             args = [shadow, "serve", "--port", str(base), "--front", f"router={router.ready['url']}",
-                    "--slots", str(slots), "--scrape-interval", "0.5", "--active", "--mode", mode,
-                    "--active-policy", policy, "--canary-fraction", "0.5", *extra]
+                    "--slots", str(slots), "--scrape-interval", "0.5", "--mode", mode,
+                    "--canary-fraction", "0.5", "--oracle-interval", "2", *extra]
+            if proxy:
+                args += ["--active", "--active-policy", policy]
             for g, url in enumerate(fleet.decode_urls):
                 args += ["--upstream", f"d{g}={url}"]
             for i, url in enumerate(fleet.prefill_urls):

@@ -69,10 +69,12 @@ class _Process:
 
 class Prometheus(_Process):
     """deploy/prometheus/prometheus.yml with the `shadow` job's targets, the rule files (copied,
-    optionally with every `for:` set to `rule_for`) and the Alertmanager address templated."""
+    optionally with every `for:` set to `rule_for` and every `keep_firing_for:` to
+    `keep_firing_for`) and the Alertmanager address templated."""
 
     def __init__(self, tmp: Path, targets: list[str], *, interval: str = "1s",
-                 alertmanager: str | None = None, rule_for: str | None = None) -> None:
+                 alertmanager: str | None = None, rule_for: str | None = None,
+                 keep_firing_for: str | None = None) -> None:
         conf = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
         rules = tmp / "rules"
         rules.mkdir()
@@ -80,6 +82,8 @@ class Prometheus(_Process):
             text = p.read_text()
             if rule_for is not None:
                 text = re.sub(r"(?m)^(\s+for:) \S+$", rf"\1 {rule_for}", text)
+            if keep_firing_for is not None:
+                text = re.sub(r"(?m)^(\s+keep_firing_for:) \S+$", rf"\1 {keep_firing_for}", text)
             (rules / p.name).write_text(text)
         conf["global"].update(scrape_interval=interval, evaluation_interval=interval)
         conf["rule_files"] = [str(rules / "*.yaml")]
