@@ -264,8 +264,10 @@ def test_active_overlay_configures_shadow_serve(built_active: list[dict[str, Any
         monkeypatch.setenv(k, v)
     config = _serve_config_of(argv, environ)
     assert set(config.tap.upstreams) == {"d0", "d1"} and config.tap.front == {"router": "http://127.0.0.1:8000"}
-    assert config.modes is not None and config.modes.admin_token == environ["SHADOW_SERVE_ADMIN_TOKEN"]
-    assert config.modes.mode_file == str(tmp_path / "mode.yaml") and config.modes.policy == "br0"
+    modes = config.mode_config
+    assert modes is not None and modes.admin_token == environ["SHADOW_SERVE_ADMIN_TOKEN"]
+    assert modes.mode_file == str(tmp_path / "mode.yaml") and modes.mode == "shadow"  # front: shadow first
+    assert config.active is not None and config.active.policy == "br0" and config.active.port == 8080
 
 
 def _local_argv(args: list[str], docs: list[dict[str, Any]], tmp: Path) -> list[str]:
