@@ -30,7 +30,7 @@ from shadow.active.modes import ModeConfig
 from shadow.commands import tap as tap_cmd
 from shadow.core.stepmodel import DEFAULT_A_S_PER_TOKEN, DEFAULT_B_S
 from shadow.live.lanes import DEFAULT_POLICIES
-from shadow.live.service import ServeConfig, ServeService, check_policies
+from shadow.live.service import ActiveSettings, ServeConfig, ServeService, check_policies
 from shadow.telemetry.tracing import RoutingSpans, get_tracer, trace_mirror
 
 ENV_PREFIX = "SHADOW_SERVE_"
@@ -234,6 +234,45 @@ def mode_config_from_args(args: argparse.Namespace) -> ModeConfig | None:
     )
 
 
+def add_active_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of the active proxy (`--active`): its listener, policy and bounds."""
+    g = p.add_argument_group("active routing (--active: the front listener is shadow's own P/D proxy)")
+    g.add_argument("--active", action="store_true",
+                   help="run shadow's own proxy as the client-facing listener: in mode shadow it passes "
+                   "requests to the --front router, in active/fallback it routes the P/D flow itself "
+                   "through the taps (its URL is `active` in the ready line)")
+    g.add_argument("--active-host", default="127.0.0.1", help="the proxy's bind address (default 127.0.0.1)")
+    g.add_argument("--active-port", type=int, default=0, help="the proxy's port (default 0 = a free port)")
+    g.add_argument("--active-policy", choices=("br0", "brh", "jsq", "rr"), default="br0",
+                   help="policy of active mode: br0, brh (survival predictor), jsq (the vllm-ascend proxy's "
+                   "rule), rr (default br0)")
+    g.add_argument("--transfer-cap", type=int, default=8, metavar="N",
+                   help="KV transfers in flight per decode worker (dispatched, no token yet) (default 8)")
+    g.add_argument("--dispatch-ahead", type=int, default=0, metavar="N",
+                   help="pool routers place up to N requests per decode worker beyond its free slots (they "
+                   "queue there and start the moment a slot frees, hiding the dispatch round trip) "
+                   "(default 0)")
+    g.add_argument("--pool-ttl", type=float, default=60.0, metavar="SECONDS",
+                   help="a request waiting longer in the Prompt Pool gets 503 and its prefill KV is released "
+                   "(default 60)")
+    g.add_argument("--pool-bypass", action="store_true",
+                   help="BR-0 places each request when its prefill is done (single-request score over "
+                   "running + virtual load) instead of pool rounds")
+    g.add_argument("--kv-pause", type=float, default=0.9, metavar="FRACTION",
+                   help="no new prefill to a prefiller at this KV usage (its /metrics) (default 0.9)")
+    g.add_argument("--kv-resume", type=float, default=0.8, metavar="FRACTION",
+                   help="... until it is below this again (default 0.8)")
+
+
+def active_settings(args: argparse.Namespace) -> ActiveSettings | None:
+    if not getattr(args, "active", False):
+        return None
+    return ActiveSettings(host=args.active_host, port=args.active_port, policy=args.active_policy,
+                          transfer_cap=args.transfer_cap, dispatch_ahead=args.dispatch_ahead,
+                          pool_ttl_s=args.pool_ttl, bypass=args.pool_bypass,
+                          kv_pause=args.kv_pause, kv_resume=args.kv_resume)
+
+
 def build_parser(prog: str = "shadow serve") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog,
@@ -244,6 +283,7 @@ def build_parser(prog: str = "shadow serve") -> argparse.ArgumentParser:
     tap_cmd.add_arguments(p)
     add_serve_arguments(p)
     add_mode_arguments(p)
+    add_active_arguments(p)
     _one_line_errors(p)
     return p
 
@@ -268,6 +308,7 @@ def register(subparsers: Any) -> None:
     tap_cmd.add_arguments(p)
     add_serve_arguments(p)
     add_mode_arguments(p)
+    add_active_arguments(p)
     for action in p._actions:
         if action.dest not in ("help",):
             action.default = argparse.SUPPRESS
@@ -368,6 +409,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         live_queue_size=args.live_queue_size,
         step_window_s=args.step_window,
         mode_config=mode_config_from_args(args),
+        active=active_settings(args),
     )
 
 
@@ -410,6 +452,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tap_cmd.add_arguments(parser)
     add_serve_arguments(parser)
     add_mode_arguments(parser)
+    add_active_arguments(parser)
     for action in parser._actions:
         if action.dest != "help":
             action.default = argparse.SUPPRESS

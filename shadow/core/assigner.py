@@ -9,7 +9,7 @@ or — when no subset scores > 0 — the single best window entry (starvation gu
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from functools import partial
 
 from shadow.core.fscore import Scorer
@@ -50,11 +50,13 @@ def assign_round(
     free_slots: Sequence[int],
     params: BRParams,
     now: float = 0.0,
+    on_stage: Callable[[str], None] | None = None,
 ) -> list[Assignment]:
     """Run one round; admitted entries leave `pool`, `scorer` tracks the new loads.
 
     Returns (request_id, worker) in decision order. No worker gets more than its free slots;
-    every popped Stage-2 worker admits at least one request.
+    every popped Stage-2 worker admits at least one request. `on_stage` (if given) is told
+    "stage1", "stage2" and "end" as the round reaches them (a caller may time the stages).
     """
     free = list(free_slots)
     out: list[Assignment] = []
@@ -68,6 +70,8 @@ def assign_round(
         scorer.admit(g, entries)
 
     # Stage 1: capacity is plentiful — greedy single fills from the whole pool.
+    if on_stage is not None:
+        on_stage("stage1")
     total_free = sum(free)
     while pool and total_free > threshold:
         g = _stage1_worker(scorer, free)
@@ -77,6 +81,8 @@ def assign_round(
         total_free -= 1
 
     # Stage 2: capacity is scarce — exact best subset of the window per popped worker.
+    if on_stage is not None:
+        on_stage("stage2")
     while pool:
         g = _stage2_worker(scorer, free)
         if g < 0:
@@ -90,4 +96,6 @@ def assign_round(
             assert single is not None
             chosen = [single]
         admit(g, chosen)
+    if on_stage is not None:
+        on_stage("end")
     return out

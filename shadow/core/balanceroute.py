@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import numpy as np
@@ -25,6 +25,7 @@ class BalanceRoute:
             raise ValueError(f"BalanceRoute variant must be 'br0' or 'brh', got {variant!r}")
         self.variant = variant
         self.params = params or BRParams()
+        self.on_stage: Callable[[str], None] | None = None  # told of each round's stages (timing)
 
     def scorer(
         self,
@@ -59,4 +60,4 @@ class BalanceRoute:
         if not pool or not any(c > 0 for c in free_slots):
             return []
         scorer = self.scorer(loads, active_worker, active_load, active_steps)
-        return assign_round(scorer, pool, free_slots, self.params, now)
+        return assign_round(scorer, pool, free_slots, self.params, now, self.on_stage)

@@ -33,6 +33,7 @@ class StepClock:
         self.steps = 0
         self.last_step_s = 0.0  # wall duration of the last step
         self.last_max_load = 0
+        self.sum_spread = 0  # Σ over steps of max_g L_g − min_g L_g (live ranks): ground-truth spread
         self.step_hist = Hist(ITL_BUCKETS)
         self._wake = asyncio.Event()
 
@@ -62,12 +63,14 @@ class StepClock:
                 continue
             worst = 0.0
             max_load = 0
+            min_load: int | None = None
             busy = False
             for i, e in enumerate(engines):
                 if not e.up:
                     prefilled[i] = 0
                     continue
                 prefilled[i] = e.admit(now) if e.waiting else 0
+                min_load = e.load if min_load is None else min(min_load, e.load)
                 if e.running:
                     busy = True
                     max_load = max(max_load, e.load)
@@ -96,3 +99,4 @@ class StepClock:
             self.last_step_s = end - start
             self.step_hist.observe(end - start)
             self.last_max_load = max_load
+            self.sum_spread += max_load - (min_load or 0)

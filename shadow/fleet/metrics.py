@@ -338,13 +338,15 @@ class ClockView(Protocol):
     steps: int
     last_step_s: float
     last_max_load: int
+    sum_spread: int
     step_hist: Hist
 
 
 class StepCollector:
     """Ground truth of the simulated barrier clock, for checking what a sidecar infers:
     `shadow_fleet_steps_total`, `shadow_fleet_step_duration_seconds` (histogram),
-    `shadow_fleet_last_step_seconds`, `shadow_fleet_last_max_load_tokens` and this rank's
+    `shadow_fleet_last_step_seconds`, `shadow_fleet_last_max_load_tokens`,
+    `shadow_fleet_spread_token_steps_total` (Σ over steps of max − min load) and this rank's
     `shadow_fleet_load_tokens` (L_g). Not a vLLM metric: vLLM exposes no step times."""
 
     def __init__(
@@ -371,6 +373,11 @@ class StepCollector:
             "shadow_fleet_last_step_seconds",
             "Wall duration of the last decode step.",
             value=clock.last_step_s,
+        )
+        yield CounterMetricFamily(
+            "shadow_fleet_spread_token_steps",
+            "Sum over decode steps of max_g L_g - min_g L_g over live ranks (per step: average spread).",
+            value=clock.sum_spread,
         )
         yield GaugeMetricFamily(
             "shadow_fleet_last_max_load_tokens",

@@ -40,6 +40,7 @@ class KvStore:
         self.holds: dict[str, KvHold] = {}
         self.up = True
         self.expired = 0
+        self.aborted = 0  # holds released because the proxy said nobody will pull them
         self._next_block = 0
         self._keys = itertools.count()
 

@@ -634,6 +634,7 @@ class PrefillServer(BaseServer):
     def admit(self, req: GenRequest, scope: Scope, rid: str, now: float) -> tuple[Seq, Callable[[str], None]]:
         if not req.remote_decode:
             return self.submit_local(self.engine.local, req, rid, now)
+        self._release_aborted(req.kv_params)
         if not self.engine.up:
             raise ApiError(503, f"{self.name} is down")
         seq = Seq(rid, req.prompt_tokens, 1, "length", req.max_tokens, now)
@@ -644,6 +645,16 @@ class PrefillServer(BaseServer):
             self.engine.abort(seq, loop.time())
 
         return seq, abort
+
+    def _release_aborted(self, kv: dict[str, Any] | None) -> None:
+        """Free KV a proxy gave up on (`aborted_request`: handle ids, as vllm-ascend's proxy sends)."""
+        aborted = (kv or {}).get("aborted_request")
+        if isinstance(aborted, list):
+            for key in aborted[:4096]:
+                hold = self.kv.holds.get(key) if isinstance(key, str) else None
+                if hold is not None and not hold.claimed:
+                    self.kv.release(hold)
+                    self.kv.aborted += 1
 
     def poke(self) -> None:
         self.engine.poke()
@@ -673,4 +684,5 @@ class PrefillServer(BaseServer):
             "kv_holds": len(self.kv.holds),
             "kv_held_tokens": self.kv.held_tokens(),
             "kv_expired": self.kv.expired,
+            "kv_aborted": self.kv.aborted,
         }

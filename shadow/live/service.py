@@ -20,8 +20,12 @@ from typing import Any
 from fastapi import Query
 from fastapi.responses import JSONResponse, Response
 
+from shadow.active.contracts import ModeSource, StaticModeSource
 from shadow.active.control import ModeControl
+from shadow.active.ledger import MirrorSource
 from shadow.active.modes import ModeConfig
+from shadow.active.proxy import ActiveConfig, ActiveProxy
+from shadow.active.server import AppServer
 from shadow.core.params import BRParams
 from shadow.core.stepmodel import DEFAULT_A_S_PER_TOKEN, DEFAULT_B_S, StepTimeModel
 from shadow.engine.config import LaneSpec
@@ -50,6 +54,24 @@ def check_policies(policies: tuple[str, ...]) -> tuple[str, ...]:
 
 
 @dataclass
+class ActiveSettings:
+    """`shadow serve --active`: the proxy's listener and knobs (legs go to the taps)."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    policy: str = "br0"
+    transfer_cap: int = 8
+    dispatch_ahead: int = 0
+    pool_ttl_s: float = 60.0
+    bypass: bool = False
+    kv_pause: float = 0.9
+    kv_resume: float = 0.8
+    kv_poll_s: float = 1.0
+    retries: int = 3
+    tick_s: float = 0.05
+
+
+@dataclass
 class ServeConfig:
     """What `shadow serve` is told: the tap configuration plus the live lanes'."""
 
@@ -63,6 +85,7 @@ class ServeConfig:
     step_window_s: float = 0.5
     br: BRParams = field(default_factory=BRParams)
     mode_config: ModeConfig | None = None  # the mode controller (active routing); None: none
+    active: ActiveSettings | None = None  # --active: the front listener is shadow's own proxy
 
     def validate(self) -> None:
         check_policies(self.policies)
@@ -106,6 +129,14 @@ class ServeService:
         self.tap.registry.register(LiveCollector(self.live))
         self.tap.app.add_api_route("/v1/report", self._report, methods=["GET"])
         self.mode_control = self._mode_control(config)
+        # the mode source the active proxy asks per request: the mode controller when there is one
+        self.modes: ModeSource = (
+            self.mode_control.controller
+            if self.mode_control is not None
+            else StaticModeSource("active", config.active.policy if config.active is not None else "br0")
+        )
+        self.proxy: ActiveProxy | None = None
+        self._proxy_server: AppServer | None = None
 
     def _mode_control(self, config: ServeConfig) -> ModeControl | None:
         """The mode controller, its health poll, flag file, admin API and metrics (issue 10)."""
@@ -127,9 +158,48 @@ class ServeService:
         self.live.start()
         if self.mode_control is not None:
             self.mode_control.start()
+        if self.config.active is not None:
+            ready["active"] = await self._start_active(ready["taps"])
         return ready
 
+    def _active_config(self, taps: dict[str, str]) -> ActiveConfig:
+        """Legs go to the taps (so mirroring goes on); shadow mode goes to the front tap."""
+        a, t = self.config.active, self.config.tap
+        assert a is not None and t.slots is not None
+        front = next(iter(t.front), None)
+        decode = {n: taps[n] for n in t.upstreams} or dict(t.workers)
+        return ActiveConfig(
+            decode=decode,
+            slots=t.slots,
+            prefill={n: taps[n] for n in t.prefill},
+            prefill_metrics={n: u.rstrip("/") + "/metrics" for n, u in t.prefill.items()},
+            router_url=taps[front] if front is not None else None,
+            transfer_cap=a.transfer_cap,
+            dispatch_ahead=a.dispatch_ahead,
+            pool_ttl_s=a.pool_ttl_s,
+            tick_s=a.tick_s,
+            bypass=a.bypass,
+            br=self.config.br,
+            kv_pause=a.kv_pause,
+            kv_resume=a.kv_resume,
+            kv_poll_s=a.kv_poll_s,
+            retries=a.retries,
+            max_body_bytes=t.max_body,
+        )
+
+    async def _start_active(self, taps: dict[str, str]) -> str:
+        a = self.config.active
+        assert a is not None
+        cfg = self._active_config(taps)
+        source = MirrorSource(self.tap.state, list(cfg.decode))
+        self.proxy = ActiveProxy(cfg, modes=self.modes, source=source, registry=self.tap.registry,
+                                 clock=self.tap.clock)
+        self._proxy_server = AppServer(self.proxy.app, a.host, a.port)
+        return await self._proxy_server.start()
+
     async def stop(self) -> None:
+        if self._proxy_server is not None:
+            await self._proxy_server.stop()
         if self.mode_control is not None:
             await self.mode_control.stop()
         await self.tap.stop()

@@ -252,6 +252,10 @@ class MirrorState:
         """Every request not yet ended, routed or not (arrived, orphan tokens)."""
         return len(self._live)
 
+    def is_live(self, request_id: str) -> bool:
+        """True while `request_id` is mirrored and not ended."""
+        return request_id in self._live
+
     def known(self, request_id: str) -> bool:
         """True when `request_id` is live or remembered as ended."""
         return request_id in self._live or request_id in self._tomb

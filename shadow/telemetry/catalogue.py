@@ -304,6 +304,8 @@ CATALOGUE: tuple[MetricSpec, ...] = (
        "Wall duration of the last decode step.", _FLEET),
     _m("shadow_fleet_last_max_load_tokens", "gauge", "tokens", "",
        "max_g L_g of the last decode step.", _FLEET),
+    _m("shadow_fleet_spread_token_steps_total", "counter", "token-steps", "",
+       "Sum over decode steps of max_g L_g - min_g L_g over live ranks (ground-truth spread).", _FLEET),
     _m("shadow_fleet_load_tokens", "gauge", "tokens", "engine",
        "KV load L_g: prompt + generated tokens of the rank's running requests.", _FLEET),
     # --- worker metrics (vLLM V1 names; the simulated fleet exports the same) --------------------

@@ -13,12 +13,14 @@ from shadow._procs import read_json_line, shadow_argv
 
 
 @contextmanager
-def shadow_process(args: Sequence[str], timeout: float = 60.0) -> Iterator[tuple[subprocess.Popen[str],
-                                                                                  dict[str, Any]]]:
+def shadow_process(
+    args: Sequence[str], timeout: float = 60.0
+) -> Iterator[tuple[subprocess.Popen[str], dict[str, Any]]]:
     """`python -m shadow ARGS` until the block ends (SIGINT, then kill); yields (proc, ready doc)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(shadow_argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+    proc = subprocess.Popen(
+        shadow_argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
     try:
         yield proc, read_json_line(proc, " ".join(args[:1]), timeout)
     finally:

@@ -58,7 +58,10 @@ def _running(url: str) -> float:
 def _open_stream(client: openai.OpenAI, words: int) -> Any:
     """A long streamed completion; returns once its first token arrived (so it is outstanding)."""
     stream = client.completions.create(
-        model="sim-llm", prompt="word " * words, max_tokens=20000, stream=True,
+        model="sim-llm",
+        prompt="word " * words,
+        max_tokens=20000,
+        stream=True,
         extra_body={"ignore_eos": True},
     )
     first = next(iter(stream))
@@ -90,8 +93,9 @@ def test_decode_choice_by_outstanding_bytes_ties_to_first(fleet: FleetThread) ->
         # Everything released: a tie again, which goes to the first registered (b).
         assert _metric(url, "shadow_router_outstanding_score", stage="decode", backend="a") == 0
         assert _metric(url, "shadow_router_outstanding_score", stage="decode", backend="b") == 0
-        done = client.completions.create(model="sim-llm", prompt="x", max_tokens=3,
-                                         extra_body={"ignore_eos": True})
+        done = client.completions.create(
+            model="sim-llm", prompt="x", max_tokens=3, extra_body={"ignore_eos": True}
+        )
         assert done.choices[0].text
         assert _metric(url, "shadow_router_decisions_total", stage="decode", backend="b") == 2
 
@@ -111,14 +115,24 @@ def test_pd_mode_through_the_simulated_fleet(fleet: FleetThread) -> None:
     """Prefill then decode: the fleet refuses a decode leg without a live KV handle, so a full
     stream through the router proves the handle was passed on."""
     p0 = fleet.prefill_urls[0]
-    args = ["router", "--port", "0", "--prefill", p0,
-            *(a for d in fleet.decode_urls for a in ("--decode", d))]
+    args = [
+        "router",
+        "--port",
+        "0",
+        "--prefill",
+        p0,
+        *(a for d in fleet.decode_urls for a in ("--decode", d)),
+    ]
     with shadow_process(args) as (_, ready):
         url = ready["url"]
         client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
         stream = client.chat.completions.create(
-            model="sim-llm", messages=[{"role": "user", "content": "hello " * 30}], max_tokens=7,
-            stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+            model="sim-llm",
+            messages=[{"role": "user", "content": "hello " * 30}],
+            max_tokens=7,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
         )
         chunks = list(stream)
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -140,8 +154,13 @@ class _Recorder:
         body = json.loads(await request.body())
         self.seen.append((role, body, dict(request.headers)))
         if role == "p":
-            return JSONResponse({"id": "x", "choices": [{"text": "t"}],
-                                 "kv_transfer_params": {"do_remote_prefill": True, "remote_block_ids": [1]}})
+            return JSONResponse(
+                {
+                    "id": "x",
+                    "choices": [{"text": "t"}],
+                    "kv_transfer_params": {"do_remote_prefill": True, "remote_block_ids": [1]},
+                }
+            )
 
         async def events() -> Any:
             yield b'data: {"choices":[{"text":"a"}]}\n\n'
@@ -172,19 +191,34 @@ def test_pd_legs_as_the_vllm_ascend_proxy_sends_them(recorder: tuple[_Recorder, 
     rec, base = recorder
     args = ["router", "--port", "0", "--prefill", base + "/p", "--decode", base + "/d"]
     with shadow_process(args) as (_, r):
-        body = {"model": "m", "prompt": "hi there", "max_tokens": 50, "min_tokens": 2, "stream": True,
-                "stream_options": {"include_usage": True}}
+        body = {
+            "model": "m",
+            "prompt": "hi there",
+            "max_tokens": 50,
+            "min_tokens": 2,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         raw = json.dumps(body).encode()
-        resp = httpx.post(r["url"] + "/v1/completions", content=raw,
-                          headers={"Content-Type": "application/json"}, timeout=10)
+        resp = httpx.post(
+            r["url"] + "/v1/completions",
+            content=raw,
+            headers={"Content-Type": "application/json"},
+            timeout=10,
+        )
         assert resp.status_code == 200 and b"[DONE]" in resp.content
     (prole, pbody, phead), (drole, dbody, dhead) = rec.seen
     assert (prole, drole) == ("p", "d")
     assert pbody["stream"] is False and pbody["max_tokens"] == 1 and pbody["min_tokens"] == 1
     assert "stream_options" not in pbody
-    assert pbody["kv_transfer_params"] == {"do_remote_decode": True, "do_remote_prefill": False,
-                                           "remote_engine_id": None, "remote_block_ids": None,
-                                           "remote_host": None, "remote_port": None}
+    assert pbody["kv_transfer_params"] == {
+        "do_remote_decode": True,
+        "do_remote_prefill": False,
+        "remote_engine_id": None,
+        "remote_block_ids": None,
+        "remote_host": None,
+        "remote_port": None,
+    }
     assert dbody == {**body, "kv_transfer_params": {"do_remote_prefill": True, "remote_block_ids": [1]}}
     assert phead["x-request-id"] == dhead["x-request-id"] == resp.headers["x-request-id"]
     assert len(phead["x-request-id"]) == 32
@@ -192,15 +226,23 @@ def test_pd_legs_as_the_vllm_ascend_proxy_sends_them(recorder: tuple[_Recorder, 
 
 
 def test_errors_are_one_line() -> None:
-    bad = subprocess.run([sys.executable, "-m", "shadow", "router", "--decode", "ftp://x"],
-                         capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "shadow", "router", "--decode", "ftp://x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "must start with http://" in bad.stderr
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)
         port = busy.getsockname()[1]
-        r = subprocess.run([sys.executable, "-m", "shadow", "router", "--decode", "http://127.0.0.1:9",
-                            "--port", str(port)], capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [sys.executable, "-m", "shadow", "router", "--decode", "http://127.0.0.1:9", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert r.returncode == 1 and f"127.0.0.1:{port}" in r.stderr and "Traceback" not in r.stderr
 
 

@@ -1,0 +1,335 @@
+"""The event-driven decode dispatcher: requests whose prefill is done wait here (the Prompt Pool)
+until a routing round places them on a decode worker.
+
+A round runs on the proxy's event loop when something changed — a request arrived, a leg ended
+(slot freed), a transfer finished — coalesced so that all events of one loop iteration share one
+round, and on a periodic tick (slots freed by traffic the proxy did not route). Each policy has
+its router from `shadow.core.routers.make_router`: pool routers (br0, brh) place into free slots
+only, binding ones (jsq = the vllm-ascend rule, rr) place at once. The view is the `Ledger`'s
+merge with the load source, with each worker's free slots also capped by the KV transfers it may
+still take. Optional BR-0 pool bypass: place each request the moment its prefill is done by the
+single-request BR-0 score over running plus virtual load (ties to the larger margin). The tick
+also reaps entries older than the pool TTL (their waiters get `PoolExpired`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from shadow.active.contracts import ModeSource
+from shadow.active.ledger import Ledger, LoadSource, LoadView
+from shadow.active.metrics import ActiveMetrics
+from shadow.core.balanceroute import BalanceRoute
+from shadow.core.baselines import WorkerView
+from shadow.core.fscore import BR0Scorer
+from shadow.core.params import BRParams
+from shadow.core.predictors import contribution
+from shadow.core.routers import PoolRouter, Router, StaticView, make_router
+
+log = logging.getLogger("shadow.active")
+
+#: proxy policy name → make_router name (`jsq` is the vllm-ascend proxy's byte rule).
+ROUTER_NAMES = {"br0": "br0", "brh": "brh", "jsq": "jsq-bytes", "rr": "rr"}
+
+
+class PoolExpired(Exception):
+    """The request waited in the pool longer than its TTL."""
+
+
+@dataclass(slots=True)
+class Ticket:
+    """One request waiting for a decode worker."""
+
+    request_id: str
+    prompt_tokens: int
+    score_tokens: float  # the JSQ rule's forwarded size (body bytes / 4)
+    policy: str
+    arrived_at: float
+    future: asyncio.Future[int]
+
+
+@dataclass
+class DispatchConfig:
+    workers: list[str]
+    slots: int
+    transfer_cap: int = 8
+    pool_ttl_s: float = 60.0
+    tick_s: float = 0.05
+    bypass: bool = False
+    br: BRParams | None = None
+    brh_predictor: str = "survival"
+
+
+class Dispatcher:
+    """See module docstring. `start()`/`stop()` run the tick; everything else is loop-local."""
+
+    def __init__(
+        self,
+        config: DispatchConfig,
+        ledger: Ledger,
+        source: LoadSource,
+        metrics: ActiveMetrics,
+        modes: ModeSource,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.ledger = ledger
+        self.source = source
+        self.metrics = metrics
+        self.modes = modes
+        self.clock = clock
+        self.params = config.br or BRParams()
+        self.routers: dict[str, Router] = {}
+        self.waiting: dict[str, Ticket] = {}
+        self._scheduled = False
+        self._tick: asyncio.Task[None] | None = None
+        self.rounds = 0
+        self.reaped = 0
+        self._marks: list[tuple[str, float]] = []  # BR stage boundaries of the current round
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._tick is None:
+            self._tick = asyncio.get_running_loop().create_task(self._ticker())
+
+    async def stop(self) -> None:
+        if self._tick is not None:
+            self._tick.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._tick
+            self._tick = None
+        for t in list(self.waiting.values()):
+            if not t.future.done():
+                t.future.cancel()
+        self.waiting.clear()
+
+    def router(self, policy: str) -> Router:
+        r = self.routers.get(policy)
+        if r is None:
+            name = ROUTER_NAMES.get(policy)
+            if name is None:
+                raise ValueError(f"unknown active policy {policy!r}; known: {', '.join(ROUTER_NAMES)}")
+            predictor = self.config.brh_predictor if name == "brh" else None
+            r = make_router(name, params=self.params, predictor=predictor)
+            if isinstance(r, PoolRouter) and isinstance(r.br, BalanceRoute):
+                r.br.on_stage = self._stage_mark
+            self.routers[policy] = r
+        return r
+
+    def _stage_mark(self, stage: str) -> None:
+        self._marks.append((stage, time.perf_counter()))
+
+    def _observe_stages(self) -> None:
+        marks = self._marks
+        for (stage, t0), (_, t1) in itertools.pairwise(marks):
+            self.metrics.round_stage.labels(stage).observe(t1 - t0)
+        marks.clear()
+
+    # -- events ------------------------------------------------------------------------------
+    def submit(
+        self, request_id: str, prompt_tokens: int, score_tokens: float, policy: str
+    ) -> asyncio.Future[int]:
+        """Queue a request whose prefill is done; the future resolves to its worker index."""
+        now = self.clock()
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        ticket = Ticket(request_id, prompt_tokens, score_tokens, policy, now, fut)
+        if self.config.bypass and policy == "br0":
+            g = self._bypass_pick(prompt_tokens, now)
+            self._place(ticket, g, now)
+            return fut
+        try:
+            router = self.router(policy)
+        except ValueError as exc:  # a policy this proxy cannot run: round-robin, reported as an error
+            self.modes.on_decision(0.0, exc)
+            ticket.policy = policy = "rr"
+            router = self.router(policy)
+        router.on_arrive(request_id, prompt_tokens, now, self._predicted_new(router))
+        self.waiting[request_id] = ticket
+        self._update_pool_gauges(now)
+        self.schedule()
+        return fut
+
+    def cancel(self, request_id: str) -> bool:
+        """Take a waiting request out of the pool at once (client gone); True if it was waiting."""
+        ticket = self.waiting.pop(request_id, None)
+        if ticket is None:
+            return False
+        self._forget(ticket)
+        if not ticket.future.done():
+            ticket.future.cancel()
+        self._update_pool_gauges(self.clock())
+        return True
+
+    def released(self, request_id: str, output_tokens: int | None = None) -> None:
+        """A decode leg ended (any way): its slot is free now; a round may place the next."""
+        leg = self.ledger.finish(request_id, self.clock())
+        if leg is not None and output_tokens is not None:
+            for r in self.routers.values():
+                r.on_finish(request_id, output_tokens)
+        self.schedule()
+
+    def transfer_done(self, request_id: str) -> None:
+        if self.ledger.first_token(request_id) is not None:
+            self.schedule()
+
+    def schedule(self) -> None:
+        """Run one round soon (once per loop iteration however many events asked)."""
+        if not self._scheduled and self.waiting:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._round)
+
+    # -- rounds ------------------------------------------------------------------------------
+    def _forget(self, ticket: Ticket) -> None:
+        r = self.routers.get(ticket.policy)
+        if isinstance(r, PoolRouter):
+            for e in r.pool:
+                if e.request_id == ticket.request_id:
+                    r.pool.remove(e)
+                    break
+        elif r is not None:
+            waiting = getattr(r, "_waiting", None)
+            if isinstance(waiting, list):
+                waiting[:] = [
+                    w for w in waiting if (w[0] if isinstance(w, tuple) else w) != ticket.request_id
+                ]
+
+    def _predicted_new(self, router: Router) -> float | None:
+        if router.predictor is None:
+            return None
+        h = self.params.horizon
+        p, mu = router.predictor.predict(np.zeros(1, dtype=np.int64), h)
+        return float(contribution(p, mu, h)[0])
+
+    def _static_view(self, lv: LoadView, router: Router) -> StaticView:
+        view = StaticView(lv.loads, lv.free_slots, lv.outstanding, lv.outstanding_tokens)
+        if router.predictor is not None:
+            worker, load, gen = self.ledger.active_arrays()
+            h = self.params.horizon
+            p, mu = router.predictor.predict(gen, h)
+            view.active_worker, view.active_load = worker, load
+            view.active_steps = contribution(p, mu, h)
+        return view
+
+    def _round(self) -> None:
+        self._scheduled = False
+        if not self.waiting:
+            return
+        now = self.clock()
+        lv = self.ledger.view(self.source, now)
+        for policy in list(self.routers):
+            router = self.routers[policy]
+            if not router.waiting():
+                continue
+            t0 = time.perf_counter()
+            try:
+                decisions = router.decide(self._static_view(lv, router), now)
+            except Exception as exc:  # a broken policy must not strand its requests
+                spent = time.perf_counter() - t0
+                self._marks.clear()
+                self.modes.on_decision(spent, exc)
+                log.exception(
+                    "policy %s failed a round; its %d waiting requests go round-robin",
+                    policy,
+                    router.waiting(),
+                )
+                self._requeue(policy, "rr" if policy != "rr" else "jsq", now)
+                continue
+            spent = time.perf_counter() - t0
+            self._observe_stages()
+            self.rounds += 1
+            self.metrics.decision.labels(policy).observe(spent)
+            self.modes.on_decision(spent, None)
+            for rid, g in decisions:
+                ticket = self.waiting.pop(str(rid), None)
+                if ticket is None or ticket.future.done():
+                    continue
+                if self.params.age_s is not None and now - ticket.arrived_at >= self.params.age_s:
+                    self.metrics.starvation.inc()
+                self._place(ticket, g, now)
+                a = lv.outstanding
+                a[g] += 1
+                lv.outstanding_tokens[g] += ticket.score_tokens
+                lv.loads[g] += ticket.prompt_tokens
+                lv.free_slots[g] = max(0, lv.free_slots[g] - 1)
+        if self.waiting and not any(lv.free_slots):
+            self.metrics.backpressure.labels(self._why_no_slot(lv)).inc()
+        self._update_pool_gauges(now)
+
+    def _why_no_slot(self, lv: LoadView) -> str:
+        capped = all(
+            self.ledger.transfer_room(g) == 0 for g in range(len(lv.free_slots)) if lv.free_slots[g] == 0
+        )
+        return "transfer_cap" if capped and any(self.ledger.transfers) else "no_slot"
+
+    def _requeue(self, policy: str, to: str, now: float) -> None:
+        moved = [t for t in self.waiting.values() if t.policy == policy]
+        self.routers.pop(policy, None)
+        target = self.router(to)
+        for t in moved:
+            t.policy = to
+            target.on_arrive(t.request_id, t.prompt_tokens, now, None)
+        self.schedule()
+
+    def _place(self, ticket: Ticket, g: int, now: float) -> None:
+        self.ledger.dispatch(ticket.request_id, g, ticket.prompt_tokens, ticket.score_tokens, now)
+        self.metrics.pool_wait.observe(max(0.0, now - ticket.arrived_at))
+        if not ticket.future.done():
+            ticket.future.set_result(g)
+
+    def _bypass_pick(self, prompt_tokens: int, now: float) -> int:
+        """BR-0 single-request score over running + virtual load; ties to the larger margin."""
+        t0 = time.perf_counter()
+        lv = self.ledger.view(self.source, now)
+        scorer = BR0Scorer(lv.loads)
+        cands = [g for g, c in enumerate(lv.free_slots) if c > 0] or list(range(len(lv.loads)))
+        g = max(cands, key=lambda w: (scorer.score(w, prompt_tokens), scorer.margin(w), -w))
+        spent = time.perf_counter() - t0
+        self.metrics.decision.labels("br0").observe(spent)
+        self.modes.on_decision(spent, None)
+        return g
+
+    def _update_pool_gauges(self, now: float) -> None:
+        self.metrics.pool_requests.set(len(self.waiting))
+        oldest = min((t.arrived_at for t in self.waiting.values()), default=now)
+        self.metrics.pool_oldest.set(max(0.0, now - oldest))
+        for g, name in enumerate(self.config.workers):
+            self.metrics.transfers.labels(name).set(self.ledger.transfers[g])
+
+    def reap(self, now: float) -> int:
+        """Fail every waiting request older than the pool TTL (their handlers release prefill KV)."""
+        limit = now - self.config.pool_ttl_s
+        old = [t for t in self.waiting.values() if t.arrived_at < limit]
+        for t in old:
+            del self.waiting[t.request_id]
+            self._forget(t)
+            if not t.future.done():
+                t.future.set_exception(PoolExpired(f"waited {now - t.arrived_at:.1f} s in the pool"))
+            self.metrics.pool_reaped.inc()
+        self.reaped += len(old)
+        return len(old)
+
+    async def _ticker(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.tick_s)
+            try:
+                now = self.clock()
+                self.reap(now)
+                if self.waiting:
+                    self._round()
+                else:
+                    self._update_pool_gauges(now)
+            except Exception:
+                log.exception("dispatcher tick failed")
+
+
+def worker_view(lv: LoadView) -> WorkerView:
+    """The baselines' view of one round's loads (for callers outside a round)."""
+    return WorkerView(list(lv.loads), list(lv.outstanding), list(lv.outstanding_tokens), list(lv.free_slots))

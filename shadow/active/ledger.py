@@ -1,0 +1,204 @@
+"""What the active proxy has dispatched to decode workers, and the load view it decides on.
+
+`Ledger` keeps one entry per decode leg the proxy sent: its worker, prompt and generated tokens,
+whether its KV transfer is still in flight (dispatched, no decode token yet), and per-worker
+aggregates (outstanding requests and forwarded tokens for the JSQ rule, transfers in flight).
+`view(source)` merges it with a `LoadSource` (the mirror's reconciled running requests, or
+nothing for a proxy without a mirror): a leg the source has not seen yet counts as *virtual*
+load on its worker; a leg that ended at the proxy but is still live in the source is taken out
+again, so a freed slot is usable at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from shadow.mirror.state import MirrorState
+
+
+class LoadSource(Protocol):
+    """Running requests per worker as someone else observes them (index = worker order)."""
+
+    def counts(self) -> tuple[list[float], list[int]]:
+        """(KV tokens, running requests) per worker."""
+        ...
+
+    def known(self, request_id: str) -> bool:
+        """The source has seen this request (running or ended)."""
+        ...
+
+    def live(self, request_id: str) -> bool:
+        """The source counts this request as running now."""
+        ...
+
+
+class NoSource:
+    """A proxy without a mirror: the ledger is the whole truth."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+
+    def counts(self) -> tuple[list[float], list[int]]:
+        return [0.0] * self.workers, [0] * self.workers
+
+    def known(self, request_id: str) -> bool:
+        return False
+
+    def live(self, request_id: str) -> bool:
+        return False
+
+
+class MirrorSource:
+    """Shadow's reconciled mirror state (read from another thread: plain int reads only)."""
+
+    def __init__(self, state: MirrorState, workers: Sequence[str]) -> None:
+        self.state = state
+        self.names = list(workers)
+
+    def counts(self) -> tuple[list[float], list[int]]:
+        ws = self.state.workers
+        kv: list[float] = []
+        act: list[int] = []
+        for n in self.names:
+            wc = ws.get(n)
+            kv.append(float(wc.kv_tokens) if wc is not None else 0.0)
+            act.append(wc.active if wc is not None else 0)
+        return kv, act
+
+    def known(self, request_id: str) -> bool:
+        return self.state.known(request_id)
+
+    def live(self, request_id: str) -> bool:
+        return self.state.is_live(request_id)
+
+
+@dataclass(slots=True)
+class Leg:
+    """One decode leg the proxy dispatched."""
+
+    request_id: str
+    worker: int
+    prompt: int
+    score_tokens: float
+    dispatched_at: float
+    generated: int = 0
+    transferring: bool = True
+    seen: bool = False  # the source has it (no longer virtual)
+    ended_at: float = 0.0
+
+
+@dataclass(slots=True)
+class LoadView:
+    """One round's view: per worker load, free slots, outstanding requests and their tokens."""
+
+    loads: list[float]
+    free_slots: list[int]
+    outstanding: list[int]
+    outstanding_tokens: list[float]
+
+
+class Ledger:
+    """See module docstring. Not thread-safe: used from the proxy's event loop only."""
+
+    def __init__(
+        self, workers: int, slots: int, transfer_cap: int, forget_after_s: float = 30.0, ahead: int = 0
+    ) -> None:
+        self.workers = workers
+        self.slots = slots
+        self.ahead = ahead  # requests placed beyond the free slots (queued at the worker)
+        self.transfer_cap = transfer_cap
+        self.forget_after_s = forget_after_s
+        self.legs: dict[str, Leg] = {}
+        self._virtual: dict[str, Leg] = {}
+        self._ended: dict[str, Leg] = {}  # ended at the proxy, possibly still live in the source
+        self.outstanding = [0] * workers
+        self.outstanding_tokens = [0.0] * workers
+        self.transfers = [0] * workers
+
+    def __len__(self) -> int:
+        return len(self.legs)
+
+    def dispatch(self, request_id: str, worker: int, prompt: int, score_tokens: float, now: float) -> Leg:
+        old = self.legs.get(request_id)
+        if old is not None:  # a retried leg under the same id: the old one is over
+            self.finish(request_id, now)
+        leg = Leg(request_id, worker, prompt, score_tokens, now)
+        self.legs[request_id] = leg
+        self._virtual[request_id] = leg
+        self._ended.pop(request_id, None)
+        self.outstanding[worker] += 1
+        self.outstanding_tokens[worker] += score_tokens
+        self.transfers[worker] += 1
+        return leg
+
+    def first_token(self, request_id: str) -> Leg | None:
+        """The leg's first decode token arrived: its KV transfer is over."""
+        leg = self.legs.get(request_id)
+        if leg is not None and leg.transferring:
+            leg.transferring = False
+            self.transfers[leg.worker] -= 1
+        return leg
+
+    def progress(self, request_id: str, generated: int) -> None:
+        leg = self.legs.get(request_id)
+        if leg is not None and generated > leg.generated:
+            leg.generated = generated
+
+    def finish(self, request_id: str, now: float) -> Leg | None:
+        """The leg ended at the proxy (done, failed, cancelled); its slot is free from now on."""
+        leg = self.legs.pop(request_id, None)
+        if leg is None:
+            return None
+        self._virtual.pop(request_id, None)
+        w = leg.worker
+        self.outstanding[w] -= 1
+        self.outstanding_tokens[w] -= leg.score_tokens
+        if self.outstanding[w] == 0:
+            self.outstanding_tokens[w] = 0.0  # no float residue once idle
+        if leg.transferring:
+            leg.transferring = False
+            self.transfers[w] -= 1
+        leg.ended_at = now
+        self._ended[request_id] = leg
+        return leg
+
+    def transfer_room(self, worker: int) -> int:
+        return max(0, self.transfer_cap - self.transfers[worker])
+
+    def view(self, source: LoadSource, now: float) -> LoadView:
+        """Loads and free slots as the source sees them, corrected by what only the proxy knows."""
+        kv, act = source.counts()
+        for rid in list(self._virtual):
+            leg = self._virtual[rid]
+            if source.known(rid):
+                leg.seen = True
+                del self._virtual[rid]
+                continue
+            kv[leg.worker] += leg.prompt + leg.generated
+            act[leg.worker] += 1
+        limit = now - self.forget_after_s
+        for rid in list(self._ended):
+            leg = self._ended[rid]
+            if leg.ended_at < limit or not leg.seen or not source.live(rid):
+                del self._ended[rid]
+                continue
+            kv[leg.worker] = max(0.0, kv[leg.worker] - leg.prompt - leg.generated)
+            act[leg.worker] = max(0, act[leg.worker] - 1)
+        room = self.slots + self.ahead
+        free = [
+            max(0, min(room - a, self.transfer_cap - t)) for a, t in zip(act, self.transfers, strict=True)
+        ]
+        return LoadView(kv, free, list(self.outstanding), list(self.outstanding_tokens))
+
+    def active_arrays(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.int64]]:
+        """(worker, current load, generated tokens) of every leg in flight (BR-H's projection)."""
+        legs = list(self.legs.values())
+        worker = np.fromiter((x.worker for x in legs), dtype=np.int64, count=len(legs))
+        load = np.fromiter((x.prompt + x.generated for x in legs), dtype=np.float64, count=len(legs))
+        gen = np.fromiter((x.generated for x in legs), dtype=np.int64, count=len(legs))
+        return worker, load, gen

@@ -1,0 +1,865 @@
+"""The active P/D proxy: an ASGI app that routes OpenAI completions itself or passes them on.
+
+Per request it asks the `ModeSource` once (`choose`): in `shadow` mode the request goes to the
+existing router unchanged (bytes, status and headers relayed as they come; retried only when the
+connection could not be made); in `active`/`fallback` it runs the P/D flow — the prefill leg
+(not streamed, `max_tokens=1`, `min_tokens=1`, `kv_transfer_params.do_remote_decode`) on the
+prefiller `PrefillChooser` picks, the request then waits in the `Dispatcher`'s pool for a decode
+worker, and the decode leg (the client's body plus the returned `kv_transfer_params`) is relayed
+back. Plain fleets (no prefillers) skip the prefill leg. Both legs carry one `X-Request-Id` (also
+returned to the client). Failures before the first byte reached the client are retried (whole
+flow, bounded); after it the stream just ends. A decode stream ending with `stop_reason:
+"recomputed"` continues on a new P/D flow (prompt + text so far, remaining `max_tokens`) within
+the same client stream. A client that goes away frees its pool entry or decode slot at once.
+Each upstream has its own persistent connection pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import orjson
+from prometheus_client import CollectorRegistry, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive
+
+from shadow.active.contracts import ModeSource, StaticModeSource
+from shadow.active.dispatcher import DispatchConfig, Dispatcher, PoolExpired
+from shadow.active.ledger import Ledger, LoadSource, NoSource
+from shadow.active.metrics import ActiveMetrics, prompt_bucket
+from shadow.active.prefill import KvPoller, PrefillChooser, Prefiller, prefill_score
+from shadow.core.params import BRParams
+from shadow.mirror.analyzer import estimate_prompt_tokens
+
+log = logging.getLogger("shadow.active")
+
+GENERATE_PATHS = ("/v1/completions", "/v1/chat/completions")
+PREFILL_KV_PARAMS: dict[str, Any] = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+# Not relayed in shadow-mode passthrough (connection-level, or re-framed by our server).
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+MAX_ABORTED = 4096  # abandoned KV handles remembered per prefiller
+MAX_RESUME_BYTES = 4 << 20  # stream bytes kept per request for a recompute continuation
+
+
+@dataclass
+class ActiveConfig:
+    """Where legs go ({name: base URL}); `router_url` takes shadow-mode requests."""
+
+    decode: dict[str, str]
+    slots: int
+    prefill: dict[str, str] = field(default_factory=dict)
+    prefill_metrics: dict[str, str] = field(default_factory=dict)  # default: <prefill url>/metrics
+    router_url: str | None = None
+    transfer_cap: int = 8
+    dispatch_ahead: int = 0  # placed per worker beyond its free slots (hides the dispatch round trip)
+    pool_ttl_s: float = 60.0
+    tick_s: float = 0.05
+    bypass: bool = False
+    br: BRParams = field(default_factory=BRParams)
+    kv_pause: float = 0.9
+    kv_resume: float = 0.8
+    kv_poll_s: float = 1.0
+    prefill_wait_s: float = 60.0
+    retries: int = 3
+    retry_delay_s: float = 0.001
+    max_body_bytes: int = 8 << 20
+    max_connections: int = 1024
+    resume_budget_bytes: int = 256 << 20  # all streams' bytes kept for recompute continuations
+    timeout_s: float = 600.0
+    api_key: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.decode:
+            raise ValueError("need at least one decode backend")
+        for url in [
+            *self.decode.values(),
+            *self.prefill.values(),
+            *([self.router_url] if self.router_url else []),
+        ]:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"backend URL must start with http:// or https://, got {url!r}")
+        if self.slots < 1 or self.transfer_cap < 1:
+            raise ValueError("slots and the transfer cap must be >= 1")
+        if not self.pool_ttl_s > 0 or not self.tick_s > 0:
+            raise ValueError("pool TTL and tick must be > 0 s")
+        if self.retries < 0 or self.max_body_bytes < 1 or self.max_connections < 1:
+            raise ValueError("retries must be >= 0; body limit and connections >= 1")
+
+
+class _Failed(Exception):
+    """An upstream attempt failed before anything reached the client (retryable unless final)."""
+
+    def __init__(
+        self, status: int, content: bytes, media: str, retryable: bool, leg: str, worker: str
+    ) -> None:
+        super().__init__(f"{leg} {worker}: HTTP {status}")
+        self.status, self.content, self.media = status, content, media
+        self.retryable, self.leg, self.worker = retryable, leg, worker
+
+
+class _Gone(Exception):
+    """The client went away while its request waited."""
+
+
+def _error_body(status: int, message: str, kind: str) -> bytes:
+    return orjson.dumps({"error": {"message": message, "type": kind, "code": status}})
+
+
+@dataclass
+class _Flow:
+    """One request's routing state across its (re)tried and recomputed legs."""
+
+    rid: str
+    path: str
+    mode: str
+    policy: str
+    body: dict[str, Any]
+    raw: bytes
+    t0: float
+    bucket: str
+    prefiller: Prefiller | None = None
+    prefill_cost: float = 0.0
+    worker: int = -1
+    dispatched_at: float = 0.0
+    prompt_tokens: int = 0
+    kv_from: str = ""  # the prefiller holding this request's KV until a decode pulls it
+
+
+class ActiveProxy:
+    """See module docstring. `start()` opens pools and the dispatcher tick; `close()` ends them."""
+
+    def __init__(
+        self,
+        config: ActiveConfig,
+        *,
+        modes: ModeSource | None = None,
+        source: LoadSource | None = None,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.modes: ModeSource = modes or StaticModeSource("active", "br0")
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics = ActiveMetrics(self.registry)
+        self.clock = clock
+        self.decode_names = list(config.decode)
+        self.decode_urls = [u.rstrip("/") for u in config.decode.values()]
+        self.ledger = Ledger(
+            len(self.decode_names), config.slots, config.transfer_cap, ahead=config.dispatch_ahead
+        )
+        self.source = source or NoSource(len(self.decode_names))
+        self.dispatcher = Dispatcher(
+            DispatchConfig(
+                self.decode_names,
+                config.slots,
+                config.transfer_cap,
+                config.pool_ttl_s,
+                config.tick_s,
+                config.bypass,
+                config.br,
+            ),
+            self.ledger,
+            self.source,
+            self.metrics,
+            self.modes,
+            clock,
+        )
+        self.prefill = PrefillChooser(
+            config.prefill, self.metrics, pause_at=config.kv_pause, resume_at=config.kv_resume
+        )
+        targets = {
+            n: config.prefill_metrics.get(n, u.rstrip("/") + "/metrics") for n, u in config.prefill.items()
+        }
+        self.poller = KvPoller(targets, self.prefill.update_kv, interval_s=config.kv_poll_s)
+        self._clients: dict[str, httpx.AsyncClient] = {}
+        # KV handles nobody will pull (pool TTL, client gone), per prefiller: sent as
+        # `kv_transfer_params.aborted_request` with its next prefill leg so it frees them
+        self._aborted: dict[str, list[str]] = {}
+        self._resume_bytes = 0  # stream bytes kept by all streams for a recompute continuation
+        self.resume_dropped = 0  # streams that stopped keeping them (budget): shown on /health
+        self.router_url = config.router_url.rstrip("/") if config.router_url else None
+        self.app = Starlette(
+            routes=[
+                *(Route(p, self._generate, methods=["POST"]) for p in GENERATE_PATHS),
+                Route("/v1/models", self._models, methods=["GET"]),
+                Route("/health", self._health, methods=["GET"]),
+                Route("/healthcheck", self._health, methods=["GET"]),
+                Route("/metrics", self._metrics_endpoint, methods=["GET"]),
+            ],
+            lifespan=self._lifespan,
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        await self.start()
+        try:
+            yield
+        finally:
+            await self.close()
+
+    async def start(self) -> None:
+        if self._clients:
+            return
+        c = self.config
+        limits = httpx.Limits(max_connections=c.max_connections, max_keepalive_connections=c.max_connections)
+        timeout = httpx.Timeout(c.timeout_s, connect=10.0)
+        for url in {
+            *self.decode_urls,
+            *(p.url for p in self.prefill.prefillers),
+            *([self.router_url] if self.router_url else []),
+        }:
+            self._clients[url] = httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False)
+        self.dispatcher.start()
+        self.poller.start()
+
+    async def close(self) -> None:
+        await self.dispatcher.stop()
+        await self.poller.stop()
+        for client in self._clients.values():
+            await client.aclose()
+        self._clients.clear()
+
+    def _client(self, url: str) -> httpx.AsyncClient:
+        client = self._clients.get(url)
+        if client is None:
+            raise RuntimeError("proxy not started")
+        return client
+
+    # -- small endpoints ---------------------------------------------------------------------
+    async def _health(self, request: Request) -> Response:
+        return JSONResponse(
+            {
+                "status": "ok",
+                "prefill_instances": len(self.prefill.prefillers),
+                "decode_instances": len(self.decode_names),
+                "request_num": len(self.ledger),
+                "resume_dropped": self.resume_dropped,
+                "pool": len(self.dispatcher.waiting),
+            }
+        )
+
+    async def _metrics_endpoint(self, request: Request) -> Response:
+        return Response(generate_latest(self.registry), media_type="text/plain; version=0.0.4")
+
+    async def _models(self, request: Request) -> Response:
+        for url in [*self.decode_urls, *(p.url for p in self.prefill.prefillers)]:
+            with contextlib.suppress(httpx.HTTPError):
+                r = await self._client(url).get(url + "/v1/models", timeout=10.0)
+                if r.status_code == 200:
+                    return Response(r.content, media_type="application/json")
+        return self._error(503, "no backend answered /v1/models", "unavailable")
+
+    def _error(self, status: int, message: str, kind: str, rid: str | None = None) -> Response:
+        headers = {"X-Request-Id": rid} if rid else None
+        return Response(
+            _error_body(status, message, kind),
+            status_code=status,
+            media_type="application/json",
+            headers=headers,
+        )
+
+    def _headers(self, rid: str) -> dict[str, str]:
+        h = {"X-Request-Id": rid, "Content-Type": "application/json"}
+        if self.config.api_key:
+            h["Authorization"] = f"Bearer {self.config.api_key}"
+        return h
+
+    def _count(self, mode: str, policy: str, outcome: str) -> None:
+        self.metrics.requests.labels(mode, policy, outcome).inc()
+
+    # -- the request -------------------------------------------------------------------------
+    async def _read_body(self, request: Request) -> bytes | None:
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.config.max_body_bytes:
+                return None
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _generate(self, request: Request) -> Response:
+        t0 = time.perf_counter()
+        rid = uuid.uuid4().hex
+        choice = self.modes.choose(rid)
+        mode, policy = choice.mode, choice.policy
+        if mode == "shadow" and self.router_url is None:
+            policy = "rr"  # nothing to pass to: route round-robin ourselves
+        elif mode == "fallback":
+            policy = "rr"
+        try:
+            raw = await self._read_body(request)
+        except ClientDisconnect:
+            self._count(mode, policy, "client_cancel")
+            return Response(status_code=499)
+        if raw is None:
+            self._count(mode, policy, "rejected")
+            return self._error(413, f"request body over {self.config.max_body_bytes} bytes", "too_large")
+        if mode == "shadow" and self.router_url is not None:
+            return await self._passthrough(request, raw, rid)
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            body = None
+        if not isinstance(body, dict):
+            self._count(mode, policy, "rejected")
+            return self._error(400, "request body must be a JSON object", "bad_request")
+        est = estimate_prompt_tokens(body)
+        flow = _Flow(
+            rid,
+            request.url.path,
+            mode,
+            policy,
+            body,
+            raw,
+            t0,
+            prompt_bucket(est if est is not None else len(raw) // 4),
+        )
+        flow.prompt_tokens = est if est is not None else max(1, len(raw) // 4)
+        return await self._route(flow, request.receive)
+
+    async def _route(self, flow: _Flow, receive: Receive) -> Response:
+        gone = asyncio.get_running_loop().create_task(_wait_disconnect(receive))
+        try:
+            try:
+                upstream = await self._attempts(flow, gone)
+            except _Gone:
+                self._count(flow.mode, flow.policy, "client_cancel")
+                return Response(status_code=499)
+            except _Failed as f:
+                self._count(
+                    flow.mode,
+                    flow.policy,
+                    "rejected" if f.status in (429, 503) and f.leg == "pool" else "upstream_error",
+                )
+                return Response(
+                    f.content, status_code=f.status, media_type=f.media, headers={"X-Request-Id": flow.rid}
+                )
+        finally:
+            gone.cancel()
+            with contextlib.suppress(BaseException):
+                await gone
+        if not flow.body.get("stream"):
+            return await self._respond_whole(flow, upstream)
+        media = upstream.headers.get("content-type", "text/event-stream")
+        return _Relay(
+            self._relay(flow, upstream), status_code=200, media_type=media, headers={"X-Request-Id": flow.rid}
+        )
+
+    async def _attempts(self, flow: _Flow, gone: asyncio.Future[Any]) -> httpx.Response:
+        """Prefill, pool and decode leg, retried as a whole while nothing reached the client."""
+        failed_prefill: list[str] = []
+        attempt = 0
+        while True:
+            try:
+                return await self._legs(flow, gone, failed_prefill)
+            except _Failed as f:
+                if not f.retryable or attempt >= self.config.retries:
+                    raise
+                attempt += 1
+                self.metrics.retries.labels(f.leg).inc()
+                if f.leg == "prefill":
+                    failed_prefill.append(f.worker)
+                    if len(failed_prefill) >= len(self.prefill.prefillers):
+                        failed_prefill.clear()
+                await _race(asyncio.sleep(self.config.retry_delay_s * (2 ** (attempt - 1))), gone)
+
+    async def _legs(self, flow: _Flow, gone: asyncio.Future[Any], exclude: list[str]) -> httpx.Response:
+        kv: dict[str, Any] | None = None
+        if self.prefill:
+            kv = await self._prefill_leg(flow, gone, exclude)
+        try:
+            fut = self.dispatcher.submit(flow.rid, flow.prompt_tokens, len(flow.raw) / 4, flow.policy)
+            try:
+                g = await _race(fut, gone)
+            except _Gone:
+                if not self.dispatcher.cancel(flow.rid):
+                    self.dispatcher.released(flow.rid)
+                self._abort_kv(flow, kv)
+                raise
+            except PoolExpired as exc:
+                self._abort_kv(flow, kv)
+                raise _Failed(
+                    503,
+                    _error_body(503, f"no decode slot in time: {exc}", "pool_timeout"),
+                    "application/json",
+                    False,
+                    "pool",
+                    "",
+                ) from None
+            flow.worker, flow.dispatched_at = g, time.perf_counter()
+            return await self._decode_leg(flow, kv, gone)
+        except BaseException:
+            self._release_prefill(flow)
+            raise
+
+    async def _prefill_leg(
+        self, flow: _Flow, gone: asyncio.Future[Any], exclude: list[str]
+    ) -> dict[str, Any]:
+        cost = prefill_score(len(flow.raw))
+        try:
+            p = await _race(self.prefill.acquire(cost, exclude, self.config.prefill_wait_s), gone)
+        except TimeoutError:
+            raise _Failed(
+                503,
+                _error_body(503, "every prefiller is over its KV budget", "prefill_kv"),
+                "application/json",
+                False,
+                "pool",
+                "",
+            ) from None
+        flow.prefiller, flow.prefill_cost = p, cost
+        leg = dict(flow.body)
+        leg.pop("stream_options", None)
+        kvp = dict(PREFILL_KV_PARAMS)
+        aborted = self._aborted.pop(p.name, None)
+        if aborted:
+            kvp["aborted_request"] = aborted
+        leg.update(stream=False, max_tokens=1, min_tokens=1, kv_transfer_params=kvp)
+        if "max_completion_tokens" in leg:
+            leg["max_completion_tokens"] = 1
+        try:
+            r = await _race(
+                self._client(p.url).post(
+                    p.url + flow.path, content=orjson.dumps(leg), headers=self._headers(flow.rid)
+                ),
+                gone,
+            )
+        except httpx.HTTPError as exc:
+            self._upstream_failed(p.name, "prefill")
+            p.down = True
+            self._release_prefill(flow)
+            raise _Failed(
+                502,
+                _error_body(
+                    502, f"prefill {p.name} unreachable: {type(exc).__name__}", "prefill_unreachable"
+                ),
+                "application/json",
+                True,
+                "prefill",
+                p.name,
+            ) from None
+        except BaseException:
+            self._release_prefill(flow)
+            raise
+        ok = r.status_code == 200
+        params: Any = None
+        if ok:
+            try:
+                doc = orjson.loads(r.content)
+                params = doc.get("kv_transfer_params")
+                usage = doc.get("usage") or {}
+                if isinstance(usage.get("prompt_tokens"), int):
+                    flow.prompt_tokens = usage["prompt_tokens"]
+            except (orjson.JSONDecodeError, AttributeError):
+                params = None
+        self.modes.on_upstream(p.name, "prefill", ok and isinstance(params, dict))
+        if ok and isinstance(params, dict):
+            p.down = False
+            flow.kv_from = p.name
+            return params
+        if not ok:
+            self.metrics.upstream_errors.labels("prefill", p.name).inc()
+        self._release_prefill(flow)
+        if ok:
+            raise _Failed(
+                502,
+                _error_body(502, f"prefill {p.name} returned no kv_transfer_params", "prefill_bad_response"),
+                "application/json",
+                False,
+                "prefill",
+                p.name,
+            )
+        p.down = r.status_code >= 500
+        raise _Failed(
+            r.status_code,
+            r.content,
+            r.headers.get("content-type", "application/json"),
+            r.status_code >= 500 or r.status_code == 429,
+            "prefill",
+            p.name,
+        )
+
+    def _abort_kv(self, flow: _Flow, kv: dict[str, Any] | None) -> None:
+        key = kv.get("remote_request_id") if kv else None
+        if isinstance(key, str) and flow.kv_from:
+            pending = self._aborted.setdefault(flow.kv_from, [])
+            pending.append(key)
+            del pending[:-MAX_ABORTED]
+
+    def _release_prefill(self, flow: _Flow) -> None:
+        if flow.prefiller is not None:
+            self.prefill.release(flow.prefiller, flow.prefill_cost)
+            flow.prefiller = None
+
+    def _upstream_failed(self, worker: str, leg: str) -> None:
+        self.metrics.upstream_errors.labels(leg, worker).inc()
+        self.modes.on_upstream(worker, leg, False)
+
+    async def _decode_leg(
+        self, flow: _Flow, kv: dict[str, Any] | None, gone: asyncio.Future[Any]
+    ) -> httpx.Response:
+        g = flow.worker
+        name, url = self.decode_names[g], self.decode_urls[g]
+        self.metrics.inflight.labels("decode", name).set(self.ledger.outstanding[g])
+        if kv is None:
+            payload = flow.raw
+        else:
+            body = dict(flow.body)
+            body["kv_transfer_params"] = kv
+            payload = orjson.dumps(body)
+        client = self._client(url)
+        req = client.build_request("POST", url + flow.path, content=payload, headers=self._headers(flow.rid))
+        try:
+            upstream: httpx.Response = await _race(client.send(req, stream=True), gone)
+        except httpx.HTTPError as exc:
+            self._decode_over(flow, None)
+            self._upstream_failed(name, "decode")
+            raise _Failed(
+                502,
+                _error_body(502, f"decode {name} unreachable: {type(exc).__name__}", "decode_unreachable"),
+                "application/json",
+                True,
+                "decode",
+                name,
+            ) from None
+        except BaseException:
+            self._decode_over(flow, None)
+            raise
+        if upstream.status_code == 200:
+            self.modes.on_upstream(name, "decode", True)
+            return upstream
+        try:
+            content = await upstream.aread()
+        except httpx.HTTPError:
+            content = b""
+        finally:
+            await upstream.aclose()
+        self._decode_over(flow, None)
+        self._upstream_failed(name, "decode")
+        raise _Failed(
+            upstream.status_code,
+            content,
+            upstream.headers.get("content-type", "application/json"),
+            upstream.status_code >= 500 or upstream.status_code == 429,
+            "decode",
+            name,
+        )
+
+    def _decode_over(self, flow: _Flow, output_tokens: int | None) -> None:
+        self.dispatcher.released(flow.rid, output_tokens)
+        if flow.worker >= 0:
+            self.metrics.inflight.labels("decode", self.decode_names[flow.worker]).set(
+                self.ledger.outstanding[flow.worker]
+            )
+
+    def _first_token(self, flow: _Flow, t: float) -> None:
+        self.dispatcher.transfer_done(flow.rid)
+        self._release_prefill(flow)  # the decode pulled the KV
+        self.metrics.kv_transfer.observe(max(0.0, t - flow.dispatched_at))
+
+    async def _respond_whole(self, flow: _Flow, upstream: httpx.Response) -> Response:
+        """A non-streamed request: read the whole answer (a recomputed one is re-run, nothing was sent)."""
+        outcome = "ok"
+        for _ in range(self.config.retries + 1):
+            try:
+                content = await upstream.aread()
+            except httpx.HTTPError:
+                content, outcome = b"", "upstream_error"
+                self._upstream_failed(self.decode_names[flow.worker], "decode")
+            finally:
+                await upstream.aclose()
+            t = time.perf_counter()
+            self._first_token(flow, t)
+            self._decode_over(flow, None)
+            if b'"recomputed"' not in content or not _whole_recomputed(content):
+                break
+            self.metrics.recomputed.inc()
+            try:
+                upstream = await self._attempts(flow, asyncio.get_running_loop().create_future())
+            except _Failed as f:
+                self._count(flow.mode, flow.policy, "upstream_error")
+                return Response(f.content, status_code=f.status, media_type=f.media)
+        elapsed = time.perf_counter() - flow.t0
+        self.metrics.first_token.labels(flow.mode, flow.bucket).observe(elapsed)
+        self.metrics.completion.labels(flow.mode, flow.bucket).observe(elapsed)
+        self._count(flow.mode, flow.policy, outcome)
+        if outcome != "ok":
+            return self._error(502, "decode answer broke off", "decode_stream", flow.rid)
+        return Response(
+            content,
+            status_code=200,
+            media_type=upstream.headers.get("content-type", "application/json"),
+            headers={"X-Request-Id": flow.rid},
+        )
+
+    async def _relay(self, flow: _Flow, upstream: httpx.Response) -> AsyncIterator[bytes]:
+        """Relay SSE events as they come (event-aligned); continue a recomputed stream."""
+        outcome = "client_cancel"
+        events = 0
+        t_first = 0.0
+        kept: list[bytes] | None = []  # what was sent, for a recompute continuation
+        kept_bytes = 0
+        try:
+            while True:
+                buf = b""
+                recomputed = False
+                first = True
+                async for chunk in upstream.aiter_raw():
+                    if first:
+                        first = False
+                        t = time.perf_counter()
+                        self._first_token(flow, t)
+                        if not t_first:
+                            t_first = t
+                            self.metrics.first_token.labels(flow.mode, flow.bucket).observe(t - flow.t0)
+                    buf += chunk
+                    cut = buf.rfind(b"\n\n")
+                    if cut < 0:
+                        continue
+                    out, buf = buf[: cut + 2], buf[cut + 2 :]
+                    if b'"recomputed"' in out:
+                        out, recomputed = _before_recomputed(out)
+                    if out:
+                        events += out.count(b"data: {")
+                        self.ledger.progress(flow.rid, events)
+                        if kept is not None:
+                            kept.append(out)
+                            kept_bytes += len(out)
+                            self._resume_bytes += len(out)
+                            if (
+                                kept_bytes > MAX_RESUME_BYTES
+                                or self._resume_bytes > self.config.resume_budget_bytes
+                            ):
+                                self._resume_bytes -= kept_bytes  # too much to keep: no continuation
+                                kept, kept_bytes = None, 0
+                                self.resume_dropped += 1
+                        yield out
+                    if recomputed:
+                        break
+                if buf and not recomputed:
+                    yield buf
+                await upstream.aclose()
+                if not recomputed:
+                    outcome = "ok"
+                    break
+                self.metrics.recomputed.inc()
+                self._decode_over(flow, None)
+                nxt = _continuation(flow.body, kept) if kept is not None else None
+                if nxt is None:
+                    outcome = "upstream_error"
+                    break
+                flow.body, flow.raw = nxt, orjson.dumps(nxt)
+                flow.worker = -1
+                try:
+                    upstream = await self._attempts(flow, asyncio.get_running_loop().create_future())
+                except _Failed:
+                    outcome = "upstream_error"
+                    break
+        except httpx.HTTPError as exc:
+            outcome = "upstream_error"
+            if flow.worker >= 0:
+                self._upstream_failed(self.decode_names[flow.worker], "decode")
+            log.warning("decode stream %s broke: %s", flow.rid, type(exc).__name__)
+        finally:
+            self._resume_bytes -= kept_bytes
+            await upstream.aclose()
+            self._release_prefill(flow)
+            if flow.worker >= 0:
+                self._decode_over(flow, events if outcome == "ok" else None)
+            t_end = time.perf_counter()
+            self.metrics.completion.labels(flow.mode, flow.bucket).observe(t_end - flow.t0)
+            if outcome == "ok" and events > 1 and t_first:
+                self.metrics.tpot.labels(flow.mode, flow.bucket).observe((t_end - t_first) / (events - 1))
+            self._count(flow.mode, flow.policy, outcome)
+
+    # -- shadow mode -------------------------------------------------------------------------
+    async def _passthrough(self, request: Request, raw: bytes, rid: str) -> Response:
+        """The request to the existing router, unchanged; its answer relayed as it comes."""
+        assert self.router_url is not None
+        url = self.router_url + request.url.path
+        if request.url.query:
+            url += "?" + request.url.query
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
+        client = self._client(self.router_url)
+        t0 = time.perf_counter()
+        bucket = prompt_bucket(len(raw) // 4)  # not parsed in shadow mode: bytes / 4 as tokens
+        upstream: httpx.Response | None = None
+        for attempt in range(self.config.retries + 1):
+            try:
+                upstream = await client.send(
+                    client.build_request("POST", url, content=raw, headers=headers), stream=True
+                )
+                break
+            except httpx.ConnectError:  # nothing was sent: safe to try again
+                self._upstream_failed("router", "router")
+                if attempt == self.config.retries:
+                    break
+                self.metrics.retries.labels("router").inc()
+                await asyncio.sleep(self.config.retry_delay_s * (2**attempt))
+            except httpx.HTTPError as exc:
+                self._upstream_failed("router", "router")
+                self._count("shadow", "router", "upstream_error")
+                return self._error(502, f"router unreachable: {type(exc).__name__}", "router_unreachable")
+        if upstream is None:
+            self._count("shadow", "router", "upstream_error")
+            return self._error(502, "router unreachable", "router_unreachable")
+        self.modes.on_upstream("router", "router", upstream.status_code < 500)
+        out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
+        self.metrics.inflight.labels("router", "router").inc()
+
+        async def relay() -> AsyncIterator[bytes]:
+            outcome = "client_cancel"
+            first = True
+            try:
+                async for chunk in upstream.aiter_raw():
+                    if first and chunk:
+                        first = False
+                        self.metrics.first_token.labels("shadow", bucket).observe(time.perf_counter() - t0)
+                    yield chunk
+                outcome = "ok" if upstream.status_code < 400 else "upstream_error"
+            except httpx.HTTPError:
+                outcome = "upstream_error"
+                self._upstream_failed("router", "router")
+            finally:
+                await upstream.aclose()
+                self.metrics.inflight.labels("router", "router").dec()
+                self._count("shadow", "router", outcome)
+
+        return _Relay(relay(), status_code=upstream.status_code, headers=out_headers)
+
+
+def _whole_recomputed(content: bytes) -> bool:
+    try:
+        doc = orjson.loads(content)
+        return any(c.get("stop_reason") == "recomputed" for c in doc.get("choices") or [])
+    except (orjson.JSONDecodeError, AttributeError):
+        return False
+
+
+def _before_recomputed(out: bytes) -> tuple[bytes, bool]:
+    """Events of `out` before the one ending with stop_reason "recomputed" (and whether it was there)."""
+    kept: list[bytes] = []
+    for ev in out.split(b"\n\n"):
+        if not ev:
+            continue
+        if b'"recomputed"' in ev:
+            data = ev.split(b"data:", 1)[-1].strip()
+            try:
+                doc = orjson.loads(data)
+                if any(c.get("stop_reason") == "recomputed" for c in doc.get("choices") or []):
+                    return b"".join(kept), True
+            except (orjson.JSONDecodeError, AttributeError):
+                pass
+        kept.append(ev + b"\n\n")
+    return b"".join(kept), False
+
+
+def _continuation(body: dict[str, Any], sent: list[bytes]) -> dict[str, Any] | None:
+    """The body that continues a recomputed request: its prompt plus the text sent so far, and
+    the remaining `max_tokens` (None when nothing is left or the body cannot be continued)."""
+    text: list[str] = []
+    tokens = 0
+    for ev in b"".join(sent).split(b"\n\n"):
+        data = ev.split(b"data:", 1)[-1].strip()
+        if not data.startswith(b"{"):
+            continue
+        try:
+            doc = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            continue
+        for c in doc.get("choices") or []:
+            piece = c.get("text")
+            if piece is None:
+                piece = (c.get("delta") or {}).get("content")
+            if isinstance(piece, str) and piece:
+                text.append(piece)
+                tokens += 1
+    nxt = dict(body)
+    limit_key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    limit = body.get(limit_key)
+    if isinstance(limit, int):
+        if limit - tokens <= 0:
+            return None
+        nxt[limit_key] = limit - tokens
+        if isinstance(body.get("min_tokens"), int):
+            nxt["min_tokens"] = max(0, body["min_tokens"] - tokens)
+    so_far = "".join(text)
+    if isinstance(body.get("prompt"), str):
+        nxt["prompt"] = body["prompt"] + so_far
+    elif isinstance(body.get("messages"), list):
+        nxt["messages"] = [*body["messages"], {"role": "assistant", "content": so_far}]
+        nxt["continue_final_message"] = True
+        nxt["add_generation_prompt"] = False
+    else:
+        return None
+    return nxt
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            return
+
+
+async def _race(aw: Any, gone: asyncio.Future[Any]) -> Any:
+    """Await `aw` unless the client goes first (then `_Gone`, and `aw` is cancelled)."""
+    task = asyncio.ensure_future(aw)
+    if gone.done():
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        raise _Gone
+    done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    if task in done:
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
+    raise _Gone
+
+
+class _Relay(StreamingResponse):
+    """A streaming response that always closes its body iterator (so reservations are released
+    at once, also when the client goes away mid-stream)."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()

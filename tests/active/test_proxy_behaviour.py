@@ -1,0 +1,257 @@
+"""The active proxy's contract against scripted upstreams (real HTTP on loopback, one event loop):
+shadow-mode passthrough is byte-identical; retries happen only before the first byte reached the
+client; a `stop_reason: "recomputed"` stream continues on a new P/D flow; a client cancel frees its
+pool entry or decode slot at once; the transfer cap holds; both legs carry one X-Request-Id."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+import orjson
+
+from shadow.active.contracts import StaticModeSource
+from tests.active.stubs import DONE, Step, Stub, metric, proxy_on, sse, until
+
+
+def run(scenario: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def _texts(raw: bytes) -> list[str]:
+    out = []
+    for ev in raw.split(b"\n\n"):
+        if ev.startswith(b"data: {"):
+            out += [c["text"] for c in orjson.loads(ev[6:])["choices"] if c.get("text")]
+    return out
+
+
+BODY = {"model": "m", "prompt": "a b c", "max_tokens": 5, "stream": True}
+
+
+def test_shadow_mode_passes_bytes_status_and_headers_unchanged() -> None:
+    chunks = [b'data: {"x": 1}\n', b'\ndata: {"y"', b": 2}\n\n", b"data: [DONE]\n\n"]
+
+    async def scenario() -> None:
+        router = Stub(
+            lambda n, body: (
+                Step(events=chunks, headers={"x-router": "r1"})
+                if n < 2
+                else Step(status=429, body=b'{"error": "slow down"}', headers={"retry-after": "3"})
+            )
+        )
+        await router.start()
+        async with (
+            proxy_on(
+                {"d0": "http://127.0.0.1:9"}, router_url=router.url, modes=StaticModeSource("shadow")
+            ) as (proxy, url),
+            httpx.AsyncClient() as c,
+        ):
+            raw = orjson.dumps(BODY) + b"  "  # odd bytes: must reach the router as they are
+            direct = await c.post(
+                router.url + "/v1/completions",
+                content=raw,
+                headers={"content-type": "application/json", "x-client": "c1"},
+            )
+            through = await c.post(
+                url + "/v1/completions",
+                content=raw,
+                headers={"content-type": "application/json", "x-client": "c1"},
+            )
+            assert through.content == direct.content == b"".join(chunks)
+            assert through.status_code == direct.status_code == 200
+            assert through.headers["x-router"] == "r1"
+            assert router.raws[1] == router.raws[0] == raw  # body bytes as sent
+            assert router.calls[1][0]["x-client"] == "c1"
+            limited = await c.post(url + "/v1/completions", content=raw)
+            assert limited.status_code == 429 and limited.content == b'{"error": "slow down"}'
+            assert limited.headers["retry-after"] == "3"
+            ok = metric(proxy, "shadow_router_requests_total", mode="shadow", policy="router", outcome="ok")
+            assert ok == 1
+        await router.stop()
+
+    run(scenario)
+
+
+def test_decode_failure_before_first_byte_is_retried_with_one_request_id() -> None:
+    async def scenario() -> None:
+        pre = Stub([], role="prefill")
+        dec = Stub(
+            [
+                Step(status=503, body=b'{"error": "busy"}'),
+                Step(events=[sse("t", i) for i in range(5)] + [DONE]),
+            ]
+        )
+        await pre.start()
+        await dec.start()
+        async with (
+            proxy_on({"d0": dec.url}, prefill={"p0": pre.url}) as (proxy, url),
+            httpx.AsyncClient() as c,
+        ):
+            r = await c.post(url + "/v1/completions", json=BODY)
+            assert r.status_code == 200 and _texts(r.content) == ["t"] * 5
+            assert len(dec.calls) == 2 and len(pre.calls) == 2  # the whole flow again (KV was claimed)
+            ids = {h["x-request-id"] for h, _ in pre.calls + dec.calls}
+            assert ids == {r.headers["x-request-id"]}
+            assert metric(proxy, "shadow_router_retries_total", leg="decode") == 1
+            assert metric(proxy, "shadow_router_upstream_errors_total", leg="decode", worker="d0") == 1
+            p_body = pre.calls[0][1]
+            assert p_body["max_tokens"] == 1 and p_body["min_tokens"] == 1 and p_body["stream"] is False
+            assert p_body["kv_transfer_params"]["do_remote_decode"] is True
+            assert dec.calls[1][1]["kv_transfer_params"]["remote_request_id"] == "kv-2"
+            assert not proxy.ledger.legs and not proxy.dispatcher.waiting
+        await pre.stop()
+        await dec.stop()
+
+    run(scenario)
+
+
+def test_no_retry_once_bytes_reached_the_client() -> None:
+    async def scenario() -> None:
+        dec = Stub([Step(events=[sse("t", 0), sse("t", 1)], cut=True)])
+        await dec.start()
+        async with proxy_on({"d0": dec.url}) as (proxy, url), httpx.AsyncClient() as c:
+            got = b""
+            async with c.stream("POST", url + "/v1/completions", json=BODY) as r:
+                assert r.status_code == 200
+                try:
+                    async for chunk in r.aiter_raw():
+                        got += chunk
+                except httpx.HTTPError:
+                    pass  # the proxy ends the stream without a clean end: no later bytes
+            assert _texts(got) == ["t", "t"]
+            assert len(dec.calls) == 1
+            await until(
+                lambda: (
+                    metric(
+                        proxy,
+                        "shadow_router_requests_total",
+                        mode="active",
+                        policy="br0",
+                        outcome="upstream_error",
+                    )
+                    == 1
+                ),
+                what="the broken stream counted",
+            )
+            assert metric(proxy, "shadow_router_retries_total", leg="decode") == 0
+            assert not proxy.ledger.legs
+        await dec.stop()
+
+    run(scenario)
+
+
+def test_recomputed_stream_continues_with_prompt_plus_text_and_remaining_tokens() -> None:
+    def script(n: int, body: Any) -> Step:
+        if n == 0:
+            return Step(events=[sse("x", 0), sse("y", 1), sse("", 2, "abort", "recomputed")])
+        return Step(events=[sse("z", 3), sse("w", 4), sse("v", 5, "length"), DONE])
+
+    async def scenario() -> None:
+        pre = Stub([], role="prefill")
+        dec = Stub(script)
+        await pre.start()
+        await dec.start()
+        async with (
+            proxy_on({"d0": dec.url, "d1": dec.url}, prefill={"p0": pre.url}) as (proxy, url),
+            httpx.AsyncClient() as c,
+        ):
+            r = await c.post(url + "/v1/completions", json=BODY)
+            assert r.status_code == 200
+            assert _texts(r.content) == ["x", "y", "z", "w", "v"]
+            assert b"recomputed" not in r.content and r.content.endswith(DONE)
+            assert len(dec.calls) == 2 and len(pre.calls) == 2
+            second = dec.calls[1][1]
+            assert second["prompt"] == "a b cxy" and second["max_tokens"] == 3
+            assert {h["x-request-id"] for h, _ in pre.calls + dec.calls} == {r.headers["x-request-id"]}
+            assert metric(proxy, "shadow_router_recomputed_total") == 1
+            assert not proxy.ledger.legs
+        await pre.stop()
+        await dec.stop()
+
+    run(scenario)
+
+
+def test_client_cancel_frees_pool_entry_and_decode_slot_at_once() -> None:
+    async def scenario() -> None:
+        hold = asyncio.Event()
+        dec = Stub([Step(events=[sse("t", 0), hold, sse("t", 1), DONE])])
+        await dec.start()
+        async with proxy_on({"d0": dec.url}, slots=1) as (proxy, url), httpx.AsyncClient() as c:
+            first_byte = asyncio.Event()
+
+            async def running() -> None:
+                async with c.stream("POST", url + "/v1/completions", json=BODY) as r:
+                    async for _ in r.aiter_raw():
+                        first_byte.set()
+
+            t1 = asyncio.create_task(running())
+            await first_byte.wait()
+            t2 = asyncio.create_task(c.post(url + "/v1/completions", json=BODY))
+            await until(lambda: len(proxy.dispatcher.waiting) == 1, what="the second request in the pool")
+            assert metric(proxy, "shadow_pool_requests") == 1
+            t2.cancel()  # the client goes away while its request waits in the pool
+            await until(lambda: not proxy.dispatcher.waiting, what="the pool entry freed")
+            assert metric(proxy, "shadow_pool_requests") == 0
+            assert len(dec.calls) == 1  # it never reached a decode worker
+            await until(
+                lambda: (
+                    metric(
+                        proxy,
+                        "shadow_router_requests_total",
+                        mode="active",
+                        policy="br0",
+                        outcome="client_cancel",
+                    )
+                    == 1
+                ),
+                what="the cancel counted",
+            )
+            t1.cancel()  # now the running stream's client goes away: its slot frees at once
+            await until(lambda: not proxy.ledger.legs, what="the decode slot freed")
+            await until(lambda: dec.gone == 1, what="the decode stream closed upstream")
+            assert (
+                metric(
+                    proxy,
+                    "shadow_router_requests_total",
+                    mode="active",
+                    policy="br0",
+                    outcome="client_cancel",
+                )
+                == 2
+            )
+            for t in (t1, t2):
+                with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
+                    await t
+        await dec.stop()
+
+    run(scenario)
+
+
+def test_transfer_cap_holds_dispatch_until_a_first_token() -> None:
+    async def scenario() -> None:
+        release = asyncio.Event()
+        dec = Stub([Step(events=[release, sse("t", 0), DONE])])
+        await dec.start()
+        async with (
+            proxy_on({"d0": dec.url}, slots=4, transfer_cap=1) as (proxy, url),
+            httpx.AsyncClient() as c,
+        ):
+            tasks = [asyncio.create_task(c.post(url + "/v1/completions", json=BODY)) for _ in range(3)]
+            await until(
+                lambda: len(dec.calls) == 1 and len(proxy.dispatcher.waiting) == 2,
+                what="one transfer in flight, two held in the pool",
+            )
+            assert proxy.ledger.transfers == [1]
+            assert metric(proxy, "shadow_router_kv_transfers_inflight", worker="d0") == 1
+            assert metric(proxy, "shadow_router_backpressure_total", reason="transfer_cap") >= 1
+            release.set()  # first tokens arrive: transfers end, the held requests go one by one
+            done = await asyncio.gather(*tasks)
+            assert all(r.status_code == 200 and _texts(r.content) == ["t"] for r in done)
+            assert len(dec.calls) == 3 and not proxy.ledger.legs
+        await dec.stop()
+
+    run(scenario)
