@@ -120,6 +120,7 @@ def serve_args(fleet: dict[str, Any], slots: int, policy: str, extra: Sequence[s
         "--active",
         "--active-policy",
         policy,
+        "--pin-mode",  # the comparison must not be cut by automatic fallback (slow decisions under load)
         "--scrape-interval",
         "1",
         *extra,
