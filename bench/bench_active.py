@@ -50,13 +50,19 @@ def pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-async def decision_bench(policy: str, rounds: int, workers: int = 8, slots: int = 64, pool: int = 256,
-                         seed: int = 1) -> tuple[list[float], list[float]]:
+async def decision_bench(
+    policy: str, rounds: int, workers: int = 8, slots: int = 64, pool: int = 256, seed: int = 1
+) -> tuple[list[float], list[float]]:
     rng = random.Random(seed)
     names = [f"d{g}" for g in range(workers)]
     ledger = Ledger(workers, slots, transfer_cap=slots)
-    d = Dispatcher(DispatchConfig(names, slots, transfer_cap=slots, tick_s=3600.0), ledger, NoSource(workers),
-                   ActiveMetrics(CollectorRegistry()), StaticModeSource("active", policy))
+    d = Dispatcher(
+        DispatchConfig(names, slots, transfer_cap=slots, tick_s=3600.0),
+        ledger,
+        NoSource(workers),
+        ActiveMetrics(CollectorRegistry()),
+        StaticModeSource("active", policy),
+    )
     n = 0
 
     def prompt() -> int:
@@ -111,8 +117,13 @@ def _wait_health(url: str, proc: subprocess.Popen[Any], timeout_s: float = 60.0)
 
 
 async def one_stream(client: httpx.AsyncClient, url: str, i: int, tokens: int) -> tuple[float, list[float]]:
-    body = {"model": "sim-llm", "prompt": f"b{i} " + "w " * 64, "max_tokens": tokens, "stream": True,
-            "ignore_eos": True}
+    body = {
+        "model": "sim-llm",
+        "prompt": f"b{i} " + "w " * 64,
+        "max_tokens": tokens,
+        "stream": True,
+        "ignore_eos": True,
+    }
     t0 = time.perf_counter()
     arrivals: list[float] = []
     async with client.stream("POST", url + "/v1/completions", json=body) as r:
@@ -124,15 +135,20 @@ async def one_stream(client: httpx.AsyncClient, url: str, i: int, tokens: int) -
     return arrivals[0] - t0, gaps
 
 
-async def latency_bench(paths: dict[str, str], streams: int, concurrency: int, tokens: int
-                        ) -> dict[str, tuple[list[float], list[float]]]:
+async def latency_bench(
+    paths: dict[str, list[str]], streams: int, concurrency: int, tokens: int
+) -> dict[str, tuple[list[float], list[float]]]:
     out: dict[str, tuple[list[float], list[float]]] = {p: ([], []) for p in paths}
     limits = httpx.Limits(max_connections=concurrency * 2)
     async with httpx.AsyncClient(timeout=120, limits=limits) as client:
         for batch in range(0, streams, concurrency):
             for name, url in paths.items():  # interleaved batches: the same noise for every path
-                res = await asyncio.gather(*(one_stream(client, url, batch + k, tokens)
-                                             for k in range(min(concurrency, streams - batch))))
+                res = await asyncio.gather(
+                    *(
+                        one_stream(client, url[(batch + k) % len(url)], batch + k, tokens)
+                        for k in range(min(concurrency, streams - batch))
+                    )
+                )
                 for ttft, gaps in res:
                     out[name][0].append(ttft)
                     out[name][1].extend(gaps)
@@ -148,19 +164,26 @@ def main() -> None:
     ap.add_argument("--skip-latency", action="store_true")
     a = ap.parse_args()
 
-    print("Part 1: decision round time, G=8 x B=64, 256 in the pool, one slot freed per round "
-          f"({a.rounds} rounds)")
+    print(
+        "Part 1: decision round time, G=8 x B=64, 256 in the pool, one slot freed per round "
+        f"({a.rounds} rounds)"
+    )
     for policy in ("br0", "brh", "jsq", "rr"):
         t, c = asyncio.run(decision_bench(policy, a.rounds))
-        print(f"  {policy:4} wall p50 {pct(t, 0.5) * 1e3:6.3f} p99 {pct(t, 0.99) * 1e3:7.3f} ms | "
-              f"thread CPU p50 {pct(c, 0.5) * 1e3:6.3f} p99 {pct(c, 0.99) * 1e3:6.3f} ms")
+        print(
+            f"  {policy:4} wall p50 {pct(t, 0.5) * 1e3:6.3f} p99 {pct(t, 0.99) * 1e3:7.3f} ms | "
+            f"thread CPU p50 {pct(c, 0.5) * 1e3:6.3f} p99 {pct(c, 0.99) * 1e3:6.3f} ms"
+        )
     if a.skip_latency:
         return
 
     procs: list[subprocess.Popen[Any]] = []
     try:
-        fleet = subprocess.Popen(shadow_argv("fleet", "--prefill", "0", "--decode", "2", "--slots", "64",
-                                             "--port", "0"), stdout=subprocess.PIPE, text=True)
+        fleet = subprocess.Popen(
+            shadow_argv("fleet", "--prefill", "0", "--decode", "2", "--slots", "64", "--port", "0"),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         procs.append(fleet)
         decode = read_json_line(fleet, "fleet", 60)["decode"]
         args = ["serve", "--slots", "64", "--active", "--active-policy", "br0", "--scrape-interval", "1"]
@@ -168,17 +191,35 @@ def main() -> None:
             args += ["--upstream", f"d{i}={u}"]
         serve = subprocess.Popen(shadow_argv(*args), stdout=subprocess.PIPE, text=True)
         procs.append(serve)
-        paths = {"direct": decode[0], "shadow --active": read_json_line(serve, "serve", 60)["active"]}
+        # direct: the client itself alternates the two ranks (as round-robin routers do)
+        paths = {"direct": list(decode), "shadow --active": [read_json_line(serve, "serve", 60)["active"]]}
         exe = find_executable("vllm-router")
         if exe is not None:
             port = _free_port()
-            vr = subprocess.Popen([exe, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *decode,
-                                   "--policy", "round_robin", "--prometheus-host", "127.0.0.1",
-                                   "--prometheus-port", str(_free_port()), "--worker-startup-check-interval",
-                                   "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            vr = subprocess.Popen(
+                [
+                    exe,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--worker-urls",
+                    *decode,
+                    "--policy",
+                    "round_robin",
+                    "--prometheus-host",
+                    "127.0.0.1",
+                    "--prometheus-port",
+                    str(_free_port()),
+                    "--worker-startup-check-interval",
+                    "1",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             procs.append(vr)
             _wait_health(f"http://127.0.0.1:{port}", vr)
-            paths["vllm-router"] = f"http://127.0.0.1:{port}"
+            paths["vllm-router"] = [f"http://127.0.0.1:{port}"]
         else:
             print("  (vllm-router not installed: pip install -e '.[test]')")
         res = asyncio.run(latency_bench(paths, a.streams, a.concurrency, a.tokens))
@@ -189,14 +230,18 @@ def main() -> None:
                 p.wait(10)
             except subprocess.TimeoutExpired:
                 p.kill()
-    print(f"\nPart 2: plain fleet (2 ranks, step 20 ms), {a.streams} streams x {a.tokens} tokens per path, "
-          f"{a.concurrency} at once, interleaved batches")
+    print(
+        f"\nPart 2: plain fleet (2 ranks, step 20 ms), {a.streams} streams x {a.tokens} tokens per path, "
+        f"{a.concurrency} at once, interleaved batches"
+    )
     d_ttft, d_gap = res["direct"]
     for name, (ttft, gaps) in res.items():
-        print(f"  {name:16} TTFT p50 {pct(ttft, .5) * 1e3:7.2f} p99 {pct(ttft, .99) * 1e3:7.2f} ms | "
-              f"chunk gap p50 {pct(gaps, .5) * 1e3:6.2f} p99 {pct(gaps, .99) * 1e3:6.2f} ms | "
-              f"added vs direct: TTFT p50 {(pct(ttft, .5) - pct(d_ttft, .5)) * 1e3:+6.2f} ms, "
-              f"mean gap {(statistics.fmean(gaps) - statistics.fmean(d_gap)) * 1e3:+6.3f} ms")
+        print(
+            f"  {name:16} TTFT p50 {pct(ttft, 0.5) * 1e3:7.2f} p99 {pct(ttft, 0.99) * 1e3:7.2f} ms | "
+            f"chunk gap p50 {pct(gaps, 0.5) * 1e3:6.2f} p99 {pct(gaps, 0.99) * 1e3:6.2f} ms | "
+            f"added vs direct: TTFT p50 {(pct(ttft, 0.5) - pct(d_ttft, 0.5)) * 1e3:+6.2f} ms, "
+            f"mean gap {(statistics.fmean(gaps) - statistics.fmean(d_gap)) * 1e3:+6.3f} ms"
+        )
 
 
 if __name__ == "__main__":
