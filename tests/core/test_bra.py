@@ -403,3 +403,15 @@ def test_bra_scores_with_its_own_params_and_the_given_projection() -> None:
         assert BalanceRouteAdaptive(mine, off).round(loads, free, fresh(), 0.0, *act) == want
         checked += 1
     assert checked >= 20, f"only {checked} states told the horizon or projection apart"
+
+
+def test_thin_placement_ties_use_the_basis_including_this_rounds_placements() -> None:
+    # basis [150, 200] under a barrier of 1200: both requests fit everywhere (equal scores),
+    # so ties go to the lower basis: a (100) → worker 0 (150 < 200), basis [250, 200];
+    # b (50) → worker 1 (200 < 250). Forgetting a's tokens in the basis would send b to worker 0.
+    pool = Pool()
+    pool.add("a", 100, 0.0)
+    pool.add("b", 50, 0.0)
+    basis = [150.0, 200.0, 1200.0]  # worker 2 (full) sets the barrier
+    out = BalanceRouteAdaptive().round([1.0, 1.0, 1.0], [2, 2, 0], pool, 0.0, prompt_loads=basis)
+    assert out == [("a", 0), ("b", 1)]
