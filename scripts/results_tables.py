@@ -3,6 +3,12 @@
     python scripts/results_tables.py grid FILE.json [LANE ...]      # one row per (G, ρ)
     python scripts/results_tables.py lanes FILE.json                # every lane of every cell
     python scripts/results_tables.py targets FILE.json [LANE]       # the issue's targets, per cell
+    python scripts/results_tables.py merge OUT.json A.json B.json ...  # lanes of separate runs, one file
+
+`merge` joins sweeps that ran different lanes over the same cells (same workload, G, ρ, seeds and
+protocol): each lane of a cell is measured on its own over the same requests, so a lane's figures
+do not depend on which other lanes ran beside it (tests/replay/test_results_merge.py checks this
+against a joint run); the summary (best baseline, paired ratios) is recomputed over all lanes.
 
 Figures are means over seeds ± the half-width of the 95 % t-interval; "×" is the paired spread
 reduction against the cell's best baseline by spread (> 1 = lower spread than it).
@@ -93,7 +99,60 @@ def targets(doc: dict[str, Any], lane: str) -> str:
     return "\n".join(rows)
 
 
+FACTS = ("workload", "workers", "load", "seed", "requests", "capacity_rps", "lifetime_s", "window_s")
+
+
+def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One sweep document from several over the same cells and protocol, lanes in the given order."""
+    from shadow.replay.protocol import summarise
+
+    first = docs[0]
+    for d in docs[1:]:
+        for key in ("protocol", "step", "slots"):
+            if d[key] != first[key]:
+                raise ValueError(f"cannot merge: {key} differs ({d[key]!r} vs {first[key]!r})")
+    keyed: list[dict[tuple[Any, ...], dict[str, Any]]] = [
+        {(r["workload"], r["workers"], r["load"], r["seed"]): r for r in d["runs"]} for d in docs
+    ]
+    if any(set(k) != set(keyed[0]) for k in keyed[1:]):
+        raise ValueError("cannot merge: the files do not hold the same (workload, G, ρ, seed) cells")
+    runs = []
+    for key, base in keyed[0].items():
+        lanes: dict[str, Any] = {}
+        for k in keyed:
+            r = k[key]
+            if any(r[f] != base[f] for f in FACTS):
+                raise ValueError(f"cannot merge: cell {key} differs in its facts (not the same requests)")
+            for label, fig in r["lanes"].items():
+                if label in lanes:
+                    raise ValueError(f"cannot merge: lane {label} of cell {key} is in two files")
+                lanes[label] = fig
+        runs.append(base | {"lanes": lanes})
+    return {
+        "command": " + ".join(d["command"] for d in docs),
+        "parts": [
+            {k: d.get(k) for k in ("command", "commit", "runner")} | {"lanes": list(d["runs"][0]["lanes"])}
+            for d in docs
+        ],
+        "protocol": first["protocol"],
+        "step": first["step"],
+        "slots": first["slots"],
+        "summary": summarise(runs),
+        "runs": runs,
+    }
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["merge"]:
+        out, *paths = sys.argv[2:]
+        docs = []
+        for p in paths:
+            with open(p) as f:
+                docs.append(json.load(f))
+        with open(out, "w") as f:
+            f.write(json.dumps(merge(docs), indent=1) + "\n")
+        print(f"wrote {out}")
+        return
     kind, path, *lanes = sys.argv[1:]
     with open(path) as f:
         doc = json.load(f)

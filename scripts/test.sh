@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 python3 -m pip install --quiet --upgrade pip
-python3 -m pip install --quiet -e '.[test]'
+# [ray]: tests/replay/test_sweep_ray.py runs `shadow sweep --ray` against a local Ray instance.
+python3 -m pip install --quiet -e '.[test,ray]'
 
 if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1 \
    || ! command -v prometheus-alertmanager >/dev/null 2>&1 || ! command -v systemd-analyze >/dev/null 2>&1; then

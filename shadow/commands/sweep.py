@@ -21,6 +21,18 @@ EPILOG = """examples:
   shadow sweep paper-azure --workers 4,8,16,32,64 --loads 0.6,0.8,0.95,1.05,1.2 --jobs 2 --json out.json
   shadow sweep trace.csv --policies jsq-bytes,br0,bra,bra{pick},bra{window} --seeds 0,1,2,3,4
   shadow sweep paper-azure --whole-run --betas 8,16,43 --gammas 0.8,0.86,0.95 --policies jsq,brh:oracle
+  shadow sweep paper-azure --workers 8,16,32,64 --ray ray-head:6379    # cells as tasks on a Ray cluster
+  shadow sweep trace.csv --workers 4,8 --ray                           # RAY_ADDRESS, `ray start`, or local
+
+Ray (optional extra: pip install 'shadow[ray]'): --ray [ADDRESS] runs every (workload, G, rho, seed)
+cell as a Ray task (1 CPU each) instead of --jobs local processes, with the same figures (only
+decision times, which are wall-clock, differ) and the same JSON. ADDRESS is Ray's: HOST:PORT of a
+cluster's head (`ray start --head`), ray://HOST:PORT (Ray Client), auto, or local (a new instance
+here); without ADDRESS, Ray looks at RAY_ADDRESS, then a cluster `ray start` left on this machine,
+else starts a local instance with all cores. Every node needs shadow installed and the trace file
+at the same absolute path. A cluster with token authentication (Ray's default for clusters that
+ray.init starts) needs RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or ~/.ray/auth_token) when ADDRESS
+is given. Put --ray after the workload (or write --ray=ADDRESS).
 
 Protocol (default): open-loop arrivals at RHO x estimated balanced capacity; a bounded queue:
 an arrival is rejected (shed, counted) while --queue N x G requests wait (BR's pool, or the
@@ -75,6 +87,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_br_args(p)
     p.add_argument("--json", metavar="OUT", help="write every cell (and every seed's run) as JSON")
     add_protocol_args(p, default=True)
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
+        help="run the cells as Ray tasks (see below); --jobs is then unused (default: local processes)",
+    )
     p.set_defaults(func=run)
 
 
@@ -87,6 +107,9 @@ def run(args: argparse.Namespace) -> int:
         from shadow.commands.sweep_protocol import run_protocol
 
         return run_protocol(args, args.policies or PROTOCOL_POLICIES, "sweep")
+    if args.ray is not None:
+        print("shadow sweep: --ray runs the steady-state protocol's cells; drop --whole-run", file=sys.stderr)
+        return 2
     console = Console() if Console().is_terminal else Console(width=170)
     err = Console(stderr=True)
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from rich.table import Table
 from shadow.commands._replay_args import br_params
 from shadow.core.stepmodel import StepTimeModel
 from shadow.replay.protocol import Cell, Protocol, cells_for, run_cells, summarise
+from shadow.replay.sweep_ray import RayUnavailable, run_cells_ray
 from shadow.traces import TraceError
 
 
@@ -99,8 +101,19 @@ def run_protocol(args: argparse.Namespace, policies: str, command: str) -> int:
                 highlight=False,
             )
 
-        runs = run_cells(cells, max(1, args.jobs), on_done)
-    except (TraceError, ValueError) as exc:
+        ray_address = getattr(args, "ray", None)
+        if ray_address is not None:
+            runner = f"ray ({ray_address or 'default address'})"
+            runs = run_cells_ray(
+                cells,
+                ray_address or None,
+                on_done,
+                on_connect=lambda msg: err.print(f"  {msg}", highlight=False),
+            )
+        else:
+            runner = f"local ({max(1, args.jobs)} process{'es' if args.jobs > 1 else ''})"
+            runs = run_cells(cells, max(1, args.jobs), on_done)
+    except (TraceError, ValueError, RayUnavailable) as exc:
         print(f"shadow {command}: {exc}", file=sys.stderr)
         return 2
     summary = summarise(runs)
@@ -110,6 +123,8 @@ def run_protocol(args: argparse.Namespace, policies: str, command: str) -> int:
     if args.json:
         doc = {
             "command": "shadow " + " ".join(sys.argv[1:]),
+            "commit": source_commit(),
+            "runner": runner,
             "protocol": proto.__dict__ | {"seeds": list(proto.seeds)},
             "step": {"a": args.step_a, "b": args.step_b},
             "slots": args.slots,
@@ -119,6 +134,26 @@ def run_protocol(args: argparse.Namespace, policies: str, command: str) -> int:
         Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
         err.print(f"wrote {args.json}")
     return 0
+
+
+def source_commit() -> str | None:
+    """The git commit of the shadow source that ran ("+dirty": its code has local edits), if a checkout."""
+    here = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        dirty = subprocess.run(
+            ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no", "--", "."],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def _ci(pair: tuple[float, float], fmt: str) -> str:
