@@ -5,10 +5,11 @@
     python scripts/results_tables.py targets FILE.json [LANE]       # the issue's targets, per cell
     python scripts/results_tables.py merge OUT.json A.json B.json ...  # lanes of separate runs, one file
 
-`merge` joins sweeps that ran different lanes over the same cells (same workload, G, ρ, seeds and
-protocol): each lane of a cell is measured on its own over the same requests, so a lane's figures
-do not depend on which other lanes ran beside it (tests/replay/test_results_merge.py checks this
-against a joint run); the summary (best baseline, paired ratios) is recomputed over all lanes.
+`merge` joins sweeps with the same protocol: cells (workload, G, ρ, seed) are united, and lanes of
+the same cell that ran in separate sweeps are joined. Each lane of a cell is measured on its own
+over the same requests, so a lane's figures do not depend on which other lanes ran beside it
+(tests/replay/test_results_merge.py checks this against a joint run); the summary (best baseline,
+paired ratios) is recomputed over all lanes.
 
 Figures are means over seeds ± the half-width of the 95 % t-interval; "×" is the paired spread
 reduction against the cell's best baseline by spread (> 1 = lower spread than it).
@@ -103,7 +104,8 @@ FACTS = ("workload", "workers", "load", "seed", "requests", "capacity_rps", "lif
 
 
 def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    """One sweep document from several over the same cells and protocol, lanes in the given order."""
+    """One sweep document from several with the same protocol: cells are united, and the lanes of a
+    cell found in several files are joined (in file order); every cell must end with the same lanes."""
     from shadow.replay.protocol import summarise
 
     first = docs[0]
@@ -111,27 +113,26 @@ def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
         for key in ("protocol", "step", "slots"):
             if d[key] != first[key]:
                 raise ValueError(f"cannot merge: {key} differs ({d[key]!r} vs {first[key]!r})")
-    keyed: list[dict[tuple[Any, ...], dict[str, Any]]] = [
-        {(r["workload"], r["workers"], r["load"], r["seed"]): r for r in d["runs"]} for d in docs
-    ]
-    if any(set(k) != set(keyed[0]) for k in keyed[1:]):
-        raise ValueError("cannot merge: the files do not hold the same (workload, G, ρ, seed) cells")
-    runs = []
-    for key, base in keyed[0].items():
-        lanes: dict[str, Any] = {}
-        for k in keyed:
-            r = k[key]
+    cells: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for d in docs:
+        for r in d["runs"]:
+            key = (r["workload"], r["workers"], r["load"], r["seed"])
+            base = cells.setdefault(key, r | {"lanes": {}})
             if any(r[f] != base[f] for f in FACTS):
                 raise ValueError(f"cannot merge: cell {key} differs in its facts (not the same requests)")
             for label, fig in r["lanes"].items():
-                if label in lanes:
+                if label in base["lanes"]:
                     raise ValueError(f"cannot merge: lane {label} of cell {key} is in two files")
-                lanes[label] = fig
-        runs.append(base | {"lanes": lanes})
+                base["lanes"][label] = fig
+    lane_sets = {tuple(r["lanes"]) for r in cells.values()}
+    if len(lane_sets) != 1:
+        raise ValueError(f"cannot merge: the cells do not end with the same lanes ({sorted(lane_sets)})")
+    runs = sorted(cells.values(), key=lambda r: (r["workload"], r["workers"], r["load"], r["seed"]))
     return {
         "command": " + ".join(d["command"] for d in docs),
         "parts": [
-            {k: d.get(k) for k in ("command", "commit", "runner")} | {"lanes": list(d["runs"][0]["lanes"])}
+            {k: d.get(k) for k in ("command", "commit", "runner")}
+            | {"lanes": list(d["runs"][0]["lanes"]), "cells": len(d["runs"])}
             for d in docs
         ],
         "protocol": first["protocol"],

@@ -37,10 +37,12 @@ def _untimed(value: Any) -> Any:
 PROTO = Protocol(warmup_lifetimes=1.0, window_lifetimes=2.0, seeds=(0, 1), max_requests=300)
 
 
-def _doc(lanes: tuple[str, ...], protocol: Protocol = PROTO) -> dict[str, Any]:
+def _doc(
+    lanes: tuple[str, ...], protocol: Protocol = PROTO, workers: tuple[int, ...] = (2, 3)
+) -> dict[str, Any]:
     runs = [
         run_cell(Cell("paper-azure", g, rho, seed, lanes, slots=6, protocol=protocol), time.perf_counter)
-        for g in (2, 3)
+        for g in workers
         for rho in (0.8, 1.2)
         for seed in protocol.seeds
     ]
@@ -61,16 +63,21 @@ def _doc(lanes: tuple[str, ...], protocol: Protocol = PROTO) -> dict[str, Any]:
     )
 
 
-def test_merged_lanes_equal_one_joint_sweep() -> None:
+def test_merged_lanes_and_cells_equal_one_joint_sweep() -> None:
     tables = _tables()
     joint = _doc(("jsq-bytes", "least-tokens", "br0", "bra"))
-    merged = json.loads(
-        json.dumps(tables.merge([_doc(("jsq-bytes", "least-tokens", "br0")), _doc(("bra",))]))
-    )
+    base = ("jsq-bytes", "least-tokens", "br0")
+    parts = [_doc(base, workers=(3,)), _doc(base, workers=(2,)), _doc(("bra",))]  # G=3 first
+    merged = json.loads(json.dumps(tables.merge(parts)))
     assert _untimed(merged["runs"]) == _untimed(joint["runs"])
     assert _untimed(merged["summary"]) == _untimed(joint["summary"])
-    assert merged["command"] == "shadow sweep jsq-bytes,least-tokens,br0 + shadow sweep bra"
-    assert [p["lanes"] for p in merged["parts"]] == [["jsq-bytes", "least-tokens", "br0"], ["bra"]]
+    cmd = "shadow sweep jsq-bytes,least-tokens,br0"
+    assert merged["command"] == f"{cmd} + {cmd} + shadow sweep bra"
+    assert [(p["lanes"], p["cells"]) for p in merged["parts"]] == [
+        (list(base), 4),
+        (list(base), 4),
+        (["bra"], 8),
+    ]
     # not vacuous: bra's ratio against the best baseline needs the other file's baselines
     assert all(not _nan(c["lanes"]["bra"]["spread_x"][0]) for c in merged["summary"])
 
@@ -86,9 +93,9 @@ def test_merge_refuses_files_that_are_not_the_same_cells() -> None:
         tables.merge([a, _doc(("bra",), replace(PROTO, window_lifetimes=3.0))])
     with pytest.raises(ValueError, match="lane jsq-bytes"):
         tables.merge([a, a])
-    fewer = dict(a, runs=a["runs"][:-1])
-    with pytest.raises(ValueError, match="same"):
-        tables.merge([a, fewer])
+    fewer = dict(b := _doc(("bra",)), runs=b["runs"][:-1])
+    with pytest.raises(ValueError, match="same lanes"):
+        tables.merge([a, fewer])  # one cell would lack bra
     other = json.loads(json.dumps(a))
     other["runs"][0]["requests"] += 1
     with pytest.raises(ValueError, match="facts"):
