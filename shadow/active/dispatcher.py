@@ -33,6 +33,7 @@ from shadow.core.fscore import BR0Scorer
 from shadow.core.params import BRParams
 from shadow.core.predictors import contribution
 from shadow.core.routers import PoolRouter, Router, StaticView, make_router
+from shadow.telemetry.tracing import RoutingSpans
 
 log = logging.getLogger("shadow.active")
 
@@ -54,6 +55,7 @@ class Ticket:
     policy: str
     arrived_at: float
     future: asyncio.Future[int]
+    mode: str = "active"  # the request's effective mode (active, fallback), for its spans
 
 
 @dataclass
@@ -94,6 +96,7 @@ class Dispatcher:
         self.rounds = 0
         self.reaped = 0
         self._marks: list[tuple[str, float]] = []  # BR stage boundaries of the current round
+        self.spans = RoutingSpans.off()  # a span per round and per admission when traced
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -127,22 +130,25 @@ class Dispatcher:
     def _stage_mark(self, stage: str) -> None:
         self._marks.append((stage, time.perf_counter()))
 
-    def _observe_stages(self) -> None:
+    def _observe_stages(self) -> dict[str, float]:
         marks = self._marks
+        stages: dict[str, float] = {}
         for (stage, t0), (_, t1) in itertools.pairwise(marks):
             self.metrics.round_stage.labels(stage).observe(t1 - t0)
+            stages[stage] = stages.get(stage, 0.0) + t1 - t0
         marks.clear()
+        return stages
 
     # -- events ------------------------------------------------------------------------------
     def submit(
-        self, request_id: str, prompt_tokens: int, score_tokens: float, policy: str
+        self, request_id: str, prompt_tokens: int, score_tokens: float, policy: str, mode: str = "active"
     ) -> asyncio.Future[int]:
         """Queue a request whose prefill is done; the future resolves to its worker index."""
         now = self.clock()
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        ticket = Ticket(request_id, prompt_tokens, score_tokens, policy, now, fut)
+        ticket = Ticket(request_id, prompt_tokens, score_tokens, policy, now, fut, mode)
         if self.config.bypass and policy == "br0":
-            g = self._bypass_pick(prompt_tokens, now)
+            g = self._bypass_pick(ticket, now)
             self._place(ticket, g, now)
             return fut
         try:
@@ -229,11 +235,13 @@ class Dispatcher:
             if not router.waiting():
                 continue
             t0 = time.perf_counter()
+            span = self.spans.round_start(policy, lv.free_slots, self.waiting.values(), pool=router.waiting())
             try:
                 decisions = router.decide(self._static_view(lv, router), now)
             except Exception as exc:  # a broken policy must not strand its requests
                 spent = time.perf_counter() - t0
                 self._marks.clear()
+                self.spans.round_end(span, 0, spent, error=exc)
                 self.modes.on_decision(spent, exc)
                 log.exception(
                     "policy %s failed a round; its %d waiting requests go round-robin",
@@ -243,7 +251,8 @@ class Dispatcher:
                 self._requeue(policy, "rr" if policy != "rr" else "jsq", now)
                 continue
             spent = time.perf_counter() - t0
-            self._observe_stages()
+            stages = self._observe_stages()
+            placed = 0
             self.rounds += 1
             self.metrics.decision.labels(policy).observe(spent)
             self.modes.on_decision(spent, None)
@@ -254,11 +263,14 @@ class Dispatcher:
                 if self.params.age_s is not None and now - ticket.arrived_at >= self.params.age_s:
                     self.metrics.starvation.inc()
                 self._place(ticket, g, now)
+                self.spans.admission(span, ticket, self.config.workers[g], lv.loads, g, now)
+                placed += 1
                 a = lv.outstanding
                 a[g] += 1
                 lv.outstanding_tokens[g] += ticket.score_tokens
                 lv.loads[g] += ticket.prompt_tokens
                 lv.free_slots[g] = max(0, lv.free_slots[g] - 1)
+            self.spans.round_end(span, placed, spent, stages)
         if self.waiting and not any(lv.free_slots):
             self.metrics.backpressure.labels(self._why_no_slot(lv)).inc()
         self._update_pool_gauges(now)
@@ -284,14 +296,18 @@ class Dispatcher:
         if not ticket.future.done():
             ticket.future.set_result(g)
 
-    def _bypass_pick(self, prompt_tokens: int, now: float) -> int:
+    def _bypass_pick(self, ticket: Ticket, now: float) -> int:
         """BR-0 single-request score over running + virtual load; ties to the larger margin."""
         t0 = time.perf_counter()
+        prompt_tokens = ticket.prompt_tokens
         lv = self.ledger.view(self.source, now)
+        span = self.spans.round_start("br0", lv.free_slots, (ticket,), pool=1, bypass=True)
         scorer = BR0Scorer(lv.loads)
         cands = [g for g, c in enumerate(lv.free_slots) if c > 0] or list(range(len(lv.loads)))
         g = max(cands, key=lambda w: (scorer.score(w, prompt_tokens), scorer.margin(w), -w))
         spent = time.perf_counter() - t0
+        self.spans.admission(span, ticket, self.config.workers[g], lv.loads, g, now)
+        self.spans.round_end(span, 1, spent)
         self.metrics.decision.labels("br0").observe(spent)
         self.modes.on_decision(spent, None)
         return g

@@ -401,7 +401,9 @@ class ActiveProxy:
         if self.prefill:
             kv = await self._prefill_leg(flow, gone, exclude)
         try:
-            fut = self.dispatcher.submit(flow.rid, flow.prompt_tokens, len(flow.raw) / 4, flow.policy)
+            fut = self.dispatcher.submit(
+                flow.rid, flow.prompt_tokens, len(flow.raw) / 4, flow.policy, flow.mode
+            )
             try:
                 g = await _race(fut, gone)
             except _Gone:

@@ -31,7 +31,7 @@ from shadow.commands import tap as tap_cmd
 from shadow.core.stepmodel import DEFAULT_A_S_PER_TOKEN, DEFAULT_B_S
 from shadow.live.lanes import DEFAULT_POLICIES
 from shadow.live.service import ActiveSettings, ServeConfig, ServeService, check_policies
-from shadow.telemetry.tracing import RoutingSpans, get_tracer, trace_mirror
+from shadow.telemetry.tracing import otlp_provider, trace_serve
 
 ENV_PREFIX = "SHADOW_SERVE_"
 
@@ -415,9 +415,9 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
 
 async def serve(config: ServeConfig) -> None:
     svc = ServeService(config)
-    tracing = trace_mirror(svc.tap.mirror)  # spans per mirrored request when OTEL_EXPORTER_OTLP_* is set
-    if tracing is not None and svc.mode_control is not None:
-        svc.mode_control.controller.spans = RoutingSpans(get_tracer(tracing))  # a span per mode transition
+    # OTEL_EXPORTER_OTLP_* set: spans per mirrored request, mode transition, dispatch round, admission
+    tracing = otlp_provider()
+    trace_serve(svc, tracing)
     ready = await svc.start()
     gc.freeze()
     gc.set_threshold(700, 10, 1000)

@@ -33,6 +33,7 @@ from shadow.live.lanes import DEFAULT_POLICIES, LiveLanes
 from shadow.live.metrics import LiveCollector
 from shadow.live.stepfit import SOURCES
 from shadow.mirror.service import TapConfig, TapService
+from shadow.telemetry.tracing import RoutingSpans
 
 
 def check_policies(policies: tuple[str, ...]) -> tuple[str, ...]:
@@ -137,6 +138,7 @@ class ServeService:
         )
         self.proxy: ActiveProxy | None = None
         self._proxy_server: AppServer | None = None
+        self.spans: RoutingSpans | None = None  # the proxy's round/admission spans (trace_serve)
 
     def _mode_control(self, config: ServeConfig) -> ModeControl | None:
         """The mode controller, its health poll, flag file, admin API and metrics (issue 10)."""
@@ -194,6 +196,8 @@ class ServeService:
         source = MirrorSource(self.tap.state, list(cfg.decode))
         self.proxy = ActiveProxy(cfg, modes=self.modes, source=source, registry=self.tap.registry,
                                  clock=self.tap.clock)
+        if self.spans is not None:
+            self.proxy.dispatcher.spans = self.spans
         self._proxy_server = AppServer(self.proxy.app, a.host, a.port)
         return await self._proxy_server.start()
 

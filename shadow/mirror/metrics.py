@@ -247,7 +247,8 @@ class MirrorCollector(Collector):
             rw = r.workers
             yield _gauge(
                 "shadow_mirror_drift_requests",
-                "Mirrored active minus the worker's running+waiting requests at the last scrape.",
+                "Mirrored active minus the worker's running+waiting requests at the last scrape; for a "
+                "worker that refuses connections (gone), the slots the mirror still counts there.",
                 ["worker"],
                 {w: x.drift_requests for w, x in rw.items()},
             )

@@ -6,6 +6,11 @@
 transport is swappable for tests) and keeps, per worker, the remote figures, the drift
 (mirrored active − remote running − remote waiting), the time of the last good scrape and an error
 count; `shadow.mirror.metrics` exports them.
+
+A worker whose /metrics refuses connections (or cannot be connected to in time) is gone: it runs
+nothing and takes nothing, while the mirror still counts its slots, running or free. Its drift is
+then what the mirror counts there: its slots (`slots`), or its mirrored requests when more or when
+slots are unknown. A drift frozen at the last good scrape would show a dead rank as in step.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from shadow.mirror.state import MirrorState
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+#: Scrape failures meaning nothing listens at the worker (a dead or unreachable rank).
+GONE = (httpx.ConnectError, httpx.ConnectTimeout)
 
 
 @dataclass(slots=True)
@@ -92,6 +99,7 @@ class Reconciler:
         interval_s: float = 5.0,
         timeout_s: float = 2.0,
         kv_capacity_tokens: dict[str, int] | None = None,
+        slots: int | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -99,6 +107,7 @@ class Reconciler:
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.kv_capacity = kv_capacity_tokens or {}
+        self.slots = slots
         self.clock = clock
         self.workers = {name: WorkerReconcile(url) for name, url in targets.items()}
         self._client = httpx.AsyncClient(transport=transport, timeout=timeout_s, trust_env=False)
@@ -120,6 +129,8 @@ class Reconciler:
         except Exception as exc:  # network, HTTP status, parse: all counted, none raised
             w.errors += 1
             w.last_error = type(exc).__name__
+            if isinstance(exc, GONE):  # see module docstring
+                w.drift_requests = float(max(self.state.active(name), self.slots or 0))
             return
         now = self.clock()
         w.load = load

@@ -181,7 +181,7 @@ class TapService:
         )
         targets = {n: c.metrics_of.get(n, u.rstrip("/") + "/metrics") for n, u in decode_workers.items()}
         self.reconciler = (
-            Reconciler(targets, self.state, interval_s=c.scrape_interval_s, clock=clock)
+            Reconciler(targets, self.state, interval_s=c.scrape_interval_s, slots=c.slots, clock=clock)
             if c.scrape_interval_s > 0
             else None
         )

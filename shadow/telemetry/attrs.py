@@ -5,6 +5,7 @@ SERVICE_NAME = "shadow-sidecar"
 
 # shadow.* (our namespace)
 REQUEST_ID = "shadow.request.id"
+REQUEST_ID_HASH = "shadow.request.id_hash"  # blake2b-64 of the request id (tracing.request_hash)
 ACTUAL_WORKER = "shadow.actual.worker"
 DECISION_WORKER = "shadow.decision.worker"
 AGREE = "shadow.agree"
@@ -19,6 +20,17 @@ MODE_FROM = "shadow.mode.from"
 MODE_TO = "shadow.mode.to"
 MODE_REASON = "shadow.mode.reason"
 SOURCE = "shadow.source"
+# the active proxy's dispatch rounds and admissions
+POLICY = "shadow.policy"
+MODE = "shadow.mode"  # effective mode(s) of the requests a round placed: active, fallback
+FREE_SLOTS = "shadow.free_slots.count"
+ROUND_DECISION_SECONDS = "shadow.round.decision_seconds"
+ROUND_STAGE1_SECONDS = "shadow.round.stage1_seconds"
+ROUND_STAGE2_SECONDS = "shadow.round.stage2_seconds"
+ROUND_BYPASS = "shadow.round.bypass"
+POOL_WAIT_SECONDS = "shadow.pool.wait_seconds"
+ADMISSION_SCORE = "shadow.admission.score"  # BR-0 F-score of the placement over the round's loads
+WORKER_LOAD = "shadow.worker.load_tokens"  # the chosen worker's KV-token load before the placement
 
 # gen_ai.* (OpenTelemetry GenAI semantic conventions, development status)
 GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"

@@ -176,7 +176,8 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     _m("shadow_mirror_forward_errors_total", "counter", "errors", "",
        "Failed forwarding posts (network errors and HTTP statuses >= 400, e.g. 401).", _TAP),
     _m("shadow_mirror_drift_requests", "gauge", "requests", "worker",
-       "Mirrored active minus the worker's running+waiting requests at the last scrape.", _TAP),
+       "Mirrored active minus the worker's running+waiting requests at the last scrape; for a worker "
+       "that refuses connections (gone), the slots the mirror still counts there.", _TAP),
     _m("shadow_mirror_drift_kv_ratio", "gauge", "ratio", "worker",
        "Mirrored KV share minus the worker's KV cache usage (when capacity is known).", _TAP),
     _m("shadow_mirror_worker_requests_running", "gauge", "requests", "worker",

@@ -1,37 +1,47 @@
 """OpenTelemetry tracing for shadow: a provider built from the standard OTEL_* variables (never set
-as the global provider here), spans for mirrored requests, and the span API the live lanes and the
-active proxy call for routing rounds, admissions and mode transitions.
+as the global provider here), spans for mirrored requests, and spans for the active proxy's
+dispatch rounds and admissions and the mode controller's transitions.
 
 - `make_provider(environ)`: a `TracerProvider` with `Resource.create` (honours `OTEL_SERVICE_NAME`,
-  `OTEL_RESOURCE_ATTRIBUTES`), sampler `ParentBased(TraceIdRatioBased(OTEL_TRACES_SAMPLER_ARG))`
-  (default ratio 0.05), and an OTLP/HTTP exporter (`shadow[otlp]`) when `OTEL_EXPORTER_OTLP_ENDPOINT`
-  or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set; None when `OTEL_SDK_DISABLED=true`.
+  `OTEL_RESOURCE_ATTRIBUTES`), the sampler `OTEL_TRACES_SAMPLER` names (always_on, always_off,
+  traceidratio, parentbased_always_on, parentbased_always_off, parentbased_traceidratio; default
+  parentbased_traceidratio) with ratio `OTEL_TRACES_SAMPLER_ARG` (default 0.05: a sidecar on the
+  request path samples lightly unless told otherwise), and an OTLP/HTTP exporter (`shadow[otlp]`)
+  when `OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set; None when
+  `OTEL_SDK_DISABLED=true`.
 - `MirrorSpans(tracer)`: a mirror listener (`mirror.listeners.append(...)`): one INTERNAL span
   `shadow.mirror.request` per sampled request from Arrive (or Route) to Finish/Cancel, with the
   worker, token counts and finish reason. Unsampled requests cost one sampler call and no state;
   open spans are capped (default 10,000; evictions counted in `evicted`).
-- `RoutingSpans(tracer)`: `round(lane, ...)` (a context manager span per routing round),
-  `admission(...)` (a span event on the round), `mode_transition(...)`.
-- `trace_mirror(mirror, environ)`: the one call a process makes (`shadow serve`, `shadow tap`):
-  when an OTLP endpoint is configured, attach `MirrorSpans` to the mirror and return the provider
-  (shut it down on exit); otherwise do nothing and return None.
+- `RoutingSpans(tracer)`: what the dispatcher calls per round (`round_start`, `admission`,
+  `round_end`) and the mode controller per transition (`mode_transition`); see the class.
+- `otlp_provider(environ)`: the provider when an OTLP endpoint is configured, else None;
+  `trace_serve(svc, provider)` attaches all of `shadow serve`'s span sources to it;
+  `trace_mirror(mirror, environ)` only the mirrored requests (returns the provider to shut down).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    ParentBased,
+    Sampler,
+    TraceIdRatioBased,
+)
 
+from shadow.core.fscore import BR0Scorer
 from shadow.engine.events import Arrive, Cancel, Event, Finish, Route, Token
 from shadow.telemetry import attrs
 
@@ -51,6 +61,25 @@ def _ratio(environ: Mapping[str, str]) -> float:
     return value
 
 
+#: OTEL_TRACES_SAMPLER values (the specification's built-in samplers) → sampler given the ratio.
+SAMPLERS: dict[str, Callable[[float], Sampler]] = {
+    "always_on": lambda r: ALWAYS_ON,
+    "always_off": lambda r: ALWAYS_OFF,
+    "traceidratio": TraceIdRatioBased,
+    "parentbased_always_on": lambda r: ParentBased(ALWAYS_ON),
+    "parentbased_always_off": lambda r: ParentBased(ALWAYS_OFF),
+    "parentbased_traceidratio": lambda r: ParentBased(TraceIdRatioBased(r)),
+}
+
+
+def _sampler(environ: Mapping[str, str]) -> Sampler:
+    name = (environ.get("OTEL_TRACES_SAMPLER") or "parentbased_traceidratio").strip().lower()
+    make = SAMPLERS.get(name)
+    if make is None:
+        raise ValueError(f"OTEL_TRACES_SAMPLER must be one of {', '.join(SAMPLERS)}, got {name!r}")
+    return make(_ratio(environ))
+
+
 def make_provider(
     environ: Mapping[str, str] | None = None, *, exporter: SpanExporter | None = None
 ) -> TracerProvider | None:
@@ -60,7 +89,7 @@ def make_provider(
         return None
     attributes = {"service.name": env.get("OTEL_SERVICE_NAME") or attrs.SERVICE_NAME}
     resource = Resource.create(attributes)
-    provider = TracerProvider(resource=resource, sampler=ParentBased(TraceIdRatioBased(_ratio(env))))
+    provider = TracerProvider(resource=resource, sampler=_sampler(env))
     otlp = env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
     if exporter is None and otlp:
         try:
@@ -132,6 +161,8 @@ class MirrorSpans:
     def _start(self, rid: str, ev: Arrive | Route) -> None:
         span = self.tracer.start_span("shadow.mirror.request", kind=trace.SpanKind.INTERNAL,
                                       attributes={attrs.REQUEST_ID: rid}, start_time=self.clock_ns())
+        if span.is_recording():
+            span.set_attribute(attrs.REQUEST_ID_HASH, request_hash(rid))
         if not span.is_recording():
             if len(self.unsampled) < self.max_open:
                 self.unsampled.add(rid)
@@ -155,46 +186,100 @@ class MirrorSpans:
         span.end(end_time=self.clock_ns())
 
 
-def trace_mirror(mirror: Any, environ: Mapping[str, str] | None = None) -> TracerProvider | None:
-    """Attach mirrored-request spans to `mirror` when OTEL_EXPORTER_OTLP(_TRACES)_ENDPOINT is set
-    (and the SDK is not disabled); returns the provider to shut down on exit, or None."""
+def otlp_provider(environ: Mapping[str, str] | None = None) -> TracerProvider | None:
+    """The provider of `make_provider` when OTEL_EXPORTER_OTLP(_TRACES)_ENDPOINT is set (and the SDK
+    is not disabled); None otherwise (tracing off: nothing is exported anywhere)."""
     env = os.environ if environ is None else environ
     if not (env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")):
         return None
-    provider = make_provider(env)
+    return make_provider(env)
+
+
+def trace_mirror(mirror: Any, environ: Mapping[str, str] | None = None) -> TracerProvider | None:
+    """Attach mirrored-request spans to `mirror` when an OTLP endpoint is configured (see
+    `otlp_provider`); returns the provider to shut down on exit, or None."""
+    provider = otlp_provider(environ)
     if provider is not None:
         mirror.listeners.append(MirrorSpans(get_tracer(provider)))
     return provider
 
 
+def request_hash(request_id: str) -> str:
+    """The request id as spans carry it: 16 hex digits of blake2b (the same on every span kind, so a
+    mirrored request and its admission can be matched without the id itself)."""
+    return hashlib.blake2b(request_id.encode(), digest_size=8).hexdigest()
+
+
 class RoutingSpans:
-    """Spans for routing: what the live lanes (and later the active proxy) call."""
+    """Spans of the active proxy's decode dispatcher and of the mode controller.
+
+    A dispatch round that has a free slot to fill is one span `shadow.route.round` (policy, the
+    requests' mode, pool depth, candidate workers and free slots; at its end the admitted count,
+    the decision time and BR's Stage 1 / Stage 2 times); each request it places is a child span
+    `shadow.route.admission` (request id hash, worker, pool wait, the placement's BR-0 F-score and
+    the worker's load, prompt tokens; never prompt text). Rounds are sampled by the provider's
+    sampler, admissions follow their round. With a no-op tracer every call returns at once.
+    """
 
     def __init__(self, tracer: trace.Tracer) -> None:
         self.tracer = tracer
 
-    @contextmanager
-    def round(self, lane: str, *, pool_size: int, candidates: int) -> Iterator[trace.Span]:
-        """One routing round of `lane` over `pool_size` waiting requests and `candidates` workers."""
-        with self.tracer.start_as_current_span(
-            "shadow.route.round", kind=trace.SpanKind.INTERNAL,
-            attributes={attrs.LANE: lane, attrs.POOL_SIZE: pool_size, attrs.CANDIDATES: candidates},
-        ) as span:
-            yield span
+    @classmethod
+    def off(cls) -> RoutingSpans:
+        """Spans that record nothing (the default of a dispatcher nobody traces)."""
+        return cls(trace.NoOpTracer())
 
-    def admission(self, span: trace.Span, request_id: str, worker: str | None, *, held: bool = False,
-                  actual_worker: str | None = None) -> None:
-        """Record one admission decision (or a hold) of a round as a span event."""
+    def round_start(self, policy: str, free_slots: Sequence[int], tickets: Iterable[Any], *,
+                    pool: int, bypass: bool = False) -> trace.Span:
+        """Open the span of a round of `policy` over `pool` waiting requests (`tickets`: the
+        dispatcher's waiting requests, read only when sampled); none when no slot is free (nothing
+        to decide), except for a `bypass` placement (one request placed at once, slot or not)."""
+        if not bypass and not any(c > 0 for c in free_slots):
+            return trace.INVALID_SPAN
+        span = self.tracer.start_span("shadow.route.round", kind=trace.SpanKind.INTERNAL)
+        if not span.is_recording():
+            return span
+        modes = sorted({t.mode for t in tickets if t.policy == policy})
+        span.set_attributes({
+            attrs.POLICY: policy, attrs.MODE: ",".join(modes), attrs.POOL_SIZE: pool,
+            attrs.CANDIDATES: sum(1 for c in free_slots if c > 0),
+            attrs.FREE_SLOTS: int(sum(max(0, c) for c in free_slots)), attrs.ROUND_BYPASS: bypass,
+        })
+        return span
+
+    def admission(self, round_span: trace.Span, ticket: Any, worker: str, loads: Sequence[float],
+                  g: int, now: float) -> None:
+        """A child span of `round_span` for `ticket` placed on worker `g` (`worker`) at `now` (the
+        dispatcher's clock); `loads` are the round's loads before this placement."""
+        if not round_span.is_recording():
+            return
+        prompt = ticket.prompt_tokens
+        self.tracer.start_span(
+            "shadow.route.admission", context=trace.set_span_in_context(round_span),
+            kind=trace.SpanKind.INTERNAL,
+            attributes={
+                attrs.REQUEST_ID_HASH: request_hash(ticket.request_id), attrs.DECISION_WORKER: worker,
+                attrs.POLICY: ticket.policy, attrs.MODE: ticket.mode,
+                attrs.POOL_WAIT_SECONDS: max(0.0, now - ticket.arrived_at),
+                attrs.ADMISSION_SCORE: float(BR0Scorer(loads).score(g, prompt)),
+                attrs.WORKER_LOAD: float(loads[g]), attrs.GEN_AI_USAGE_INPUT_TOKENS: int(prompt),
+            },
+        ).end()
+
+    def round_end(self, span: trace.Span, admitted: int, decision_s: float,
+                  stages: Mapping[str, float] | None = None, error: BaseException | None = None) -> None:
+        """Close a round's span: `admitted` requests placed, `decision_s` of compute, BR's stages."""
         if not span.is_recording():
             return
-        event: dict[str, Any] = {attrs.REQUEST_ID: request_id, attrs.HELD: held}
-        if worker is not None:
-            event[attrs.DECISION_WORKER] = worker
-        if actual_worker is not None:
-            event[attrs.ACTUAL_WORKER] = actual_worker
-            if worker is not None:
-                event[attrs.AGREE] = worker == actual_worker
-        span.add_event("shadow.admission", event)
+        span.set_attribute(attrs.DECISIONS, admitted)
+        span.set_attribute(attrs.ROUND_DECISION_SECONDS, decision_s)
+        for stage, key in (("stage1", attrs.ROUND_STAGE1_SECONDS), ("stage2", attrs.ROUND_STAGE2_SECONDS)):
+            if stages and stage in stages:
+                span.set_attribute(key, stages[stage])
+        if error is not None:
+            span.record_exception(error)
+            span.set_status(trace.Status(trace.StatusCode.ERROR, type(error).__name__))
+        span.end()
 
     def mode_transition(self, from_mode: str, to_mode: str, reason: str) -> None:
         """A mode change (active mode; a short span so it shows on its own)."""
@@ -203,3 +288,16 @@ class RoutingSpans:
             attributes={attrs.MODE_FROM: from_mode, attrs.MODE_TO: to_mode, attrs.MODE_REASON: reason},
         ):
             pass
+
+
+def trace_serve(svc: Any, provider: TracerProvider | None) -> None:
+    """Send every span `shadow serve` makes to `provider` (call before `svc.start()`): mirrored
+    requests, mode transitions, and the active proxy's rounds and admissions. None: nothing."""
+    if provider is None:
+        return
+    tracer = get_tracer(provider)
+    svc.tap.mirror.listeners.append(MirrorSpans(tracer))
+    routing = RoutingSpans(tracer)
+    if svc.mode_control is not None:
+        svc.mode_control.controller.spans = routing
+    svc.spans = routing

@@ -4,8 +4,9 @@ test) watch a running stack (simulated fleet + `shadow serve`).
 
 - Traffic that bypasses the taps makes the mirrored state drift from a worker's own count: the
   ShadowStateDrift alert for that worker arrives at the webhook (and not before).
-- Killing a decode rank stops its /metrics: ShadowWorkerTelemetryStale for that rank arrives (the
-  rule's threshold is 30 s without a good scrape, so this waits about half a minute).
+- Killing a decode rank under load: its streams break and the mirror ends them, but its /metrics
+  refuses connections while the mirror still counts its slots, so ShadowStateDrift for that rank
+  arrives (drift = its 8 slots), then ShadowWorkerTelemetryStale (30 s without a good scrape).
 - The mode controller (`shadow serve` with an admin token, behind the `shadow router` stand-in):
   an operator forcing fallback through the admin API (PUT /v1/mode with the token) makes
   ShadowFallbackActive arrive, and setting the mode back resolves it.
@@ -98,7 +99,21 @@ def test_drift_and_dead_rank_alerts_reach_the_webhook(tmp_path: Path) -> None:
                 assert alert["labels"]["severity"] == "ticket" and alert["labels"]["fleet"] == "default"
                 assert alert["annotations"]["runbook_url"] == "docs/runbooks/state-drift.md"
 
-                stack.fleet.call(stack.fleet.fleet.crash("decode", 1))
+                # a decode rank is killed under load: its streams break, the mirror ends them, and its
+                # scrapes are refused while the mirror still counts its 8 slots: drift on d1
+                load = [Traffic(stack.tap_urls[w], 2) for w in ("d0", "d1")]
+                try:
+                    wait_for(lambda: stack.taps.sync(lambda: stack.taps.svc.state.active("d1")) > 0, 30,
+                             "requests running on d1")
+                    stack.fleet.call(stack.fleet.fleet.crash("decode", 1))
+                    dead = wait_for(lambda: [a for a in hook.firing("ShadowStateDrift")
+                                             if a["labels"]["worker"] == "d1"], 90,
+                                    "ShadowStateDrift for the killed d1 at the webhook")
+                finally:
+                    for t in load:
+                        t.stop()
+                assert dead[0]["annotations"]["runbook_url"] == "docs/runbooks/state-drift.md"
+                assert " is 8 on d1 " in dead[0]["annotations"]["description"], dead[0]["annotations"]
                 stale = wait_for(lambda: [a for a in hook.firing("ShadowWorkerTelemetryStale")
                                           if a["labels"]["worker"] == "d1"], 120,
                                  "ShadowWorkerTelemetryStale for d1 at the webhook")

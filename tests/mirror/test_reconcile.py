@@ -105,3 +105,53 @@ def test_drop_queue_drops_data_but_never_end_markers() -> None:
     assert asyncio.run(waiter()) == ["z"]
     with pytest.raises(ValueError):
         DropQueue(0)
+
+
+def _running(n: int) -> str:
+    return f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running {n}\n"
+
+
+def test_a_worker_that_refuses_connections_drifts_by_what_the_mirror_counts_on_it() -> None:
+    """A dead rank (connection refused or not connectable in time) runs nothing and takes nothing: its
+    drift is its slots, or its mirrored requests when more; a worker that answers (even an error)
+    is not gone; a rank back up is compared as usual again."""
+    state = MirrorState(["d0", "d1", "d2"], slots=8)
+    for i in range(3):
+        state.apply(Route(f"r{i}", 0, "d0", 100), 0)
+    for i in range(10):
+        state.apply(Route(f"s{i}", 0, "d1", 100), 0)
+    up = {"w0": 3}
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        if req.url.host == "w2":
+            return httpx.Response(503)
+        if req.url.host == "w1":
+            raise httpx.ConnectTimeout("timed out", request=req)
+        if req.url.host in up:
+            return httpx.Response(200, text=_running(up[req.url.host]))
+        raise httpx.ConnectError("[Errno 111] Connection refused", request=req)
+
+    def reconciler(slots: int | None) -> Reconciler:
+        return Reconciler({"d0": "http://w0/metrics", "d1": "http://w1/metrics", "d2": "http://w2/metrics"},
+                          state, slots=slots, transport=httpx.MockTransport(handler))
+
+    rec = reconciler(8)
+
+    async def scrape(r: Reconciler) -> dict[str, float | None]:
+        await r.scrape_once()
+        return {n: w.drift_requests for n, w in r.workers.items()}
+
+    async def go() -> None:
+        assert await scrape(rec) == {"d0": 0.0, "d1": 10.0, "d2": None}
+        del up["w0"]  # d0 is killed: the mirror still counts its 8 slots (3 running, 5 free)
+        assert await scrape(rec) == {"d0": 8.0, "d1": 10.0, "d2": None}
+        assert rec.workers["d0"].last_error == "ConnectError" and rec.workers["d0"].errors == 1
+        up["w0"] = 0  # back, empty, while the mirror still holds 3 requests there
+        assert (await scrape(rec))["d0"] == 3.0
+        no_slots = reconciler(None)  # slots unknown: the requests the mirror holds there
+        del up["w0"]
+        assert await scrape(no_slots) == {"d0": 3.0, "d1": 10.0, "d2": None}
+        await rec.aclose()
+        await no_slots.aclose()
+
+    asyncio.run(go())

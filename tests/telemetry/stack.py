@@ -4,7 +4,7 @@ some streamed traffic through the taps (real HTTP on loopback)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -19,11 +19,14 @@ from shadow.mirror.thread import TapThread
 
 class ServeThread(TapThread):
     """`shadow serve` (taps + live lanes) off the caller's thread, with TapThread's `sync`,
-    `settle` and `wait_for` on its tap service (`svc`); `serve` is the ServeService."""
+    `settle` and `wait_for` on its tap service (`svc`); `serve` is the ServeService. `prepare` is
+    called with the service after it is built and before it starts (as `shadow serve` attaches
+    tracing there)."""
 
-    def __init__(self, config: ServeConfig) -> None:
+    def __init__(self, config: ServeConfig, prepare: Callable[[ServeService], None] | None = None) -> None:
         super().__init__(config.tap)
         self.serve_config = config
+        self.prepare = prepare
         self.serve: ServeService
 
     def __enter__(self) -> ServeThread:
@@ -32,6 +35,8 @@ class ServeThread(TapThread):
         async def _start() -> dict[str, Any]:
             self.serve = ServeService(self.serve_config)
             self.svc = self.serve.tap
+            if self.prepare is not None:
+                self.prepare(self.serve)
             return await self.serve.start()
 
         self.ready = self.call(_start())

@@ -3,7 +3,9 @@ variables; asserted with the in-memory exporter on an injected provider (never t
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 from opentelemetry import trace
@@ -13,7 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from shadow.engine.events import Arrive, Cancel, Finish, Route, Token
 from shadow.telemetry import attrs
-from shadow.telemetry.tracing import MirrorSpans, RoutingSpans, get_tracer, make_provider
+from shadow.telemetry.tracing import MirrorSpans, RoutingSpans, get_tracer, make_provider, request_hash
 from tests.telemetry.stack import running_stack, send_traffic
 
 
@@ -53,6 +55,7 @@ def test_one_span_per_request_with_worker_tokens_and_reason(traced: Traced) -> N
     assert r1.attributes[attrs.GEN_AI_USAGE_OUTPUT_TOKENS] == 9
     assert r1.attributes[attrs.FINISH_REASON] == "length"
     assert r1.attributes[attrs.PROMPT_KEY] == "k1"
+    assert r1.attributes[attrs.REQUEST_ID_HASH] == request_hash("r1")
     assert [e.name for e in r1.events] == ["route"]
     assert r1.start_time < r1.events[0].timestamp < r1.end_time
     assert r1.resource.attributes["service.name"] == "shadow-test"
@@ -92,21 +95,85 @@ def test_open_spans_are_capped_and_evictions_counted(traced: Traced) -> None:
     assert evicted.attributes[attrs.FINISH_REASON] == "evicted"
 
 
-def test_routing_round_with_admissions_and_mode_transition(traced: Traced) -> None:
+@dataclass
+class _Ticket:
+    request_id: str
+    prompt_tokens: int
+    policy: str
+    arrived_at: float
+    mode: str = "active"
+
+
+def test_routing_round_with_admission_children_and_mode_transition(traced: Traced) -> None:
     tracer, exporter = traced
     routing = RoutingSpans(tracer)
-    with routing.round("br0", pool_size=3, candidates=4) as span:
-        routing.admission(span, "a", "d1", actual_worker="d1")
-        routing.admission(span, "b", "d2", actual_worker="d0")
-        routing.admission(span, "c", None, held=True)
+    waiting = [_Ticket("a", 100, "br0", 1.0), _Ticket("b", 50, "br0", 1.5, "fallback"),
+               _Ticket("c", 10, "rr", 0.5)]
+    span = routing.round_start("br0", [2, 0, 1], waiting, pool=2)
+    routing.admission(span, waiting[0], "d2", [300.0, 500.0, 200.0], 2, now=2.0)
+    routing.admission(span, waiting[1], "d0", [300.0, 500.0, 300.0], 0, now=2.0)
+    routing.round_end(span, 2, 0.001, {"stage1": 0.0004, "stage2": 0.0005})
     routing.mode_transition("shadow", "active", "operator")
-    rnd, mode = exporter.get_finished_spans()
-    assert rnd.name == "shadow.route.round" and rnd.attributes[attrs.LANE] == "br0"
-    assert rnd.attributes[attrs.POOL_SIZE] == 3 and rnd.attributes[attrs.CANDIDATES] == 4
-    agree = [e.attributes.get(attrs.AGREE) for e in rnd.events]
-    assert agree == [True, False, None]
-    assert [e.attributes[attrs.HELD] for e in rnd.events] == [False, False, True]
+    a, b, rnd, mode = exporter.get_finished_spans()
+    assert rnd.name == "shadow.route.round" and rnd.parent is None
+    assert dict(rnd.attributes) == {
+        attrs.POLICY: "br0", attrs.MODE: "active,fallback", attrs.POOL_SIZE: 2, attrs.CANDIDATES: 2,
+        attrs.FREE_SLOTS: 3, attrs.ROUND_BYPASS: False, attrs.DECISIONS: 2,
+        attrs.ROUND_DECISION_SECONDS: 0.001, attrs.ROUND_STAGE1_SECONDS: 0.0004,
+        attrs.ROUND_STAGE2_SECONDS: 0.0005}
+    for child in (a, b):
+        assert child.name == "shadow.route.admission"
+        assert child.parent is not None and child.parent.span_id == rnd.context.span_id
+        assert child.context.trace_id == rnd.context.trace_id
+    assert a.attributes[attrs.REQUEST_ID_HASH] == request_hash("a") != request_hash("b")
+    assert request_hash("a") == hashlib.blake2b(b"a", digest_size=8).hexdigest()
+    assert a.attributes[attrs.DECISION_WORKER] == "d2" and a.attributes[attrs.POOL_WAIT_SECONDS] == 1.0
+    # BR-0 over loads (300, 500, 200): 100 tokens on d2 stay under the max: score = delta
+    assert a.attributes[attrs.ADMISSION_SCORE] == 100.0 and a.attributes[attrs.WORKER_LOAD] == 200.0
+    # 50 tokens on d0 of (300, 500, 300): under the max too; mode and policy of the request
+    assert b.attributes[attrs.ADMISSION_SCORE] == 50.0 and b.attributes[attrs.MODE] == "fallback"
+    assert b.attributes[attrs.GEN_AI_USAGE_INPUT_TOKENS] == 50 and b.attributes[attrs.POLICY] == "br0"
     assert mode.name == "shadow.mode.transition" and mode.attributes[attrs.MODE_REASON] == "operator"
+
+
+def test_admission_score_is_the_br0_f_score(traced: Traced) -> None:
+    tracer, exporter = traced
+    routing = RoutingSpans(tracer)
+    t = _Ticket("x", 400, "br0", 0.0)
+    span = routing.round_start("br0", [1, 1], [t], pool=1)
+    routing.admission(span, t, "d1", [1000.0, 900.0], 1, now=0.0)  # 400 - 2 * (400 - 100) = -200
+    routing.round_end(span, 1, 0.0)
+    adm, _ = exporter.get_finished_spans()
+    assert adm.attributes[attrs.ADMISSION_SCORE] == -200.0
+
+
+def test_rounds_without_a_free_slot_or_unsampled_or_off_record_nothing(traced: Traced) -> None:
+    tracer, exporter = traced
+    routing = RoutingSpans(tracer)
+    t = _Ticket("x", 1, "br0", 0.0)
+    span = routing.round_start("br0", [0, 0], [t], pool=1)  # nothing to place: no span
+    assert not span.is_recording()
+    routing.admission(span, t, "d0", [0.0, 0.0], 0, now=0.0)
+    routing.round_end(span, 0, 0.0)
+    off = RoutingSpans.off()
+    span = off.round_start("br0", [1], [t], pool=1)
+    assert not span.is_recording()
+    provider, unsampled = _provider("0")
+    span = RoutingSpans(get_tracer(provider)).round_start("br0", [1], [t], pool=1)
+    assert not span.is_recording()
+    provider.shutdown()
+    assert exporter.get_finished_spans() == () and unsampled.get_finished_spans() == ()
+
+
+def test_a_failed_round_is_an_error_span(traced: Traced) -> None:
+    tracer, exporter = traced
+    routing = RoutingSpans(tracer)
+    span = routing.round_start("brh", [1], [], pool=3)
+    routing.round_end(span, 0, 0.002, error=RuntimeError("predictor broke"))
+    (rnd,) = exporter.get_finished_spans()
+    assert rnd.status.status_code == trace.StatusCode.ERROR and rnd.status.description == "RuntimeError"
+    assert rnd.attributes[attrs.DECISIONS] == 0 and rnd.attributes[attrs.MODE] == ""
+    assert [e.name for e in rnd.events] == ["exception"]
 
 
 def test_provider_from_environment() -> None:
