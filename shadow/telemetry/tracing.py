@@ -213,8 +213,8 @@ def request_hash(request_id: str) -> str:
 class RoutingSpans:
     """Spans of the active proxy's decode dispatcher and of the mode controller.
 
-    A dispatch round that has a free slot to fill is one span `shadow.route.round` (policy, the
-    requests' mode, pool depth, candidate workers and free slots; at its end the admitted count,
+    A dispatch round is one span `shadow.route.round` (policy, the requests' mode, pool depth,
+    candidate workers = those with a free slot, free slots; at its end the admitted count,
     the decision time and BR's Stage 1 / Stage 2 times); each request it places is a child span
     `shadow.route.admission` (request id hash, worker, pool wait, the placement's BR-0 F-score and
     the worker's load, prompt tokens; never prompt text). Rounds are sampled by the provider's
@@ -232,10 +232,7 @@ class RoutingSpans:
     def round_start(self, policy: str, free_slots: Sequence[int], tickets: Iterable[Any], *,
                     pool: int, bypass: bool = False) -> trace.Span:
         """Open the span of a round of `policy` over `pool` waiting requests (`tickets`: the
-        dispatcher's waiting requests, read only when sampled); none when no slot is free (nothing
-        to decide), except for a `bypass` placement (one request placed at once, slot or not)."""
-        if not bypass and not any(c > 0 for c in free_slots):
-            return trace.INVALID_SPAN
+        dispatcher's waiting requests, read only when sampled); `bypass`: one request placed at once."""
         span = self.tracer.start_span("shadow.route.round", kind=trace.SpanKind.INTERNAL)
         if not span.is_recording():
             return span

@@ -147,20 +147,28 @@ def test_admission_score_is_the_br0_f_score(traced: Traced) -> None:
     assert adm.attributes[attrs.ADMISSION_SCORE] == -200.0
 
 
-def test_rounds_without_a_free_slot_or_unsampled_or_off_record_nothing(traced: Traced) -> None:
+def test_a_round_without_a_free_slot_is_a_span_and_unsampled_or_off_ones_record_nothing(
+        traced: Traced) -> None:
     tracer, exporter = traced
-    routing = RoutingSpans(tracer)
     t = _Ticket("x", 1, "br0", 0.0)
-    span = routing.round_start("br0", [0, 0], [t], pool=1)  # nothing to place: no span
-    assert not span.is_recording()
-    routing.admission(span, t, "d0", [0.0, 0.0], 0, now=0.0)
-    routing.round_end(span, 0, 0.0)
+    routing = RoutingSpans(tracer)
+    span = routing.round_start("br0", [0, 0], [t], pool=1)  # back-pressure: nothing to place
+    routing.round_end(span, 0, 0.0001)
+    (rnd,) = exporter.get_finished_spans()
+    assert rnd.attributes[attrs.CANDIDATES] == 0 and rnd.attributes[attrs.FREE_SLOTS] == 0
+    assert rnd.attributes[attrs.POOL_SIZE] == 1 and rnd.attributes[attrs.DECISIONS] == 0
+    exporter.clear()
     off = RoutingSpans.off()
     span = off.round_start("br0", [1], [t], pool=1)
     assert not span.is_recording()
+    off.admission(span, t, "d0", [0.0], 0, now=0.0)
+    off.round_end(span, 1, 0.0)
     provider, unsampled = _provider("0")
-    span = RoutingSpans(get_tracer(provider)).round_start("br0", [1], [t], pool=1)
+    routing = RoutingSpans(get_tracer(provider))
+    span = routing.round_start("br0", [1], [t], pool=1)
     assert not span.is_recording()
+    routing.admission(span, t, "d0", [0.0], 0, now=0.0)
+    routing.round_end(span, 1, 0.0)
     provider.shutdown()
     assert exporter.get_finished_spans() == () and unsampled.get_finished_spans() == ()
 
