@@ -10,6 +10,8 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -216,3 +218,32 @@ class OtlpReceiver:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+@contextmanager
+def traced_serve_process(rx: OtlpReceiver, serve_args: list[str], env: dict[str, str],
+                         slots: int) -> Iterator[dict[str, Any]]:
+    """A plain simulated fleet (2 decode ranks) and `shadow serve --slots SLOTS SERVE_ARGS` as a
+    process exporting spans to `rx` (OTEL_* variables only, plus `env`); yields its ready line.
+    On exit SIGTERM (which flushes the spans) and a clean exit is asserted."""
+    import os
+    import signal
+    import sys
+
+    from shadow.fleet import FleetConfig, FleetThread
+
+    full_env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": rx.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "200",
+                **env}
+    with FleetThread(FleetConfig(prefill=0, decode=2, slots=slots, base_port=0, time_scale=0.05)) as fleet:
+        args = [sys.executable, "-m", "shadow", "serve", "--slots", str(slots), *serve_args]
+        for g, url in enumerate(fleet.decode_urls):
+            args += ["--upstream", f"d{g}={url}"]
+        proc = subprocess.Popen(args, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, text=True)
+        try:
+            assert proc.stdout is not None
+            yield json.loads(proc.stdout.readline())
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err[-2000:]

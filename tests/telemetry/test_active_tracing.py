@@ -222,39 +222,16 @@ def test_pool_bypass_placements_are_one_admission_rounds() -> None:
 def test_shadow_serve_active_process_exports_rounds_and_admissions_over_otlp() -> None:
     """`shadow serve --active` as a process, configured only by OTEL_* variables: its rounds and
     admissions (and the mirrored requests) reach an OTLP/HTTP receiver; SIGTERM flushes the rest."""
-    import json
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    from tests.telemetry.servers import OtlpReceiver, wait_for
+    from tests.telemetry.servers import OtlpReceiver, traced_serve_process, wait_for
 
     rx = OtlpReceiver()
-    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": rx.endpoint, "OTEL_TRACES_SAMPLER": "always_on",
-           "OTEL_SERVICE_NAME": "shadow-active-otlp", "OTEL_BSP_SCHEDULE_DELAY": "200"}
+    env = {"OTEL_TRACES_SAMPLER": "always_on", "OTEL_SERVICE_NAME": "shadow-active-otlp"}
     try:
-        with FleetThread(FleetConfig(prefill=0, decode=2, slots=2, base_port=0, time_scale=0.05)) as fleet:
-            args = [sys.executable, "-m", "shadow", "serve", "--slots", "2", "--active", "--mode", "active",
-                    "--pin-mode", "--oracle-interval", "0"]
-            for g, url in enumerate(fleet.decode_urls):
-                args += ["--upstream", f"d{g}={url}"]
-            proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    stdin=subprocess.DEVNULL, text=True)
-            try:
-                assert proc.stdout is not None
-                ready = json.loads(proc.stdout.readline())
-                rids = _send(ready["active"], 5)
-
-                def names() -> list[str]:
-                    return [s.name for _, s in rx.spans()]
-
-                wait_for(lambda: names().count("shadow.route.admission") >= 5, 30,
-                         "5 admissions at the receiver")
-            finally:
-                proc.send_signal(signal.SIGTERM)
-                _, err = proc.communicate(timeout=30)
-            assert proc.returncode == 0, err[-2000:]
+        args = ["--active", "--mode", "active", "--pin-mode", "--oracle-interval", "0"]
+        with traced_serve_process(rx, args, env, slots=2) as ready:
+            rids = _send(ready["active"], 5)
+            wait_for(lambda: [s.name for _, s in rx.spans()].count("shadow.route.admission") >= 5, 30,
+                     "5 admissions at the receiver")
     finally:
         rx.close()
     spans = [s for _, s in rx.spans()]

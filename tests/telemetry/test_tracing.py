@@ -257,36 +257,15 @@ def test_trace_mirror_exports_over_otlp_http_configured_by_otel_variables() -> N
 def test_shadow_serve_exports_spans_when_otel_variables_say_so() -> None:
     """`shadow serve` as a process, configured only by OTEL_* variables, sends one span per
     mirrored request to an OTLP/HTTP receiver; SIGTERM flushes what is left."""
-    import json
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    from shadow.fleet import FleetConfig, FleetThread
-    from tests.telemetry.servers import OtlpReceiver, wait_for
+    from tests.telemetry.servers import OtlpReceiver, traced_serve_process, wait_for
     from tests.telemetry.stack import send_traffic
 
     rx = OtlpReceiver()
-    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": rx.endpoint, "OTEL_TRACES_SAMPLER_ARG": "1",
-           "OTEL_SERVICE_NAME": "shadow-serve-test", "OTEL_BSP_SCHEDULE_DELAY": "200"}
     try:
-        cfg = FleetConfig(prefill=0, decode=2, slots=8, base_port=0, time_scale=0.05)
-        with FleetThread(cfg) as fleet:
-            args = [sys.executable, "-m", "shadow", "serve", "--slots", "8"]
-            for g, url in enumerate(fleet.decode_urls):
-                args += ["--upstream", f"d{g}={url}"]
-            proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    stdin=subprocess.DEVNULL, text=True)
-            try:
-                assert proc.stdout is not None
-                ready = json.loads(proc.stdout.readline())
-                send_traffic(list(ready["taps"].values()), per_url=2, max_tokens=5)
-                wait_for(lambda: len(rx.spans()) >= 4, 30, "4 spans at the OTLP receiver")
-            finally:
-                proc.send_signal(signal.SIGTERM)
-                _, err = proc.communicate(timeout=30)
-            assert proc.returncode == 0, err[-2000:]
+        env = {"OTEL_TRACES_SAMPLER_ARG": "1", "OTEL_SERVICE_NAME": "shadow-serve-test"}
+        with traced_serve_process(rx, [], env, slots=8) as ready:
+            send_traffic(list(ready["taps"].values()), per_url=2, max_tokens=5)
+            wait_for(lambda: len(rx.spans()) >= 4, 30, "4 spans at the OTLP receiver")
     finally:
         rx.close()
     spans = rx.spans()
