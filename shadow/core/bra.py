@@ -1,7 +1,7 @@
 """BRA, "BalanceRoute-adaptive": this project's own policy (not the paper's), built on BR's F-scores.
 
 It keeps BalanceRoute's idea — score each admission by its effect on the barrier — and changes
-three things the replays showed (docs/results/protocol.md), each switchable for ablation:
+what the replays showed (docs/results/protocol.md), each switchable for ablation:
 
 - `score_pick`: when the pool is thin (no more waiting requests than `thin_ratio` × free slots,
   so every one of them fits this round), place requests largest first, each on the worker with
@@ -12,20 +12,26 @@ three things the replays showed (docs/results/protocol.md), each switchable for 
   load overweights requests about to finish (measured: least-KV placement loses to JSQ-bytes
   below saturation, docs/results/protocol.md). Ties: lower prompt load.
 - `hold`: in that thin regime, a request for which every worker's F-score is <= 0 (any placement
-  raises the barrier) is held back, at most `hold_s` seconds after it entered the pool and only
-  while something is running, instead of being forced in by the starvation guard.
+  raises the barrier) is held back instead of being forced in — only while something is running,
+  for at most `hold_life` of its predicted stay counted in rounds (one round per decode step in
+  the engine; the stay is BR-H's ĉ within the horizon, H without a predictor), never longer than
+  `hold_s` seconds, and only while the pool holds at most `hold_pool` × G requests (held requests
+  must not fill a bounded queue). A short request is held a few steps, a long one at most ~H/8.
+- `basis`: the thin-pool F-score's per-worker load: "prompt" (outstanding prompt tokens) or
+  "stay" (the KV running requests are expected to hold over a newcomer's predicted stay,
+  `shadow.core.stay`; needs a predictor, falls back to "prompt" without one).
 - `scale_window`: Stage 2's window grows with G (R_max = clamp(⌈G/2⌉, 4, 16)), and each popped
   worker's window is centred on its own best fill (pool entries nearest its F-score peak, aged
   entries first), so large fleets do not all draw from the same R_max longest prompts.
 
-With all three off it makes exactly BR's decisions (tested). It reads prompt sizes, loads, free
+With pick, hold and window off it makes exactly BR's decisions (tested). It reads prompt sizes, loads, free
 slots and (BR-H) predicted steps only — never true output lengths.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -34,21 +40,30 @@ import numpy.typing as npt
 
 from shadow.core.assigner import Assignment, assign_round
 from shadow.core.balanceroute import BalanceRoute
-from shadow.core.fscore import BR0Scorer, Scorer
+from shadow.core.fscore import Scorer
 from shadow.core.params import BRParams
 from shadow.core.pool import Pool, PoolEntry, best_of
-from shadow.core.subset import best_subset
+from shadow.core.stay import StayBasis
+from shadow.core.subset import best_subset, pairs
+
+BASES = ("prompt", "stay")
 
 
 @dataclass(frozen=True, slots=True)
 class BRAParams:
-    """BRA's own knobs (BR's are in BRParams). Defaults fixed on paper-azure only (see docs/results)."""
+    """BRA's own knobs (BR's are in BRParams). Defaults fixed on paper-azure only (see docs/results).
+
+    hold_life / hold_pool: None switches that bound off (the hold is then bounded by hold_s only).
+    """
 
     score_pick: bool = True
     thin_ratio: float = 1.0
     hold: bool = True
     hold_s: float = 0.5
+    hold_life: float | None = 0.125
+    hold_pool: float | None = 1.0
     scale_window: bool = True
+    basis: str = "prompt"
 
     def __post_init__(self) -> None:
         if not (
@@ -59,6 +74,21 @@ class BRAParams:
             raise ValueError(f"thin_ratio must be a finite number >= 0, got {self.thin_ratio!r}")
         if not (isinstance(self.hold_s, int | float) and math.isfinite(self.hold_s) and self.hold_s >= 0):
             raise ValueError(f"hold_s must be a finite number >= 0, got {self.hold_s!r}")
+        for name in ("hold_life", "hold_pool"):
+            value = getattr(self, name)
+            if value is not None and not (
+                isinstance(value, int | float) and not isinstance(value, bool)
+                and math.isfinite(value) and value >= 0
+            ):
+                raise ValueError(f"{name} must be a finite number >= 0 or None, got {value!r}")
+        if self.basis not in BASES:
+            raise ValueError(f"basis must be one of {list(BASES)}, got {self.basis!r}")
+
+    def hold_rounds(self, predicted_steps: float) -> float:
+        """Rounds a request predicted to stay `predicted_steps` may be held (inf without a life bound)."""
+        if self.hold_life is None:
+            return math.inf
+        return math.floor(self.hold_life * predicted_steps)
 
     def window(self, workers: int, base: int) -> int:
         """Stage-2 window R_max for a fleet of `workers` (the base value when not scaling)."""
@@ -79,6 +109,7 @@ class BalanceRouteAdaptive:
     def __init__(self, params: BRParams | None = None, adaptive: BRAParams | None = None) -> None:
         self.params = params or BRParams()
         self.adaptive = adaptive or BRAParams()
+        self._held: dict[int, int] = {}  # pool seq -> thin rounds it has been held so far
 
     def round(
         self,
@@ -90,16 +121,22 @@ class BalanceRouteAdaptive:
         active_load: npt.NDArray[np.float64] | None = None,
         active_steps: npt.NDArray[np.float64] | None = None,
         prompt_loads: Sequence[float] | None = None,
+        stay: Callable[[], StayBasis | None] | None = None,
     ) -> list[Assignment]:
         """Admit from `pool` into free slots; returns (request_id, worker) in decision order.
 
         Scores with BR-H over the projection when active requests are given (`active_*`), with
-        BR-0 over `loads` otherwise; a thin pool is placed by BR-0 over `prompt_loads` (per-worker
-        prompt tokens of running requests). Never exceeds free slots; admits each entry once.
+        BR-0 over `loads` otherwise; a thin pool is placed by BR-0 over its basis: `prompt_loads`
+        (per-worker prompt tokens of running requests; `loads` if None) or, with basis "stay",
+        what `stay()` returns (asked only then; None falls back to the prompt basis).
+        Never exceeds free slots; admits each entry once.
         """
         if not pool or not any(c > 0 for c in free_slots):
             return []
         a = self.adaptive
+        free = list(free_slots)
+        if a.score_pick and len(pool) <= a.thin_ratio * sum(free):
+            return self._thin_round(loads, free, pool, now, prompt_loads, stay)
         workers = len(loads)
         params = replace(self.params, r_max=a.window(workers, self.params.r_max))
         scorer = BalanceRoute("br0" if active_worker is None else "brh", params).scorer(
@@ -108,40 +145,64 @@ class BalanceRouteAdaptive:
             _EMPTY_F if active_load is None else active_load,
             _EMPTY_F if active_steps is None else active_steps,
         )
-        free = list(free_slots)
-        if a.score_pick and len(pool) <= a.thin_ratio * sum(free):
-            running = any(x > 0 for x in loads)
-            basis = [float(x) for x in (loads if prompt_loads is None else prompt_loads)]
-            return _thin_round(BR0Scorer(basis), basis, pool, free, now, a.hold and running, a.hold_s)
         if not a.scale_window:
             return assign_round(scorer, pool, free, params, now)
         return _centred_round(scorer, pool, free, params, now)
 
-
-def _thin_round(
-    scorer: BR0Scorer, basis: list[float], pool: Pool, free: list[int], now: float, hold: bool, hold_s: float
-) -> list[Assignment]:
-    """Every waiting request fits: largest first, each to the worker with a free slot whose BR-0
-    F-score over `basis` is best (ties: lower basis load, then lower index)."""
-    out: list[Assignment] = []
-    for entry in list(pool):
-        best, best_key = -1, (-math.inf, -math.inf, 0)
-        for g, c in enumerate(free):
-            if c <= 0:
-                continue
-            key = (scorer.score(g, entry.prompt_tokens), -basis[g], -g)
-            if key > best_key:
-                best, best_key = g, key
-        if best < 0:
-            break
-        if hold and best_key[0] <= 0 and now - entry.arrived_at < hold_s:
-            continue  # every placement raises the barrier: wait (bounded by hold_s) for a better one
-        pool.remove(entry)
-        out.append((entry.request_id, best))
-        free[best] -= 1
-        basis[best] += entry.prompt_tokens
-        scorer.admit(best, (entry,))
-    return out
+    def _thin_round(
+        self,
+        loads: Sequence[float],
+        free: list[int],
+        pool: Pool,
+        now: float,
+        prompt_loads: Sequence[float] | None,
+        stay: Callable[[], StayBasis | None] | None,
+    ) -> list[Assignment]:
+        """Every waiting request fits: largest first, each to the worker with a free slot whose BR-0
+        F-score over the basis is best (ties: lower basis load, then lower index), or held back."""
+        a = self.adaptive
+        sb = stay() if a.basis == "stay" and stay is not None else None
+        added: Callable[[float], float] = float
+        if sb is not None:
+            basis, added = list(sb.loads), sb.newcomer
+        else:
+            basis = [float(x) for x in (loads if prompt_loads is None else prompt_loads)]
+        workers = len(basis)
+        may_hold = (
+            a.hold
+            and any(x > 0 for x in loads)  # something runs: holding can never deadlock
+            and (a.hold_pool is None or len(pool) <= a.hold_pool * workers)
+        )
+        held_before, held_now = self._held, {}
+        horizon = self.params.horizon
+        top = max(basis)
+        out: list[Assignment] = []
+        for entry in list(pool):
+            delta = added(entry.prompt_tokens)
+            best, best_key = -1, (-math.inf, -math.inf, 0)
+            for g, c in enumerate(free):
+                if c <= 0:
+                    continue
+                over = delta - (top - basis[g])  # BR-0: Δ − G·(Δ − m_g)+
+                key = (delta - workers * over if over > 0 else delta, -basis[g], -g)
+                if key > best_key:
+                    best, best_key = g, key
+            if best < 0:
+                break
+            if may_hold and best_key[0] <= 0 and now - entry.arrived_at < a.hold_s:
+                # every placement raises the barrier: wait a few rounds for a better one
+                life = horizon if entry.horizon_steps is None else entry.horizon_steps
+                rounds = held_before.get(entry.seq, 0)
+                if rounds < a.hold_rounds(life):
+                    held_now[entry.seq] = rounds + 1
+                    continue
+            pool.remove(entry)
+            out.append((entry.request_id, best))
+            free[best] -= 1
+            basis[best] += delta
+            top = max(top, basis[best])
+        self._held = held_now
+        return out
 
 
 def _centred_round(
@@ -173,7 +234,7 @@ def _centred_round(
         window = _centred_window(pool, params.r_max, peak, now, params.age_s)
         cap = min(free[g], params.r_max)
         score = partial(scorer.score, g)
-        chosen, value = best_subset(window, cap, score, peak, params.exhaustive_max)
+        chosen, value = _subset(window, cap, score, peak, params.exhaustive_max)
         if not chosen or value <= 0:
             single = best_of(window, score)  # starvation guard, as BR's
             assert single is not None
@@ -184,14 +245,24 @@ def _centred_round(
 
 def _most_free(scorer: Scorer, free: Sequence[int]) -> int:
     """BR's Stage-2 pop order: most free slots, then larger margin, then lower index."""
-    best, best_key = -1, (0, -math.inf, 0)
+    margins = scorer.margins()
+    best, best_c, best_m = -1, 0, -math.inf
     for g, c in enumerate(free):
         if c <= 0:
             continue
-        key = (c, scorer.margin(g), -g)
-        if best < 0 or key > best_key:
-            best, best_key = g, key
+        m = margins[g]
+        if best < 0 or c > best_c or (c == best_c and m > best_m):
+            best, best_c, best_m = g, c, m
     return best
+
+
+def _subset(
+    window: Sequence[PoolEntry], cap: int, score: Callable[[float], float], peak: float, exhaustive_max: int
+) -> tuple[list[PoolEntry], float]:
+    """`best_subset`'s result; caps <= 2 over wide windows by listing sums (`pairs`), not bitsets."""
+    if len(window) > exhaustive_max and min(cap, len(window)) <= 2:
+        return pairs(window, cap, score, peak)
+    return best_subset(window, cap, score, peak, exhaustive_max)
 
 
 def _centred_window(pool: Pool, size: int, peak: float, now: float, age_s: float | None) -> list[PoolEntry]:

@@ -33,6 +33,10 @@ class Scorer(Protocol):
 
     def margin(self, g: int) -> float: ...
 
+    def margins(self) -> list[float]:
+        """margin(g) for every worker, in index order (one call instead of G)."""
+        ...
+
     def load(self, g: int) -> float: ...
 
     def admit(self, g: int, entries: Sequence[PoolEntry]) -> None: ...
@@ -57,6 +61,10 @@ class BR0Scorer:
 
     def margin(self, g: int) -> float:
         return self._max - self._loads[g]
+
+    def margins(self) -> list[float]:
+        top = self._max
+        return [top - x for x in self._loads]
 
     def load(self, g: int) -> float:
         return self._loads[g]
@@ -179,6 +187,9 @@ class BRHScorer:
 
     def margin(self, g: int) -> float:
         return float(self._env[0] - self._proj[g, 0])
+
+    def margins(self) -> list[float]:
+        return (self._env[0] - self._proj[:, 0]).tolist()  # type: ignore[no-any-return]
 
     def load(self, g: int) -> float:
         return float(self._proj[g, 0])

@@ -97,14 +97,15 @@ class Pool:
         hi = bisect.bisect_left(keys, (-target, -1))  # keys[hi:] have prompt <= target
         lo = hi - 1  # keys[:hi] have prompt > target, nearest at lo
         out: list[PoolEntry] = []
-        while len(out) < size and (lo >= 0 or hi < len(keys)):
-            below = length - (-keys[hi][0]) if hi < len(keys) else math.inf
-            above = (-keys[lo][0]) - length if lo >= 0 else math.inf
+        n, by_seq = len(keys), self._by_seq
+        for _ in range(min(size, n)):
+            below = length + keys[hi][0] if hi < n else math.inf
+            above = -keys[lo][0] - length if lo >= 0 else math.inf
             if below <= above:
-                out.append(self._by_seq[keys[hi][1]])
+                out.append(by_seq[keys[hi][1]])
                 hi += 1
             else:
-                out.append(self._by_seq[keys[lo][1]])
+                out.append(by_seq[keys[lo][1]])
                 lo -= 1
         return out
 

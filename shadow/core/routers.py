@@ -228,9 +228,12 @@ class PoolRouter:
             # BRA scores with BR-H over the projection when it has one, with BR-0 otherwise.
             static_active = isinstance(view, StaticView) and view.active_worker is not None
             proj = view.projection() if self.predictor is not None or static_active else None
+            stay = getattr(view, "stay_basis", None)  # optional FleetView extra (the engine's lanes)
             if proj is None or (not len(proj[0]) and self.predictor is None):
-                return self.br.round(view.loads, free, self.pool, now, None, None, None, view.prompt_loads)
-            return self.br.round(view.loads, free, self.pool, now, *proj, view.prompt_loads)
+                return self.br.round(
+                    view.loads, free, self.pool, now, None, None, None, view.prompt_loads, stay
+                )
+            return self.br.round(view.loads, free, self.pool, now, *proj, view.prompt_loads, stay)
         if self.br.variant == "brh":
             idx, w, c = view.projection()
             return self.br.round(view.loads, free, self.pool, now, idx, w, c)

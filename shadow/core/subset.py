@@ -91,6 +91,51 @@ def bitset(window: Sequence[PoolEntry], cap: int, score: Score, peak: float) -> 
     return chosen, f
 
 
+def pairs(window: Sequence[PoolEntry], cap: int, score: Score, peak: float) -> tuple[list[PoolEntry], float]:
+    """`bitset`'s exact result for caps <= 2, by listing the at most n + n(n−1)/2 sums.
+
+    The same bound on sums, the same two candidates (largest reachable <= peak, smallest >= peak),
+    the same tie-break (score, then the smaller sum), the fewest members, and among those the
+    subset bitset's backward reconstruction returns (smallest last index, then smallest first).
+    """
+    if cap > 2:
+        raise ValueError(f"pairs handles caps up to 2, got {cap}")
+    items = list(window)
+    n = len(items)
+    cap = min(cap, n)
+    if cap <= 0:
+        return [], -math.inf
+    sizes = [e.prompt_tokens for e in items]
+    bound = sum(sizes) if math.isinf(peak) else min(sum(sizes), max(0, math.ceil(peak)) + max(sizes))
+    ones = {s for s in sizes if s <= bound}
+    twos = (
+        {a + b for j, b in enumerate(sizes) for a in sizes[:j] if a + b <= bound} if cap == 2 else set()
+    )
+    reach = ones | twos
+    if not reach:
+        return [], -math.inf
+    limit = bound + 1
+    candidates: list[int] = []
+    hi = limit - 1 if math.isinf(peak) else min(limit - 1, math.floor(peak))
+    if hi >= 0:
+        below = [x for x in reach if x <= hi]
+        if below:
+            candidates.append(max(below))
+    start = max(0, math.ceil(peak)) if not math.isinf(peak) else limit
+    above = [x for x in reach if x >= start] if start < limit else []
+    if above:
+        candidates.append(min(above))
+    total = max(candidates, key=lambda x: (score(x), -x))
+    f = score(total)
+    if total in ones:
+        return [items[sizes.index(total)]], f
+    for j, b in enumerate(sizes):
+        for i in range(j):
+            if sizes[i] + b == total:
+                return [items[i], items[j]], f
+    raise AssertionError("unreachable: total is a reachable sum")  # pragma: no cover
+
+
 def best_subset(
     window: Sequence[PoolEntry], cap: int, score: Score, peak: float, exhaustive_max: int
 ) -> tuple[list[PoolEntry], float]:

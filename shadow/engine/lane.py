@@ -23,6 +23,7 @@ from shadow.core.baselines import WorkerView
 from shadow.core.pool import Pool
 from shadow.core.predictors import Predictor, contribution
 from shadow.core.routers import Router, make_router
+from shadow.core.stay import StayBasis, stay_basis
 from shadow.engine.config import EngineConfig, LaneSpec
 from shadow.engine.jobs import Job
 from shadow.engine.summary import SampleSink
@@ -89,6 +90,10 @@ class LaneView:
     @property
     def prompt_loads(self) -> Sequence[float] | None:
         return self.lane.running_prompt
+
+    def stay_basis(self) -> StayBasis | None:
+        """BRA's "stay" basis over the running requests (None without a predictor)."""
+        return self.lane.stay_basis()
 
     def worker_view(self) -> WorkerView:
         return self.lane._view()
@@ -343,6 +348,24 @@ class Lane:
         w = self.slot_prompt[idx] + age
         c = np.maximum(self._slot_steps[idx] - (self.k - self._slot_ref[idx]), 0.0)
         return idx, w, c
+
+    def stay_basis(self) -> StayBasis | None:
+        """Per-worker mean KV of running requests over a newcomer's predicted stay (shadow.core.stay);
+        None without a predictor or with the oracle (it knows no fleet-wide length distribution)."""
+        if self.predictor is None or self.predictor.name == "oracle":
+            return None
+        idx = np.flatnonzero(self.slot_active)
+        age = self.k - self.slot_start[idx]
+        keys = [self._slot_key[i] for i in idx.tolist()]
+        return stay_basis(
+            self.predictor,
+            self.config.workers,
+            self._slot_worker[idx],
+            self.slot_prompt[idx] + age,
+            age,
+            keys=keys,
+            remaining=self.slot_output[idx] - age,
+        )
 
     def _refresh_predictions(self, idx: npt.NDArray[np.int64], age: npt.NDArray[np.int64]) -> None:
         assert self.predictor is not None

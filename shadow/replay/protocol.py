@@ -47,6 +47,16 @@ ABLATIONS: dict[str, BRAParams] = {
     "bra{pick+hold}": BRAParams(scale_window=False),
     "bra{window}": BRAParams(score_pick=False, hold=False),
     "bra{pick+window}": BRAParams(hold=False),
+    # hold-back's bounds one at a time (hold0: bounded by hold_s only, the first BRA's hold)
+    "bra{pick+hold0}": BRAParams(scale_window=False, hold_life=None, hold_pool=None),
+    "bra{pick+hold/life}": BRAParams(scale_window=False, hold_pool=None),
+    "bra{pick+hold/pool}": BRAParams(scale_window=False, hold_life=None),
+    # the thin-pool basis
+    "bra{pick+stay}": BRAParams(hold=False, scale_window=False, basis="stay"),
+    "bra{stay}": BRAParams(basis="stay"),
+    "bra{prompt}": BRAParams(basis="prompt"),
+    # the first BRA (commit 46e54c3): hold bounded by hold_s only
+    "bra{v1}": BRAParams(hold_life=None, hold_pool=None, basis="prompt"),
 }
 
 

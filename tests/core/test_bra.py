@@ -3,6 +3,7 @@ with every idea off, bounded hold-back, and no knowledge of output lengths in th
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 
@@ -15,6 +16,7 @@ from shadow.core.balanceroute import BalanceRoute
 from shadow.core.bra import BalanceRouteAdaptive, BRAParams
 from shadow.core.params import BRParams
 from shadow.core.pool import Pool
+from shadow.core.stay import StayBasis
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec
 from shadow.engine.jobs import Job
@@ -45,7 +47,10 @@ params_st = st.builds(
     thin_ratio=st.sampled_from([0.0, 0.5, 1.0, 2.0]),
     hold=st.booleans(),
     hold_s=st.sampled_from([0.0, 0.5, 10.0]),
+    hold_life=st.sampled_from([None, 0.0, 0.125, 1.0]),
+    hold_pool=st.sampled_from([None, 0.5, 1.0, 100.0]),
     scale_window=st.booleans(),
+    basis=st.sampled_from(["prompt", "stay"]),
 )
 
 
@@ -58,19 +63,29 @@ def _pool(sizes: list[int], ages: list[float], now: float) -> Pool:
 
 
 @settings(max_examples=300, deadline=None)
-@given(state=states(), adaptive=params_st, r_max=st.integers(1, 8), s_greedy=st.integers(0, 20))
+@given(
+    state=states(),
+    adaptive=params_st,
+    r_max=st.integers(1, 8),
+    s_greedy=st.integers(0, 20),
+    stay_span=st.sampled_from([None, 1.0, 30.0]),
+)
 def test_round_never_exceeds_slots_and_admits_each_request_at_most_once(
     state: tuple[list[float], list[int], list[int], list[float], Active | None],
     adaptive: BRAParams,
     r_max: int,
     s_greedy: int,
+    stay_span: float | None,
 ) -> None:
     loads, free, sizes, ages, active = state
     now = 10.0
     pool = _pool(sizes, ages, now)
     router = BalanceRouteAdaptive(BRParams(r_max=r_max, s_greedy=s_greedy, horizon=20), adaptive)
     prompt_loads = [x / 2 for x in loads]
-    out = router.round(loads, free, pool, now, *(active or (None, None, None)), prompt_loads=prompt_loads)
+    stay = None if stay_span is None else (lambda: StayBasis([x / 3 for x in loads], stay_span))
+    out = router.round(
+        loads, free, pool, now, *(active or (None, None, None)), prompt_loads=prompt_loads, stay=stay
+    )
     ids = [rid for rid, _ in out]
     assert len(ids) == len(set(ids)), "a request was admitted twice"
     assert set(ids) <= {f"q{i}" for i in range(len(sizes))}
@@ -78,7 +93,8 @@ def test_round_never_exceeds_slots_and_admits_each_request_at_most_once(
     assert len(pool) + len(ids) == len(sizes), "a request was lost"
     for g, n in Counter(g for _, g in out).items():
         assert 0 <= g < len(loads) and n <= free[g], f"worker {g}: {n} admissions for {free[g]} free slots"
-    held = adaptive.hold and adaptive.score_pick
+    guard = adaptive.hold_pool is not None and len(sizes) > adaptive.hold_pool * len(loads)
+    held = adaptive.hold and adaptive.score_pick and not guard and adaptive.hold_life != 0.0
     if not held:
         assert len(out) == min(len(sizes), sum(free)), "without hold-back BRA is work-conserving"
     else:
@@ -216,14 +232,17 @@ def test_the_no_future_check_has_power_an_oracle_fails_it() -> None:
     data=st.data(),
     hold=st.booleans(),
     hold_s=st.sampled_from([0.0, 0.3, 10.0]),
+    hold_pool=st.sampled_from([None, 0.5, 1.0, 3.0]),
+    life=st.sampled_from([None, 0.0, 7.0, 8.0, 80.0]),
 )
 def test_thin_pool_placement_follows_the_documented_rule_step_by_step(
-    g: int, data: st.DataObject, hold: bool, hold_s: float
+    g: int, data: st.DataObject, hold: bool, hold_s: float, hold_pool: float | None, life: float | None
 ) -> None:
     """Largest first (pool order), each to the free worker with the best BR-0 F-score over the
     prompt-load basis *including this round's earlier placements* (ties: lower basis, then lower
     index); with hold, a young request (age < hold_s) whose best score is <= 0 stays in the pool and
-    the requests behind it are still placed."""
+    the requests behind it are still placed — provided the pool held at most hold_pool × G requests
+    and the request's predicted stay allows a round (⌊hold_life · ĉ⌋ >= 1, ĉ = H when unknown)."""
     # Small integer ranges make score ties, exact zeros and exact ages common.
     basis0 = data.draw(st.lists(st.integers(0, 60).map(lambda x: 50.0 * x), min_size=g, max_size=g))
     loads = [b + 1.0 for b in basis0]  # something runs on every worker: hold-back may apply
@@ -232,10 +251,15 @@ def test_thin_pool_placement_follows_the_documented_rule_step_by_step(
     sizes = data.draw(st.lists(st.integers(1, 40).map(lambda x: 50 * x), min_size=n, max_size=n))
     ages = data.draw(st.lists(st.sampled_from([0.0, 0.3, 1.0]), min_size=n, max_size=n))
     now = 5.0
-    pool = _pool(sizes, ages, now)
+    pool = Pool()
+    for i in sorted(range(n), key=lambda i: -ages[i]):
+        pool.add(f"q{i}", sizes[i], now - ages[i], life)
     entries = list(pool)  # pool order: largest first, ties older first
-    router = BalanceRouteAdaptive(adaptive=BRAParams(hold=hold, hold_s=hold_s, scale_window=False))
+    knobs = BRAParams(hold=hold, hold_s=hold_s, hold_pool=hold_pool, scale_window=False)
+    router = BalanceRouteAdaptive(adaptive=knobs)
     out = router.round(loads, free, pool, now, prompt_loads=list(basis0))
+    may_hold = hold and (hold_pool is None or n <= hold_pool * g)
+    rounds_allowed = int(0.125 * (80 if life is None else life)) >= 1
     placed = dict(out)
     assert len(placed) == len(out)
     assert [rid for rid, _ in out] == [e.request_id for e in entries if e.request_id in placed], (
@@ -251,11 +275,12 @@ def test_thin_pool_placement_follows_the_documented_rule_step_by_step(
         cands = [w for w in range(g) if slots[w] > 0]
         assert cands, "a thin pool always fits"
         best = max(cands, key=lambda w: (score(w), -basis[w], -w))
+        young = now - e.arrived_at < hold_s
         if e.request_id not in placed:
-            assert hold and now - e.arrived_at < hold_s, f"{e.request_id} held without being young"
+            assert may_hold and young and rounds_allowed, f"{e.request_id} held outside the bounds"
             assert score(best) <= 0, f"{e.request_id} held although worker {best} scores {score(best)} > 0"
             continue
-        if hold and now - e.arrived_at < hold_s:
+        if may_hold and young and rounds_allowed:
             assert score(best) > 0, f"{e.request_id} placed although every placement scores <= 0"
         w = placed[e.request_id]
         assert w == best, (
@@ -415,3 +440,126 @@ def test_thin_placement_ties_use_the_basis_including_this_rounds_placements() ->
     basis = [150.0, 200.0, 1200.0]  # worker 2 (full) sets the barrier
     out = BalanceRouteAdaptive().round([1.0, 1.0, 1.0], [2, 2, 0], pool, 0.0, prompt_loads=basis)
     assert out == [("a", 0), ("b", 1)]
+
+
+# -- hold-back bounded by the request's predicted stay and by the pool --------------------------------
+
+
+def _overflowing(router: BalanceRouteAdaptive, life: float | None, rounds: int) -> list[int]:
+    """Rounds (1-based) in which a request that overflows every worker was placed; it is young
+    throughout (hold_s is large), so only the stay bound can release it."""
+    pool = Pool()
+    pool.add("x", 10_000, 0.0, life)
+    placed = []
+    for r in range(1, rounds + 1):
+        if router.round([50_000.0, 50_000.0], [1, 1], pool, 0.001 * r, prompt_loads=[5e4, 5e4]):
+            placed.append(r)
+            pool.add("x", 10_000, 0.001 * r, life)
+    return placed
+
+
+def test_hold_back_lasts_at_most_hold_life_of_the_predicted_stay_in_rounds() -> None:
+    knobs = BRAParams(hold_s=1e9, hold_life=0.125)
+    # ĉ = 24 steps → held ⌊3⌋ rounds, placed in the 4th; the next copy is held 3 more.
+    assert _overflowing(BalanceRouteAdaptive(adaptive=knobs), 24.0, 9) == [4, 8]
+    # ĉ = 7 steps → ⌊0.875⌋ = 0 rounds: a short request is never held.
+    assert _overflowing(BalanceRouteAdaptive(adaptive=knobs), 7.0, 3) == [1, 2, 3]
+    # No prediction → the whole horizon (H = 80 → 10 rounds).
+    assert _overflowing(BalanceRouteAdaptive(adaptive=knobs), None, 12) == [11]
+    # Without the stay bound only hold_s limits it (the first BRA's hold).
+    unbounded = BRAParams(hold_s=1e9, hold_life=None)
+    assert _overflowing(BalanceRouteAdaptive(adaptive=unbounded), 2.0, 50) == []
+    assert knobs.hold_rounds(24.0) == 3 and unbounded.hold_rounds(1.0) == math.inf
+
+
+def test_hold_back_stops_when_the_pool_exceeds_hold_pool_per_worker() -> None:
+    def run(n: int, hold_pool: float | None) -> int:
+        pool = Pool()
+        for i in range(n):
+            pool.add(f"x{i}", 10_000, 0.0)
+        router = BalanceRouteAdaptive(adaptive=BRAParams(hold_s=1e9, hold_pool=hold_pool))
+        return len(router.round([5e4, 5e4], [4, 4], pool, 0.01, prompt_loads=[5e4, 5e4]))
+
+    assert run(2, 1.0) == 0  # 2 waiting <= 1 × G: every one held
+    assert run(3, 1.0) == 3  # 3 > 1 × G: nothing held, all placed
+    assert run(3, 1.5) == 0 and run(4, 1.5) == 4
+    assert run(8, None) == 0  # no guard
+
+
+def test_hold_state_only_tracks_requests_held_now() -> None:
+    # Requests come and go (placed, shed by a timeout): the round counter never outgrows the pool.
+    router = BalanceRouteAdaptive(adaptive=BRAParams(hold_s=1e9, hold_pool=None))
+    pool = Pool()
+    rng = np.random.default_rng(0)
+    for r in range(300):
+        for _ in range(int(rng.integers(0, 3))):
+            pool.add(f"r{r}-{rng.integers(1 << 30)}", int(rng.integers(1, 20_000)), 0.01 * r)
+        pool.pop_arrived_before(0.01 * r - 0.05)
+        router.round([5e4, 4e4], [3, 3], pool, 0.01 * r, prompt_loads=[5e4, 4e4])
+        assert len(router._held) <= len(pool)
+        assert set(router._held) <= {e.seq for e in pool}
+
+
+def test_bra_params_reject_bad_hold_bounds_and_bases() -> None:
+    for bad in ({"hold_life": -0.1}, {"hold_pool": math.inf}, {"hold_life": True}, {"basis": "kv"}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            BRAParams(**bad)  # type: ignore[arg-type]
+    assert BRAParams(hold_life=None, hold_pool=None).hold_rounds(5.0) == math.inf
+
+
+# -- the "stay" basis ---------------------------------------------------------------------------------
+
+
+def test_stay_basis_weighs_each_request_by_its_expected_share_of_a_newcomers_stay() -> None:
+    from shadow.core.predictors import SurvivalPredictor
+    from shadow.core.stay import stay_basis
+
+    # Outputs are 10 or 30 tokens, equally often: a newcomer stays E[min(O, cap)] = 20 steps.
+    pred = SurvivalPredictor([10, 30] * 50)
+    worker = np.asarray([0, 0, 1], dtype=np.int64)
+    age = np.asarray([0, 25, 5], dtype=np.int64)
+    load = np.asarray([1000.0, 1025.0, 2005.0])
+    sb = stay_basis(pred, 3, worker, load, age)
+    assert sb.span == 20.0
+    # age 0: remaining 10 or 30 → m = min(R, 20) = 10 or 20, E[m] = 15 → 15/20·(1000 + 7) = 755.25
+    # age 25: only the 30s remain, R = 5 → E[m] = 5 → 5/20·(1025 + 2) = 256.75
+    # age 5: R = 5 or 25 → m = 5 or 20 → E[m] = 12.5 → 12.5/20·(2005 + 5.75) = 1256.71875
+    assert sb.loads == pytest.approx([755.25 + 256.75, 1256.71875, 0.0])
+    assert sb.newcomer(100) == 100 + 9.5
+    empty = stay_basis(pred, 2, np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0, dtype=np.int64))
+    assert empty.loads == [0.0, 0.0] and empty.span == 20.0
+
+
+def test_stay_basis_places_where_prompt_tokens_would_not() -> None:
+    # Worker 0 runs requests about to end (little KV left over a newcomer's stay), worker 1 fresh
+    # ones: by prompt tokens worker 1 is lighter, by expected stay load worker 0 is.
+    stay = StayBasis([1_000.0, 8_000.0], 40.0)
+    for basis, want in (("prompt", 1), ("stay", 0)):
+        pool = Pool()
+        pool.add("x", 3_000, 0.0)
+        router = BalanceRouteAdaptive(adaptive=BRAParams(hold=False, basis=basis))
+        out = router.round([9e3, 9e3], [2, 2], pool, 0.0, prompt_loads=[9_000.0, 6_000.0], stay=lambda: stay)
+        assert out == [("x", want)]
+    # No stay basis available (no predictor): falls back to prompt tokens.
+    pool = Pool()
+    pool.add("x", 3_000, 0.0)
+    router = BalanceRouteAdaptive(adaptive=BRAParams(hold=False, basis="stay"))
+    out = router.round([9e3, 9e3], [2, 2], pool, 0.0, prompt_loads=[9e3, 6e3], stay=lambda: None)
+    assert out == [("x", 1)]
+
+
+def test_the_lane_offers_a_stay_basis_only_with_a_predictor() -> None:
+    jobs = [Job(i, 0.001 * i, 100 + i, 20) for i in range(12)]
+    config = EngineConfig(workers=2, slots=8, bra=BRAParams(basis="stay"))
+    cases = (
+        (LaneSpec("bra", "survival"), True), (LaneSpec("bra", "oracle"), False), (LaneSpec("br0"), False)
+    )
+    for spec, has in cases:
+        lane = Lane(spec, config, time.perf_counter)
+        for job in jobs:
+            lane.offer(job, job.arrival_s)
+        lane.step()
+        sb = lane.stay_basis()
+        assert (sb is not None) == has
+        if sb is not None:  # no finished request yet: the whole cap, every running request counted
+            assert sb.span == 4096 and sum(sb.loads) > sum(lane.loads)

@@ -1,0 +1,66 @@
+"""BRA's "stay" basis: per worker, the KV its running requests are expected to hold, on average,
+over the stay of a request admitted now.
+
+A newcomer's predicted stay is S = E[min(O, cap)] steps under the predictor's fleet-wide output
+distribution (no key). A running request i with load w_i (prompt + generated) and remaining output
+R_i holds w_i + t at t = 0 .. min(R_i, S) − 1, so its mean over the stay is
+E[m_i]/S · (w_i + (E[m_i] − 1)/2) with m_i = min(R_i, S) and E[m_i] the predictor's ĉ over a
+horizon of S (the second moment is taken as E[m_i]², a documented approximation). Requests about
+to end weigh little, long ones their whole load: the basis adapts to the output-length mix where
+outstanding prompt tokens (long outputs) and current KV (short outputs) each fit only one end.
+Pure: predictors and arrays in, numbers out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from shadow.core.predictors import Predictor, contribution
+
+STAY_CAP = 4096  # a newcomer's predicted stay is capped at this many steps
+
+
+class StayBasis(NamedTuple):
+    """Per-worker mean KV over a newcomer's predicted stay, and that stay `span` (steps, >= 1)."""
+
+    loads: list[float]
+    span: float
+
+    def newcomer(self, prompt_tokens: float) -> float:
+        """What a newcomer of `prompt_tokens` adds to its worker's basis: prompt + mean growth."""
+        return prompt_tokens + (self.span - 1.0) / 2.0
+
+
+def predicted_stay(predictor: Predictor, cap: int = STAY_CAP) -> int:
+    """A newcomer's predicted stay in steps, E[min(O, cap)] with no key, at least 1."""
+    p, mu = predictor.predict(np.zeros(1, dtype=np.int64), cap)
+    return max(1, round(float(contribution(p, mu, cap)[0])))
+
+
+def stay_basis(
+    predictor: Predictor,
+    workers: int,
+    worker: npt.NDArray[np.int64],
+    load: npt.NDArray[np.float64],
+    age: npt.NDArray[np.int64],
+    keys: Sequence[Hashable | None] | None = None,
+    remaining: npt.NDArray[np.int64] | None = None,
+    cap: int = STAY_CAP,
+) -> StayBasis:
+    """The basis for running requests (worker index, load w_i, generated tokens = age) of a fleet.
+
+    `keys`/`remaining` are passed to the predictor as BR-H's projection passes them (only the
+    offline oracle reads `remaining`).
+    """
+    span = predicted_stay(predictor, cap)
+    if worker.size == 0:
+        return StayBasis([0.0] * workers, float(span))
+    p, mu = predictor.predict(age, span, keys=keys, remaining=remaining)
+    m = contribution(p, mu, span)
+    per = m / span * (load + np.maximum(m - 1.0, 0.0) / 2.0)
+    sums = np.bincount(worker, weights=per, minlength=workers)
+    return StayBasis([float(x) for x in sums.tolist()], float(span))
