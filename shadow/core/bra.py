@@ -14,9 +14,10 @@ what the replays showed (docs/results/protocol.md), each switchable for ablation
 - `hold`: in that thin regime, a request for which every worker's F-score is <= 0 (any placement
   raises the barrier) is held back instead of being forced in — only while something is running,
   for at most `hold_life` of its predicted stay counted in rounds (one round per decode step in
-  the engine; the stay is BR-H's ĉ within the horizon, H without a predictor), never longer than
-  `hold_s` seconds, and only while the pool holds at most `hold_pool` × G requests (held requests
-  must not fill a bounded queue). A short request is held a few steps, a long one at most ~H/8.
+  the engine; the stay is BR-H's ĉ within the horizon: a request predicted to outlive the
+  horizon, or without a prediction, is bounded by time only), never longer than `hold_s`
+  seconds, and only while the pool holds at most `hold_pool` × G requests (held requests must not
+  fill a bounded queue). A 28-token request is held about 3 steps, a long one up to `hold_s`.
 - `basis`: the thin-pool F-score's per-worker load: "prompt" (outstanding prompt tokens) or
   "stay" (the KV running requests are expected to hold over a newcomer's predicted stay,
   `shadow.core.stay`; needs a predictor, falls back to "prompt" without one).
@@ -84,9 +85,11 @@ class BRAParams:
         if self.basis not in BASES:
             raise ValueError(f"basis must be one of {list(BASES)}, got {self.basis!r}")
 
-    def hold_rounds(self, predicted_steps: float) -> float:
-        """Rounds a request predicted to stay `predicted_steps` may be held (inf without a life bound)."""
-        if self.hold_life is None:
+    def hold_rounds(self, predicted_steps: float | None, horizon: int) -> float:
+        """Rounds a request may be held: ⌊hold_life · ĉ⌋ for a predicted stay ĉ within the
+        `horizon`; unbounded (hold_s alone applies) without a life bound, without a prediction or
+        when ĉ reaches the horizon — the stay is then at least H and unknown beyond it."""
+        if self.hold_life is None or predicted_steps is None or predicted_steps >= horizon:
             return math.inf
         return math.floor(self.hold_life * predicted_steps)
 
@@ -191,9 +194,8 @@ class BalanceRouteAdaptive:
                 break
             if may_hold and best_key[0] <= 0 and now - entry.arrived_at < a.hold_s:
                 # every placement raises the barrier: wait a few rounds for a better one
-                life = horizon if entry.horizon_steps is None else entry.horizon_steps
                 rounds = held_before.get(entry.seq, 0)
-                if rounds < a.hold_rounds(life):
+                if rounds < a.hold_rounds(entry.horizon_steps, horizon):
                     held_now[entry.seq] = rounds + 1
                     continue
             pool.remove(entry)

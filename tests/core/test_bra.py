@@ -94,7 +94,7 @@ def test_round_never_exceeds_slots_and_admits_each_request_at_most_once(
     for g, n in Counter(g for _, g in out).items():
         assert 0 <= g < len(loads) and n <= free[g], f"worker {g}: {n} admissions for {free[g]} free slots"
     guard = adaptive.hold_pool is not None and len(sizes) > adaptive.hold_pool * len(loads)
-    held = adaptive.hold and adaptive.score_pick and not guard and adaptive.hold_life != 0.0
+    held = adaptive.hold and adaptive.score_pick and not guard
     if not held:
         assert len(out) == min(len(sizes), sum(free)), "without hold-back BRA is work-conserving"
     else:
@@ -233,7 +233,7 @@ def test_the_no_future_check_has_power_an_oracle_fails_it() -> None:
     hold=st.booleans(),
     hold_s=st.sampled_from([0.0, 0.3, 10.0]),
     hold_pool=st.sampled_from([None, 0.5, 1.0, 3.0]),
-    life=st.sampled_from([None, 0.0, 7.0, 8.0, 80.0]),
+    life=st.sampled_from([None, 0.0, 7.0, 8.0, 79.0, 80.0]),
 )
 def test_thin_pool_placement_follows_the_documented_rule_step_by_step(
     g: int, data: st.DataObject, hold: bool, hold_s: float, hold_pool: float | None, life: float | None
@@ -242,7 +242,7 @@ def test_thin_pool_placement_follows_the_documented_rule_step_by_step(
     prompt-load basis *including this round's earlier placements* (ties: lower basis, then lower
     index); with hold, a young request (age < hold_s) whose best score is <= 0 stays in the pool and
     the requests behind it are still placed — provided the pool held at most hold_pool × G requests
-    and the request's predicted stay allows a round (⌊hold_life · ĉ⌋ >= 1, ĉ = H when unknown)."""
+    and the request's predicted stay allows a round (⌊hold_life · ĉ⌋ >= 1, or ĉ unknown or >= H)."""
     # Small integer ranges make score ties, exact zeros and exact ages common.
     basis0 = data.draw(st.lists(st.integers(0, 60).map(lambda x: 50.0 * x), min_size=g, max_size=g))
     loads = [b + 1.0 for b in basis0]  # something runs on every worker: hold-back may apply
@@ -259,7 +259,7 @@ def test_thin_pool_placement_follows_the_documented_rule_step_by_step(
     router = BalanceRouteAdaptive(adaptive=knobs)
     out = router.round(loads, free, pool, now, prompt_loads=list(basis0))
     may_hold = hold and (hold_pool is None or n <= hold_pool * g)
-    rounds_allowed = int(0.125 * (80 if life is None else life)) >= 1
+    rounds_allowed = life is None or life >= 80 or int(0.125 * life) >= 1
     placed = dict(out)
     assert len(placed) == len(out)
     assert [rid for rid, _ in out] == [e.request_id for e in entries if e.request_id in placed], (
@@ -464,12 +464,18 @@ def test_hold_back_lasts_at_most_hold_life_of_the_predicted_stay_in_rounds() -> 
     assert _overflowing(BalanceRouteAdaptive(adaptive=knobs), 24.0, 9) == [4, 8]
     # ĉ = 7 steps → ⌊0.875⌋ = 0 rounds: a short request is never held.
     assert _overflowing(BalanceRouteAdaptive(adaptive=knobs), 7.0, 3) == [1, 2, 3]
-    # No prediction → the whole horizon (H = 80 → 10 rounds).
-    assert _overflowing(BalanceRouteAdaptive(adaptive=knobs), None, 12) == [11]
+    # ĉ = 79.9 (just inside H = 80) → 9 rounds.
+    assert _overflowing(BalanceRouteAdaptive(adaptive=knobs), 79.9, 11) == [10]
+    # Predicted to outlive the horizon (ĉ = H) or no prediction: only hold_s limits it.
+    assert _overflowing(BalanceRouteAdaptive(adaptive=knobs), 80.0, 50) == []
+    assert _overflowing(BalanceRouteAdaptive(adaptive=knobs), None, 50) == []
+    timed = BalanceRouteAdaptive(adaptive=BRAParams(hold_s=0.0105))  # rounds are 1 ms apart
+    assert _overflowing(timed, None, 12) == [11]
     # Without the stay bound only hold_s limits it (the first BRA's hold).
     unbounded = BRAParams(hold_s=1e9, hold_life=None)
     assert _overflowing(BalanceRouteAdaptive(adaptive=unbounded), 2.0, 50) == []
-    assert knobs.hold_rounds(24.0) == 3 and unbounded.hold_rounds(1.0) == math.inf
+    assert knobs.hold_rounds(24.0, 80) == 3 and knobs.hold_rounds(80.0, 80) == math.inf
+    assert unbounded.hold_rounds(1.0, 80) == math.inf
 
 
 def test_hold_back_stops_when_the_pool_exceeds_hold_pool_per_worker() -> None:
@@ -504,7 +510,7 @@ def test_bra_params_reject_bad_hold_bounds_and_bases() -> None:
     for bad in ({"hold_life": -0.1}, {"hold_pool": math.inf}, {"hold_life": True}, {"basis": "kv"}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             BRAParams(**bad)  # type: ignore[arg-type]
-    assert BRAParams(hold_life=None, hold_pool=None).hold_rounds(5.0) == math.inf
+    assert BRAParams(hold_life=None, hold_pool=None).hold_rounds(5.0, 80) == math.inf
 
 
 # -- the "stay" basis ---------------------------------------------------------------------------------
