@@ -78,8 +78,10 @@ class BRAParams:
         for name in ("hold_life", "hold_pool"):
             value = getattr(self, name)
             if value is not None and not (
-                isinstance(value, int | float) and not isinstance(value, bool)
-                and math.isfinite(value) and value >= 0
+                isinstance(value, int | float)
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+                and value >= 0
             ):
                 raise ValueError(f"{name} must be a finite number >= 0 or None, got {value!r}")
         if self.basis not in BASES:

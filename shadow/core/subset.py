@@ -108,9 +108,7 @@ def pairs(window: Sequence[PoolEntry], cap: int, score: Score, peak: float) -> t
     sizes = [e.prompt_tokens for e in items]
     bound = sum(sizes) if math.isinf(peak) else min(sum(sizes), max(0, math.ceil(peak)) + max(sizes))
     ones = {s for s in sizes if s <= bound}
-    twos = (
-        {a + b for j, b in enumerate(sizes) for a in sizes[:j] if a + b <= bound} if cap == 2 else set()
-    )
+    twos = {a + b for j, b in enumerate(sizes) for a in sizes[:j] if a + b <= bound} if cap == 2 else set()
     reach = ones | twos
     if not reach:
         return [], -math.inf
