@@ -44,7 +44,9 @@ averaged per step (step units) and weighted by step time (seconds); ratios to th
 are paired per seed and given with a 95% t-interval over seeds.
 --whole-run keeps the old whole-run figures (unbounded queues: they depend on run length).
 bra is this project's BalanceRoute-adaptive; bra{pick}, bra{pick+hold}, bra{window}, bra{} are
-its ablations (bra{} = BR-H's decisions).
+its ablations (bra{} = BR-H's decisions); bra{v1} is the first BRA (hold bounded by time only),
+bra{pick+hold0|hold/life|hold/pool} the hold's bounds one at a time, bra{stay}/bra{pick+stay} the
+"stay" thin-pool basis (shadow.replay.protocol.ABLATIONS lists them all).
 """
 
 
