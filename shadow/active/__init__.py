@@ -1,2 +1,2 @@
-"""Proxies that route requests themselves: the JSQ stand-in for an existing router (`pdproxy`),
-later BalanceRoute in the path (active mode)."""
+"""Routing requests ourselves: the active P/D proxy (`proxy`) with its dispatcher, prefill choice and
+mode controller, and the JSQ stand-in for an existing router built from it (`standin`)."""

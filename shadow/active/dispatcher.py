@@ -8,8 +8,9 @@ its router from `shadow.core.routers.make_router`: pool routers (br0, brh) place
 only, binding ones (jsq = the vllm-ascend rule, rr) place at once. The view is the `Ledger`'s
 merge with the load source, with each worker's free slots also capped by the KV transfers it may
 still take. Optional BR-0 pool bypass: place each request the moment its prefill is done by the
-single-request BR-0 score over running plus virtual load (ties to the larger margin). The tick
-also reaps entries older than the pool TTL (their waiters get `PoolExpired`).
+single-request BR-0 score over running plus virtual load (ties to the larger margin), preferring
+workers with a free slot; it waits in the pool only while every worker is at its KV-transfer cap.
+The tick also reaps entries older than the pool TTL (their waiters get `PoolExpired`).
 """
 
 from __future__ import annotations
@@ -81,8 +82,11 @@ class Dispatcher:
         metrics: ActiveMetrics,
         modes: ModeSource,
         clock: Callable[[], float] = time.monotonic,
+        router_factory: Callable[[str], Router] | None = None,
     ) -> None:
+        """`router_factory(policy)` makes each policy's router (default `make_router`'s; tests inject)."""
         self.config = config
+        self.router_factory = router_factory or self.make_router
         self.ledger = ledger
         self.source = source
         self.metrics = metrics
@@ -114,14 +118,18 @@ class Dispatcher:
                 t.future.cancel()
         self.waiting.clear()
 
+    def make_router(self, policy: str) -> Router:
+        """The router of an active policy name (ValueError naming the known ones)."""
+        name = ROUTER_NAMES.get(policy)
+        if name is None:
+            raise ValueError(f"unknown active policy {policy!r}; known: {', '.join(ROUTER_NAMES)}")
+        predictor = self.config.brh_predictor if name == "brh" else None
+        return make_router(name, params=self.params, predictor=predictor)
+
     def router(self, policy: str) -> Router:
         r = self.routers.get(policy)
         if r is None:
-            name = ROUTER_NAMES.get(policy)
-            if name is None:
-                raise ValueError(f"unknown active policy {policy!r}; known: {', '.join(ROUTER_NAMES)}")
-            predictor = self.config.brh_predictor if name == "brh" else None
-            r = make_router(name, params=self.params, predictor=predictor)
+            r = self.router_factory(policy)
             if isinstance(r, PoolRouter) and isinstance(r.br, BalanceRoute):
                 r.br.on_stage = self._stage_mark
             self.routers[policy] = r
@@ -149,8 +157,11 @@ class Dispatcher:
         ticket = Ticket(request_id, prompt_tokens, score_tokens, policy, now, fut, mode)
         if self.config.bypass and policy == "br0":
             g = self._bypass_pick(ticket, now)
-            self._place(ticket, g, now)
-            return fut
+            if g is not None:
+                self._place(ticket, g, now)
+                return fut
+            # every worker is at its KV-transfer cap: this one waits in the pool like the others
+            self.metrics.backpressure.labels("transfer_cap").inc()
         try:
             router = self.router(policy)
         except ValueError as exc:  # a policy this proxy cannot run: round-robin, reported as an error
@@ -296,14 +307,19 @@ class Dispatcher:
         if not ticket.future.done():
             ticket.future.set_result(g)
 
-    def _bypass_pick(self, ticket: Ticket, now: float) -> int:
-        """BR-0 single-request score over running + virtual load; ties to the larger margin."""
+    def _bypass_pick(self, ticket: Ticket, now: float) -> int | None:
+        """BR-0 single-request score over running + virtual load, among workers with a free slot
+        (else any under its KV-transfer cap: the worker queues it); ties to the larger margin.
+        None when every worker is at its transfer cap."""
         t0 = time.perf_counter()
         prompt_tokens = ticket.prompt_tokens
         lv = self.ledger.view(self.source, now)
+        room = [g for g in range(len(lv.loads)) if self.ledger.transfer_room(g) > 0]
+        if not room:
+            return None
         span = self.spans.round_start("br0", lv.free_slots, (ticket,), pool=1, bypass=True)
         scorer = BR0Scorer(lv.loads)
-        cands = [g for g, c in enumerate(lv.free_slots) if c > 0] or list(range(len(lv.loads)))
+        cands = [g for g in room if lv.free_slots[g] > 0] or room
         g = max(cands, key=lambda w: (scorer.score(w, prompt_tokens), scorer.margin(w), -w))
         spent = time.perf_counter() - t0
         self.spans.admission(span, ticket, self.config.workers[g], lv.loads, g, now)

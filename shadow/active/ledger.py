@@ -119,6 +119,7 @@ class Ledger:
         self.outstanding = [0] * workers
         self.outstanding_tokens = [0.0] * workers
         self.transfers = [0] * workers
+        self.dispatched = [0] * workers  # decode legs placed per worker (all time)
 
     def __len__(self) -> int:
         return len(self.legs)
@@ -134,6 +135,7 @@ class Ledger:
         self.outstanding[worker] += 1
         self.outstanding_tokens[worker] += score_tokens
         self.transfers[worker] += 1
+        self.dispatched[worker] += 1
         return leg
 
     def first_token(self, request_id: str) -> Leg | None:

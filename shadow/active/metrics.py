@@ -110,6 +110,11 @@ class ActiveMetrics:
         self.recomputed = Counter(
             "shadow_router_recomputed", 'decode legs that ended with stop_reason "recomputed"', registry=r
         )
+        self.resume_dropped = Counter(
+            "shadow_router_resume_dropped",
+            "streams that stopped keeping their bytes for a recompute continuation (resume budget)",
+            registry=r,
+        )
         self.starvation = Counter(
             "shadow_pool_starvation_guard",
             "pool entries dispatched by the age (starvation) guard",

@@ -1,8 +1,9 @@
 """Prefill server choice: least outstanding work (the vllm-ascend proxy's score, 0.3 × the sum of
-0.0345 · body bytes / 4 + 120.0745 over requests in flight; ties to the first registered), among
-prefillers not paused by KV back-pressure. A prefiller pauses while its `vllm:kv_cache_usage_perc`
-(scraped from its /metrics by `KvPoller`) is at or above `pause_at` and resumes below `resume_at`
-(hysteresis); when every prefiller is paused, `acquire` waits (counted) until one resumes.
+0.0345 · body bytes / 4 + 120.0745 over requests in flight; ties to the first registered), or
+round-robin (`rule="rr"`, vLLM's toy proxy), among prefillers not paused by KV back-pressure. A
+prefiller pauses while its `vllm:kv_cache_usage_perc` (scraped from its /metrics by `KvPoller`) is
+at or above `pause_at` and resumes below `resume_at` (hysteresis); when every prefiller is paused,
+`acquire` waits (counted) until one resumes.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class Prefiller:
     kv_usage: float | None = None
     paused: bool = False
     down: bool = False  # last attempt failed: tried last until it answers again
+    picked: int = 0  # prefill legs sent to it (all time)
 
 
 class PrefillChooser:
@@ -52,9 +54,14 @@ class PrefillChooser:
         *,
         pause_at: float = 0.9,
         resume_at: float = 0.8,
+        rule: str = "least",
     ) -> None:
         if not 0 < resume_at <= pause_at <= 1:
             raise ValueError(f"need 0 < resume ({resume_at}) <= pause ({pause_at}) <= 1")
+        if rule not in ("least", "rr"):
+            raise ValueError(f"prefill rule must be 'least' or 'rr', got {rule!r}")
+        self.rule = rule
+        self._next = 0  # round-robin position
         self.prefillers = [Prefiller(n, u.rstrip("/"), i) for i, (n, u) in enumerate(prefillers.items())]
         self.metrics = metrics
         self.pause_at = pause_at
@@ -79,10 +86,15 @@ class PrefillChooser:
                     self._changed.set()
 
     def pick(self, exclude: Sequence[str] = ()) -> Prefiller | None:
-        """Least outstanding work among admissible prefillers (None: all paused)."""
+        """Least outstanding work (or the next in turn) among admissible prefillers (None: all paused)."""
         cands = [p for p in self.prefillers if not p.paused and p.name not in exclude]
         if not cands:
             return None
+        if self.rule == "rr":
+            n = len(self.prefillers)
+            p = min(cands, key=lambda p: (p.ordinal - self._next) % n)
+            self._next = (p.ordinal + 1) % n
+            return p
         return min(cands, key=lambda p: (p.down, PREFILL_PRIORITY_WEIGHT * p.outstanding, p.ordinal))
 
     async def acquire(self, score: float, exclude: Sequence[str] = (), timeout_s: float = 60.0) -> Prefiller:
@@ -97,6 +109,7 @@ class PrefillChooser:
                     p = self.pick(exclude)
         p.outstanding += score
         p.requests += 1
+        p.picked += 1
         self.metrics.inflight.labels("prefill", p.name).set(p.requests)
         return p
 

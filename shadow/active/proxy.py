@@ -1,22 +1,26 @@
 """The active P/D proxy: an ASGI app that routes OpenAI completions itself or passes them on.
 
 Per request it asks the `ModeSource` once (`choose`): in `shadow` mode the request goes to the
-existing router unchanged (bytes, status and headers relayed as they come; retried only when the
-connection could not be made); in `active`/`fallback` it runs the P/D flow — the prefill leg
+existing router unchanged (bytes, status and headers relayed as they come; retried only when it
+did not completely leave); in `active`/`fallback` it runs the P/D flow — the prefill leg
 (not streamed, `max_tokens=1`, `min_tokens=1`, `kv_transfer_params.do_remote_decode`) on the
 prefiller `PrefillChooser` picks, the request then waits in the `Dispatcher`'s pool for a decode
 worker, and the decode leg (the client's body plus the returned `kv_transfer_params`) is relayed
 back. Plain fleets (no prefillers) skip the prefill leg. Both legs carry one `X-Request-Id` (also
-returned to the client). Failures before the first byte reached the client are retried (whole
-flow, bounded); after it the stream just ends. A decode stream ending with `stop_reason:
-"recomputed"` continues on a new P/D flow (prompt + text so far, remaining `max_tokens`) within
-the same client stream. A client that goes away frees its pool entry or decode slot at once.
-Each upstream has its own persistent connection pool.
+returned to the client). Failures before the first byte reached the client are retried (bounded):
+a prefill that did not completely leave (`upstream.Unsent`) or an upstream's error answer re-runs
+the whole flow; a decode leg that did not completely leave goes back to the pool with the same KV
+handle; a request already written upstream is never sent again (502). After the first byte the
+stream just ends. A decode stream ending with `stop_reason: "recomputed"` continues on a new P/D
+flow (prompt + text so far, remaining `max_tokens`) within the same client stream. A client that
+goes away frees its pool entry or decode slot at once. Each upstream has its own persistent
+connection pool.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -39,7 +43,9 @@ from shadow.active.dispatcher import DispatchConfig, Dispatcher, PoolExpired
 from shadow.active.ledger import Ledger, LoadSource, NoSource
 from shadow.active.metrics import ActiveMetrics, prompt_bucket
 from shadow.active.prefill import KvPoller, PrefillChooser, Prefiller, prefill_score
+from shadow.active.upstream import Unsent, send
 from shadow.core.params import BRParams
+from shadow.core.routers import Router
 from shadow.mirror.analyzer import estimate_prompt_tokens
 
 log = logging.getLogger("shadow.active")
@@ -70,6 +76,7 @@ HOP_BY_HOP = frozenset(
 )
 MAX_ABORTED = 4096  # abandoned KV handles remembered per prefiller
 MAX_RESUME_BYTES = 4 << 20  # stream bytes kept per request for a recompute continuation
+DONE_TAIL = 32  # bytes of a relayed stream kept to see its end marker
 
 
 @dataclass
@@ -90,6 +97,8 @@ class ActiveConfig:
     kv_pause: float = 0.9
     kv_resume: float = 0.8
     kv_poll_s: float = 1.0
+    kv_backpressure: bool = True  # scrape the prefillers' KV usage and pause the full ones
+    prefill_rule: str = "least"  # least outstanding work, or "rr" (round-robin)
     prefill_wait_s: float = 60.0
     retries: int = 3
     retry_delay_s: float = 0.001
@@ -118,14 +127,40 @@ class ActiveConfig:
 
 
 class _Failed(Exception):
-    """An upstream attempt failed before anything reached the client (retryable unless final)."""
+    """An upstream attempt failed before anything reached the client (retryable unless final).
+
+    `kind` names the failure (the error body's `type`, or `<leg>_status` for an upstream's own
+    error answer); `kv` is the prefill's KV handle when the decode leg failed before any of its
+    bytes were written (the decode worker never saw it: a retry may use it again)."""
 
     def __init__(
-        self, status: int, content: bytes, media: str, retryable: bool, leg: str, worker: str
+        self,
+        status: int,
+        content: bytes,
+        media: str,
+        retryable: bool,
+        leg: str,
+        worker: str,
+        kind: str = "",
+        kv: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(f"{leg} {worker}: HTTP {status}")
         self.status, self.content, self.media = status, content, media
         self.retryable, self.leg, self.worker = retryable, leg, worker
+        self.kind = kind or f"{leg}_status"
+        self.kv = kv
+
+    @classmethod
+    def ours(
+        cls, status: int, message: str, kind: str, retryable: bool, leg: str, worker: str = ""
+    ) -> _Failed:
+        """A failure the proxy answers itself (JSON error body of `kind`)."""
+        body = _error_body(status, message, kind)
+        return cls(status, body, "application/json", retryable, leg, worker, kind)
+
+    def holding(self, kv: dict[str, Any] | None) -> _Failed:
+        self.kv = kv
+        return self
 
 
 class _Gone(Exception):
@@ -167,7 +202,9 @@ class ActiveProxy:
         source: LoadSource | None = None,
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,
+        router_factory: Callable[[str], Router] | None = None,
     ) -> None:
+        """`router_factory(policy)`: the decode router per policy (default: `make_router`'s)."""
         self.config = config
         self.modes: ModeSource = modes or StaticModeSource("active", "br0")
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -194,12 +231,19 @@ class ActiveProxy:
             self.metrics,
             self.modes,
             clock,
+            router_factory,
         )
         self.prefill = PrefillChooser(
-            config.prefill, self.metrics, pause_at=config.kv_pause, resume_at=config.kv_resume
+            config.prefill,
+            self.metrics,
+            pause_at=config.kv_pause,
+            resume_at=config.kv_resume,
+            rule=config.prefill_rule,
         )
         targets = {
-            n: config.prefill_metrics.get(n, u.rstrip("/") + "/metrics") for n, u in config.prefill.items()
+            n: config.prefill_metrics.get(n, u.rstrip("/") + "/metrics")
+            for n, u in config.prefill.items()
+            if config.kv_backpressure
         }
         self.poller = KvPoller(targets, self.prefill.update_kv, interval_s=config.kv_poll_s)
         self._clients: dict[str, httpx.AsyncClient] = {}
@@ -208,6 +252,7 @@ class ActiveProxy:
         self._aborted: dict[str, list[str]] = {}
         self._resume_bytes = 0  # stream bytes kept by all streams for a recompute continuation
         self.resume_dropped = 0  # streams that stopped keeping them (budget): shown on /health
+        self.errors: collections.Counter[str] = collections.Counter()  # error answers by kind
         self.router_url = config.router_url.rstrip("/") if config.router_url else None
         self.app = Starlette(
             routes=[
@@ -282,6 +327,7 @@ class ActiveProxy:
         return self._error(503, "no backend answered /v1/models", "unavailable")
 
     def _error(self, status: int, message: str, kind: str, rid: str | None = None) -> Response:
+        self.errors[kind] += 1
         headers = {"X-Request-Id": rid} if rid else None
         return Response(
             _error_body(status, message, kind),
@@ -323,6 +369,7 @@ class ActiveProxy:
             raw = await self._read_body(request)
         except ClientDisconnect:
             self._count(mode, policy, "client_cancel")
+            self.errors["client_gone"] += 1
             return Response(status_code=499)
         if raw is None:
             self._count(mode, policy, "rejected")
@@ -359,6 +406,7 @@ class ActiveProxy:
                 self._count(flow.mode, flow.policy, "client_cancel")
                 return Response(status_code=499)
             except _Failed as f:
+                self.errors[f.kind] += 1
                 self._count(
                     flow.mode,
                     flow.policy,
@@ -379,26 +427,36 @@ class ActiveProxy:
         )
 
     async def _attempts(self, flow: _Flow, gone: asyncio.Future[Any]) -> httpx.Response:
-        """Prefill, pool and decode leg, retried as a whole while nothing reached the client."""
+        """Prefill, pool and decode leg, retried while nothing reached the client: as a whole, or
+        from the pool on when the decode leg failed unsent (its KV handle was never used)."""
         failed_prefill: list[str] = []
         attempt = 0
+        kv: dict[str, Any] | None = None  # a prefill's KV handle still unused (this call owns it)
         while True:
             try:
-                return await self._legs(flow, gone, failed_prefill)
+                return await self._legs(flow, gone, failed_prefill, kv)
             except _Failed as f:
+                kv, leg, worker = f.kv, f.leg, f.worker
                 if not f.retryable or attempt >= self.config.retries:
+                    self._abort_kv(flow, kv)
                     raise
-                attempt += 1
-                self.metrics.retries.labels(f.leg).inc()
-                if f.leg == "prefill":
-                    failed_prefill.append(f.worker)
-                    if len(failed_prefill) >= len(self.prefill.prefillers):
-                        failed_prefill.clear()
+            attempt += 1
+            self.metrics.retries.labels(leg).inc()
+            if leg == "prefill":
+                failed_prefill.append(worker)
+                if len(failed_prefill) >= len(self.prefill.prefillers):
+                    failed_prefill.clear()
+            try:
                 await _race(asyncio.sleep(self.config.retry_delay_s * (2 ** (attempt - 1))), gone)
+            except BaseException:
+                self._abort_kv(flow, kv)
+                raise
 
-    async def _legs(self, flow: _Flow, gone: asyncio.Future[Any], exclude: list[str]) -> httpx.Response:
-        kv: dict[str, Any] | None = None
-        if self.prefill:
+    async def _legs(
+        self, flow: _Flow, gone: asyncio.Future[Any], exclude: list[str], kv: dict[str, Any] | None
+    ) -> httpx.Response:
+        """One attempt; `kv`: a handle from an earlier attempt's prefill (no prefill leg then)."""
+        if kv is None and self.prefill:
             kv = await self._prefill_leg(flow, gone, exclude)
         try:
             fut = self.dispatcher.submit(
@@ -413,13 +471,8 @@ class ActiveProxy:
                 raise
             except PoolExpired as exc:
                 self._abort_kv(flow, kv)
-                raise _Failed(
-                    503,
-                    _error_body(503, f"no decode slot in time: {exc}", "pool_timeout"),
-                    "application/json",
-                    False,
-                    "pool",
-                    "",
+                raise _Failed.ours(
+                    503, f"no decode slot in time: {exc}", "pool_timeout", False, "pool"
                 ) from None
             flow.worker, flow.dispatched_at = g, time.perf_counter()
             return await self._decode_leg(flow, kv, gone)
@@ -434,13 +487,8 @@ class ActiveProxy:
         try:
             p = await _race(self.prefill.acquire(cost, exclude, self.config.prefill_wait_s), gone)
         except TimeoutError:
-            raise _Failed(
-                503,
-                _error_body(503, "every prefiller is over its KV budget", "prefill_kv"),
-                "application/json",
-                False,
-                "pool",
-                "",
+            raise _Failed.ours(
+                503, "every prefiller is over its KV budget", "prefill_kv", False, "pool"
             ) from None
         flow.prefiller, flow.prefill_cost = p, cost
         leg = dict(flow.body)
@@ -452,26 +500,24 @@ class ActiveProxy:
         leg.update(stream=False, max_tokens=1, min_tokens=1, kv_transfer_params=kvp)
         if "max_completion_tokens" in leg:
             leg["max_completion_tokens"] = 1
+        client = self._client(p.url)
+        req = client.build_request(
+            "POST", p.url + flow.path, content=orjson.dumps(leg), headers=self._headers(flow.rid)
+        )
         try:
-            r = await _race(
-                self._client(p.url).post(
-                    p.url + flow.path, content=orjson.dumps(leg), headers=self._headers(flow.rid)
-                ),
-                gone,
-            )
-        except httpx.HTTPError as exc:
+            r = await _race(send(client, req), gone)
+        except (Unsent, httpx.HTTPError) as exc:
             self._upstream_failed(p.name, "prefill")
             p.down = True
             self._release_prefill(flow)
-            raise _Failed(
-                502,
-                _error_body(
-                    502, f"prefill {p.name} unreachable: {type(exc).__name__}", "prefill_unreachable"
-                ),
-                "application/json",
-                True,
-                "prefill",
-                p.name,
+            if isinstance(exc, Unsent):  # it never got the whole request: another prefiller may
+                raise _Failed.ours(
+                    502, f"prefill {p.name} unreachable: {type(exc.cause).__name__}", "prefill_unreachable",
+                    True, "prefill", p.name,
+                ) from None
+            raise _Failed.ours(  # written: it may be running it (and hold its KV), never sent again
+                502, f"prefill {p.name} failed before answering: {type(exc).__name__}", "prefill_no_answer",
+                False, "prefill", p.name,
             ) from None
         except BaseException:
             self._release_prefill(flow)
@@ -496,13 +542,9 @@ class ActiveProxy:
             self.metrics.upstream_errors.labels("prefill", p.name).inc()
         self._release_prefill(flow)
         if ok:
-            raise _Failed(
-                502,
-                _error_body(502, f"prefill {p.name} returned no kv_transfer_params", "prefill_bad_response"),
-                "application/json",
-                False,
-                "prefill",
-                p.name,
+            raise _Failed.ours(
+                502, f"prefill {p.name} returned no kv_transfer_params", "prefill_bad_response", False,
+                "prefill", p.name,
             )
         p.down = r.status_code >= 500
         raise _Failed(
@@ -545,17 +587,20 @@ class ActiveProxy:
         client = self._client(url)
         req = client.build_request("POST", url + flow.path, content=payload, headers=self._headers(flow.rid))
         try:
-            upstream: httpx.Response = await _race(client.send(req, stream=True), gone)
-        except httpx.HTTPError as exc:
+            upstream: httpx.Response = await _race(send(client, req, stream=True), gone)
+        except Unsent as u:  # the worker never got the whole request: try again, same KV handle
             self._decode_over(flow, None)
             self._upstream_failed(name, "decode")
-            raise _Failed(
-                502,
-                _error_body(502, f"decode {name} unreachable: {type(exc).__name__}", "decode_unreachable"),
-                "application/json",
-                True,
-                "decode",
-                name,
+            raise _Failed.ours(
+                502, f"decode {name} unreachable: {type(u.cause).__name__}", "decode_unreachable", True,
+                "decode", name,
+            ).holding(kv) from None
+        except httpx.HTTPError as exc:  # written: the worker may be running it, never sent again
+            self._decode_over(flow, None)
+            self._upstream_failed(name, "decode")
+            raise _Failed.ours(
+                502, f"decode {name} failed before answering: {type(exc).__name__}", "decode_no_answer",
+                False, "decode", name,
             ) from None
         except BaseException:
             self._decode_over(flow, None)
@@ -571,6 +616,8 @@ class ActiveProxy:
             await upstream.aclose()
         self._decode_over(flow, None)
         self._upstream_failed(name, "decode")
+        # The worker answered, so it had the KV handle (it may have pulled or dropped the blocks):
+        # a retry runs the whole flow, with a fresh prefill.
         raise _Failed(
             upstream.status_code,
             content,
@@ -612,6 +659,7 @@ class ActiveProxy:
             try:
                 upstream = await self._attempts(flow, asyncio.get_running_loop().create_future())
             except _Failed as f:
+                self.errors[f.kind] += 1
                 self._count(flow.mode, flow.policy, "upstream_error")
                 return Response(f.content, status_code=f.status, media_type=f.media)
         elapsed = time.perf_counter() - flow.t0
@@ -632,6 +680,7 @@ class ActiveProxy:
         outcome = "client_cancel"
         events = 0
         t_first = 0.0
+        tail = b""  # the last bytes sent to the client
         kept: list[bytes] | None = []  # what was sent, for a recompute continuation
         kept_bytes = 0
         try:
@@ -668,10 +717,13 @@ class ActiveProxy:
                                 self._resume_bytes -= kept_bytes  # too much to keep: no continuation
                                 kept, kept_bytes = None, 0
                                 self.resume_dropped += 1
+                                self.metrics.resume_dropped.inc()
+                        tail = (tail + out)[-DONE_TAIL:]
                         yield out
                     if recomputed:
                         break
                 if buf and not recomputed:
+                    tail = (tail + buf)[-DONE_TAIL:]
                     yield buf
                 await upstream.aclose()
                 if not recomputed:
@@ -696,6 +748,10 @@ class ActiveProxy:
                 self._upstream_failed(self.decode_names[flow.worker], "decode")
             log.warning("decode stream %s broke: %s", flow.rid, type(exc).__name__)
         finally:
+            if outcome == "client_cancel" and _stream_done(tail):
+                outcome = "ok"  # the client left after the end marker: the stream was complete
+            elif outcome == "upstream_error":
+                self.errors["decode_stream"] += 1
             self._resume_bytes -= kept_bytes
             await upstream.aclose()
             self._release_prefill(flow)
@@ -721,20 +777,22 @@ class ActiveProxy:
         upstream: httpx.Response | None = None
         for attempt in range(self.config.retries + 1):
             try:
-                upstream = await client.send(
-                    client.build_request("POST", url, content=raw, headers=headers), stream=True
+                upstream = await send(
+                    client, client.build_request("POST", url, content=raw, headers=headers), stream=True
                 )
                 break
-            except httpx.ConnectError:  # nothing was sent: safe to try again
+            except Unsent:  # the router never got the whole request: safe to send again
                 self._upstream_failed("router", "router")
                 if attempt == self.config.retries:
                     break
                 self.metrics.retries.labels("router").inc()
                 await asyncio.sleep(self.config.retry_delay_s * (2**attempt))
-            except httpx.HTTPError as exc:
+            except httpx.HTTPError as exc:  # written: the router may be running it, never sent again
                 self._upstream_failed("router", "router")
                 self._count("shadow", "router", "upstream_error")
-                return self._error(502, f"router unreachable: {type(exc).__name__}", "router_unreachable")
+                return self._error(
+                    502, f"router failed before answering: {type(exc).__name__}", "router_no_answer"
+                )
         if upstream is None:
             self._count("shadow", "router", "upstream_error")
             return self._error(502, "router unreachable", "router_unreachable")
@@ -745,22 +803,31 @@ class ActiveProxy:
         async def relay() -> AsyncIterator[bytes]:
             outcome = "client_cancel"
             first = True
+            tail = b""  # the last bytes relayed: a client leaving after `data: [DONE]` had it all
             try:
                 async for chunk in upstream.aiter_raw():
                     if first and chunk:
                         first = False
                         self.metrics.first_token.labels("shadow", bucket).observe(time.perf_counter() - t0)
+                    tail = (tail + chunk)[-DONE_TAIL:]
                     yield chunk
                 outcome = "ok" if upstream.status_code < 400 else "upstream_error"
             except httpx.HTTPError:
                 outcome = "upstream_error"
                 self._upstream_failed("router", "router")
             finally:
+                if outcome == "client_cancel" and _stream_done(tail):
+                    outcome = "ok"
                 await upstream.aclose()
                 self.metrics.inflight.labels("router", "router").dec()
                 self._count("shadow", "router", outcome)
 
         return _Relay(relay(), status_code=upstream.status_code, headers=out_headers)
+
+
+def _stream_done(tail: bytes) -> bool:
+    """The relayed bytes ended with the SSE end marker (the client had the whole stream)."""
+    return tail.rstrip(b"\r\n").endswith(b"data: [DONE]")
 
 
 def _whole_recomputed(content: bytes) -> bool:

@@ -2,8 +2,9 @@
 
 Decode choice by outstanding request-body bytes (ties to the first --decode given), prefill choice
 by 0.3 × outstanding prefill score, both legs with one X-Request-Id; without --prefill it routes
-plain requests to the decode backends by the same rule. Prints one JSON line `{"url": URL}` when
-it listens; stops on SIGINT/SIGTERM.
+plain requests to the decode backends by the same rule. It is shadow's active proxy in a fixed
+mode (`shadow.active.standin`). Prints one JSON line `{"url": URL}` when it listens; stops on
+SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from shadow.active.pdproxy import POLICIES, ProxyConfig, serve_proxy
+from shadow.active.standin import POLICIES, RouterConfig, serve_router
 
 EPILOG = """examples:
   # P/D: one prefill server, two decode ranks (e.g. from `shadow fleet --prefill 1 --decode 2`)
@@ -61,26 +62,29 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-body-bytes", type=int, default=8 << 20, help="request body limit (413 above)")
     p.add_argument("--max-connections", type=int, default=1024, help="upstream connection pool size")
     p.add_argument("--prefill-retries", type=int, default=3,
-                   help="retries of a failed prefill leg (exponential backoff, none after HTTP 400)")
+                   help="retries of a request before anything reached the client: a failed prefill leg "
+                        "(on another prefiller when there is one), a decode leg that could not be sent; "
+                        "exponential backoff from 1 ms, none after HTTP 4xx (default 3)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        config = ProxyConfig(
+        config = RouterConfig(
             decode=_backends(args.decode, "d", "--decode"),
             prefill=_backends(args.prefill, "p", "--prefill"),
             policy=args.policy,
             max_body_bytes=args.max_body_bytes,
             max_connections=args.max_connections,
-            prefill_retries=args.prefill_retries,
+            retries=args.prefill_retries,
         )
+        config.active_config()  # validates (one-line errors)
     except ValueError as exc:
         print(f"shadow router: {exc}", file=sys.stderr)
         return 2
     try:
-        return serve_proxy(config, args.host, args.port,
-                           on_ready=lambda url: print(json.dumps({"url": url}), flush=True))
+        return serve_router(config, args.host, args.port,
+                            on_ready=lambda url: print(json.dumps({"url": url}), flush=True))
     except OSError as exc:
         print(f"shadow router: {exc}", file=sys.stderr)
         return 1

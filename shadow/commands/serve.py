@@ -256,8 +256,10 @@ def add_active_arguments(p: argparse.ArgumentParser) -> None:
                    help="a request waiting longer in the Prompt Pool gets 503 and its prefill KV is released "
                    "(default 60)")
     g.add_argument("--pool-bypass", action="store_true",
-                   help="BR-0 places each request when its prefill is done (single-request score over "
-                   "running + virtual load) instead of pool rounds")
+                   help="policy br0 only: place each request when its prefill is done (BR-0's "
+                   "single-request score over running + dispatched-not-yet-running load, workers with a "
+                   "free slot first, the worker queues it) instead of in pool rounds; it waits in the pool "
+                   "only while every decode worker is at its --transfer-cap")
     g.add_argument("--kv-pause", type=float, default=0.9, metavar="FRACTION",
                    help="no new prefill to a prefiller at this KV usage (its /metrics) (default 0.9)")
     g.add_argument("--kv-resume", type=float, default=0.8, metavar="FRACTION",

@@ -14,6 +14,7 @@ as far as known ends allow (use it for the final report of a session).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,7 @@ from shadow.active.modes import ModeConfig
 from shadow.active.proxy import ActiveConfig, ActiveProxy
 from shadow.active.server import AppServer
 from shadow.core.params import BRParams
+from shadow.core.routers import Router
 from shadow.core.stepmodel import DEFAULT_A_S_PER_TOKEN, DEFAULT_B_S, StepTimeModel
 from shadow.engine.config import LaneSpec
 from shadow.live.lanes import DEFAULT_POLICIES, LiveLanes
@@ -70,6 +72,7 @@ class ActiveSettings:
     kv_poll_s: float = 1.0
     retries: int = 3
     tick_s: float = 0.05
+    router_factory: Callable[[str], Router] | None = None  # tests: the decode router per policy
 
 
 @dataclass
@@ -195,7 +198,7 @@ class ServeService:
         cfg = self._active_config(taps)
         source = MirrorSource(self.tap.state, list(cfg.decode))
         self.proxy = ActiveProxy(cfg, modes=self.modes, source=source, registry=self.tap.registry,
-                                 clock=self.tap.clock)
+                                 clock=self.tap.clock, router_factory=a.router_factory)
         if self.spans is not None:
             self.proxy.dispatcher.spans = self.spans
         self._proxy_server = AppServer(self.proxy.app, a.host, a.port)

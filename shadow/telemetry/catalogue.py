@@ -296,6 +296,8 @@ CATALOGUE: tuple[MetricSpec, ...] = (
        "Decode dispatch to first decode token (KV transfer + queueing on the decode worker)."),
     _a("shadow_router_recomputed_total", "counter", "requests", "",
        "Decode legs that ended with stop_reason recomputed."),
+    _a("shadow_router_resume_dropped_total", "counter", "requests", "",
+       "Streams that stopped keeping their bytes for a recompute continuation (resume budget)."),
     # --- simulated fleet ground truth (shadow.fleet.metrics.StepCollector) ------------------------
     _m("shadow_fleet_steps_total", "counter", "steps", "",
        "Steps of the simulated fleet's shared decode clock.", _FLEET),

@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from shadow.active.contracts import ModeSource, StaticModeSource
+from shadow.active.ledger import LoadSource
 from shadow.active.proxy import ActiveConfig, ActiveProxy
 from shadow.active.server import AppServer
 
@@ -128,11 +129,13 @@ class Stub:
 
 @contextlib.asynccontextmanager
 async def proxy_on(
-    decode: dict[str, str], *, modes: ModeSource | None = None, **kw: Any
+    decode: dict[str, str], *, modes: ModeSource | None = None, source: LoadSource | None = None, **kw: Any
 ) -> AsyncIterator[tuple[ActiveProxy, str]]:
     """An ActiveProxy served on a free port in this loop; yields (proxy, base URL)."""
     kw.setdefault("slots", 4)
-    proxy = ActiveProxy(ActiveConfig(decode=decode, **kw), modes=modes or StaticModeSource("active", "br0"))
+    proxy = ActiveProxy(
+        ActiveConfig(decode=decode, **kw), modes=modes or StaticModeSource("active", "br0"), source=source
+    )
     server = AppServer(proxy.app)
     url = await server.start()
     try:
@@ -149,6 +152,23 @@ async def until(cond: Callable[[], bool], timeout_s: float = 10.0, what: str = "
         if loop.time() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.005)
+
+
+class FixedSource:
+    """A load source that reports fixed running load per worker and knows none of the proxy's legs
+    (so every leg the proxy dispatched stays virtual load on its worker)."""
+
+    def __init__(self, kv: list[float], running: list[int]) -> None:
+        self.kv, self.running = kv, running
+
+    def counts(self) -> tuple[list[float], list[int]]:
+        return list(self.kv), list(self.running)
+
+    def known(self, request_id: str) -> bool:
+        return False
+
+    def live(self, request_id: str) -> bool:
+        return False
 
 
 def metric(proxy: ActiveProxy, name: str, **labels: str) -> float:

@@ -2,8 +2,9 @@
 
 Real processes: `shadow fleet` (2 prefill servers, 4 decode ranks × 16 slots, time-scale 0.25),
 `shadow serve --active` (the proxy; taps in front of every worker; in shadow mode it passes
-requests to the existing router) and a real vllm-router (PyPI) in P/D mode pointed at shadow's
-taps (the deployment's port layout), so every mode mirrors what really routed. 200 concurrent
+requests to the existing router) and the existing router pointed at shadow's taps (the
+deployment's port layout), so every mode mirrors what really routed: a real vllm-router (PyPI) in
+P/D mode, and `shadow router` (the JSQ stand-in, built from the active proxy's own pieces). 200 concurrent
 closed-loop streams from the official `openai` client; while they run, the admin API flips
 shadow → canary → active → fallback → active → ... twice round, each time another 40 streams
 have completed (a condition, not a timer). Every stream ends with exactly its `max_tokens`
@@ -21,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -123,7 +125,8 @@ def free_run(n: int) -> int:
     raise AssertionError("no run of free loopback ports")
 
 
-def test_flipping_modes_under_200_streams_loses_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("router", ["vllm-router", "shadow-router"])
+def test_flipping_modes_under_200_streams_loses_nothing(tmp_path: Path, router: str) -> None:
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
     G, P = 4, 2
@@ -134,10 +137,14 @@ def test_flipping_modes_under_200_streams_loses_nothing(tmp_path: Path) -> None:
         # the router is pointed at shadow's taps (API on base, decode taps on base+1.., prefill taps
         # after them), so every mode mirrors what really routed
         base = free_run(2 + G + P)
-        rport = free_run(1)  # the router on rport, its Prometheus endpoint on rport + 1
-        router_args = [router_exe(), "--host", "127.0.0.1", "--port", str(rport), "--vllm-pd-disaggregation",
-                       "--policy", "round_robin", "--prometheus-host", "127.0.0.1",
-                       "--prometheus-port", str(rport + 1), "--worker-startup-check-interval", "1"]
+        rport = free_run(1)  # the router on rport (vllm-router: its Prometheus endpoint on rport + 1)
+        if router == "vllm-router":
+            router_args = [router_exe(), "--host", "127.0.0.1", "--port", str(rport),
+                           "--vllm-pd-disaggregation", "--policy", "round_robin",
+                           "--prometheus-host", "127.0.0.1",
+                           "--prometheus-port", str(rport + 1), "--worker-startup-check-interval", "1"]
+        else:  # shadow's own JSQ stand-in (the active proxy's pieces in a fixed mode)
+            router_args = shadow_argv("router", "--port", str(rport))
         router_args += [x for i in range(P) for x in ("--prefill", f"http://127.0.0.1:{base + 1 + G + i}")]
         router_args += [x for g in range(G) for x in ("--decode", f"http://127.0.0.1:{base + 1 + g}")]
         router_url = f"http://127.0.0.1:{rport}"
@@ -149,7 +156,7 @@ def test_flipping_modes_under_200_streams_loses_nothing(tmp_path: Path) -> None:
         # the sidecar first (the router checks its workers, shadow's taps, at start)
         with logged_process(serve_args, tmp_path / "serve.log") as ready, \
                 running(router_args, tmp_path / "router.log"):
-            wait_for(lambda: _healthy(router_url), "vllm-router healthy", timeout=120)
+            wait_for(lambda: _healthy(router_url), f"{router} healthy", timeout=120)
             api, proxy = ready["api"], ready["active"]
             assert ready["taps"]["d0"].endswith(f":{base + 1}"), ready
             try:
@@ -170,14 +177,14 @@ def test_flipping_modes_under_200_streams_loses_nothing(tmp_path: Path) -> None:
 
             wait_for(idle, "fleet, pool and mirror at zero")
             text = httpx.get(api + "/metrics", timeout=5).text
-            # every request counted once under the mode it started in (outcome aside: the proxy
-            # may count a stream whose client closed right after [DONE] as client_cancel)
+            # every request counted once, under the mode it started in, as ok (a client that
+            # closes right after [DONE] had the whole stream)
             by_mode = {m: metric_sum(text, "shadow_router_requests_total", mode=m)
                        for m in ("shadow", "active", "fallback")}
             lines = [x for x in text.splitlines() if x.startswith("shadow_router_requests_total")]
             assert sum(by_mode.values()) == done, (by_mode, lines)
             assert all(by_mode[m] > 0 for m in ("shadow", "active", "fallback")), by_mode
-            assert metric_sum(text, "shadow_router_requests_total", outcome="upstream_error") == 0
+            assert metric_sum(text, "shadow_router_requests_total", outcome="ok") == done, lines
             report = httpx.get(api + "/v1/report", timeout=10).json()["mode"]
             ops = [t for t in report["transitions"] if t.get("reason") == "operator"]
             assert [t["to"] for t in ops] == [CYCLE[i % len(CYCLE)] for i in range(1, flips + 1)]
@@ -227,22 +234,25 @@ async def _drive(proxy: str, api: str) -> tuple[int, int]:
             await one(rng.randint(8, 200), rng.randint(10, 60))
             completed += 1
 
-    async def flipper(http: httpx.AsyncClient) -> None:
+    def flipper() -> None:
+        """On its own thread: the 200 streams saturate the test's event loop on a loaded machine
+        (connects from that loop were seen taking > 10 s), the admin calls must not wait on it."""
         nonlocal flips
         mark = 0
-        while flips < target:
-            if completed >= mark + EVERY:
-                mark = completed
-                flips += 1
-                body = {"mode": CYCLE[flips % len(CYCLE)], "policy": "br0"}
-                r = await http.put(api + "/v1/mode", json=body, headers={"authorization": f"Bearer {TOKEN}"})
-                assert r.status_code == 200, r.text
-            await asyncio.sleep(0.02)  # polls the completion count (the condition), not a timer
+        stop = threading.Event()
+        # one connection per PUT: a kept-alive connection idle past the server's keep-alive
+        # timeout can be closed just as the next PUT goes out (a client-side race)
+        with httpx.Client(timeout=10, limits=httpx.Limits(max_keepalive_connections=0)) as http:
+            while flips < target:
+                if completed >= mark + EVERY:
+                    mark = completed
+                    body = {"mode": CYCLE[(flips + 1) % len(CYCLE)], "policy": "br0"}
+                    r = http.put(api + "/v1/mode", json=body, headers={"authorization": f"Bearer {TOKEN}"})
+                    assert r.status_code == 200, r.text
+                    flips += 1
+                stop.wait(0.02)  # polls the completion count (the condition), not a timer
 
-    # one connection per PUT: a kept-alive connection idle past the server's keep-alive timeout
-    # can be closed just as the next PUT goes out (a client-side race, not the sidecar's)
-    async with httpx.AsyncClient(timeout=10, limits=httpx.Limits(max_keepalive_connections=0)) as http:
-        await asyncio.gather(flipper(http), *(loop() for _ in range(N)))
+    await asyncio.gather(asyncio.to_thread(flipper), *(loop() for _ in range(N)))
     await client.close()
     assert not errors, errors[:5]
     return completed, flips

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import httptools
 import httpx
 import orjson
 
@@ -253,5 +255,97 @@ def test_transfer_cap_holds_dispatch_until_a_first_token() -> None:
             assert all(r.status_code == 200 and _texts(r.content) == ["t"] for r in done)
             assert len(dec.calls) == 3 and not proxy.ledger.legs
         await dec.stop()
+
+    run(scenario)
+
+
+def test_decode_leg_not_sent_is_retried_with_the_same_kv_and_no_second_prefill() -> None:
+    """The decode worker refuses connections (nothing was sent) until it comes up: the decode leg
+    is tried again with the KV handle of the one prefill (the worker never saw it)."""
+
+    async def scenario() -> None:
+        pre = Stub([], role="prefill")
+        dec = Stub([Step(events=[sse("t", i) for i in range(5)] + [DONE])])
+        await pre.start()
+        hold = socket.socket()  # bound, not listening: connections are refused
+        hold.bind(("127.0.0.1", 0))
+        port = hold.getsockname()[1]
+        async with (
+            proxy_on(
+                {"d0": f"http://127.0.0.1:{port}"},
+                prefill={"p0": pre.url},
+                kv_backpressure=False,
+                retries=6,
+                retry_delay_s=0.05,
+            ) as (proxy, url),
+            httpx.AsyncClient() as c,
+        ):
+            task = asyncio.create_task(c.post(url + "/v1/completions", json=BODY))
+            await until(
+                lambda: metric(proxy, "shadow_router_upstream_errors_total", leg="decode", worker="d0") >= 1,
+                what="a refused decode leg",
+            )
+            hold.close()
+            dec.server.port = port
+            await dec.start()
+            r = await task
+            assert r.status_code == 200 and _texts(r.content) == ["t"] * 5
+            assert len(pre.calls) == 1 and len(dec.calls) == 1  # one prefill; the decode got its handle
+            assert dec.calls[0][1]["kv_transfer_params"]["remote_request_id"] == "kv-1"
+            assert metric(proxy, "shadow_router_retries_total", leg="decode") >= 1
+            assert not proxy._aborted  # the handle was used, not given up
+            assert not proxy.ledger.legs and proxy.prefill.prefillers[0].requests == 0
+        await pre.stop()
+        await dec.stop()
+
+    run(scenario)
+
+
+def test_a_decode_request_already_written_is_never_sent_again() -> None:
+    """The decode worker reads the whole request, then closes without answering: it may be running
+    it, so the proxy answers 502 and does not send it again (nor re-run the prefill)."""
+    got: list[bytes] = []
+
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        done = asyncio.Event()
+
+        class Parser:
+            def on_message_complete(self) -> None:
+                done.set()
+
+        parser = httptools.HttpRequestParser(Parser())
+        while not done.is_set():
+            data = await reader.read(65536)
+            if not data:
+                break
+            got.append(data)
+            parser.feed_data(data)
+        writer.close()
+
+    async def scenario() -> None:
+        pre = Stub([], role="prefill")
+        await pre.start()
+        server = await asyncio.start_server(swallow, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with (
+            proxy_on({"d0": f"http://127.0.0.1:{port}"}, prefill={"p0": pre.url}, kv_backpressure=False) as (
+                proxy,
+                url,
+            ),
+            httpx.AsyncClient() as c,
+        ):
+            r = await c.post(url + "/v1/completions", json=BODY)
+            assert r.status_code == 502 and r.json()["error"]["type"] == "decode_no_answer"
+            assert len(got) >= 1 and b"POST /v1/completions" in got[0]
+            assert sum(b.count(b"POST /v1/completions") for b in got) == 1  # sent once
+            assert len(pre.calls) == 1
+            assert metric(proxy, "shadow_router_retries_total", leg="decode") == 0
+            assert metric(proxy, "shadow_router_requests_total", mode="active", policy="br0",
+                          outcome="upstream_error") == 1
+            assert proxy.errors["decode_no_answer"] == 1
+            assert not proxy.ledger.legs and proxy.prefill.prefillers[0].requests == 0
+        server.close()
+        await server.wait_closed()
+        await pre.stop()
 
     run(scenario)

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from shadow.active.pdproxy import prefill_score
+from shadow.active.prefill import prefill_score
 from shadow.fleet import FleetConfig, FleetThread
 from tests.active.procs import shadow_process
 
