@@ -349,3 +349,105 @@ def test_a_decode_request_already_written_is_never_sent_again() -> None:
         await pre.stop()
 
     run(scenario)
+
+
+def test_a_client_leaving_right_after_done_counts_ok_in_every_mode() -> None:
+    """The upstream has sent `data: [DONE]` but not yet ended its response when the client (as the
+    openai client does) closes: the client had the whole stream, so the request counts `ok`,
+    through the P/D flow and through shadow-mode passthrough alike."""
+
+    async def scenario() -> None:
+        never = asyncio.Event()  # the upstreams never end their responses on their own
+        events = [sse("t", 0), sse("t", 1), DONE, never]
+        dec = Stub([Step(events=events)])
+        router = Stub([Step(events=events)])
+        await dec.start()
+        await router.start()
+        for mode, policy in (("active", "br0"), ("shadow", "router")):
+            async with (
+                proxy_on({"d0": dec.url}, router_url=router.url, modes=StaticModeSource(mode)) as (
+                    proxy,
+                    url,
+                ),
+                httpx.AsyncClient() as c,
+            ):
+                got = b""
+                async with c.stream("POST", url + "/v1/completions", json=BODY) as r:
+                    async for chunk in r.aiter_raw():
+                        got += chunk
+                        if got.endswith(DONE):
+                            break  # leave at once, as the openai client does
+                assert _texts(got) == ["t", "t"]
+                await until(
+                    lambda proxy=proxy, mode=mode, policy=policy: sum(
+                        metric(proxy, "shadow_router_requests_total", mode=mode, policy=policy, outcome=o)
+                        for o in ("ok", "client_cancel", "upstream_error")
+                    ) == 1,
+                    what=f"the {mode} request counted",
+                )
+                ok = metric(proxy, "shadow_router_requests_total", mode=mode, policy=policy, outcome="ok")
+                assert ok == 1
+        await dec.stop()
+        await router.stop()
+
+    run(scenario)
+
+
+def test_a_client_leaving_before_done_counts_client_cancel() -> None:
+    async def scenario() -> None:
+        never = asyncio.Event()
+        dec = Stub([Step(events=[sse("t", 0), never, DONE])])
+        await dec.start()
+        async with proxy_on({"d0": dec.url}) as (proxy, url), httpx.AsyncClient() as c:
+            async with c.stream("POST", url + "/v1/completions", json=BODY) as r:
+                async for chunk in r.aiter_raw():
+                    if b"data: {" in chunk:
+                        break
+            await until(lambda: not proxy.ledger.legs, what="the decode slot freed")
+            await until(
+                lambda: metric(proxy, "shadow_router_requests_total", mode="active", policy="br0",
+                               outcome="client_cancel") == 1,
+                what="counted client_cancel",
+            )
+            ok = metric(proxy, "shadow_router_requests_total", mode="active", policy="br0", outcome="ok")
+            assert ok == 0
+        await dec.stop()
+
+    run(scenario)
+
+
+def test_over_the_resume_budget_a_stream_keeps_no_bytes_counted_on_health_and_prometheus() -> None:
+    """A stream whose bytes pass `resume_budget_bytes` stops keeping them (counted once, on /health
+    and as shadow_router_resume_dropped_total); it still reaches the client whole, but a
+    `recomputed` end can no longer be continued: the stream ends there, as an upstream error."""
+
+    def script(n: int, body: Any) -> Step:
+        if n == 0:
+            return Step(events=[sse("x" * 40, i) for i in range(4)] + [DONE])
+        return Step(events=[sse("y" * 40, i) for i in range(4)] + [sse("", 9, "abort", "recomputed")])
+
+    async def scenario() -> None:
+        dec = Stub(script)
+        await dec.start()
+        async with (
+            proxy_on({"d0": dec.url}, resume_budget_bytes=300) as (proxy, url),
+            httpx.AsyncClient() as c,
+        ):
+            r = await c.post(url + "/v1/completions", json=BODY)
+            assert r.status_code == 200 and _texts(r.content) == ["x" * 40] * 4
+            assert r.content.endswith(DONE)
+            assert metric(proxy, "shadow_router_resume_dropped_total") == 1
+            assert (await c.get(url + "/health")).json()["resume_dropped"] == 1
+            assert proxy._resume_bytes == 0  # nothing held once the stream ended
+            r2 = await c.post(url + "/v1/completions", json=BODY)
+            assert _texts(r2.content) == ["y" * 40] * 4 and b"recomputed" not in r2.content
+            assert len(dec.calls) == 2  # no continuation: the kept bytes were gone
+            assert metric(proxy, "shadow_router_resume_dropped_total") == 2
+            await until(
+                lambda: metric(proxy, "shadow_router_requests_total", mode="active", policy="br0",
+                               outcome="upstream_error") == 1,
+                what="the cut-short stream counted",
+            )
+        await dec.stop()
+
+    run(scenario)

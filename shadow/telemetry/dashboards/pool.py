@@ -55,13 +55,16 @@ def build() -> db.Dashboard:
                "on the decode worker).",
                "s", *quantiles("shadow_router_kv_transfer_seconds")), w=8)
     lay.add(ts("Retries, recomputations, back-pressure",
-               "Per second: upstream retries by leg, decode legs ended as `recomputed`, and waits "
-               "caused by back-pressure by reason.",
+               "Per second: upstream retries by leg, decode legs ended as `recomputed`, waits "
+               "caused by back-pressure by reason, and streams over the resume budget (they could "
+               "not continue a recomputed end).",
                "ops",
                q(f"sum by (leg) (rate(shadow_router_retries_total{sel()}[{RATE}]))", "retry {{leg}}"),
                q(f"sum (rate(shadow_router_recomputed_total{sel()}[{RATE}]))", "recomputed", ref="B"),
                q(f"sum by (reason) (rate(shadow_router_backpressure_total{sel()}[{RATE}]))",
-                 "wait {{reason}}", ref="C")), w=8)
+                 "wait {{reason}}", ref="C"),
+               q(f"sum (rate(shadow_router_resume_dropped_total{sel()}[{RATE}]))", "resume dropped",
+                 ref="D")), w=8)
     lay.row("Routing time")
     lay.add(ts("Routing time by stage: P50 / P95 / P99",
                "Compute time of BalanceRoute's Stage 1 and Stage 2 within each routing round.",
