@@ -73,8 +73,9 @@ def build() -> db.Dashboard:
                q(f"sum (rate(shadow_mirror_forward_errors_total{sel()}[{RATE}]))", "errors", ref="C")), w=6)
     lay.row("Consistency with the workers")
     lay.add(ts("Drift per worker",
-               "Mirrored active requests minus the worker's own running + waiting at the last scrape. "
-               "Near 0 is healthy; the ShadowStateDrift alert fires beyond ±2 for 2 minutes.",
+               "Mirrored active requests minus the worker's own running + waiting at the last scrape; "
+               "a worker that refuses connections (dead rank) shows the slots the mirror still counts "
+               "there. Near 0 is healthy; the ShadowStateDrift alert fires beyond ±2 for 2 minutes.",
                "short", q(f"max by (worker) (shadow_mirror_drift_requests{sel()})", "{{worker}}"), min_=None),
             w=8)
     lay.add(ts("Phantoms and pending",
