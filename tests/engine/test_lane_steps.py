@@ -8,8 +8,9 @@ here at once with the state that went wrong, instead of hanging `run_lane`/`run_
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 import pytest
 
@@ -18,6 +19,7 @@ from shadow.engine.config import EngineConfig, LaneSpec
 from shadow.engine.jobs import Job
 from shadow.engine.lane import Lane, LaneView
 from shadow.engine.offline import run_lane, run_lanes
+from shadow.engine.results import lane_result
 
 # a = 1 s per token of the largest load, b = 0: a step lasts exactly max_g L_g seconds.
 UNIT = StepTimeModel(a=1.0, b=0.0)
@@ -252,3 +254,80 @@ def test_run_lanes_delivers_a_job_ready_exactly_at_an_arrival_and_refuses_disord
     assert jsq.totals.finished == 3 and sorted(jsq.totals.wait_s) == [0.0, 0.0, 2.0]
     with pytest.raises(ValueError, match="job 1 arrives before the previous one"):
         run_lanes([Job(0, 1.0, 1, 1), Job(1, 0.5, 1, 1)], lanes)
+
+
+def _ticks() -> Callable[[], float]:
+    """A clock that advances 1, 2, 3, ... s per reading: decisions timed by it take 1, 3, 5 ... s."""
+    readings = itertools.accumulate(itertools.count())
+    return lambda: float(next(readings))
+
+
+def test_what_a_binding_router_sees_and_the_decision_times_of_the_injected_clock() -> None:
+    config = EngineConfig(workers=2, slots=1, step=UNIT)
+    lane = Lane(LaneSpec("forced"), config, _ticks(), forced={"A": 0, "B": 1, "C": 1})
+    for job in (Job("A", 0.0, 10, 2), Job("B", 0.0, 4, 1), Job("C", 0.0, 5, 1)):
+        lane.offer(job, 0.0)
+    view = LaneView(lane).worker_view()  # before any step: everything queued
+    assert list(view.kv_tokens) == [10.0, 9.0] and list(view.outstanding) == [1, 2]
+    assert list(view.outstanding_tokens) == [10.0, 9.0] and list(view.free_slots) == [1, 1]
+    lane.step()  # A runs (11 tokens), B ended, C queued on w1
+    view = LaneView(lane).worker_view()
+    assert list(view.kv_tokens) == [11.0, 5.0] and list(view.outstanding) == [1, 1]
+    assert list(view.outstanding_tokens) == [10.0, 5.0] and list(view.free_slots) == [0, 1]
+    assert list(lane.totals.decision_s) == [1.0, 3.0, 5.0]
+    lane.step()
+    res = lane_result(lane, 3, 0)
+    assert res.decision_ms_p50 == pytest.approx(3e3) and res.decision_ms_p99 == pytest.approx(4.96e3)
+    assert res.barrier_idle_fraction == pytest.approx(12 / 42)
+
+
+def test_figures_of_a_single_short_step() -> None:
+    # One step of 0.1 s (a = 0.01 s/token, loads [10, 4]): less than a second of worker time.
+    config = EngineConfig(workers=2, slots=1, step=StepTimeModel(a=0.01, b=0.0))
+    lane = Lane(LaneSpec("forced"), config, _ticks(), forced={"A": 0, "B": 1})
+    lane.offer(Job("A", 0.0, 10, 1), 0.0)
+    lane.offer(Job("B", 0.0, 4, 1), 0.0)
+    assert lane.step() and not lane.step()
+    res = lane_result(lane, 2, 0)
+    assert res.steps == 1 and res.avg_imbalance_tokens == 6.0 and res.avg_spread_tokens == 6.0
+    assert res.barrier_idle_fraction == pytest.approx(0.06 / 0.2)
+
+
+def test_shedding_a_queue_releases_exactly_the_shed_prompts() -> None:
+    config = EngineConfig(workers=1, slots=1, step=UNIT)
+    lane = Lane(LaneSpec("jsq"), config, _ticks())
+    for i, size in enumerate((7, 11, 13, 17)):
+        lane.offer(Job(i, float(i), size, 2), float(i))
+    assert lane.step() and lane.queued_tokens == [11.0 + 13.0 + 17.0]
+    assert lane.shed_waiting(2.5) == 2 and lane.queued_tokens == [17.0]
+
+
+def test_a_live_end_given_above_the_streamed_count_is_honoured() -> None:
+    # EndSource contract: the final length is >= every earlier count, and may exceed the last one.
+    lane, ends = _live_lane()
+    ends.known["x"] = (1, None)
+    lane.offer(Job("x", 0.0, 10, 1), 0.0)
+    assert lane.step() is False
+    ends.known["x"] = (2, 5)  # ended with 5 tokens, the last Token said 2
+    ran = sum(1 for _ in range(8) if lane.step())
+    assert ran == 5 and lane.totals.finished == 1 and lane.totals.tokens == 5
+
+
+def test_a_live_end_of_one_token_learnt_at_the_first_step_takes_one_step() -> None:
+    lane, ends = _live_lane()
+    ends.known["x"] = (1, None)
+    lane.offer(Job("x", 0.0, 10, 1), 0.0)
+    assert lane.step() is False
+    ends.known["x"] = (1, 1)
+    assert lane.step() is True and lane.totals.finished == 1 and lane.step() is False
+
+
+def test_a_live_lane_runs_exactly_up_to_the_last_step_known_not_to_end() -> None:
+    # Two tokens streamed at the first step: step 0 emitted token 1 and token 2 exists, so step 0
+    # is certainly not the last; step 1 (token 2) may be.
+    lane, ends = _live_lane()
+    ends.known["x"] = (1, None)
+    lane.offer(Job("x", 0.0, 10, 1), 0.0)
+    assert lane.step() is False
+    ends.known["x"] = (2, None)
+    assert lane.step() is True and lane.step() is False and lane.k == 1
