@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 import numpy as np
@@ -243,33 +244,30 @@ class PoolRouter:
 RouterFactory = Callable[..., Router]
 
 
-def _baseline_factory(name: str) -> RouterFactory:
-    def make(*, seed: int = 0, only_free: bool = False, **_: object) -> Router:
-        return BindingRouter(make_baseline(name, random.Random(seed)), only_free=only_free)
+# The factories are plain module functions bound to their policy name with `partial`, so each call
+# of a factory runs the function's code then (no closure built once at import).
+def _baseline_router(name: str, *, seed: int = 0, only_free: bool = False, **_: object) -> Router:
+    return BindingRouter(make_baseline(name, random.Random(seed)), only_free=only_free)
 
-    return make
 
-
-def _pool_factory(variant: str) -> RouterFactory:
-    def make(
-        *,
-        params: BRParams | None = None,
-        predictor: str | None = None,
-        bra: BRAParams | None = None,
-        **_: object,
-    ) -> Router:
-        if variant in ("brh", "bra"):
-            # Without a predictor, BR-H takes predicted steps from its callers (schedule_round).
-            if predictor is not None and predictor not in PREDICTORS:
-                raise ValueError(f"{variant} predictor must be one of {list(PREDICTORS)}; got {predictor!r}")
-            return PoolRouter(
-                variant, params or BRParams(), make_predictor(predictor) if predictor else None, bra
-            )
-        if predictor is not None:
-            raise ValueError(f"policy {variant!r} takes no predictor")
-        return PoolRouter(variant, params or BRParams())
-
-    return make
+def _pool_router(
+    variant: str,
+    *,
+    params: BRParams | None = None,
+    predictor: str | None = None,
+    bra: BRAParams | None = None,
+    **_: object,
+) -> Router:
+    if variant in ("brh", "bra"):
+        # Without a predictor, BR-H takes predicted steps from its callers (schedule_round).
+        if predictor is not None and predictor not in PREDICTORS:
+            raise ValueError(f"{variant} predictor must be one of {list(PREDICTORS)}; got {predictor!r}")
+        return PoolRouter(
+            variant, params or BRParams(), make_predictor(predictor) if predictor else None, bra
+        )
+    if predictor is not None:
+        raise ValueError(f"policy {variant!r} takes no predictor")
+    return PoolRouter(variant, params or BRParams())
 
 
 def _forced_factory(
@@ -282,10 +280,10 @@ def _forced_factory(
 
 # The registry: every policy name the project knows, mapped to its factory.
 ROUTERS: Mapping[str, RouterFactory] = {
-    **{name: _baseline_factory(name) for name in BASELINES},
-    "br0": _pool_factory("br0"),
-    "brh": _pool_factory("brh"),
-    "bra": _pool_factory("bra"),  # this project's BalanceRoute-adaptive (shadow.core.bra)
+    **{name: partial(_baseline_router, name) for name in BASELINES},
+    "br0": partial(_pool_router, "br0"),
+    "brh": partial(_pool_router, "brh"),
+    "bra": partial(_pool_router, "bra"),  # this project's BalanceRoute-adaptive (shadow.core.bra)
     "forced": _forced_factory,
 }
 POOL_ROUTERS = ("br0", "brh", "bra")

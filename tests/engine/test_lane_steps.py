@@ -331,3 +331,28 @@ def test_a_live_lane_runs_exactly_up_to_the_last_step_known_not_to_end() -> None
     assert lane.step() is False
     ends.known["x"] = (2, None)
     assert lane.step() is True and lane.step() is False and lane.k == 1
+
+
+def test_the_br_h_projection_inputs_age_and_count_down_between_refreshes() -> None:
+    # BR-H (oracle: ĉ = min(remaining, H)) with H = 100, refreshed every 3 steps. X (s=10, o=5)
+    # and Y (s=20, o=150) start at step 0, Z (s=30, o=4) at step 1; slots 0, 1, 2 in that order.
+    # Between refreshes ĉ counts down one per step from its reference; a refresh re-predicts
+    # from the true remaining steps (Y's stays capped at H).
+    from shadow.core.params import BRParams
+
+    config = EngineConfig(workers=1, slots=3, step=UNIT, br=BRParams(horizon=100), refresh_steps=3)
+    lane = Lane(LaneSpec("brh", "oracle"), config, _ticks())
+    LaneView(lane).projection()  # the first look refreshes (nothing running): reference step 0
+    lane.offer(Job("X", 0.0, 10, 5), 0.0)
+    lane.offer(Job("Y", 0.0, 20, 150), 0.0)
+    assert lane.step()
+    lane.offer(Job("Z", 0.0, 30, 4), lane.now)
+    assert lane.step() and lane.k == 2 and lane.active == 3
+
+    def projection() -> tuple[list[int], list[float], list[float]]:
+        workers, w, c = LaneView(lane).projection()
+        return workers.tolist(), w.tolist(), c.tolist()
+
+    assert projection() == ([0, 0, 0], [12.0, 22.0, 31.0], [3.0, 98.0, 3.0])  # k=2: no refresh yet
+    assert lane.step()
+    assert projection() == ([0, 0, 0], [13.0, 23.0, 32.0], [2.0, 100.0, 2.0])  # k=3: refreshed
