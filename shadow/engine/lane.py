@@ -320,7 +320,11 @@ class Lane:
         """Live: resolve the open ends this step needs; True when one is still unknown (hold)."""
         assert self.ends is not None
         watch, k = self._watch, self.k
-        while watch and watch[0][0] < k:
+        # Each open end is looked at once at most: it is resolved, re-filed under a step >= k, or
+        # holds the step. The loop is bounded by that count rather than left open-ended.
+        for _ in range(len(watch)):
+            if not watch or watch[0][0] >= k:
+                break
             _, n, g, slot, job = watch[0]
             gen, final = self.ends.end_of(job.request_id)
             start = int(self.slot_start[slot])
