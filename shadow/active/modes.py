@@ -255,7 +255,8 @@ class ModeController:
         self.transitions[key] = self.transitions.get(key, 0) + 1
         self.history.append({"at": _iso(now), "from": prev, "to": into, "reason": reason,
                              "policy": self._effective_policy(), "detail": detail,
-                             "scrapes": self.signals.scrapes, "observed": dict(self.observed)})
+                             "scrapes": self.signals.scrapes, "observed": dict(self.observed),
+                             "holddown_s": self.guards.hold.current_s if self.guards.tripped else 0.0})
         log.warning("shadow mode: %s -> %s (reason=%s: %s)", prev, into, reason, detail)
         if self.spans is not None:
             try:
