@@ -7,6 +7,13 @@ slow-step fault multiplier (idle live ranks count with L_g = 0, as DP ranks run 
 lockstep); at the end every running request of every rank gets one token.
 A stall on any rank stops the whole group (as a hung rank stops a DP collective). The clock
 sleeps while no rank has work; `poke()` wakes it.
+
+Steps run back to back on the model's timeline: a step starts where the previous one was planned
+to end, however late this process woke, and never ends before it was planned to. A busy host
+delays when tokens leave, not a GPU's steps: after a hiccup the steps it held up end at once (their
+tokens leave in a burst, as a GPU's queued outputs would) until the timeline is caught up, so step
+times average to the model. A lateness beyond `max_behind_s` (the host cannot keep up at all) is
+given up and counted in `behind_dropped_s`; a clock with no work forgets its timeline.
 """
 
 from __future__ import annotations
@@ -24,16 +31,27 @@ class StepClock:
     """Drives `engines` in lockstep; run `run()` as one task."""
 
     def __init__(
-        self, engines: Sequence[DecodeEngine], model: StepTimeModel, *, time_scale: float, prefill_c1: float
+        self,
+        engines: Sequence[DecodeEngine],
+        model: StepTimeModel,
+        *,
+        time_scale: float,
+        prefill_c1: float,
+        max_behind_s: float = 1.0,
     ) -> None:
         self.engines = list(engines)
+        self.max_behind_s = max_behind_s
         self.model = model
         self.time_scale = time_scale
         self.prefill_c1 = prefill_c1
         self.steps = 0
-        self.last_step_s = 0.0  # wall duration of the last step
+        self.last_step_s = 0.0  # wall time from the previous step's end (or this one's start) to its end
         self.last_max_load = 0
         self.sum_spread = 0  # Σ over steps of max_g L_g − min_g L_g (live ranks): ground-truth spread
+        self.model_s = 0.0  # Σ over steps of the model's step time (× time_scale)
+        self.wall_s = 0.0  # Σ over steps of their wall duration
+        self.behind_dropped_s = 0.0  # lateness given up (beyond max_behind_s): the model's time lost
+        self.behind_max_s = 0.0  # the most the clock was behind its timeline
         self.step_hist = Hist(ITL_BUCKETS)
         self._wake = asyncio.Event()
 
@@ -53,7 +71,8 @@ class StepClock:
         a, b, c1 = self.model.a, self.model.b, self.prefill_c1
         engines = self.engines
         prefilled = [0] * len(engines)
-        planned_end: float | None = None  # deadline of the previous step while steps run back to back
+        planned_end: float | None = None  # planned end of the previous step while steps run back to back
+        last_end = 0.0  # when the previous step really ended
         while True:
             now = loop.time()
             stall_until = max((e.faults.stall_until for e in engines if e.up), default=0.0)
@@ -83,20 +102,30 @@ class StepClock:
                 await self._nap(None)
                 continue
             dt = worst * self.time_scale
-            # Timer and event-loop latency (~1 ms) would lengthen every step: a step that starts
-            # late by less than its own duration is shortened by that lateness, so that step times
-            # average to the model.
+            # Back to back: on the timeline (see module docstring), so that timer and event-loop
+            # latency and a busy host's scheduling delays do not lengthen the steps on average.
             start = now
-            if planned_end is not None and 0.0 < now - planned_end < dt:
-                start = planned_end
+            if planned_end is not None:
+                behind = now - planned_end
+                self.behind_max_s = max(self.behind_max_s, behind)
+                if behind <= self.max_behind_s:
+                    start = planned_end
+                else:
+                    self.behind_dropped_s += behind
+            back_to_back = planned_end is not None
             planned_end = start + dt
-            await asyncio.sleep(planned_end - now)
+            await asyncio.sleep(max(0.0, planned_end - now))
             end = loop.time()
             for i, e in enumerate(engines):
                 if e.up and (e.running or prefilled[i]):
                     e.finish_step(end, prefilled[i])
+            # the step as its tokens show it: from the previous step's tokens (or from its start)
+            took = end - (last_end if back_to_back else now)
+            last_end = end
             self.steps += 1
-            self.last_step_s = end - start
-            self.step_hist.observe(end - start)
+            self.last_step_s = took
+            self.model_s += dt
+            self.wall_s += took
+            self.step_hist.observe(took)
             self.last_max_load = max_load
             self.sum_spread += max_load - (min_load or 0)

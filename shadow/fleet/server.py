@@ -561,6 +561,10 @@ class DecodeServer(BaseServer):
                 "steps": clock.steps,
                 "last_step_s": clock.last_step_s,
                 "last_max_load": clock.last_max_load,
+                "model_s": clock.model_s,
+                "wall_s": clock.wall_s,
+                "behind_dropped_s": clock.behind_dropped_s,
+                "behind_max_s": clock.behind_max_s,
             },
         }
 

@@ -2,10 +2,11 @@
 
 `StepEstimator` turns observations into step-time samples, one per window of event time:
 - `events`: durations reported by workers (`step` events), averaged over the window;
-- `sse`: inter-chunk gaps of streams that advanced by exactly one token (co-scheduled streams on
-  a worker emit one chunk per decode step). Per window: their mean (a delayed chunk makes one gap
-  long and the next short, which the mean absorbs; it matches the workers' mean step time) and
-  their median (robust to a stalled step; what the fit uses, so that one hiccup does not tilt it).
+- `sse`: inter-chunk gaps of streams, one sample per token (a running stream gets one token per
+  decode step; a gap over k tokens gives k samples of gap / k). Per window: their mean (a delayed
+  chunk makes one gap long and the next short, which the mean absorbs; it matches the workers'
+  mean step time) and their median (robust to a stalled step; what the fit uses, so that one
+  hiccup does not tilt it).
 Each sample is paired with the mirrored max_g L_g averaged over the window. `source="auto"` uses
 worker-reported steps when any arrived in the last window, else SSE gaps.
 

@@ -67,7 +67,7 @@ def test_lag_is_zero_before_any_release_and_never_negative() -> None:
 
 def test_the_mirrored_loads_follow_the_events_and_return_to_zero() -> None:
     """Mirror twin: KV load (prompt + generated) and count of running requests (first token seen)
-    per worker, and the load of every placed request not ended; token gaps one token apart."""
+    per worker, and the load of every placed request not ended; token gaps, one sample per token."""
     cfg = EngineConfig(workers=2, slots=4)
     d = LiveDriver(cfg, [LaneSpec("br0")], ["d0", "d1"], time.perf_counter, lag_s=1.0)
     d.apply(Arrive("a", 1.0, 100))
@@ -78,10 +78,10 @@ def test_the_mirrored_loads_follow_the_events_and_return_to_zero() -> None:
     d.apply(Token("a", 2.0, 1))  # a runs
     assert d.mirror_active == [0, 1] and d.mirror_loads == [0.0, 101.0] and d.mirror_placed == [0.0, 141.0]
     d.apply(Token("a", 2.25, 2))
-    d.apply(Token("a", 2.75, 5))  # three tokens at once: no single-token gap
+    d.apply(Token("a", 2.75, 5))  # three tokens at once: three steps of 0.5 / 3 s
     d.apply(Token("a", 2.5, 4))  # late and stale: ignored
     assert d.mirror_loads == [0.0, 105.0] and d.mirror_placed == [0.0, 145.0]
-    assert d.gap_samples == [0.25]
+    assert d.gap_samples == [0.25, 0.5 / 3, 0.5 / 3, 0.5 / 3]
     d.apply(Token("b", 3.0, 2))  # b's first token seen carries 2 generated
     assert d.mirror_active == [0, 2] and d.mirror_loads == [0.0, 147.0]
     d.apply(Finish("a", 3.0, "stop", 6))

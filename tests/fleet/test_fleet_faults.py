@@ -4,14 +4,12 @@ slow steps; from the control endpoint, the Python API and the CLI grammar."""
 
 from __future__ import annotations
 
-import itertools
 import json
-import statistics
 import time
 
 import httpx
 import pytest
-from fleet_helpers import stream_raw, words
+from fleet_helpers import metric_value, stream_raw, words
 
 from shadow.fleet import FaultSpec, FleetConfig, FleetThread
 from shadow.fleet.faults import Target
@@ -131,41 +129,82 @@ def test_mid_stream_error_event(fleet: FleetThread) -> None:
 
 
 def test_stall_pauses_every_rank(fleet: FleetThread) -> None:
+    """A stall on d1 stops a stream on d0: d0 generates no token for the stall's length.
+
+    Ground truth is d0's own generation counter (this stream is the only request on d0): the
+    stall is set at some t_a in [t0, t1] (before and after the POST) and lasts until t_a + 0.5 s;
+    at most the step in flight at t_a still ends, so a second token beyond the count read after t1
+    needs a step that starts after the stall. Neither the counter nor the stream can show it before
+    t0 + 0.5 s, however late this process runs (an observation only comes after the fact). The
+    stream starts before the stall and outlasts it; it is closed (aborted) once the pause is shown.
+    """
     d0, d1 = fleet.decode_urls
-    body = {**STREAM, "max_tokens": 40}
-    import threading
+    body = {**STREAM, "max_tokens": 30_000}  # minutes of 5 ms steps: it outlasts the test
 
-    def stall_soon() -> None:
-        time.sleep(0.1)
-        post_fault(d1, stall_s=0.5)
+    def generated() -> float:
+        return metric_value(httpx.get(d0 + "/metrics", timeout=10).text, "vllm:generation_tokens_total")
 
-    t = threading.Thread(target=stall_soon)
-    t.start()
-    _, events = stream_raw(d0 + "/v1/completions", body)  # stream on the *other* rank
-    t.join()
-    times = [ts for ts, p in events if p.startswith("{")]
-    gaps = [b - a for a, b in itertools.pairwise(times)]
-    assert max(gaps) >= 0.45
-    assert statistics.median(gaps) < 0.05
+    with httpx.stream("POST", d0 + "/v1/completions", json=body, timeout=20) as r:
+        assert r.status_code == 200
+        chunks = r.iter_raw()
+        received = 0  # token events the client has read (one per token: no chunk faults here)
+
+        def read_until(n: int) -> float:
+            nonlocal received
+            while received < n:
+                received += next(chunks).count(b"data: {")
+            return time.monotonic()
+
+        read_until(5)  # the stream runs
+        t0 = time.monotonic()
+        assert post_fault(d1, stall_s=0.5)["applied"] == ["decode/1"]
+        t1 = time.monotonic()
+        g1 = generated()
+        while generated() <= g1 + 1:  # until a step after the stall gave d0 a token
+            assert time.monotonic() < t1 + 30, "d0 did not resume after the stall"
+            time.sleep(0.01)
+        t_counter = time.monotonic()
+        t_stream = read_until(int(g1) + 2)  # the client's stream carries that token too
+    assert t_counter >= t0 + 0.5 and t_stream >= t0 + 0.5, (t0, t1, t_counter, t_stream)
 
 
 def test_slow_rank_slows_the_barrier(fleet: FleetThread) -> None:
+    """slow=8 on d1 makes every step of the shared clock 8× longer for a stream on d0, also while
+    d1 is idle (an idle rank still takes part in every step: dummy batch).
+
+    The steps are read from the clock (`/fleet/state`: model seconds per step over each stream;
+    its steps never end before that); the client's own check is a lower bound that no delay can
+    break: a lone stream on an idle clock cannot end before its tokens' slowed steps did.
+    """
     d0, d1 = fleet.decode_urls
     body = {**STREAM, "max_tokens": 15}
+    cfg = fleet.fleet.config
+    step_b = cfg.b * cfg.time_scale  # an idle-rank step, not slowed
 
-    def itl() -> float:
+    def clock() -> dict:
+        return httpx.get(d0 + "/fleet/state", timeout=10).json()["clock"]
+
+    def per_step() -> tuple[float, float]:
+        """(model seconds per step over one 15-token stream on d0, the client's send-to-last-token)."""
+        c0 = clock()
+        sent = time.monotonic()
         _, ev = stream_raw(d0 + "/v1/completions", body)
-        ts = [t for t, p in ev if p.startswith("{")]
-        return statistics.median(b - a for a, b in itertools.pairwise(ts[1:]))
+        assert len(token_payloads(ev)) == 15
+        took = ev[-1][0] - sent
+        c1 = clock()
+        return (c1["model_s"] - c0["model_s"]) / (c1["steps"] - c0["steps"]), took
 
-    base = itl()
+    base, _ = per_step()
+    assert base == pytest.approx(step_b, rel=0.01)  # d0's few tokens add a·L ≈ 0
     post_fault(d1, slow=8)
-    slow_idle = itl()  # an idle rank still takes part in every step (dummy batch)
+    slow_idle, took = per_step()
+    assert slow_idle == pytest.approx(8 * step_b, rel=1e-9)
+    assert took >= 15 * 8 * step_b  # 15 tokens, 15 slowed steps on a clock that was idle
     with httpx.stream("POST", d1 + "/v1/completions", json={**STREAM, "max_tokens": 2000}, timeout=10) as r:
         it = r.iter_raw()  # keep the iterator: dropping it closes the stream (and aborts)
         next(it)
-        slow_busy = itl()
-    assert slow_idle > 4 * base and slow_busy > 4 * base
+        slow_busy, _ = per_step()
+    assert slow_idle > 4 * base and slow_busy >= slow_idle
 
 
 def test_fault_spec_cli_grammar() -> None:

@@ -9,11 +9,13 @@ run with a lag longer than the session, so their lanes advance only at the final
 complete event sets. What must be equal is what the lanes are fed: every request, its worker, its
 prompt and output tokens and how it ended, read from both sessions' recordings; arrival stamps
 differ by the relay hop between the two observation points (the outer tap's comes first; both are
-the machine's monotonic clock). The `actual` lane then agrees within
-2%. The counterfactual lanes are not compared here: they are chaotic in the arrival stamps (a
-sub-millisecond shift moves an arrival across a step boundary and changes which pool a round sees;
-on this 120-request session they differed by up to 22%), so their equality on equal input is
-shown exactly in `test_serve_api.py` (two forwarders = one, same events).
+the machine's monotonic clock). Each serve's lanes are then exactly the offline replay of its own
+recording, and S1's requests with S2's stamps replay to exactly S2's lanes: the stamps are the only
+difference. The lanes of the two sessions are not compared with each other: the hop is the
+machine's (p90 9-52 ms, max 125 ms at load average 14-18 on two cores), and the lanes follow the
+stamps (`actual`'s imbalance moved by 1.9% with that 125 ms hop; the counterfactual lanes are
+chaotic in them: a sub-millisecond shift moves an arrival across a step boundary and changes which
+pool a round sees).
 """
 
 from __future__ import annotations
@@ -28,14 +30,19 @@ from typing import Any
 import httpx
 import pytest
 
+from shadow.core.stepmodel import StepTimeModel
 from shadow.live import ServeConfig
+from shadow.live.lanes import DEFAULT_POLICIES
 from shadow.live.thread import ServeThread
 from shadow.mirror.service import TapConfig
+from shadow.replay.experiment import ReplaySetup, run_replay
+from shadow.traces import load_trace
 from tests.live.test_live_fleet import _start, _stop, saturated_workload, start_fleet
 
 G, B = 4, 16
 A, B_S = 4.0e-7, 0.010
 N = 120
+POLICIES = DEFAULT_POLICIES  # what both serves run (ServeConfig's default)
 
 
 def _finished(api: str) -> int:
@@ -138,9 +145,31 @@ def test_two_forwarding_tap_processes_give_the_lanes_of_one_tap(tmp_path: Path) 
         assert t2 <= t1, (rid, t1, t2)  # the outer tap sees the request before it is relayed inward
     for label in r1["lanes"]:
         assert r1["lanes"][label]["requests_finished"] == r2["lanes"][label]["requests_finished"] == N, label
-    a1, a2 = r1["lanes"]["actual"], r2["lanes"]["actual"]
-    for key in ("avg_spread_tokens", "avg_imbalance_tokens", "steps"):
-        assert a2[key] == pytest.approx(a1[key], rel=0.02), (key, a1[key], a2[key])
+    # The lanes are a function of what they are fed: each serve's lanes are the offline replay of its
+    # own recording, and S1's requests with S2's arrival stamps replay to S2's lanes — so the only
+    # difference between the two sessions' lanes is the stamps' relay hop (its length is the
+    # machine's: a loaded host delays the inner tap by tens of ms, several decode steps).
+    stamps2 = {rid: t for rid, (t, _) in seen[1].items()}
+    restamped = tmp_path / "one-with-two-stamps.ndjson"
+    lines = []
+    for line in (tmp_path / "one.ndjson").read_text().splitlines():
+        rec = json.loads(line)
+        if rec["type"] == "request":
+            rec["arrival_t"] = stamps2[rec["request_id"]]
+        lines.append(json.dumps(rec))
+    restamped.write_text("\n".join(lines) + "\n")
+    for report, recording in ((r1, tmp_path / "one.ndjson"), (r2, tmp_path / "two.ndjson"), (r2, restamped)):
+        offline = run_replay(
+            load_trace(recording),
+            ReplaySetup(workers=G, slots=B, policies=POLICIES, step=StepTimeModel(A, B_S)),
+        ).results
+        assert set(offline) == set(report["lanes"]), recording
+        for label, lane in report["lanes"].items():
+            off = offline[label]
+            keys = ("requests_finished", "steps", "avg_spread_tokens", "avg_imbalance_tokens")
+            got = [lane[k] for k in keys]
+            want = [off.finished, off.steps, off.avg_spread_tokens, off.avg_imbalance_tokens]
+            assert got == want, (recording.name, label, got, want)
 
 
 def _requests(path: Path) -> dict[str, tuple[float, tuple[Any, ...]]]:
