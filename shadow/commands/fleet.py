@@ -77,6 +77,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("--kv-tokens", type=int, default=1 << 20, help="KV capacity per engine, in tokens")
     p.add_argument("--kv-ttl", type=float, default=480.0, help="seconds a prefill holds KV nobody pulled")
     p.add_argument(
+        "--catch-up",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="keep the step model's timeline on a busy host: make up to S seconds of lateness "
+        "(held-up steps end at once); default 0: only a lateness shorter than the step",
+    )
+    p.add_argument(
         "--mean-output-tokens",
         type=int,
         default=128,
@@ -116,6 +124,7 @@ def config_from_args(args: argparse.Namespace) -> FleetConfig:
         max_model_len=args.max_model_len,
         kv_capacity_tokens=args.kv_tokens,
         kv_ttl_s=args.kv_ttl,
+        catch_up_s=args.catch_up,
         mean_output_tokens=args.mean_output_tokens,
         max_body_bytes=args.max_body_bytes,
         dp_front=args.dp_front,

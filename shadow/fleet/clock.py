@@ -8,12 +8,13 @@ lockstep); at the end every running request of every rank gets one token.
 A stall on any rank stops the whole group (as a hung rank stops a DP collective). The clock
 sleeps while no rank has work; `poke()` wakes it.
 
-Steps run back to back on the model's timeline: a step starts where the previous one was planned
-to end, however late this process woke, and never ends before it was planned to. A busy host
-delays when tokens leave, not a GPU's steps: after a hiccup the steps it held up end at once (their
-tokens leave in a burst, as a GPU's queued outputs would) until the timeline is caught up, so step
-times average to the model. A lateness beyond `max_behind_s` (the host cannot keep up at all) is
-given up and counted in `behind_dropped_s`; a clock with no work forgets its timeline.
+Back to back, a step that starts late by less than its own duration is shortened by that
+lateness (timer latency does not lengthen steps on average). With `max_behind_s` > 0 (`shadow fleet
+--catch-up S`) the clock keeps the model's timeline up to S seconds behind: a step starts where
+the previous one was planned to end, however late this process woke, so after a hiccup of a busy
+host the steps it held up end at once (their tokens leave in a burst, as a GPU's queued outputs
+would) and step times average to the model. Lateness not made up is counted in
+`behind_dropped_s`; a clock with no work forgets its timeline.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class StepClock:
         *,
         time_scale: float,
         prefill_c1: float,
-        max_behind_s: float = 1.0,
+        max_behind_s: float = 0.0,
     ) -> None:
         self.engines = list(engines)
         self.max_behind_s = max_behind_s
@@ -102,15 +103,14 @@ class StepClock:
                 await self._nap(None)
                 continue
             dt = worst * self.time_scale
-            # Back to back: on the timeline (see module docstring), so that timer and event-loop
-            # latency and a busy host's scheduling delays do not lengthen the steps on average.
+            # Back to back: on the timeline (see module docstring).
             start = now
             if planned_end is not None:
                 behind = now - planned_end
                 self.behind_max_s = max(self.behind_max_s, behind)
-                if behind <= self.max_behind_s:
+                if 0.0 < behind < dt or 0.0 < behind <= self.max_behind_s:
                     start = planned_end
-                else:
+                elif behind > 0.0:
                     self.behind_dropped_s += behind
             back_to_back = planned_end is not None
             planned_end = start + dt

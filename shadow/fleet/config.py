@@ -39,6 +39,7 @@ class FleetConfig:
     kv_capacity_tokens: int = 1 << 20  # per engine
     block_size: int = 16
     kv_ttl_s: float = 480.0  # wall seconds a prefill holds unclaimed KV (VLLM_NIXL_ABORT_REQUEST_TIMEOUT)
+    catch_up_s: float = 0.0  # lateness (s) the decode clock makes up to keep the model's timeline
     mean_output_tokens: int = 128  # mean of the deterministic output-length draw (no ignore_eos)
     max_body_bytes: int = 8 << 20
     dp_front: bool = False  # also serve all decode ranks on one port (X-data-parallel-rank)
@@ -60,7 +61,7 @@ class FleetConfig:
             raise ValueError("fleet: at most 100 prefill servers with a fixed base port")
         if self.base_port and self.decode > DP_FRONT_PORT_OFFSET - DECODE_PORT_OFFSET:
             raise ValueError("fleet: at most 100 decode ranks with a fixed base port")
-        for name in ("prefill_c0", "prefill_c1", "kv_ttl_s"):
+        for name in ("prefill_c0", "prefill_c1", "kv_ttl_s", "catch_up_s"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"fleet: {name} must be a finite number >= 0")

@@ -97,6 +97,7 @@ class Fleet:
             cfg.step_model,
             time_scale=cfg.time_scale,
             prefill_c1=cfg.prefill_c1,
+            max_behind_s=cfg.catch_up_s,
         )
         for d in self.decode_servers:
             d.clock = self.clock

@@ -77,12 +77,19 @@ def _start(args: list[str], log: Path) -> tuple[subprocess.Popen[bytes], dict[st
 
 
 def start_fleet(
-    tmp_path: Path, *, prefill: int, step_a: float | None = None, step_b: float | None = None
+    tmp_path: Path,
+    *,
+    prefill: int,
+    step_a: float | None = None,
+    step_b: float | None = None,
+    catch_up_s: float = 0.0,
 ) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
     """A `shadow fleet` process of G decode ranks × B slots (and `prefill` servers) on free ports."""
     args = ["fleet", "--prefill", str(prefill), "--decode", str(G), "--slots", str(B), "--port", "0"]
     if step_a is not None and step_b is not None:
         args += ["--a", str(step_a), "--b", str(step_b)]
+    if catch_up_s:
+        args += ["--catch-up", str(catch_up_s)]
     return _start(args, tmp_path / "fleet.log")
 
 
@@ -125,7 +132,9 @@ def test_live_lanes_beside_vllm_router_match_the_fleet_and_the_replay(tmp_path: 
     workload = tmp_path / "trace.jsonl"
     trace = saturated_workload(workload, limit=220, seed=0, divide=4, step_a=A, step_b=B_S)
     record = tmp_path / "session.ndjson"
-    fleet, urls = start_fleet(tmp_path, prefill=2, step_a=A, step_b=B_S)
+    # The fleet keeps its step model's timeline on a busy host (the lanes simulate that model): its
+    # steps would otherwise lose every lateness longer than a step (wall/model 1.098 at load ~9).
+    fleet, urls = start_fleet(tmp_path, prefill=2, step_a=A, step_b=B_S, catch_up_s=1.0)
     try:
         decode = {f"d{g}": u for g, u in enumerate(urls["decode"])}
         prefill = {f"p{i}": u for i, u in enumerate(urls["prefill"])}
