@@ -48,6 +48,7 @@ class Child:
             stdin=subprocess.DEVNULL, text=True, env=env, process_group=0,
         )
         self.ready: dict[str, Any] = {}
+        self._signalled = False
         if json_ready:
             try:
                 self.ready = read_json_line(self.proc, name, timeout_s)
@@ -58,9 +59,15 @@ class Child:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def terminate(self) -> None:
+        """Ask the child to stop (SIGTERM) without waiting for it; `stop()` then waits."""
+        if self.proc.poll() is None and not self._signalled:
+            self.proc.send_signal(signal.SIGTERM)
+            self._signalled = True
+
     def stop(self, grace_s: float = 10.0) -> int | None:
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.terminate()
             try:
                 self.proc.wait(grace_s)
             except subprocess.TimeoutExpired:

@@ -200,10 +200,15 @@ class Demo:
         self.children.append(child)
         return child
 
-    def stop(self) -> None:
-        """Stop the children, the last started first (router, sidecar, fleet)."""
-        while self.children:
-            self.children.pop().stop()
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Stop the children together: SIGTERM to all (the last started first), then wait for each
+        within one shared grace period, so Ctrl-C takes one grace period, not one per child."""
+        children, self.children = self.children[::-1], []
+        for child in children:
+            child.terminate()
+        deadline = time.monotonic() + grace_s
+        for child in children:
+            child.stop(grace_s=max(0.1, deadline - time.monotonic()))
 
     # -- load and report -------------------------------------------------------------------------
     async def run_load(self, stop: asyncio.Event) -> LoadReport:
