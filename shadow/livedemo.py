@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import math
+import signal
 import tempfile
 import time
 from collections.abc import Callable
@@ -358,16 +359,20 @@ def run_demo(opts: DemoOptions, console: Console, err: Console) -> int:
     demo = Demo(opts, workdir)
     err.print(f"shadow demo: {len(demo.trace)} requests of {demo.trace.name} (SYNTHETIC) at ρ={opts.load:g}, "
               f"{demo.trace.mean_rate_rps:.1f} req/s, for {opts.duration_s:g} s; logs in {workdir}")
+    stops = _StopSignals()
     try:
-        demo.start(lambda s: err.print("  " + s))
-        final = asyncio.run(_main(demo, console, err))
-    except KeyboardInterrupt:
+        with stops.raising():
+            demo.start(lambda s: err.print("  " + s))
+            final = asyncio.run(_main(demo, console, err, stops))
+    except (KeyboardInterrupt, asyncio.CancelledError):
         final = None
     finally:
-        demo.stop()
+        with stops.ignored():
+            demo.stop()
     if final is None:
-        err.print("shadow demo: interrupted; load, router, sidecar and fleet stopped")
-        return 130
+        name = signal.Signals(stops.received).name if stops.received else "SIGINT"
+        err.print(f"shadow demo: interrupted ({name}); load, router, sidecar and fleet stopped")
+        return 128 + (stops.received or signal.SIGINT)
     final["demo"] = demo.demo_block()
     if opts.report_json:
         Path(opts.report_json).write_text(json.dumps(final, indent=2) + "\n")
@@ -390,7 +395,67 @@ def run_demo(opts: DemoOptions, console: Console, err: Console) -> int:
     return 0
 
 
-async def _main(demo: Demo, console: Console, err: Console) -> dict[str, Any] | None:
+class _StopSignals:
+    """SIGTERM and SIGHUP stop the demo as Ctrl-C does (children stopped, exit 128 + signal)
+    instead of killing it and orphaning the fleet, sidecar and router it started."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.received = 0
+
+    def _raise(self, signum: int, _frame: object) -> None:
+        self.received = signum
+        raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def raising(self) -> Any:
+        """Outside the event loop: the signal raises KeyboardInterrupt where the code is."""
+        previous = {s: signal.signal(s, self._raise) for s in self.SIGNALS}
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    @contextlib.contextmanager
+    def ignored(self) -> Any:
+        """While the children are being stopped: a second signal must not cut that short."""
+        previous = {s: signal.signal(s, signal.SIG_IGN) for s in self.SIGNALS}
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    @contextlib.contextmanager
+    def cancelling(self, task: asyncio.Task[Any]) -> Any:
+        """Inside the event loop: the signal cancels the main task, as asyncio.run does for SIGINT."""
+        loop = asyncio.get_running_loop()
+
+        def on_signal(signum: int) -> None:
+            self.received = signum
+            task.cancel()
+
+        for s in self.SIGNALS:
+            loop.add_signal_handler(s, on_signal, s)
+        try:
+            yield
+        finally:
+            for s in self.SIGNALS:
+                loop.remove_signal_handler(s)  # resets to SIG_DFL: put the raising handler back
+                signal.signal(s, self._raise)
+
+
+async def _main(demo: Demo, console: Console, err: Console,
+                stops: _StopSignals) -> dict[str, Any] | None:
+    me = asyncio.current_task()
+    assert me is not None
+    with stops.cancelling(me):
+        return await _run(demo, console, err)
+
+
+async def _run(demo: Demo, console: Console, err: Console) -> dict[str, Any] | None:
     stop = asyncio.Event()
     opts = demo.opts
     async with httpx.AsyncClient() as client:
