@@ -6,13 +6,14 @@ import argparse
 import json
 import os
 import signal
-import threading
 from pathlib import Path
 
 import pytest
 from loadgen_stub import StubConfig, StubServer, free_port
 
+import shadow.loadgen as loadgen
 from shadow.commands import load as load_cmd
+from shadow.loadgen.progress import NullProgress
 
 pytest.importorskip("shadow.traces")
 
@@ -174,16 +175,24 @@ def test_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_ctrl_c_prints_summary_of_what_finished(
-    stub: StubServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    stub: StubServer, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     stub.config = StubConfig(ttft_s=0.01, itl_s=0.01)
-    trace = _write_trace(tmp_path / "t.jsonl", [(0.0, 2, 2, None), (0.0, 2, 300, None), (30.0, 2, 2, None)])
-    timer = threading.Timer(0.5, os.kill, args=(os.getpid(), signal.SIGINT))
-    timer.start()
-    try:
-        rc = _main(["load", trace, "--target", stub.url, "--json", str(tmp_path / "o.json"), "--quiet"])
-    finally:
-        timer.join()
+    trace = _write_trace(tmp_path / "t.jsonl", [(0.0, 2, 2, None), (0.0, 2, 3000, None), (30.0, 2, 2, None)])
+
+    class CtrlCAfterFirstDone(NullProgress):
+        """Ctrl-C once the client has counted the short request done (a condition, not a timer:
+        under load the run can take longer than any fixed delay to start)."""
+
+        sent = False
+
+        def update(self, done: int, failed: int, in_flight: int) -> None:
+            if done == 1 and in_flight == 1 and not self.sent:  # once: a second Ctrl-C aborts
+                self.sent = True
+                os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(loadgen, "make_progress", lambda console, quiet=False: CtrlCAfterFirstDone())
+    rc = _main(["load", trace, "--target", stub.url, "--json", str(tmp_path / "o.json"), "--quiet"])
     out = capsys.readouterr().out
     assert rc == 130
     assert "interrupted" in out and "cancelled: 1" in out
