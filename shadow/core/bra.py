@@ -47,7 +47,8 @@ from shadow.core.pool import Pool, PoolEntry, best_of
 from shadow.core.stay import StayBasis
 from shadow.core.subset import best_subset, pairs
 
-BASES = ("prompt", "stay")
+BASES = ("prompt", "life", "kv", "final", "near", "stay")
+PREDICTED_BASES = ("life", "final", "near", "stay")  # need a predictor; "prompt" without one
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +65,7 @@ class BRAParams:
     hold_life: float | None = 0.125
     hold_pool: float | None = 1.0
     scale_window: bool = True
-    basis: str = "prompt"
+    basis: str = "life"
 
     def __post_init__(self) -> None:
         if not (
@@ -126,7 +127,7 @@ class BalanceRouteAdaptive:
         active_load: npt.NDArray[np.float64] | None = None,
         active_steps: npt.NDArray[np.float64] | None = None,
         prompt_loads: Sequence[float] | None = None,
-        stay: Callable[[], StayBasis | None] | None = None,
+        stay: Callable[[str], StayBasis | None] | None = None,
     ) -> list[Assignment]:
         """Admit from `pool` into free slots; returns (request_id, worker) in decision order.
 
@@ -161,15 +162,17 @@ class BalanceRouteAdaptive:
         pool: Pool,
         now: float,
         prompt_loads: Sequence[float] | None,
-        stay: Callable[[], StayBasis | None] | None,
+        stay: Callable[[str], StayBasis | None] | None,
     ) -> list[Assignment]:
         """Every waiting request fits: largest first, each to the worker with a free slot whose BR-0
         F-score over the basis is best (ties: lower basis load, then lower index), or held back."""
         a = self.adaptive
-        sb = stay() if a.basis == "stay" and stay is not None else None
+        sb = stay(a.basis) if a.basis in PREDICTED_BASES and stay is not None else None
         added: Callable[[float], float] = float
         if sb is not None:
             basis, added = list(sb.loads), sb.newcomer
+        elif a.basis == "kv":
+            basis = [float(x) for x in loads]
         else:
             basis = [float(x) for x in (loads if prompt_loads is None else prompt_loads)]
         workers = len(basis)

@@ -25,14 +25,17 @@ STAY_CAP = 4096  # a newcomer's predicted stay is capped at this many steps
 
 
 class StayBasis(NamedTuple):
-    """Per-worker mean KV over a newcomer's predicted stay, and that stay `span` (steps, >= 1)."""
+    """Per-worker mean KV over a newcomer's predicted stay, and that stay `span` (steps, >= 1).
+
+    `growth`, when given, is what a newcomer adds beyond its prompt (other predicted bases)."""
 
     loads: list[float]
     span: float
+    growth: float | None = None
 
     def newcomer(self, prompt_tokens: float) -> float:
         """What a newcomer of `prompt_tokens` adds to its worker's basis: prompt + mean growth."""
-        return prompt_tokens + (self.span - 1.0) / 2.0
+        return prompt_tokens + ((self.span - 1.0) / 2.0 if self.growth is None else self.growth)
 
 
 def predicted_stay(predictor: Predictor, cap: int = STAY_CAP) -> int:
@@ -64,3 +67,52 @@ def stay_basis(
     per = m / span * (load + np.maximum(m - 1.0, 0.0) / 2.0)
     sums = np.bincount(worker, weights=per, minlength=workers)
     return StayBasis([float(x) for x in sums.tolist()], float(span))
+
+
+FINAL_CAP = 16_384  # remaining output is predicted up to this many steps
+
+
+def predicted_basis(
+    kind: str,
+    predictor: Predictor,
+    workers: int,
+    worker: npt.NDArray[np.int64],
+    load: npt.NDArray[np.float64],
+    age: npt.NDArray[np.int64],
+    horizon: int,
+    keys: Sequence[Hashable | None] | None = None,
+    remaining: npt.NDArray[np.int64] | None = None,
+) -> StayBasis:
+    """Other predicted bases: "life" Σ w_i + E[R_i]/2 (each request's mean KV over the rest
+    of its life), "final" Σ w_i + E[R_i] (its KV when it ends), R_i the predicted remaining output
+    capped at FINAL_CAP; "near" the mean KV over the next `horizon` steps; "stay" is `stay_basis`.
+    A newcomer adds its prompt plus E[O]/2, E[O] resp. (H − 1)/2 (`StayBasis.newcomer`)."""
+    if kind == "stay":
+        return stay_basis(predictor, workers, worker, load, age, keys=keys, remaining=remaining)
+    if kind == "near":
+        span = float(min(horizon, predicted_stay(predictor, horizon)))
+        cap = horizon
+    else:
+        cap = FINAL_CAP
+    p0, mu0 = predictor.predict(np.zeros(1, dtype=np.int64), cap)
+    e_new = float(contribution(p0, mu0, cap)[0])
+    if kind == "near":
+        growth = (span - 1.0) / 2.0
+    elif kind == "final":
+        growth = e_new
+    elif kind == "life":
+        growth = e_new / 2.0
+    else:
+        raise ValueError(f"unknown basis {kind!r}")
+    if worker.size == 0:
+        return StayBasis([0.0] * workers, max(1.0, e_new), growth)
+    p, mu = predictor.predict(age, cap, keys=keys, remaining=remaining)
+    m = contribution(p, mu, cap)
+    if kind == "near":
+        per = m / cap * (load + np.maximum(m - 1.0, 0.0) / 2.0)
+    elif kind == "final":
+        per = load + m
+    else:
+        per = load + m / 2.0
+    sums = np.bincount(worker, weights=per, minlength=workers)
+    return StayBasis([float(x) for x in sums.tolist()], max(1.0, e_new), growth)

@@ -23,7 +23,7 @@ from shadow.core.baselines import WorkerView
 from shadow.core.pool import Pool
 from shadow.core.predictors import Predictor, contribution
 from shadow.core.routers import Router, make_router
-from shadow.core.stay import StayBasis, stay_basis
+from shadow.core.stay import StayBasis, predicted_basis
 from shadow.engine.config import EngineConfig, LaneSpec
 from shadow.engine.jobs import Job
 from shadow.engine.summary import SampleSink
@@ -91,9 +91,9 @@ class LaneView:
     def prompt_loads(self) -> Sequence[float] | None:
         return self.lane.running_prompt
 
-    def stay_basis(self) -> StayBasis | None:
-        """BRA's "stay" basis over the running requests (None without a predictor)."""
-        return self.lane.stay_basis()
+    def stay_basis(self, kind: str = "stay") -> StayBasis | None:
+        """BRA's predicted thin-pool basis over the running requests (None without a predictor)."""
+        return self.lane.stay_basis(kind)
 
     def worker_view(self) -> WorkerView:
         return self.lane._view()
@@ -353,20 +353,22 @@ class Lane:
         c = np.maximum(self._slot_steps[idx] - (self.k - self._slot_ref[idx]), 0.0)
         return idx, w, c
 
-    def stay_basis(self) -> StayBasis | None:
-        """Per-worker mean KV of running requests over a newcomer's predicted stay (shadow.core.stay);
+    def stay_basis(self, kind: str = "stay") -> StayBasis | None:
+        """BRA's predicted thin-pool basis `kind` over the running requests (shadow.core.stay);
         None without a predictor or with the oracle (it knows no fleet-wide length distribution)."""
         if self.predictor is None or self.predictor.name == "oracle":
             return None
         idx = np.flatnonzero(self.slot_active)
         age = self.k - self.slot_start[idx]
         keys = [self._slot_key[i] for i in idx.tolist()]
-        return stay_basis(
+        return predicted_basis(
+            kind,
             self.predictor,
             self.config.workers,
             self._slot_worker[idx],
             self.slot_prompt[idx] + age,
             age,
+            self.config.br.horizon,
             keys=keys,
             remaining=self.slot_output[idx] - age,
         )

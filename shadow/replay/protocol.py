@@ -55,6 +55,12 @@ ABLATIONS: dict[str, BRAParams] = {
     "bra{pick+stay}": BRAParams(hold=False, scale_window=False, basis="stay"),
     "bra{stay}": BRAParams(basis="stay"),
     "bra{prompt}": BRAParams(basis="prompt"),
+    "bra{kv}": BRAParams(basis="kv"),
+    "bra{final}": BRAParams(basis="final"),
+    "bra{life}": BRAParams(basis="life"),
+    "bra{mid}": BRAParams(basis="life"),  # the life basis's working name in the first runs
+    "bra{near}": BRAParams(basis="near"),
+    "bra{pick+kv}": BRAParams(hold=False, scale_window=False, basis="kv"),
     # the first BRA (commit 46e54c3): hold bounded by hold_s only
     "bra{v1}": BRAParams(hold_life=None, hold_pool=None, basis="prompt"),
 }

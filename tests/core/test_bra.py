@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shadow.core.balanceroute import BalanceRoute
-from shadow.core.bra import BalanceRouteAdaptive, BRAParams
+from shadow.core.bra import BASES, BalanceRouteAdaptive, BRAParams
 from shadow.core.params import BRParams
 from shadow.core.pool import Pool
 from shadow.core.stay import StayBasis
@@ -50,7 +50,7 @@ params_st = st.builds(
     hold_life=st.sampled_from([None, 0.0, 0.125, 1.0]),
     hold_pool=st.sampled_from([None, 0.5, 1.0, 100.0]),
     scale_window=st.booleans(),
-    basis=st.sampled_from(["prompt", "stay"]),
+    basis=st.sampled_from(BASES),
 )
 
 
@@ -82,7 +82,7 @@ def test_round_never_exceeds_slots_and_admits_each_request_at_most_once(
     pool = _pool(sizes, ages, now)
     router = BalanceRouteAdaptive(BRParams(r_max=r_max, s_greedy=s_greedy, horizon=20), adaptive)
     prompt_loads = [x / 2 for x in loads]
-    stay = None if stay_span is None else (lambda: StayBasis([x / 3 for x in loads], stay_span))
+    stay = None if stay_span is None else (lambda kind: StayBasis([x / 3 for x in loads], stay_span))
     out = router.round(
         loads, free, pool, now, *(active or (None, None, None)), prompt_loads=prompt_loads, stay=stay
     )
@@ -234,18 +234,30 @@ def test_the_no_future_check_has_power_an_oracle_fails_it() -> None:
     hold_s=st.sampled_from([0.0, 0.3, 10.0]),
     hold_pool=st.sampled_from([None, 0.5, 1.0, 3.0]),
     life=st.sampled_from([None, 0.0, 7.0, 8.0, 79.0, 80.0]),
+    kind=st.sampled_from(["prompt", "kv", "life"]),
 )
 def test_thin_pool_placement_follows_the_documented_rule_step_by_step(
-    g: int, data: st.DataObject, hold: bool, hold_s: float, hold_pool: float | None, life: float | None
+    g: int,
+    data: st.DataObject,
+    hold: bool,
+    hold_s: float,
+    hold_pool: float | None,
+    life: float | None,
+    kind: str,
 ) -> None:
     """Largest first (pool order), each to the free worker with the best BR-0 F-score over the
-    prompt-load basis *including this round's earlier placements* (ties: lower basis, then lower
-    index); with hold, a young request (age < hold_s) whose best score is <= 0 stays in the pool and
-    the requests behind it are still placed — provided the pool held at most hold_pool × G requests
-    and the request's predicted stay allows a round (⌊hold_life · ĉ⌋ >= 1, or ĉ unknown or >= H)."""
+    basis *including this round's earlier placements* (ties: lower basis, then lower index); with
+    hold, a young request (age < hold_s) whose best score is <= 0 stays in the pool and the requests
+    behind it are still placed — provided the pool held at most hold_pool × G requests and the
+    request's predicted stay allows a round (⌊hold_life · ĉ⌋ >= 1, or ĉ unknown or >= H). The basis
+    is the prompt loads ("prompt"), today's KV ("kv") or a predicted basis ("life": what the
+    callback returns; a request then weighs its prompt plus the basis's newcomer growth)."""
     # Small integer ranges make score ties, exact zeros and exact ages common.
-    basis0 = data.draw(st.lists(st.integers(0, 60).map(lambda x: 50.0 * x), min_size=g, max_size=g))
-    loads = [b + 1.0 for b in basis0]  # something runs on every worker: hold-back may apply
+    drawn = data.draw(st.lists(st.integers(0, 60).map(lambda x: 50.0 * x), min_size=g, max_size=g))
+    loads = [b + 1.0 for b in drawn]  # something runs on every worker: hold-back may apply
+    growth = data.draw(st.sampled_from([0.0, 25.0, 100.0])) if kind == "life" else 0.0
+    basis0 = loads if kind == "kv" else drawn
+    stay = StayBasis(list(drawn), 1.0, growth)
     free = data.draw(st.lists(st.integers(0, 3), min_size=g, max_size=g))
     n = data.draw(st.integers(0, sum(free)))  # thin: everything waiting fits this round
     sizes = data.draw(st.lists(st.integers(1, 40).map(lambda x: 50 * x), min_size=n, max_size=n))
@@ -255,9 +267,12 @@ def test_thin_pool_placement_follows_the_documented_rule_step_by_step(
     for i in sorted(range(n), key=lambda i: -ages[i]):
         pool.add(f"q{i}", sizes[i], now - ages[i], life)
     entries = list(pool)  # pool order: largest first, ties older first
-    knobs = BRAParams(hold=hold, hold_s=hold_s, hold_pool=hold_pool, scale_window=False)
+    knobs = BRAParams(hold=hold, hold_s=hold_s, hold_pool=hold_pool, scale_window=False, basis=kind)
     router = BalanceRouteAdaptive(adaptive=knobs)
-    out = router.round(loads, free, pool, now, prompt_loads=list(basis0))
+    prompt = [x + 7.0 for x in drawn] if kind != "prompt" else list(drawn)  # must not be read
+    out = router.round(
+        loads, free, pool, now, prompt_loads=prompt, stay=lambda k: stay if k == kind else None
+    )
     may_hold = hold and (hold_pool is None or n <= hold_pool * g)
     rounds_allowed = life is None or life >= 80 or int(0.125 * life) >= 1
     placed = dict(out)
@@ -268,7 +283,7 @@ def test_thin_pool_placement_follows_the_documented_rule_step_by_step(
     for e in entries:
         top = max(max(basis), 0.0)
 
-        def score(w: int, s: int = e.prompt_tokens, top: float = top) -> float:
+        def score(w: int, s: float = e.prompt_tokens + growth, top: float = top) -> float:
             over = s - (top - basis[w])  # BR-0: fill up to the barrier, G× penalty above it
             return s - g * over if over > 0 else s
 
@@ -286,7 +301,7 @@ def test_thin_pool_placement_follows_the_documented_rule_step_by_step(
         assert w == best, (
             f"{e.request_id} ({e.prompt_tokens} tokens) went to worker {w} (score {score(w)}, basis "
             f"{basis[w]}); the rule picks {best} (score {score(best)}, basis {basis[best]})")
-        basis[w] += e.prompt_tokens
+        basis[w] += e.prompt_tokens + growth
         slots[w] -= 1
     assert {e.request_id for e in pool} == {e.request_id for e in entries} - set(placed)
 
@@ -511,7 +526,7 @@ def test_hold_state_only_tracks_requests_held_now() -> None:
 
 
 def test_bra_params_reject_bad_hold_bounds_and_bases() -> None:
-    for bad in ({"hold_life": -0.1}, {"hold_pool": math.inf}, {"hold_life": True}, {"basis": "kv"}):
+    for bad in ({"hold_life": -0.1}, {"hold_pool": math.inf}, {"hold_life": True}, {"basis": "mean"}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             BRAParams(**bad)  # type: ignore[arg-type]
     assert BRAParams(hold_life=None, hold_pool=None).hold_rounds(5.0, 80) == math.inf
@@ -548,13 +563,15 @@ def test_stay_basis_places_where_prompt_tokens_would_not() -> None:
         pool = Pool()
         pool.add("x", 3_000, 0.0)
         router = BalanceRouteAdaptive(adaptive=BRAParams(hold=False, basis=basis))
-        out = router.round([9e3, 9e3], [2, 2], pool, 0.0, prompt_loads=[9_000.0, 6_000.0], stay=lambda: stay)
+        out = router.round(
+            [9e3, 9e3], [2, 2], pool, 0.0, prompt_loads=[9_000.0, 6_000.0], stay=lambda kind: stay
+        )
         assert out == [("x", want)]
     # No stay basis available (no predictor): falls back to prompt tokens.
     pool = Pool()
     pool.add("x", 3_000, 0.0)
     router = BalanceRouteAdaptive(adaptive=BRAParams(hold=False, basis="stay"))
-    out = router.round([9e3, 9e3], [2, 2], pool, 0.0, prompt_loads=[9e3, 6e3], stay=lambda: None)
+    out = router.round([9e3, 9e3], [2, 2], pool, 0.0, prompt_loads=[9e3, 6e3], stay=lambda kind: None)
     assert out == [("x", 1)]
 
 
@@ -573,3 +590,106 @@ def test_the_lane_offers_a_stay_basis_only_with_a_predictor() -> None:
         assert (sb is not None) == has
         if sb is not None:  # no finished request yet: the whole cap, every running request counted
             assert sb.span == 4096 and sum(sb.loads) > sum(lane.loads)
+
+
+# -- the "life" basis (the default) and the other measured bases -------------------------------------
+
+
+def test_life_final_and_near_bases_match_a_hand_computation() -> None:
+    from shadow.core.predictors import SurvivalPredictor
+    from shadow.core.stay import predicted_basis
+
+    # Outputs are 10 or 30 tokens, equally often: a newcomer's E[O] = 20.
+    pred = SurvivalPredictor([10, 30] * 50)
+    worker = np.asarray([0, 0, 1], dtype=np.int64)
+    age = np.asarray([0, 25, 5], dtype=np.int64)
+    load = np.asarray([1000.0, 1025.0, 2005.0])
+    # remaining R: age 0 → 10 or 30 (E 20); age 25 → 5; age 5 → 5 or 25 (E 15)
+    life = predicted_basis("life", pred, 3, worker, load, age, 20)
+    assert life.loads == pytest.approx([1000 + 10 + 1025 + 2.5, 2005 + 7.5, 0.0])
+    assert life.newcomer(100) == 110.0  # prompt + E[O]/2
+    final = predicted_basis("final", pred, 3, worker, load, age, 20)
+    assert final.loads == pytest.approx([1000 + 20 + 1025 + 5, 2005 + 15, 0.0])
+    assert final.newcomer(100) == 120.0
+    # near, H = 20: m = E[min(R, 20)] = 15, 5, 12.5; each weighs m/H · (w + (m − 1)/2); a
+    # newcomer stays min(H, E[min(O, H)] = 15) steps and adds its prompt + 7.
+    near = predicted_basis("near", pred, 3, worker, load, age, 20)
+    assert near.loads == pytest.approx([15 / 20 * 1007 + 5 / 20 * 1027, 12.5 / 20 * (2005 + 5.75), 0.0])
+    assert near.newcomer(100) == 107.0
+    none = np.zeros(0, dtype=np.int64)
+    empty = predicted_basis("life", pred, 2, none, np.zeros(0), none, 20)
+    assert empty.loads == [0.0, 0.0] and empty.newcomer(0) == 10.0
+    with pytest.raises(ValueError, match="basis"):
+        predicted_basis("mean", pred, 3, worker, load, age, 20)
+
+
+def test_life_basis_weighs_a_long_running_request_by_what_it_will_still_hold() -> None:
+    # Heavy tail: most outputs are 100 tokens, a few 10,000. A request 500 tokens into its output
+    # is one of the long ones: it will hold its KV for ~9,500 more steps. Worker 0 runs it, worker 1
+    # runs two fresh requests with more prompt tokens. Prompt tokens send a newcomer to worker 0,
+    # the life basis to worker 1.
+    from shadow.core.predictors import SurvivalPredictor
+    from shadow.core.stay import predicted_basis
+
+    pred = SurvivalPredictor([100] * 95 + [10_000] * 5)
+    worker = np.asarray([0, 1, 1], dtype=np.int64)
+    age = np.asarray([500, 0, 0], dtype=np.int64)
+    prompt = np.asarray([1_000.0, 1_500.0, 1_500.0])
+    sb = predicted_basis("life", pred, 2, worker, prompt + age, age, 80)
+    assert sb.loads[0] > sb.loads[1]  # 1,500 + 4,750 against 2 × (1,500 + ~297)
+    for basis, want in (("prompt", 0), ("life", 1)):
+        pool = Pool()
+        pool.add("x", 2_000, 0.0)
+        router = BalanceRouteAdaptive(adaptive=BRAParams(hold=False, basis=basis))
+        out = router.round(
+            [1_500.0, 3_000.0], [4, 4], pool, 0.0, prompt_loads=[1_000.0, 3_000.0], stay=lambda kind: sb
+        )
+        assert out == [("x", want)]
+
+
+def test_kv_basis_places_by_todays_kv() -> None:
+    # Today's KV says worker 1 is lighter; prompt tokens say worker 0.
+    for basis, want in (("prompt", 0), ("kv", 1)):
+        pool = Pool()
+        pool.add("x", 2_000, 0.0)
+        router = BalanceRouteAdaptive(adaptive=BRAParams(hold=False, basis=basis))
+        out = router.round([9_000.0, 5_000.0], [2, 2], pool, 0.0, prompt_loads=[1_000.0, 4_000.0])
+        assert out == [("x", want)]
+
+
+def test_the_default_basis_is_life_and_falls_back_to_prompt_tokens_without_a_predictor() -> None:
+    assert BRAParams().basis == "life"
+    pool = Pool()
+    pool.add("x", 2_000, 0.0)
+    router = BalanceRouteAdaptive(adaptive=BRAParams(hold=False))
+    # no callback (a StaticView, the active proxy) or a callback without a basis: prompt tokens
+    assert router.round([9e3, 5e3], [2, 2], pool, 0.0, prompt_loads=[1e3, 4e3]) == [("x", 0)]
+    pool.add("x", 2_000, 0.0)
+    out = router.round([9e3, 5e3], [2, 2], pool, 0.0, prompt_loads=[1e3, 4e3], stay=lambda k: None)
+    assert out == [("x", 0)]
+
+
+def test_the_lane_computes_the_life_basis_over_its_running_requests() -> None:
+    from shadow.core.predictors import SurvivalPredictor
+    from shadow.core.stay import FINAL_CAP, predicted_basis
+
+    jobs = [Job(i, 0.001 * i, 100 + i, 20) for i in range(12)]
+    config = EngineConfig(workers=2, slots=8)
+    lane = Lane(LaneSpec("bra", "survival"), config, time.perf_counter)
+    for job in jobs:
+        lane.offer(job, job.arrival_s)
+    for _ in range(3):
+        lane.step()
+    sb = lane.stay_basis("life")
+    assert sb is not None
+    idx = np.flatnonzero(lane.slot_active)
+    age = lane.k - lane.slot_start[idx]
+    want = predicted_basis(
+        "life", SurvivalPredictor(), 2, lane._slot_worker[idx], lane.slot_prompt[idx] + age, age, 80
+    )
+    assert sb.loads == pytest.approx(want.loads)
+    # nothing finished yet: with no lengths known a request is assumed to stay for the cap, so each
+    # counts its KV plus half the cap
+    running = np.bincount(lane._slot_worker[idx], minlength=2)
+    want_loads = [kv + n * FINAL_CAP / 2 for kv, n in zip(lane.loads, running, strict=True)]
+    assert sb.loads == pytest.approx(want_loads)
