@@ -4,6 +4,8 @@
     python scripts/results_tables.py lanes FILE.json                # every lane of every cell
     python scripts/results_tables.py targets FILE.json [LANE]       # the issue's targets, per cell
     python scripts/results_tables.py merge OUT.json A.json B.json ...  # lanes of separate runs, one file
+    python scripts/results_tables.py relabel OUT.json IN.json OLD=NEW ...  # rename lanes (e.g. an old
+                                                                           # default kept beside the new)
 
 `merge` joins sweeps with the same protocol: cells (workload, G, ρ, seed) are united, and lanes of
 the same cell that ran in separate sweeps are joined. Each lane of a cell is measured on its own
@@ -132,6 +134,7 @@ def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
         "command": " + ".join(d["command"] for d in docs),
         "parts": [
             {k: d.get(k) for k in ("command", "commit", "runner")}
+            | ({"relabelled": d["relabelled"]} if "relabelled" in d else {})
             | {"lanes": list(d["runs"][0]["lanes"]), "cells": len(d["runs"])}
             for d in docs
         ],
@@ -143,7 +146,38 @@ def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def relabel(doc: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    """The same document with lanes renamed (OLD → NEW), e.g. `bra` of an older commit kept as the
+    ablation that reproduces it; the summary is recomputed and the renaming recorded."""
+    from shadow.replay.protocol import summarise
+
+    runs = []
+    for r in doc["runs"]:
+        missing = set(names) - set(r["lanes"])
+        if missing:
+            raise ValueError(f"cannot relabel: no lane {sorted(missing)} in a cell")
+        lanes = {names.get(k, k): v for k, v in r["lanes"].items()}
+        if len(lanes) != len(r["lanes"]):
+            raise ValueError("cannot relabel: two lanes would share a name")
+        runs.append(r | {"lanes": lanes})
+    note = ", ".join(f"{k} → {v}" for k, v in names.items())
+    return doc | {
+        "relabelled": [*doc.get("relabelled", []), note],
+        "summary": summarise(runs),
+        "runs": runs,
+    }
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["relabel"]:
+        out, path, *pairs = sys.argv[2:]
+        with open(path) as f:
+            doc = json.load(f)
+        names = dict(p.split("=", 1) for p in pairs)
+        with open(out, "w") as f:
+            f.write(json.dumps(relabel(doc, names), indent=1) + "\n")
+        print(f"wrote {out}")
+        return
     if sys.argv[1:2] == ["merge"]:
         out, *paths = sys.argv[2:]
         docs = []

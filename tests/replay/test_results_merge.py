@@ -100,3 +100,22 @@ def test_merge_refuses_files_that_are_not_the_same_cells() -> None:
     other["runs"][0]["requests"] += 1
     with pytest.raises(ValueError, match="facts"):
         tables.merge([other, _doc(("bra",))])
+
+
+def test_relabel_keeps_an_old_lane_beside_a_new_one_of_the_same_name() -> None:
+    tables = _tables()
+    old = _doc(("jsq-bytes", "bra"))
+    renamed = json.loads(json.dumps(tables.relabel(old, {"bra": "bra{prompt}"})))
+    assert renamed["relabelled"] == ["bra → bra{prompt}"]
+    for a, b in zip(old["runs"], renamed["runs"], strict=True):
+        assert list(b["lanes"]) == ["jsq-bytes", "bra{prompt}"]
+        assert b["lanes"]["bra{prompt}"] == a["lanes"]["bra"]
+    for a, b in zip(old["summary"], renamed["summary"], strict=True):
+        assert _untimed(b["lanes"]["bra{prompt}"]) == _untimed(a["lanes"]["bra"])
+    merged = tables.merge([renamed, _doc(("bra",))])
+    assert [p.get("relabelled") for p in merged["parts"]] == [["bra → bra{prompt}"], None]
+    assert all(set(r["lanes"]) == {"jsq-bytes", "bra{prompt}", "bra"} for r in merged["runs"])
+    with pytest.raises(ValueError, match="no lane"):
+        tables.relabel(old, {"br0": "x"})
+    with pytest.raises(ValueError, match="share a name"):
+        tables.relabel(old, {"bra": "jsq-bytes"})
