@@ -132,18 +132,29 @@ def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
     runs = sorted(cells.values(), key=lambda r: (r["workload"], r["workers"], r["load"], r["seed"]))
     return {
         "command": " + ".join(d["command"] for d in docs),
-        "parts": [
-            {k: d.get(k) for k in ("command", "commit", "runner")}
-            | ({"relabelled": d["relabelled"]} if "relabelled" in d else {})
-            | {"lanes": list(d["runs"][0]["lanes"]), "cells": len(d["runs"])}
-            for d in docs
-        ],
+        "parts": [part for d in docs for part in _parts(d)],
         "protocol": first["protocol"],
         "step": first["step"],
         "slots": first["slots"],
         "summary": summarise(runs),
         "runs": runs,
     }
+
+
+def _parts(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The sweeps a document was made of: its own `parts` if it is a merge, else itself; a
+    relabelling is noted on each."""
+    note = {"relabelled": doc["relabelled"]} if "relabelled" in doc else {}
+    if "parts" in doc:
+        return [
+            p | ({"relabelled": [*p.get("relabelled", []), *note["relabelled"]]} if note else {})
+            for p in doc["parts"]
+        ]
+    return [
+        {k: doc.get(k) for k in ("command", "commit", "runner")}
+        | note
+        | {"lanes": list(doc["runs"][0]["lanes"]), "cells": len(doc["runs"])}
+    ]
 
 
 def relabel(doc: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:

@@ -115,6 +115,14 @@ def test_relabel_keeps_an_old_lane_beside_a_new_one_of_the_same_name() -> None:
     merged = tables.merge([renamed, _doc(("bra",))])
     assert [p.get("relabelled") for p in merged["parts"]] == [["bra → bra{prompt}"], None]
     assert all(set(r["lanes"]) == {"jsq-bytes", "bra{prompt}", "bra"} for r in merged["runs"])
+    # a merged file merged again keeps every original sweep among its parts
+    again = tables.merge([tables.relabel(merged, {"bra": "bra{new}"}), _doc(("bra",))])
+    assert [p["command"] for p in again["parts"]] == [
+        "shadow sweep jsq-bytes,bra", "shadow sweep bra", "shadow sweep bra"
+    ]
+    assert [p.get("relabelled") for p in again["parts"]] == [
+        ["bra → bra{prompt}", "bra → bra{new}"], ["bra → bra{new}"], None
+    ]
     with pytest.raises(ValueError, match="no lane"):
         tables.relabel(old, {"br0": "x"})
     with pytest.raises(ValueError, match="share a name"):
