@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -178,9 +179,9 @@ def recorder() -> Iterator[tuple[_Recorder, str]]:
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    for _ in range(500):
-        if server.started:
-            break
+    deadline = time.monotonic() + 30
+    while not server.started:  # a readiness condition, bounded: fail rather than test a dead server
+        assert thread.is_alive() and time.monotonic() < deadline, "recorder server did not start"
         threading.Event().wait(0.01)
     yield rec, url
     server.should_exit = True

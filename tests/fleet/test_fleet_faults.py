@@ -4,6 +4,7 @@ slow steps; from the control endpoint, the Python API and the CLI grammar."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -219,14 +220,31 @@ def test_fault_spec_cli_grammar() -> None:
 
 
 def test_scheduled_fault_from_config() -> None:
+    """`decode/0:http_status=502@AT` applies AT seconds (fleet loop time) after the fleet started:
+    not before (checked whenever the fleet's clock is short of AT), and then (waited on as a
+    condition, not a sleep: under load the fleet's loop can run late)."""
     from shadow.fleet import FleetConfig
 
+    at = 0.5
     cfg = FleetConfig(prefill=0, decode=1, base_port=0, time_scale=0.25,
-                      faults=(FaultSpec.parse("decode/0:http_status=502@0.2"),))
+                      faults=(FaultSpec.parse(f"decode/0:http_status=502@{at}"),))
     with FleetThread(cfg) as ft:
         url = ft.decode_urls[0]
-        assert httpx.post(url + "/v1/completions", json={"prompt": words(2)}).status_code == 200
-        time.sleep(0.35)
+        server = ft.fleet.decode_servers[0]
+
+        async def uptime_and_status() -> tuple[float, int | None]:
+            return asyncio.get_running_loop().time() - ft.fleet.started_at, server.faults.http_status
+
+        status = httpx.post(url + "/v1/completions", json={"prompt": words(2)}).status_code
+        uptime, fault = ft.call(uptime_and_status())
+        if uptime < at:  # the request was answered before AT: the fault was not on yet
+            assert status == 200 and not fault, (uptime, status, fault)
+        deadline = time.monotonic() + 10
+        while not fault:
+            assert time.monotonic() < deadline, "the scheduled fault never applied"
+            time.sleep(0.01)
+            uptime, fault = ft.call(uptime_and_status())
+        assert uptime >= at and fault == 502, (uptime, fault)
         assert httpx.post(url + "/v1/completions", json={"prompt": words(2)}).status_code == 502
         assert httpx.get(url + "/fleet/faults").json()["faults"]["http_status"] == 502
 

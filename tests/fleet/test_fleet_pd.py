@@ -68,13 +68,41 @@ def test_two_phase_request(chat: bool) -> None:
 
 
 def test_handle_expires_after_ttl() -> None:
-    with FleetThread(FleetConfig(prefill=1, decode=1, base_port=0, time_scale=0.25, kv_ttl_s=0.3)) as ft:
+    """A handle nobody pulls is held for the TTL (fleet loop time) from the end of its prefill,
+    not freed before, and freed after: waited on as a condition, never a fixed sleep."""
+    ttl = 0.3
+    with FleetThread(FleetConfig(prefill=1, decode=1, base_port=0, time_scale=0.25, kv_ttl_s=ttl)) as ft:
         p_url, d_url = ft.prefill_urls[0], ft.decode_urls[0]
+        server = ft.fleet.prefill_servers[0]
+
+        async def now() -> float:
+            return asyncio.get_running_loop().time()
+
+        async def expiries() -> list[float]:  # read only: sweeping is /metrics' and /fleet/state's job
+            return [h.expires_at for h in server.kv.holds.values()]
+
+        async def sample() -> tuple[float, float, list[float]]:
+            """(KV usage as /metrics computes it: expired holds swept; the holds' expiries; the
+            loop time just after, so a hold swept in this sample expired by then)."""
+            usage = server.engine.kv_usage()
+            return usage, [h.expires_at for h in server.kv.holds.values()], asyncio.get_running_loop().time()
+
+        t0 = ft.call(now())
         r = httpx.post(p_url + "/v1/completions", json={"prompt": words(64), **PREFILL_BODY})
+        t1 = ft.call(now())
         kv = r.json()["kv_transfer_params"]
-        assert kv_usage(p_url) > 0
-        time.sleep(0.5)
-        assert kv_usage(p_url) == 0  # the TTL freed it
+        (expires_at,) = ft.call(expiries())
+        assert t0 + ttl <= expires_at <= t1 + ttl, (t0, expires_at, t1)  # held for the TTL
+        deadline = time.monotonic() + 10
+        while True:  # until the TTL frees it (a condition, bounded)
+            usage, holds, t = ft.call(sample())
+            if not holds:
+                break
+            assert usage > 0, "KV held, but /metrics shows none"
+            assert time.monotonic() < deadline, "the TTL never freed the KV"
+            time.sleep(0.01)
+        assert t >= expires_at, f"freed by {t:.3f}, before the TTL ended at {expires_at:.3f}"
+        assert usage == 0 and kv_usage(p_url) == 0  # the TTL freed it (and /metrics shows so)
         r2 = httpx.post(d_url + "/v1/completions", json={"prompt": words(64), "kv_transfer_params": kv})
         assert r2.status_code == 400
         assert "unknown or expired" in r2.json()["error"]["message"]

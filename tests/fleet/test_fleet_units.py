@@ -143,10 +143,18 @@ def test_async_fleet_api_and_prefill_stream_with_kv_params() -> None:
             d = await client.post(fleet.decode_urls[0] + "/v1/completions",
                                   json={"prompt": words(40), "max_tokens": 3, "kv_transfer_params": kv})
             assert d.status_code == 200 and d.json()["usage"]["completion_tokens"] == 3
-            await fleet.inject("prefill/0", crash_s=-1)
-            await asyncio.sleep(0.05)
-            with pytest.raises(httpx.ConnectError):
-                await client.get(fleet.prefill_urls[0] + "/health")
+            await fleet.inject("prefill/0", crash_s=-1)  # the crash is spawned, not awaited
+            deadline = asyncio.get_running_loop().time() + 10
+            while True:  # until the crash has closed the listener (a condition, bounded)
+                try:
+                    await client.get(fleet.prefill_urls[0] + "/health")
+                except httpx.ConnectError:
+                    break
+                except httpx.RemoteProtocolError:
+                    pass  # a kept-alive connection the crash closed under this request: not refused yet
+                assert asyncio.get_running_loop().time() < deadline, "the crashed server still answers"
+                await asyncio.sleep(0.005)
+            assert not fleet.prefill_servers[0].up
             await fleet.recover("prefill", 0)
             assert (await client.get(fleet.prefill_urls[0] + "/health")).status_code == 200
 

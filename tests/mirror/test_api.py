@@ -214,7 +214,11 @@ def test_emitter_batches_and_never_raises() -> None:
         async with em:
             for i in range(7):
                 assert em.emit(Token("a", float(i), i))
-            await asyncio.sleep(0.05)
+            # the background flusher posts all 7 before close (a condition; close would flush too)
+            deadline = asyncio.get_running_loop().time() + 10
+            while em.sent < 7:
+                assert asyncio.get_running_loop().time() < deadline, f"flusher posted {em.sent} of 7"
+                await asyncio.sleep(0.005)
         return em
 
     em = asyncio.run(run())

@@ -75,6 +75,20 @@ def _items(q: DropQueue) -> list[tuple[int, Any]]:
     return [(seq, payload) for _, seq, _, payload in q.get_nowait_batch(10_000)]
 
 
+async def _items_through_end(q: DropQueue, timeout: float = 5.0) -> list[tuple[int, Any]]:
+    """The mirror queue's items until the request's end marker (seq -1) is among them: the
+    condition the assertions need (the end comes last), not a guess at how long the relay takes.
+    Fails if no end arrives within `timeout`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    items: list[tuple[int, Any]] = []
+    while not any(seq == -1 for seq, _ in items):
+        left = deadline - loop.time()
+        assert left > 0, f"no end marker in the mirror queue after {timeout:g} s: {items}"
+        items += [(seq, payload) for _, seq, _, payload in await q.get_batch(10_000, timeout=left)]
+    return items + _items(q)  # and anything queued behind the end (there must be nothing)
+
+
 SSE_RESP = (
     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
     b"keep-alive: timeout=5\r\n\r\n"
@@ -105,8 +119,7 @@ def test_chunked_both_ways_hop_by_hop_stripped_and_copy_dechunked() -> None:
         assert b"keep-alive" not in head.lower() and b"connection: close" in head.lower()
         # re-framed by the tap: the same chunks and trailers, chunk extensions dropped
         assert body == b'6\r\ndata: \r\n9\r\n{"a":1}\n\n\r\n0\r\nx-trailer: 1\r\n\r\n'
-        await asyncio.sleep(0.05)
-        items = _items(q)
+        items = await _items_through_end(q)
         assert items[0] == (0, None)
         assert b"".join(p for s, p in items if s > 0) == b'data: {"a":1}\n\n'
         assert items[-1] == (-1, END_COMPLETE)
@@ -172,8 +185,7 @@ def test_expect_continue_interim_responses_and_until_close_body() -> None:
         assert b"expect" not in seen[0].lower() and seen[0].endswith(b"\r\n\r\n{}")
         assert out.startswith(b"HTTP/1.1 103 Early Hints\r\nlink: </x>\r\n\r\nHTTP/1.1 200 OK\r\n")
         assert out.endswith(b'\r\n\r\n{"until":"close"}') and b"connection: close" in out
-        await asyncio.sleep(0.05)
-        items = _items(q)
+        items = await _items_through_end(q)
         assert b"".join(p for s, p in items if s > 0) == b'{"until":"close"}' and items[-1] == (
             -1,
             END_COMPLETE,
@@ -204,29 +216,62 @@ def test_upstream_down_gives_502_and_cut_mid_body_truncates() -> None:
         out = await _talk(tap, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         # the bytes that arrived, re-framed, and no last chunk: the client sees the same truncation
         assert out.endswith(b"\r\n\r\n5\r\nhello\r\n2\r\nab\r\n")
-        await asyncio.sleep(0.05)
-        assert _items(q)[-1] == (-1, END_UPSTREAM_CUT)
+        assert (await _items_through_end(q))[-1] == (-1, END_UPSTREAM_CUT)
 
     asyncio.run(_with_tap(handler, client))
 
 
+OK_2 = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+
+
 def test_stale_pooled_connection_is_retried_once_before_any_byte() -> None:
+    """The worker closes an idle keep-alive connection just as the tap sends the next request on
+    it (made certain, not left to timing: the worker closes once the next request's bytes arrive,
+    unanswered). The tap resends that safe, body-less request once on a fresh connection."""
+    conns = 0
+
     async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, seen: list[bytes]) -> None:
+        nonlocal conns
+        conns += 1
         seen.append(await _read_request(r))
-        w.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        w.write(OK_2)
         await w.drain()
-        # then close the idle keep-alive connection, as servers do after their keep-alive timeout
+        await r.read(1)  # the next request arrived on this kept-alive connection: close, unanswered
 
     async def client(tap: Tap, q: DropQueue, seen: list[bytes]) -> None:
         r, w = await asyncio.open_connection(tap.host, tap.port)
         for _ in range(3):
             w.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-            got = await asyncio.wait_for(
-                r.readexactly(len(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")), 5
-            )
-            assert got.endswith(b"ok")
-            await asyncio.sleep(0.05)
+            assert await asyncio.wait_for(r.readexactly(len(OK_2)), 5) == OK_2
         w.close()
-        assert len(seen) == 3
+        # request 1 on connection 1; 2 sent on the pooled 1, resent on 2; 3 sent on 2, resent on 3
+        assert len(seen) == 3 and conns == 3, (len(seen), conns)
+        assert tap.rejected.get("not_resent", 0) == 0 and tap.connect_errors == 0
+
+    asyncio.run(_with_tap(handler, client))
+
+
+def test_pooled_connection_the_worker_closed_is_not_reused() -> None:
+    """The worker closes each connection after one response; once the tap has seen the close (a
+    condition: its pool no longer holds the connection), the next request goes on a fresh one."""
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, seen: list[bytes]) -> None:
+        seen.append(await _read_request(r))
+        w.write(OK_2)
+        await w.drain()
+        # then close the idle keep-alive connection, as servers do after their keep-alive timeout
+
+    async def client(tap: Tap, q: DropQueue, seen: list[bytes]) -> None:
+        r, w = await asyncio.open_connection(tap.host, tap.port)
+        loop = asyncio.get_running_loop()
+        for i in range(3):
+            w.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert await asyncio.wait_for(r.readexactly(len(OK_2)), 5) == OK_2
+            deadline = loop.time() + 5
+            while tap._pool:  # the tap has not processed the worker's close yet
+                assert loop.time() < deadline, f"request {i}: the closed connection stayed pooled"
+                await asyncio.sleep(0.005)
+        w.close()
+        assert len(seen) == 3 and tap.rejected.get("not_resent", 0) == 0
 
     asyncio.run(_with_tap(handler, client))
