@@ -6,6 +6,9 @@
 #   scripts/mutation.sh core engine     # a selection
 #   scripts/mutation.sh --again core    # after adding tests: re-check only the mutants that were
 #                                       # not killed in the last run (same scratch copy and sources)
+#   MUTATION_ONLY='shadow.engine.offline.x_run_lane*' scripts/mutation.sh engine
+#                                       # only the mutants whose names match these globs (space-
+#                                       # separated), from a fresh copy; the report counts only them
 #
 # Needs the optional extra:  pip install -e '.[mutation]'
 # Each package runs in its own scratch copy (build/mutation/<package>, the working tree as it is,
@@ -62,6 +65,7 @@ declare -A DESELECT=(
   [engine]="tests/live/test_live_driver.py::test_br0_beats_a_jsq_bytes_router_on_a_saturated_paper_like_run"
 )
 
+read -r -a ONLY <<<"${MUTATION_ONLY:-}"
 AGAIN=0
 if [ "${1:-}" = "--again" ]; then
   AGAIN=1
@@ -118,7 +122,7 @@ pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-x", "-m", "not integrat
 use_git_change_detection = false
 timeout_multiplier = $TIMEOUT
 TOML
-    mutants=()
+    mutants=("${ONLY[@]}")
     echo "== $t: mutating ${MUTATE[$t]} against ${TESTS[$t]} ($JOBS workers, nice $NICE)" >&2
     log=$dir/run.log
   fi
@@ -138,17 +142,19 @@ TOML
   fi
   load_end=$(loadavg)
   (cd "$dir" && "$PY" -m mutmut results --all true >"$dir/results.txt")
-  line=$("$PY" - "$t" "$dir/time.txt" "$dir/results.txt" "$AGAIN" "$JOBS" "$load_start" "$load_end" <<'PYEOF'
+  line=$("$PY" - "$t" "$dir/time.txt" "$dir/results.txt" "$AGAIN" "$JOBS" "$load_start" "$load_end" "${ONLY[@]}" <<'PYEOF'
 import collections
+import fnmatch
 import sys
 
 name, timing, path, again, jobs, load0, load1 = sys.argv[1:8]
+only = sys.argv[8:]
 wall, user, sys_ = (float(x) for x in open(timing, encoding="utf-8").read().split()[-3:])
 cpu = user + sys_
 status = {}
 for raw in open(path, encoding="utf-8"):
     key, sep, st = raw.strip().rpartition(": ")
-    if sep:
+    if sep and (not only or any(fnmatch.fnmatch(key, p) for p in only)):
         status[key] = st
 counts = collections.Counter(status.values())
 killed = counts["killed"] + counts["timeout"] + counts["caught by type check"]
@@ -156,6 +162,7 @@ tested = len(status) - counts["skipped"]
 rate = 100.0 * killed / tested if tested else 0.0
 others = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()) if k not in ("killed",))
 what = " re-checking survivors" if again == "1" else ""
+what += f" (only {' '.join(only)})" if only else ""
 print(
     f"{name}: {killed}/{tested} mutants killed = {rate:.1f}% ({others or 'none other'}); "
     f"{wall:.0f} s wall{what}, {cpu:.0f} CPU-s ({jobs} workers; load {load0} -> {load1})"

@@ -3,7 +3,9 @@
 `default`: each test's own settings (the normal suite). `mutation` (set by scripts/mutation.sh):
 every property test runs at most SHADOW_MUTATION_MAX_EXAMPLES examples (default 30, also capping
 tests that set a larger `max_examples` themselves), derandomized and without the example
-database, so a mutant's verdict does not depend on luck or on what an earlier mutant's run saved.
+database, so a mutant's verdict does not depend on luck or on what an earlier mutant's run saved;
+and without shrinking: the first failing example kills the mutant (shrinking only makes a failure
+already found smaller, and re-runs the test hundreds of times doing so).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import settings
+from hypothesis import Phase, settings
 
 PROFILE_VAR = "SHADOW_HYPOTHESIS_PROFILE"
 MUTATION = "mutation"
@@ -23,6 +25,7 @@ settings.register_profile(
     database=None,
     deadline=None,
     print_blob=False,
+    phases=(Phase.explicit, Phase.generate),
 )
 _profile = os.environ.get(PROFILE_VAR, "default")
 settings.load_profile(_profile)
@@ -42,4 +45,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 max_examples=min(own.max_examples, cap.max_examples),
                 derandomize=True,
                 database=None,
+                phases=cap.phases,
             )

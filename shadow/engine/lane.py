@@ -11,6 +11,7 @@ projection over the G·B slot arrays when it routes.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -145,6 +146,7 @@ class Lane:
         self._started_now: list[tuple[int, Job]] = []
         self._first_token: dict[Hashable, float] = {}
         self._pool_ready: dict[Hashable, float] = {}
+        self._inflight: set[Hashable] = set()  # offered, not finished nor shed: offered twice is refused
         self._record_all = config.trajectory_points > 0
         # Slot arrays (G·B): what BR-H projects from; also used by the brute-force checker.
         n = g * b
@@ -178,7 +180,20 @@ class Lane:
         return self.router.binds_at_arrival
 
     def offer(self, job: Job, ready_s: float) -> None:
-        """A job whose prefill completed at `ready_s` (<= now) reaches the router."""
+        """A job whose prefill completed at `ready_s` (<= now) reaches the router.
+
+        Refused (ValueError): a request id still in the lane (a driver offering a job twice would
+        otherwise loop or corrupt the lane), and offline (no `ends`) an output below one token (its
+        finish would be booked for a step already past, so it would run forever).
+        """
+        rid = job.request_id
+        if rid in self._inflight:
+            raise ValueError(f"lane {self.spec.label}: request {rid!r} offered while still in the lane")
+        if self.ends is None and job.output_tokens < 1:
+            raise ValueError(
+                f"lane {self.spec.label}: request {rid!r} has {job.output_tokens} output tokens (at least 1)"
+            )
+        self._inflight.add(rid)
         self.totals.first_arrival_s = min(self.totals.first_arrival_s, job.arrival_s)
         router = self.router
         if not router.binds_at_arrival:
@@ -234,12 +249,14 @@ class Lane:
             for entry in pool.pop_arrived_before(before):
                 assert isinstance(entry.request_id, Job)
                 self._pool_ready.pop(entry.request_id.request_id, None)
+                self._inflight.remove(entry.request_id.request_id)
                 shed += 1
         else:
             for g, queue in enumerate(self.queues):
                 while queue and queue[0][1] < before:
                     job, _ = queue.popleft()
                     self.queued_tokens[g] -= job.prompt_tokens
+                    self._inflight.remove(job.request_id)
                     shed += 1
         self.totals.shed += shed
         return shed
@@ -424,6 +441,7 @@ class Lane:
         tt = self.totals
         tt.finished += 1
         tt.last_finish_s = max(tt.last_finish_s, end)
+        self._inflight.remove(job.request_id)
         first = self._first_token.pop(job.request_id)
         tt.ttft_s.append(first - job.arrival_s)
         if out >= 2:
@@ -440,3 +458,26 @@ class Lane:
         w = self.slot_prompt[act] + (self.k - self.slot_start[act])
         sums = np.bincount(self._slot_worker[act], weights=w, minlength=self.config.workers)
         return [float(x) for x in sums.tolist()]
+
+
+def checked_step(lane: Lane, budget: float = math.inf) -> bool:
+    """`lane.step()` for the drivers' loops, which would spin forever on an engine bug instead.
+
+    Raises RuntimeError when the step count did not move by exactly one step that ran (none when
+    it did not run), or when more than `budget` steps ran: each step that runs emits at least one
+    token, so the output tokens offered bound the steps (offline drivers pass them; live lanes
+    learn outputs as they stream and pass none).
+    """
+    k = lane.k
+    ran = lane.step()
+    if lane.k != k + ran:
+        raise RuntimeError(
+            f"lane {lane.spec.label}: step {k} {'ran' if ran else 'did not run'} but the step count is now"
+            f" {lane.k} (engine bug)"
+        )
+    if lane.k > budget:
+        raise RuntimeError(
+            f"lane {lane.spec.label}: {lane.k} steps ran for {budget} output tokens offered: requests"
+            " never finish (engine bug)"
+        )
+    return ran

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from shadow.engine.config import EngineConfig, LaneSpec
 from shadow.engine.events import Arrive, Cancel, Event, Finish, Route, Step, Token
 from shadow.engine.jobs import Job
-from shadow.engine.lane import Clock, Lane, LaneTotals
+from shadow.engine.lane import Clock, Lane, LaneTotals, checked_step
 from shadow.engine.summary import LogHistogram
 
 ACTUAL = "actual"
@@ -253,13 +253,14 @@ class LiveDriver:
         """Step `lane` until its clock reaches `t` (idle: jump); False when held by an unknown end."""
         on_step = self.on_step
         while lane.now < t:
-            if lane.step():
+            if checked_step(lane):
                 if on_step is not None:
                     on_step(lane)
             elif lane.stalled:
                 return False
             else:
                 lane.now = t
+                return True
         return True
 
     def advance_to(self, t: float) -> None:
@@ -293,7 +294,7 @@ class LiveDriver:
             if held:
                 continue
             if drain:
-                while lane.step():
+                while checked_step(lane):
                     if self.on_step is not None:
                         self.on_step(lane)
             else:
