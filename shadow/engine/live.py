@@ -277,32 +277,37 @@ class LiveDriver:
         if self.origin is None:
             return
         lane_t = horizon - self.origin
-        released, base = self._released, self._base
         for i, lane in enumerate(self.lanes):
-            cur = self._cursor[i]
-            held = False
+            # a lane held by an unknown end before its next job cannot run further either
+            if self._offer_released(i, lane):
+                if drain:
+                    while checked_step(lane):
+                        if self.on_step is not None:
+                            self.on_step(lane)
+                else:
+                    self._run(lane, lane_t)
+        low = min(self._cursor)
+        while self._base < low:
+            self._released.popleft()
+            self._base += 1
+
+    def _offer_released(self, i: int, lane: Lane) -> bool:
+        """Offer lane `i` the released jobs it has not seen, each at its arrival; False when the
+        lane is held by an unknown end before reaching the next one."""
+        released, base = self._released, self._base
+        cur = self._cursor[i]
+        try:
             while cur - base < len(released):
                 job = released[cur - base]
                 if not self._run(lane, job.arrival_s):
-                    held = True
-                    break
+                    return False
                 if self.on_offer is not None:
                     self.on_offer(lane, job)
                 lane.offer(job, job.arrival_s)
                 cur += 1
+            return True
+        finally:
             self._cursor[i] = cur
-            if held:
-                continue
-            if drain:
-                while checked_step(lane):
-                    if self.on_step is not None:
-                        self.on_step(lane)
-            else:
-                self._run(lane, lane_t)
-        low = min(self._cursor)
-        while self._base < low:
-            released.popleft()
-            self._base += 1
 
     # -- views -------------------------------------------------------------------------------
 

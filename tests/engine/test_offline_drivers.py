@@ -1,0 +1,125 @@
+"""The offline drivers' wiring, on small hand-computed runs: prefill reaches the lanes, jobs are
+offered as soon as they are ready (memory holds only jobs not yet ready), progress reports the
+total, the trajectory is thinned to the points asked, a lane that never runs is named, and a
+pool lane hears each newcomer's predicted stay."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from shadow.core.stepmodel import StepTimeModel
+from shadow.engine.config import EngineConfig, LaneSpec, PrefillConfig
+from shadow.engine.jobs import Job
+from shadow.engine.lane import Lane
+from shadow.engine.offline import run_lane, run_lanes, run_offline
+
+UNIT = StepTimeModel(a=1.0, b=0.0)  # a step lasts max_g L_g seconds
+
+
+def test_run_offline_sends_jobs_through_the_prefill_stage() -> None:
+    # One prefill server, c0 = 1 s, c1 = 0.1 s/token: job 0 (10 tokens) is ready at 2 s, job 1 at
+    # 4 s (it waits for the server).
+    config = EngineConfig(
+        workers=2, slots=1, step=UNIT, prefill=PrefillConfig(servers=1, c0_s=1.0, c1_s_per_token=0.1)
+    )
+    jobs = [Job(0, 0.0, 10, 1), Job(1, 0.0, 10, 1)]
+    res = run_offline(jobs, config, [LaneSpec("rr")], time.perf_counter)["rr"]
+    # job 0: ready at 2, one step of 10 s -> first token at 12; job 1: ready at 4, joins at the next
+    # step boundary (12), one step of 10 s -> 22 (waited 8 s). Without prefill both would run in
+    # the first step (TTFT 10 s, no wait). Percentiles of two samples interpolate: p50 = midpoint.
+    assert res.ttft_p50_ms == pytest.approx(17_000.0) and res.wait_p50_ms == pytest.approx(4_000.0)
+    lanes = [Lane(LaneSpec("jsq"), config, time.perf_counter)]
+    run_lanes(iter(jobs), lanes, config.prefill)
+    assert sorted(lanes[0].totals.ttft_s) == pytest.approx([12.0, 22.0])
+
+
+def test_jobs_are_offered_as_soon_as_they_are_ready_not_held_back() -> None:
+    # No prefill: a job is ready at its arrival, so it reaches every lane before the next job is
+    # even read from the stream (all at t=0 here, then one later).
+    log: list[str] = []
+
+    class Logged(Lane):
+        def offer(self, job: Job, ready_s: float) -> None:
+            log.append(f"offer {job.request_id} to {self.spec.label}")
+            super().offer(job, ready_s)
+
+    def stream() -> Iterator[Job]:
+        for job in (Job(0, 0.0, 1, 1), Job(1, 0.0, 1, 1), Job(2, 0.0, 1, 1), Job(3, 5.0, 1, 1)):
+            log.append(f"read {job.request_id}")
+            yield job
+
+    config = EngineConfig(workers=1, slots=4, step=UNIT)
+    lanes = [Logged(LaneSpec(p), config, time.perf_counter) for p in ("rr", "jsq")]
+    assert run_lanes(stream(), lanes) == 4
+    assert log == [x for i in range(4) for x in (f"read {i}", f"offer {i} to rr", f"offer {i} to jsq")]
+
+
+def test_run_offline_reports_progress_against_the_length_of_a_job_list() -> None:
+    # 501 one-token jobs at t=0 on 501 slots: the 500th offer reports 0 of 501 finished (the list's
+    # length, not the 500 offered so far); the end reports 501 of 501.
+    jobs = [Job(i, 0.0, 1, 1) for i in range(501)]
+    calls: list[tuple[str, int, int]] = []
+    run_offline(
+        jobs,
+        EngineConfig(workers=1, slots=501, step=UNIT),
+        [LaneSpec("rr")],
+        time.perf_counter,
+        progress=lambda *a: calls.append(a),
+    )
+    assert calls == [("rr", 0, 501), ("rr", 501, 501)]
+    calls.clear()
+    run_offline(
+        jobs,
+        EngineConfig(workers=1, slots=501, step=UNIT),
+        [LaneSpec("rr")],
+        time.perf_counter,
+        progress=lambda *a: calls.append(a),
+        total=600,  # a total given wins
+    )
+    assert calls == [("rr", 0, 600), ("rr", 501, 600)]
+
+
+def test_run_offline_thins_the_trajectory_to_the_points_asked() -> None:
+    # One job of 5 tokens: 5 steps recorded; 2 points asked -> every 3rd step (t = 0 and 3 + ...).
+    jobs = [Job(0, 0.0, 1, 5)]
+    config = EngineConfig(workers=1, slots=1, step=UNIT, trajectory_points=2)
+    res = run_offline(jobs, config, [LaneSpec("rr")], time.perf_counter)["rr"]
+    assert res.trajectory_t == [0.0, 1.0 + 2.0 + 3.0]
+    assert res.trajectory_loads == [[1.0], [4.0]]
+
+
+class _Idle(Lane):
+    """A broken lane: nothing ever runs (step() is always False)."""
+
+    calls = 0
+
+    def step(self) -> bool:
+        self.calls += 1
+        assert self.calls < 100, "driver kept stepping an idle lane"
+        return False
+
+
+def test_a_lane_that_never_runs_its_jobs_is_named_by_the_drivers() -> None:
+    config = EngineConfig(workers=1, slots=1, step=UNIT)
+    lane = _Idle(LaneSpec("rr"), config, time.perf_counter)
+    with pytest.raises(RuntimeError, match=r"^lane rr: jobs left but nothing runs \(engine bug\)$"):
+        run_lane(lane, [Job(0, 0.0, 1, 1), Job(1, 0.0, 1, 1)], [0.0, 0.0])
+    lanes = [_Idle(LaneSpec("jsq"), config, time.perf_counter)]
+    with pytest.raises(RuntimeError, match=r"^lane jsq: jobs left but nothing runs \(engine bug\)$"):
+        run_lanes([Job(0, 0.0, 1, 1)], lanes)
+
+
+@pytest.mark.parametrize(("output", "expected"), [(5, 5.0), (10_000, 80.0)])
+def test_a_pool_lane_hears_each_newcomers_predicted_stay_within_the_horizon(
+    output: int, expected: float
+) -> None:
+    # BR-H with the oracle: a newcomer's predicted stay within the horizon (H = 80 by default) is
+    # its output length, capped at H; the pool entry carries it (BRA's hold-back reads it).
+    lane = Lane(LaneSpec("brh", "oracle"), EngineConfig(workers=1, slots=1, step=UNIT), time.perf_counter)
+    lane.offer(Job("a", 0.0, 3, output), 0.0)
+    (entry,) = list(lane.router.pool)  # type: ignore[attr-defined]
+    assert entry.horizon_steps == pytest.approx(expected)
+    assert lane.config.br.horizon == 80
