@@ -4,11 +4,19 @@ documented defaults."""
 
 from __future__ import annotations
 
+import random
+
+import numpy as np
+import pytest
+
 from shadow.core.assigner import assign_round
+from shadow.core.balanceroute import BalanceRoute
+from shadow.core.baselines import JoinShortestQueue
 from shadow.core.fscore import BR0Scorer
 from shadow.core.params import BRParams
 from shadow.core.pool import Pool
-from shadow.core.routers import StaticView, make_router
+from shadow.core.routers import BindingRouter, StaticView, make_router
+from shadow.core.schedule import make_round_router
 
 
 def test_the_stages_are_announced_in_order_with_stage1_filling_down_to_s_greedy() -> None:
@@ -53,3 +61,57 @@ def test_the_default_seed_is_zero() -> None:
         return [g for _, g in router.decide(view, 0.0)]
 
     assert picks() == picks(seed=0) != picks(seed=1)
+
+
+def test_balanceroute_tells_its_stage_listener() -> None:
+    br = BalanceRoute("br0", BRParams(s_greedy=0))
+    seen: list[str] = []
+    br.on_stage = seen.append
+    pool = Pool()
+    pool.add("a", 10)
+    assert br.round([0.0, 0.0], [1, 1], pool) == [("a", 0)]
+    assert seen == ["stage1", "stage2", "end"]
+
+
+def test_a_binding_router_binds_every_waiting_request_unless_told_only_free() -> None:
+    # No free slot anywhere: by default every waiting request is still bound (an engine queues it);
+    # with only_free nothing is placed.
+    view = StaticView(loads=[0.0, 5.0], free_slots=[0, 0])
+    router = BindingRouter(JoinShortestQueue(random.Random(0)))
+    router.on_arrive("a", 10, 0.0)
+    assert router.decide(view, 0.0) == [("a", 0)]
+    strict = BindingRouter(JoinShortestQueue(random.Random(0)), only_free=True)
+    strict.on_arrive("a", 10, 0.0)
+    assert strict.decide(view, 0.0) == [] and strict.waiting() == 1
+
+
+def test_a_static_view_without_every_projection_array_projects_nothing() -> None:
+    arr_i, arr_f = np.array([0], dtype=np.int64), np.array([1.0])
+    for worker, load, steps in ((arr_i, None, arr_f), (arr_i, arr_f, None), (None, arr_f, arr_f)):
+        view = StaticView(
+            loads=[1.0], free_slots=[1], active_worker=worker, active_load=load, active_steps=steps
+        )
+        idx, w, c = view.projection()
+        assert idx.size == w.size == c.size == 0
+    idx, w, c = StaticView(
+        loads=[1.0], free_slots=[1], active_worker=arr_i, active_load=arr_f, active_steps=arr_f
+    ).projection()
+    assert (idx.tolist(), w.tolist(), c.tolist()) == ([0], [1.0], [1.0])
+
+
+def test_make_round_router_seeds_zero_by_default() -> None:
+    # make_round_router's seed defaults to 0 (random draws the same as with seed=0, not seed=1).
+    view = StaticView(loads=[0.0] * 8, free_slots=[4] * 8)
+
+    def picks(**kw: int) -> list[int]:
+        router = make_round_router("random", **kw)
+        for i in range(20):
+            router.on_arrive(i, 10, 0.0)
+        return [g for _, g in router.decide(view, 0.0)]
+
+    assert picks() == picks(seed=0) != picks(seed=1)
+
+
+def test_a_forced_router_without_assignments_is_refused_with_its_message() -> None:
+    with pytest.raises(ValueError, match=r"^a forced lane needs its assignments$"):
+        make_router("forced")
