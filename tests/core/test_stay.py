@@ -26,11 +26,11 @@ class Scripted:
 
     def predict(
         self,
-        generated: np.ndarray,  # type: ignore[type-arg]
+        generated: np.ndarray,
         horizon: int,
         keys: Sequence[Hashable | None] | None = None,
-        remaining: np.ndarray | None = None,  # type: ignore[type-arg]
-    ) -> tuple[np.ndarray, np.ndarray]:  # type: ignore[type-arg]
+        remaining: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
         self.calls.append({"generated": generated, "horizon": horizon, "keys": keys, "remaining": remaining})
         n = len(generated)
         mu = [self.stay] if not self.calls[1:] else self.mu

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
+import numpy as np
 import pytest
 
 from shadow.core.stepmodel import StepTimeModel
@@ -123,3 +125,51 @@ def test_a_pool_lane_hears_each_newcomers_predicted_stay_within_the_horizon(
     (entry,) = list(lane.router.pool)  # type: ignore[attr-defined]
     assert entry.horizon_steps == pytest.approx(expected)
     assert lane.config.br.horizon == 80
+
+
+class _Scripted:
+    """A predictor that says: a newcomer stays 4 steps; every running request has 2 steps left."""
+
+    name = "scripted"
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def predict(self, generated, horizon, keys=None, remaining=None):  # type: ignore[no-untyped-def]
+        self.calls.append(
+            {"generated": generated.tolist(), "horizon": horizon, "keys": keys, "remaining": remaining}
+        )
+        n = len(generated)
+        mu = 4.0 if len(self.calls) == 1 else 2.0
+        return np.ones(n), np.full(n, mu)
+
+    def observe(self, output_tokens: int, key: object = None) -> None:
+        return None
+
+
+def test_a_lanes_stay_basis_is_taken_over_its_running_requests() -> None:
+    config = EngineConfig(workers=2, slots=2, step=UNIT)
+    lane = Lane(LaneSpec("brh", "survival"), config, time.perf_counter)
+    lane.offer(Job("a", 0.0, 10, 5, "ka"), 0.0)
+    lane.offer(Job("b", 0.0, 4, 3, "kb"), 0.0)
+    assert lane.step() is True  # both admitted and one token generated: age 1
+    scripted = _Scripted()
+    lane.predictor = scripted  # type: ignore[assignment]
+    basis = lane.stay_basis()
+    assert basis is not None and basis.span == 4.0
+    # each running request: m/S * (w + (m - 1)/2) = 2/4 * (prompt + 1 + 0.5)
+    want = [0.5 * (p + n * 1.5) for p, n in zip(lane.running_prompt, lane.running, strict=True)]
+    assert basis.loads == pytest.approx(want) and sum(lane.running) == 2
+    newcomer, running = scripted.calls
+    assert newcomer["generated"] == [0] and running["generated"] == [1, 1] and running["horizon"] == 4
+    keys, remaining = running["keys"], running["remaining"]
+    assert sorted(zip(keys, remaining.tolist(), strict=True)) == [("ka", 4), ("kb", 2)]
+
+
+def test_a_lane_without_a_fleet_wide_predictor_has_no_stay_basis() -> None:
+    config = EngineConfig(workers=1, slots=1, step=UNIT)
+    assert Lane(LaneSpec("jsq"), config, time.perf_counter).stay_basis() is None
+    assert Lane(LaneSpec("brh", "oracle"), config, time.perf_counter).stay_basis() is None
+    idle = Lane(LaneSpec("brh", "survival"), config, time.perf_counter)
+    idle.predictor = _Scripted()  # type: ignore[assignment]
+    assert idle.stay_basis() == (([0.0], 4.0))
