@@ -6,6 +6,9 @@
 #   scripts/mutation.sh core engine     # a selection
 #   scripts/mutation.sh --again core    # after adding tests: re-check only the mutants that were
 #                                       # not killed in the last run (same scratch copy and sources)
+#   scripts/mutation.sh --parallel core engine
+#                                       # the packages at the same time (MUTATION_JOBS workers each):
+#                                       # one's serial phases overlap the other's mutant runs
 #   MUTATION_ONLY='shadow.engine.offline.x_run_lane*' scripts/mutation.sh engine
 #                                       # only the mutants whose names match these globs (space-
 #                                       # separated), from a fresh copy; the report counts only them
@@ -23,8 +26,9 @@
 #   - MUTATION_JOBS parallel workers (default: the number of cores), under `nice -n MUTATION_NICE`
 #     (default 15) so other work on the machine keeps its share.
 # Prints per package: killed / tested = kill rate, the wall time, the CPU seconds used (user + sys,
-# independent of machine load) and the load average, then every surviving mutant's name
-# (see the diff with `cd build/mutation/<package> && mutmut show NAME`).
+# independent of machine load) and the load average, then every surviving mutant's name (see the
+# diff with `cd build/mutation/<package> && mutmut show NAME`; reports also kept in
+# build/mutation/<package>.report), and at the end the total wall time and CPU seconds.
 # Equivalent mutants (no behaviour change, cannot be killed) are listed in docs/mutation.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -67,10 +71,14 @@ declare -A DESELECT=(
 
 read -r -a ONLY <<<"${MUTATION_ONLY:-}"
 AGAIN=0
-if [ "${1:-}" = "--again" ]; then
-  AGAIN=1
-  shift
-fi
+PARALLEL=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --again) AGAIN=1; shift ;;
+    --parallel) PARALLEL=1; shift ;;
+    *) break ;;
+  esac
+done
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(core engine mirror)
 for t in "${targets[@]}"; do
@@ -88,14 +96,16 @@ toml_list() {  # words -> TOML list of strings
 
 loadavg() { cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?"; }
 
-summary=()
-for t in "${targets[@]}"; do
+# one package: fresh scratch copy (or --again), mutmut run, report -> $WORK/<package>/report.txt
+run_one() {
+  local t=$1 dir load_start load_end log rc
+  local -a mutants deselect
   dir=$WORK/$t
   load_start=$(loadavg)
   if [ "$AGAIN" = 1 ]; then
     if [ ! -d "$dir/mutants" ]; then
       echo "mutation.sh: no previous run of $t in $dir: run without --again first" >&2
-      exit 2
+      return 2
     fi
     rm -rf "$dir/tests"
     cp -r tests "$dir/"
@@ -138,11 +148,11 @@ TOML
   if [ "$rc" != 0 ]; then
     echo "mutation.sh: mutmut failed for $t, see $log" >&2
     tail -20 "$log" >&2
-    exit 1
+    return 1
   fi
   load_end=$(loadavg)
   (cd "$dir" && "$PY" -m mutmut results --all true >"$dir/results.txt")
-  line=$("$PY" - "$t" "$dir/time.txt" "$dir/results.txt" "$AGAIN" "$JOBS" "$load_start" "$load_end" "${ONLY[@]}" <<'PYEOF'
+  "$PY" - "$t" "$dir/time.txt" "$dir/results.txt" "$AGAIN" "$JOBS" "$load_start" "$load_end" "${ONLY[@]}" <<'PYEOF'
 import collections
 import fnmatch
 import sys
@@ -171,10 +181,35 @@ survivors = sorted(k for k, v in status.items() if v not in ("killed", "timeout"
 for k in survivors:
     print(f"    {status[k]:>10}  {k}")
 PYEOF
-)
-  echo "$line"
-  summary+=("$(echo "$line" | head -1)")
-done
+}
+
+mkdir -p "$WORK"
+t0=$(date +%s.%N)
+rc_all=0
+if [ "$PARALLEL" = 1 ]; then
+  # packages at the same time (each with MUTATION_JOBS workers): one package's serial phases
+  # (stats run, clean run, bookkeeping) overlap the other's parallel mutant runs
+  pids=()
+  for t in "${targets[@]}"; do
+    run_one "$t" >"$WORK/$t.report" &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || rc_all=1; done
+else
+  for t in "${targets[@]}"; do
+    run_one "$t" >"$WORK/$t.report" || { rc_all=1; break; }
+    cat "$WORK/$t.report"
+  done
+fi
+wall=$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { printf "%.0f", a - b }')
+[ "$PARALLEL" = 0 ] || for t in "${targets[@]}"; do cat "$WORK/$t.report" 2>/dev/null; done
+[ "$rc_all" = 0 ] || exit 1
 echo
-echo "mutation kill rates ($(date -u +%Y-%m-%d), mutmut $("$PY" -c 'import importlib.metadata as m; print(m.version("mutmut"))')):"
-for s in "${summary[@]}"; do echo "  $s"; done
+echo "mutation kill rates ($(date -u '+%Y-%m-%d %H:%M UTC'), mutmut $("$PY" -c 'import importlib.metadata as m; print(m.version("mutmut"))')$([ "$PARALLEL" = 1 ] && echo ", packages in parallel")):"
+cpu_total=0
+for t in "${targets[@]}"; do
+  head -1 "$WORK/$t.report" | sed 's/^/  /'
+  cpu=$(head -1 "$WORK/$t.report" | sed -n 's/.* \([0-9][0-9]*\) CPU-s .*/\1/p')
+  cpu_total=$((cpu_total + ${cpu:-0}))
+done
+echo "  total: $wall s wall, $cpu_total CPU-s; load average now $(loadavg)"
