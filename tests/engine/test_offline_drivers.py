@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from shadow.core.stay import StayBasis
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec, PrefillConfig
 from shadow.engine.jobs import Job
@@ -172,4 +173,4 @@ def test_a_lane_without_a_fleet_wide_predictor_has_no_stay_basis() -> None:
     assert Lane(LaneSpec("brh", "oracle"), config, time.perf_counter).stay_basis() is None
     idle = Lane(LaneSpec("brh", "survival"), config, time.perf_counter)
     idle.predictor = _Scripted()  # type: ignore[assignment]
-    assert idle.stay_basis() == (([0.0], 4.0))
+    assert idle.stay_basis() == StayBasis([0.0], 4.0)
