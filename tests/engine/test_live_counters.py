@@ -12,6 +12,7 @@ import pytest
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec
 from shadow.engine.events import Arrive, Cancel, Finish, Route, Step, Token
+from shadow.engine.feed import RequestFolder
 from shadow.engine.jobs import Job
 from shadow.engine.lane import Lane
 from shadow.engine.live import LiveDriver
@@ -212,3 +213,50 @@ def test_on_step_sees_every_step_and_drain_leaves_the_lanes_at_their_last_step()
         assert lane.totals.finished == 1 and math.isfinite(lane.now) and lane.k == 4
         assert d.lag(lane) == 0.0  # caught up: the lanes are past the newest event
     assert d.open_requests() == 0 and d.assignment("a") is None  # every table is empty again
+
+
+def test_every_late_release_is_counted() -> None:
+    d = _driver()
+    d.apply(Arrive("c", 9.0, 10))
+    d.apply(Route("c", 9.0, "d0"))
+    d.advance_to(9.0)
+    for rid, t in (("a", 5.0), ("b", 6.0)):  # both placed before c, learnt after it was released
+        d.apply(Arrive(rid, t, 10))
+        d.apply(Route(rid, t, "d1"))
+    d.advance_to(10.0)
+    assert d.released == 3 and d.late == 2
+
+
+def test_a_route_alone_can_size_the_request() -> None:
+    # No Arrive: the Route's prompt size makes the request releasable (offered with that size).
+    d = _driver()
+    offers = _offers(d)
+    d.apply(Route("r", 1.0, "d0", prompt_tokens=7))
+    d.advance_to(1.0)
+    assert d.released == 1 and [(job.request_id, job.prompt_tokens) for _, job in offers][:1] == [("r", 7)]
+
+
+def test_an_unsized_routed_request_leaves_no_mirrored_load_behind() -> None:
+    # Routed to d0 but never sized (not queued): its tokens and its Finish's extra tokens move no
+    # placed load, and what it held as a running stream is released at its end.
+    d = _driver()
+    d.apply(Route("u", 1.0, "d0"))
+    d.apply(Token("u", 1.1, 2))
+    d.apply(Finish("u", 1.2, "stop", 5))
+    assert d.mirror_placed == [0.0, 0.0] and d.mirror_loads == [0.0, 0.0] and d.mirror_active == [0, 0]
+
+
+def test_a_placed_request_ended_before_its_first_token_leaves_no_running_load() -> None:
+    # Sized and placed (queued) but no Token seen: the Finish's tokens count in the placed load
+    # until the end, never in the running (KV) load.
+    d = _driver()
+    d.apply(Arrive("q", 1.0, 10))
+    d.apply(Route("q", 1.0, "d1"))
+    assert d.mirror_placed == [0.0, 10.0]
+    d.apply(Finish("q", 1.5, "stop", 3))
+    assert d.mirror_loads == [0.0, 0.0] and d.mirror_active == [0, 0] and d.mirror_placed == [0.0, 0.0]
+
+
+def test_the_table_bounds_default_to_a_million_open_requests() -> None:
+    assert _driver().max_requests == 1_000_000
+    assert RequestFolder().max_open == 1_000_000
