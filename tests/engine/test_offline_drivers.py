@@ -16,8 +16,9 @@ from shadow.core.stay import StayBasis
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec, PrefillConfig
 from shadow.engine.jobs import Job
-from shadow.engine.lane import Lane
+from shadow.engine.lane import Lane, LaneView
 from shadow.engine.offline import run_lane, run_lanes, run_offline
+from shadow.engine.summary import LogHistogram, percentile
 
 UNIT = StepTimeModel(a=1.0, b=0.0)  # a step lasts max_g L_g seconds
 
@@ -174,3 +175,52 @@ def test_a_lane_without_a_fleet_wide_predictor_has_no_stay_basis() -> None:
     idle = Lane(LaneSpec("brh", "survival"), config, time.perf_counter)
     idle.predictor = _Scripted()  # type: ignore[assignment]
     assert idle.stay_basis() == StayBasis([0.0], 4.0)
+
+
+class _Keyed:
+    """Predicts by prompt key: "short" 1 step left, "long" 50, anything else (or no keys) 80."""
+
+    name = "keyed"
+
+    def predict(self, generated, horizon, keys=None, remaining=None):  # type: ignore[no-untyped-def]
+        table = {"short": 1.0, "long": 50.0}
+        mu = [table.get(k, 80.0) for k in keys] if keys is not None else [80.0] * len(generated)
+        return np.ones(len(generated)), np.asarray(mu, dtype=np.float64)
+
+    def observe(self, output_tokens: int, key: object = None) -> None:
+        return None
+
+
+def test_br_h_predicts_per_prompt_key_and_counts_a_short_prediction_down_to_zero() -> None:
+    from shadow.core.params import BRParams
+
+    config = EngineConfig(workers=1, slots=2, step=UNIT, br=BRParams(horizon=100), refresh_steps=2)
+    lane = Lane(LaneSpec("brh", "survival"), config, time.perf_counter)
+    lane.predictor = _Keyed()  # type: ignore[assignment]
+    lane.offer(Job("a", 0.0, 5, 10, "short"), 0.0)
+    lane.offer(Job("b", 0.0, 5, 10, "long"), 0.0)
+    pool = {e.request_id.request_id: e.horizon_steps for e in lane.router.pool}  # type: ignore[attr-defined]
+    assert pool == {"a": 1.0, "b": 50.0}  # the newcomers' stays, predicted by key
+
+    def steps_left() -> list[float]:
+        _, _, c = LaneView(lane).projection()
+        return sorted(c.tolist())
+
+    assert lane.step() is True and lane.active == 2  # admitted at step 0 with ĉ = 1 and 50
+    assert steps_left() == [0.0, 49.0]  # k = 1: counted down, not below zero
+    assert lane.step() is True
+    assert steps_left() == [1.0, 50.0]  # k = 2: refreshed, by key again
+    assert lane.step() is True
+    assert steps_left() == [0.0, 49.0]
+
+
+def test_percentile_scales_exact_and_histogram_samples_alike() -> None:
+    hist = LogHistogram()
+    for x in (0.01, 0.02, 0.03):
+        hist.append(x)
+    p50 = hist.percentile(50)
+    assert p50 is not None and percentile(hist, 50) == p50
+    assert percentile(hist, 50, 1e3) == pytest.approx(p50 * 1e3)
+    assert percentile(LogHistogram(), 50, 1e3) is None
+    assert percentile([1.0, 2.0, 3.0], 50) == 2.0 and percentile([1.0, 2.0, 3.0], 50, 1e3) == 2000.0
+    assert percentile([], 50) is None
