@@ -465,8 +465,8 @@ def checked_step(lane: Lane, budget: float = math.inf) -> bool:
 
     Raises RuntimeError when the step count did not move by exactly one step that ran (none when
     it did not run), or when more than `budget` steps ran: each step that runs emits at least one
-    token, so the output tokens offered bound the steps (offline drivers pass them; live lanes
-    learn outputs as they stream and pass none).
+    token, so the output tokens offered bound the steps (the live driver passes the tokens it has
+    seen plus one per released request).
     """
     k = lane.k
     ran = lane.step()

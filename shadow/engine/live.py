@@ -103,6 +103,8 @@ class LiveDriver:
         self.mirror_placed: list[float] = [0.0] * len(workers)
         # counters
         self.released = 0
+        # output tokens seen plus requests released: no lane can run more steps (`checked_step`)
+        self._step_budget = 0
         self.late = 0  # released after lanes had passed their arrival
         self.dropped: dict[str, int] = {}
         self.unknown_worker = 0
@@ -174,6 +176,7 @@ class LiveDriver:
         dg = ev.generated - r.generated
         if dg <= 0:
             return
+        self._step_budget += dg
         if r.t_token >= 0:
             # dg tokens since the last event are dg decode steps (one token per step per running
             # stream), each the gap's share. Not only one-token advances: a busy tap coalesces a
@@ -198,6 +201,7 @@ class LiveDriver:
             return
         if isinstance(ev, Finish) and ev.generated is not None and ev.generated > r.generated:
             extra = ev.generated - r.generated  # tokens the Finish reports beyond the last Token
+            self._step_budget += extra
             if r.queued and r.worker is not None:
                 self.mirror_placed[r.worker] += extra
             if r.running and r.worker is not None:
@@ -248,12 +252,13 @@ class LiveDriver:
             self._assign[rid] = r.worker
             self._released.append(Job(rid, arrival - self.origin, max(1, r.prompt), 1, r.key))
             self.released += 1
+            self._step_budget += 1  # a request runs at least one step
 
     def _run(self, lane: Lane, t: float) -> bool:
         """Step `lane` until its clock reaches `t` (idle: jump); False when held by an unknown end."""
         on_step = self.on_step
         while lane.now < t:
-            if checked_step(lane):
+            if checked_step(lane, self._step_budget):
                 if on_step is not None:
                     on_step(lane)
             elif lane.stalled:
@@ -281,7 +286,7 @@ class LiveDriver:
             # a lane held by an unknown end before its next job cannot run further either
             if self._offer_released(i, lane):
                 if drain:
-                    while checked_step(lane):
+                    while checked_step(lane, self._step_budget):
                         if self.on_step is not None:
                             self.on_step(lane)
                 else:

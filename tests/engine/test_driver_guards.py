@@ -263,3 +263,27 @@ def test_the_live_driver_runs_correct_lanes_to_the_end_within_the_fuse() -> None
     d.drain()
     assert [lane.totals.finished for lane in d.lanes] == [2, 2] and calls[0] < 10
     assert d.open_requests() == 0
+
+
+def _endless_step(lane: Lane) -> bool:
+    lane._calendar.clear()  # every booked finish dropped
+    return Lane.step(lane)
+
+
+class _EndlessLive(Lane):
+    step = _endless_step
+
+
+def test_the_live_driver_stops_a_lane_whose_requests_never_finish() -> None:
+    # One request, 3 tokens: the budget is 3 tokens + 1 released = 4 steps; the 5th is refused.
+    d, calls = _live(_EndlessLive)
+    _request(d, "a", 0.0, 3)
+    d.apply(Finish("a", 0.0, "stop", 3))
+    with pytest.raises(RuntimeError, match="lane actual: 5 steps ran for 4 output tokens offered"):
+        d.drain()
+    assert calls[0] == 5
+    d, calls = _live(_EndlessLive)  # and while advancing: lanes run on to the horizon
+    _request(d, "b", 0.0, 2)
+    d.apply(Finish("b", 0.0, "stop", 4))  # 2 more tokens reported by the Finish: budget 4 + 1
+    with pytest.raises(RuntimeError, match="lane actual: 6 steps ran for 5 output tokens offered"):
+        d.advance_to(1e6)
