@@ -195,7 +195,7 @@ def test_two_open_requests_are_resolved_in_the_order_their_ends_are_due() -> Non
 
 
 def test_a_forced_lane_needs_its_assignments() -> None:
-    with pytest.raises(ValueError, match="a forced lane needs its assignments"):
+    with pytest.raises(ValueError, match=r"^a forced lane needs its assignments$"):
         Lane(LaneSpec("forced"), EngineConfig(), time.perf_counter)
 
 

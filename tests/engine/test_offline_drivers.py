@@ -224,3 +224,49 @@ def test_percentile_scales_exact_and_histogram_samples_alike() -> None:
     assert percentile(LogHistogram(), 50, 1e3) is None
     assert percentile([1.0, 2.0, 3.0], 50) == 2.0 and percentile([1.0, 2.0, 3.0], 50, 1e3) == 2000.0
     assert percentile([], 50) is None
+
+
+def test_a_lane_builds_its_router_from_the_engine_config() -> None:
+    from shadow.core.bra import BRAParams
+    from shadow.core.params import BRParams
+
+    br, bra = BRParams(horizon=7, r_max=3), BRAParams(hold=False)
+    config = EngineConfig(workers=4, slots=2, step=UNIT, br=br, bra=bra, seed=7)
+    assert Lane(LaneSpec("br0"), config, time.perf_counter).router.br.params is br  # type: ignore[attr-defined]
+    adaptive = Lane(LaneSpec("bra", "survival"), config, time.perf_counter).router.br  # type: ignore[attr-defined]
+    assert adaptive.params is br and adaptive.adaptive is bra
+
+    def placements(seed: int) -> list[int]:
+        lane = Lane(
+            LaneSpec("random"), EngineConfig(workers=4, slots=2, step=UNIT, seed=seed), time.perf_counter
+        )
+        for i in range(12):
+            lane.offer(Job(i, 0.0, 1, 1), 0.0)
+        return [len(q) for q in lane.queues]
+
+    assert placements(7) == placements(7) != placements(0)
+
+
+def test_a_pool_round_is_timed_on_the_injected_clock() -> None:
+    readings = iter([10.0, 12.5])
+    lane = Lane(LaneSpec("br0"), EngineConfig(workers=1, slots=1, step=UNIT), lambda: next(readings))
+    lane.offer(Job("a", 0.0, 1, 1), 0.0)
+    assert lane.step() is True and lane.totals.decision_s == [2.5]
+
+
+def test_requests_started_together_on_one_worker_add_their_prompts() -> None:
+    lane = Lane(LaneSpec("rr"), EngineConfig(workers=1, slots=2, step=UNIT), time.perf_counter)
+    lane.offer(Job("a", 0.0, 10, 2), 0.0)
+    lane.offer(Job("b", 0.0, 4, 2), 0.0)
+    assert lane.step() is True and lane.running_prompt == [14.0] and lane.loads == [16.0]
+
+
+def test_a_finished_request_teaches_the_predictor_its_prompt_key() -> None:
+    # BR-H with the exact-match predictor: after "k1" ended at 2 tokens and "k9" at 9, a new "k1"
+    # request is predicted to end in 2 steps, a "k9" one in 9 (not the fleet-wide mix).
+    lane = Lane(LaneSpec("brh", "exactmatch"), EngineConfig(workers=1, slots=2, step=UNIT), time.perf_counter)
+    run_lane(lane, [Job("a", 0.0, 1, 2, "k1"), Job("b", 0.0, 1, 9, "k9")], [0.0, 0.0])
+    pred = lane.router.predictor
+    assert pred is not None
+    p, mu = pred.predict(np.zeros(2, dtype=np.int64), 80, keys=["k1", "k9"])
+    assert p.tolist() == [1.0, 1.0] and mu.tolist() == [2.0, 9.0]
