@@ -497,3 +497,13 @@ def test_active_loads_must_match_to_a_part_per_billion_plus_a_micro_token() -> N
         schedule_round("brh", [1e6, 0.0], [1, 1], waiting, active=[(0, 1e6 + 5.0, 1.0)])
     with pytest.raises(ValueError, match=r"current loads must sum"):
         schedule_round("brh", [1.0, 0.0], [1, 1], waiting, active=[(0, 1.0, 1.0), (1, 1e-5, 1.0)])
+
+
+def test_a_fit_over_one_large_load_is_degenerate_despite_rounding() -> None:
+    # 50 steps all at max load 3000.7: Σx² − (Σx)²/n rounds to ~2e-7, not 0. That is no spread of
+    # loads (the threshold scales with Σx²), so there is no slope to fit.
+    fit = StepTimeFit()
+    for i in range(50):
+        fit.add(3000.7, 0.01 + (i % 3) * 1e-4)
+    assert fit.coefficients() is None
+    assert fit.model(StepTimeModel(a=2e-6, b=0.03)) == StepTimeModel(a=2e-6, b=0.03)
