@@ -15,6 +15,8 @@ the previous one was planned to end, however late this process woke, so after a 
 host the steps it held up end at once (their tokens leave in a burst, as a GPU's queued outputs
 would) and step times average to the model. Lateness not made up is counted in
 `behind_dropped_s`; a clock with no work forgets its timeline.
+Occupancy: `busy_slot_steps` / `slot_steps` (requests running after admission, over the live
+ranks' slots, summed over steps) says whether a run was saturated in the fleet's own terms.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ class StepClock:
         self.last_step_s = 0.0  # wall time from the previous step's end (or this one's start) to its end
         self.last_max_load = 0
         self.sum_spread = 0  # Σ over steps of max_g L_g − min_g L_g (live ranks): ground-truth spread
+        self.busy_slot_steps = 0  # Σ over steps of requests running (after admission): occupancy
+        self.slot_steps = 0  # Σ over steps of the live ranks' slots
         self.model_s = 0.0  # Σ over steps of the model's step time (× time_scale)
         self.wall_s = 0.0  # Σ over steps of their wall duration
         self.behind_dropped_s = 0.0  # lateness given up (beyond max_behind_s): the model's time lost
@@ -103,6 +107,8 @@ class StepClock:
                 await self._nap(None)
                 continue
             dt = worst * self.time_scale
+            busy_slots = sum(len(e.running) for e in engines if e.up)
+            slots = sum(e.slots for e in engines if e.up)
             # Back to back: on the timeline (see module docstring).
             start = now
             if planned_end is not None:
@@ -129,3 +135,5 @@ class StepClock:
             self.step_hist.observe(took)
             self.last_max_load = max_load
             self.sum_spread += max_load - (min_load or 0)
+            self.busy_slot_steps += busy_slots
+            self.slot_steps += slots

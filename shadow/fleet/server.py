@@ -565,6 +565,8 @@ class DecodeServer(BaseServer):
                 "wall_s": clock.wall_s,
                 "behind_dropped_s": clock.behind_dropped_s,
                 "behind_max_s": clock.behind_max_s,
+                "busy_slot_steps": clock.busy_slot_steps,
+                "slot_steps": clock.slot_steps,
             },
         }
 
