@@ -409,24 +409,21 @@ class _StopSignals:
         raise KeyboardInterrupt
 
     @contextlib.contextmanager
+    def _handled_by(self, handler: Any) -> Any:
+        previous = {s: signal.signal(s, handler) for s in self.SIGNALS}
+        try:
+            yield
+        finally:
+            for s, old in previous.items():
+                signal.signal(s, old)
+
     def raising(self) -> Any:
         """Outside the event loop: the signal raises KeyboardInterrupt where the code is."""
-        previous = {s: signal.signal(s, self._raise) for s in self.SIGNALS}
-        try:
-            yield
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
+        return self._handled_by(self._raise)
 
-    @contextlib.contextmanager
     def ignored(self) -> Any:
         """While the children are being stopped: a second signal must not cut that short."""
-        previous = {s: signal.signal(s, signal.SIG_IGN) for s in self.SIGNALS}
-        try:
-            yield
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
+        return self._handled_by(signal.SIG_IGN)
 
     @contextlib.contextmanager
     def cancelling(self, task: asyncio.Task[Any]) -> Any:
