@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import gc
 import json
+import logging
 import os
 import resource
 import signal
@@ -33,8 +34,10 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from shadow.mirror.http1 import DEFAULT_ALLOW_PATHS
-from shadow.mirror.keys import default_secret_path, load_or_create_secret
+from shadow.mirror.keys import key_location, open_secret
 from shadow.mirror.service import TapConfig, TapService
+
+log = logging.getLogger("shadow.tap")
 
 
 def _pairs(values: Sequence[str] | None, what: str) -> dict[str, str]:
@@ -212,10 +215,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "counted, traffic is never affected (default 256 MiB)",
     )
     p.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="where state is kept (the prompt-key secret); default $SHADOW_STATE_DIR, systemd's "
+        "$STATE_DIRECTORY, else $XDG_STATE_HOME/shadow or ~/.local/state/shadow",
+    )
+    p.add_argument(
         "--key-file",
         metavar="FILE",
-        help="secret for prompt keys (HMAC), created when missing; default $SHADOW_KEY_FILE or "
-        "~/.local/state/shadow/prompt-key",
+        help="secret for prompt keys (HMAC, hex), created when missing, or a mounted Secret; default "
+        "$SHADOW_KEY_FILE, else STATE_DIR/prompt-key. Named (flag, env, state dir) and not creatable: "
+        "exit 1; the default location not writable: a fresh in-memory secret and a warning",
     )
     p.add_argument(
         "--events-token",
@@ -279,7 +289,9 @@ def config_from_args(args: argparse.Namespace) -> TapConfig:
         max_id_len=args.max_id_len,
         ring_bytes=args.ring_bytes,
         queue_bytes=args.queue_bytes,
-        key_secret=load_or_create_secret(args.key_file or default_secret_path()),
+        key_secret=open_secret(
+            key_location(args.key_file, args.state_dir, os.environ), log.warning
+        ),
         relay=args.relay,
         loop=args.loop,
         analysis_nice=args.analysis_nice,
@@ -356,8 +368,11 @@ def run_reporting(prog: str, body: Callable[[], None]) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = config_from_args(args)
-    return run_reporting("shadow tap", lambda: _runner(args.loop)(serve(config, args.drain_timeout)))
+    def body() -> None:
+        config = config_from_args(args)
+        _runner(args.loop)(serve(config, args.drain_timeout))
+
+    return run_reporting("shadow tap", body)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,29 +4,38 @@ who only reads the event API. The prompt text is never kept."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
 import os
 import secrets
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 SECRET_BYTES = 32
 
 
+KEY_FILE_NAME = "prompt-key"
+FLAGS_HINT = "give --state-dir DIR on a writable volume or --key-file FILE (e.g. a mounted Secret)"
+
+
+class SecretNotCreated(OSError):
+    """The secret file is missing and could not be created (read-only or unwritable location)."""
+
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()
+
+
 def load_or_create_secret(path: str | Path) -> bytes:
-    """The secret kept in `path` (hex); created with mode 0600 when missing."""
+    """The secret kept in `path` (hex); created atomically with mode 0600 when missing."""
     p = Path(path).expanduser()
     try:
         text = p.read_text(encoding="ascii").strip()
-    except FileNotFoundError:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        text = secrets.token_hex(SECRET_BYTES)
-        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="ascii") as fh:
-            fh.write(text + "\n")
-        return bytes.fromhex(text)
+    except (FileNotFoundError, NotADirectoryError):
+        text = _create_secret(p)
     try:
         secret = bytes.fromhex(text)
     except ValueError:
@@ -36,13 +45,71 @@ def load_or_create_secret(path: str | Path) -> bytes:
     return secret
 
 
-def default_secret_path() -> Path:
-    """$SHADOW_KEY_FILE, else $XDG_STATE_HOME/shadow/prompt-key (default ~/.local/state)."""
-    env = os.environ.get("SHADOW_KEY_FILE")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / "shadow" / "prompt-key"
+def _create_secret(p: Path) -> str:
+    """Write a fresh secret to `p` unless another process got there first; the text kept in `p`."""
+    text = secrets.token_hex(SECRET_BYTES)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as fh:
+            fh.write(text + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            os.link(tmp, p)  # never replaces a secret another process wrote meanwhile
+        except FileExistsError:
+            return p.read_text(encoding="ascii").strip()
+    except OSError as exc:
+        raise SecretNotCreated(exc.errno, f"cannot create {p} ({exc.strerror or exc})") from None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+    return text
+
+
+@dataclass(frozen=True)
+class KeyLocation:
+    """Where the prompt-key secret lives; `explicit` when the operator named it (flag, env, systemd)."""
+
+    path: Path
+    explicit: bool
+
+
+def state_dir(flag: str | None, environ: Mapping[str, str]) -> tuple[Path, bool]:
+    """--state-dir, else $SHADOW_STATE_DIR, else systemd's $STATE_DIRECTORY (first entry), else
+    $XDG_STATE_HOME/shadow, else ~/.local/state/shadow; with whether the operator chose it."""
+    for value in (flag, environ.get("SHADOW_STATE_DIR"), environ.get("STATE_DIRECTORY", "").split(":")[0]):
+        if value:
+            return Path(value).expanduser(), True
+    xdg = environ.get("XDG_STATE_HOME")
+    base = Path(xdg) if xdg else Path(environ.get("HOME") or os.path.expanduser("~")) / ".local" / "state"
+    return base / "shadow", False
+
+
+def key_location(key_file: str | None, state: str | None, environ: Mapping[str, str]) -> KeyLocation:
+    """--key-file, else $SHADOW_KEY_FILE, else prompt-key in the state directory."""
+    named = key_file or environ.get("SHADOW_KEY_FILE")
+    if named:
+        return KeyLocation(Path(named).expanduser(), True)
+    directory, explicit = state_dir(state, environ)
+    return KeyLocation(directory / KEY_FILE_NAME, explicit)
+
+
+def open_secret(loc: KeyLocation, warn: Callable[[str], None]) -> bytes:
+    """The secret at `loc`; where the default location cannot be created, a fresh in-memory one
+    (with a warning: prompt keys then change on restart). A location the operator named must work."""
+    try:
+        return load_or_create_secret(loc.path)
+    except SecretNotCreated as exc:
+        if loc.explicit:
+            raise SecretNotCreated(exc.errno, f"prompt-key secret: {exc.strerror}; {FLAGS_HINT}") from None
+        warn(
+            f"prompt-key secret: {exc.strerror}; using a fresh in-memory secret for this run: prompt keys "
+            f"will not match those of earlier runs (recordings) or of other processes (--forward); "
+            f"{FLAGS_HINT} to keep one"
+        )
+        return secrets.token_bytes(SECRET_BYTES)
 
 
 class KeySecret:
