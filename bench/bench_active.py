@@ -37,12 +37,12 @@ sys.path.insert(0, str(ROOT))
 
 from prometheus_client import CollectorRegistry  # noqa: E402
 
-from shadow._procs import read_json_line, shadow_argv  # noqa: E402
-from shadow._tools import find_executable  # noqa: E402
-from shadow.active.contracts import StaticModeSource  # noqa: E402
 from shadow.active.dispatcher import DispatchConfig, Dispatcher  # noqa: E402
 from shadow.active.ledger import Ledger, NoSource  # noqa: E402
 from shadow.active.metrics import ActiveMetrics  # noqa: E402
+from shadow.base.procs import read_json_line, shadow_argv  # noqa: E402
+from shadow.base.tools import find_executable  # noqa: E402
+from shadow.contracts.modes import StaticModeSource  # noqa: E402
 
 
 def pct(xs: list[float], q: float) -> float:

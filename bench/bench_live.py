@@ -21,7 +21,7 @@ import random
 import resource
 import time
 
-from shadow.engine.events import Arrive, Event, Finish, Route, Token
+from shadow.contracts.events import Arrive, Event, Finish, Route, Token
 from shadow.live.lanes import LiveLanes
 from shadow.traces import resolve
 

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 
 from shadow.active.flagfile import setting_from
 from shadow.active.modes import ModeController
-from shadow.security import bearer_ok
+from shadow.base.security import bearer_ok
 
 DEFAULT_MAX_BODY = 4096
 DISABLED = ("PUT /v1/mode is disabled: no admin token configured (start shadow serve with "

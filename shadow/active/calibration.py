@@ -15,8 +15,8 @@ from collections import OrderedDict, deque
 
 import numpy as np
 
+from shadow.contracts.events import Arrive, Cancel, Event, Finish
 from shadow.core.predictors import EmpiricalLengths
-from shadow.engine.events import Arrive, Cancel, Event, Finish
 
 
 class CalibrationMonitor:

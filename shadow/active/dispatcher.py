@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shadow.active.contracts import ModeSource
 from shadow.active.ledger import Ledger, LoadSource, LoadView
 from shadow.active.metrics import ActiveMetrics
+from shadow.contracts.modes import ModeSource
 from shadow.core.balanceroute import BalanceRoute
 from shadow.core.baselines import WorkerView
 from shadow.core.fscore import BR0Scorer

@@ -1,29 +1,15 @@
-"""The active proxy's Prometheus metrics (names and labels as catalogued for issue 10), on the
-registry it is given; `prompt_bucket` maps a prompt length to its closed label set."""
+"""The active proxy's Prometheus metrics, on the registry it is given (label value sets:
+`shadow.contracts.labels`)."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-PROMPT_BUCKETS = ("lt512", "512-2k", "2k-8k", "ge8k")
-OUTCOMES = ("ok", "client_cancel", "upstream_error", "rejected")
-BACKPRESSURE_REASONS = ("prefill_kv", "transfer_cap", "no_slot")
-LEGS = ("prefill", "decode", "router")
+from shadow.contracts.labels import BACKPRESSURE_REASONS, LEGS
 
 _FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 _TPOT = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
-
-
-def prompt_bucket(tokens: int) -> str:
-    """`lt512`, `512-2k`, `2k-8k` or `ge8k` for a prompt of `tokens` tokens."""
-    if tokens < 512:
-        return "lt512"
-    if tokens < 2048:
-        return "512-2k"
-    if tokens < 8192:
-        return "2k-8k"
-    return "ge8k"
 
 
 class ActiveMetrics:

@@ -9,10 +9,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from shadow.active.calibration import CalibrationMonitor
-from shadow.active.contracts import ACTIVE_POLICIES, DEGRADE_REASONS, MODES
 from shadow.active.modes import ModeController
-
-POLICY_LABELS = (*ACTIVE_POLICIES, "router")
+from shadow.contracts.labels import LOOKUP_RESULTS, POLICY_LABELS
+from shadow.contracts.modes import DEGRADE_REASONS, MODES
 
 
 class ModeCollector(Collector):
@@ -62,7 +61,7 @@ class ModeCollector(Collector):
         c = CounterMetricFamily("shadow_predictor_key_lookups", "BR-H predictor prompt-key lookups",
                                 labels=["result"])
         lookups = self.calibration.lookups if self.calibration is not None else {}
-        for result in ("hit", "miss"):
+        for result in LOOKUP_RESULTS:
             c.add_metric([result], float(lookups.get(result, 0)))
         yield c
         g = GaugeMetricFamily("shadow_predictor_oracle_gap_ratio",

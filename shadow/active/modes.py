@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from shadow.active.contracts import ACTIVE_POLICIES, MODES, RouteChoice
 from shadow.active.fallback import Degrade, GuardConfig, Guards, Signals
+from shadow.contracts.modes import ACTIVE_POLICIES, MODES, RouteChoice
 from shadow.telemetry.tracing import RoutingSpans
 
 log = logging.getLogger("shadow.active.modes")

@@ -14,10 +14,10 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
 
+from shadow.contracts.events import Arrive, Cancel, Event, Finish, Route
 from shadow.core.params import BRParams
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec
-from shadow.engine.events import Arrive, Cancel, Event, Finish, Route
 from shadow.engine.jobs import Job
 from shadow.engine.offline import run_offline
 

@@ -14,10 +14,8 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import httpx
-
 from shadow.active.metrics import ActiveMetrics
-from shadow.mirror.reconcile import parse_vllm_metrics
+from shadow.vllm.metrics import MetricsScraper
 
 log = logging.getLogger("shadow.active")
 
@@ -137,11 +135,11 @@ class KvPoller:
         self.scrapes = 0
         self.errors = 0
         self._task: asyncio.Task[None] | None = None
-        self._client: httpx.AsyncClient | None = None
+        self._scraper: MetricsScraper | None = None
 
     def start(self) -> None:
         if self._task is None and self.targets:
-            self._client = httpx.AsyncClient(timeout=self.timeout_s, trust_env=False)
+            self._scraper = MetricsScraper(timeout_s=self.timeout_s)
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
@@ -150,22 +148,18 @@ class KvPoller:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        if self._scraper is not None:
+            await self._scraper.aclose()
+            self._scraper = None
 
     async def scrape_once(self) -> None:
-        assert self._client is not None
-        for name, url in self.targets.items():
-            try:
-                r = await self._client.get(url)
-                r.raise_for_status()
-                usage = parse_vllm_metrics(r.text).kv_usage
-            except Exception as exc:  # unreachable or unparsable: no back-pressure signal from it
+        assert self._scraper is not None
+        for name, load in (await self._scraper.scrape_all(self.targets)).items():
+            if isinstance(load, Exception):  # unreachable or unparsable: no back-pressure signal from it
                 self.errors += 1
-                log.debug("prefill metrics %s: %s", name, exc)
+                log.debug("prefill metrics %s: %s", name, load)
                 continue
-            self.on_usage(name, usage)
+            self.on_usage(name, load.kv_usage)
         self.scrapes += 1
 
     async def _run(self) -> None:

@@ -38,12 +38,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive
 
-from shadow.active.contracts import ModeSource, StaticModeSource
 from shadow.active.dispatcher import DispatchConfig, Dispatcher, PoolExpired
 from shadow.active.ledger import Ledger, LoadSource, NoSource
-from shadow.active.metrics import ActiveMetrics, prompt_bucket
+from shadow.active.metrics import ActiveMetrics
 from shadow.active.prefill import KvPoller, PrefillChooser, Prefiller, prefill_score
 from shadow.active.upstream import Unsent, send
+from shadow.contracts.labels import prompt_bucket
+from shadow.contracts.modes import ModeSource, StaticModeSource
 from shadow.core.params import BRParams
 from shadow.core.routers import Router
 from shadow.mirror.analyzer import estimate_prompt_tokens

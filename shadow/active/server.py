@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 import uvicorn
 
-from shadow._net import bind_listen
+from shadow.base.net import bind_listen
 
 
 class AppServer:

@@ -21,9 +21,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from shadow.active.contracts import StaticModeSource
 from shadow.active.proxy import ActiveConfig, ActiveProxy
 from shadow.active.server import AppServer
+from shadow.contracts.modes import StaticModeSource
 
 #: `shadow router --policy` → (the proxy's decode policy, the prefill rule)
 POLICIES: dict[str, tuple[str, str]] = {"jsq-bytes": ("jsq", "least"), "round-robin": ("rr", "rr")}

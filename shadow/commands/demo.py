@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from shadow.livedemo import ROUTERS, DemoOptions
+from shadow.app.demo import ROUTERS, DemoOptions
 
 D = DemoOptions()
 
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         return replay.run(parser.parse_args(["replay", *argv]))
     from rich.console import Console
 
-    from shadow.livedemo import DemoOptions, run_demo
+    from shadow.app.demo import DemoOptions, run_demo
 
     opts = DemoOptions(
         workers=args.workers, slots=args.slots, load=args.load, time_scale=args.time_scale,

@@ -14,7 +14,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from shadow.engine.events import Arrive, Cancel, Event, Finish, Route, Step, Token
+from shadow.contracts.events import Arrive, Cancel, Event, Finish, Route, Step, Token
 
 
 @dataclass(frozen=True, slots=True)

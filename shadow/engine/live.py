@@ -21,8 +21,8 @@ from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
+from shadow.contracts.events import Arrive, Cancel, Event, Finish, Route, Step, Token
 from shadow.engine.config import EngineConfig, LaneSpec
-from shadow.engine.events import Arrive, Cancel, Event, Finish, Route, Step, Token
 from shadow.engine.jobs import Job
 from shadow.engine.lane import Clock, Lane, LaneTotals, checked_step
 from shadow.engine.summary import LogHistogram

@@ -9,7 +9,7 @@ import socket
 
 import uvicorn
 
-from shadow._net import bind_listen
+from shadow.base.net import bind_listen
 from shadow.fleet.asgi import Receive, Scope, Send
 
 
@@ -24,7 +24,7 @@ class _App:
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening socket; bind errors name host:port (see `shadow._net`)."""
+    """A listening socket; bind errors name host:port (see `shadow.base.net`)."""
     return bind_listen(host, port)
 
 

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from shadow.base.security import admin_denied
 from shadow.fleet.asgi import (
     BodyTooLarge,
     ClientGone,
@@ -40,7 +41,6 @@ from shadow.fleet.openai_api import ApiError, GenRequest, parse_request
 from shadow.fleet.pd import HandleError, KvDirectory, KvStore
 from shadow.fleet.prefill import PrefillEngine
 from shadow.fleet.sse import DONE, SSE_CONTENT_TYPE, StreamFormat, full_response, stream_error_event
-from shadow.security import admin_denied
 
 METRICS_CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 GENERATE_PATHS = {"/v1/completions": False, "/v1/chat/completions": True}

@@ -21,12 +21,12 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from shadow.contracts.events import Event
 from shadow.core.params import BRParams
 from shadow.core.pool import Pool
 from shadow.core.routers import PoolRouter, Router, make_router
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec
-from shadow.engine.events import Event
 from shadow.engine.jobs import Job
 from shadow.engine.lane import Lane, LaneView
 from shadow.engine.live import ACTUAL, LiveDriver

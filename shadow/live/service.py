@@ -21,12 +21,12 @@ from typing import Any
 from fastapi import Query
 from fastapi.responses import JSONResponse, Response
 
-from shadow.active.contracts import ModeSource, StaticModeSource
 from shadow.active.control import ModeControl
 from shadow.active.ledger import MirrorSource
 from shadow.active.modes import ModeConfig
 from shadow.active.proxy import ActiveConfig, ActiveProxy
 from shadow.active.server import AppServer
+from shadow.contracts.modes import ModeSource, StaticModeSource
 from shadow.core.params import BRParams
 from shadow.core.routers import Router
 from shadow.core.stepmodel import DEFAULT_A_S_PER_TOKEN, DEFAULT_B_S, StepTimeModel

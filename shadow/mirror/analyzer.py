@@ -25,7 +25,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from shadow.engine.events import Arrive, Cancel, Finish, FinishReason, Route, Token
+from shadow.contracts.events import Arrive, Cancel, Finish, FinishReason, Route, Token
 from shadow.mirror.hub import Mirror
 from shadow.mirror.keys import KeySecret
 from shadow.mirror.proxy import (
@@ -35,7 +35,7 @@ from shadow.mirror.proxy import (
     END_UPSTREAM_ERROR,
     TapContext,
 )
-from shadow.mirror.sse import DEFAULT_MAX_FRAME, StreamParser, parse_json_body
+from shadow.vllm.sse import DEFAULT_MAX_FRAME, StreamParser, parse_json_body
 
 ROLE_OTHER, ROLE_PREFILL, ROLE_DECODE = "other", "prefill", "decode"
 # vllm-router (P/D) names both choices in the request id it sends to workers; vLLM echoes it in `id`.

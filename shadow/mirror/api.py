@@ -16,16 +16,15 @@ import json
 import math
 import time
 from collections.abc import Callable, MutableMapping
-from importlib import resources
 from typing import Any
 
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from shadow.engine.events import Arrive, Event, Step, from_dict
+from shadow.base.security import admin_denied
+from shadow.contracts.events import Arrive, Event, Step, from_dict, load_schema
 from shadow.mirror.hub import Mirror, event_dict
-from shadow.security import admin_denied
 
 try:  # faster, and refuses nesting beyond 1024 levels and integers beyond 64 bits by itself
     import orjson as _orjson
@@ -48,13 +47,6 @@ REJECT_REASONS = (
     "invalid_value",
     "apply_error",
 )
-
-
-def load_schema() -> dict[str, Any]:
-    """The published JSON Schema of one event line."""
-    text = resources.files("shadow.mirror").joinpath("events.schema.json").read_text(encoding="utf-8")
-    schema: dict[str, Any] = json.loads(text)
-    return schema
 
 
 def reject_reason(message: str) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from shadow.engine.events import Event, to_dict
+from shadow.contracts.events import Event, to_dict
 
 
 class Emitter:

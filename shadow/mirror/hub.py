@@ -12,14 +12,14 @@ from collections import deque
 from collections.abc import Callable
 from typing import IO, Any, Protocol
 
-from shadow.engine.events import Event, Finish
+from shadow.contracts.events import Event, Finish
 from shadow.mirror.state import OK, MirrorState
 
 SOURCES = ("tap", "api", "reaper")
 
 
 def event_dict(ev: Event) -> dict[str, Any]:
-    """Same result as `shadow.engine.events.to_dict`, without dataclasses.asdict's deep copy."""
+    """Same result as `shadow.contracts.events.to_dict`, without dataclasses.asdict's deep copy."""
     out: dict[str, Any] = {"type": ev.kind}
     for name in ev.__slots__:
         v = getattr(ev, name)

@@ -1,8 +1,6 @@
 """Reconciliation of the mirrored state against each worker's own Prometheus `/metrics`.
 
-`parse_vllm_metrics(text)` reads `vllm:num_requests_running`, `vllm:num_requests_waiting` and
-`vllm:kv_cache_usage_perc` (or the deprecated `vllm:gpu_cache_usage_perc`), summed over DP engines
-(KV usage averaged). `Reconciler` scrapes every target each interval with one httpx client (its
+`Reconciler` scrapes every target each interval (`shadow.vllm.metrics.MetricsScraper`; its
 transport is swappable for tests) and keeps, per worker, the remote figures, the drift
 (mirrored active − remote running − remote waiting), the time of the last good scrape and an error
 count; `shadow.mirror.metrics` exports them.
@@ -22,44 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from shadow.mirror.state import MirrorState
-
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
-KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-#: Scrape failures meaning nothing listens at the worker (a dead or unreachable rank).
-GONE = (httpx.ConnectError, httpx.ConnectTimeout)
-
-
-@dataclass(slots=True)
-class VllmLoad:
-    """What one scrape said (None = metric absent)."""
-
-    running: float | None = None
-    waiting: float | None = None
-    kv_usage: float | None = None
-
-
-def parse_vllm_metrics(text: str) -> VllmLoad:
-    """Parse Prometheus text exposition; raises ValueError on unparsable text."""
-    running: float | None = None
-    waiting: float | None = None
-    kv_new: list[float] = []
-    kv_old: list[float] = []
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == RUNNING:
-                running = (running or 0.0) + s.value
-            elif s.name == WAITING:
-                waiting = (waiting or 0.0) + s.value
-            elif s.name == KV_USAGE[0]:
-                kv_new.append(s.value)
-            elif s.name == KV_USAGE[1]:
-                kv_old.append(s.value)
-    kv = kv_new or kv_old
-    return VllmLoad(running, waiting, sum(kv) / len(kv) if kv else None)
+from shadow.vllm.metrics import GONE, MetricsScraper, VllmLoad
 
 
 @dataclass(slots=True)
@@ -110,26 +73,24 @@ class Reconciler:
         self.slots = slots
         self.clock = clock
         self.workers = {name: WorkerReconcile(url) for name, url in targets.items()}
-        self._client = httpx.AsyncClient(transport=transport, timeout=timeout_s, trust_env=False)
+        self._scraper = MetricsScraper(timeout_s=timeout_s, transport=transport)
         self.scrapes = 0
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._scraper.aclose()
 
     async def scrape_once(self) -> None:
         """Scrape every target concurrently and update drift; never raises."""
-        await asyncio.gather(*(self._scrape(n, w) for n, w in self.workers.items()))
+        results = await self._scraper.scrape_all({n: w.url for n, w in self.workers.items()})
+        for name, result in results.items():
+            self._apply(name, self.workers[name], result)
         self.scrapes += 1
 
-    async def _scrape(self, name: str, w: WorkerReconcile) -> None:
-        try:
-            resp = await self._client.get(w.url)
-            resp.raise_for_status()
-            load = parse_vllm_metrics(resp.text)
-        except Exception as exc:  # network, HTTP status, parse: all counted, none raised
+    def _apply(self, name: str, w: WorkerReconcile, load: VllmLoad | Exception) -> None:
+        if isinstance(load, Exception):  # network, HTTP status, parse: all counted, none raised
             w.errors += 1
-            w.last_error = type(exc).__name__
-            if isinstance(exc, GONE):  # see module docstring
+            w.last_error = type(load).__name__
+            if isinstance(load, GONE):  # see module docstring
                 w.drift_requests = float(max(self.state.active(name), self.slots or 0))
             return
         now = self.clock()

@@ -21,7 +21,7 @@ import os
 from collections.abc import Sequence
 from typing import IO, Any
 
-from shadow.engine.events import Event, Step
+from shadow.contracts.events import Event, Step
 from shadow.engine.feed import Recorded, RequestFolder
 
 VERSION = 1

@@ -32,7 +32,7 @@ from typing import Any, cast
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from shadow._net import bind_listen
+from shadow.base.net import bind_listen
 from shadow.mirror.analyzer import Analyzer
 from shadow.mirror.api import create_app
 from shadow.mirror.channel import ChannelReader

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from shadow.engine.events import Arrive, Cancel, Event, Finish, Route, Step, Token
+from shadow.contracts.events import Arrive, Cancel, Event, Finish, Route, Step, Token
 
 # Outcomes of `apply` (also the `reason` label of ignored-event counters; a bounded set).
 OK = "ok"

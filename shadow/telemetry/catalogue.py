@@ -15,7 +15,16 @@ from typing import Literal
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from shadow.active.contracts import DEGRADE_REASONS, TRANSITION_REASONS
+from shadow.contracts.labels import (
+    BACKPRESSURE_REASONS,
+    LEGS,
+    LOOKUP_RESULTS,
+    OUTCOMES,
+    POLICY_LABELS,
+    PROMPT_BUCKETS,
+    ROUND_STAGES,
+)
+from shadow.contracts.modes import DEGRADE_REASONS, MODES, TRANSITION_REASONS
 
 MetricType = Literal["counter", "gauge", "histogram"]
 
@@ -49,12 +58,12 @@ LABELS: dict[str, str] = {
 
 #: Closed label sets of the active-routing metrics (the exporters may only use these values).
 LABEL_VALUES: dict[str, tuple[str, ...]] = {
-    "mode": ("shadow", "canary", "active", "fallback"),
-    "policy": ("br0", "brh", "jsq", "rr", "router"),
-    "outcome": ("ok", "client_cancel", "upstream_error", "rejected"),
-    "prompt_bucket": ("lt512", "512-2k", "2k-8k", "ge8k"),
-    "round_stage": ("stage1", "stage2"),
-    "result": ("hit", "miss"),
+    "mode": MODES,
+    "policy": POLICY_LABELS,
+    "outcome": OUTCOMES,
+    "prompt_bucket": PROMPT_BUCKETS,
+    "round_stage": ROUND_STAGES,
+    "result": LOOKUP_RESULTS,
 }
 
 #: Closed `reason` sets of the active-routing metrics, per family.
@@ -62,7 +71,7 @@ REASON_VALUES: dict[str, tuple[str, ...]] = {
     "shadow_mode_transitions_total": TRANSITION_REASONS,
     "shadow_fallback_trips_total": TRANSITION_REASONS,
     "shadow_policy_degraded_total": DEGRADE_REASONS,
-    "shadow_router_backpressure_total": ("prefill_kv", "transfer_cap", "no_slot"),
+    "shadow_router_backpressure_total": BACKPRESSURE_REASONS,
 }
 
 
@@ -71,7 +80,7 @@ def allowed_values(metric: str, label: str) -> tuple[str, ...] | None:
     if label == "reason":
         return REASON_VALUES.get(metric)
     if label == "leg" and metric.startswith("shadow_router_"):
-        return ("prefill", "decode", "router")
+        return LEGS
     return LABEL_VALUES.get(label)
 
 

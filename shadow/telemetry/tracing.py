@@ -41,8 +41,8 @@ from opentelemetry.sdk.trace.sampling import (
     TraceIdRatioBased,
 )
 
+from shadow.contracts.events import Arrive, Cancel, Event, Finish, Route, Token
 from shadow.core.fscore import BR0Scorer
-from shadow.engine.events import Arrive, Cancel, Event, Finish, Route, Token
 from shadow.telemetry import attrs
 
 DEFAULT_RATIO = 0.05

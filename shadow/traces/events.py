@@ -2,7 +2,7 @@
 
 Two line kinds mix freely: compact records (`shadow.mirror.recording`: a `session` header naming
 the configured workers, one `request` line per ended request, `steps` aggregates) and normalised
-events (`shadow.engine.events.to_dict`, the older one-event-per-line form). Requests carry the
+events (`shadow.contracts.events.to_dict`, the older one-event-per-line form). Requests carry the
 decode worker the real router chose, so a replay adds the `actual` lane; the header's workers
 all count as workers, traffic or not. Incomplete requests are dropped and counted in the trace
 notes; an invalid line is a one-line TraceError. Gzipped files and rotated parts read the same.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from shadow.engine.events import EVENT_TYPES, Event, from_dict
+from shadow.contracts.events import EVENT_TYPES, Event, from_dict
 from shadow.engine.feed import Recorded, recorded_requests
 from shadow.traces.model import Trace, TraceError, TraceRequest
 from shadow.traces.parsing import json_objects, open_text

@@ -13,7 +13,7 @@ import csv
 import os
 from collections.abc import Callable
 
-from shadow.engine.events import EVENT_TYPES
+from shadow.contracts.events import EVENT_TYPES
 from shadow.traces.azure import PROMPT_COLUMN, load_azure_csv
 from shadow.traces.events import RECORD_TYPES, load_events
 from shadow.traces.generic import load_generic_csv, load_generic_jsonl

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from shadow._procs import read_json_line, shadow_argv
+from shadow.base.procs import read_json_line, shadow_argv
 
 
 @contextmanager

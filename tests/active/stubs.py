@@ -16,10 +16,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from shadow.active.contracts import ModeSource, StaticModeSource
 from shadow.active.ledger import LoadSource
 from shadow.active.proxy import ActiveConfig, ActiveProxy
 from shadow.active.server import AppServer
+from shadow.contracts.modes import ModeSource, StaticModeSource
 
 
 class Cut(Exception):

@@ -8,8 +8,8 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from shadow.active.contracts import TRANSITION_REASONS
 from shadow.active.fallback import TRIP_ORDER, Degrade, GuardConfig, Guards, HoldDown, Signals
+from shadow.contracts.modes import TRANSITION_REASONS
 
 CFG = GuardConfig(holddown_s=10.0, holddown_max_s=80.0, reset_after_s=600.0)
 

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from shadow.engine.events import Arrive, Finish, Route, to_dict
+from shadow.contracts.events import Arrive, Finish, Route, to_dict
 from tests.active.procs import shadow_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -33,7 +33,7 @@ import httpx
 import openai
 import pytest
 
-from shadow._procs import shadow_argv
+from shadow.base.procs import shadow_argv
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

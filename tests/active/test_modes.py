@@ -21,12 +21,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from shadow.active.calibration import CalibrationMonitor
-from shadow.active.contracts import DEGRADE_REASONS, MODES, TRANSITION_REASONS, RouteChoice
 from shadow.active.fallback import GuardConfig, Signals
 from shadow.active.flagfile import MAX_FLAG_BYTES, FlagFileWatcher
 from shadow.active.mode_metrics import ModeCollector
 from shadow.active.modes import ModeConfig, ModeController, ModeSetting, canary_point
-from shadow.engine.events import Arrive, Finish
+from shadow.contracts.events import Arrive, Finish
+from shadow.contracts.modes import DEGRADE_REASONS, MODES, TRANSITION_REASONS, RouteChoice
 from shadow.telemetry.attrs import MODE_FROM, MODE_REASON, MODE_TO
 from shadow.telemetry.tracing import RoutingSpans
 
@@ -255,9 +255,9 @@ def test_oracle_gap_replays_the_recent_window_against_the_oracle() -> None:
     import random
 
     from shadow.active.oraclegap import OracleGap
+    from shadow.contracts.events import Cancel, Route
     from shadow.core.params import BRParams
     from shadow.core.stepmodel import StepTimeModel
-    from shadow.engine.events import Cancel, Route
 
     g = OracleGap(4, 8, StepTimeModel(), BRParams(), window=200, min_jobs=100)
     rng = random.Random(1)

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 import httpx
 import pytest
 
-from shadow.active.contracts import StaticModeSource
+from shadow.contracts.modes import StaticModeSource
 from tests.active.stubs import DONE, FixedSource, Step, Stub, metric, proxy_on, sse, until
 
 BODY = {"model": "m", "prompt": "a b c", "max_tokens": 1, "stream": True}

@@ -15,7 +15,7 @@ import httptools
 import httpx
 import orjson
 
-from shadow.active.contracts import StaticModeSource
+from shadow.contracts.modes import StaticModeSource
 from tests.active.stubs import DONE, Step, Stub, metric, proxy_on, sse, until
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from shadow._tools import find_executable
+from shadow.base.tools import find_executable
 from shadow.replay.experiment import ReplaySetup, run_replay
 from shadow.traces import load_trace
 

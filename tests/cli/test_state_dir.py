@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from shadow._procs import read_json_line, shadow_argv
+from shadow.base.procs import read_json_line, shadow_argv
 from shadow.mirror.keys import (
     KEY_FILE_NAME,
     KeyLocation,

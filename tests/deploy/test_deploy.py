@@ -19,7 +19,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from shadow._tools import find_executable
+from shadow.base.tools import find_executable
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "kubernetes"

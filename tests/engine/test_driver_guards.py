@@ -15,9 +15,9 @@ from collections.abc import Hashable
 
 import pytest
 
+from shadow.contracts.events import Arrive, Finish, Route, Token
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec
-from shadow.engine.events import Arrive, Finish, Route, Token
 from shadow.engine.jobs import Job
 from shadow.engine.lane import Lane, checked_step
 from shadow.engine.live import LiveDriver

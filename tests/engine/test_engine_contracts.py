@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from shadow.contracts.events import Arrive, Cancel, Finish, Route, Step, Token, from_dict, to_dict
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec, PrefillConfig
-from shadow.engine.events import Arrive, Cancel, Finish, Route, Step, Token, from_dict, to_dict
 from shadow.engine.feed import recorded_requests
 from shadow.engine.jobs import Job, jobs_from
 from shadow.engine.lane import Lane, checked_step

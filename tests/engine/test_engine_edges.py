@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from shadow.engine.events import Arrive, Finish, Route, Token, from_dict
+from shadow.contracts.events import Arrive, Finish, Route, Token, from_dict
 from shadow.engine.feed import RequestFolder, recorded_requests
 from shadow.engine.summary import LogHistogram
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from shadow.cli import main
-from shadow.engine.events import Arrive, Cancel, Finish, Route, Step, Token, to_dict
+from shadow.contracts.events import Arrive, Cancel, Finish, Route, Step, Token, to_dict
 from shadow.engine.feed import recorded_requests
 from shadow.traces import TraceError, load_trace
 

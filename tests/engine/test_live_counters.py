@@ -9,9 +9,9 @@ import time
 
 import pytest
 
+from shadow.contracts.events import Arrive, Cancel, Finish, Route, Step, Token
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec
-from shadow.engine.events import Arrive, Cancel, Finish, Route, Step, Token
 from shadow.engine.feed import RequestFolder
 from shadow.engine.jobs import Job
 from shadow.engine.lane import Lane

@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 
+from shadow.contracts.events import Arrive, Cancel, Finish, Route, Token
 from shadow.engine.config import EngineConfig, LaneSpec
-from shadow.engine.events import Arrive, Cancel, Finish, Route, Token
 from shadow.engine.live import LiveDriver
 from shadow.engine.summary import LogHistogram
 

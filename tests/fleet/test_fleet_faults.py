@@ -261,7 +261,7 @@ def test_fault_injection_is_an_admin_action() -> None:
 
 
 def test_no_token_means_loopback_only() -> None:
-    from shadow.security import is_loopback
+    from shadow.base.security import is_loopback
 
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3") and not is_loopback("example.org")

@@ -20,7 +20,7 @@ import pytest
 from fleet_helpers import check_stream, free_port, metric_value, wait_http, words
 from openai import OpenAI
 
-from shadow._tools import find_executable
+from shadow.base.tools import find_executable
 from shadow.fleet import FleetConfig, FleetThread
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import heapq
 import random
 
-from shadow.engine.events import Arrive, Event, Finish, Route, Token
+from shadow.contracts.events import Arrive, Event, Finish, Route, Token
 from shadow.traces import at_load, estimate_capacity_rps, resolve
 
 

@@ -8,7 +8,7 @@ import asyncio
 
 import httpx
 
-from shadow.engine.events import Route
+from shadow.contracts.events import Route
 from shadow.mirror.emitter import Emitter
 
 

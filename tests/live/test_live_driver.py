@@ -6,10 +6,10 @@ import time
 
 import pytest
 
+from shadow.contracts.events import Arrive, Event, Finish, Route, Token
 from shadow.core.routers import make_router
 from shadow.core.schedule import make_round_router, schedule_round
 from shadow.engine.config import EngineConfig, LaneSpec
-from shadow.engine.events import Arrive, Event, Finish, Route, Token
 from shadow.engine.jobs import Job, jobs_from
 from shadow.engine.lane import Lane
 from shadow.engine.live import LiveDriver

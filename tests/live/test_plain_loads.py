@@ -9,7 +9,7 @@ import httpx
 
 from shadow.fleet import FleetConfig, FleetThread
 from shadow.mirror.service import TapConfig
-from shadow.mirror.thread import TapThread
+from tests.mirror.helpers import TapThread
 
 
 def _fleet_load(url: str) -> float:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shadow.engine.events import Step, to_dict
+from shadow.contracts.events import Step, to_dict
 from shadow.mirror.recording import CompactRecorder
 from shadow.replay.experiment import ReplaySetup, run_replay
 from shadow.traces import TraceError, load_trace

@@ -8,7 +8,7 @@ import re
 import httpx
 import pytest
 
-from shadow.engine.events import Event
+from shadow.contracts.events import Event
 from shadow.live import LiveLanes, ServeConfig
 from shadow.live.thread import ServeThread
 from shadow.mirror.emitter import Emitter

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from shadow.engine.events import Arrive, Cancel, Finish, Route, Token
+from shadow.contracts.events import Arrive, Cancel, Finish, Route, Token
 from shadow.mirror.analyzer import Analyzer
 from shadow.mirror.hub import Mirror
 from shadow.mirror.proxy import END_CLIENT_CANCEL, END_COMPLETE, END_UPSTREAM_CUT, TapContext

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from shadow.engine.events import Arrive, Cancel, Finish, Route, Step, Token, to_dict
-from shadow.mirror.api import create_app, load_schema, parse_event
+from shadow.contracts.events import Arrive, Cancel, Finish, Route, Step, Token, load_schema, to_dict
+from shadow.mirror.api import create_app, parse_event
 from shadow.mirror.emitter import Emitter
 from shadow.mirror.hub import Mirror, event_dict
 from shadow.mirror.metrics import MirrorCollector

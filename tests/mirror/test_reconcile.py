@@ -8,12 +8,13 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from shadow.engine.events import Route
+from shadow.contracts.events import Route
 from shadow.mirror.dropqueue import DropQueue
 from shadow.mirror.hub import Mirror
 from shadow.mirror.metrics import MirrorCollector
-from shadow.mirror.reconcile import Reconciler, parse_vllm_metrics
+from shadow.mirror.reconcile import Reconciler
 from shadow.mirror.state import MirrorState
+from shadow.vllm.metrics import parse_vllm_metrics
 
 V033 = """# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge

@@ -7,7 +7,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shadow.mirror.sse import StreamParser, parse_json_body
+from shadow.vllm.sse import StreamParser, parse_json_body
 
 
 def _chat(n: int, *, usage: bool = False, continuous: bool = False, finish: str = "length") -> bytes:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shadow.engine.events import Arrive, Cancel, Finish, Route, Step, Token
+from shadow.contracts.events import Arrive, Cancel, Finish, Route, Step, Token
 from shadow.mirror.state import DUPLICATE, LATE, MOVED, OK, ORPHAN, STALE, UNKNOWN_WORKER, MirrorState
 
 
@@ -160,7 +160,7 @@ def test_any_event_soup_leaves_no_active_request_after_every_stream_ends(
 
 
 def test_tombstones_are_forgotten_after_their_ttl_and_capped() -> None:
-    from shadow.engine.events import Arrive, Finish, Route
+    from shadow.contracts.events import Arrive, Finish, Route
     from shadow.mirror.state import DUPLICATE, MirrorState
 
     st = MirrorState(["d0"], ttl_s=10.0, tombstones=1000)

@@ -18,15 +18,15 @@ from typing import Any
 import httpx
 import pytest
 
+from shadow.base.security import bearer_ok
 from shadow.mirror.dropqueue import DropQueue
 from shadow.mirror.http1 import TapLimits
 from shadow.mirror.keys import KeySecret, load_or_create_secret
 from shadow.mirror.proxy import END_UPSTREAM_CUT, Tap
 from shadow.mirror.service import TapConfig
 from shadow.mirror.thread import LoopThread
-from shadow.security import bearer_ok
 from tests.mirror.h11_upstream import H11Server, Recorder, recording_app
-from tests.mirror.helpers import TapInThread
+from tests.mirror.helpers import TapThread
 from tests.mirror.stub_worker import ThreadServer, create_stub
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -223,7 +223,7 @@ def test_a_blocked_analysis_never_stops_relaying() -> None:
 
     with (
         ThreadServer(create_stub("d0", tokens=20)) as up,
-        TapInThread(TapConfig({"d0": up.url}, scrape_interval_s=0)) as t,
+        TapThread(TapConfig({"d0": up.url}, scrape_interval_s=0)) as t,
     ):
         t.sync(t.svc.mirror.listeners.append, stuck)
         try:
@@ -325,7 +325,7 @@ def test_slow_clients_header_and_idle_timeouts_and_the_connection_cap() -> None:
 def test_event_api_hostile_content_is_rejected_line_by_line_and_metrics_never_fail() -> None:
     with (
         ThreadServer(create_stub("d0")) as up,
-        TapInThread(TapConfig({"d0": up.url}, scrape_interval_s=0, max_live=1000)) as t,
+        TapThread(TapConfig({"d0": up.url}, scrape_interval_s=0, max_live=1000)) as t,
     ):
         api = t.ready["api"]
         deep = "[" * 30_000 + "]" * 30_000  # nested far beyond any parser stack, under the line cap
@@ -364,7 +364,7 @@ def test_forward_token_lowercase_bearer_and_counted_forwarding_failures() -> Non
     assert not bearer_ok("Basic s3cret", "s3cret") and not bearer_ok("bearer nope", "s3cret")
     with ThreadServer(create_stub("d0", tokens=2)) as up:
         sink_cfg = TapConfig({"s0": up.url}, scrape_interval_s=0, host="127.0.0.1", events_token="tok")
-        with TapInThread(sink_cfg) as sink:
+        with TapThread(sink_cfg) as sink:
             r = httpx.post(
                 sink.ready["api"] + "/v1/events",
                 content=b'{"type":"arrive","request_id":"x","t":0}\n',
@@ -375,7 +375,7 @@ def test_forward_token_lowercase_bearer_and_counted_forwarding_failures() -> Non
                 cfg = TapConfig(
                     {"d0": up.url}, scrape_interval_s=0, forward_to=sink.ready["api"], forward_token=token
                 )
-                with TapInThread(cfg) as t:
+                with TapThread(cfg) as t:
                     httpx.post(
                         t.ready["taps"]["d0"] + "/v1/completions",
                         json={"model": "m", "prompt": "x", "stream": True},

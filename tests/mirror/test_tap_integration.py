@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
-from shadow.engine.events import Cancel, Finish, Route
+from shadow.contracts.events import Cancel, Finish, Route
 from shadow.mirror.proxy import TapContext
 from shadow.mirror.service import TapConfig
-from tests.mirror.helpers import TapInThread, http_post, raw_request, split_response
+from tests.mirror.helpers import TapThread, http_post, raw_request, split_response
 from tests.mirror.stub_worker import ThreadServer, create_stub
 
 pytestmark = pytest.mark.integration
@@ -112,13 +112,13 @@ def _fetch_all(port: int, tag: str) -> dict[str, tuple[int, dict[str, str], byte
     return asyncio.run(go())
 
 
-def _ends(t: TapInThread) -> dict[str, Any]:
+def _ends(t: TapThread) -> dict[str, Any]:
     return t.sync(
         lambda: {ev.request_id: ev for _, ev in t.svc.mirror.recent if isinstance(ev, Finish | Cancel)}
     )
 
 
-def _metric(t: TapInThread, name: str, labels: dict[str, str] | None = None) -> float:
+def _metric(t: TapThread, name: str, labels: dict[str, str] | None = None) -> float:
     return t.sync(lambda: t.svc.registry.get_sample_value(name, labels or {})) or 0.0
 
 
@@ -139,7 +139,7 @@ RELAYS = pytest.mark.parametrize("relay", ["thread", "process"])
 def test_client_sees_identical_bytes_and_the_mirror_sees_every_end(relay: str) -> None:
     with (
         ThreadServer(create_stub("d0")) as up,
-        TapInThread(TapConfig({"d0": up.url}, scrape_interval_s=0, relay=relay)) as t,
+        TapThread(TapConfig({"d0": up.url}, scrape_interval_s=0, relay=relay)) as t,
     ):
         direct = _fetch_all(up.port, "direct")
         via = _fetch_all(_port(t.ready["taps"]["d0"]), "tap")
@@ -164,7 +164,7 @@ def test_client_sees_identical_bytes_and_the_mirror_sees_every_end(relay: str) -
 def test_keep_alive_connection_reuse_and_pooled_upstreams() -> None:
     with (
         ThreadServer(create_stub("d0", tokens=4)) as up,
-        TapInThread(TapConfig({"d0": up.url}, scrape_interval_s=0)) as t,
+        TapThread(TapConfig({"d0": up.url}, scrape_interval_s=0)) as t,
     ):
         bodies = []
         with httpx.Client(base_url=t.ready["taps"]["d0"]) as c, httpx.Client(base_url=up.url) as d:
@@ -185,7 +185,7 @@ def test_analysis_that_raises_or_is_saturated_never_changes_the_bytes(relay: str
 
     with ThreadServer(create_stub("d0")) as up:
         direct = _fetch_all(up.port, "direct")
-        with TapInThread(TapConfig({"d0": up.url}, scrape_interval_s=0, hook=boom, relay=relay)) as t:
+        with TapThread(TapConfig({"d0": up.url}, scrape_interval_s=0, hook=boom, relay=relay)) as t:
             via = _fetch_all(_port(t.ready["taps"]["d0"]), "tap")
             _assert_identical(direct, via)
             assert t.wait_for(lambda: t.svc.state.live() == 0)
@@ -194,7 +194,7 @@ def test_analysis_that_raises_or_is_saturated_never_changes_the_bytes(relay: str
         # a one-item hand-off (with a relay process: also an 8 KB socket buffer) and a slow consumer
         cfg = TapConfig({"d0": up.url}, scrape_interval_s=0, queue_size=1, pace_s=0.05, relay=relay)
         cfg.queue_bytes = 8192 if relay == "process" else cfg.queue_bytes
-        with TapInThread(cfg) as t:
+        with TapThread(cfg) as t:
             via = _fetch_all(_port(t.ready["taps"]["d0"]), "tap")
             _assert_identical(direct, via)
             assert t.settle(30)  # the relay's counters as of now (a relay process sends them with marks)
@@ -212,7 +212,7 @@ def test_one_thousand_random_client_disconnects_release_their_slots(relay: str) 
     cfg = TapConfig({"d0": "http://placeholder"}, scrape_interval_s=0, tick_s=0.05, relay=relay)
     with ThreadServer(stub) as up:
         cfg.upstreams = {"d0": up.url}
-        with TapInThread(cfg) as t:
+        with TapThread(cfg) as t:
             port = _port(t.ready["taps"]["d0"])
             ended: set[str] = set()
 
@@ -321,7 +321,7 @@ def test_pd_legs_are_paired_and_every_decision_recovered() -> None:
         ThreadServer(create_stub("d1")) as d1,
     ):
         cfg = TapConfig({"d0": d0.url, "d1": d1.url}, prefill={"p0": p0.url}, scrape_interval_s=0.1)
-        with TapInThread(cfg) as t:
+        with TapThread(cfg) as t:
             taps = t.ready["taps"]
             truth = _pd_proxy(taps["p0"], {"d0": taps["d0"], "d1": taps["d1"]}, 60, seed=3)
             assert t.wait_for(lambda: t.svc.state.live() == 0 and not len(t.svc.queue))
@@ -348,7 +348,7 @@ def test_recorded_events_are_valid_ndjson(tmp_path: Any) -> None:
 
     rec = tmp_path / "events.ndjson"
     with ThreadServer(create_stub("d0", tokens=3)) as up:  # noqa: SIM117 - t needs up.url
-        with TapInThread(TapConfig({"d0": up.url}, record=str(rec), scrape_interval_s=0)) as t:
+        with TapThread(TapConfig({"d0": up.url}, record=str(rec), scrape_interval_s=0)) as t:
             with httpx.Client(base_url=t.ready["taps"]["d0"]) as c:
                 for i in range(5):
                     c.post(
@@ -381,7 +381,7 @@ def test_inject_usage_gives_exact_counts_and_clients_see_what_they_asked_for() -
     }
     with ThreadServer(create_stub("d0", tokens=6)) as up:
         cfg = TapConfig({"d0": up.url}, scrape_interval_s=0, inject_usage=True)
-        with TapInThread(cfg) as t, httpx.Client() as c:
+        with TapThread(cfg) as t, httpx.Client() as c:
             for name, body in bodies.items():
                 direct = c.post(
                     up.url + "/v1/completions" if "prompt" in body else up.url + "/v1/chat/completions",
@@ -410,7 +410,7 @@ def test_relay_process_serves_the_taps_and_the_analysis_thread_yields_to_it() ->
     analysis thread here runs at the configured lower priority, and stopping ends the child."""
     with ThreadServer(create_stub("d0", tokens=5)) as up:
         cfg = TapConfig({"d0": up.url}, scrape_interval_s=0, relay="process", analysis_nice=7)
-        with TapInThread(cfg) as t:
+        with TapThread(cfg) as t:
             relay = t.svc.relay
             assert relay is not None and relay.alive and relay.proc.pid != os.getpid()
             tid = t.svc.analysis.thread.native_id

@@ -16,12 +16,12 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from shadow._tools import find_executable
-from shadow.engine.events import Route
+from shadow.base.tools import find_executable
+from shadow.contracts.events import Route
 from shadow.fleet import FleetConfig, FleetThread
-from shadow.mirror.reconcile import parse_vllm_metrics
 from shadow.mirror.service import TapConfig
-from tests.mirror.helpers import TapInThread
+from shadow.vllm.metrics import parse_vllm_metrics
+from tests.mirror.helpers import TapThread
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 MODEL = "sim-llm"
@@ -133,7 +133,7 @@ def _running(urls: dict[str, str]) -> dict[str, float]:
     return out
 
 
-def _quiescent_check(t: TapInThread, decode: dict[str, str], url: str, n: int) -> None:
+def _quiescent_check(t: TapThread, decode: dict[str, str], url: str, n: int) -> None:
     """While `n` streams are mid-decode (no arrivals, no ends), mirrored active == fleet running.
 
     The streams run until the check is done (then the client closes them and the workers abort
@@ -176,7 +176,7 @@ def _quiescent_check(t: TapInThread, decode: dict[str, str], url: str, n: int) -
 def test_plain_mode_decisions_recovered_and_active_counts_match(router: Any) -> None:
     with FleetThread(FleetConfig(prefill=0, decode=3, base_port=0, time_scale=0.25)) as ft:
         decode = {f"d{i}": u for i, u in enumerate(ft.decode_urls)}
-        with TapInThread(TapConfig(decode, scrape_interval_s=0.2)) as t:
+        with TapThread(TapConfig(decode, scrape_interval_s=0.2)) as t:
             taps = t.ready["taps"]
             url, murl = router(["--worker-urls", *taps.values(), "--policy", "random"])
             _run_requests(url, 24, 4)
@@ -200,7 +200,7 @@ def test_pd_mode_decisions_recovered_from_taps(router: Any) -> None:
     with FleetThread(FleetConfig(prefill=1, decode=2, base_port=0, time_scale=0.25)) as ft:
         decode = {f"d{i}": u for i, u in enumerate(ft.decode_urls)}
         cfg = TapConfig(decode, prefill={"p0": ft.prefill_urls[0]}, scrape_interval_s=0.2)
-        with TapInThread(cfg) as t:
+        with TapThread(cfg) as t:
             taps = t.ready["taps"]
             args = ["--vllm-pd-disaggregation", "--prefill", taps["p0"]]
             for n in decode:
@@ -249,7 +249,7 @@ def test_front_mode_reads_decisions_from_vllm_router_responses(router: Any) -> N
             args += ["--decode", u]
         url, murl = router([*args, "--policy", "random"])
         cfg = TapConfig({}, front={"router": url}, workers=decode, scrape_interval_s=0.2)
-        with TapInThread(cfg) as t:
+        with TapThread(cfg) as t:
             front = t.ready["taps"]["router"]
             _run_requests(front, 24, 4)
             assert t.wait_for(lambda: t.svc.state.live() == 0 and not len(t.svc.queue))

@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from shadow._tools import find_executable
+from shadow.base.tools import find_executable
 from shadow.fleet import FleetConfig, FleetThread
 
 ADMIN_TOKEN = "telemetry-test-admin-token-0123456789"

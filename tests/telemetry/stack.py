@@ -14,7 +14,7 @@ import httpx
 from shadow.fleet import FleetConfig, FleetThread
 from shadow.live import ServeConfig, ServeService
 from shadow.mirror.service import TapConfig
-from shadow.mirror.thread import TapThread
+from tests.mirror.helpers import TapThread
 
 
 class ServeThread(TapThread):

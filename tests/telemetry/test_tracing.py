@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from shadow.engine.events import Arrive, Cancel, Finish, Route, Token
+from shadow.contracts.events import Arrive, Cancel, Finish, Route, Token
 from shadow.telemetry import attrs
 from shadow.telemetry.tracing import MirrorSpans, RoutingSpans, get_tracer, make_provider, request_hash
 from tests.telemetry.stack import running_stack, send_traffic

@@ -32,8 +32,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from shadow._procs import Child, shadow_argv
-from shadow._tools import find_executable
+from shadow.base.procs import Child, shadow_argv
+from shadow.base.tools import find_executable
 from shadow.loadgen import LoadOptions, LoadReport, run_load
 from shadow.traces import Trace, at_load, estimate_capacity_rps, resolve
 

@@ -8,7 +8,9 @@ worker list. `to_dict`/`from_dict` give the NDJSON form published as a JSON Sche
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, fields
+from importlib import resources
 from typing import Any, ClassVar, Literal
 
 FinishReason = Literal["stop", "length", "abort", "error", "cut", "reaped", "other"]
@@ -80,6 +82,13 @@ class Step:
 Event = Arrive | Route | Token | Finish | Cancel | Step
 
 EVENT_TYPES: dict[str, type[Event]] = {cls.kind: cls for cls in (Arrive, Route, Token, Finish, Cancel, Step)}
+
+
+def load_schema() -> dict[str, Any]:
+    """The published JSON Schema of one event line (`events.schema.json` beside this module)."""
+    text = resources.files("shadow.contracts").joinpath("events.schema.json").read_text(encoding="utf-8")
+    schema: dict[str, Any] = json.loads(text)
+    return schema
 
 
 def to_dict(event: Event) -> dict[str, Any]:
