@@ -71,12 +71,22 @@ class Cancel:
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    """A measured decode step: `duration_s` long, ending at `t` (on `worker`, if per worker)."""
+    """A measured decode step: `duration_s` long, ending at `t` (on `worker`, if per worker); an
+    engine probe adds its engine index, the scheduler's counts after the step, the tokens it
+    generated, the time since that engine's previous busy step, and which clock `duration_s` is."""
 
     kind: ClassVar[str] = "step"
     t: float
     duration_s: float
     worker: str | None = None
+    engine: int | None = None
+    running: int | None = None
+    waiting: int | None = None
+    kv_usage: float | None = None
+    tokens: int | None = None
+    preemptions: int | None = None
+    interval_s: float | None = None
+    source: str | None = None
 
 
 Event = Arrive | Route | Token | Finish | Cancel | Step
@@ -136,9 +146,7 @@ def _validate(event: Event) -> None:
     if isinstance(event, Route) and (not isinstance(event.worker, str) or not event.worker):
         raise ValueError("route: worker must be a non-empty string")
     if isinstance(event, Step):
-        d = event.duration_s
-        if isinstance(d, bool) or not isinstance(d, int | float) or not (0 <= d < 3600):
-            raise ValueError("step: duration_s must be a number in [0, 3600)")
+        _validate_step(event)
     if isinstance(event, Finish) and event.reason not in (
         "stop",
         "length",
@@ -149,3 +157,21 @@ def _validate(event: Event) -> None:
         "other",
     ):
         raise ValueError(f"finish: unknown reason {event.reason!r}")
+
+
+def _validate_step(event: Step) -> None:
+    for name in ("duration_s", "interval_s"):
+        d = getattr(event, name)
+        if d is None and name == "interval_s":
+            continue
+        if isinstance(d, bool) or not isinstance(d, int | float) or not (0 <= d < 3600):
+            raise ValueError(f"step: {name} must be a number in [0, 3600)")
+    for name in ("engine", "running", "waiting", "tokens", "preemptions"):
+        value = getattr(event, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ValueError(f"step: {name} must be an integer >= 0")
+    kv = event.kv_usage
+    if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int | float) or not (0 <= kv <= 1)):
+        raise ValueError("step: kv_usage must be a number in [0, 1]")
+    if event.source is not None and (not isinstance(event.source, str) or not event.source):
+        raise ValueError("step: source must be a non-empty string")
