@@ -325,10 +325,12 @@ class VllmCollector:
         info = GaugeMetricFamily(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
-            labels=["block_size", "enable_prefix_caching", "num_gpu_blocks", "engine"],
+            labels=["block_size", "enable_prefix_caching", "num_gpu_blocks", "kv_cache_size_tokens",
+                    "engine"],
         )
         for s in srcs:
-            info.add_metric([str(self._block_size), "False", str(self._num_blocks), s.engine_label], 1.0)
+            info.add_metric([str(self._block_size), "False", str(self._num_blocks),
+                             str(self._block_size * self._num_blocks), s.engine_label], 1.0)
         yield info
 
 

@@ -1,12 +1,15 @@
-"""vLLM 0.33 OpenAI wire format: SSE chunks, usage objects, full responses and error bodies.
+"""vLLM's OpenAI wire format (as vLLM 0.32 sends it): SSE chunks, usage objects, full responses
+and error bodies.
 
 Framing: one `data: <compact JSON>\\n\\n` per event, `data: [DONE]\\n\\n` at the end (also after an
 error event). Completion chunks: `text_completion` with `text`, `logprobs`, `finish_reason`,
-`stop_reason`; chat chunks: `chat.completion.chunk` with a role-only first delta
-(`{"role":"assistant","content":""}`), then content deltas; `finish_reason` only on the last
-token chunk; `usage` on every chunk with continuous_usage_stats, and a usage-only chunk with
-`"choices": []` before [DONE] with include_usage. Usage keys in vLLM's order: prompt_tokens,
-total_tokens, completion_tokens.
+`stop_reason`, `prompt_token_ids`, `token_ids`; chat chunks: `chat.completion.chunk` with a
+role-only first delta (`{"role":"assistant","content":""}`, plus top-level `prompt_token_ids` and
+`prompt_text`), then content deltas with `token_ids`; `finish_reason` only on the last token chunk;
+`usage` on every chunk with continuous_usage_stats, and a usage-only chunk with `"choices": []`
+and `system_fingerprint` before [DONE] with include_usage. Usage keys in vLLM's order:
+prompt_tokens, total_tokens, completion_tokens. (Checked against a real vLLM server's stream by
+tests/realvllm/test_wire_double.py.)
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from shadow.fleet.tokens import TOKEN_TEXT
 DONE = b"data: [DONE]\n\n"
 SSE_CONTENT_TYPE = b"text/event-stream; charset=utf-8"
 JSON_CONTENT_TYPE = b"application/json"
+SYSTEM_FINGERPRINT = "vllm-0.32.0-5a1d0f11"  # vLLM: "vllm-<version>-<8 hex of its config>"
 
 
 def dumps(obj: Any) -> str:
@@ -78,6 +82,7 @@ class StreamFormat:
             }
             if finish is not None:
                 c["stop_reason"] = None
+            c["token_ids"] = None
             return c
         return {
             "index": 0,
@@ -85,6 +90,8 @@ class StreamFormat:
             "logprobs": None,
             "finish_reason": finish,
             "stop_reason": None,
+            "prompt_token_ids": None,
+            "token_ids": None,
         }
 
     def _token_obj(self, finish: str | None, kv_params: dict[str, Any] | None, n_done: int) -> dict[str, Any]:
@@ -108,6 +115,8 @@ class StreamFormat:
         ]
         if self.continuous:
             obj["usage"] = usage(self.prompt_tokens, 0)
+        obj["prompt_token_ids"] = None
+        obj["prompt_text"] = None
         return event(obj)
 
     def token_chunk(
@@ -132,6 +141,7 @@ class StreamFormat:
         obj = dict(self._head)
         obj["choices"] = []
         obj["usage"] = usage(self.prompt_tokens, completion_tokens)
+        obj["system_fingerprint"] = SYSTEM_FINGERPRINT
         return event(obj)
 
 
@@ -163,13 +173,13 @@ def full_response(
                 "annotations": None,
                 "audio": None,
                 "function_call": None,
-                "tool_calls": [],
                 "reasoning": None,
             },
             "logprobs": None,
             "finish_reason": finish,
             "stop_reason": None,
             "token_ids": None,
+            "routed_experts": None,
         }
         obj_type = "chat.completion"
     else:
@@ -182,6 +192,7 @@ def full_response(
             "token_ids": None,
             "prompt_logprobs": None,
             "prompt_token_ids": None,
+            "routed_experts": None,
         }
         obj_type = "text_completion"
     body: dict[str, Any] = {
@@ -191,11 +202,15 @@ def full_response(
         "model": model,
         "choices": [choice],
         "service_tier": None,
-        "system_fingerprint": None,
-        "usage": {**usage(prompt_tokens, completion_tokens), "prompt_tokens_details": None},
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "usage": {**usage(prompt_tokens, completion_tokens), "prompt_tokens_details": None,
+                  "completion_tokens_details": None},
     }
     if chat:
         body["prompt_logprobs"] = None
         body["prompt_token_ids"] = None
+        body["prompt_text"] = None
     body["kv_transfer_params"] = kv_params
+    body["ec_transfer_params"] = None
+    body["metrics"] = None
     return body

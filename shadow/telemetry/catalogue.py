@@ -48,6 +48,7 @@ LABELS: dict[str, str] = {
     "block_size": "KV block size (vLLM cache config info)",
     "enable_prefix_caching": "True | False (vLLM cache config info)",
     "num_gpu_blocks": "KV capacity in blocks (vLLM cache config info)",
+    "kv_cache_size_tokens": "KV capacity in tokens (vLLM cache config info)",
     "mode": "operator mode: shadow | canary | active | fallback; per request: shadow | active | fallback",
     "policy": "active policy: br0 | brh | jsq | rr, and `router` (the existing router, shadow mode)",
     "outcome": "ok | client_cancel | upstream_error | rejected",
@@ -371,8 +372,10 @@ CATALOGUE: tuple[MetricSpec, ...] = (
        "The max_tokens request parameter.", _VLLM),
     _m("vllm:request_params_n", "histogram", "requests", "model_name engine",
        "The n request parameter.", _VLLM),
-    _m("vllm:cache_config_info", "gauge", "info", "block_size enable_prefix_caching num_gpu_blocks engine",
-       "Information of the LLMEngine CacheConfig (value 1).", _VLLM),
+    _m("vllm:cache_config_info", "gauge", "info",
+       "block_size enable_prefix_caching num_gpu_blocks kv_cache_size_tokens engine",
+       "Information of the LLMEngine CacheConfig (value 1; vLLM has ~40 labels, these are the "
+       "double's).", _VLLM),
 )
 
 _BY_NAME: dict[str, MetricSpec] = {m.name: m for m in CATALOGUE}

@@ -61,7 +61,7 @@ def stream_raw(url: str, body: dict[str, Any], headers: dict[str, str] | None = 
 
 def check_stream(payloads: list[str], *, chat: bool, include_usage: bool = False, continuous: bool = False,
                  prompt_tokens: int | None = None, key_order: bool = False) -> int:
-    """Check a vLLM 0.33 stream (payloads after `data: `); return the number of token chunks.
+    """Check a vLLM 0.32 stream (payloads after `data: `); return the number of token chunks.
     `key_order` also checks vLLM's usage key order (raw wire data only)."""
     assert payloads[-1] == "[DONE]" and payloads.count("[DONE]") == 1
     chunks = [json.loads(p) for p in payloads[:-1]]
@@ -91,7 +91,7 @@ def check_stream(payloads: list[str], *, chat: bool, include_usage: bool = False
         assert choice["index"] == 0
         last = i == len(content) - 1
         if chat:
-            assert set(choice) <= {"index", "delta", "logprobs", "finish_reason", "stop_reason"}
+            assert set(choice) <= {"index", "delta", "logprobs", "finish_reason", "stop_reason", "token_ids"}
             assert choice["logprobs"] is None
             if i == 0:
                 assert choice["delta"] == {"role": "assistant", "content": ""}, "role-only first chunk"
@@ -101,7 +101,8 @@ def check_stream(payloads: list[str], *, chat: bool, include_usage: bool = False
                 assert isinstance(choice["delta"]["content"], str) and choice["delta"]["content"]
                 tokens += 1
         else:
-            assert set(choice) == {"index", "text", "logprobs", "finish_reason", "stop_reason"}
+            assert set(choice) == {"index", "text", "logprobs", "finish_reason", "stop_reason",
+                                   "prompt_token_ids", "token_ids"}
             assert isinstance(choice["text"], str) and choice["text"]
             tokens += 1
         if last:
