@@ -24,6 +24,10 @@ if ! command -v kubectl >/dev/null 2>&1; then
   echo "kubectl is missing: tests/deploy needs 'kubectl kustomize' (kubectl >= 1.27)" >&2
 fi
 
+# The real-engine tier (tests/realvllm, marker `vllm`): vLLM CPU in its own venv (.venv-vllm, ~3 GB,
+# ~3 min the first time, seconds when it is already there). Its tests fail without it.
+scripts/install-vllm.sh
+
 set +e
 python3 -m pytest "$@"
 rc=$?

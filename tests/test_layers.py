@@ -7,7 +7,8 @@ Tiers, lowest first (a room is `shadow/<room>/` or a top-level module of `shadow
    `shadow` (its `__version__`). They import nothing else from shadow.
 1. `core`: the pure routing core.
 2. `engine`: the pure fleet engine over the core.
-3. the wings: `traces`, `fleet`, `loadgen`, `mirror`, `telemetry`.
+3. the wings: `traces`, `fleet`, `realvllm` (real vLLM servers: model builder, launcher, step
+   probe), `loadgen`, `mirror`, `telemetry`.
 4. what runs on the wings: `live`, `active`, `replay`.
 5. `app`: assembles processes from every wing.
 6. `commands`: the CLI's sub-commands.
@@ -31,7 +32,7 @@ TIERS: tuple[tuple[str, ...], ...] = (
     ("contracts", "vllm", "base", "shadow"),
     ("core",),
     ("engine",),
-    ("traces", "fleet", "loadgen", "mirror", "telemetry"),
+    ("traces", "fleet", "realvllm", "loadgen", "mirror", "telemetry"),
     ("live", "active", "replay"),
     ("app",),
     ("commands",),

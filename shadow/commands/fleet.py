@@ -14,6 +14,7 @@ import signal
 import sys
 from typing import Any
 
+from shadow.commands import fleet_vllm
 from shadow.core.stepmodel import DEFAULT_A_S_PER_TOKEN, DEFAULT_B_S
 from shadow.fleet.config import DEFAULT_BASE_PORT, DEFAULT_MODEL, FleetConfig
 from shadow.fleet.faults import FaultSpec
@@ -24,6 +25,8 @@ EPILOG = """examples:
   shadow fleet --prefill 1 --decode 4 --slots 16 --port 0       # free ports (read them from the JSON line)
   shadow fleet --decode 8 --time-scale 0.25      # steps four times faster than the model
   shadow fleet --fault decode/1:slow=2 --fault decode/0:stall_s=2@5   # a slow rank; a stall after 5 s
+  shadow fleet --engine vllm --decode 2          # two real vLLM CPU servers (scripts/install-vllm.sh first)
+  shadow fleet --engine vllm --prefill 1 --decode 1 --model-size mid   # a real P/D pair, ~20 ms steps
   curl -s http://127.0.0.1:18100/metrics | grep -E 'vllm:num_requests_running|shadow_fleet_step'
 
 Decode legs must carry the kv_transfer_params a prefill server returned (P/D, as vllm-router or
@@ -42,7 +45,8 @@ def register(subparsers: Any) -> None:
         ),
         epilog=EPILOG,
     )
-    p.add_argument("--prefill", type=int, default=1, metavar="N", help="prefill servers (default 1)")
+    p.add_argument("--prefill", type=int, default=None, metavar="N",
+                   help="prefill servers (default 1; 0 with --engine vllm)")
     p.add_argument("--decode", type=int, default=2, metavar="G", help="decode DP ranks (default 2)")
     p.add_argument("--slots", type=int, default=64, metavar="B", help="running slots per rank (default 64)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
@@ -55,9 +59,9 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--port",
         type=int,
-        default=DEFAULT_BASE_PORT,
+        default=None,
         metavar="BASE",
-        help=f"base port (default {DEFAULT_BASE_PORT}; 0 = free ports)",
+        help=f"base port (default {DEFAULT_BASE_PORT}; free ports with --engine vllm; 0 = free ports)",
     )
     p.add_argument(
         "--time-scale",
@@ -104,16 +108,17 @@ def register(subparsers: Any) -> None:
         help="inject a fault, e.g. decode/0:stall_s=2@5, decode/1:cut_after=10, "
         "prefill/0:http_status=503 (keys: see shadow.fleet.faults)",
     )
+    fleet_vllm.add_arguments(p)
     p.set_defaults(func=run)
 
 
 def config_from_args(args: argparse.Namespace) -> FleetConfig:
     return FleetConfig(
-        prefill=args.prefill,
+        prefill=1 if args.prefill is None else args.prefill,
         decode=args.decode,
         slots=args.slots,
         host=args.host,
-        base_port=args.port,
+        base_port=DEFAULT_BASE_PORT if args.port is None else args.port,
         control_token=args.control_token,
         time_scale=args.time_scale,
         a=args.a,
@@ -148,6 +153,8 @@ async def serve(config: FleetConfig) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.engine == "vllm":
+        return fleet_vllm.run(args)
     try:
         config = config_from_args(args)
     except ValueError as exc:

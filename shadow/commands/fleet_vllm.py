@@ -1,0 +1,119 @@
+"""`shadow fleet --engine vllm`: real vLLM CPU servers instead of the simulated double.
+
+Same ready line (`{"prefill": [urls], "decode": [urls]}`) and the same stop behaviour: SIGINT or
+SIGTERM stops every server (its whole process group) before the command exits, as does a failed
+start, which names the server that did not come up and quotes its log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+SIM_ONLY = ("dp_front", "fault", "time_scale")  # options the real engine has no use for
+
+
+def add_arguments(p: Any) -> None:
+    g = p.add_argument_group(
+        "real engine (--engine vllm; install it with scripts/install-vllm.sh)",
+        "G decode servers (and --prefill N prefill servers in a NixlConnector P/D pair, "
+        "ExampleConnector where NIXL is absent), one core each, free loopback ports.",
+    )
+    g.add_argument("--engine", choices=("sim", "vllm"), default="sim",
+                   help="sim: the simulated fleet (default); vllm: real vLLM CPU servers")
+    g.add_argument("--vllm-venv", metavar="DIR", default=None,
+                   help="the engine venv (default $SHADOW_VLLM_VENV, else the repository's .venv-vllm)")
+    g.add_argument("--model-size", choices=("tiny", "mid"), default="tiny",
+                   help="the built-in random Llama: tiny (fast) or mid (~20 ms steps); default tiny")
+    g.add_argument("--model-seed", type=int, default=0, help="seed of the built model (default 0)")
+    g.add_argument("--model-path", metavar="DIR", default=None,
+                   help="serve this model directory instead of building one")
+    g.add_argument("--kv-bytes", type=int, default=128 << 20, metavar="BYTES",
+                   help="KV cache per server (default 128 MiB: 131k tokens of the tiny model)")
+    g.add_argument("--connector", choices=("auto", "nixl", "example"), default="auto",
+                   help="P/D KV connector with --prefill (default auto: NIXL when it imports)")
+    g.add_argument("--probe-url", metavar="URL", default=os.environ.get("SHADOW_PROBE_URL"),
+                   help="shadow serve's event API: every engine step is posted there by shadow's probe "
+                   "(env SHADOW_PROBE_URL)")
+    g.add_argument("--probe-token", metavar="TOKEN", default=os.environ.get("SHADOW_PROBE_TOKEN"),
+                   help="the events bearer token for --probe-url (env SHADOW_PROBE_TOKEN)")
+    g.add_argument("--log-dir", metavar="DIR", default=None,
+                   help="where each server's log goes (default: a new temporary directory)")
+    g.add_argument("--start-timeout", type=float, default=600.0, metavar="S",
+                   help="seconds every server has to answer /health (default 600)")
+
+
+class _Stop(Exception):
+    """SIGINT/SIGTERM while the servers start."""
+
+
+def run(args: argparse.Namespace) -> int:
+    from shadow.realvllm.launcher import StartError, VllmFleet, VllmFleetConfig
+
+    used = [name for name in SIM_ONLY if getattr(args, name, None) not in (None, False, [], 1.0)]
+    if used:
+        flags = ", ".join("--" + n.replace("_", "-") for n in used)
+        print(f"shadow fleet: {flags} only apply to the simulated fleet (--engine sim)", file=sys.stderr)
+        return 2
+    try:
+        config = VllmFleetConfig(
+            decode=args.decode, prefill=args.prefill if args.prefill is not None else 0, host=args.host,
+            served_model_name=args.model, model_size=args.model_size, model_seed=args.model_seed,
+            model_path=Path(args.model_path) if args.model_path else None,
+            max_num_seqs=args.slots, max_model_len=min(args.max_model_len, 2048), kv_bytes=args.kv_bytes,
+            connector=args.connector, probe_url=args.probe_url, probe_token=args.probe_token,
+            venv=Path(args.vllm_venv) if args.vllm_venv else None,
+            log_dir=Path(args.log_dir) if args.log_dir else None, start_timeout_s=args.start_timeout,
+            ports=_ports(args),
+        )
+        fleet = VllmFleet(config)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"shadow fleet: {exc}", file=sys.stderr)
+        return 2
+    if config.log_dir is not None:
+        config.log_dir.mkdir(parents=True, exist_ok=True)
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if not stop.is_set():
+            stop.set()
+            raise _Stop()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        fleet.start()
+        print(json.dumps(fleet.ready_line()), flush=True)
+        while not stop.wait(1.0):
+            dead = [s.name for s in fleet.servers if s.proc is not None and s.proc.poll() is not None]
+            if dead:
+                print(f"shadow fleet: vLLM server {dead[0]} exited; stopping the fleet", file=sys.stderr)
+                return 1
+        return 0
+    except _Stop:
+        return 0
+    except StartError as exc:
+        print(f"shadow fleet: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)  # the stop below is not to be interrupted
+        fleet.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _ports(args: argparse.Namespace) -> tuple[int, ...] | None:
+    """--port BASE (given, non-zero): prefill i on BASE+i, decode g on BASE+100+g (as the simulated fleet)."""
+    if not args.port:
+        return None
+    base = int(args.port)
+    prefill = args.prefill if args.prefill is not None else 0
+    return tuple([base + i for i in range(prefill)] + [base + 100 + g for g in range(args.decode)])

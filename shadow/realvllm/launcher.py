@@ -1,0 +1,366 @@
+"""Start and stop a fleet of real vLLM CPU servers: G decode servers and optional prefill servers in
+a P/D pair (NixlConnector, or ExampleConnector where NIXL is absent), each bound to one core, on free
+loopback ports, with small KV and `--enforce-eager`.
+
+Every server runs in its own process group; `stop()` signals the groups (SIGTERM, then SIGKILL) and
+waits until no process of any group is left. `start()` waits on every server's /health at once and,
+when one does not come up, stops them all and raises `StartError` naming it with its log's tail.
+
+    with VllmFleet(VllmFleetConfig(decode=2)) as fleet:
+        fleet.ready_line()   # {"prefill": [], "decode": ["http://127.0.0.1:PORT", ...]}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+import httpx
+
+ENV_VENV = "SHADOW_VLLM_VENV"
+DEFAULT_KV_BYTES = 128 << 20
+CONNECTORS = ("auto", "nixl", "example", "none")
+INSTALL_HINT = "install the engine tier with scripts/install-vllm.sh (or set SHADOW_VLLM_VENV to its venv)"
+
+
+class StartError(RuntimeError):
+    """A server of the fleet did not come up (the message names it and quotes its log)."""
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def find_engine_venv(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """The venv that has vLLM: `explicit`, else $SHADOW_VLLM_VENV (either one, when given, is the
+    only place looked at), else the repository's .venv-vllm or the running interpreter's own;
+    FileNotFoundError saying how to install it otherwise."""
+    given = explicit or os.environ.get(ENV_VENV)
+    candidates = [Path(given)] if given else [repo_root() / ".venv-vllm", Path(sys.prefix)]
+    for venv in candidates:
+        if (venv / "bin" / "vllm").exists() and (venv / "bin" / "python").exists():
+            return venv
+    tried = ", ".join(str(c) for c in candidates)
+    raise FileNotFoundError(f"no vLLM engine venv found (looked in {tried}): {INSTALL_HINT}")
+
+
+def nixl_available(venv: Path) -> bool:
+    """True when the engine venv can import NIXL (so NixlConnector can work)."""
+    probe = subprocess.run([str(venv / "bin" / "python"), "-c", "import nixl"],
+                           capture_output=True, timeout=120, check=False)
+    return probe.returncode == 0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (the server binds it itself)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def ensure_model(venv: Path, size: str, seed: int, models_dir: Path | None = None) -> Path:
+    """The model directory for (size, seed), built by the engine venv's builder if not cached."""
+    argv = [str(venv / "bin" / "python"), "-m", "shadow.realvllm.model", "--size", size, "--seed", str(seed)]
+    if models_dir is not None:
+        argv += ["--models-dir", str(models_dir)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+    if done.returncode != 0:
+        raise StartError(f"the model builder failed ({' '.join(argv)}):\n{done.stderr.strip()[-2000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+@dataclass(frozen=True)
+class VllmFleetConfig:
+    """What to start; defaults fit a 2-core machine (tiny model, 128 MiB of KV per server)."""
+
+    decode: int = 2
+    prefill: int = 0
+    host: str = "127.0.0.1"
+    served_model_name: str = "sim-llm"
+    model_path: Path | None = None  # else the builder's model for (model_size, model_seed)
+    model_size: str = "tiny"
+    model_seed: int = 0
+    models_dir: Path | None = None
+    max_num_seqs: int = 64
+    max_model_len: int = 2048
+    kv_bytes: int = DEFAULT_KV_BYTES
+    connector: str = "auto"  # P/D connector when prefill > 0: auto = NIXL if it imports, else Example
+    cores: tuple[int, ...] | None = None  # core of server i = cores[i % len]; default: all cores
+    ports: tuple[int, ...] | None = None  # port of each server, prefill ones first; default: free ports
+    probe_url: str | None = None  # shadow serve's event API: the step probe posts there
+    probe_token: str | None = None
+    venv: Path | None = None
+    log_dir: Path | None = None
+    start_timeout_s: float = 600.0
+    stop_grace_s: float = 20.0
+    extra_args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()  # more environment for every server (e.g. SHADOW_PROBE_QUEUE)
+
+    def __post_init__(self) -> None:
+        if self.decode < 1 or self.prefill < 0:
+            raise ValueError("need at least one decode server and a non-negative prefill count")
+        if self.connector not in CONNECTORS:
+            raise ValueError(f"connector must be one of {', '.join(CONNECTORS)}")
+        if self.host not in ("127.0.0.1", "localhost"):
+            raise ValueError("real vLLM servers bind loopback only (their admin surface has no token)")
+        if self.ports is not None and len(self.ports) != self.prefill + self.decode:
+            n = self.prefill + self.decode
+            raise ValueError(f"ports: need {n} (prefill first), got {len(self.ports)}")
+
+
+@dataclass
+class Server:
+    """One vLLM server process (its own process group)."""
+
+    name: str  # "prefill/0", "decode/1"
+    worker: str  # the worker name its step probe reports ("p0", "d1")
+    port: int
+    core: int
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    _log: IO[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self._log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env=self.env, process_group=0)
+
+    def tail(self, lines: int = 25) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.strip().splitlines()[-lines:])
+
+    def signal_group(self, sig: int) -> bool:
+        """Send `sig` to the server's process group; False when no process of it is left."""
+        if self.proc is None:
+            return False
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+class VllmFleet:
+    """Real vLLM servers as a fleet; `start()` returns when every /health answers 200."""
+
+    def __init__(self, config: VllmFleetConfig, log: Callable[[str], None] | None = None) -> None:
+        self.config = config
+        self.log = log or (lambda msg: print(f"shadow fleet: {msg}", file=sys.stderr, flush=True))
+        self.venv = find_engine_venv(config.venv)
+        self.servers: list[Server] = []
+        self.connector: str | None = None
+        self.model_path: Path | None = None
+        self.log_dir = config.log_dir or Path(tempfile.mkdtemp(prefix="shadow-vllm-"))
+
+    @property
+    def prefill_urls(self) -> list[str]:
+        return [s.url for s in self.servers if s.name.startswith("prefill/")]
+
+    @property
+    def decode_urls(self) -> list[str]:
+        return [s.url for s in self.servers if s.name.startswith("decode/")]
+
+    def ready_line(self) -> dict[str, Any]:
+        return {"prefill": self.prefill_urls, "decode": self.decode_urls}
+
+    # -- building the commands ---------------------------------------------------------------------
+    def _connector(self) -> str | None:
+        cfg = self.config
+        if cfg.prefill == 0 or cfg.connector == "none":
+            return None
+        if cfg.connector != "auto":
+            return cfg.connector
+        return "nixl" if nixl_available(self.venv) else "example"
+
+    def _kv_config(self, role: str) -> str | None:
+        kv_role = "kv_producer" if role == "prefill" else "kv_consumer"
+        if self.connector == "nixl":
+            return json.dumps({"kv_connector": "NixlConnector", "kv_role": kv_role,
+                               "kv_buffer_device": "cpu"})
+        if self.connector == "example":
+            shared = self.log_dir / "kv-shared"
+            shared.mkdir(exist_ok=True)
+            return json.dumps({"kv_connector": "ExampleConnector", "kv_role": kv_role,
+                               "kv_connector_extra_config": {"shared_storage_path": str(shared)}})
+        return None
+
+    def _env(self, core: int, worker: str) -> dict[str, str]:
+        cfg = self.config
+        env = dict(os.environ)
+        env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # overrides --kv-cache-memory-bytes; "" crashes
+        env.update({
+            "VLLM_HOST_IP": "127.0.0.1",  # else the engine's message queue binds the host's address
+            "VLLM_CPU_OMP_THREADS_BIND": str(core),  # "auto" would pin every server to core 0
+            "PYTHONUNBUFFERED": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+        })
+        for k in ("SHADOW_PROBE_URL", "SHADOW_PROBE_TOKEN", "SHADOW_PROBE_WORKER"):
+            env.pop(k, None)
+        if cfg.probe_url:
+            env["SHADOW_PROBE_URL"] = cfg.probe_url
+            env["SHADOW_PROBE_WORKER"] = worker
+            if cfg.probe_token:
+                env["SHADOW_PROBE_TOKEN"] = cfg.probe_token
+        env.update(dict(cfg.env))
+        if self.connector == "nixl":
+            env.update({"UCX_NET_DEVICES": "lo", "UCX_TLS": "tcp,self,sm",
+                        "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+                        "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())})
+        return env
+
+    def _argv(self, model: Path, port: int, role: str) -> list[str]:
+        cfg = self.config
+        argv = [str(self.venv / "bin" / "vllm"), "serve", str(model),
+                "--served-model-name", cfg.served_model_name, "--host", "127.0.0.1", "--port", str(port),
+                "--max-model-len", str(cfg.max_model_len), "--max-num-seqs", str(cfg.max_num_seqs),
+                "--dtype", "float32", "--enforce-eager", "--kv-cache-memory-bytes", str(cfg.kv_bytes)]
+        if cfg.probe_url:
+            # The probe (a stat logger) keeps the engine's stats on, so /metrics is still served;
+            # --disable-log-stats only drops vLLM's text logger, which with iteration details would
+            # log every step.
+            argv += ["--disable-log-stats", "--enable-logging-iteration-details"]
+        kv = self._kv_config(role)
+        if kv is not None:
+            argv += ["--kv-transfer-config", kv]
+        return argv + list(cfg.extra_args)
+
+    def plan(self) -> list[Server]:
+        """The servers to start (model resolved, ports picked); nothing is started yet."""
+        cfg = self.config
+        self.model_path = cfg.model_path or ensure_model(self.venv, cfg.model_size, cfg.model_seed,
+                                                         cfg.models_dir)
+        self.connector = self._connector()
+        cores = cfg.cores or tuple(sorted(os.sched_getaffinity(0)))
+        servers: list[Server] = []
+        roles = [("prefill", i, f"p{i}") for i in range(cfg.prefill)]
+        roles += [("decode", g, f"d{g}") for g in range(cfg.decode)]
+        for n, (role, i, worker) in enumerate(roles):
+            port = cfg.ports[n] if cfg.ports else free_port()
+            core = cores[n % len(cores)]
+            servers.append(Server(
+                name=f"{role}/{i}", worker=worker, port=port, core=core,
+                argv=self._argv(self.model_path, port, role), env=self._env(core, worker),
+                log_path=self.log_dir / f"{role}-{i}.log",
+            ))
+        return servers
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.servers = self.plan()
+        self.log(f"starting {len(self.servers)} vLLM server(s) ({self.connector or 'no'} KV connector, "
+                 f"model {self.model_path}); logs in {self.log_dir}")
+        try:
+            for s in self.servers:
+                s.start()
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        self.log("ready: " + ", ".join(f"{s.name} {s.url} (core {s.core})" for s in self.servers))
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.config.start_timeout_s
+        pending = list(self.servers)
+        with httpx.Client(timeout=2.0, trust_env=False) as client:
+            while pending:
+                for s in list(pending):
+                    assert s.proc is not None
+                    if s.proc.poll() is not None:
+                        raise StartError(f"vLLM server {s.name} (port {s.port}) exited with code "
+                                         f"{s.proc.returncode} before it was healthy; "
+                                         f"{s.log_path}:\n{s.tail()}")
+                    try:
+                        if client.get(f"{s.url}/health").status_code == 200:
+                            pending.remove(s)
+                    except httpx.HTTPError:
+                        pass
+                if not pending:
+                    return
+                if time.monotonic() > deadline:
+                    s = pending[0]
+                    raise StartError(f"vLLM server {s.name} (port {s.port}) was not healthy within "
+                                     f"{self.config.start_timeout_s:.0f} s; {s.log_path}:\n{s.tail()}")
+                time.sleep(0.5)
+
+    def stop(self) -> None:
+        """Stop every server's process group (SIGTERM, then SIGKILL) and wait until none is left."""
+        live = [s for s in self.servers if s.signal_group(signal.SIGTERM)]
+        deadline = time.monotonic() + self.config.stop_grace_s
+        for s in live:
+            assert s.proc is not None
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                s.proc.wait(max(0.1, deadline - time.monotonic()))
+        for s in live:
+            _reap_group(s, deadline)
+        for s in self.servers:
+            if s._log is not None:
+                s._log.close()
+                s._log = None
+
+    def __enter__(self) -> VllmFleet:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def processes() -> Iterator[tuple[int, bytes, int]]:
+    """(pid, state, process group) of every process (Linux /proc)."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp ...
+        if len(fields) > 2:
+            yield int(entry.name), fields[0], int(fields[2])
+
+
+def group_members(pgid: int) -> list[int]:
+    """PIDs of the live (not zombie) processes in process group `pgid`."""
+    return [pid for pid, state, pgrp in processes() if state != b"Z" and pgrp == pgid]
+
+
+def _reap_group(s: Server, deadline: float) -> None:
+    """Wait for the group's other processes (engine cores) until `deadline`, then SIGKILL the group
+    and wait until no live process of it is left."""
+    assert s.proc is not None
+    pgid = s.proc.pid
+    while time.monotonic() < deadline and group_members(pgid):
+        time.sleep(0.1)
+    if group_members(pgid):
+        s.signal_group(signal.SIGKILL)
+        end = time.monotonic() + 10.0
+        while group_members(pgid) and time.monotonic() < end:
+            time.sleep(0.05)
+    if s.proc.poll() is None:
+        s.proc.wait(5)

@@ -1,0 +1,236 @@
+"""A bounded, never-blocking hand-off of engine steps to a background thread that posts them as
+`step` events (NDJSON) to a shadow event API. Standard library only: it runs inside vLLM.
+
+`offer()` is the only call made on the engine's loop: one tuple appended to a bounded deque, or a
+counted drop when it is full. The sender thread turns tuples into events and posts them in batches
+over one keep-alive connection; a batch that cannot be posted is dropped and counted, never retried
+into an unbounded backlog.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import threading
+import time
+import urllib.parse
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+DEFAULT_QUEUE = 4096
+DEFAULT_BATCH = 512
+DEFAULT_FLUSH_S = 0.1
+DEFAULT_TIMEOUT_S = 2.0
+ENV_URL = "SHADOW_PROBE_URL"
+ENV_TOKEN = "SHADOW_PROBE_TOKEN"
+ENV_WORKER = "SHADOW_PROBE_WORKER"
+ENV_QUEUE = "SHADOW_PROBE_QUEUE"
+ENV_FLUSH_MS = "SHADOW_PROBE_FLUSH_MS"
+
+SOURCE_ELAPSED = "probe"  # duration_s is the engine's own elapsed time of the step
+SOURCE_INTERVAL = "probe_interval"  # duration_s is the time since the previous busy step
+
+
+class StepSample(NamedTuple):
+    """One engine step as the stat logger saw it (t: time.monotonic() when it was recorded)."""
+
+    t: float
+    engine: int
+    elapsed_s: float | None
+    running: int
+    waiting: int
+    kv_usage: float
+    tokens: int
+    preemptions: int
+
+
+@dataclass
+class SenderCounts:
+    """What happened to the offered steps (each step ends in exactly one of the first four)."""
+
+    sent: int = 0
+    dropped_full: int = 0  # the queue was full when the engine offered it
+    dropped_failed: int = 0  # its batch could not be posted (connection, status, timeout)
+    dropped_closed: int = 0  # still queued when the sender was closed
+    posts: int = 0
+    failed_posts: int = 0
+    last_error: str = ""
+    rejected: dict[str, int] = field(default_factory=dict)  # reasons the event API gave
+
+
+def events_url(base: str) -> str:
+    """`base` as the URL of the event API (`/v1/events` appended unless present)."""
+    base = base.rstrip("/")
+    return base if base.endswith("/v1/events") else base + "/v1/events"
+
+
+class StepSender:
+    """Bounded queue + daemon sender thread; `offer()` never blocks, `close()` flushes briefly."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        worker: str | None = None,
+        max_queue: int = DEFAULT_QUEUE,
+        batch: int = DEFAULT_BATCH,
+        flush_s: float = DEFAULT_FLUSH_S,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if max_queue < 1 or batch < 1:
+            raise ValueError("max_queue and batch must be at least 1")
+        parts = urllib.parse.urlsplit(events_url(url))
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"probe URL must be http(s)://host[:port][/path], got {url!r}")
+        self.url = events_url(url)
+        self._parts = parts
+        self._headers = {"Content-Type": "application/x-ndjson"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
+        self.worker = worker
+        self.max_queue = max_queue
+        self.batch = batch
+        self.flush_s = flush_s
+        self.timeout_s = timeout_s
+        self.counts = SenderCounts()
+        self._sleep = sleep
+        self._queue: deque[StepSample] = deque()
+        self._last: dict[int, StepSample] = {}
+        self._conn: http.client.HTTPConnection | None = None
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="shadow-step-probe", daemon=True)
+        self._thread.start()
+
+    # -- the engine side ---------------------------------------------------------------------------
+    def offer(self, sample: StepSample) -> bool:
+        """Queue one step; False (and counted) when the queue is full. Never blocks."""
+        q = self._queue
+        if len(q) >= self.max_queue:
+            self.counts.dropped_full += 1
+            return False
+        q.append(sample)
+        return True
+
+    # -- the sender thread -------------------------------------------------------------------------
+    def worker_name(self, engine: int) -> str | None:
+        """The configured worker name; `{engine}` in it is replaced by the engine index."""
+        if self.worker is None:
+            return None
+        return self.worker.replace("{engine}", str(engine))
+
+    def to_event(self, s: StepSample) -> dict[str, Any]:
+        """The `step` event for one sample (uses and updates the engine's previous sample)."""
+        prev = self._last.get(s.engine)
+        self._last[s.engine] = s
+        interval = s.t - prev.t if prev is not None and prev.running > 0 else None
+        if s.elapsed_s is not None:
+            duration, source = s.elapsed_s, SOURCE_ELAPSED
+        else:
+            duration, source = (interval if interval is not None else 0.0), SOURCE_INTERVAL
+        ev: dict[str, Any] = {
+            "type": "step", "t": s.t, "duration_s": max(0.0, min(duration, 3599.0)),
+            "engine": s.engine, "running": s.running, "waiting": s.waiting,
+            "kv_usage": min(1.0, max(0.0, s.kv_usage)), "tokens": s.tokens,
+            "preemptions": s.preemptions, "source": source,
+        }
+        if interval is not None:
+            ev["interval_s"] = max(0.0, interval)
+        name = self.worker_name(s.engine)
+        if name is not None:
+            ev["worker"] = name
+        return ev
+
+    def _take(self) -> list[StepSample]:
+        q, out = self._queue, list[StepSample]()
+        while q and len(out) < self.batch:
+            out.append(q.popleft())
+        return out
+
+    def _run(self) -> None:
+        while not self._closing.is_set():
+            if not self._queue:
+                self._sleep(self.flush_s)
+                continue
+            self.flush_once()
+        self._close_conn()
+
+    def flush_once(self) -> int:
+        """Post one batch from the queue; the number of events it held."""
+        items = self._take()
+        if not items:
+            return 0
+        body = "".join(json.dumps(self.to_event(s), separators=(",", ":")) + "\n" for s in items)
+        if self._post(body.encode()):
+            self.counts.sent += len(items)
+        else:
+            self.counts.dropped_failed += len(items)
+            self._sleep(min(1.0, self.flush_s * 5))  # a failing API is not hammered
+        return len(items)
+
+    def _post(self, body: bytes) -> bool:
+        self.counts.posts += 1
+        try:
+            conn = self._conn or self._connect()
+            path = self._parts.path or "/"
+            conn.request("POST", path, body=body, headers=self._headers)
+            resp = conn.getresponse()
+            data = resp.read(1 << 20)
+            if resp.status != 200:
+                raise OSError(f"event API answered {resp.status}: {data[:200]!r}")
+            self._note_rejections(data)
+            return True
+        except (OSError, http.client.HTTPException) as exc:
+            self.counts.failed_posts += 1
+            self.counts.last_error = str(exc)[:300]
+            self._close_conn()
+            return False
+
+    def _note_rejections(self, data: bytes) -> None:
+        try:
+            rejected = json.loads(data).get("rejected") or {}
+        except (ValueError, AttributeError):
+            return
+        if isinstance(rejected, dict):
+            for reason, n in rejected.items():
+                if isinstance(n, int):
+                    self.counts.rejected[str(reason)] = self.counts.rejected.get(str(reason), 0) + n
+
+    def _connect(self) -> http.client.HTTPConnection:
+        p = self._parts
+        cls = http.client.HTTPSConnection if p.scheme == "https" else http.client.HTTPConnection
+        self._conn = cls(p.hostname or "127.0.0.1", p.port, timeout=self.timeout_s)
+        return self._conn
+
+    def _close_conn(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Stop the thread after posting what is queued (for at most `timeout_s`)."""
+        deadline = time.monotonic() + timeout_s
+        while self._queue and time.monotonic() < deadline and self._thread.is_alive():
+            time.sleep(0.01)
+        self._closing.set()
+        self._thread.join(max(0.0, deadline - time.monotonic()) + self.timeout_s)
+        left = len(self._queue)
+        if left:
+            self._queue.clear()
+            self.counts.dropped_closed += left
+
+
+def sender_from_env(env: dict[str, str] | None = None) -> StepSender | None:
+    """A StepSender configured by the SHADOW_PROBE_* variables, or None when no URL is set."""
+    env = dict(os.environ) if env is None else env
+    url = env.get(ENV_URL, "").strip()
+    if not url:
+        return None
+    queue = int(env.get(ENV_QUEUE) or DEFAULT_QUEUE)
+    flush_ms = float(env.get(ENV_FLUSH_MS) or DEFAULT_FLUSH_S * 1000)
+    return StepSender(url, token=env.get(ENV_TOKEN) or None, worker=env.get(ENV_WORKER) or None,
+                      max_queue=queue, flush_s=flush_ms / 1000)

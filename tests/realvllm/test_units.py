@@ -1,0 +1,170 @@
+"""The engine tier's parts that need no engine (the step sender against a real event API, the CLI's
+errors) and the model builder's determinism and cache (in the engine venv)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import jsonschema
+import pytest
+import uvicorn
+from prometheus_client import CollectorRegistry
+
+from shadow.base.procs import shadow_argv
+from shadow.contracts.events import load_schema
+from shadow.mirror.api import create_app, parse_event
+from shadow.mirror.hub import Mirror
+from shadow.mirror.state import MirrorState
+from shadow.realvllm.stepsender import StepSample, StepSender, sender_from_env
+from tests.realvllm.helpers import wait_for
+
+TOKEN = "unit-events-token"
+
+
+@pytest.fixture(scope="module")
+def event_api() -> Iterator[tuple[str, Mirror]]:
+    """The real mirror event API (token required) served by uvicorn on a free port."""
+    mirror = Mirror(MirrorState(["d0", "d1"], ttl_s=30))
+    app = create_app(mirror, CollectorRegistry(), ingest_token=TOKEN)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    wait_for(lambda: server.started, "uvicorn to start", timeout=30, step=0.05)
+    yield url, mirror
+    server.should_exit = True
+    thread.join(10)
+    sock.close()
+
+
+def _steps(url: str) -> list[dict[str, object]]:
+    r = httpx.get(f"{url}/v1/events", params={"after": 0, "limit": 100000}, timeout=10, trust_env=False)
+    return [e for e in map(json.loads, r.text.splitlines()) if e["type"] == "step"]
+
+
+def sample(t: float, running: int = 3, elapsed: float | None = 0.004, engine: int = 0) -> StepSample:
+    return StepSample(t, engine, elapsed, running, 1, 0.25, running, 0)
+
+
+def test_sender_posts_valid_step_events_with_the_token(event_api: tuple[str, Mirror]) -> None:
+    url, _ = event_api
+    before = len(_steps(url))
+    sender = StepSender(url, token=TOKEN, worker="d{engine}", flush_s=0.01)
+    try:
+        for s in (sample(10.0), sample(10.01), sample(10.02, running=0), sample(10.5, elapsed=None),
+                  sample(10.6, engine=1)):
+            assert sender.offer(s)
+        wait_for(lambda: sender.counts.sent == 5, "5 steps sent", timeout=30)
+    finally:
+        sender.close()
+    got = _steps(url)[before:]
+    validator = jsonschema.Draft202012Validator(load_schema())
+    for e in got:
+        validator.validate(e)
+        parse_event(e)
+    assert [e["worker"] for e in got] == ["d0", "d0", "d0", "d0", "d1"]
+    assert [e["source"] for e in got] == ["probe", "probe", "probe", "probe_interval", "probe"]
+    # the time since the previous step only where the engine was busy through it
+    assert ["interval_s" in e for e in got] == [False, True, True, False, False]
+    assert got[1]["interval_s"] == pytest.approx(0.01)
+    assert got[3]["duration_s"] == 0.0  # no elapsed and no busy predecessor: nothing measured
+    assert sender.counts.rejected == {}
+
+
+def test_sender_without_the_token_is_refused_and_counts_the_loss(event_api: tuple[str, Mirror]) -> None:
+    url, _ = event_api
+    sender = StepSender(url, flush_s=0.01)
+    try:
+        sender.offer(sample(1.0))
+        wait_for(lambda: sender.counts.dropped_failed == 1, "the refused batch counted", timeout=30)
+    finally:
+        sender.close()
+    assert sender.counts.sent == 0 and "401" in sender.counts.last_error
+
+
+def test_offer_never_blocks_when_the_sink_hangs() -> None:
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(8)  # accepts (kernel backlog) and never answers
+    sender = StepSender(f"http://127.0.0.1:{hole.getsockname()[1]}", max_queue=2, flush_s=0.01,
+                        timeout_s=5.0)
+    try:
+        assert sender.offer(sample(1.0))
+        wait_for(lambda: not sender._queue, "the sender to take the first step into its post", timeout=30)
+        results = [sender.offer(sample(2.0 + i)) for i in range(50)]
+        assert results == [True, True] + [False] * 48
+        assert sender.counts.dropped_full == 48
+    finally:
+        sender.close(timeout_s=0.1)
+        hole.close()
+    c = sender.counts
+    assert c.sent + c.dropped_full + c.dropped_failed + c.dropped_closed == 51
+
+
+def test_sender_from_env_is_inert_without_a_url_and_checks_it() -> None:
+    assert sender_from_env({}) is None
+    assert sender_from_env({"SHADOW_PROBE_URL": "  "}) is None
+    with pytest.raises(ValueError, match="probe URL"):
+        sender_from_env({"SHADOW_PROBE_URL": "ftp://x"})
+    s = sender_from_env({"SHADOW_PROBE_URL": "http://127.0.0.1:9/", "SHADOW_PROBE_QUEUE": "7",
+                         "SHADOW_PROBE_WORKER": "d3"})
+    assert s is not None
+    try:
+        assert s.url == "http://127.0.0.1:9/v1/events" and s.max_queue == 7 and s.worker_name(0) == "d3"
+    finally:
+        s.close(timeout_s=0.1)
+
+
+def test_fleet_cli_names_a_missing_engine_venv_and_sim_only_flags(tmp_path: Path) -> None:
+    done = subprocess.run(shadow_argv("fleet", "--engine", "vllm", "--vllm-venv", str(tmp_path / "none")),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2 and "scripts/install-vllm.sh" in done.stderr, done.stderr
+    done = subprocess.run(shadow_argv("fleet", "--engine", "vllm", "--fault", "decode/0:stall_s=1"),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2 and "--fault" in done.stderr and "--engine sim" in done.stderr
+
+
+def _build(venv: Path, out: Path, size: str, seed: int) -> str:
+    subprocess.run([str(venv / "bin" / "python"), "-m", "shadow.realvllm.model", "--size", size,
+                    "--seed", str(seed), "--out", str(out)],
+                   capture_output=True, text=True, timeout=600, check=True)
+    digest: str = json.loads((out / "shadow-model.json").read_text())["content_sha256"]
+    return digest
+
+
+def test_model_builder_is_deterministic_and_its_cache_checks_content(engine_venv: Path, tmp_path: Path,
+                                                                     ) -> None:
+    a = _build(engine_venv, tmp_path / "a", "tiny", 7)
+    b = _build(engine_venv, tmp_path / "b", "tiny", 7)
+    c = _build(engine_venv, tmp_path / "c", "tiny", 8)
+    assert a == b != c
+    for name in ("model.safetensors", "tokenizer.json", "config.json", "chat_template.jinja"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    py = str(engine_venv / "bin" / "python")
+    cache = tmp_path / "cache"
+    argv = [py, "-m", "shadow.realvllm.model", "--size", "tiny", "--seed", "7", "--models-dir", str(cache)]
+    first = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=True)
+    path = Path(first.stdout.strip())
+    assert "building" in first.stderr and path.parent == cache
+    assert json.loads((path / "shadow-model.json").read_text())["content_sha256"] == a
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=True)
+    assert again.stdout == first.stdout and "building" not in again.stderr  # a cache hit
+    (path / "tokenizer.json").write_text("{}")  # a damaged copy is rebuilt, not served
+    fixed = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=True)
+    assert "building" in fixed.stderr and fixed.stdout == first.stdout
+    assert json.loads((path / "shadow-model.json").read_text())["content_sha256"] == a
+    chat = subprocess.run([py, "-c", "import sys; from transformers import AutoTokenizer; "
+                           "t = AutoTokenizer.from_pretrained(sys.argv[1]); "
+                           "print(t.apply_chat_template([{'role': 'user', 'content': 'hi'}], tokenize=False, "
+                           "add_generation_prompt=True))", str(path)],
+                          capture_output=True, text=True, timeout=300, check=True)
+    assert chat.stdout == "<|user|>\nhi<|end|>\n<|assistant|>\n\n"
+
