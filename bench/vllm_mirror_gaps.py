@@ -33,6 +33,7 @@ from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from shadow.base.procs import Child, shadow_argv
+from shadow.loadgen.prompts import PromptBuilder
 from shadow.realvllm.launcher import VllmFleet, VllmFleetConfig, free_port
 
 TOKEN = "bench-events-token"
@@ -60,8 +61,11 @@ def events_after(api: str, seq: int) -> tuple[list[dict[str, Any]], int]:
         seq = last
 
 
+PROMPTS = PromptBuilder()  # the prompts `shadow load` sends (pseudo-words, N words = N "tokens")
+
+
 def prompt_of(i: int) -> str:
-    return " ".join(f"word{(i * 7 + k) % 50}" for k in range(20 + (i % 8) * 30))
+    return PROMPTS.build_for(i, 20 + (i % 8) * 30, None)
 
 
 def one_stream(client: OpenAI, i: int, max_tokens: int, usage: bool, rid: str) -> dict[str, Any]:
@@ -127,9 +131,12 @@ def summarize(c: int, runs: list[dict[str, Any]], evs: list[dict[str, Any]], t0:
     steps = [e for e in evs if e["type"] == "step" and e.get("worker") == "d0" and t0 <= e["t"] <= t1 + 0.05]
     busy = [e for e in steps if "interval_s" in e]
     gaps = [g for r in runs for g in r["gaps"]]
-    routes = {e["request_id"]: e for e in evs if e["type"] == "route"}
+    routes = {e["request_id"]: e for e in evs if e["type"] == "route"}  # the last: learnt from usage
+    arrives = {e["request_id"]: e for e in evs if e["type"] == "arrive"}  # the body's estimate
     ratio = [routes[r["rid"]]["prompt_tokens"] / r["prompt_tokens"] for r in runs
              if routes.get(r["rid"], {}).get("prompt_tokens") and r["prompt_tokens"]]
+    est = [arrives[r["rid"]]["prompt_tokens"] / r["prompt_tokens"] for r in runs
+           if arrives.get(r["rid"], {}).get("prompt_tokens") and r["prompt_tokens"]]
     chunks = [r["chunks"] for r in runs]
     usage = sum(r["completion_tokens"] for r in runs)
     intervals = [e["interval_s"] for e in busy]
@@ -149,8 +156,8 @@ def summarize(c: int, runs: list[dict[str, Any]], evs: list[dict[str, Any]], t0:
         "client_ttft_p50_ms": 1e3 * (pct([r["ttft_s"] for r in runs], 0.5) or 0),
         "engine_ttft_mean_ms": 1e3 * engine_ttft if engine_ttft is not None else None,
         "mirror_minus_engine_running": span([m - v for m, v in pairs]),
-        "mirror_prompt_estimate_over_engine": {**span(ratio), "exact": sum(1 for x in ratio if x == 1.0)},
-        "route_events": len(routes),
+        "mirror_prompt_final_over_engine": {**span(ratio), "exact": sum(1 for x in ratio if x == 1.0)},
+        "mirror_prompt_estimate_over_engine": {**span(est), "exact": sum(1 for x in est if x == 1.0)},
     }
 
 
@@ -216,15 +223,20 @@ def main() -> int:
             time.sleep(1.5)
             evs, seq = events_after(api, seq)
             finishes = {e["request_id"]: e for e in evs if e["type"] == "finish"}
+            arrives = {e["request_id"]: e for e in evs if e["type"] == "arrive"}
             routes = {e["request_id"]: e for e in evs if e["type"] == "route"}
             got = [finishes.get(r["rid"], {}).get("generated") for r in runs]
-            ratio = []
+            ratio: list[float] = []
+            finals: list[float] = []
             for i, r in enumerate(runs):  # the engine's own count of each prompt (vLLM's /tokenize)
                 real = httpx.post(engines[0] + "/tokenize", json={"model": MODEL, "prompt": prompt_of(i)},
                                   timeout=30, trust_env=False).json()["count"]
-                est = routes.get(r["rid"], {}).get("prompt_tokens")
+                est = arrives.get(r["rid"], {}).get("prompt_tokens")
+                final = routes.get(r["rid"], {}).get("prompt_tokens")
                 if est:
                     ratio.append(est / real)
+                if final:
+                    finals.append(final / real)
             out["no_usage"] = {
                 "requests": len(runs), "tokens_sent": args.max_tokens * len(runs),
                 "mirror_tokens": sum(g or 0 for g in got),
@@ -233,6 +245,7 @@ def main() -> int:
                 "client_chunks": sum(r["chunks"] for r in runs),
                 "mirror_prompt_estimate_over_engine": {**span(ratio),
                                                        "exact": sum(1 for x in ratio if x == 1.0)},
+                "mirror_prompt_final_over_engine": span(finals),
                 "mirror_minus_engine_running": span([m - v for m, v in sampler.pairs]),
             }
             report = httpx.get(api + "/v1/report", timeout=30, trust_env=False).json()
