@@ -9,15 +9,21 @@ python3 -m pip install --quiet --upgrade pip
 # [ray]: tests/replay/test_sweep_ray.py runs `shadow sweep --ray` against a local Ray instance.
 python3 -m pip install --quiet -e '.[test,ray]'
 
+# Debian packages: Prometheus, Alertmanager and systemd (systemd-analyze) for the observability and
+# deploy tests; podman, mmdebstrap and runc build and run the container image (tests/deploy/test_image.py).
+packages="prometheus prometheus-alertmanager systemd podman mmdebstrap runc"
 if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1 \
-   || ! command -v prometheus-alertmanager >/dev/null 2>&1 || ! command -v systemd-analyze >/dev/null 2>&1; then
+   || ! command -v prometheus-alertmanager >/dev/null 2>&1 || ! command -v systemd-analyze >/dev/null 2>&1 \
+   || ! command -v podman >/dev/null 2>&1 || ! command -v mmdebstrap >/dev/null 2>&1 \
+   || ! command -v runc >/dev/null 2>&1; then
   if [ "$(id -u)" = "0" ]; then
-    echo "installing Prometheus, Alertmanager and systemd (Debian packages) for the tests..." >&2
+    echo "installing $packages (Debian packages) for the tests..." >&2
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager systemd >/dev/null
+    # shellcheck disable=SC2086
+    apt-get install -y -qq --no-install-recommends $packages >/dev/null
   else
-    echo "missing: run 'sudo apt-get install -y prometheus prometheus-alertmanager systemd' (tests that need them will fail)" >&2
+    echo "missing: run 'sudo apt-get install -y $packages' (tests that need them will fail)" >&2
   fi
 fi
 if ! command -v kubectl >/dev/null 2>&1; then

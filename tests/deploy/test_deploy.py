@@ -78,10 +78,11 @@ def test_sidecar_is_native_nonroot_readonly(built: list[dict[str, Any]]) -> None
     spec = _one(built, "Deployment", "router")["spec"]["template"]["spec"]
     (side,) = [c for c in spec["initContainers"] if c["name"] == "shadow"]
     assert side["restartPolicy"] == "Always"
-    assert side["image"] == "registry.example.com/shadow:0.1.0"
+    assert side["image"] == _image_tag()  # what deploy/image/build.sh builds
     assert side["args"][0] == "serve"
     sc = side["securityContext"]
     assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"]
+    assert f"{sc['runAsUser']}:{sc['runAsGroup']}" == _containerfile("USER")  # the image's own user
     assert sc["capabilities"]["drop"] == ["ALL"]
     assert "readinessProbe" not in side  # shadow mode: never take the router's Pod out of its Service
     assert [c["name"] for c in spec["containers"]] == ["router"]  # the router itself is untouched
@@ -95,6 +96,88 @@ def test_sidecar_is_native_nonroot_readonly(built: list[dict[str, Any]]) -> None
     pol = _one(built, "NetworkPolicy", "shadow")
     allowed = {p["port"] for rule in pol["spec"]["ingress"] for p in rule["ports"]}
     assert "shadow-api" in allowed and "http" in allowed  # the router's own port stays reachable
+
+
+def _image_tag() -> str:
+    res = subprocess.run([str(ROOT / "deploy" / "image" / "build.sh"), "--print-tag"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip()
+
+
+def _containerfile(instruction: str) -> str:
+    """The argument of the runtime stage's last `instruction` in deploy/image/Containerfile."""
+    text = (ROOT / "deploy" / "image" / "Containerfile").read_text().replace("\\\n", " ")
+    final = text.rsplit("\nFROM ", 1)[1]
+    (arg,) = [ln.split(None, 1)[1] for ln in final.splitlines() if ln.startswith(instruction + " ")][-1:]
+    return arg.strip()
+
+
+def _key_path(side: dict[str, Any], spec: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
+    """Where `shadow serve` in the sidecar keeps the prompt-key secret (resolved as it does, from the
+    container's environment), and the volume mounted there."""
+    from shadow.mirror.keys import key_location
+
+    env = {e["name"]: e["value"] for e in side["env"] if "value" in e}
+    loc = key_location(None, None, {"HOME": "/nonexistent", **env})
+    assert loc.explicit  # named by the manifest, never the $HOME default of a read-only filesystem
+    mounts = [m for m in side["volumeMounts"] if loc.path.is_relative_to(m["mountPath"])]
+    assert len(mounts) == 1, (loc, side["volumeMounts"])
+    (vol,) = [v for v in spec["volumes"] if v["name"] == mounts[0]["name"]]
+    return loc.path, {**vol, "readOnly": mounts[0].get("readOnly", False), "at": mounts[0]["mountPath"]}
+
+
+@pytest.mark.parametrize("overlay", ["example", "active"])
+def test_the_prompt_key_lives_in_the_state_directory_on_an_emptydir(overlay: str) -> None:
+    from shadow.mirror.keys import KEY_FILE_NAME
+
+    spec, side = _sidecar(_build(K8S / "overlays" / overlay))
+    path, vol = _key_path(side, spec)
+    assert path == Path(_containerfile("ENV").split("SHADOW_STATE_DIR=")[1].split()[0]) / KEY_FILE_NAME
+    assert "emptyDir" in vol and not vol["readOnly"]  # writable although the root filesystem is not
+
+
+def test_the_prompt_key_secret_component_mounts_a_secret_read_only(tmp_path: Path) -> None:
+    import os
+
+    from shadow.mirror.keys import KEY_FILE_NAME
+
+    rel = {k: os.path.relpath(v, tmp_path) for k, v in
+           (("overlay", K8S / "overlays" / "example"), ("key", K8S / "components" / "prompt-key-secret"))}
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [rel["overlay"]], "components": [rel["key"]]}))
+    docs = _build(tmp_path)
+    spec, side = _sidecar(docs)
+    for doc in docs:
+        if not doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    path, vol = _key_path(side, spec)
+    assert vol["readOnly"] and vol["secret"]["secretName"] == "shadow-prompt-key"
+    (item,) = vol["secret"]["items"]
+    assert path == Path(vol["at"]) / item["path"] and item["key"] == KEY_FILE_NAME
+    assert vol["secret"]["defaultMode"] & 0o004  # readable by the sidecar's user without an fsGroup
+
+
+def test_the_systemd_unit_keeps_the_prompt_key_in_its_state_directory() -> None:
+    import shlex
+
+    from shadow.cli import build_parser
+    from shadow.commands.serve import resolve_args
+    from shadow.mirror.keys import KEY_FILE_NAME, key_location
+
+    unit = (ROOT / "deploy" / "systemd" / "shadow-sidecar.service").read_text().splitlines()
+    assert {"StateDirectory=shadow", "ProtectSystem=strict", "ProtectHome=yes", "DynamicUser=yes"} <= set(
+        unit)
+    env = {"HOME": "/", "STATE_DIRECTORY": "/var/lib/shadow"}  # as systemd sets them for this unit
+    for line in (ROOT / "deploy" / "systemd" / "shadow-sidecar.default").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            k, _, v = line.partition("=")
+            env[k] = shlex.split(v)[0] if v.startswith('"') else v
+    args = build_parser().parse_args(["serve", *shlex.split(env.pop("SHADOW_ARGS"))])
+    merged = resolve_args({k: v for k, v in vars(args).items() if k not in ("func", "command")}, env)
+    loc = key_location(merged.key_file, merged.state_dir, env)
+    assert loc.explicit and loc.path == Path("/var/lib/shadow") / KEY_FILE_NAME
 
 
 def test_prometheusrule_is_the_alert_rules_and_passes_promtool(built: list[dict[str, Any]],
@@ -357,7 +440,9 @@ def test_the_real_sidecar_listens_on_the_declared_container_ports(overlay: str, 
     docs = _build(K8S / "overlays" / overlay)
     spec, side = _sidecar(docs)
     ports = {p["name"]: p["containerPort"] for p in side["ports"]}
-    env = {e["name"]: "an-admin-token-of-32-characters!" for e in side["env"]}  # as the Secrets set them
+    # tokens as the Secrets set them; paths (the state directory) moved under tmp_path
+    token = "an-admin-token-of-32-characters!"
+    env = {e["name"]: str(tmp_path / e["value"].lstrip("/")) if "value" in e else token for e in side["env"]}
     ready = _listening(_local_argv(side["args"], docs, tmp_path), tmp_path, env)
     offset = ready["base"] - ports["shadow-api"]
     assert _port(ready["api"]) == ports["shadow-api"] + offset
