@@ -14,8 +14,9 @@
 #    index, so it needs the network. Layers are cached: a code change rebuilds only the wheel.
 #
 # Environment: SHADOW_IMAGE_CACHE (default ${XDG_CACHE_HOME:-~/.cache}/shadow-image),
-# SHADOW_IMAGE_CA (a CA bundle for pip when TLS to the index is intercepted; default $PIP_CERT if it
-# names a file), PIP_INDEX_URL (a mirror), SHADOW_IMAGE_ISOLATION (how RUN steps are isolated:
+# SHADOW_IMAGE_CA (the CA bundle pip uses in the build, for an index behind an intercepting proxy;
+# default $PIP_CERT, else the host's /etc/ssl/certs/ca-certificates.crt; "none": the image's own
+# bundle), PIP_INDEX_URL (a mirror), SHADOW_IMAGE_ISOLATION (how RUN steps are isolated:
 # chroot, the default, needs no OCI runtime and works as root or rootless; or oci),
 # SHADOW_IMAGE_EXTRAS (extras installed with shadow, default otlp).
 set -euo pipefail
@@ -107,6 +108,10 @@ fi
 
 # --- 2. the image -----------------------------------------------------------------------------
 ca="${SHADOW_IMAGE_CA:-${PIP_CERT:-}}"
+if [ -z "$ca" ] && [ -f /etc/ssl/certs/ca-certificates.crt ]; then
+  ca=/etc/ssl/certs/ca-certificates.crt  # pip in the build trusts what this host trusts
+fi
+[ "$ca" != none ] || ca=
 args=(
   --file "$here/Containerfile"
   --ignorefile "$here/containerignore"
