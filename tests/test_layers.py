@@ -40,10 +40,7 @@ TIERS: tuple[tuple[str, ...], ...] = (
 )
 
 #: Allowed imports between rooms of one tier: (from, to) -> why.
-SIDEWAYS: dict[tuple[str, str], str] = {
-    ("live", "active"): "the live lanes of `shadow serve` feed the active proxy's mode controller and "
-    "oracle-gap monitor and run it behind the taps",
-}
+SIDEWAYS: dict[tuple[str, str], str] = {}
 
 #: Top-level modules of `shadow/` that belong to a room other than their own name.
 MODULE_ROOMS = {"__main__": "cli", "cli": "cli"}

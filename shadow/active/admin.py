@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from shadow.active.flagfile import setting_from
@@ -41,33 +41,27 @@ async def _capped_body(request: Request, max_body: int) -> bytes | None:
     return b"".join(parts)
 
 
-def add_mode_routes(
-    app: FastAPI,
+def mode_router(
     controller: ModeController,
     token: str | None,
+    view: Callable[[], dict[str, Any]],
+    rejected: MutableMapping[str, int],
     *,
     max_body: int = DEFAULT_MAX_BODY,
-    rejected: MutableMapping[str, int] | None = None,
-    view: Callable[[], dict[str, Any]] | None = None,
-) -> MutableMapping[str, int]:
-    """Mount GET/PUT /v1/mode on `app`; returns the refusal counts (by reason). GET serves
-    `view()` (default: the controller's snapshot plus the admin state)."""
-    counts: MutableMapping[str, int] = rejected if rejected is not None else {}
-
-    def default_view() -> dict[str, Any]:
-        body = controller.snapshot()
-        body["admin"] = {"put_enabled": token is not None, "rejected": dict(counts)}
-        return body
+) -> APIRouter:
+    """GET/PUT /v1/mode over `controller`: GET serves `view()`, refusals are counted in `rejected`
+    by reason."""
+    router = APIRouter()
 
     def refuse(status: int, reason: str, message: str, headers: dict[str, str] | None = None) -> Response:
-        counts[reason] = counts.get(reason, 0) + 1
+        rejected[reason] = rejected.get(reason, 0) + 1
         return JSONResponse({"error": message}, status_code=status, headers=headers)
 
-    @app.get("/v1/mode")
+    @router.get("/v1/mode")
     async def get_mode() -> Response:
-        return JSONResponse((view or default_view)())
+        return JSONResponse(view())
 
-    @app.put("/v1/mode")
+    @router.put("/v1/mode")
     async def put_mode(request: Request) -> Response:
         if token is None:
             return refuse(403, "disabled", DISABLED)
@@ -87,4 +81,4 @@ def add_mode_routes(
             return refuse(422, "invalid", str(exc))
         return JSONResponse(controller.apply(setting, "operator"))
 
-    return counts
+    return router

@@ -1,21 +1,25 @@
-"""Health signals for the mode controller, read from a running `TapService` and `LiveLanes`.
+"""Health signals for the mode controller, read from the mirror's reconciler and the live lanes.
 
 `HealthReader.read(now)` returns `fallback.Signals`: per decode worker the mirror's drift against
 the worker's own /metrics, the age of the last good scrape (since start when never scraped), the
-workers whose last scrape could not connect; BR-H's calibration error (`CalibrationMonitor`); and
-BR-H's net gain over BR-0 in the live lanes. `HealthPoll` runs it every interval on the mirror's
-analysis loop (where the reconciler and the mirror live) and hands it to `ModeController.check`.
+workers whose last scrape could not connect; BR-H's calibration error (`CalibrationMonitor`),
+BR-H's net gain over BR-0 in the live lanes, and the last oracle gap. `HealthPoll` runs it every
+interval on the mirror's analysis loop (where the reconciler and the mirror live), hands it to
+`ModeController.check`, and replays the oracle window off that thread (`replay_oracle`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from shadow.active.calibration import CalibrationMonitor
 from shadow.active.fallback import Signals
 from shadow.active.modes import ModeController
+from shadow.active.oraclegap import OracleGap
+from shadow.mirror.reconcile import Reconciler
 
 log = logging.getLogger("shadow.active.health")
 
@@ -23,7 +27,7 @@ log = logging.getLogger("shadow.active.health")
 UNREACHABLE = frozenset({"ConnectError", "ConnectTimeout"})
 
 
-def net_gain(lanes: dict[str, Any]) -> tuple[float | None, int]:
+def net_gain(lanes: Mapping[str, Any]) -> tuple[float | None, int]:
     """(BR-0 avg spread − BR-H avg spread) / BR-0 avg spread and the steps it rests on, from the
     live report's lanes; (None, 0) without both lanes or with an idle BR-0 lane."""
     br0 = next((v for k, v in lanes.items() if v.get("policy") == "br0" and k == "br0"), None)
@@ -37,23 +41,29 @@ def net_gain(lanes: dict[str, Any]) -> tuple[float | None, int]:
     return gain, int(min(br0.get("steps") or 0, brh.get("steps") or 0))
 
 
-class HealthReader:
-    """Reads `Signals` from a tap service (reconciler), live lanes (report) and a calibration
-    monitor; any of them may be None (that signal then reads as healthy/absent)."""
+class ReportSource(Protocol):
+    """What the reader needs of the live lanes: their report (`{"lanes": {label: figures}}`)."""
 
-    def __init__(self, tap: Any, live: Any = None, calibration: CalibrationMonitor | None = None,
-                 *, started: float = 0.0) -> None:
-        self.tap = tap
-        self.live = live
+    def report(self) -> Mapping[str, Any]: ...
+
+
+class HealthReader:
+    """Reads `Signals` from the reconciler, the live lanes and a calibration monitor; any of them
+    may be None (that signal then reads as healthy/absent)."""
+
+    def __init__(self, scrapes: Reconciler | None, lanes: ReportSource | None = None,
+                 calibration: CalibrationMonitor | None = None, *, started: float = 0.0) -> None:
+        self.scrapes = scrapes
+        self.lanes = lanes
         self.calibration = calibration
         self.started = started
-        self.oracle_gap: float | None = None  # set by the oracle replay (ModeControl)
+        self.oracle_gap: float | None = None  # set by the oracle replay (HealthPoll)
 
     def read(self, now: float) -> Signals:
         drift: dict[str, float] = {}
         ages: dict[str, float] = {}
         down: set[str] = set()
-        rec = getattr(self.tap, "reconciler", None)
+        rec = self.scrapes
         if rec is not None:
             for name, w in rec.workers.items():
                 if w.drift_requests is not None:
@@ -66,20 +76,24 @@ class HealthReader:
             self.calibration.update()
             cal, n = self.calibration.error()
         gain, steps = None, 0
-        if self.live is not None:
-            gain, steps = net_gain(self.live.report().get("lanes", {}))
+        if self.lanes is not None:
+            gain, steps = net_gain(self.lanes.report().get("lanes", {}))
         return Signals(drift=drift, scrape_age_s=ages, unreachable=frozenset(down), calibration_error=cal,
                        calibration_samples=n, net_gain=gain, net_gain_steps=steps, oracle_gap=self.oracle_gap,
                        scrapes=rec.scrapes if rec is not None else 0)
 
 
 class HealthPoll:
-    """Every `interval_s`: read the signals and let the controller check them."""
+    """Every `interval_s`: read the signals and let the controller check them (`run`); with an
+    oracle, replay its window every `oracle_interval_s` while new requests finish (`replay_oracle`)."""
 
-    def __init__(self, reader: HealthReader, controller: ModeController, interval_s: float = 0.25) -> None:
+    def __init__(self, reader: HealthReader, controller: ModeController, interval_s: float = 0.25, *,
+                 oracle: OracleGap | None = None, oracle_interval_s: float = 60.0) -> None:
         self.reader = reader
         self.controller = controller
         self.interval_s = interval_s
+        self.oracle = oracle
+        self.oracle_interval_s = oracle_interval_s
         self.polls = 0
 
     def once(self) -> None:
@@ -87,9 +101,31 @@ class HealthPoll:
         self.polls += 1
 
     async def run(self) -> None:
+        """Poll until cancelled; a never-scraped worker's age counts from here."""
+        self.reader.started = self.controller.clock()
         while True:
             try:
                 self.once()
             except Exception:
                 log.exception("shadow mode: health poll failed")
             await asyncio.sleep(self.interval_s)
+
+    async def replay_oracle(self) -> None:
+        """Replay the window off this thread as soon as it holds enough requests, then every
+        `oracle_interval_s` while new ones finish; the reader reports the result."""
+        oracle, interval = self.oracle, self.oracle_interval_s
+        if oracle is None or not interval > 0:
+            return
+        seen, last = -1, float("-inf")
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(min(interval, 2.0))
+            if oracle.finished == seen or loop.time() - last < interval:
+                continue
+            if len(oracle.done) < oracle.min_jobs:
+                continue
+            seen, last = oracle.finished, loop.time()
+            try:
+                self.reader.oracle_gap = await asyncio.to_thread(oracle.compute, oracle.jobs())
+            except Exception:
+                log.exception("shadow mode: oracle gap replay failed")

@@ -48,6 +48,7 @@ from shadow.contracts.modes import ModeSource, StaticModeSource
 from shadow.core.params import BRParams
 from shadow.core.routers import Router
 from shadow.mirror.analyzer import estimate_prompt_tokens
+from shadow.telemetry.tracing import RoutingSpans
 
 log = logging.getLogger("shadow.active")
 
@@ -204,8 +205,10 @@ class ActiveProxy:
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,
         router_factory: Callable[[str], Router] | None = None,
+        spans: RoutingSpans | None = None,
     ) -> None:
-        """`router_factory(policy)`: the decode router per policy (default: `make_router`'s)."""
+        """`router_factory(policy)`: the decode router per policy (default: `make_router`'s);
+        `spans`: where the dispatcher's rounds and admissions are traced (default: nowhere)."""
         self.config = config
         self.modes: ModeSource = modes or StaticModeSource("active", "br0")
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -234,6 +237,8 @@ class ActiveProxy:
             clock,
             router_factory,
         )
+        if spans is not None:
+            self.dispatcher.spans = spans
         self.prefill = PrefillChooser(
             config.prefill,
             self.metrics,

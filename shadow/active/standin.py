@@ -12,9 +12,7 @@ families next to the proxy's: backends picked per stage, outstanding score per s
 
 from __future__ import annotations
 
-import asyncio
-import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
@@ -22,7 +20,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from shadow.active.proxy import ActiveConfig, ActiveProxy
-from shadow.active.server import AppServer
 from shadow.contracts.modes import StaticModeSource
 
 #: `shadow router --policy` → (the proxy's decode policy, the prefill rule)
@@ -95,27 +92,3 @@ def router_proxy(config: RouterConfig, registry: CollectorRegistry | None = None
     proxy = ActiveProxy(config.active_config(), modes=modes, registry=registry)
     proxy.registry.register(StandInCollector(proxy))
     return proxy
-
-
-def serve_router(
-    config: RouterConfig, host: str, port: int, on_ready: Callable[[str], None] | None = None
-) -> int:
-    """Serve the stand-in until SIGINT/SIGTERM; `on_ready(url)` once it listens.
-
-    Raises OSError naming host:port when the port cannot be bound.
-    """
-
-    async def main() -> None:
-        server = AppServer(router_proxy(config).app, host, port)
-        url = await server.start()
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        if on_ready is not None:
-            on_ready(url)
-        await stop.wait()
-        await server.stop()
-
-    asyncio.run(main())
-    return 0

@@ -7,18 +7,15 @@ Prints exactly one JSON line on stdout when every server listens:
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import os
-import signal
-import sys
 from typing import Any
 
+from shadow.app import fleet as fleet_app
 from shadow.commands import fleet_vllm
+from shadow.commands._service import run_reporting
 from shadow.core.stepmodel import DEFAULT_A_S_PER_TOKEN, DEFAULT_B_S
 from shadow.fleet.config import DEFAULT_BASE_PORT, DEFAULT_MODEL, FleetConfig
 from shadow.fleet.faults import FaultSpec
-from shadow.fleet.fleet import Fleet
 
 EPILOG = """examples:
   shadow fleet                                   # 1 prefill + 2 decode ranks on ports 18000 / 18100-18101
@@ -137,27 +134,7 @@ def config_from_args(args: argparse.Namespace) -> FleetConfig:
     )
 
 
-async def serve(config: FleetConfig) -> int:
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        async with Fleet(config) as fleet:
-            print(json.dumps(fleet.ready_line()), flush=True)
-            await stop.wait()
-    except OSError as exc:
-        print(f"shadow fleet: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
 def run(args: argparse.Namespace) -> int:
     if args.engine == "vllm":
         return fleet_vllm.run(args)
-    try:
-        config = config_from_args(args)
-    except ValueError as exc:
-        print(f"shadow fleet: {exc}", file=sys.stderr)
-        return 2
-    return asyncio.run(serve(config))
+    return run_reporting("shadow fleet", lambda: fleet_app.run(config_from_args(args)))

@@ -8,13 +8,9 @@ start, which names the server that did not come up and quotes its log.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import signal
 import sys
-import threading
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 SIM_ONLY = ("dp_front", "fault", "time_scale")  # options the real engine has no use for
@@ -50,12 +46,9 @@ def add_arguments(p: Any) -> None:
                    help="seconds every server has to answer /health (default 600)")
 
 
-class _Stop(Exception):
-    """SIGINT/SIGTERM while the servers start."""
-
-
 def run(args: argparse.Namespace) -> int:
-    from shadow.realvllm.launcher import StartError, VllmFleet, VllmFleetConfig
+    from shadow.app import fleet as fleet_app
+    from shadow.realvllm.launcher import VllmFleet, VllmFleetConfig
 
     used = [name for name in SIM_ONLY if getattr(args, name, None) not in (None, False, [], 1.0)]
     if used:
@@ -79,35 +72,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if config.log_dir is not None:
         config.log_dir.mkdir(parents=True, exist_ok=True)
-
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        if not stop.is_set():
-            stop.set()
-            raise _Stop()
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        fleet.start()
-        print(json.dumps(fleet.ready_line()), flush=True)
-        while not stop.wait(1.0):
-            dead = [s.name for s in fleet.servers if s.proc is not None and s.proc.poll() is not None]
-            if dead:
-                print(f"shadow fleet: vLLM server {dead[0]} exited; stopping the fleet", file=sys.stderr)
-                return 1
-        return 0
-    except _Stop:
-        return 0
-    except StartError as exc:
+        fleet_app.run_vllm(fleet)
+    except RuntimeError as exc:  # StartError, or a server that exited
         print(f"shadow fleet: {exc}", file=sys.stderr)
         return 1
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_IGN)  # the stop below is not to be interrupted
-        fleet.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    return 0
 
 
 def _ports(args: argparse.Namespace) -> tuple[int, ...] | None:

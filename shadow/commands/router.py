@@ -10,13 +10,14 @@ SIGINT/SIGTERM.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from collections.abc import Sequence
 from typing import Any
 
-from shadow.active.standin import POLICIES, RouterConfig, serve_router
+from shadow.active.standin import POLICIES, RouterConfig
+from shadow.app import router as router_app
+from shadow.commands._service import run_reporting
 
+PROG = "shadow router"
 EPILOG = """examples:
   # P/D: one prefill server, two decode ranks (e.g. from `shadow fleet --prefill 1 --decode 2`)
   shadow router --prefill http://127.0.0.1:18000 \\
@@ -68,23 +69,18 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
+def config_from_args(args: argparse.Namespace) -> RouterConfig:
+    config = RouterConfig(
+        decode=_backends(args.decode, "d", "--decode"),
+        prefill=_backends(args.prefill, "p", "--prefill"),
+        policy=args.policy,
+        max_body_bytes=args.max_body_bytes,
+        max_connections=args.max_connections,
+        retries=args.prefill_retries,
+    )
+    config.active_config()  # validates (one-line errors)
+    return config
+
+
 def run(args: argparse.Namespace) -> int:
-    try:
-        config = RouterConfig(
-            decode=_backends(args.decode, "d", "--decode"),
-            prefill=_backends(args.prefill, "p", "--prefill"),
-            policy=args.policy,
-            max_body_bytes=args.max_body_bytes,
-            max_connections=args.max_connections,
-            retries=args.prefill_retries,
-        )
-        config.active_config()  # validates (one-line errors)
-    except ValueError as exc:
-        print(f"shadow router: {exc}", file=sys.stderr)
-        return 2
-    try:
-        return serve_router(config, args.host, args.port,
-                            on_ready=lambda url: print(json.dumps({"url": url}), flush=True))
-    except OSError as exc:
-        print(f"shadow router: {exc}", file=sys.stderr)
-        return 1
+    return run_reporting(PROG, lambda: router_app.run(config_from_args(args), args.host, args.port))

@@ -15,24 +15,22 @@ Configuration, later sources winning: defaults < YAML file (--config, env SHADOW
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import gc
-import json
 import os
-import signal
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 from shadow.active.fallback import GuardConfig
 from shadow.active.modes import ModeConfig
+from shadow.app import serve as serve_app
+from shadow.app.serve import ActiveSettings, ServeConfig, check_policies
 from shadow.commands import tap as tap_cmd
+from shadow.commands._layered import explicit_only, given, resolve
+from shadow.commands._service import run_reporting
 from shadow.core.stepmodel import DEFAULT_A_S_PER_TOKEN, DEFAULT_B_S
 from shadow.live.lanes import DEFAULT_POLICIES
-from shadow.live.service import ActiveSettings, ServeConfig, ServeService, check_policies
-from shadow.telemetry.tracing import otlp_provider, trace_serve
 
+PROG = "shadow serve"
 ENV_PREFIX = "SHADOW_SERVE_"
 
 EPILOG = """examples:
@@ -275,27 +273,29 @@ def active_settings(args: argparse.Namespace) -> ActiveSettings | None:
                           kv_pause=args.kv_pause, kv_resume=args.kv_resume)
 
 
-def build_parser(prog: str = "shadow serve") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=prog,
-        description=__doc__,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def _parser(p: argparse.ArgumentParser, *, explicit: bool) -> argparse.ArgumentParser:
+    """Every option of `shadow serve` on `p`; `explicit`: only the flags given are set (`run`
+    fills in the file, the environment and the defaults)."""
     tap_cmd.add_arguments(p)
     add_serve_arguments(p)
     add_mode_arguments(p)
     add_active_arguments(p)
-    _one_line_errors(p)
-    return p
+    if explicit:
+        explicit_only(p)
 
-
-def _one_line_errors(p: argparse.ArgumentParser) -> None:
     def error(message: str) -> NoReturn:
-        print(f"shadow serve: {message}", file=sys.stderr)
+        print(f"{PROG}: {message}", file=sys.stderr)
         raise SystemExit(2)
 
     p.error = error  # type: ignore[method-assign]
+    return p
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The parser with every default (what YAML and the environment are read through)."""
+    return _parser(argparse.ArgumentParser(prog=prog, description=__doc__, epilog=EPILOG,
+                                           formatter_class=argparse.RawDescriptionHelpFormatter),
+                   explicit=False)
 
 
 def register(subparsers: Any) -> None:
@@ -305,96 +305,13 @@ def register(subparsers: Any) -> None:
         description=__doc__,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        argument_default=argparse.SUPPRESS,  # only flags given are set; run() merges file and env
     )
-    tap_cmd.add_arguments(p)
-    add_serve_arguments(p)
-    add_mode_arguments(p)
-    add_active_arguments(p)
-    for action in p._actions:
-        if action.dest not in ("help",):
-            action.default = argparse.SUPPRESS
-    _one_line_errors(p)
-    p.set_defaults(func=run)
-
-
-def _option_tokens(parser: argparse.ArgumentParser, values: Mapping[str, Any], where: str) -> list[str]:
-    """Turn {option: value} (YAML or env) into command-line tokens parsed like flags."""
-    by_dest = {a.dest: a for a in parser._actions if a.option_strings}
-    out: list[str] = []
-    for key, value in values.items():
-        dest = str(key).replace("-", "_")
-        action = by_dest.get(dest)
-        if action is None or dest == "config":
-            known = sorted(d for d in by_dest if d not in ("help", "config"))
-            raise ValueError(f"{where}: unknown option {key!r} (known: {', '.join(known)})")
-        flag = (
-            action.option_strings[-1]
-            if action.option_strings[-1].startswith("--")
-            else action.option_strings[0]
-        )
-        if isinstance(action, argparse._StoreTrueAction):
-            if isinstance(value, str):
-                value = value.strip().lower() in ("1", "true", "yes", "on")
-            if value:
-                out.append(flag)
-            continue
-        if isinstance(action, argparse._AppendAction):
-            if isinstance(value, Mapping):
-                items = [f"{k}={v}" for k, v in value.items()]
-            elif isinstance(value, str):
-                items = [x for x in value.split(",") if x]
-            elif isinstance(value, list):
-                items = [str(x) for x in value]
-            else:
-                raise ValueError(f"{where}: {key} must be a list or a mapping of NAME: URL")
-            for item in items:
-                out += [flag, item]
-            continue
-        if isinstance(value, list):
-            value = ",".join(str(x) for x in value)
-        if value is None:
-            continue
-        out += [flag, str(value)]
-    return out
-
-
-def _yaml_options(path: str) -> dict[str, Any]:
-    import yaml
-
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
-    except OSError as exc:
-        raise ValueError(f"config {path}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        raise ValueError(f"config {path}:{where} invalid YAML") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ValueError(f"config {path}: must be a mapping of option: value")
-    return data
+    _parser(p, explicit=True).set_defaults(func=run)
 
 
 def resolve_args(explicit: Mapping[str, Any], environ: Mapping[str, str]) -> argparse.Namespace:
     """defaults < YAML < environment < explicit flags, parsed and typed by the same parser."""
-    parser = build_parser()
-    tokens: list[str] = []
-    config = explicit.get("config") or environ.get(ENV_PREFIX + "CONFIG")
-    if config:
-        tokens += _option_tokens(parser, _yaml_options(config), f"config {config}")
-    env = {
-        k[len(ENV_PREFIX) :].lower(): v
-        for k, v in environ.items()
-        if k.startswith(ENV_PREFIX) and k != ENV_PREFIX + "CONFIG"
-    }
-    tokens += _option_tokens(parser, env, "environment")
-    base = parser.parse_args(tokens)
-    for k, v in explicit.items():
-        setattr(base, k, v)
-    return base
+    return resolve(build_parser, explicit, environ, ENV_PREFIX)
 
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
@@ -415,51 +332,12 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     )
 
 
-async def serve(config: ServeConfig) -> None:
-    svc = ServeService(config)
-    # OTEL_EXPORTER_OTLP_* set: spans per mirrored request, mode transition, dispatch round, admission
-    tracing = otlp_provider()
-    trace_serve(svc, tracing)
-    ready = await svc.start()
-    gc.freeze()
-    gc.set_threshold(700, 10, 1000)
-    print(json.dumps(ready), flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        await svc.stop()
-        if tracing is not None:
-            tracing.shutdown()
-
-
 def run(args: argparse.Namespace) -> int:
-    explicit = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
-
-    def body() -> None:
-        merged = resolve_args(explicit, os.environ)
-        config = config_from_args(merged)
-        config.validate()
-        tap_cmd._runner(merged.loop)(serve(config))
-
-    return tap_cmd.run_reporting("shadow serve", body)
+    return run_reporting(PROG, lambda: serve_app.run(config_from_args(resolve_args(given(args), os.environ))))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="shadow serve", argument_default=argparse.SUPPRESS)
-    tap_cmd.add_arguments(parser)
-    add_serve_arguments(parser)
-    add_mode_arguments(parser)
-    add_active_arguments(parser)
-    for action in parser._actions:
-        if action.dest != "help":
-            action.default = argparse.SUPPRESS
-    _one_line_errors(parser)
-    return run(parser.parse_args(argv))
+    return run(_parser(argparse.ArgumentParser(prog=PROG), explicit=True).parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -21,22 +21,18 @@ Example:
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import gc
-import json
 import logging
 import os
-import resource
-import signal
-import sys
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+from shadow.app import tap as tap_app
+from shadow.commands._service import run_reporting
 from shadow.mirror.http1 import DEFAULT_ALLOW_PATHS
 from shadow.mirror.keys import key_location, open_secret
-from shadow.mirror.service import TapConfig, TapService
+from shadow.mirror.service import TapConfig
 
+PROG = "shadow tap"
 log = logging.getLogger("shadow.tap")
 
 
@@ -45,9 +41,9 @@ def _pairs(values: Sequence[str] | None, what: str) -> dict[str, str]:
     for v in values or ():
         name, sep, url = v.partition("=")
         if not sep or not name or not url:
-            raise SystemExit(f"shadow tap: {what} must be NAME=URL, got {v!r}")
+            raise SystemExit(f"{PROG}: {what} must be NAME=URL, got {v!r}")
         if name in out:
-            raise SystemExit(f"shadow tap: {what} name {name!r} given twice")
+            raise SystemExit(f"{PROG}: {what} name {name!r} given twice")
         out[name] = url
     return out
 
@@ -258,7 +254,7 @@ def register(subparsers: Any) -> None:
 def config_from_args(args: argparse.Namespace) -> TapConfig:
     if not args.upstream and not args.front and not getattr(args, "worker", None):
         raise SystemExit(
-            "shadow tap: give --upstream NAME=URL (in-path taps) or --front NAME=URL (front mode)"
+            f"{PROG}: give --upstream NAME=URL (in-path taps) or --front NAME=URL (front mode)"
         )
     return TapConfig(
         upstreams=_pairs(args.upstream, "--upstream"),
@@ -298,85 +294,12 @@ def config_from_args(args: argparse.Namespace) -> TapConfig:
     )
 
 
-def raise_fd_limit() -> None:
-    """Lift the soft open-files limit to the hard one (each relayed request holds two sockets)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or hard > soft:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(
-                resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard)
-            )
-
-
-async def serve(config: TapConfig, drain_timeout_s: float = 30.0) -> None:
-    raise_fd_limit()
-    svc = TapService(config)
-    ready = await svc.start()
-    # Latency: full (generation 2) collections are the relay's worst pauses; make them rare and
-    # leave start-up objects out of them. Memory is still freed by reference counting.
-    gc.freeze()
-    gc.set_threshold(700, 10, 1000)
-    print(json.dumps(ready), flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def on_signal() -> None:
-        if stop.is_set():  # a second signal: exit at once
-            print("shadow tap: second signal, exiting now", file=sys.stderr, flush=True)
-            os._exit(1)
-        stop.set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, on_signal)
-    stopped = asyncio.ensure_future(stop.wait())
-    relay_gone = asyncio.ensure_future(svc.relay_exited())
-    try:
-        await asyncio.wait({stopped, relay_gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for f in (stopped, relay_gone):
-            f.cancel()
-        await svc.stop(drain_timeout_s=drain_timeout_s)
-    if relay_gone.done() and not relay_gone.cancelled():
-        raise OSError(f"the relay process exited (code {relay_gone.result()}); the taps are down")
-
-
-def _runner(kind: str) -> Callable[[Coroutine[Any, Any, None]], None]:
-    """asyncio.run, or uvloop's equivalent (optional dependency; `auto` falls back to asyncio)."""
-    if kind != "asyncio":
-        try:
-            import uvloop
-        except ImportError:
-            if kind == "uvloop":
-                raise SystemExit("shadow tap: --loop uvloop needs the uvloop package") from None
-        else:
-            return uvloop.run
-    return asyncio.run
-
-
-def run_reporting(prog: str, body: Callable[[], None]) -> int:
-    """Run a service's `body`; bad configuration exits 2, OS errors (ports, files) 1, one line each."""
-    try:
-        body()
-    except ValueError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
 def run(args: argparse.Namespace) -> int:
-    def body() -> None:
-        config = config_from_args(args)
-        _runner(args.loop)(serve(config, args.drain_timeout))
-
-    return run_reporting("shadow tap", body)
+    return run_reporting(PROG, lambda: tap_app.run(config_from_args(args), args.drain_timeout))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="shadow tap", description=__doc__)
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__)
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

@@ -118,7 +118,6 @@ class Fleet:
                 asyncio.create_task(p.engine.local_clock.run(), name=f"prefill-{p.index}-local")
             )
         self._tasks.append(asyncio.create_task(self.clock.run(), name="decode-clock"))
-        self._tasks.append(asyncio.create_task(self._tick(), name="fleet-tick"))
         self.started_at = loop.time()
         for spec in cfg.faults:
             self._tasks.append(asyncio.create_task(self._scheduled(spec)))
@@ -143,12 +142,6 @@ class Fleet:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.stop()
-
-    async def _tick(self) -> None:
-        while True:
-            await asyncio.sleep(1.0)
-            for s in self.servers():
-                await s.listener.tick()
 
     async def _scheduled(self, spec: FaultSpec) -> None:
         await asyncio.sleep(spec.at_s)

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from shadow.base.appserver import AppServer
 from shadow.base.security import admin_denied
 from shadow.fleet.asgi import (
     BodyTooLarge,
@@ -35,7 +36,6 @@ from shadow.fleet.clock import StepClock
 from shadow.fleet.config import VLLM_VERSION, FleetConfig
 from shadow.fleet.engine import DecodeEngine, EngineDown, Seq
 from shadow.fleet.faults import FaultState, StreamFaults, Target, validate_settings
-from shadow.fleet.listener import Listener
 from shadow.fleet.metrics import MetricsSource, StepCollector, VllmCollector, exposition, make_registry
 from shadow.fleet.openai_api import ApiError, GenRequest, parse_request
 from shadow.fleet.pd import HandleError, KvDirectory, KvStore
@@ -98,7 +98,7 @@ class BaseServer:
         self.directory = directory
         self._apply_faults = apply_faults
         self.faults = FaultState()
-        self.listener = Listener(self, config.host, port)
+        self.listener = AppServer(self, config.host, port, lifespan="off", keep_alive_s=5.0)
         self.created = int(time.time())
         self.up = True
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -114,8 +114,7 @@ class BaseServer:
 
     @property
     def url(self) -> str:
-        host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
-        return f"http://{host}:{self.listener.port}"
+        return self.listener.url
 
     # -- to override -----------------------------------------------------------------------------
     def metric_sources(self) -> list[MetricsSource]:
@@ -181,7 +180,7 @@ class BaseServer:
         for t in list(self._tasks):
             t.cancel()
         if self.up:
-            await self.listener.stop()
+            await self.listener.stop(grace_s=1.0)
 
     # -- ASGI ------------------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -15,10 +15,10 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any
 
-from fastapi import FastAPI, Query, Request
+from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -210,8 +210,10 @@ def create_app(
     host: str = "127.0.0.1",
     ingest_token: str | None = None,
     max_id_len: int = DEFAULT_MAX_ID_LEN,
+    routers: Sequence[APIRouter] = (),
 ) -> FastAPI:
-    """The API app over one mirror; `rejected` is the counter dict the metrics collector exports.
+    """The API app over one mirror (plus the routes of `routers`); `rejected` is the counter dict
+    the metrics collector exports.
 
     Ingestion changes the mirrored state, so `POST /v1/events` needs `ingest_token` as a bearer
     token when one is set, and is refused on a non-loopback `host` when none is.
@@ -273,4 +275,6 @@ def create_app(
     async def health() -> Response:
         return JSONResponse({"status": "ok"})
 
+    for router in routers:
+        app.include_router(router)
     return app

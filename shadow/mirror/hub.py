@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import IO, Any, Protocol
 
 from shadow.contracts.events import Event, Finish
 from shadow.mirror.state import OK, MirrorState
 
 SOURCES = ("tap", "api", "reaper")
+
+Listener = Callable[[Event], None]  # told of every applied event, on the analysis thread
 
 
 def event_dict(ev: Event) -> dict[str, Any]:
@@ -80,7 +82,7 @@ class RecorderLike(Protocol):
 
 
 class Mirror:
-    """Event fan-in; see module docstring. `listeners` get every applied event (e.g. an emitter)."""
+    """Event fan-in; see module docstring. `listeners` get every applied event, in their order."""
 
     def __init__(
         self,
@@ -90,6 +92,7 @@ class Mirror:
         ring: int = 10_000,
         ring_bytes: int = 16 << 20,
         max_live: int = 1_000_000,
+        listeners: Sequence[Listener] = (),
     ) -> None:
         self.state = state
         self.recorder = recorder
@@ -99,7 +102,7 @@ class Mirror:
         self._ring_sizes: deque[int] = deque()
         self._ring_used = 0
         self.seq = 0
-        self.listeners: list[Callable[[Event], None]] = []
+        self.listeners: list[Listener] = list(listeners)
         # counters (exported by MirrorCollector)
         self.events: dict[tuple[str, str], int] = {}
         self.ignored: dict[str, int] = {}

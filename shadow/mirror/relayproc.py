@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import json
 import marshal
 import os
@@ -21,9 +20,9 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
 from typing import Any
 
+from shadow.base.runtime import loop_runner, tune_gc
 from shadow.mirror.channel import _HDR, T_CTL, ChannelSink, frame
 from shadow.mirror.http1 import TapLimits
 from shadow.mirror.proxy import Tap
@@ -129,14 +128,8 @@ def main() -> None:
     spec = json.loads(sys.stdin.readline())
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)  # the analysis process drains us; EOF on control ends us
-    runner: Callable[[Any], None] = asyncio.run
-    if spec.get("loop", "auto") != "asyncio":
-        with contextlib.suppress(ImportError):
-            import uvloop
-
-            runner = uvloop.run
-    gc.freeze()
-    gc.set_threshold(700, 10, 1000)
+    runner = loop_runner("asyncio" if spec.get("loop") == "asyncio" else "auto")
+    tune_gc()
     runner(_relay(spec))
 
 

@@ -25,13 +25,16 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-import uvicorn
+from fastapi import APIRouter
 from prometheus_client import CollectorRegistry
+from prometheus_client.registry import Collector
 
+from shadow.base.appserver import AppServer
+from shadow.base.loopthread import LoopThread
 from shadow.base.net import bind_listen
 from shadow.mirror.analyzer import Analyzer
 from shadow.mirror.api import create_app
@@ -39,7 +42,7 @@ from shadow.mirror.channel import ChannelReader
 from shadow.mirror.dropqueue import DropQueue
 from shadow.mirror.emitter import Emitter
 from shadow.mirror.http1 import DEFAULT_ALLOW_PATHS, TapLimits
-from shadow.mirror.hub import Mirror
+from shadow.mirror.hub import Listener, Mirror
 from shadow.mirror.keys import KeySecret
 from shadow.mirror.metrics import MirrorCollector
 from shadow.mirror.proxy import Tap, TapContext
@@ -48,7 +51,6 @@ from shadow.mirror.recording import CompactRecorder
 from shadow.mirror.relayproc import RelayProcess
 from shadow.mirror.relayview import RemoteQueue, RemoteTap
 from shadow.mirror.state import MirrorState
-from shadow.mirror.thread import LoopThread
 
 
 @dataclass
@@ -116,7 +118,17 @@ def _bind(host: str, port: int) -> socket.socket:
 class TapService:
     """See module docstring."""
 
-    def __init__(self, config: TapConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        config: TapConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        listeners: Sequence[Listener] = (),
+        collectors: Sequence[Collector] = (),
+        routers: Sequence[APIRouter] = (),
+    ) -> None:
+        """`listeners` are told of every mirrored event (after the --forward emitter), `collectors`
+        join the mirror's on /metrics, `routers` add routes to the API."""
         c = config
         names = [*c.upstreams, *c.prefill, *c.front, *c.workers]
         dup = {n for n in names if names.count(n) > 1}
@@ -149,7 +161,21 @@ class TapService:
             if c.record
             else None
         )
-        self.mirror = Mirror(self.state, recorder=self.recorder, max_live=c.max_live, ring_bytes=c.ring_bytes)
+        self.emitter = (
+            Emitter(
+                c.forward_to,
+                headers={"authorization": f"Bearer {c.forward_token}"} if c.forward_token else None,
+            )
+            if c.forward_to
+            else None
+        )
+        self.mirror = Mirror(
+            self.state,
+            recorder=self.recorder,
+            max_live=c.max_live,
+            ring_bytes=c.ring_bytes,
+            listeners=[*([self.emitter] if self.emitter is not None else []), *listeners],
+        )
         self.keys = KeySecret(c.key_secret)
         self.analyzer = Analyzer(
             self.mirror,
@@ -185,16 +211,6 @@ class TapService:
             if c.scrape_interval_s > 0
             else None
         )
-        self.emitter = (
-            Emitter(
-                c.forward_to,
-                headers={"authorization": f"Bearer {c.forward_token}"} if c.forward_token else None,
-            )
-            if c.forward_to
-            else None
-        )
-        if self.emitter is not None:
-            self.mirror.listeners.append(self.emitter)
         self.rejected: dict[str, int] = {}
         self.registry.register(
             MirrorCollector(
@@ -208,6 +224,8 @@ class TapService:
                 emitter=self.emitter,
             )
         )
+        for collector in collectors:
+            self.registry.register(collector)
         self.app = create_app(
             self.mirror,
             self.registry,
@@ -217,10 +235,11 @@ class TapService:
             host=c.host,
             ingest_token=c.events_token,
             max_id_len=c.max_id_len,
+            routers=routers,
         )
         self.analysis = LoopThread("shadow-analysis")
         self._tasks: list[asyncio.Task[Any]] = []
-        self._server: uvicorn.Server | None = None
+        self._server = AppServer(self.app, c.host, c.port, lifespan="off", keep_alive_s=5.0)
         self.api_url = ""
 
     def _extra_state(self, now: float) -> dict[str, Any]:
@@ -406,11 +425,7 @@ class TapService:
             self._tasks.append(asyncio.create_task(self.reconciler.run()))
         if self.emitter is not None:
             self.emitter.start()
-        cfg = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off")
-        self._server = uvicorn.Server(cfg)
-        self._tasks.append(asyncio.create_task(self._server.serve(sockets=[api_sock])))
-        while not self._server.started:
-            await asyncio.sleep(0.005)
+        await self._server.start(api_sock)
 
     async def _consume(self, pace: float, settle_s: float = 0.01) -> None:
         """The analysis side of the hand-off: batches from the queue, processed in order."""
@@ -504,16 +519,11 @@ class TapService:
             relay.data.close()
 
     async def _stop_analysis(self) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
+        await self._server.stop(grace_s=5.0)
         for t in self._tasks:
-            if t.get_coro().__qualname__.startswith("Server.serve"):  # type: ignore[union-attr]
-                with contextlib.suppress(BaseException):
-                    await asyncio.wait_for(t, 5)
-            else:
-                t.cancel()
-                with contextlib.suppress(BaseException):
-                    await t
+            t.cancel()
+            with contextlib.suppress(BaseException):
+                await t
         self._tasks.clear()
         if self.reconciler is not None:
             await self.reconciler.aclose()

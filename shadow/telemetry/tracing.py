@@ -9,15 +9,15 @@ dispatch rounds and admissions and the mode controller's transitions.
   request path samples lightly unless told otherwise), and an OTLP/HTTP exporter (`shadow[otlp]`)
   when `OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set; None when
   `OTEL_SDK_DISABLED=true`.
-- `MirrorSpans(tracer)`: a mirror listener (`mirror.listeners.append(...)`): one INTERNAL span
+- `MirrorSpans(tracer)`: a mirror listener: one INTERNAL span
   `shadow.mirror.request` per sampled request from Arrive (or Route) to Finish/Cancel, with the
   worker, token counts and finish reason. Unsampled requests cost one sampler call and no state;
   open spans are capped (default 10,000; evictions counted in `evicted`).
 - `RoutingSpans(tracer)`: what the dispatcher calls per round (`round_start`, `admission`,
   `round_end`) and the mode controller per transition (`mode_transition`); see the class.
 - `otlp_provider(environ)`: the provider when an OTLP endpoint is configured, else None;
-  `trace_serve(svc, provider)` attaches all of `shadow serve`'s span sources to it;
-  `trace_mirror(mirror, environ)` only the mirrored requests (returns the provider to shut down).
+  `trace_mirror(mirror, environ)` attaches mirrored-request spans to it (returns the provider to
+  shut down). `shadow serve` gives its `MirrorSpans` and `RoutingSpans` to what they trace.
 """
 
 from __future__ import annotations
@@ -285,16 +285,3 @@ class RoutingSpans:
             attributes={attrs.MODE_FROM: from_mode, attrs.MODE_TO: to_mode, attrs.MODE_REASON: reason},
         ):
             pass
-
-
-def trace_serve(svc: Any, provider: TracerProvider | None) -> None:
-    """Send every span `shadow serve` makes to `provider` (call before `svc.start()`): mirrored
-    requests, mode transitions, and the active proxy's rounds and admissions. None: nothing."""
-    if provider is None:
-        return
-    tracer = get_tracer(provider)
-    svc.tap.mirror.listeners.append(MirrorSpans(tracer))
-    routing = RoutingSpans(tracer)
-    if svc.mode_control is not None:
-        svc.mode_control.controller.spans = routing
-    svc.spans = routing

@@ -18,7 +18,7 @@ from starlette.routing import Route
 
 from shadow.active.ledger import LoadSource
 from shadow.active.proxy import ActiveConfig, ActiveProxy
-from shadow.active.server import AppServer
+from shadow.base.appserver import AppServer
 from shadow.contracts.modes import ModeSource, StaticModeSource
 
 

@@ -11,10 +11,10 @@ import httpx
 import pytest
 
 from shadow.active.modes import ModeConfig
-from shadow.live import ServeConfig
-from shadow.live.thread import ServeThread
+from shadow.app.serve import ServeConfig
 from shadow.mirror.service import TapConfig
 from tests.active.procs import shadow_process
+from tests.harness import ServeThread
 
 TOKEN = "s3cret-admin-token-0123456789"
 

@@ -18,13 +18,13 @@ import pytest
 
 from shadow.active.dispatcher import ROUTER_NAMES
 from shadow.active.modes import ModeConfig
+from shadow.app.serve import ActiveSettings, ServeConfig
 from shadow.core.routers import FleetView, Router, make_router
 from shadow.fleet import FleetConfig, FleetThread
-from shadow.live.service import ActiveSettings, ServeConfig
-from shadow.live.thread import ServeThread
 from shadow.mirror.service import TapConfig
 from tests.active.test_fallback_e2e import metric, wait_for
 from tests.active.test_mode_flips import metric_sum
+from tests.harness import ServeThread
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -101,7 +101,7 @@ def test_a_raising_policy_trips_decision_error_and_every_stream_completes() -> N
                         and metric_sum(text, req) == 10)
 
             wait_for(counted, "6 active/br0 and 4 fallback/rr requests counted ok")
-            svc = serve.svc
+            svc = serve.serve
             assert svc.proxy is not None and not svc.proxy.dispatcher.waiting
 
 

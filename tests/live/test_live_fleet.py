@@ -25,12 +25,12 @@ from typing import Any
 import httpx
 import pytest
 
+from shadow.app.serve import ServeConfig
 from shadow.core.stepmodel import StepTimeModel
-from shadow.live import ServeConfig
-from shadow.live.thread import ServeThread
 from shadow.mirror.service import TapConfig
 from shadow.replay.experiment import ReplaySetup, run_replay
 from shadow.traces import at_load, estimate_capacity_rps, load_trace, resolve
+from tests.harness import ServeThread
 
 G, B = 4, 16
 # Step model of the fleet: KV load dominates (T from 10 ms idle to ≈ 55 ms at 75 k tokens), so that

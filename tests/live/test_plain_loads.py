@@ -9,7 +9,7 @@ import httpx
 
 from shadow.fleet import FleetConfig, FleetThread
 from shadow.mirror.service import TapConfig
-from tests.mirror.helpers import TapThread
+from tests.harness import TapThread
 
 
 def _fleet_load(url: str) -> float:

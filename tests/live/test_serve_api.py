@@ -8,11 +8,12 @@ import re
 import httpx
 import pytest
 
+from shadow.app.serve import ServeConfig
 from shadow.contracts.events import Event
-from shadow.live import LiveLanes, ServeConfig
-from shadow.live.thread import ServeThread
+from shadow.live import LiveLanes
 from shadow.mirror.emitter import Emitter
 from shadow.mirror.service import TapConfig
+from tests.harness import ServeThread
 from tests.live.sessions import session_events
 
 CONTRACT = {

@@ -18,9 +18,9 @@ import httpx
 import openai
 import pytest
 
-from shadow.live import ServeConfig
-from shadow.live.thread import ServeThread
+from shadow.app.serve import ServeConfig
 from shadow.mirror.service import TapConfig
+from tests.harness import ServeThread
 from tests.live.test_live_fleet import _stop, start_fleet
 
 G, B, QUEUE, STREAMS, TOKENS = 4, 16, 64, 40, 30
@@ -49,7 +49,7 @@ def test_lanes_that_cannot_keep_up_drop_and_count_while_every_stream_completes(t
         names = [f"d{g}" for g in range(G)]
         tap = TapConfig(dict(zip(names, urls["decode"], strict=True)), slots=B, scrape_interval_s=0)
         with ServeThread(ServeConfig(tap=tap, live_queue_size=QUEUE)) as s:
-            taps, api, live = s.ready["taps"], s.ready["api"], s.svc.live
+            taps, api, live = s.ready["taps"], s.ready["api"], s.serve.live
             model = httpx.get(urls["decode"][0] + "/v1/models", timeout=5).json()["data"][0]["id"]
             with live._lock:  # the lanes stall; nothing on the relay side may notice
                 with ThreadPoolExecutor(STREAMS) as pool:

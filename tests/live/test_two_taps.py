@@ -30,13 +30,13 @@ from typing import Any
 import httpx
 import pytest
 
+from shadow.app.serve import ServeConfig
 from shadow.core.stepmodel import StepTimeModel
-from shadow.live import ServeConfig
 from shadow.live.lanes import DEFAULT_POLICIES
-from shadow.live.thread import ServeThread
 from shadow.mirror.service import TapConfig
 from shadow.replay.experiment import ReplaySetup, run_replay
 from shadow.traces import load_trace
+from tests.harness import ServeThread
 from tests.live.test_live_fleet import _start, _stop, saturated_workload, start_fleet
 
 G, B = 4, 16

@@ -12,7 +12,7 @@ from shadow.fleet import FleetConfig, FleetThread
 from shadow.mirror.service import TapConfig
 from shadow.replay import ReplaySetup, run_replay
 from shadow.traces import load_trace
-from tests.mirror.helpers import TapThread
+from tests.harness import TapThread
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -18,15 +18,15 @@ from typing import Any
 import httpx
 import pytest
 
+from shadow.base.loopthread import LoopThread
 from shadow.base.security import bearer_ok
 from shadow.mirror.dropqueue import DropQueue
 from shadow.mirror.http1 import TapLimits
 from shadow.mirror.keys import KeySecret, load_or_create_secret
 from shadow.mirror.proxy import END_UPSTREAM_CUT, Tap
 from shadow.mirror.service import TapConfig
-from shadow.mirror.thread import LoopThread
+from tests.harness import TapThread
 from tests.mirror.h11_upstream import H11Server, Recorder, recording_app
-from tests.mirror.helpers import TapThread
 from tests.mirror.stub_worker import ThreadServer, create_stub
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

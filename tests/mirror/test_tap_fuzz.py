@@ -23,10 +23,10 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from shadow.base.loopthread import LoopThread
 from shadow.mirror.dropqueue import DropQueue
 from shadow.mirror.http1 import TapLimits
 from shadow.mirror.proxy import Tap, TapContext
-from shadow.mirror.thread import LoopThread
 from tests.mirror.h11_upstream import H11Server, Recorder, recording_app
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]

@@ -17,7 +17,8 @@ import pytest
 from shadow.contracts.events import Cancel, Finish, Route
 from shadow.mirror.proxy import TapContext
 from shadow.mirror.service import TapConfig
-from tests.mirror.helpers import TapThread, http_post, raw_request, split_response
+from tests.harness import TapThread
+from tests.mirror.helpers import http_post, raw_request, split_response
 from tests.mirror.stub_worker import ThreadServer, create_stub
 
 pytestmark = pytest.mark.integration

@@ -21,7 +21,7 @@ from shadow.contracts.events import Route
 from shadow.fleet import FleetConfig, FleetThread
 from shadow.mirror.service import TapConfig
 from shadow.vllm.metrics import parse_vllm_metrics
-from tests.mirror.helpers import TapThread
+from tests.harness import TapThread
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 MODEL = "sim-llm"

@@ -4,49 +4,17 @@ some streamed traffic through the taps (real HTTP on loopback)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
+from shadow.app.serve import ServeConfig
 from shadow.fleet import FleetConfig, FleetThread
-from shadow.live import ServeConfig, ServeService
 from shadow.mirror.service import TapConfig
-from tests.mirror.helpers import TapThread
-
-
-class ServeThread(TapThread):
-    """`shadow serve` (taps + live lanes) off the caller's thread, with TapThread's `sync`,
-    `settle` and `wait_for` on its tap service (`svc`); `serve` is the ServeService. `prepare` is
-    called with the service after it is built and before it starts (as `shadow serve` attaches
-    tracing there)."""
-
-    def __init__(self, config: ServeConfig, prepare: Callable[[ServeService], None] | None = None) -> None:
-        super().__init__(config.tap)
-        self.serve_config = config
-        self.prepare = prepare
-        self.serve: ServeService
-
-    def __enter__(self) -> ServeThread:
-        self.relay.start()
-
-        async def _start() -> dict[str, Any]:
-            self.serve = ServeService(self.serve_config)
-            self.svc = self.serve.tap
-            if self.prepare is not None:
-                self.prepare(self.serve)
-            return await self.serve.start()
-
-        self.ready = self.call(_start())
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            self.call(self.serve.stop())
-        finally:
-            self.relay.stop()
+from tests.harness import ServeThread, TapThread
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Spans of the active proxy, through the real thing: `shadow serve --active` (its configuration
 parsed from the command line, the service run in-process so spans go to an in-memory exporter)
-in front of a simulated P/D fleet, with the tracing `shadow serve` attaches (`trace_serve`).
+in front of a simulated P/D fleet, traced as `shadow serve` traces (`ServeService(..., tracing=provider)`).
 
 Asserted: a span per dispatch round (policy, the requests' mode, pool depth, candidates, free
 slots, admitted count, decision and Stage 1 / Stage 2 times) with one child span per admission
@@ -27,10 +27,9 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased,
 
 from shadow.commands.serve import build_parser, config_from_args
 from shadow.fleet import FleetConfig, FleetThread
-from shadow.live import ServeService
 from shadow.telemetry import attrs
-from shadow.telemetry.tracing import make_provider, request_hash, trace_serve
-from tests.telemetry.stack import ServeThread
+from shadow.telemetry.tracing import make_provider, request_hash
+from tests.harness import ServeThread
 
 pytestmark = pytest.mark.integration
 
@@ -60,10 +59,7 @@ def traced_serve(provider: TracerProvider, slots: int = 2,
         argv += ["--prefill", f"p0={fleet.prefill_urls[0]}"]
         config = config_from_args(build_parser().parse_args(argv))
 
-        def prepare(svc: ServeService) -> None:
-            trace_serve(svc, provider)
-
-        with ServeThread(config, prepare) as serve:
+        with ServeThread(config, provider) as serve:
             yield serve, str(serve.ready["active"])
 
 

@@ -1,4 +1,4 @@
-"""An asyncio event loop in a background thread (`LoopThread`: the tap service's analysis side)."""
+"""An asyncio event loop in a background thread (the tap service's analysis side, test harnesses)."""
 
 from __future__ import annotations
 

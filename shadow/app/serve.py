@@ -1,31 +1,39 @@
-"""`ServeService`: the mirror of `shadow tap` plus live lanes, on one API listener.
+"""`shadow serve` in one process: the mirror of `shadow tap` with the live lanes, the mode
+controller, the active proxy and tracing, each given what it reads and feeds at construction.
 
     svc = ServeService(ServeConfig(tap=TapConfig(upstreams={...}, slots=64)))
-    ready = await svc.start()      # {"taps": {name: url}, "api": url}
-    ...                            # GET {api}/v1/report, {api}/metrics
+    ready = await svc.start()      # {"taps": {name: url}, "api": url[, "active": url]}
+    ...                            # GET {api}/v1/report[?drain=1], {api}/metrics
     await svc.stop()
 
-The tap side is `shadow.mirror.service.TapService`, unchanged; the lanes (`LiveLanes`) listen to
-its mirror through a bounded queue and run on their own thread. `GET /v1/report` serves the
-latest snapshot; `GET /v1/report?drain=1` first processes everything received and runs the lanes
-as far as known ends allow (use it for the final report of a session).
+The lanes listen to the mirror through a bounded queue and run on their own thread; the health
+poll, the flag-file watcher and the oracle replay run on the mirror's analysis loop.
+`GET /v1/report?drain=1` first processes everything received and runs the lanes as far as known
+ends allow (the final report of a session).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import Query
+from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse, Response
+from opentelemetry.sdk.trace import TracerProvider
+from prometheus_client.registry import Collector
 
 from shadow.active.control import ModeControl
+from shadow.active.health import HealthPoll, HealthReader
 from shadow.active.ledger import MirrorSource
 from shadow.active.modes import ModeConfig
+from shadow.active.oraclegap import OracleGap
 from shadow.active.proxy import ActiveConfig, ActiveProxy
-from shadow.active.server import AppServer
+from shadow.app.process import announce, stop_event
+from shadow.base.appserver import AppServer
+from shadow.base.runtime import loop_runner
 from shadow.contracts.modes import ModeSource, StaticModeSource
 from shadow.core.params import BRParams
 from shadow.core.routers import Router
@@ -34,8 +42,11 @@ from shadow.engine.config import LaneSpec
 from shadow.live.lanes import DEFAULT_POLICIES, LiveLanes
 from shadow.live.metrics import LiveCollector
 from shadow.live.stepfit import SOURCES
+from shadow.mirror.hub import Listener
 from shadow.mirror.service import TapConfig, TapService
-from shadow.telemetry.tracing import RoutingSpans
+from shadow.telemetry.tracing import MirrorSpans, RoutingSpans, get_tracer, otlp_provider
+
+Job = Callable[[], Coroutine[Any, Any, None]]
 
 
 def check_policies(policies: tuple[str, ...]) -> tuple[str, ...]:
@@ -107,32 +118,76 @@ class ServeConfig:
             raise ValueError(f"--step-window must be > 0 s, got {self.step_window_s}")
         StepTimeModel(self.step_a, self.step_b)
 
+    @property
+    def workers(self) -> list[str]:
+        """The decode workers the lanes simulate (tapped, then named behind a front)."""
+        return [*self.tap.upstreams, *self.tap.workers]
+
 
 class ServeService:
-    """See module docstring."""
+    """See module docstring. `tracing`: the provider every span goes to (None: no spans)."""
 
-    def __init__(self, config: ServeConfig) -> None:
+    def __init__(
+        self,
+        config: ServeConfig,
+        *,
+        tracing: TracerProvider | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         config.validate()
-        self.config = config
-        self.tap = TapService(config.tap)
-        workers = [*config.tap.upstreams, *config.tap.workers]
         assert config.tap.slots is not None
+        self.config = config
+        self.clock = clock
+        tracer = get_tracer(tracing) if tracing is not None else None
+        self.spans = RoutingSpans(tracer) if tracer is not None else None
+        step = StepTimeModel(config.step_a, config.step_b)
         self.live = LiveLanes(
-            workers=workers,
+            workers=config.workers,
             slots=config.tap.slots,
             policies=config.policies,
             lag_s=config.lag_s,
-            step=StepTimeModel(config.step_a, config.step_b),
+            step=step,
             step_source=config.step_source,
             br=config.br,
             queue_size=config.live_queue_size,
             window_s=config.step_window_s,
-            clock=self.tap.clock,
+            clock=clock,
         )
-        self.tap.mirror.listeners.append(self.live.listener)
-        self.tap.registry.register(LiveCollector(self.live))
-        self.tap.app.add_api_route("/v1/report", self._report, methods=["GET"])
-        self.mode_control = self._mode_control(config)
+        mc = config.mode_config
+        self.mode_control = (
+            ModeControl(mc, clock=clock, br=config.br, spans=self.spans) if mc is not None else None
+        )
+        self.oracle = (
+            OracleGap(len(config.workers), config.tap.slots, step, config.br)
+            if mc is not None and mc.oracle_interval_s > 0
+            else None
+        )
+        report = APIRouter()
+        report.add_api_route("/v1/report", self._report, methods=["GET"])
+        listeners: list[Listener] = [self.live.listener]
+        routers = [report]
+        collectors: list[Collector] = [LiveCollector(self.live)]
+        if self.mode_control is not None:
+            listeners.append(self.mode_control.calibration)
+            routers.append(self.mode_control.router)
+            collectors.append(self.mode_control.collector)
+        if self.oracle is not None:
+            listeners.append(self.oracle)
+        if tracer is not None:
+            listeners.append(MirrorSpans(tracer))
+        self.tap = TapService(config.tap, clock=clock, listeners=listeners, collectors=collectors,
+                              routers=routers)
+        self.health = (
+            HealthPoll(
+                HealthReader(self.tap.reconciler, self.live, self.mode_control.calibration),
+                self.mode_control.controller,
+                mc.check_interval_s,
+                oracle=self.oracle,
+                oracle_interval_s=mc.oracle_interval_s,
+            )
+            if self.mode_control is not None and mc is not None
+            else None
+        )
         # the mode source the active proxy asks per request: the mode controller when there is one
         self.modes: ModeSource = (
             self.mode_control.controller
@@ -141,13 +196,18 @@ class ServeService:
         )
         self.proxy: ActiveProxy | None = None
         self._proxy_server: AppServer | None = None
-        self.spans: RoutingSpans | None = None  # the proxy's round/admission spans (trace_serve)
+        self._jobs: list[asyncio.Task[None]] = []
 
-    def _mode_control(self, config: ServeConfig) -> ModeControl | None:
-        """The mode controller, its health poll, flag file, admin API and metrics (issue 10)."""
-        if config.mode_config is None:
-            return None
-        return ModeControl(config.mode_config, self.tap, self.live, br=config.br)
+    def _analysis_jobs(self) -> list[Job]:
+        """What runs on the mirror's analysis loop beside it (where the reconciler lives)."""
+        jobs: list[Job] = []
+        if self.health is not None:
+            jobs.append(self.health.run)
+            if self.oracle is not None:
+                jobs.append(self.health.replay_oracle)
+        if self.mode_control is not None and self.mode_control.watcher is not None:
+            jobs.append(self.mode_control.watcher.run)
+        return jobs
 
     async def _report(self, drain: bool = Query(False)) -> Response:
         if drain:
@@ -161,11 +221,21 @@ class ServeService:
     async def start(self) -> dict[str, Any]:
         ready = await self.tap.start()
         self.live.start()
-        if self.mode_control is not None:
-            self.mode_control.start()
+        jobs = self._analysis_jobs()
+        if jobs:
+            await asyncio.wrap_future(self.tap.analysis.submit(self._spawn(jobs)))
         if self.config.active is not None:
             ready["active"] = await self._start_active(ready["taps"])
         return ready
+
+    async def _spawn(self, jobs: list[Job]) -> None:
+        self._jobs += [asyncio.create_task(job()) for job in jobs]
+
+    async def _cancel_jobs(self) -> None:
+        for t in self._jobs:
+            t.cancel()
+        await asyncio.gather(*self._jobs, return_exceptions=True)
+        self._jobs.clear()
 
     def _active_config(self, taps: dict[str, str]) -> ActiveConfig:
         """Legs go to the taps (so mirroring goes on); shadow mode goes to the front tap."""
@@ -198,16 +268,33 @@ class ServeService:
         cfg = self._active_config(taps)
         source = MirrorSource(self.tap.state, list(cfg.decode))
         self.proxy = ActiveProxy(cfg, modes=self.modes, source=source, registry=self.tap.registry,
-                                 clock=self.tap.clock, router_factory=a.router_factory)
-        if self.spans is not None:
-            self.proxy.dispatcher.spans = self.spans
+                                 clock=self.clock, router_factory=a.router_factory, spans=self.spans)
         self._proxy_server = AppServer(self.proxy.app, a.host, a.port)
         return await self._proxy_server.start()
 
     async def stop(self) -> None:
         if self._proxy_server is not None:
             await self._proxy_server.stop()
-        if self.mode_control is not None:
-            await self.mode_control.stop()
+        if self._jobs and self.tap.analysis.running:
+            await asyncio.wrap_future(self.tap.analysis.submit(self._cancel_jobs()))
         await self.tap.stop()
         await asyncio.to_thread(self.live.stop)
+
+
+async def serve(config: ServeConfig) -> None:
+    """Run until SIGINT/SIGTERM; spans go to OTLP when OTEL_EXPORTER_OTLP_* is set."""
+    stop = stop_event()
+    tracing = otlp_provider()
+    svc = ServeService(config, tracing=tracing)
+    announce(await svc.start(), latency=True)
+    try:
+        await stop.wait()
+    finally:
+        await svc.stop()
+        if tracing is not None:
+            tracing.shutdown()
+
+
+def run(config: ServeConfig) -> None:
+    """`serve` on the configured event loop (ValueError: bad configuration; OSError: ports, files)."""
+    loop_runner(config.tap.loop)(serve(config))

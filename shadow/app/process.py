@@ -1,0 +1,40 @@
+"""How a shadow server process runs: one JSON ready line on stdout, SIGINT/SIGTERM to stop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from shadow.base.runtime import tune_gc
+
+
+def stop_event(*, hard_exit: str | None = None) -> asyncio.Event:
+    """An event the first SIGINT/SIGTERM sets (on the running loop); with `hard_exit` (the
+    program's name) a second signal ends the process at once, exit code 1."""
+    stop = asyncio.Event()
+
+    def on_signal() -> None:
+        if stop.is_set() and hard_exit is not None:
+            print(f"{hard_exit}: second signal, exiting now", file=sys.stderr, flush=True)
+            os._exit(1)
+        stop.set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, on_signal)
+    return stop
+
+
+def announce(ready: Mapping[str, Any], *, latency: bool = False) -> None:
+    """Print the ready document as one JSON line; `latency`: first make full collections rare and
+    leave the start-up objects out of them (servers on the request path)."""
+    if latency:
+        tune_gc()
+    print(json.dumps(ready), flush=True)

@@ -1,0 +1,47 @@
+"""Process settings of the long-running servers: the event loop, the collector, open files."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import resource
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+LOOPS = ("auto", "asyncio", "uvloop")
+
+Runner = Callable[[Coroutine[Any, Any, None]], None]
+
+
+def loop_runner(kind: str) -> Runner:
+    """asyncio.run, or uvloop's (`auto`: uvloop when installed); ValueError when `uvloop` is
+    asked for and missing."""
+    if kind not in LOOPS:
+        raise ValueError(f"--loop must be one of {', '.join(LOOPS)}, got {kind!r}")
+    if kind != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if kind == "uvloop":
+                raise ValueError("--loop uvloop needs the uvloop package") from None
+        else:
+            return uvloop.run
+    return asyncio.run
+
+
+def tune_gc() -> None:
+    """Full (generation 2) collections are the relay's worst pauses: make them rare and leave the
+    objects made so far out of them. Memory is still freed by reference counting."""
+    gc.freeze()
+    gc.set_threshold(700, 10, 1000)
+
+
+def raise_fd_limit() -> None:
+    """Lift the soft open-files limit to the hard one (each relayed request holds two sockets)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(
+                resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard)
+            )

@@ -1,0 +1,106 @@
+"""Test harnesses: `shadow tap` and `shadow serve` in process, on an event loop thread of their own."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from opentelemetry.sdk.trace import TracerProvider
+
+from shadow.app.serve import ServeConfig, ServeService
+from shadow.base.loopthread import LoopThread
+from shadow.mirror.service import TapConfig, TapService
+
+T = TypeVar("T")
+
+
+class TapThread:
+    """`with TapThread(config) as t:` — `t.ready` is the ready document, `t.svc` the service.
+
+    The service starts on this thread's loop (the taps relay there with `relay="thread"`, in a child
+    process with `relay="process"`); `sync`/`wait_for` run on the service's analysis loop, where the
+    mirrored state lives; `settle()` waits for the analysis watermark.
+    """
+
+    def __init__(self, config: TapConfig) -> None:
+        self.config = config
+        self.relay = LoopThread("shadow-tap")
+        self.svc: Any = None
+        self.ready: dict[str, Any] = {}
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        assert self.relay.loop is not None
+        return self.relay.loop
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
+        """Run a coroutine on the relay loop and wait for its result."""
+        return self.relay.call(coro, timeout)
+
+    def sync(self, fn: Callable[..., T], *args: Any) -> T:
+        """Call `fn(*args)` on the analysis loop (state is only touched from there)."""
+        return self.svc.analysis.sync(fn, *args)  # type: ignore[no-any-return]
+
+    def settle(self, timeout: float = 10.0) -> bool:
+        """Wait until the analysis has consumed everything the taps offered so far."""
+        return self.call(self.svc.settle(timeout), timeout + 5)  # type: ignore[no-any-return]
+
+    def wait_for(self, pred: Callable[[], bool], timeout: float = 5.0) -> bool:
+        """Settle the analysis, then poll `pred` on its loop until it holds or `timeout` passes."""
+        self.settle(timeout)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.sync(pred):
+                return True
+            time.sleep(0.02)
+        return bool(self.sync(pred))
+
+    def __enter__(self) -> TapThread:
+        self.relay.start()
+
+        async def _start() -> dict[str, Any]:
+            self.svc = TapService(self.config)
+            return await self.svc.start()  # type: ignore[no-any-return]
+
+        self.ready = self.call(_start())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.call(self.svc.stop())
+        finally:
+            self.relay.stop()
+
+    def drain(self) -> None:
+        self.call(self.svc.drain())
+
+
+class ServeThread(TapThread):
+    """`shadow serve` (taps + live lanes) off the caller's thread, with TapThread's `sync`,
+    `settle` and `wait_for` on its tap service (`svc`); `serve` is the ServeService, tracing into
+    `tracing` when given."""
+
+    def __init__(self, config: ServeConfig, tracing: TracerProvider | None = None) -> None:
+        super().__init__(config.tap)
+        self.serve_config = config
+        self.tracing = tracing
+        self.serve: ServeService
+
+    def __enter__(self) -> ServeThread:
+        self.relay.start()
+
+        async def _start() -> dict[str, Any]:
+            self.serve = ServeService(self.serve_config, tracing=self.tracing)
+            self.svc = self.serve.tap
+            return await self.serve.start()
+
+        self.ready = self.call(_start())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.call(self.serve.stop())
+        finally:
+            self.relay.stop()
