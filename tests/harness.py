@@ -1,4 +1,5 @@
-"""Test harnesses: `shadow tap` and `shadow serve` in process, on an event loop thread of their own."""
+"""Test harnesses: the simulated fleet, `shadow tap` and `shadow serve` in process, each on an event
+loop thread of its own (`shadow.base.loopthread.LoopThread`)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,75 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from shadow.app.serve import ServeConfig, ServeService
 from shadow.base.loopthread import LoopThread
+from shadow.fleet import Fleet, FleetConfig
 from shadow.mirror.service import TapConfig, TapService
 
 T = TypeVar("T")
+
+
+class FleetThread:
+    """`with FleetThread(config) as ft:` — a running `Fleet`; `ft.call(coro)` runs on its loop."""
+
+    def __init__(self, config: FleetConfig, start_timeout_s: float = 30.0) -> None:
+        self.config = config
+        self._timeout = start_timeout_s
+        self._loop = LoopThread("shadow-fleet")
+        self._fleet: Fleet | None = None
+
+    @property
+    def fleet(self) -> Fleet:
+        if self._fleet is None:
+            raise RuntimeError("fleet not started")
+        return self._fleet
+
+    @property
+    def prefill_urls(self) -> list[str]:
+        return self.fleet.prefill_urls
+
+    @property
+    def decode_urls(self) -> list[str]:
+        return self.fleet.decode_urls
+
+    @property
+    def dp_url(self) -> str | None:
+        return self.fleet.dp_url
+
+    def __enter__(self) -> FleetThread:
+        self._loop.start()
+
+        async def _start() -> Fleet:
+            fleet = Fleet(self.config)
+            await fleet.start()
+            return fleet
+
+        try:
+            self._fleet = self.call(_start(), self._timeout)
+        except TimeoutError:
+            self._loop.stop()
+            raise TimeoutError("simulated fleet did not start in time") from None
+        except BaseException as exc:
+            self._loop.stop()
+            raise RuntimeError("simulated fleet failed to start") from exc
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._fleet is not None and self._loop.running:
+            try:
+                self.call(self._fleet.stop(), 15)
+            finally:
+                self._loop.stop()
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
+        """Run `coro` on the fleet's loop and return its result."""
+        if not self._loop.running:
+            raise RuntimeError("fleet not started")
+        return self._loop.call(coro, timeout)
+
+    def inject(self, target: str, **settings: Any) -> list[str]:
+        return self.call(self.fleet.inject(target, **settings))
 
 
 class TapThread:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from shadow.active.calibration import CalibrationMonitor
@@ -83,18 +84,17 @@ class HealthReader:
                        scrapes=rec.scrapes if rec is not None else 0)
 
 
+@dataclass
 class HealthPoll:
     """Every `interval_s`: read the signals and let the controller check them (`run`); with an
     oracle, replay its window every `oracle_interval_s` while new requests finish (`replay_oracle`)."""
 
-    def __init__(self, reader: HealthReader, controller: ModeController, interval_s: float = 0.25, *,
-                 oracle: OracleGap | None = None, oracle_interval_s: float = 60.0) -> None:
-        self.reader = reader
-        self.controller = controller
-        self.interval_s = interval_s
-        self.oracle = oracle
-        self.oracle_interval_s = oracle_interval_s
-        self.polls = 0
+    reader: HealthReader
+    controller: ModeController
+    interval_s: float = 0.25
+    oracle: OracleGap | None = None
+    oracle_interval_s: float = 60.0
+    polls: int = field(default=0, init=False)
 
     def once(self) -> None:
         self.controller.check(self.reader.read(self.controller.clock()))

@@ -33,11 +33,8 @@ class AppServer:
         lifespan: Lifespan = "on",
         keep_alive_s: float = 30.0,
     ) -> None:
-        self.app = app
-        self.host = host
-        self.port = port
-        self.lifespan = lifespan
-        self.keep_alive_s = keep_alive_s
+        self.app, self.host, self.port = app, host, port
+        self.lifespan, self.keep_alive_s = lifespan, keep_alive_s
         self._server: uvicorn.Server | None = None
         self._sock: socket.socket | None = None
         self._ticker: asyncio.Task[None] | None = None

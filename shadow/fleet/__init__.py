@@ -15,14 +15,14 @@ GET /health, /v1/models, /metrics (vLLM names plus `shadow_fleet_*` step ground 
 /get_load, /version, /fleet/state; GET/POST /fleet/faults (see `faults`). `X-Request-Id` is
 used in response ids and echoed. Token and output-length rules: see `tokens`.
 
-Start it with `Fleet` (async context manager) or `FleetThread` (sync, for tests):
+Start it with `Fleet` (async context manager):
 
-    with FleetThread(FleetConfig(prefill=1, decode=2, base_port=0, time_scale=0.25)) as ft:
-        ft.decode_urls; ft.inject("decode/1", stall_s=1.0)
+    async with Fleet(FleetConfig(prefill=1, decode=2, base_port=0, time_scale=0.25)) as fleet:
+        fleet.decode_urls; await fleet.inject("decode/1", stall_s=1.0)
 """
 
 from shadow.fleet.config import FleetConfig
 from shadow.fleet.faults import FaultSpec, Target
-from shadow.fleet.fleet import Fleet, FleetThread
+from shadow.fleet.fleet import Fleet
 
-__all__ = ["FaultSpec", "Fleet", "FleetConfig", "FleetThread", "Target"]
+__all__ = ["FaultSpec", "Fleet", "FleetConfig", "Target"]

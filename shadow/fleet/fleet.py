@@ -3,18 +3,11 @@ shared step clock, the optional all-ranks port, scheduled faults.
 
     async with Fleet(FleetConfig(prefill=1, decode=2, base_port=0)) as fleet:
         fleet.prefill_urls, fleet.decode_urls
-
-`FleetThread` runs the same in a background thread for synchronous code (pytest):
-
-    with FleetThread(FleetConfig(base_port=0)) as ft:
-        ft.decode_urls; ft.call(ft.fleet.crash("decode", 0, 1.0))
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import Coroutine
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -171,78 +164,3 @@ class Fleet:
 
     async def recover(self, role: str, index: int) -> None:
         await self.server(role, index).recover()
-
-
-class FleetThread:
-    """Run a `Fleet` in a background thread with its own event loop (context manager)."""
-
-    def __init__(self, config: FleetConfig, start_timeout_s: float = 30.0) -> None:
-        self.config = config
-        self._timeout = start_timeout_s
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread: threading.Thread | None = None
-        self._fleet: Fleet | None = None
-
-    @property
-    def fleet(self) -> Fleet:
-        if self._fleet is None:
-            raise RuntimeError("fleet not started")
-        return self._fleet
-
-    @property
-    def prefill_urls(self) -> list[str]:
-        return self.fleet.prefill_urls
-
-    @property
-    def decode_urls(self) -> list[str]:
-        return self.fleet.decode_urls
-
-    @property
-    def dp_url(self) -> str | None:
-        return self.fleet.dp_url
-
-    def __enter__(self) -> FleetThread:
-        self._thread = threading.Thread(target=self._run, name="shadow-fleet", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(self._timeout):
-            raise TimeoutError("simulated fleet did not start in time")
-        if self._error is not None:
-            raise RuntimeError("simulated fleet failed to start") from self._error
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:
-        if self._loop is not None and self._stop is not None and self._thread and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._stop.set)
-            self._thread.join(15)
-
-    def call(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
-        """Run `coro` on the fleet's loop and return its result."""
-        if self._loop is None:
-            raise RuntimeError("fleet not started")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
-
-    def inject(self, target: str, **settings: Any) -> list[str]:
-        return self.call(self.fleet.inject(target, **settings))
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except BaseException as exc:  # reported to the starting thread
-            self._error = exc
-            self._ready.set()
-
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        async with Fleet(self.config) as fleet:
-            self._fleet = fleet
-            self._ready.set()
-            await self._stop.wait()

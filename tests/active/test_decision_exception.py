@@ -20,11 +20,11 @@ from shadow.active.dispatcher import ROUTER_NAMES
 from shadow.active.modes import ModeConfig
 from shadow.app.serve import ActiveSettings, ServeConfig
 from shadow.core.routers import FleetView, Router, make_router
-from shadow.fleet import FleetConfig, FleetThread
+from shadow.fleet import FleetConfig
 from shadow.mirror.service import TapConfig
 from tests.active.test_fallback_e2e import metric, wait_for
 from tests.active.test_mode_flips import metric_sum
-from tests.harness import ServeThread
+from tests.harness import FleetThread, ServeThread
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

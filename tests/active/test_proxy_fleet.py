@@ -14,8 +14,9 @@ import pytest
 
 from shadow.active.metrics import ActiveMetrics
 from shadow.active.prefill import PrefillChooser
-from shadow.fleet import FleetConfig, FleetThread
+from shadow.fleet import FleetConfig
 from tests.active.stubs import metric, proxy_on, until
+from tests.harness import FleetThread
 
 pytestmark = pytest.mark.integration
 

@@ -23,8 +23,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from shadow.active.prefill import prefill_score
-from shadow.fleet import FleetConfig, FleetThread
+from shadow.fleet import FleetConfig
 from tests.active.procs import shadow_process
+from tests.harness import FleetThread
 
 pytestmark = pytest.mark.integration
 

@@ -6,7 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from shadow.fleet import FleetConfig, FleetThread
+from shadow.fleet import FleetConfig
+from tests.harness import FleetThread
 
 # Fast steps: b = 20 ms × 0.25 = 5 ms per step when lightly loaded.
 FAST = {"base_port": 0, "time_scale": 0.25, "prefill_c0": 0.004}

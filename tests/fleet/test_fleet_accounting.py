@@ -21,10 +21,11 @@ import pytest
 from fleet_helpers import metric_value, run_virtual, words
 
 from shadow.core.stepmodel import StepTimeModel
-from shadow.fleet import FleetConfig, FleetThread
+from shadow.fleet import FleetConfig
 from shadow.fleet.clock import StepClock
 from shadow.fleet.engine import DecodeEngine, Seq
 from shadow.fleet.faults import FaultState
+from tests.harness import FleetThread
 
 pytestmark = pytest.mark.timeout(60)
 

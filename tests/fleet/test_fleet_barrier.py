@@ -15,7 +15,8 @@ import httpx
 import pytest
 from fleet_helpers import metric_value
 
-from shadow.fleet import FleetConfig, FleetThread
+from shadow.fleet import FleetConfig
+from tests.harness import FleetThread
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,7 +8,8 @@ import httpx
 import pytest
 from fleet_helpers import words
 
-from shadow.fleet import FleetConfig, FleetThread
+from shadow.fleet import FleetConfig
+from tests.harness import FleetThread
 
 pytestmark = pytest.mark.timeout(60)
 

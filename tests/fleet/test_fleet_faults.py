@@ -12,8 +12,9 @@ import httpx
 import pytest
 from fleet_helpers import metric_value, stream_raw, words
 
-from shadow.fleet import FaultSpec, FleetConfig, FleetThread
+from shadow.fleet import FaultSpec, FleetConfig
 from shadow.fleet.faults import Target
+from tests.harness import FleetThread
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -21,7 +21,8 @@ from fleet_helpers import check_stream, free_port, metric_value, wait_http, word
 from openai import OpenAI
 
 from shadow.base.tools import find_executable
-from shadow.fleet import FleetConfig, FleetThread
+from shadow.fleet import FleetConfig
+from tests.harness import FleetThread
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 MODEL = "sim-llm"

@@ -12,8 +12,8 @@ import pytest
 from fleet_helpers import check_stream, metric_value, stream_raw, words
 from openai import AsyncOpenAI, OpenAI
 
-from shadow.fleet import FleetThread
 from shadow.fleet.tokens import CHAT_MESSAGE_OVERHEAD
+from tests.harness import FleetThread
 
 pytestmark = pytest.mark.timeout(60)
 MODEL = "sim-llm"

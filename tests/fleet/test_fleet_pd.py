@@ -10,11 +10,12 @@ import httpx
 import pytest
 from fleet_helpers import check_stream, metric_value, run_virtual, stream_raw, words
 
-from shadow.fleet import FleetConfig, FleetThread
+from shadow.fleet import FleetConfig
 from shadow.fleet.engine import Seq
 from shadow.fleet.faults import FaultState
 from shadow.fleet.pd import KvStore
 from shadow.fleet.prefill import PrefillEngine
+from tests.harness import FleetThread
 
 pytestmark = pytest.mark.timeout(60)
 

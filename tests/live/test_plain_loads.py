@@ -7,9 +7,9 @@ import threading
 
 import httpx
 
-from shadow.fleet import FleetConfig, FleetThread
+from shadow.fleet import FleetConfig
 from shadow.mirror.service import TapConfig
-from tests.harness import TapThread
+from tests.harness import FleetThread, TapThread
 
 
 def _fleet_load(url: str) -> float:

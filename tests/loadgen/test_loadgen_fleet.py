@@ -9,6 +9,7 @@ import pytest
 from loadgen_helpers import make_trace
 
 from shadow.loadgen import LoadOptions, PromptBuilder, run_load
+from tests.harness import FleetThread
 
 fleet_mod = pytest.importorskip("shadow.fleet")
 tokens_mod = pytest.importorskip("shadow.fleet.tokens")
@@ -27,7 +28,7 @@ ROWS = [
 @pytest.fixture(scope="module")
 def decode_url() -> Iterator[str]:
     config = fleet_mod.FleetConfig(prefill=0, decode=1, base_port=0, time_scale=0.25, slots=4)
-    with fleet_mod.FleetThread(config) as ft:
+    with FleetThread(config) as ft:
         yield ft.decode_urls[0]
 
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
-from shadow.fleet import FleetConfig, FleetThread
+from shadow.fleet import FleetConfig
 from shadow.mirror.service import TapConfig
 from shadow.replay import ReplaySetup, run_replay
 from shadow.traces import load_trace
-from tests.harness import TapThread
+from tests.harness import FleetThread, TapThread
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -18,10 +18,10 @@ from openai import OpenAI
 
 from shadow.base.tools import find_executable
 from shadow.contracts.events import Route
-from shadow.fleet import FleetConfig, FleetThread
+from shadow.fleet import FleetConfig
 from shadow.mirror.service import TapConfig
 from shadow.vllm.metrics import parse_vllm_metrics
-from tests.harness import TapThread
+from tests.harness import FleetThread, TapThread
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 MODEL = "sim-llm"

@@ -13,7 +13,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from shadow.fleet import FleetConfig, FleetThread
+from shadow.fleet import FleetConfig
+from tests.harness import FleetThread
 from tests.realvllm.conftest import MODEL_NAME, Tier
 from tests.realvllm.helpers import raw_stream, sse_payloads
 

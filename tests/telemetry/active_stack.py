@@ -25,7 +25,8 @@ import httpx
 import pytest
 
 from shadow.base.tools import find_executable
-from shadow.fleet import FleetConfig, FleetThread
+from shadow.fleet import FleetConfig
+from tests.harness import FleetThread
 
 ADMIN_TOKEN = "telemetry-test-admin-token-0123456789"
 

@@ -230,7 +230,8 @@ def traced_serve_process(rx: OtlpReceiver, serve_args: list[str], env: dict[str,
     import signal
     import sys
 
-    from shadow.fleet import FleetConfig, FleetThread
+    from shadow.fleet import FleetConfig
+    from tests.harness import FleetThread
 
     full_env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": rx.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "200",
                 **env}

@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 
 from shadow.app.serve import ServeConfig
-from shadow.fleet import FleetConfig, FleetThread
+from shadow.fleet import FleetConfig
 from shadow.mirror.service import TapConfig
-from tests.harness import ServeThread, TapThread
+from tests.harness import FleetThread, ServeThread, TapThread
 
 
 @dataclass

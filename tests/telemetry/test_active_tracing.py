@@ -26,10 +26,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, TraceIdRatioBased
 
 from shadow.commands.serve import build_parser, config_from_args
-from shadow.fleet import FleetConfig, FleetThread
+from shadow.fleet import FleetConfig
 from shadow.telemetry import attrs
 from shadow.telemetry.tracing import make_provider, request_hash
-from tests.harness import ServeThread
+from tests.harness import FleetThread, ServeThread
 
 pytestmark = pytest.mark.integration
 
