@@ -2,12 +2,14 @@
 
 `parse_vllm_metrics(text)` reads `vllm:num_requests_running`, `vllm:num_requests_waiting` and
 `vllm:kv_cache_usage_perc` (or the deprecated `vllm:gpu_cache_usage_perc`), summed over DP engines
-(KV usage averaged). `MetricsScraper` fetches and parses pages with one httpx client.
+(KV usage averaged); a non-finite or negative value is refused. `MetricsScraper` fetches pages with
+one httpx client, each scrape bounded in bytes and in total time, and counts what it refuses.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -17,8 +19,38 @@ from prometheus_client.parser import text_string_to_metric_families
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+_READ = (RUNNING, WAITING, *KV_USAGE)
+_TYPE_LINES = tuple(f"# TYPE {n} " for n in _READ)
 #: Scrape failures meaning nothing listens at the worker (a dead or unreachable rank).
 GONE = (httpx.ConnectError, httpx.ConnectTimeout)
+DEFAULT_MAX_BYTES = 4 << 20  # a real vLLM page is 10-200 KB (histograms per engine)
+#: Reasons a scrape is refused (`MetricsScraper.rejected`), beside network and HTTP errors.
+REJECT_REASONS = ("too_large", "timeout", "encoded", "non_finite", "unparsable")
+
+
+class ScrapeRejected(ValueError):
+    """A page shadow will not use; `reason` is one of REJECT_REASONS."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class NonFiniteValue(ScrapeRejected):
+    """A load series read NaN, ±Inf or a negative number."""
+
+    def __init__(self, name: str, value: float) -> None:
+        super().__init__("non_finite", f"{name} is {value!r}")
+
+
+class PageTooLarge(ScrapeRejected):
+    def __init__(self, limit: int) -> None:
+        super().__init__("too_large", f"/metrics page over {limit} bytes")
+
+
+class ScrapeTimeout(ScrapeRejected):
+    def __init__(self, seconds: float) -> None:
+        super().__init__("timeout", f"/metrics scrape took over {seconds:g} s")
 
 
 @dataclass(slots=True)
@@ -30,22 +62,30 @@ class VllmLoad:
     kv_usage: float | None = None
 
 
+def _checked(name: str, value: float) -> float:
+    if not math.isfinite(value) or value < 0:
+        raise NonFiniteValue(name, value)
+    return value
+
+
 def parse_vllm_metrics(text: str) -> VllmLoad:
-    """Parse Prometheus text exposition; raises ValueError on unparsable text."""
+    """Parse Prometheus text exposition (only the series read here; a sample line starts with its
+    name); raises ValueError on unparsable text, `NonFiniteValue` on NaN, ±Inf or < 0."""
+    kept = "\n".join(ln for ln in text.splitlines() if ln.startswith(_READ) or ln.startswith(_TYPE_LINES))
     running: float | None = None
     waiting: float | None = None
     kv_new: list[float] = []
     kv_old: list[float] = []
-    for fam in text_string_to_metric_families(text):
+    for fam in text_string_to_metric_families(kept + "\n" if kept else ""):
         for s in fam.samples:
             if s.name == RUNNING:
-                running = (running or 0.0) + s.value
+                running = (running or 0.0) + _checked(s.name, s.value)
             elif s.name == WAITING:
-                waiting = (waiting or 0.0) + s.value
+                waiting = (waiting or 0.0) + _checked(s.name, s.value)
             elif s.name == KV_USAGE[0]:
-                kv_new.append(s.value)
+                kv_new.append(_checked(s.name, s.value))
             elif s.name == KV_USAGE[1]:
-                kv_old.append(s.value)
+                kv_old.append(_checked(s.name, s.value))
     kv = kv_new or kv_old
     return VllmLoad(running, waiting, sum(kv) / len(kv) if kv else None)
 
@@ -53,17 +93,69 @@ def parse_vllm_metrics(text: str) -> VllmLoad:
 class MetricsScraper:
     """Scrapes vLLM `/metrics` URLs with one client (no proxy settings taken from the environment).
 
-    `scrape(url)` returns the parsed load or raises (network, HTTP status, parse);
-    `scrape_all({name: url})` scrapes concurrently and gives each name its load or its error.
+    `scrape(url)` returns the parsed load or raises (network, HTTP status, `ScrapeRejected`): the
+    whole scrape (connect, head, body) must end within `timeout_s`, the body (asked for without
+    content coding) within `max_bytes`. `scrape_all({name: url})` scrapes concurrently and gives
+    each name its load or its error. `rejected[reason]` counts refused pages.
     """
 
-    def __init__(self, *, timeout_s: float = 2.0, transport: httpx.AsyncBaseTransport | None = None) -> None:
-        self._client = httpx.AsyncClient(transport=transport, timeout=timeout_s, trust_env=False)
+    def __init__(
+        self,
+        *,
+        timeout_s: float = 2.0,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if not timeout_s > 0 or max_bytes < 1:
+            raise ValueError("scrape timeout must be > 0 s and the page limit >= 1 byte")
+        self.timeout_s = timeout_s
+        self.max_bytes = max_bytes
+        self.rejected: dict[str, int] = dict.fromkeys(REJECT_REASONS, 0)
+        self._client = httpx.AsyncClient(
+            transport=transport,
+            timeout=timeout_s,
+            trust_env=False,
+            headers={"accept-encoding": "identity"},
+        )
 
     async def scrape(self, url: str) -> VllmLoad:
-        resp = await self._client.get(url)
-        resp.raise_for_status()
-        return parse_vllm_metrics(resp.text)
+        try:
+            return await self._scrape(url)
+        except ScrapeRejected as exc:
+            self.rejected[exc.reason] = self.rejected.get(exc.reason, 0) + 1
+            raise
+
+    async def _scrape(self, url: str) -> VllmLoad:
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                body = await self._fetch(url)
+        except TimeoutError:
+            raise ScrapeTimeout(self.timeout_s) from None
+        try:
+            text = body.decode("utf-8")
+            return parse_vllm_metrics(text)
+        except ScrapeRejected:
+            raise
+        except ValueError as exc:  # (UnicodeDecodeError is one)
+            raise ScrapeRejected("unparsable", f"/metrics page unparsable: {exc}") from None
+
+    async def _fetch(self, url: str) -> bytes:
+        async with self._client.stream("GET", url) as resp:
+            resp.raise_for_status()
+            coding = resp.headers.get("content-encoding", "identity").strip().lower()
+            if coding not in ("", "identity"):
+                raise ScrapeRejected("encoded", f"/metrics answered with content-encoding {coding!r}")
+            declared = resp.headers.get("content-length")
+            if declared is not None and declared.strip().isdigit() and int(declared) > self.max_bytes:
+                raise PageTooLarge(self.max_bytes)
+            parts: list[bytes] = []
+            size = 0
+            async for chunk in resp.aiter_bytes():  # (identity: the raw bytes)
+                size += len(chunk)
+                if size > self.max_bytes:
+                    raise PageTooLarge(self.max_bytes)
+                parts.append(chunk)
+            return b"".join(parts)
 
     async def scrape_all(self, targets: Mapping[str, str]) -> dict[str, VllmLoad | Exception]:
         """Every target at once; the result is in the targets' order. Never raises."""
@@ -71,7 +163,7 @@ class MetricsScraper:
         async def one(url: str) -> VllmLoad | Exception:
             try:
                 return await self.scrape(url)
-            except Exception as exc:  # network, HTTP status, parse: handed to the caller
+            except Exception as exc:  # network, HTTP status, refused page: handed to the caller
                 return exc
 
         results = await asyncio.gather(*(one(url) for url in targets.values()))
