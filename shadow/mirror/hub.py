@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import IO, Any, Protocol
 
 from shadow.contracts.events import Event, Finish
+from shadow.mirror.bounds import EventBounds
 from shadow.mirror.state import OK, MirrorState
 
 SOURCES = ("tap", "api", "reaper")
@@ -93,8 +94,10 @@ class Mirror:
         ring_bytes: int = 16 << 20,
         max_live: int = 1_000_000,
         listeners: Sequence[Listener] = (),
+        bounds: EventBounds | None = None,
     ) -> None:
         self.state = state
+        self.bounds = bounds or EventBounds()  # time and counts an event may claim (else dropped)
         self.recorder = recorder
         self.recent: deque[tuple[int, Event]] = deque(maxlen=ring)
         self.ring_bytes = ring_bytes  # the recent-events ring is also bounded by (approximate) bytes
@@ -117,7 +120,12 @@ class Mirror:
         self.errors[stage] = self.errors.get(stage, 0) + n
 
     def emit(self, ev: Event, source: str, now: float) -> str:
-        """Apply and fan out one event; returns the state's outcome (or "live_cap" when dropped)."""
+        """Apply and fan out one event; returns the state's outcome, or the reason it was dropped
+        ("live_cap", or `bounds.TIME_SKEW`/`TOKEN_BOUND`)."""
+        out_of_bounds = self.bounds.check(ev, now)
+        if out_of_bounds is not None:
+            self.count_drop(out_of_bounds)
+            return out_of_bounds
         rid = getattr(ev, "request_id", None)
         if rid is not None and self.state.live() >= self.max_live and not self.state.known(rid):
             self.count_drop("live_cap")

@@ -38,6 +38,7 @@ from shadow.base.loopthread import LoopThread
 from shadow.base.net import bind_listen
 from shadow.mirror.analyzer import Analyzer
 from shadow.mirror.api import create_app
+from shadow.mirror.bounds import EventBounds
 from shadow.mirror.channel import ChannelReader
 from shadow.mirror.dropqueue import DropQueue
 from shadow.mirror.emitter import Emitter
@@ -93,6 +94,8 @@ class TapConfig:
     queue_bytes: int = 256 << 20
     max_live: int = 1_000_000  # mirrored requests alive at once; beyond it new ones are dropped and counted
     max_id_len: int = 256  # request ids, worker names and prompt keys longer than this are rejected
+    event_skew_s: float = 60.0  # an event's time must be within this of the clock (else dropped)
+    max_request_tokens: int = 1 << 21  # token counts an event may claim for one request (else dropped)
     ring_bytes: int = 16 << 20  # the recent-events buffer (GET /v1/events), approximate bytes
     key_secret: bytes | None = None  # HMAC key of prompt keys; None = a fresh random one
     switch_interval_s: float | None = 0.0005  # GIL hand-over bound between relay and analysis threads
@@ -175,6 +178,7 @@ class TapService:
             max_live=c.max_live,
             ring_bytes=c.ring_bytes,
             listeners=[*([self.emitter] if self.emitter is not None else []), *listeners],
+            bounds=EventBounds(c.event_skew_s, c.max_request_tokens),
         )
         self.keys = KeySecret(c.key_secret)
         self.analyzer = Analyzer(

@@ -46,7 +46,9 @@ G, B = 4, 16
 
 def _config(lag: float = 3600.0) -> ServeConfig:
     workers = {f"d{i}": f"http://127.0.0.1:9/{i}" for i in range(G)}  # event-API fed: no taps
-    tap = TapConfig(upstreams={}, workers=workers, slots=B, scrape_interval_s=0)
+    # a whole session (minutes of event time from t=1000) is posted at once: the event-time bound
+    # is opened wide here (a live feed's times stay within a minute of the receiver's clock)
+    tap = TapConfig(upstreams={}, workers=workers, slots=B, scrape_interval_s=0, event_skew_s=1e12)
     return ServeConfig(tap=tap, lag_s=lag)
 
 

@@ -328,15 +328,16 @@ def test_event_api_hostile_content_is_rejected_line_by_line_and_metrics_never_fa
         TapThread(TapConfig({"d0": up.url}, scrape_interval_s=0, max_live=1000)) as t,
     ):
         api = t.ready["api"]
+        now = time.monotonic()  # event times are on the host's monotonic clock (within the skew)
         deep = "[" * 30_000 + "]" * 30_000  # nested far beyond any parser stack, under the line cap
         lines = [
-            json.dumps({"type": "arrive", "request_id": "a1", "t": 0.0}),
+            json.dumps({"type": "arrive", "request_id": "a1", "t": now}),
             deep,
-            json.dumps({"type": "arrive", "request_id": "a2", "t": 0.0, "prompt_tokens": 10**400}),
-            json.dumps({"type": "arrive", "request_id": "a2b", "t": 0.0, "prompt_tokens": 2**60}),
-            json.dumps({"type": "arrive", "request_id": "a3", "t": 0.0, "prompt_key": "k" * 7_000_000}),
-            json.dumps({"type": "arrive", "request_id": "a4", "t": 0.0, "prompt_key": "k" * 1000}),
-            json.dumps({"type": "arrive", "request_id": "a5", "t": 0.0}),
+            json.dumps({"type": "arrive", "request_id": "a2", "t": now, "prompt_tokens": 10**400}),
+            json.dumps({"type": "arrive", "request_id": "a2b", "t": now, "prompt_tokens": 2**60}),
+            json.dumps({"type": "arrive", "request_id": "a3", "t": now, "prompt_key": "k" * 7_000_000}),
+            json.dumps({"type": "arrive", "request_id": "a4", "t": now, "prompt_key": "k" * 1000}),
+            json.dumps({"type": "arrive", "request_id": "a5", "t": now}),
         ]
         r = httpx.post(api + "/v1/events", content="\n".join(lines).encode(), timeout=30)
         assert r.status_code == 200, r.text
@@ -348,7 +349,7 @@ def test_event_api_hostile_content_is_rejected_line_by_line_and_metrics_never_fa
         assert (m.status_code == 200 and "shadow_mirror_requests_live" in m.text) or m.status_code == 200
         # a flood of unique ids: live requests stay under --max-live, the rest counted as dropped
         batch = "\n".join(
-            json.dumps({"type": "arrive", "request_id": f"f{i}", "t": 0.0}) for i in range(3000)
+            json.dumps({"type": "arrive", "request_id": f"f{i}", "t": now}) for i in range(3000)
         ).encode()
         r = httpx.post(api + "/v1/events", content=batch, timeout=30)
         assert r.status_code == 200 and r.json()["outcomes"].get("live_cap") == 3000 - (1000 - 2)

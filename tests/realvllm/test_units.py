@@ -7,6 +7,7 @@ import json
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,8 +60,9 @@ def test_sender_posts_valid_step_events_with_the_token(event_api: tuple[str, Mir
     before = len(_steps(url))
     sender = StepSender(url, token=TOKEN, worker="d{engine}", flush_s=0.01)
     try:
-        for s in (sample(10.0), sample(10.01), sample(10.02, running=0), sample(10.5, elapsed=None),
-                  sample(10.6, engine=1)):
+        t0 = time.monotonic()  # the engine's clock is the host's (events within the skew of it)
+        for s in (sample(t0), sample(t0 + 0.01), sample(t0 + 0.02, running=0), sample(t0 + 0.5, elapsed=None),
+                  sample(t0 + 0.6, engine=1)):
             assert sender.offer(s)
         wait_for(lambda: sender.counts.sent == 5, "5 steps sent", timeout=30)
     finally:

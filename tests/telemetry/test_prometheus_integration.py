@@ -7,6 +7,7 @@ returns data (for an alert, each metric its condition reads has data: a healthy 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,8 +48,8 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Promethe
         send_traffic(list(stack.tap_urls.values()), per_url=8, max_tokens=60)
         # one rejected line (bad JSON) and one ignored event (an end for an unknown request), so the
         # error panels have series
-        r = httpx.post(stack.api + "/v1/events", timeout=5,
-                       content=b'not json\n{"type": "finish", "request_id": "nobody", "t": 1.0}\n')
+        end = json.dumps({"type": "finish", "request_id": "nobody", "t": time.monotonic()})
+        r = httpx.post(stack.api + "/v1/events", timeout=5, content=b"not json\n" + end.encode() + b"\n")
         assert r.status_code == 200 and r.json()["rejected"] == {"invalid_json": 1}
         # and one request a tap refuses (a path it does not relay)
         d0 = stack.tap_urls["d0"]

@@ -1,0 +1,39 @@
+"""Bounds on what one event may claim, checked before it reaches the mirrored state.
+
+An event's time must lie within `max_skew_s` of the receiver's clock (producers share the host's
+CLOCK_MONOTONIC), and its token counts within `max_request_tokens` (the longest request any worker
+could hold). The live lanes step simulated time up to the newest event time and run a request for
+as many steps as its tokens, so one event beyond these would hold them for hours or forever.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shadow.contracts.events import Event
+
+#: Drop reasons (`Mirror.dropped`, the outcome the event API reports for the line).
+TIME_SKEW = "time_skew"
+TOKEN_BOUND = "token_bound"
+_COUNTS = ("prompt_tokens", "generated", "max_tokens", "tokens")
+
+
+@dataclass(frozen=True)
+class EventBounds:
+    """`check(ev, now)`: None when the event is within bounds, else the drop reason."""
+
+    max_skew_s: float = 60.0
+    max_request_tokens: int = 1 << 21
+
+    def __post_init__(self) -> None:
+        if not self.max_skew_s > 0 or self.max_request_tokens < 1:
+            raise ValueError("the event time skew must be > 0 s and the token bound >= 1")
+
+    def check(self, ev: Event, now: float) -> str | None:
+        if not now - self.max_skew_s <= ev.t <= now + self.max_skew_s:
+            return TIME_SKEW
+        for name in _COUNTS:
+            v = getattr(ev, name, None)
+            if v is not None and v > self.max_request_tokens:
+                return TOKEN_BOUND
+        return None
