@@ -3,19 +3,21 @@
 - `GET /v1/mode`: the controller's state (open, like /v1/report).
 - `PUT /v1/mode` with `{"mode": ..., "policy": ..., "canary_fraction": ..., "pin": bool}` and
   `Authorization: Bearer <token>`. No token configured: 403, the API is off. Wrong or missing
-  token: 401. Body over `max_body` (default 4 KiB): 413. Not JSON: 400. Unknown key or invalid
-  value: 422. Nothing changes unless the token is valid and the whole body is. Refusals are
+  token: 401. Body over `max_body` (default 4 KiB): 413. Not JSON, or JSON no reader should take
+  (nested over 1024 deep, a number beyond a double or a 64-bit integer): 400. Unknown key or
+  invalid value: 422. Nothing changes unless the token is valid and the whole body is. Refusals are
   counted by reason (`rejected`, shown in GET /v1/mode).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from orjson import JSONDecodeError
+from orjson import loads as json_loads
 
 from shadow.active.flagfile import setting_from
 from shadow.active.modes import ModeController
@@ -72,8 +74,8 @@ def mode_router(
         if raw is None:
             return refuse(413, "too_large", f"body over {max_body} bytes")
         try:
-            data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
+            data = json_loads(raw)  # bounded: depth 1024, numbers within a double / 64-bit integer
+        except (JSONDecodeError, RecursionError):
             return refuse(400, "malformed", 'body must be JSON: {"mode": ..., "policy": ..., "pin": ...}')
         try:
             setting = setting_from(data, "body")

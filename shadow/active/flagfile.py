@@ -6,7 +6,8 @@
     pin: false              # true: automatic fallback and BR-H degrade off (optional)
 
 `FlagFileWatcher.poll()` reads the file (it is small: capped at 64 KiB) and applies it when its
-bytes changed; a missing, unreadable, oversized or invalid file is a flag error: the controller
+bytes changed; a missing, unreadable, oversized or invalid file, or one that is not a regular file
+(a FIFO, a device: never waited on, it is opened non-blocking), is a flag error: the controller
 goes to `shadow` (counted, reason `flag_error`) until the file is fixed. Polling, no inotify.
 """
 
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import stat
 from typing import Any
 
 from shadow.active.modes import ModeController, ModeSetting
@@ -38,7 +41,11 @@ def setting_from(data: Any, where: str) -> ModeSetting:
         raise ValueError(f"{where}: canary_fraction must be a number in [0, 1], got {frac!r}")
     if pin is not None and not isinstance(pin, bool):
         raise ValueError(f"{where}: pin must be true or false, got {pin!r}")
-    setting = ModeSetting(mode, policy, None if frac is None else float(frac), pin)
+    try:
+        fraction = None if frac is None else float(frac)
+    except OverflowError:  # an integer beyond a double (YAML reads any number of digits)
+        raise ValueError(f"{where}: canary_fraction must be a number in [0, 1]") from None
+    setting = ModeSetting(mode, policy, fraction, pin)
     try:
         setting.validate()
     except ValueError as exc:
@@ -56,6 +63,8 @@ def parse_flag(raw: bytes, where: str) -> ModeSetting:
         data = yaml.safe_load(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise ValueError(f"{where}: not UTF-8 text") from None
+    except RecursionError:
+        raise ValueError(f"{where}: nested too deep") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark is not None else ""
@@ -78,8 +87,7 @@ class FlagFileWatcher:
         """Read once; apply when the content changed since the last read. Never raises."""
         self.reads += 1
         try:
-            with open(self.path, "rb") as fh:
-                raw = fh.read(MAX_FLAG_BYTES + 1)
+            raw = self._read()
         except OSError as exc:
             if not self.missing_reported:
                 self.missing_reported = True
@@ -97,9 +105,37 @@ class FlagFileWatcher:
             return
         self.controller.apply(setting, "flag_file")
 
+    def _read(self) -> bytes:
+        """At most MAX_FLAG_BYTES + 1 bytes of the file; OSError when it cannot be read or is not
+        a regular file (opening never blocks: a FIFO without a writer would)."""
+        fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(f"not a regular file ({_kind(os.fstat(fd).st_mode)})")
+            parts: list[bytes] = []
+            left = MAX_FLAG_BYTES + 1
+            while left > 0:
+                chunk = os.read(fd, left)
+                if not chunk:
+                    break
+                parts.append(chunk)
+                left -= len(chunk)
+            return b"".join(parts)
+        finally:
+            os.close(fd)
+
     async def run(self) -> None:
         """Poll forever (cancel to stop)."""
         while True:
             with contextlib.suppress(Exception):
                 self.poll()
             await asyncio.sleep(self.interval_s)
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISDIR, "a directory")):
+        if test(mode):
+            return name
+    return "not a file"
