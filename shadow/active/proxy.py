@@ -49,6 +49,7 @@ from shadow.core.params import BRParams
 from shadow.core.routers import Router
 from shadow.mirror.analyzer import estimate_prompt_tokens
 from shadow.telemetry.tracing import RoutingSpans
+from shadow.vllm.sse import DEFAULT_MAX_FRAME, EventSplitter, event_data
 
 log = logging.getLogger("shadow.active")
 
@@ -105,6 +106,7 @@ class ActiveConfig:
     retries: int = 3
     retry_delay_s: float = 0.001
     max_body_bytes: int = 8 << 20
+    max_event_bytes: int = DEFAULT_MAX_FRAME  # an SSE event held whole; a larger one is forwarded as it comes
     max_connections: int = 1024
     resume_budget_bytes: int = 256 << 20  # all streams' bytes kept for recompute continuations
     timeout_s: float = 600.0
@@ -258,6 +260,7 @@ class ActiveProxy:
         self._aborted: dict[str, list[str]] = {}
         self._resume_bytes = 0  # stream bytes kept by all streams for a recompute continuation
         self.resume_dropped = 0  # streams that stopped keeping them (budget): shown on /health
+        self.oversized_events = 0  # SSE events over `max_event_bytes` (forwarded unaligned)
         self.errors: collections.Counter[str] = collections.Counter()  # error answers by kind
         self.router_url = config.router_url.rstrip("/") if config.router_url else None
         self.app = Starlette(
@@ -317,6 +320,7 @@ class ActiveProxy:
                 "decode_instances": len(self.decode_names),
                 "request_num": len(self.ledger),
                 "resume_dropped": self.resume_dropped,
+                "oversized_events": self.oversized_events,
                 "pool": len(self.dispatcher.waiting),
             }
         )
@@ -682,7 +686,8 @@ class ActiveProxy:
         )
 
     async def _relay(self, flow: _Flow, upstream: httpx.Response) -> AsyncIterator[bytes]:
-        """Relay SSE events as they come (event-aligned); continue a recomputed stream."""
+        """Relay SSE events as they come, each as soon as its blank line arrives (any line ends;
+        an event over `max_event_bytes` is forwarded as it comes); continue a recomputed stream."""
         outcome = "client_cancel"
         events = 0
         t_first = 0.0
@@ -691,7 +696,7 @@ class ActiveProxy:
         kept_bytes = 0
         try:
             while True:
-                buf = b""
+                split = EventSplitter(self.config.max_event_bytes)
                 recomputed = False
                 first = True
                 async for chunk in upstream.aiter_raw():
@@ -702,15 +707,21 @@ class ActiveProxy:
                         if not t_first:
                             t_first = t
                             self.metrics.first_token.labels(flow.mode, flow.bucket).observe(t - flow.t0)
-                    buf += chunk
-                    cut = buf.rfind(b"\n\n")
-                    if cut < 0:
+                    pieces = split.feed(chunk)
+                    if not pieces:
                         continue
-                    out, buf = buf[: cut + 2], buf[cut + 2 :]
-                    if b'"recomputed"' in out:
-                        out, recomputed = _before_recomputed(out)
-                    if out:
-                        events += out.count(b"data: {")
+                    sent: list[bytes] = []
+                    for piece, whole in pieces:
+                        if whole and b'"recomputed"' in piece and _recomputed(piece):
+                            recomputed = True
+                            break
+                        sent.append(piece)
+                        if whole and _is_chunk(piece):
+                            events += 1
+                    self.oversized_events += split.oversized
+                    split.oversized = 0
+                    if sent:
+                        out = b"".join(sent) if len(sent) > 1 else sent[0]
                         self.ledger.progress(flow.rid, events)
                         if kept is not None:
                             kept.append(out)
@@ -728,9 +739,10 @@ class ActiveProxy:
                         yield out
                     if recomputed:
                         break
-                if buf and not recomputed:
-                    tail = (tail + buf)[-DONE_TAIL:]
-                    yield buf
+                rest = split.rest()
+                if rest and not recomputed:
+                    tail = (tail + rest)[-DONE_TAIL:]
+                    yield rest
                 await upstream.aclose()
                 if not recomputed:
                     outcome = "ok"
@@ -833,7 +845,8 @@ class ActiveProxy:
 
 def _stream_done(tail: bytes) -> bool:
     """The relayed bytes ended with the SSE end marker (the client had the whole stream)."""
-    return tail.rstrip(b"\r\n").endswith(b"data: [DONE]")
+    last = tail.rstrip(b"\r\n").replace(b"\r", b"\n").rsplit(b"\n", 1)[-1]
+    return last in (b"data: [DONE]", b"data:[DONE]")
 
 
 def _whole_recomputed(content: bytes) -> bool:
@@ -844,22 +857,30 @@ def _whole_recomputed(content: bytes) -> bool:
         return False
 
 
-def _before_recomputed(out: bytes) -> tuple[bytes, bool]:
-    """Events of `out` before the one ending with stop_reason "recomputed" (and whether it was there)."""
-    kept: list[bytes] = []
-    for ev in out.split(b"\n\n"):
-        if not ev:
-            continue
-        if b'"recomputed"' in ev:
-            data = ev.split(b"data:", 1)[-1].strip()
-            try:
-                doc = orjson.loads(data)
-                if any(c.get("stop_reason") == "recomputed" for c in doc.get("choices") or []):
-                    return b"".join(kept), True
-            except (orjson.JSONDecodeError, AttributeError):
-                pass
-        kept.append(ev + b"\n\n")
-    return b"".join(kept), False
+def _chunk_of(event: bytes) -> Any:
+    """The JSON object one raw SSE event carries, or None."""
+    data = event_data(event)
+    if data is None or not data.startswith(b"{"):
+        return None
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _recomputed(event: bytes) -> bool:
+    """The event ends its stream with stop_reason "recomputed" (the worker preempted it)."""
+    doc = _chunk_of(event)
+    try:
+        return any(c.get("stop_reason") == "recomputed" for c in doc.get("choices") or [])
+    except AttributeError:
+        return False
+
+
+def _is_chunk(event: bytes) -> bool:
+    """The event carries a completion chunk (a JSON data field), not a comment or `[DONE]`."""
+    data = event_data(event)
+    return data is not None and data.startswith(b"{")
 
 
 def _continuation(body: dict[str, Any], sent: list[bytes]) -> dict[str, Any] | None:
@@ -867,13 +888,10 @@ def _continuation(body: dict[str, Any], sent: list[bytes]) -> dict[str, Any] | N
     the remaining `max_tokens` (None when nothing is left or the body cannot be continued)."""
     text: list[str] = []
     tokens = 0
-    for ev in b"".join(sent).split(b"\n\n"):
-        data = ev.split(b"data:", 1)[-1].strip()
-        if not data.startswith(b"{"):
-            continue
-        try:
-            doc = orjson.loads(data)
-        except orjson.JSONDecodeError:
+    split = EventSplitter(max_event=MAX_RESUME_BYTES + 1)
+    for whole, _ in [*split.feed(b"".join(sent)), (split.rest(), True)]:
+        doc = _chunk_of(whole)
+        if not isinstance(doc, dict):
             continue
         for c in doc.get("choices") or []:
             piece = c.get("text")

@@ -5,12 +5,14 @@ it never raises on malformed input: invalid JSON and oversized frames are counte
 tracks what the mirror needs: generated tokens (continuous usage where present, else one per chunk
 with non-empty text/content/reasoning/tool_calls), prompt tokens, finish/stop reason, error events,
 `[DONE]` and `kv_transfer_params`. `parse_json_body` does the same for a non-streaming response.
-Prompt or generated text is looked at (non-empty or not) but never kept.
+Prompt or generated text is looked at (non-empty or not) but never kept. `EventSplitter` cuts a
+body into its raw events, bytes unchanged, for a relay that forwards event by event.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +26,9 @@ except ImportError:  # pragma: no cover - depends on the environment
 DEFAULT_MAX_FRAME = 1 << 20  # bytes of one SSE event kept while it is incomplete
 
 _CONTENT_KEYS = ("content", "reasoning", "reasoning_content", "tool_calls")
+# A blank line: two line ends in a row, each CRLF, LF or a CR not followed by LF (SSE spec).
+_BLANK = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r|\n)")
+_LINE_END = re.compile(rb"\r\n|\r|\n")
 
 
 class StreamParser:
@@ -257,3 +262,75 @@ def parse_json_body(body: bytes, max_frame: int = DEFAULT_MAX_FRAME) -> StreamPa
     p.frames = 1
     p.interpret(obj)
     return p
+
+
+class EventSplitter:
+    """Cuts an SSE body, fed at any byte boundary, into whole events with their bytes unchanged
+    (each with the blank line that ends it), whatever the line ends (CRLF, LF, CR).
+
+    `feed(data)` returns the pieces to forward now: complete events, or, while one event has grown
+    past `max_event` bytes without its blank line, its bytes as they come (`oversized` counts such
+    events; they are forwarded, never held). `rest()` returns what is left at the end of the body.
+    Work is linear in the bytes fed: each byte is searched once. A blank line ending in a CR at the
+    end of the input is taken there; an LF that follows it (CRLF) is passed on at once.
+    """
+
+    __slots__ = ("_buf", "_cr_end", "_line_start", "_passing", "max_event", "oversized")
+
+    def __init__(self, max_event: int = DEFAULT_MAX_FRAME) -> None:
+        self.max_event = max_event
+        self.oversized = 0
+        self._buf = b""
+        self._passing = False  # inside an oversized event: forwarding its bytes until its end
+        self._cr_end = False  # the last event was taken at a CR that ended the input
+        self._line_start = True  # the buffer starts at a line start (a line end there is blank)
+
+    def feed(self, data: bytes) -> list[tuple[bytes, bool]]:
+        """(piece, whole) pairs: `whole` is False for the bytes of an oversized event."""
+        out: list[tuple[bytes, bool]] = []
+        if self._cr_end and data:
+            self._cr_end = False
+            if data[:1] == b"\n":  # the LF of that CR: the end of the event already forwarded
+                out.append((b"\n", True))
+                data = data[1:]
+        buf = self._buf
+        scan = max(0, len(buf) - 2)  # a blank line may straddle the previous piece and this one
+        buf = buf + data if buf else data
+        start = 0
+        while True:
+            m = _LINE_END.match(buf, start) if self._line_start else None
+            if m is None:  # the event has a first line: its end is the next blank line
+                m = _BLANK.search(buf, max(scan, start))
+                if m is None:
+                    break
+            out.append((buf[start : m.end()], not self._passing))
+            self._passing = False
+            self._line_start = True
+            start = m.end()
+        rest = buf[start:]
+        if start and not rest and buf[-1:] == b"\r":
+            self._cr_end = True
+        if self._passing or len(rest) > self.max_event:
+            if not self._passing:
+                self._passing = True
+                self._line_start = False
+                self.oversized += 1
+            keep = rest[-2:]  # the start of a blank line, if that is how it ends
+            if len(rest) > 2:
+                out.append((rest[:-2], False))
+            rest = keep
+        self._buf = rest
+        return out
+
+    def rest(self) -> bytes:
+        """The unfinished end of the body (an event without its blank line)."""
+        rest = self._buf
+        self._buf, self._passing, self._cr_end, self._line_start = b"", False, False, True
+        return rest
+
+
+def event_data(event: bytes) -> bytes | None:
+    """The `data` field of one raw event (any line ends), or None when it has none."""
+    if b"\r" in event:
+        event = event.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    return _data_of(event.strip(b"\n"))
