@@ -49,6 +49,7 @@ from shadow.core.params import BRParams
 from shadow.core.routers import Router
 from shadow.mirror.analyzer import estimate_prompt_tokens
 from shadow.telemetry.tracing import RoutingSpans
+from shadow.vllm.errors import stream_error_event
 from shadow.vllm.sse import DEFAULT_MAX_FRAME, EventSplitter, event_data
 
 log = logging.getLogger("shadow.active")
@@ -171,6 +172,16 @@ class _Gone(Exception):
     """The client went away while its request waited."""
 
 
+class _StreamCut(Exception):
+    """Raised by a relayed body after its last bytes: end the response without completing it."""
+
+
+def _cut_event(leg: str, reason: str, tail: bytes) -> bytes:
+    """The SSE error event that ends a cut stream (after a blank line if an event was left open)."""
+    event = stream_error_event(f"shadow proxy: the {leg} stream was cut ({reason})")
+    return event if not tail or tail.endswith(b"\n\n") else b"\n\n" + event
+
+
 def _error_body(status: int, message: str, kind: str) -> bytes:
     return orjson.dumps({"error": {"message": message, "type": kind, "code": status}})
 
@@ -262,6 +273,8 @@ class ActiveProxy:
         self.resume_dropped = 0  # streams that stopped keeping them (budget): shown on /health
         self.oversized_events = 0  # SSE events over `max_event_bytes` (forwarded unaligned)
         self.errors: collections.Counter[str] = collections.Counter()  # error answers by kind
+        # streams cut after their first byte, by (leg, reason): the client got an error event
+        self.cut: collections.Counter[tuple[str, str]] = collections.Counter()
         self.router_url = config.router_url.rstrip("/") if config.router_url else None
         self.app = Starlette(
             routes=[
@@ -689,6 +702,7 @@ class ActiveProxy:
         """Relay SSE events as they come, each as soon as its blank line arrives (any line ends;
         an event over `max_event_bytes` is forwarded as it comes); continue a recomputed stream."""
         outcome = "client_cancel"
+        cut_reason = ""  # why the stream ended early, if it did
         events = 0
         t_first = 0.0
         tail = b""  # the last bytes sent to the client
@@ -752,6 +766,7 @@ class ActiveProxy:
                 nxt = _continuation(flow.body, kept) if kept is not None else None
                 if nxt is None:
                     outcome = "upstream_error"
+                    cut_reason = "no_continuation"
                     break
                 flow.body, flow.raw = nxt, orjson.dumps(nxt)
                 flow.worker = -1
@@ -759,9 +774,11 @@ class ActiveProxy:
                     upstream = await self._attempts(flow, asyncio.get_running_loop().create_future())
                 except _Failed:
                     outcome = "upstream_error"
+                    cut_reason = "continuation_failed"
                     break
         except httpx.HTTPError as exc:
             outcome = "upstream_error"
+            cut_reason = "upstream_broke"
             if flow.worker >= 0:
                 self._upstream_failed(self.decode_names[flow.worker], "decode")
             log.warning("decode stream %s broke: %s", flow.rid, type(exc).__name__)
@@ -780,6 +797,10 @@ class ActiveProxy:
             if outcome == "ok" and events > 1 and t_first:
                 self.metrics.tpot.labels(flow.mode, flow.bucket).observe((t_end - t_first) / (events - 1))
             self._count(flow.mode, flow.policy, outcome)
+        if cut_reason:  # a stream that ended early is an error the client sees: no clean end
+            self.cut[("decode", cut_reason)] += 1
+            yield _cut_event("decode", cut_reason, tail)
+            raise _StreamCut
 
     # -- shadow mode -------------------------------------------------------------------------
     async def _passthrough(self, request: Request, raw: bytes, rid: str) -> Response:
@@ -818,9 +839,12 @@ class ActiveProxy:
         out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
         self.metrics.inflight.labels("router", "router").inc()
 
+        sse = "event-stream" in upstream.headers.get("content-type", "")
+
         async def relay() -> AsyncIterator[bytes]:
             outcome = "client_cancel"
             first = True
+            broke = False
             tail = b""  # the last bytes relayed: a client leaving after `data: [DONE]` had it all
             try:
                 async for chunk in upstream.aiter_raw():
@@ -832,6 +856,7 @@ class ActiveProxy:
                 outcome = "ok" if upstream.status_code < 400 else "upstream_error"
             except httpx.HTTPError:
                 outcome = "upstream_error"
+                broke = True
                 self._upstream_failed("router", "router")
             finally:
                 if outcome == "client_cancel" and _stream_done(tail):
@@ -839,6 +864,11 @@ class ActiveProxy:
                 await upstream.aclose()
                 self.metrics.inflight.labels("router", "router").dec()
                 self._count("shadow", "router", outcome)
+            if broke:  # the router's answer broke off: the client sees an error, never a clean end
+                self.cut[("router", "upstream_broke")] += 1
+                if sse:
+                    yield _cut_event("router", "upstream_broke", tail)
+                raise _StreamCut
 
         return _Relay(relay(), status_code=upstream.status_code, headers=out_headers)
 
@@ -952,6 +982,8 @@ class _Relay(StreamingResponse):
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
             await super().__call__(scope, receive, send)
+        except _StreamCut:
+            return  # the response stays incomplete: the server closes the connection mid-body
         finally:
             aclose = getattr(self.body_iterator, "aclose", None)
             if aclose is not None:

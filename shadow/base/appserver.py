@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
@@ -15,6 +16,22 @@ from shadow.base.net import bind_listen
 ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
 Lifespan = Literal["auto", "on", "off"]
 TICK_S = 1.0  # how often the Date header is refreshed (uvicorn's own main loop does it as often)
+# How uvicorn reports an app that ended a response without completing it: our proxies do that on
+# purpose to abort a stream that was cut upstream (after logging the cause themselves).
+INCOMPLETE = "ASGI callable returned without completing response."
+
+
+class _DeliberateAbort(logging.Filter):
+    """Drops uvicorn's error line for a response an app left incomplete on purpose."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg != INCOMPLETE
+
+
+def _quiet_deliberate_aborts() -> None:
+    log = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _DeliberateAbort) for f in log.filters):
+        log.addFilter(_DeliberateAbort())
 
 
 class AppServer:
@@ -54,6 +71,7 @@ class AppServer:
             return self.url
         sock = sock if sock is not None else bind_listen(self.host, self.port)
         self.port = sock.getsockname()[1]
+        _quiet_deliberate_aborts()
         config = uvicorn.Config(
             self.app, log_config=None, log_level="warning", access_log=False, lifespan=self.lifespan,
             timeout_keep_alive=int(self.keep_alive_s), proxy_headers=False,

@@ -14,7 +14,9 @@ Timing rules (seconds since the start of the run, ``time.perf_counter`` based):
 Every request carries ``max_tokens`` = the trace's output length (at least 1, which servers
 require), ``ignore_eos: true`` in the body (vLLM extension, via ``extra_body``) so the output is
 exactly that long, and when streaming ``stream_options: {"include_usage": true}``.
-Failures are classified into a small set of error kinds (see ``classify_error``).
+Failures are classified into a small set of error kinds (see ``classify_error``). A stream that
+ends without any ``finish_reason`` (cut short, however cleanly its body ended) is a failure of kind
+``stream_incomplete``, never a success with a short output.
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ from shadow.loadgen.client import require_openai
 from shadow.loadgen.options import LoadOptions
 from shadow.loadgen.schedule import PlannedRequest
 
-ERROR_KINDS = ("connection", "timeout", "http_<status>", "stream_error", "cancelled", "client_error")
+ERROR_KINDS = (
+    "connection", "timeout", "http_<status>", "stream_error", "stream_incomplete", "cancelled",
+    "client_error",
+)
 """Error kinds a result can carry (``http_<status>`` stands for ``http_500`` and the like)."""
 
 
@@ -78,10 +83,16 @@ class RequestResult:
         return max(0.0, self.sent_s - self.scheduled_s)
 
 
+class StreamIncomplete(Exception):
+    """A streamed response ended without a finish_reason (it was cut short)."""
+
+
 def classify_error(exc: BaseException) -> tuple[str, str]:
     """``(kind, one-line message)`` for an exception raised while sending a request."""
     openai = require_openai()
     message = " ".join(str(exc).split())[:300] or type(exc).__name__
+    if isinstance(exc, StreamIncomplete):
+        return "stream_incomplete", message
     if isinstance(exc, asyncio.CancelledError):
         return "cancelled", "cancelled before completion"
     if isinstance(exc, TimeoutError | openai.APITimeoutError):
@@ -192,6 +203,10 @@ class OpenAISender:
                         t.chunks += 1
                     if getattr(choice, "finish_reason", None):
                         t.finish_reason = choice.finish_reason
+        if t.finish_reason is None:
+            raise StreamIncomplete(
+                f"the stream ended after {t.chunks} content chunks without a finish_reason"
+            )
 
     async def send(self, req: PlannedRequest, prompt: str, prompt_tokens: int) -> RequestResult:
         """Send ``req`` with ``prompt`` and return its result; never raises except on bugs.

@@ -47,6 +47,7 @@ from shadow.mirror.http1 import (
     path_allowed,
 )
 from shadow.mirror.usage_inject import FrameRewriter, inject_request
+from shadow.vllm.errors import stream_error_event
 
 END_COMPLETE = "complete"
 END_CLIENT_CANCEL = "client_cancel"
@@ -68,6 +69,11 @@ REJECT_REASONS = (
     "not_resent",
     "bad_upstream_response",
 )
+
+# Why a tap cut a response it had started relaying (`Tap.cut`, a bounded label set): the upstream
+# closed or reset the connection mid-body, sent bytes the parser refused, or the tap shut down with
+# the stream still open. The client sees an SSE error event (streams) and an aborted body.
+CUT_REASONS = ("upstream_closed", "upstream_reset", "bad_upstream_response", "tap_shutdown")
 
 _BODY_NONE, _BODY_LENGTH, _BODY_CHUNKED, _BODY_CLOSE = 0, 1, 2, 3
 _FRAMING = frozenset((b"content-length", b"transfer-encoding"))
@@ -142,7 +148,8 @@ class Tap:
     """One listener in front of one upstream; `await start()` binds, `await close()` stops.
 
     `begin_drain()` stops accepting and lets in-flight requests finish (`await drained(t)`).
-    Counters: `requests`, `connect_errors`, `rejected[reason]` (REJECT_REASONS).
+    Counters: `requests`, `connect_errors`, `rejected[reason]` (REJECT_REASONS), `cut[reason]`
+    (CUT_REASONS: responses ended early, which the client sees as an error).
     """
 
     def __init__(
@@ -178,6 +185,7 @@ class Tap:
         self.connect_errors = 0
         self.requests = 0
         self.rejected: dict[str, int] = dict.fromkeys(REJECT_REASONS, 0)
+        self.cut: dict[str, int] = dict.fromkeys(CUT_REASONS, 0)
         self.draining = False
         self.host = ""
         self.port = 0
@@ -225,10 +233,14 @@ class Tap:
         return True
 
     async def close(self) -> None:
+        """Stop now: responses still being relayed are cut (`tap_shutdown`), the rest closed."""
         if self._server is not None:
             self._server.close()
         for c in list(self._clients):
             c.disarm()
+            req = c.active
+            if req is not None and req.up is not None and req.up.head_done and not req.up.finished:
+                req.up.cut("tap_shutdown")
             if c.transport is not None:
                 c.transport.close()
         for up, _ in self._pool:
@@ -741,6 +753,8 @@ class _UpstreamConn(asyncio.Protocol):
         self.trailers: list[bytes] = []
         self.rw: FrameRewriter | None = None
         self.bad = False
+        self.sse = False  # the response is an event stream (a cut gets an SSE error event)
+        self.tail = b""  # the last bytes of body written to the client (is an event open?)
 
     def usable(self) -> bool:
         return self.alive and self.transport is not None and not self.transport.is_closing()
@@ -813,7 +827,7 @@ class _UpstreamConn(asyncio.Protocol):
                 self.reusable = False  # bytes after the response: this connection is not reused
             else:
                 self.tap.count("bad_upstream_response")
-                self._cut()
+                self._cut("bad_upstream_response")
                 return
         if self.finished:
             self._finish()
@@ -883,6 +897,7 @@ class _UpstreamConn(asyncio.Protocol):
             for n, v in hdrs
             if (k := n.decode("latin-1").lower()) in ("content-type", "content-length", "transfer-encoding")
         }
+        self.sse = "event-stream" in ctx.resp_headers.get("content-type", "")
         if req.rewrite and status == 200 and self.rechunk:
             self.rw = FrameRewriter(req.rewrite)  # --inject-usage: the client gets rewritten frames
         client.transport.write(
@@ -906,8 +921,10 @@ class _UpstreamConn(asyncio.Protocol):
         if rw is not None:
             out = rw.feed(body)
             if out:
+                self.tail = out[-2:]
                 client.transport.write(b"%x\r\n%b\r\n" % (len(out), out))
         elif self.rechunk:
+            self.tail = body[-2:]
             client.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
         else:
             client.transport.write(body)
@@ -946,22 +963,39 @@ class _UpstreamConn(asyncio.Protocol):
         if client is not None:
             client.response_done(self.close_client)
 
-    def _cut(self) -> None:
-        """Protocol error or premature close mid-response: the client sees the same truncation."""
+    def cut(self, reason: str) -> None:
+        """The response cannot be completed: end the client's copy so that it sees an error."""
+        self._cut(reason)
+
+    def _cut(self, reason: str) -> None:
+        """Protocol error, premature close or shutdown mid-response. Before the head the client gets
+        502; after it, an SSE error event in vLLM's shape (event streams relayed chunked) and then
+        the connection closes without the terminating chunk (or, close-delimited, mid-body): never
+        a clean end. Counted in `Tap.cut[reason]`."""
         client, req = self.client, self.req
         self.client = None
         self.req = None
+        self.rw = None
         self.close()
         if req is not None:
             self.tap._end(req.ctx, END_UPSTREAM_CUT if self.head_done else END_UPSTREAM_ERROR)
-        if client is not None:
-            client.active = None
-            if self.head_done:
-                client.closed = True
-                if client.transport is not None:
-                    client.transport.close()
-            else:
-                client._fail(BAD_GATEWAY)
+        if client is None:
+            return
+        client.active = None
+        if not self.head_done:
+            client._fail(BAD_GATEWAY)
+            return
+        self.tap.cut[reason] = self.tap.cut.get(reason, 0) + 1
+        client.closed = True
+        tr = client.transport
+        if tr is None:
+            return
+        if self.rechunk and self.sse and client.http11:
+            event = stream_error_event(f"shadow tap {self.tap.name}: the upstream stream was cut ({reason})")
+            if self.tail and self.tail != b"\n\n":
+                event = b"\n\n" + event  # end the event the upstream left open first
+            tr.write(b"%x\r\n%b\r\n" % (len(event), event))
+        tr.close()  # flushes what was written, then FIN: the chunked body never ends
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.alive = False
@@ -969,7 +1003,7 @@ class _UpstreamConn(asyncio.Protocol):
         client, req = self.client, self.req
         if client is None or req is None:
             return
-        if self.head_done and self.mode == _BODY_CLOSE:
+        if self.head_done and self.mode == _BODY_CLOSE and exc is None:
             self.finished = True
             self._finish()
             return
@@ -993,4 +1027,4 @@ class _UpstreamConn(asyncio.Protocol):
             client.active = None
             client._fail(NOT_RESENT if self.reused else BAD_GATEWAY)
             return
-        self._cut()
+        self._cut("upstream_closed" if exc is None else "upstream_reset")

@@ -27,8 +27,32 @@ def _texts(raw: bytes) -> list[str]:
     out = []
     for ev in raw.split(b"\n\n"):
         if ev.startswith(b"data: {"):
-            out += [c["text"] for c in orjson.loads(ev[6:])["choices"] if c.get("text")]
+            out += [c["text"] for c in orjson.loads(ev[6:]).get("choices", []) if c.get("text")]
     return out
+
+
+def _error_events(raw: bytes) -> list[dict[str, Any]]:
+    """The SSE error events (vLLM's shape) in a relayed body (an event cut in half is skipped)."""
+    out = []
+    for ev in raw.split(b"\n\n"):
+        with contextlib.suppress(orjson.JSONDecodeError):
+            doc = orjson.loads(ev[6:]) if ev.startswith(b"data: {") else {}
+            if "error" in doc:
+                out.append(doc["error"])
+    return out
+
+
+async def _read_cut(c: httpx.AsyncClient, url: str) -> bytes:
+    """POST a stream that the proxy cuts: its bytes, after checking that the body did not end cleanly."""
+    got = b""
+    async with c.stream("POST", url + "/v1/completions", json=BODY) as r:
+        assert r.status_code == 200
+        try:
+            async for chunk in r.aiter_raw():
+                got += chunk
+        except httpx.RemoteProtocolError:
+            return got  # incomplete chunked read: what a cut stream must look like
+    raise AssertionError(f"the cut stream ended cleanly: {got!r}")
 
 
 BODY = {"model": "m", "prompt": "a b c", "max_tokens": 5, "stream": True}
@@ -116,15 +140,11 @@ def test_no_retry_once_bytes_reached_the_client() -> None:
         dec = Stub([Step(events=[sse("t", 0), sse("t", 1)], cut=True)])
         await dec.start()
         async with proxy_on({"d0": dec.url}) as (proxy, url), httpx.AsyncClient() as c:
-            got = b""
-            async with c.stream("POST", url + "/v1/completions", json=BODY) as r:
-                assert r.status_code == 200
-                try:
-                    async for chunk in r.aiter_raw():
-                        got += chunk
-                except httpx.HTTPError:
-                    pass  # the proxy ends the stream without a clean end: no later bytes
+            got = await _read_cut(c, url)  # the proxy ends the stream without a clean end
             assert _texts(got) == ["t", "t"]
+            (err,) = _error_events(got)  # then an error event in vLLM's shape, never [DONE]
+            assert err["type"] == "InternalServerError" and "upstream_broke" in err["message"]
+            assert b"[DONE]" not in got and proxy.cut[("decode", "upstream_broke")] == 1
             assert len(dec.calls) == 1
             await until(
                 lambda: (
@@ -419,7 +439,8 @@ def test_a_client_leaving_before_done_counts_client_cancel() -> None:
 def test_over_the_resume_budget_a_stream_keeps_no_bytes_counted_on_health_and_prometheus() -> None:
     """A stream whose bytes pass `resume_budget_bytes` stops keeping them (counted once, on /health
     and as shadow_router_resume_dropped_total); it still reaches the client whole, but a
-    `recomputed` end can no longer be continued: the stream ends there, as an upstream error."""
+    `recomputed` end can no longer be continued: the stream is cut there (an error event, no clean
+    end), counted as an upstream error."""
 
     def script(n: int, body: Any) -> Step:
         if n == 0:
@@ -439,8 +460,9 @@ def test_over_the_resume_budget_a_stream_keeps_no_bytes_counted_on_health_and_pr
             assert metric(proxy, "shadow_router_resume_dropped_total") == 1
             assert (await c.get(url + "/health")).json()["resume_dropped"] == 1
             assert proxy._resume_bytes == 0  # nothing held once the stream ended
-            r2 = await c.post(url + "/v1/completions", json=BODY)
-            assert _texts(r2.content) == ["y" * 40] * 4 and b"recomputed" not in r2.content
+            r2 = await _read_cut(c, url)  # cut where it could not be continued: an error for the client
+            assert _texts(r2) == ["y" * 40] * 4 and b"recomputed" not in r2
+            assert "no_continuation" in _error_events(r2)[0]["message"]
             assert len(dec.calls) == 2  # no continuation: the kept bytes were gone
             assert metric(proxy, "shadow_router_resume_dropped_total") == 2
             await until(
@@ -449,5 +471,28 @@ def test_over_the_resume_budget_a_stream_keeps_no_bytes_counted_on_health_and_pr
                 what="the cut-short stream counted",
             )
         await dec.stop()
+
+    run(scenario)
+
+
+def test_a_router_stream_cut_in_shadow_mode_reaches_the_client_as_an_error() -> None:
+    """Passthrough relays the router's bytes as they come; when its stream breaks off, the client
+    gets an SSE error event (after ending the event left open) and a body that never ends."""
+
+    async def scenario() -> None:
+        router = Stub([Step(events=[sse("t", 0), sse("t", 1)[:15]], cut=True)])
+        await router.start()
+        async with (
+            proxy_on({"d0": "http://127.0.0.1:9"}, router_url=router.url,
+                     modes=StaticModeSource("shadow")) as (proxy, url),
+            httpx.AsyncClient() as c,
+        ):
+            got = await _read_cut(c, url)
+            assert got.startswith(sse("t", 0)) and b"[DONE]" not in got
+            assert "upstream_broke" in _error_events(got)[0]["message"]
+            assert proxy.cut[("router", "upstream_broke")] == 1
+            await until(lambda: metric(proxy, "shadow_router_requests_total", mode="shadow", policy="router",
+                                       outcome="upstream_error") == 1, what="the broken stream counted")
+        await router.stop()
 
     run(scenario)

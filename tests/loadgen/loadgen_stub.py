@@ -35,6 +35,7 @@ class StubConfig:
     eos_after: int = 3  # without ignore_eos the "model" stops after this many tokens
     fail_ids: set[str] = field(default_factory=set)  # X-Request-Id -> HTTP 500 before streaming
     midstream_fail_ids: set[str] = field(default_factory=set)  # -> error event after one token
+    short_ids: set[str] = field(default_factory=set)  # -> a clean end after one token: no finish, no [DONE]
     models_status: int = 200
     # The finish reason on a chunk of its own with empty content (text "" / delta.content ""),
     # `finish_delay_s` after the last token, instead of on the last token's chunk.
@@ -176,7 +177,8 @@ class StubServer:
         include_usage = cfg.usage and bool((body.get("stream_options") or {}).get("include_usage"))
         midstream_fail = rid in cfg.midstream_fail_ids
         return StreamingResponse(
-            self._stream(chat, n, finish, usage if include_usage else None, midstream_fail),
+            self._stream(chat, n, finish, usage if include_usage else None, midstream_fail,
+                         rid in cfg.short_ids),
             media_type="text/event-stream",
         )
 
@@ -187,7 +189,8 @@ class StubServer:
         return len(str(body.get("prompt", "")).split())
 
     async def _stream(
-        self, chat: bool, n: int, finish: str, usage: dict[str, int] | None, midstream_fail: bool
+        self, chat: bool, n: int, finish: str, usage: dict[str, int] | None, midstream_fail: bool,
+        short: bool = False,
     ) -> AsyncIterator[bytes]:
         cfg = self.config
         cid = "chatcmpl-stub" if chat else "cmpl-stub"
@@ -231,6 +234,8 @@ class StubServer:
                 fr = finish if i == n - 1 and not cfg.separate_finish else None
                 yield chunk([self._choice(chat, f" t{i}", fr)])
                 self.max_chunks = max(self.max_chunks, i + 1)
+                if short:
+                    return  # a body that ends cleanly, short: neither a finish reason nor [DONE]
             else:
                 if cfg.separate_finish:
                     await asyncio.sleep(cfg.finish_delay_s)

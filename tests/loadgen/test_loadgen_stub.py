@@ -154,6 +154,20 @@ def test_errors_are_counted_by_kind(stub: StubServer) -> None:
     assert s.output_tokens == 8  # only ok requests count
 
 
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+def test_a_stream_that_ends_without_a_finish_reason_is_a_failure(stub: StubServer, chat: bool) -> None:
+    """A body that ends cleanly after one of four tokens, with neither a finish reason nor [DONE]
+    (a cut the server did not flag): failed as `stream_incomplete`, not an output mismatch."""
+    stub.config = StubConfig(ttft_s=0.01, itl_s=0.005, short_ids={"s1"})
+    report = _run(make_trace([(0.0, 4, 4, None)] * 3), stub.url, request_id_prefix="s", chat=chat)
+    s = report.summary
+    assert (s.ok, s.failed) == (2, 1) and s.errors == {"stream_incomplete": 1}
+    short = report.results[1]
+    assert short.error_kind == "stream_incomplete" and short.finish_reason is None
+    assert "1 content chunks" in (short.error or "")
+    assert s.output_mismatch == 0  # not taken for a server that ignored max_tokens
+
+
 def test_custom_prompt_builder_and_seed(stub: StubServer) -> None:
     trace = make_trace([(0.0, 8, 1, "same")])
     _run(trace, stub.url, prompt_builder=PromptBuilder(seed=1))

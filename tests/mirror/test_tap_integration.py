@@ -124,11 +124,20 @@ def _metric(t: TapThread, name: str, labels: dict[str, str] | None = None) -> fl
 
 
 def _assert_identical(direct: dict[str, Any], via: dict[str, Any]) -> None:
-    """Byte-identical for every relayed path; /nope is off the allow-list, answered by the tap."""
+    """Byte-identical for every relayed path; /nope is off the allow-list, answered by the tap; the
+    stream the upstream cut gets, after the identical bytes, one chunk with an SSE error event (and
+    no terminating chunk, as direct)."""
     assert direct.keys() == via.keys()
     for k in direct:
         if k == "/nope":
             assert via[k][0] == 404 and b"not relayed" in via[k][2], via[k]
+            continue
+        if k == "cut":
+            (status, headers, body), (v_status, v_headers, v_body) = direct[k], via[k]
+            assert (status, headers) == (v_status, v_headers) and v_body.startswith(body), k
+            size, _, rest = v_body[len(body):].partition(b"\r\n")
+            assert rest.startswith(b"data: {\"error\": ") and len(rest) == int(size, 16) + 2, rest
+            assert not body.endswith(b"0\r\n\r\n") and not v_body.endswith(b"0\r\n\r\n")
             continue
         assert direct[k] == via[k], k
 
