@@ -1,114 +1,104 @@
-"""The active proxy's Prometheus metrics, on the registry it is given (label value sets:
-`shadow.contracts.labels`)."""
+"""The active proxy's Prometheus metrics, declared here (`FAMILIES`) and registered once on the
+registry `ActiveMetrics` is given; closed label sets from `shadow.contracts`."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 
-from shadow.contracts.labels import BACKPRESSURE_REASONS, LEGS
+from shadow.base.families import Family
+from shadow.contracts.labels import (
+    BACKPRESSURE_REASONS,
+    LEGS,
+    OUTCOMES,
+    POLICY_LABELS,
+    PROMPT_BUCKETS,
+    ROUND_STAGES,
+)
+from shadow.contracts.modes import MODES
 
 _FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 _TPOT = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+_CLIENT = {"mode": MODES, "prompt_bucket": PROMPT_BUCKETS}  # per-request histograms' closed sets
+
+REQUESTS = Family("shadow_router_requests_total", "counter", "requests by effective mode, policy and outcome",
+                  "requests", ("mode", "policy", "outcome"),
+                  {"mode": MODES, "policy": POLICY_LABELS, "outcome": OUTCOMES})
+DECISION = Family("shadow_router_decision_duration_seconds", "histogram",
+                  "compute time of one dispatch round", "seconds", ("policy",), {"policy": POLICY_LABELS},
+                  _FAST)
+UPSTREAM_ERRORS = Family("shadow_router_upstream_errors_total", "counter", "failed upstream calls", "errors",
+                         ("leg", "worker"), {"leg": LEGS})
+RETRIES = Family("shadow_router_retries_total", "counter", "retries before the first byte reached a client",
+                 "retries", ("leg",), {"leg": LEGS})
+INFLIGHT = Family("shadow_router_inflight", "gauge", "requests in flight per upstream", "requests",
+                  ("leg", "worker"), {"leg": LEGS})
+TRANSFERS = Family("shadow_router_kv_transfers_inflight", "gauge",
+                   "KV transfers in flight per decode worker (capped)", "transfers", ("worker",))
+BACKPRESSURE = Family("shadow_router_backpressure_total", "counter", "waits caused by back-pressure", "waits",
+                      ("reason",), {"reason": BACKPRESSURE_REASONS})
+POOL_REQUESTS = Family("shadow_pool_requests", "gauge", "requests waiting in the Prompt Pool", "requests")
+POOL_OLDEST = Family("shadow_pool_oldest_seconds", "gauge", "age of the oldest pool entry", "seconds")
+POOL_WAIT = Family("shadow_pool_wait_seconds", "histogram", "time from prefill done to decode dispatch",
+                   "seconds", buckets=_LATENCY)
+POOL_REAPED = Family("shadow_pool_reaped_total", "counter", "pool entries released by the TTL reaper",
+                     "requests")
+FIRST_TOKEN = Family("shadow_router_first_token_seconds", "histogram",
+                     "time to first token the client saw, through the proxy", "seconds",
+                     ("mode", "prompt_bucket"), _CLIENT, _LATENCY)
+TPOT = Family("shadow_router_tpot_seconds", "histogram",
+              "mean time per output token of a finished stream, as the client saw it", "seconds",
+              ("mode", "prompt_bucket"), _CLIENT, _TPOT)
+COMPLETION = Family("shadow_router_completion_seconds", "histogram",
+                    "request start to last byte, as the client saw it", "seconds",
+                    ("mode", "prompt_bucket"), _CLIENT, _LATENCY)
+ROUND_STAGE = Family("shadow_router_round_stage_seconds", "histogram",
+                     "compute time of BR Stage 1 and Stage 2 within a round", "seconds",
+                     ("round_stage",), {"round_stage": ROUND_STAGES}, _FAST)
+KV_TRANSFER = Family("shadow_router_kv_transfer_seconds", "histogram",
+                     "decode dispatch to first decode token", "seconds", buckets=_LATENCY,
+                     note="KV transfer and queueing on the decode worker.")
+RECOMPUTED = Family("shadow_router_recomputed_total", "counter",
+                    'decode legs that ended with stop_reason "recomputed"', "requests")
+RESUME_DROPPED = Family(
+    "shadow_router_resume_dropped_total", "counter",
+    "streams that stopped keeping their bytes for a recompute continuation (resume budget)", "requests")
+STARVATION = Family("shadow_pool_starvation_guard_total", "counter",
+                    "pool entries dispatched by the age (starvation) guard", "requests")
+
+#: Every family `ActiveMetrics` registers, in the order it registers them.
+FAMILIES = (REQUESTS, DECISION, UPSTREAM_ERRORS, RETRIES, INFLIGHT, TRANSFERS, BACKPRESSURE, POOL_REQUESTS,
+            POOL_OLDEST, POOL_WAIT, POOL_REAPED, FIRST_TOKEN, TPOT, COMPLETION, ROUND_STAGE, KV_TRANSFER,
+            RECOMPUTED, RESUME_DROPPED, STARVATION)
 
 
 class ActiveMetrics:
-    """Every H10p metric of the active proxy, registered once on `registry`."""
+    """Every metric of the active proxy, registered once on `registry`."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry
-        self.requests = Counter(
-            "shadow_router_requests",
-            "requests by effective mode, policy and outcome",
-            ["mode", "policy", "outcome"],
-            registry=r,
-        )
-        self.decision = Histogram(
-            "shadow_router_decision_duration_seconds",
-            "compute time of one dispatch round",
-            ["policy"],
-            buckets=_FAST,
-            registry=r,
-        )
-        self.upstream_errors = Counter(
-            "shadow_router_upstream_errors", "failed upstream calls", ["leg", "worker"], registry=r
-        )
-        self.retries = Counter(
-            "shadow_router_retries", "retries before the first byte reached a client", ["leg"], registry=r
-        )
-        self.inflight = Gauge(
-            "shadow_router_inflight", "requests in flight per upstream", ["leg", "worker"], registry=r
-        )
-        self.transfers = Gauge(
-            "shadow_router_kv_transfers_inflight",
-            "KV transfers in flight per decode worker (capped)",
-            ["worker"],
-            registry=r,
-        )
-        self.backpressure = Counter(
-            "shadow_router_backpressure", "waits caused by back-pressure", ["reason"], registry=r
-        )
-        self.pool_requests = Gauge("shadow_pool_requests", "requests waiting in the Prompt Pool", registry=r)
-        self.pool_oldest = Gauge("shadow_pool_oldest_seconds", "age of the oldest pool entry", registry=r)
-        self.pool_wait = Histogram(
-            "shadow_pool_wait_seconds",
-            "time from prefill done to decode dispatch",
-            buckets=_LATENCY,
-            registry=r,
-        )
-        self.pool_reaped = Counter(
-            "shadow_pool_reaped", "pool entries released by the TTL reaper", registry=r
-        )
-        self.first_token = Histogram(
-            "shadow_router_first_token_seconds",
-            "time to first token the client saw, through the proxy",
-            ["mode", "prompt_bucket"],
-            buckets=_LATENCY,
-            registry=r,
-        )
-        self.tpot = Histogram(
-            "shadow_router_tpot_seconds",
-            "mean time per output token of a finished stream, as the client saw it",
-            ["mode", "prompt_bucket"],
-            buckets=_TPOT,
-            registry=r,
-        )
-        self.completion = Histogram(
-            "shadow_router_completion_seconds",
-            "request start to last byte, as the client saw it",
-            ["mode", "prompt_bucket"],
-            buckets=_LATENCY,
-            registry=r,
-        )
-        self.round_stage = Histogram(
-            "shadow_router_round_stage_seconds",
-            "compute time of BR Stage 1 and Stage 2 within a round",
-            ["round_stage"],
-            buckets=_FAST,
-            registry=r,
-        )
-        self.kv_transfer = Histogram(
-            "shadow_router_kv_transfer_seconds",
-            "decode dispatch to first decode token",
-            buckets=_LATENCY,
-            registry=r,
-        )
-        self.recomputed = Counter(
-            "shadow_router_recomputed", 'decode legs that ended with stop_reason "recomputed"', registry=r
-        )
-        self.resume_dropped = Counter(
-            "shadow_router_resume_dropped",
-            "streams that stopped keeping their bytes for a recompute continuation (resume budget)",
-            registry=r,
-        )
-        self.starvation = Counter(
-            "shadow_pool_starvation_guard",
-            "pool entries dispatched by the age (starvation) guard",
-            registry=r,
-        )
-        for reason in BACKPRESSURE_REASONS:
+        self.requests = REQUESTS.counter(r)
+        self.decision = DECISION.histogram(r)
+        self.upstream_errors = UPSTREAM_ERRORS.counter(r)
+        self.retries = RETRIES.counter(r)
+        self.inflight = INFLIGHT.gauge(r)
+        self.transfers = TRANSFERS.gauge(r)
+        self.backpressure = BACKPRESSURE.counter(r)
+        self.pool_requests = POOL_REQUESTS.gauge(r)
+        self.pool_oldest = POOL_OLDEST.gauge(r)
+        self.pool_wait = POOL_WAIT.histogram(r)
+        self.pool_reaped = POOL_REAPED.counter(r)
+        self.first_token = FIRST_TOKEN.histogram(r)
+        self.tpot = TPOT.histogram(r)
+        self.completion = COMPLETION.histogram(r)
+        self.round_stage = ROUND_STAGE.histogram(r)
+        self.kv_transfer = KV_TRANSFER.histogram(r)
+        self.recomputed = RECOMPUTED.counter(r)
+        self.resume_dropped = RESUME_DROPPED.counter(r)
+        self.starvation = STARVATION.counter(r)
+        for reason in BACKPRESSURE.closed("reason"):
             self.backpressure.labels(reason)
-        for leg in LEGS:
+        for leg in RETRIES.closed("leg"):
             self.retries.labels(leg)
         self.pool_requests.set(0)
         self.pool_oldest.set(0)

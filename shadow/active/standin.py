@@ -16,10 +16,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client.core import Metric
 
 from shadow.active.proxy import ActiveConfig, ActiveProxy
+from shadow.base.families import DeclaredCollector, Family
 from shadow.contracts.modes import StaticModeSource
 
 #: `shadow router --policy` → (the proxy's decode policy, the prefill rule)
@@ -57,33 +57,35 @@ class RouterConfig:
         )
 
 
-class StandInCollector(Collector):
+PICKED = Family("shadow_router_decisions_total", "counter", "backends picked, by stage", "decisions",
+                ("stage", "backend"), {"stage": ("prefill", "decode")})
+SCORE = Family("shadow_router_outstanding_score", "gauge",
+               "outstanding score per backend (prefill: the vllm-ascend score; decode: body bytes)", "score",
+               ("stage", "backend"), {"stage": ("prefill", "decode")})
+ERRORS = Family("shadow_router_errors_total", "counter", "requests answered with an error, by reason",
+                "requests", ("reason",))
+#: The stand-in's own families (beside the active proxy's), in the order they are yielded.
+FAMILIES = (PICKED, SCORE, ERRORS)
+
+
+class StandInCollector(DeclaredCollector):
     """The stand-in's own families, read from the proxy's state at scrape time (same loop)."""
+
+    families = FAMILIES
 
     def __init__(self, proxy: ActiveProxy) -> None:
         self.proxy = proxy
 
     def collect(self) -> Iterator[Metric]:
         p = self.proxy
-        picked = CounterMetricFamily(
-            "shadow_router_decisions", "backends picked, by stage", labels=["stage", "backend"]
-        )
-        score = GaugeMetricFamily(
-            "shadow_router_outstanding_score",
-            "outstanding score per backend (prefill: the vllm-ascend score; decode: body bytes)",
-            labels=["stage", "backend"],
-        )
-        for pf in p.prefill.prefillers:
-            picked.add_metric(["prefill", pf.name], pf.picked)
-            score.add_metric(["prefill", pf.name], pf.outstanding)
+        picked = {("prefill", pf.name): pf.picked for pf in p.prefill.prefillers}
+        score = {("prefill", pf.name): pf.outstanding for pf in p.prefill.prefillers}
         for g, name in enumerate(p.decode_names):
-            picked.add_metric(["decode", name], p.ledger.dispatched[g])
-            score.add_metric(["decode", name], p.ledger.outstanding_tokens[g] * 4)  # tokens = bytes / 4
-        errors = CounterMetricFamily("shadow_router_errors", "requests answered with an error, by reason",
-                                     labels=["reason"])
-        for reason, n in sorted(p.errors.items()):
-            errors.add_metric([reason], n)
-        yield from (picked, score, errors)
+            picked["decode", name] = p.ledger.dispatched[g]
+            score["decode", name] = p.ledger.outstanding_tokens[g] * 4  # tokens = bytes / 4
+        yield PICKED.sampled(picked)
+        yield SCORE.sampled(score)
+        yield ERRORS.sampled(dict(sorted(p.errors.items())))
 
 
 def router_proxy(config: RouterConfig, registry: CollectorRegistry | None = None) -> ActiveProxy:

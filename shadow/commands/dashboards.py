@@ -62,11 +62,11 @@ def generated_files(root: Path) -> dict[Path, str]:
         raise SystemExit(
             f"shadow dashboards build needs the extra: pip install 'shadow[dashboards]' ({exc.name})"
         ) from None
-    from shadow.telemetry.catalogue import markdown
+    from shadow.app.catalogue import catalogue
 
     dashboards = {name: render(obj) for name, obj in build_all().items()}
     out = {root / "dashboards" / name: text for name, text in dashboards.items()}
-    out[root / "docs" / "metrics.md"] = markdown()
+    out[root / "docs" / "metrics.md"] = catalogue().markdown()
     base = root / "deploy" / "kubernetes" / "base" / "generated"
     out[base / "dashboards.yaml"] = manifests.render_configmaps(dashboards)
     rules = sorted((root / "alerts" / "rules").glob("*.yaml"))

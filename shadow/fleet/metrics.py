@@ -10,88 +10,23 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
+from prometheus_client.core import CounterMetricFamily, Metric
+
+from shadow.base.families import DeclaredCollector, Family
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
 PROMPT_SOURCES = ("local_compute", "external_kv_transfer", "local_cache_hit")
 
-TTFT_BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-    2560.0,
-)
-ITL_BUCKETS = (
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-)
-LATENCY_BUCKETS = (
-    0.3,
-    0.5,
-    0.8,
-    1.0,
-    1.5,
-    2.0,
-    2.5,
-    5.0,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    40.0,
-    50.0,
-    60.0,
-    120.0,
-    240.0,
-    480.0,
-    960.0,
-    1920.0,
-    7680.0,
-)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+               20.0, 40.0, 80.0)
+LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                   240.0, 480.0, 960.0, 1920.0, 7680.0)
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 N_BUCKETS = (1, 2, 5, 10, 20)
 
@@ -140,6 +75,74 @@ class Hist:
         return out
 
 
+ME = ("model_name", "engine")
+RUNNING = Family("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
+                 "requests", ME)
+WAITING = Family("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
+                 "requests", ME)
+WAITING_BY_REASON = Family("vllm:num_requests_waiting_by_reason", "gauge",
+                           "Number of requests waiting, by reason.", "requests", (*ME, "reason"))
+KV_USAGE = Family("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
+                  "ratio", ME)
+PREEMPTIONS = Family("vllm:num_preemptions_total", "counter",
+                     "Cumulative number of preemption from the engine.", "requests", ME)
+CACHE_QUERIES = Family("vllm:prefix_cache_queries_total", "counter",
+                       "Prefix cache queries, in terms of number of queried tokens.", "tokens", ME)
+CACHE_HITS = Family("vllm:prefix_cache_hits_total", "counter",
+                    "Prefix cache hits, in terms of number of cached tokens.", "tokens", ME)
+PROMPT_TOKENS = Family("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+                       "tokens", ME)
+PROMPT_BY_SOURCE = Family("vllm:prompt_tokens_by_source_total", "counter",
+                          "Number of prompt tokens by source.", "tokens", (*ME, "source"))
+GENERATION_TOKENS = Family("vllm:generation_tokens_total", "counter",
+                           "Number of generation tokens processed.", "tokens", ME)
+SUCCESS = Family("vllm:request_success_total", "counter", "Count of successfully processed requests.",
+                 "requests", (*ME, "finished_reason"))
+TTFT = Family("vllm:time_to_first_token_seconds", "histogram", "Histogram of time to first token in seconds.",
+              "seconds", ME, buckets=TTFT_BUCKETS)
+ITL = Family("vllm:inter_token_latency_seconds", "histogram", "Histogram of inter-token latency in seconds.",
+             "seconds", ME, buckets=ITL_BUCKETS)
+TPOT = Family("vllm:request_time_per_output_token_seconds", "histogram",
+              "Histogram of time_per_output_token_seconds per request.", "seconds", ME, buckets=ITL_BUCKETS)
+E2E = Family("vllm:e2e_request_latency_seconds", "histogram", "Histogram of e2e request latency in seconds.",
+             "seconds", ME, buckets=LATENCY_BUCKETS)
+QUEUE_TIME = Family("vllm:request_queue_time_seconds", "histogram",
+                    "Histogram of time spent in WAITING phase for request.", "seconds", ME,
+                    buckets=LATENCY_BUCKETS)
+INFERENCE_TIME = Family("vllm:request_inference_time_seconds", "histogram",
+                        "Histogram of time spent in RUNNING phase for request.", "seconds", ME,
+                        buckets=LATENCY_BUCKETS)
+PREFILL_TIME = Family("vllm:request_prefill_time_seconds", "histogram",
+                      "Histogram of time spent in PREFILL phase for request.", "seconds", ME,
+                      buckets=LATENCY_BUCKETS)
+DECODE_TIME = Family("vllm:request_decode_time_seconds", "histogram",
+                     "Histogram of time spent in DECODE phase for request.", "seconds", ME,
+                     buckets=LATENCY_BUCKETS)
+ITERATION_TOKENS = Family("vllm:iteration_tokens_total", "histogram",
+                          "Histogram of number of tokens per engine_step.", "tokens", ME,
+                          buckets=ITERATION_TOKEN_BUCKETS)
+REQUEST_PROMPT = Family("vllm:request_prompt_tokens", "histogram", "Number of prefill tokens processed.",
+                        "tokens", ME)
+REQUEST_GENERATION = Family("vllm:request_generation_tokens", "histogram",
+                            "Number of generation tokens processed.", "tokens", ME)
+REQUEST_MAX_GENERATION = Family("vllm:request_max_num_generation_tokens", "histogram",
+                                "Histogram of maximum number of requested generation tokens.", "tokens", ME)
+PARAMS_MAX_TOKENS = Family("vllm:request_params_max_tokens", "histogram",
+                           "Histogram of the max_tokens request parameter.", "tokens", ME)
+PARAMS_N = Family("vllm:request_params_n", "histogram", "Histogram of the n request parameter.",
+                  "requests", ME, buckets=N_BUCKETS)
+CACHE_CONFIG = Family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig", "info",
+                      ("block_size", "enable_prefix_caching", "num_gpu_blocks", "kv_cache_size_tokens",
+                       "engine"),
+                      note="Value 1; vLLM has about 40 labels, these are the double's.")
+#: The per-engine histograms, in the order they are exported (token-count ones: buckets by model length).
+HISTOGRAMS = (TTFT, ITL, TPOT, E2E, QUEUE_TIME, INFERENCE_TIME, PREFILL_TIME, DECODE_TIME, ITERATION_TOKENS,
+              REQUEST_PROMPT, REQUEST_GENERATION, REQUEST_MAX_GENERATION, PARAMS_MAX_TOKENS, PARAMS_N)
+#: vLLM's families as the double exports them (what shadow reads from workers), in that order.
+VLLM_FAMILIES = (RUNNING, WAITING, WAITING_BY_REASON, KV_USAGE, PREEMPTIONS, CACHE_QUERIES, CACHE_HITS,
+                 PROMPT_TOKENS, PROMPT_BY_SOURCE, GENERATION_TOKENS, SUCCESS, *HISTOGRAMS, CACHE_CONFIG)
+
+
 class EngineStats:
     """Counters and histograms of one engine since it (re)started."""
 
@@ -151,22 +154,7 @@ class EngineStats:
         self.success = dict.fromkeys(FINISH_REASONS, 0)
         self.preemptions = 0
         tok = buckets_1_2_5(max_model_len)
-        self.hists: dict[str, Hist] = {
-            "vllm:time_to_first_token_seconds": Hist(TTFT_BUCKETS),
-            "vllm:inter_token_latency_seconds": Hist(ITL_BUCKETS),
-            "vllm:request_time_per_output_token_seconds": Hist(ITL_BUCKETS),
-            "vllm:e2e_request_latency_seconds": Hist(LATENCY_BUCKETS),
-            "vllm:request_queue_time_seconds": Hist(LATENCY_BUCKETS),
-            "vllm:request_inference_time_seconds": Hist(LATENCY_BUCKETS),
-            "vllm:request_prefill_time_seconds": Hist(LATENCY_BUCKETS),
-            "vllm:request_decode_time_seconds": Hist(LATENCY_BUCKETS),
-            "vllm:iteration_tokens_total": Hist(ITERATION_TOKEN_BUCKETS),
-            "vllm:request_prompt_tokens": Hist(tok),
-            "vllm:request_generation_tokens": Hist(tok),
-            "vllm:request_max_num_generation_tokens": Hist(tok),
-            "vllm:request_params_max_tokens": Hist(tok),
-            "vllm:request_params_n": Hist(N_BUCKETS),
-        }
+        self.hists: dict[str, Hist] = {f.name: Hist(f.buckets or tok) for f in HISTOGRAMS}
         h = self.hists
         self.ttft = h["vllm:time_to_first_token_seconds"]
         self.itl = h["vllm:inter_token_latency_seconds"]
@@ -203,34 +191,13 @@ class MetricsSource(Protocol):
     def kv_usage(self) -> float: ...
 
 
-_HELP = {
-    "vllm:time_to_first_token_seconds": "Histogram of time to first token in seconds.",
-    "vllm:inter_token_latency_seconds": "Histogram of inter-token latency in seconds.",
-    "vllm:request_time_per_output_token_seconds": "Histogram of time_per_output_token_seconds per request.",
-    "vllm:e2e_request_latency_seconds": "Histogram of e2e request latency in seconds.",
-    "vllm:request_queue_time_seconds": "Histogram of time spent in WAITING phase for request.",
-    "vllm:request_inference_time_seconds": "Histogram of time spent in RUNNING phase for request.",
-    "vllm:request_prefill_time_seconds": "Histogram of time spent in PREFILL phase for request.",
-    "vllm:request_decode_time_seconds": "Histogram of time spent in DECODE phase for request.",
-    "vllm:iteration_tokens_total": "Histogram of number of tokens per engine_step.",
-    "vllm:request_prompt_tokens": "Number of prefill tokens processed.",
-    "vllm:request_generation_tokens": "Number of generation tokens processed.",
-    "vllm:request_max_num_generation_tokens": "Histogram of maximum number of requested generation tokens.",
-    "vllm:request_params_max_tokens": "Histogram of the max_tokens request parameter.",
-    "vllm:request_params_n": "Histogram of the n request parameter.",
-}
-
-
-class VllmCollector:
+class VllmCollector(DeclaredCollector):
     """Yields vLLM-named metric families for the engines that `sources()` returns."""
 
-    def __init__(
-        self,
-        model_name: str,
-        sources: Callable[[], Iterable[MetricsSource]],
-        block_size: int,
-        kv_capacity_tokens: int,
-    ) -> None:
+    families = VLLM_FAMILIES
+
+    def __init__(self, model_name: str, sources: Callable[[], Iterable[MetricsSource]], block_size: int,
+                 kv_capacity_tokens: int) -> None:
         self._model = model_name
         self._sources = sources
         self._block_size = block_size
@@ -238,100 +205,56 @@ class VllmCollector:
 
     def collect(self) -> Iterable[Metric]:
         srcs = list(self._sources())
-        base = ["model_name", "engine"]
+        model = self._model
+        yield RUNNING.sampled({(model, s.engine_label): s.num_running() for s in srcs})
+        yield WAITING.sampled({(model, s.engine_label): s.num_waiting() for s in srcs})
+        yield WAITING_BY_REASON.sampled({(model, s.engine_label, reason): n for s in srcs
+                                         for reason, n in (("capacity", s.num_waiting()), ("deferred", 0))})
+        yield KV_USAGE.sampled({(model, s.engine_label): s.kv_usage() for s in srcs})
 
-        def gauge(name: str, doc: str, value: Callable[[MetricsSource], float]) -> GaugeMetricFamily:
-            fam = GaugeMetricFamily(name, doc, labels=base)
-            for s in srcs:
-                fam.add_metric([self._model, s.engine_label], value(s))
-            return fam
-
-        def counter(name: str, doc: str, value: Callable[[EngineStats], float]) -> CounterMetricFamily:
-            fam = CounterMetricFamily(name, doc, labels=base)
-            for s in srcs:
-                fam.add_metric([self._model, s.engine_label], value(s.stats), created=s.stats.created)
-            return fam
-
-        def counter_by(
-            name: str, doc: str, label: str, values: Callable[[EngineStats], dict[str, int]]
-        ) -> CounterMetricFamily:
-            fam = CounterMetricFamily(name, doc, labels=[*base, label])
+        def counter(fam: Family, values: Callable[[EngineStats], Mapping[str, int]]) -> CounterMetricFamily:
+            out = fam.counter_family()
             for s in srcs:
                 for key, v in values(s.stats).items():
-                    fam.add_metric([self._model, s.engine_label, key], v, created=s.stats.created)
-            return fam
+                    labels = [model, s.engine_label, *([key] if key else [])]
+                    out.add_metric(labels, v, created=s.stats.created)
+            return out
 
-        yield gauge(
-            "vllm:num_requests_running",
-            "Number of requests in model execution batches.",
-            lambda s: s.num_running(),
-        )
-        yield gauge(
-            "vllm:num_requests_waiting",
-            "Number of requests waiting to be processed.",
-            lambda s: s.num_waiting(),
-        )
-        by_reason = GaugeMetricFamily(
-            "vllm:num_requests_waiting_by_reason",
-            "Number of requests waiting, by reason.",
-            labels=[*base, "reason"],
-        )
-        for s in srcs:
-            by_reason.add_metric([self._model, s.engine_label, "capacity"], s.num_waiting())
-            by_reason.add_metric([self._model, s.engine_label, "deferred"], 0)
-        yield by_reason
-        yield gauge(
-            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", lambda s: s.kv_usage()
-        )
-        yield counter(
-            "vllm:num_preemptions",
-            "Cumulative number of preemption from the engine.",
-            lambda st: st.preemptions,
-        )
-        yield counter(
-            "vllm:prefix_cache_queries",
-            "Prefix cache queries, in terms of number of queried tokens.",
-            lambda st: st.prompt_tokens,
-        )
-        yield counter(
-            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", lambda st: 0
-        )
-        yield counter(
-            "vllm:prompt_tokens", "Number of prefill tokens processed.", lambda st: st.prompt_tokens
-        )
-        yield counter_by(
-            "vllm:prompt_tokens_by_source",
-            "Number of prompt tokens by source.",
-            "source",
-            lambda st: st.prompt_by_source,
-        )
-        yield counter(
-            "vllm:generation_tokens",
-            "Number of generation tokens processed.",
-            lambda st: st.generation_tokens,
-        )
-        yield counter_by(
-            "vllm:request_success",
-            "Count of successfully processed requests.",
-            "finished_reason",
-            lambda st: st.success,
-        )
-        for name, doc in _HELP.items():
-            fam = HistogramMetricFamily(name, doc, labels=base)
+        yield counter(PREEMPTIONS, lambda st: {"": st.preemptions})
+        yield counter(CACHE_QUERIES, lambda st: {"": st.prompt_tokens})
+        yield counter(CACHE_HITS, lambda st: {"": 0})
+        yield counter(PROMPT_TOKENS, lambda st: {"": st.prompt_tokens})
+        yield counter(PROMPT_BY_SOURCE, lambda st: st.prompt_by_source)
+        yield counter(GENERATION_TOKENS, lambda st: {"": st.generation_tokens})
+        yield counter(SUCCESS, lambda st: st.success)
+        for fam in HISTOGRAMS:
+            hist = fam.histogram_family()
             for s in srcs:
-                h = s.stats.hists[name]
-                fam.add_metric([self._model, s.engine_label], h.cumulative(), h.sum)
-            yield fam
-        info = GaugeMetricFamily(
-            "vllm:cache_config_info",
-            "Information of the LLMEngine CacheConfig",
-            labels=["block_size", "enable_prefix_caching", "num_gpu_blocks", "kv_cache_size_tokens",
-                    "engine"],
-        )
-        for s in srcs:
-            info.add_metric([str(self._block_size), "False", str(self._num_blocks),
-                             str(self._block_size * self._num_blocks), s.engine_label], 1.0)
-        yield info
+                h = s.stats.hists[fam.name]
+                hist.add_metric([model, s.engine_label], h.cumulative(), h.sum)
+            yield hist
+        yield CACHE_CONFIG.sampled({(str(self._block_size), "False", str(self._num_blocks),
+                                     str(self._block_size * self._num_blocks), s.engine_label): 1.0
+                                    for s in srcs})
+
+
+FLEET_STEPS = Family("shadow_fleet_steps_total", "counter", "Steps of the shared decode clock.", "steps")
+FLEET_STEP_SECONDS = Family("shadow_fleet_step_duration_seconds", "histogram",
+                            "Wall duration of decode steps.", "seconds")
+FLEET_LAST_STEP = Family("shadow_fleet_last_step_seconds", "gauge",
+                         "Wall duration of the last decode step.", "seconds")
+FLEET_SPREAD_STEPS = Family(
+    "shadow_fleet_spread_token_steps_total", "counter",
+    "Sum over decode steps of max_g L_g - min_g L_g over live ranks (per step: average spread).",
+    "token-steps")
+FLEET_LAST_MAX_LOAD = Family("shadow_fleet_last_max_load_tokens", "gauge",
+                             "max_g L_g of the last decode step.", "tokens")
+FLEET_LOAD = Family("shadow_fleet_load_tokens", "gauge",
+                    "KV load L_g: prompt + generated tokens of the rank's running requests.", "tokens",
+                    ("engine",))
+#: The simulated fleet's ground truth, in the order `StepCollector` yields it.
+FLEET_FAMILIES = (FLEET_STEPS, FLEET_STEP_SECONDS, FLEET_LAST_STEP, FLEET_SPREAD_STEPS, FLEET_LAST_MAX_LOAD,
+                  FLEET_LOAD)
 
 
 class ClockView(Protocol):
@@ -344,12 +267,14 @@ class ClockView(Protocol):
     step_hist: Hist
 
 
-class StepCollector:
+class StepCollector(DeclaredCollector):
     """Ground truth of the simulated barrier clock, for checking what a sidecar infers:
     `shadow_fleet_steps_total`, `shadow_fleet_step_duration_seconds` (histogram),
     `shadow_fleet_last_step_seconds`, `shadow_fleet_last_max_load_tokens`,
     `shadow_fleet_spread_token_steps_total` (Σ over steps of max − min load) and this rank's
     `shadow_fleet_load_tokens` (L_g). Not a vLLM metric: vLLM exposes no step times."""
+
+    families = FLEET_FAMILIES
 
     def __init__(
         self,
@@ -365,35 +290,14 @@ class StepCollector:
         clock = self._clock()
         if clock is None:
             return
-        yield CounterMetricFamily(
-            "shadow_fleet_steps", "Steps of the shared decode clock.", value=clock.steps
-        )
-        h = HistogramMetricFamily("shadow_fleet_step_duration_seconds", "Wall duration of decode steps.")
+        yield FLEET_STEPS.value(clock.steps)
+        h = FLEET_STEP_SECONDS.histogram_family()
         h.add_metric([], clock.step_hist.cumulative(), clock.step_hist.sum)
         yield h
-        yield GaugeMetricFamily(
-            "shadow_fleet_last_step_seconds",
-            "Wall duration of the last decode step.",
-            value=clock.last_step_s,
-        )
-        yield CounterMetricFamily(
-            "shadow_fleet_spread_token_steps",
-            "Sum over decode steps of max_g L_g - min_g L_g over live ranks (per step: average spread).",
-            value=clock.sum_spread,
-        )
-        yield GaugeMetricFamily(
-            "shadow_fleet_last_max_load_tokens",
-            "max_g L_g of the last decode step.",
-            value=clock.last_max_load,
-        )
-        load = GaugeMetricFamily(
-            "shadow_fleet_load_tokens",
-            "KV load L_g: prompt + generated tokens of the rank's running requests.",
-            labels=["engine"],
-        )
-        for s in self._sources():
-            load.add_metric([s.engine_label], self._load(s))
-        yield load
+        yield FLEET_LAST_STEP.value(clock.last_step_s)
+        yield FLEET_SPREAD_STEPS.value(clock.sum_spread)
+        yield FLEET_LAST_MAX_LOAD.value(clock.last_max_load)
+        yield FLEET_LOAD.sampled({s.engine_label: self._load(s) for s in self._sources()})
 
 
 def make_registry(*collectors: object) -> CollectorRegistry:

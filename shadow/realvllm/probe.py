@@ -24,31 +24,10 @@ from typing import Any
 
 from vllm.v1.metrics.loggers import StatLoggerBase
 
+from shadow.realvllm.probe_metrics import ProbeCollector
 from shadow.realvllm.stepsender import StepSample, StepSender, sender_from_env
 
 LOG = logging.getLogger("shadow.probe")
-
-
-class ProbeCollector:
-    """`shadow_probe_steps_total{outcome}` on the engine's own /metrics (prometheus_client)."""
-
-    def __init__(self, sender: StepSender, engine: int) -> None:
-        self.sender = sender
-        self.engine = str(engine)
-
-    def describe(self) -> list[Any]:
-        return []
-
-    def collect(self) -> list[Any]:
-        from prometheus_client.core import CounterMetricFamily
-
-        c = self.sender.counts
-        fam = CounterMetricFamily("shadow_probe_steps", "Engine steps the shadow probe handled, by outcome",
-                                  labels=["engine", "outcome"])
-        for outcome, value in (("sent", c.sent), ("dropped_full", c.dropped_full),
-                               ("dropped_failed", c.dropped_failed), ("dropped_closed", c.dropped_closed)):
-            fam.add_metric([self.engine, outcome], value)
-        return [fam]
 
 
 class ShadowStepProbe(StatLoggerBase):  # type: ignore[misc,unused-ignore]  # vllm is untyped here

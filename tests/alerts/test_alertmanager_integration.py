@@ -23,11 +23,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shadow.telemetry.catalogue import active_only, lookup
+from shadow.app.catalogue import catalogue
 from tests.telemetry.active_stack import active_stack, require_active
 from tests.telemetry.promql import metric_names, substitute
 from tests.telemetry.servers import Alertmanager, Prometheus, Webhook, wait_for
 from tests.telemetry.stack import running_stack, send_traffic
+
+CATALOGUE = catalogue()
 
 pytestmark = pytest.mark.integration
 
@@ -134,8 +136,8 @@ def _active_expressions() -> list[tuple[str, str]]:
     for where, expr in _expressions():
         names = {spec.name for n in metric_names(substitute(expr, {"fleet": ".*", "instance": ".*",
                                                                   "lane": ".*"}))
-                 if (spec := lookup(n)) is not None}
-        if names & active_only():
+                 if (spec := CATALOGUE.lookup(n)) is not None}
+        if names & CATALOGUE.active_only():
             out.append((where, expr))
     return out
 

@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 import yaml
 
-from shadow.telemetry.catalogue import lookup
+from shadow.app.catalogue import catalogue
 from tests.telemetry.promql import metric_names
+
+CATALOGUE = catalogue()
 
 ROOT = Path(__file__).resolve().parents[2]
 RULE_FILES = sorted((ROOT / "alerts" / "rules").glob("*.yaml"))
@@ -79,7 +81,7 @@ def test_every_alert_has_a_runbook_severity_and_text() -> None:
 def test_every_alert_names_only_catalogued_metrics() -> None:
     for rule in _alerts():
         for name in metric_names(rule["expr"]):
-            assert name in EXTERNAL or lookup(name) is not None, (
+            assert name in EXTERNAL or CATALOGUE.lookup(name) is not None, (
                 f"{rule['alert']}: {name} not in the catalogue"
             )
 

@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 
+from shadow.app.catalogue import catalogue
 from shadow.commands.dashboards import generated_files
-from shadow.telemetry.catalogue import active_only, lookup
 from tests.telemetry.promql import metric_names, substitute
+
+CATALOGUE = catalogue()
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = sorted((ROOT / "dashboards").glob("*.json"))
@@ -95,7 +97,7 @@ def test_query_parses_names_catalogued_metrics_and_rates_counters(uid: str, titl
     names = metric_names(text)
     assert names, f"{uid}/{title}: no metric"
     for name in names:
-        assert lookup(name) is not None, f"{uid}/{title}: {name} is not in the catalogue"
+        assert CATALOGUE.lookup(name) is not None, f"{uid}/{title}: {name} is not in the catalogue"
     assert "[1m]" in text or ("_total" not in text and "_bucket" not in text and "_sum" not in text), (
         f"{uid}/{title}: counters must be rated over $__rate_interval"
     )
@@ -109,15 +111,15 @@ def test_variable_queries_name_catalogued_metrics() -> None:
         for v in d["templating"]["list"]:
             if v["type"] == "query":
                 m = re.fullmatch(r"label_values\((\w+)(\{.*\})?, (\w+)\)", v["query"])
-                assert m and lookup(m.group(1)) is not None, v["query"]
+                assert m and CATALOGUE.lookup(m.group(1)) is not None, v["query"]
 
 
 def test_every_active_routing_metric_is_on_a_dashboard() -> None:
     """The Router, Predictors, Pool and Fairness dashboards cover the whole active-routing table."""
     shown = set()
     for _, _, expr in all_queries():
-        shown |= {spec.name for n in metric_names(substitute(expr, VARS)) if (spec := lookup(n))}
-    assert sorted(active_only() - shown) == []
+        shown |= {spec.name for n in metric_names(substitute(expr, VARS)) if (spec := CATALOGUE.lookup(n))}
+    assert sorted(CATALOGUE.active_only() - shown) == []
 
 
 def test_active_dashboards_read_active_metrics_or_the_lanes() -> None:
@@ -126,6 +128,7 @@ def test_active_dashboards_read_active_metrics_or_the_lanes() -> None:
             continue
         for p in _panels(d):
             for t in p["targets"]:
-                names = {spec.name for n in metric_names(substitute(t["expr"], VARS)) if (spec := lookup(n))}
-                assert names & active_only() or all(n.startswith("shadow_lane_") for n in names), (
+                names = {spec.name for n in metric_names(substitute(t["expr"], VARS))
+                         if (spec := CATALOGUE.lookup(n))}
+                assert names & CATALOGUE.active_only() or all(n.startswith("shadow_lane_") for n in names), (
                     f"{d['uid']}/{p['title']}: {sorted(names)}")

@@ -9,9 +9,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shadow.telemetry import catalogue
-from shadow.telemetry.catalogue import CATALOGUE, LABELS, check_exposition, lookup
+from shadow.app.catalogue import catalogue as build_catalogue
+from shadow.telemetry.catalogue import EXPORTERS, LABELS
 from tests.telemetry.stack import running_stack, send_traffic, until_step_model
+
+catalogue = build_catalogue()
+CATALOGUE = catalogue.entries
+check_exposition = catalogue.check_exposition
+lookup = catalogue.lookup
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,7 +25,7 @@ def test_catalogue_entries_follow_the_conventions() -> None:
     names = [m.name for m in CATALOGUE]
     assert len(names) == len(set(names))
     for m in CATALOGUE:
-        assert m.exporter in catalogue.EXPORTERS
+        assert m.exporter in EXPORTERS
         assert m.help.strip(), m.name
         assert set(m.labels) <= set(LABELS), m.name
         if m.exporter == "vllm":
@@ -88,7 +93,10 @@ def test_active_routing_metrics_are_the_coordinated_table() -> None:
     assert got == expected
     assert all(m.exporter == "serve" for m in CATALOGUE if m.only == "active")
     assert catalogue.active_only() == set(expected)
-    assert catalogue.LABEL_VALUES["prompt_bucket"] == ("lt512", "512-2k", "2k-8k", "ge8k")
+    for name in ("shadow_router_first_token_seconds", "shadow_router_tpot_seconds",
+                 "shadow_router_completion_seconds"):
+        assert catalogue.get(name).family.values["prompt_bucket"] == (  # type: ignore[union-attr]
+            "lt512", "512-2k", "2k-8k", "ge8k")
 
 
 def test_check_exposition_holds_active_labels_to_their_closed_sets() -> None:

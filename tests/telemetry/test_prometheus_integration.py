@@ -15,11 +15,13 @@ import httpx
 import pytest
 import yaml
 
-from shadow.telemetry.catalogue import active_only, lookup
+from shadow.app.catalogue import catalogue
 from tests.telemetry.promql import metric_names, substitute
 from tests.telemetry.servers import Prometheus
 from tests.telemetry.servers import wait_for as _wait
 from tests.telemetry.stack import Stack, running_stack, send_traffic, until_step_model
+
+CATALOGUE = catalogue()
 
 pytestmark = pytest.mark.integration
 
@@ -97,8 +99,8 @@ def test_expression_parses_and_returns_data(scraped: tuple[Prometheus, Stack], w
     body = prom.query(text)
     assert body["status"] == "success", f"{where}: {body.get('error')}"
     names = metric_names(substitute(expr, VARS))
-    assert all(lookup(n) is not None or n == "up" for n in names), where
-    if any((spec := lookup(n)) is not None and spec.name in active_only() for n in names):
+    assert all(CATALOGUE.lookup(n) is not None or n == "up" for n in names), where
+    if any((spec := CATALOGUE.lookup(n)) is not None and spec.name in CATALOGUE.active_only() for n in names):
         # active-routing metrics: a shadow-only `shadow serve` does not export them, so here the
         # expression only has to parse and run; tests/alerts/test_alertmanager_integration.py runs
         # it against `shadow serve --active` and requires data
