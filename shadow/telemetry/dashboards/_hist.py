@@ -1,10 +1,10 @@
-"""PromQL for histogram quantiles shared by the active-mode dashboards."""
+"""Histogram panels and PromQL shared by the dashboards: quantiles and bucket heatmaps."""
 
 from __future__ import annotations
 
-from grafana_foundation_sdk.builders import prometheus
+from grafana_foundation_sdk.builders import heatmap, prometheus
 
-from shadow.telemetry.dashboards._kit import RATE, q, sel
+from shadow.telemetry.dashboards._kit import RATE, heat, legend, q, rate, sel
 
 
 def quantile(phi: float, hist: str, by: str = "", extra: str = "") -> str:
@@ -15,7 +15,11 @@ def quantile(phi: float, hist: str, by: str = "", extra: str = "") -> str:
 
 def quantiles(hist: str, by: str = "", phis: tuple[float, ...] = (0.5, 0.95, 0.99),
               extra: str = "") -> list[prometheus.Dataquery]:
-    """One target per quantile, legends `p50 {{by}}` ..., refs A, B, C."""
-    suffix = " ".join("{{" + k.strip() + "}}" for k in by.split(",") if k.strip())
-    return [q(quantile(phi, hist, by, extra), f"p{round(phi * 100)} {suffix}".strip(), ref=chr(65 + i))
-            for i, phi in enumerate(phis)]
+    """One target per quantile, legends `p50 {{by}}` ...."""
+    return [q(quantile(phi, hist, by, extra), f"p{round(phi * 100)} {legend(by)}".strip()) for phi in phis]
+
+
+def bucket_heat(title: str, description: str, unit: str, hist: str) -> heatmap.Panel:
+    """A heatmap of a histogram's bucket increases per window (Grafana does not re-bucket)."""
+    return heat(title, description, unit, q(rate(f"{hist}_bucket", "le", fn="increase"), "{{le}}", heat=True),
+                calculate=False)

@@ -26,8 +26,33 @@ def sel(extra: str = "") -> str:
     return "{" + SEL + (", " + extra if extra else "") + "}"
 
 
+def rate(metric: str, by: str = "", extra: str = "", *, fn: str = "rate", agg: str = "sum") -> str:
+    """`agg by (by) (fn(metric{selector}[window]))`: a counter's rate (or increase) over the window."""
+    return f"{agg}{_by(by)} ({fn}({metric}{sel(extra)}[{RATE}]))"
+
+
+def level(metric: str, by: str = "", extra: str = "", *, agg: str = "max") -> str:
+    """`agg by (by) (metric{selector})`: a gauge aggregated over the series it has."""
+    return f"{agg}{_by(by)} ({metric}{sel(extra)})"
+
+
+def per_step(counter: str, lanes: str = "", by: str = "lane") -> str:
+    """A lane counter's average per step over the window: rate(Σ x over steps) / rate(steps)."""
+    return f'{rate(counter, by, lanes)} / {rate("shadow_lane_steps_total", by, lanes)}'
+
+
+def legend(by: str) -> str:
+    """The legend naming each label of `by` ("a, b" -> "{{a}} {{b}}")."""
+    return " ".join("{{" + k.strip() + "}}" for k in by.split(",") if k.strip())
+
+
+def _by(by: str) -> str:
+    return f" by ({by})" if by else ""
+
+
 def q(expr: str, legend: str = "", ref: str = "A", *, instant: bool = False,
       heat: bool = False) -> prometheus.Dataquery:
+    """One target; panels renumber their targets A, B, C, ... in order."""
     t = prometheus.Dataquery().expr(expr).ref_id(ref).datasource(DS)
     if legend:
         t = t.legend_format(legend)
@@ -49,8 +74,8 @@ def ts(title: str, description: str, unit: str, *targets: prometheus.Dataquery,
         p = p.max(max_)
     if decimals is not None:
         p = p.decimals(decimals)
-    for t in targets:
-        p = p.with_target(t)
+    for i, t in enumerate(targets):
+        p = p.with_target(t.ref_id(chr(65 + i)))
     return p
 
 
@@ -131,6 +156,11 @@ class Layout:
     def _id(self) -> int:
         self.next_id += 1
         return self.next_id - 1
+
+
+def board(uid: str, title: str, description: str, *, lane: bool = False) -> Layout:
+    """A new dashboard with its variables, to be filled through the Layout (`.d` when done)."""
+    return Layout(variables(dashboard(uid, title, description), lane=lane))
 
 
 def dashboard(uid: str, title: str, description: str) -> db.Dashboard:

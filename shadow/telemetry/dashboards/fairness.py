@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as db
 
+from shadow.contracts.labels import PROMPT_BUCKETS
 from shadow.telemetry.dashboards._hist import quantile, quantiles
-from shadow.telemetry.dashboards._kit import RATE, Layout, dashboard, q, sel, ts, variables
+from shadow.telemetry.dashboards._kit import board, q, rate, ts
 
 UID = "shadow-fairness"
 METRICS = (
@@ -20,11 +21,9 @@ METRICS = (
 
 
 def build() -> db.Dashboard:
-    d = variables(dashboard(
-        UID, "shadow / Fairness",
-        "Are long prompts paying for short ones (or the reverse)? Client-side TTFT, TPOT and "
-        "completion time by prompt-length bucket (lt512, 512-2k, 2k-8k, ge8k) and by mode."))
-    lay = Layout(d)
+    lay = board(UID, "shadow / Fairness",
+                "Are long prompts paying for short ones (or the reverse)? Client-side TTFT, TPOT and "
+                f"completion time by prompt-length bucket ({', '.join(PROMPT_BUCKETS)}) and by mode.")
     for title, hist, what in METRICS:
         lay.row(title)
         lay.add(ts(f"{title}: p50 and p95 by prompt length",
@@ -39,7 +38,6 @@ def build() -> db.Dashboard:
     lay.add(ts("Finished requests by prompt length",
                "Requests per second finished through the proxy, by prompt-length bucket and mode (the "
                "weight behind each quantile above).",
-               "reqps", q(f"sum by (mode, prompt_bucket) "
-                          f"(rate(shadow_router_completion_seconds_count{sel()}[{RATE}]))",
+               "reqps", q(rate("shadow_router_completion_seconds_count", "mode, prompt_bucket"),
                           "{{mode}} {{prompt_bucket}}")), w=24)
     return lay.d

@@ -5,26 +5,19 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as db
 
-from shadow.telemetry.dashboards._kit import RATE, Layout, dashboard, q, sel, st, ts, variables
+from shadow.telemetry.dashboards._hist import quantile
+from shadow.telemetry.dashboards._kit import board, level, per_step, q, rate, sel, st, ts
 
 UID = "shadow-overview"
 ACTUAL = 'lane="actual"'
 BR = 'lane=~"br.*"'
-
-
-def _per_step(counter: str, lanes: str = "", by: str = "lane") -> str:
-    """Average per step over the window: rate(Σ x over steps) / rate(steps)."""
-    s = sel(lanes)
-    return (f"sum by ({by}) (rate({counter}{s}[{RATE}])) "
-            f"/ sum by ({by}) (rate(shadow_lane_steps_total{s}[{RATE}]))")
+SPREAD = "shadow_lane_spread_token_steps_total"
 
 
 def build() -> db.Dashboard:
-    d = variables(dashboard(
-        UID, "shadow / Overview",
-        "What the router really did (lane `actual`) against BalanceRoute and the baselines on the "
-        "same live traffic, with the twin's fidelity and the step model's fit next to every figure."))
-    lay = Layout(d)
+    lay = board(UID, "shadow / Overview",
+                "What the router really did (lane `actual`) against BalanceRoute and the baselines on the "
+                "same live traffic, with the twin's fidelity and the step model's fit next to every figure.")
     lay.row("Headline")
     lay.add(st(
         "What BR would save: barrier idle",
@@ -40,74 +33,68 @@ def build() -> db.Dashboard:
         "Average max−min KV load over the window in the actual lane divided by the best BR lane's: "
         "how many times wider the router's imbalance is.",
         "suffix:×",
-        f'({_per_step("shadow_lane_spread_token_steps_total", ACTUAL, "instance")}) '
-        f'/ min by (instance) ({_per_step("shadow_lane_spread_token_steps_total", BR, "instance, lane")})',
+        f'({per_step(SPREAD, ACTUAL, "instance")}) '
+        f'/ min by (instance) ({per_step(SPREAD, BR, "instance, lane")})',
         decimals=2, steps=((None, "text"), (1.2, "green"))), w=6, h=5)
     lay.add(st(
         "Twin fidelity: load error",
         "Mean relative error between the actual lane's per-worker loads and the mirrored loads. "
         "Under 2 % the counterfactual lanes are comparable with reality; over 5 % do not trust them.",
-        "percentunit", f"max by (instance) (shadow_fidelity_load_relative_error{sel()})",
+        "percentunit", level("shadow_fidelity_load_relative_error", "instance"),
         decimals=2, steps=((None, "green"), (0.02, "orange"), (0.05, "red"))), w=6, h=5)
     lay.add(st(
         "Step model fit: R²",
         "R² of the fitted step time T = a·max_g L_g + b. Barrier idle, throughput and TPOT estimates "
         "rest on it; under 0.8 they are unreliable.",
-        "none", f"min by (instance) (shadow_step_model_r2{sel()})",
+        "none", level("shadow_step_model_r2", "instance", agg="min"),
         decimals=3, steps=((None, "red"), (0.8, "orange"), (0.9, "green"))), w=6, h=5)
 
     lay.row("Balance by lane")
     lay.add(ts("Average spread (max − min KV load)",
                "Per lane, the average over decode steps of max_g L_g − min_g L_g, from the lane's "
                "counters (rate of Σ spread over rate of steps).",
-               "suffix: tok", q(_per_step("shadow_lane_spread_token_steps_total"), "{{lane}}")))
+               "suffix: tok", q(per_step(SPREAD), "{{lane}}")))
     lay.add(ts("Average imbalance I(k)",
                "Per lane, the average over steps of I(k) = Σ_g (max − L_g): KV tokens the barrier "
                "waits for, the quantity BalanceRoute minimises.",
-               "suffix: tok", q(_per_step("shadow_lane_imbalance_token_steps_total"), "{{lane}}")))
+               "suffix: tok", q(per_step("shadow_lane_imbalance_token_steps_total"), "{{lane}}")))
     lay.add(ts("Barrier idle by lane",
                "Fraction of step time the ranks wait at the barrier for the most loaded one, over the "
                "report window, from the fitted step model.",
-               "percentunit", q(f"max by (lane) (shadow_lane_barrier_idle_ratio{sel()})", "{{lane}}"),
-               max_=1))
+               "percentunit", q(level("shadow_lane_barrier_idle_ratio", "lane"), "{{lane}}"), max_=1))
     lay.add(ts("Spread at the latest step",
                "Instantaneous max − min KV load per lane (noisier than the average beside).",
-               "suffix: tok", q(f"max by (lane) (shadow_lane_spread_tokens{sel()})", "{{lane}}")))
+               "suffix: tok", q(level("shadow_lane_spread_tokens", "lane"), "{{lane}}")))
 
     lay.row("Estimated service by lane")
     lay.add(ts("Estimated decode throughput",
                "Output tokens per second each lane would deliver, from its loads and the fitted step "
                "model.",
                "suffix: tok/s",
-               q(f"sum by (lane) (shadow_lane_throughput_tokens_per_second{sel()})", "{{lane}}")))
+               q(level("shadow_lane_throughput_tokens_per_second", "lane", agg="sum"), "{{lane}}")))
     lay.add(ts("Estimated TPOT",
                "Mean time per output token in each lane, from the fitted step model.",
-               "s", q(f"max by (lane) (shadow_lane_tpot_seconds{sel()})", "{{lane}}")))
+               "s", q(level("shadow_lane_tpot_seconds", "lane"), "{{lane}}")))
     lay.add(ts("Fidelity and fit",
                "Twin fidelity error (actual lane vs mirror) and step-model R², the two figures every "
                "counterfactual number depends on.",
                "percentunit",
-               q(f"max by (instance) (shadow_fidelity_load_relative_error{sel()})",
-                 "load error {{instance}}"),
-               q(f"min by (instance) (shadow_step_model_r2{sel()})", "R² {{instance}}", ref="B"), max_=1))
+               q(level("shadow_fidelity_load_relative_error", "instance"), "load error {{instance}}"),
+               q(level("shadow_step_model_r2", "instance", agg="min"), "R² {{instance}}"), max_=1))
     lay.add(ts("Agreement with the router",
                "Share of the router's decisions each lane's policy would have made identically.",
                "percentunit",
-               q(f"sum by (lane) (rate(shadow_lane_agreements_total{sel()}[{RATE}])) "
-                 f"/ sum by (lane) (rate(shadow_lane_decisions_total{sel()}[{RATE}]))", "{{lane}}"), max_=1))
+               q(f'{rate("shadow_lane_agreements_total", "lane")} '
+                 f'/ {rate("shadow_lane_decisions_total", "lane")}', "{{lane}}"), max_=1))
 
     lay.row("Lanes")
     lay.add(ts("Requests finished per lane",
                "Requests each lane finished per second (all lanes see the same traffic).",
-               "reqps", q(f"sum by (lane) (rate(shadow_lane_requests_finished_total{sel()}[{RATE}]))",
-                          "{{lane}}")),
-            w=8)
+               "reqps", q(rate("shadow_lane_requests_finished_total", "lane"), "{{lane}}")), w=8)
     lay.add(ts("Lane lag",
                "How far each lane runs behind the live clock (lanes wait for real request ends).",
-               "s", q(f"max by (lane) (shadow_lane_lag_seconds{sel()})", "{{lane}}")), w=8)
+               "s", q(level("shadow_lane_lag_seconds", "lane"), "{{lane}}")), w=8)
     lay.add(ts("Policy compute time p99",
                "99th percentile of one routing round's compute time per lane.",
-               "s", q(f"histogram_quantile(0.99, sum by (le, lane) "
-                      f"(rate(shadow_lane_decision_duration_seconds_bucket{sel()}[{RATE}])))", "{{lane}}")),
-            w=8)
+               "s", q(quantile(0.99, "shadow_lane_decision_duration_seconds", "lane"), "{{lane}}")), w=8)
     return lay.d

@@ -6,27 +6,23 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as db
 
-from shadow.telemetry.dashboards._hist import quantiles
-from shadow.telemetry.dashboards._kit import RATE, Layout, dashboard, heat, q, sel, ts, variables
+from shadow.telemetry.dashboards._hist import bucket_heat, quantiles
+from shadow.telemetry.dashboards._kit import board, level, q, rate, ts
 
 UID = "shadow-pool"
 
 
 def build() -> db.Dashboard:
-    d = variables(dashboard(
-        UID, "shadow / Pool and transfer",
-        "What does late binding cost? Prompt Pool depth and waits, expiries and the starvation "
-        "guard, KV transfers and their time, retries, recomputations, and routing time by stage."))
-    lay = Layout(d)
+    lay = board(UID, "shadow / Pool and transfer",
+                "What does late binding cost? Prompt Pool depth and waits, expiries and the starvation "
+                "guard, KV transfers and their time, retries, recomputations, and routing time by stage.")
     lay.row("Prompt Pool")
-    lay.add(ts("Pool depth",
-               "Requests waiting in the Prompt Pool: prefill done, decode not yet dispatched.",
-               "short",
-               q(f"sum by (instance) (shadow_pool_requests{sel()})", "waiting {{instance}}")), w=8)
+    lay.add(ts("Pool depth", "Requests waiting in the Prompt Pool: prefill done, decode not yet dispatched.",
+               "short", q(level("shadow_pool_requests", "instance", agg="sum"), "waiting {{instance}}")), w=8)
     lay.add(ts("Oldest pool entry",
                "Age of the oldest entry in the Prompt Pool: it grows when decode capacity is short or "
                "the scores pass it over (the starvation guard bounds it).",
-               "s", q(f"max by (instance) (shadow_pool_oldest_seconds{sel()})", "{{instance}}")), w=8)
+               "s", q(level("shadow_pool_oldest_seconds", "instance"), "{{instance}}")), w=8)
     lay.add(ts("Pool wait quantiles",
                "p50, p95 and p99 of the time from prefill done to decode dispatch (alert "
                "ShadowPoolWaitRising when the tail rises with throughput).",
@@ -34,21 +30,18 @@ def build() -> db.Dashboard:
     lay.add(ts("TTL expiries and starvation guard",
                "Pool entries per second released by the TTL reaper, and dispatched by the age "
                "(starvation) guard rather than by score.",
-               "ops",
-               q(f"sum (rate(shadow_pool_reaped_total{sel()}[{RATE}]))", "TTL expiries"),
-               q(f"sum (rate(shadow_pool_starvation_guard_total{sel()}[{RATE}]))", "starvation guard",
-                 ref="B")), w=12)
+               "ops", q(rate("shadow_pool_reaped_total"), "TTL expiries"),
+               q(rate("shadow_pool_starvation_guard_total"), "starvation guard")), w=12)
     lay.add(ts("Starvation-guard share of dispatches",
                "Share of pool dispatches over the window made by the age guard: high means the "
                "scores keep passing the same requests over.",
                "percentunit",
-               q(f"sum (rate(shadow_pool_starvation_guard_total{sel()}[{RATE}])) "
-                 f"/ sum (rate(shadow_pool_wait_seconds_count{sel()}[{RATE}]))", "guard share"),
-               max_=1), w=12)
+               q(f'{rate("shadow_pool_starvation_guard_total")} / {rate("shadow_pool_wait_seconds_count")}',
+                 "guard share"), max_=1), w=12)
     lay.row("KV transfer")
     lay.add(ts("KV transfers in flight",
                "KV transfers in flight per decode worker (bounded by the transfer cap).",
-               "short", q(f"sum by (worker) (shadow_router_kv_transfers_inflight{sel()})", "{{worker}}")),
+               "short", q(level("shadow_router_kv_transfers_inflight", "worker", agg="sum"), "{{worker}}")),
             w=8)
     lay.add(ts("KV transfer time quantiles",
                "p50, p95 and p99 of decode dispatch to first decode token (KV transfer plus queueing "
@@ -58,22 +51,16 @@ def build() -> db.Dashboard:
                "Per second: upstream retries by leg, decode legs ended as `recomputed`, waits "
                "caused by back-pressure by reason, and streams over the resume budget (they could "
                "not continue a recomputed end).",
-               "ops",
-               q(f"sum by (leg) (rate(shadow_router_retries_total{sel()}[{RATE}]))", "retry {{leg}}"),
-               q(f"sum (rate(shadow_router_recomputed_total{sel()}[{RATE}]))", "recomputed", ref="B"),
-               q(f"sum by (reason) (rate(shadow_router_backpressure_total{sel()}[{RATE}]))",
-                 "wait {{reason}}", ref="C"),
-               q(f"sum (rate(shadow_router_resume_dropped_total{sel()}[{RATE}]))", "resume dropped",
-                 ref="D")), w=8)
+               "ops", q(rate("shadow_router_retries_total", "leg"), "retry {{leg}}"),
+               q(rate("shadow_router_recomputed_total"), "recomputed"),
+               q(rate("shadow_router_backpressure_total", "reason"), "wait {{reason}}"),
+               q(rate("shadow_router_resume_dropped_total"), "resume dropped")), w=8)
     lay.row("Routing time")
     lay.add(ts("Routing time by stage: P50 / P95 / P99",
                "Compute time of BalanceRoute's Stage 1 and Stage 2 within each routing round.",
                "s", *quantiles("shadow_router_round_stage_seconds", "round_stage")), w=12)
-    lay.add(ts("Routing round: P50 / P95 / P99",
-               "Compute time of a whole dispatch round, by policy.",
+    lay.add(ts("Routing round: P50 / P95 / P99", "Compute time of a whole dispatch round, by policy.",
                "s", *quantiles("shadow_router_decision_duration_seconds", "policy")), w=12)
-    lay.add(heat("Pool wait distribution",
-                 "Prompt Pool waits per window (histogram buckets).",
-                 "s", q(f"sum by (le) (increase(shadow_pool_wait_seconds_bucket{sel()}[{RATE}]))",
-                        "{{le}}", heat=True), calculate=False), w=24)
+    lay.add(bucket_heat("Pool wait distribution", "Prompt Pool waits per window (histogram buckets).",
+                        "s", "shadow_pool_wait_seconds"), w=24)
     return lay.d

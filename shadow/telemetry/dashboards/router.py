@@ -4,58 +4,61 @@ Prompt Pool's depth and wait."""
 
 from __future__ import annotations
 
+from typing import get_args
+
 from grafana_foundation_sdk.builders import dashboard as db
 
+from shadow.contracts.labels import BACKPRESSURE_REASONS, LEGS, OUTCOMES
+from shadow.contracts.modes import ACTIVE_POLICIES, MODES, RouteMode
 from shadow.telemetry.dashboards._hist import quantiles
-from shadow.telemetry.dashboards._kit import RATE, Layout, dashboard, q, sel, st, ts, variables
+from shadow.telemetry.dashboards._kit import board, level, q, rate, st, ts
 
 UID = "shadow-router"
 ROUTED = 'mode!="shadow"'
 FAILED = 'outcome=~"upstream_error|rejected"'
+REQUESTS = "shadow_router_requests_total"
+
+
+def _listed(values: tuple[str, ...]) -> str:
+    return ", ".join(values)
 
 
 def build() -> db.Dashboard:
-    d = variables(dashboard(
-        UID, "shadow / Router",
-        "Is shadow routing, and is it routing well? Mode and fallback state with their reasons, "
-        "decision latency against the budget, request outcomes, upstream errors, the Prompt Pool."))
-    lay = Layout(d)
+    lay = board(UID, "shadow / Router",
+                "Is shadow routing, and is it routing well? Mode and fallback state with their reasons, "
+                "decision latency against the budget, request outcomes, upstream errors, the Prompt Pool.")
     lay.row("Mode")
     lay.add(st("Fallback active",
                "1 while automatic fallback routes round-robin (alert ShadowFallbackActive); 0 otherwise.",
-               "none", f"max by (instance) (shadow_fallback_active{sel()})",
-               steps=((None, "green"), (1, "red"))), w=6, h=5)
+               "none", level("shadow_fallback_active", "instance"), steps=((None, "green"), (1, "red"))),
+            w=6, h=5)
     lay.add(st("Mode pinned",
                "1 when an operator pinned the mode through the admin API or the flag file: automatic "
                "fallback is off.",
-               "none", f"max by (instance) (shadow_mode_pinned{sel()})",
-               steps=((None, "text"), (1, "orange"))), w=6, h=5)
+               "none", level("shadow_mode_pinned", "instance"), steps=((None, "text"), (1, "orange"))),
+            w=6, h=5)
     lay.add(st("Hold-down before recovery",
                "Seconds the controller still waits after a fallback before it tries the configured "
                "mode again (0 when not in fallback).",
-               "s", f"max by (instance) (shadow_fallback_holddown_seconds{sel()})"), w=6, h=5)
+               "s", level("shadow_fallback_holddown_seconds", "instance")), w=6, h=5)
     lay.add(st("Requests routed actively",
                "Share of the proxy's requests over the window that shadow routed itself (mode active "
                "or fallback) rather than passing them to the existing router.",
-               "percentunit",
-               f'sum by (instance) (rate(shadow_router_requests_total{sel(ROUTED)}[{RATE}])) '
-               f"/ sum by (instance) (rate(shadow_router_requests_total{sel()}[{RATE}]))",
+               "percentunit", f"{rate(REQUESTS, 'instance', ROUTED)} / {rate(REQUESTS, 'instance')}",
                decimals=1), w=6, h=5)
     lay.add(ts("Operator mode",
-               "1 for the mode an operator set (shadow, canary, active, fallback), 0 for the others.",
-               "none", q(f"max by (mode) (shadow_mode{sel()})", "{{mode}}"), max_=1), w=8)
+               f"1 for the mode an operator set ({_listed(MODES)}), 0 for the others.",
+               "none", q(level("shadow_mode", "mode"), "{{mode}}"), max_=1), w=8)
     lay.add(ts("Policy active mode runs",
-               "1 for the policy active mode runs now (br0, brh, jsq, rr); BR-H degrades to BR-0 when "
-               "its predictor drifts.",
-               "none", q(f"max by (policy) (shadow_policy_active{sel()})", "{{policy}}"), max_=1), w=8)
+               f"1 for the policy active mode runs now ({_listed(ACTIVE_POLICIES)}); BR-H degrades to BR-0 "
+               "when its predictor drifts.",
+               "none", q(level("shadow_policy_active", "policy"), "{{policy}}"), max_=1), w=8)
     lay.add(ts("Fallback trips and transitions by reason",
                "Automatic fallbacks by trigger, and transitions into each mode by reason (operator, "
                "flag file, drift, decision_slow, recovered, ...), counted over the window.",
-               "short",
-               q(f"sum by (reason) (increase(shadow_fallback_trips_total{sel()}[{RATE}]))",
-                 "trip {{reason}}"),
-               q(f"sum by (mode, reason) (increase(shadow_mode_transitions_total{sel()}[{RATE}]))",
-                 "→ {{mode}} ({{reason}})", ref="B")), w=8)
+               "short", q(rate("shadow_fallback_trips_total", "reason", fn="increase"), "trip {{reason}}"),
+               q(rate("shadow_mode_transitions_total", "mode, reason", fn="increase"),
+                 "→ {{mode}} ({{reason}})")), w=8)
     lay.row("Decisions")
     lay.add(ts("Decision latency quantiles",
                "p50, p95 and p99 of one dispatch round's compute time, by policy (alert "
@@ -64,42 +67,35 @@ def build() -> db.Dashboard:
     lay.add(ts("Decision rounds",
                "Dispatch rounds per second, by policy (pool policies coalesce several requests into "
                "one round).",
-               "ops",
-               q(f"sum by (policy) (rate(shadow_router_decision_duration_seconds_count{sel()}[{RATE}]))",
-                 "{{policy}}")), w=12)
+               "ops", q(rate("shadow_router_decision_duration_seconds_count", "policy"), "{{policy}}")), w=12)
     lay.row("Requests")
     lay.add(ts("Requests by mode, policy and outcome",
-               "Requests per second through the proxy by effective mode (shadow, active, fallback), "
-               "policy and outcome (ok, client_cancel, upstream_error, rejected).",
-               "reqps",
-               q(f"sum by (mode, policy, outcome) (rate(shadow_router_requests_total{sel()}[{RATE}]))",
-                 "{{mode}} {{policy}} {{outcome}}")), w=12)
+               f"Requests per second through the proxy by effective mode ({_listed(get_args(RouteMode))}), "
+               f"policy and outcome ({_listed(OUTCOMES)}).",
+               "reqps", q(rate(REQUESTS, "mode, policy, outcome"), "{{mode}} {{policy}} {{outcome}}")), w=12)
     lay.add(ts("Failed share of requests",
                "Share of requests per second ending in upstream_error or rejected, by effective mode.",
-               "percentunit",
-               q(f'sum by (mode) (rate(shadow_router_requests_total{sel(FAILED)}[{RATE}])) '
-                 f"/ sum by (mode) (rate(shadow_router_requests_total{sel()}[{RATE}]))", "{{mode}}"),
+               "percentunit", q(f"{rate(REQUESTS, 'mode', FAILED)} / {rate(REQUESTS, 'mode')}", "{{mode}}"),
                max_=1), w=12)
     lay.add(ts("Upstream errors",
-               "Failed upstream calls per second, by leg (prefill, decode, router) and worker.",
-               "ops", q(f"sum by (leg, worker) (rate(shadow_router_upstream_errors_total{sel()}[{RATE}]))",
-                        "{{leg}} {{worker}}")), w=8)
+               f"Failed upstream calls per second, by leg ({_listed(LEGS)}) and worker.",
+               "ops", q(rate("shadow_router_upstream_errors_total", "leg, worker"), "{{leg}} {{worker}}")),
+            w=8)
     lay.add(ts("Retries",
                "Upstream retries per second before the first byte reached a client, by leg.",
-               "ops", q(f"sum by (leg) (rate(shadow_router_retries_total{sel()}[{RATE}]))", "{{leg}}")), w=8)
+               "ops", q(rate("shadow_router_retries_total", "leg"), "{{leg}}")), w=8)
     lay.add(ts("In flight per upstream",
                "Requests in flight from the proxy to each upstream, by leg and worker.",
-               "short",
-               q(f"sum by (leg, worker) (shadow_router_inflight{sel()})", "{{leg}} {{worker}}")), w=8)
+               "short", q(level("shadow_router_inflight", "leg, worker", agg="sum"), "{{leg}} {{worker}}")),
+            w=8)
     lay.row("Prompt Pool")
     lay.add(ts("Pool depth",
                "Requests waiting in the Prompt Pool (prefill done, decode not yet dispatched).",
-               "short", q(f"sum by (instance) (shadow_pool_requests{sel()})", "{{instance}}")), w=8)
+               "short", q(level("shadow_pool_requests", "instance", agg="sum"), "{{instance}}")), w=8)
     lay.add(ts("Pool wait quantiles",
                "p50, p95 and p99 of the time from prefill done to decode dispatch.",
                "s", *quantiles("shadow_pool_wait_seconds")), w=8)
     lay.add(ts("Back-pressure waits",
-               "Waits per second caused by back-pressure, by reason (prefill_kv, transfer_cap, no_slot).",
-               "ops", q(f"sum by (reason) (rate(shadow_router_backpressure_total{sel()}[{RATE}]))",
-                        "{{reason}}")), w=8)
+               f"Waits per second caused by back-pressure, by reason ({_listed(BACKPRESSURE_REASONS)}).",
+               "ops", q(rate("shadow_router_backpressure_total", "reason"), "{{reason}}")), w=8)
     return lay.d
