@@ -72,16 +72,16 @@ class Family:
     def sampled(self, values: Mapping[LabelKey, float | None], created: float | None = None) -> Metric:
         """A counter or gauge family with one sample per label key (None values are left out);
         `created` stamps counter samples."""
-        rows = [([key] if isinstance(key, str) else [str(x) for x in key], v)
-                for key, v in values.items() if v is not None]
         if self.type == "counter":
             counter = self.counter_family()
-            for labels, v in rows:
-                counter.add_metric(labels, v, created=created)
+            for key, v in values.items():
+                if v is not None:
+                    counter.add_metric([key] if isinstance(key, str) else list(key), v, created=created)
             return counter
         gauge = self.gauge_family()
-        for labels, v in rows:
-            gauge.add_metric(labels, v)
+        for key, v in values.items():
+            if v is not None:
+                gauge.add_metric([key] if isinstance(key, str) else list(key), v)
         return gauge
 
     def cumulative(self, counts: Iterable[float], count: float) -> list[tuple[str, float]]:

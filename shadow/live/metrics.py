@@ -90,7 +90,11 @@ class LiveCollector(DeclaredCollector):
         for fam, key in _PER_LANE:
             yield fam.sampled({label: _float(v.get(key)) for label, v in lanes.items()})
         for fam, key in ((WORKER_LOAD, "worker_running_loads"), (WORKER_ACTIVE, "worker_active")):
-            yield fam.sampled({(label, w): float(x) for label, v in lanes.items() for w, x in v[key].items()})
+            per_worker = fam.gauge_family()
+            for label, v in lanes.items():
+                for w, x in v[key].items():
+                    per_worker.add_metric([label, w], float(x))
+            yield per_worker
         hist = DECISION_SECONDS.histogram_family()
         for label, v in lanes.items():
             cum = v.get("decision_buckets") or [0] * len(DECISION_BUCKETS)
