@@ -108,10 +108,10 @@ def measure(workers: int, lanes: int, scrapes: int) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workers", type=int, default=64)
-    ap.add_argument("--lanes", type=int, default=5)
-    ap.add_argument("--scrapes", type=int, default=400)
-    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--workers", type=int, default=64, help="workers (taps, reconciled workers) G")
+    ap.add_argument("--lanes", type=int, default=5, help="live lanes L, each with G per-worker series")
+    ap.add_argument("--scrapes", type=int, default=400, help="scrapes timed per round")
+    ap.add_argument("--rounds", type=int, default=7, help="rounds per side (sides alternate)")
     ap.add_argument("--before", help="a checkout of the code to compare with (run from its directory)")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child's single round
     args = ap.parse_args()
