@@ -24,14 +24,14 @@ from shadow.telemetry.dashboards import (
     stepmodel,
 )
 
-MODULES = (overview, fleet, mirror, stepmodel, router, predictors, pool, fairness)
+BOARDS = tuple(m.BOARD for m in (overview, fleet, mirror, stepmodel, router, predictors, pool, fairness))
 
 
 def build_all() -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
-    for mod in MODULES:
-        obj = json.loads(JSONEncoder(sort_keys=True).encode(mod.build().build()))
-        out[f"{mod.UID}.json"] = obj
+    for board in BOARDS:
+        obj = json.loads(JSONEncoder(sort_keys=True).encode(board.build().build()))
+        out[f"{board.uid}.json"] = obj
     return out
 
 

@@ -7,6 +7,9 @@ shipped scrape configs) and the sidecar `instance`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from grafana_foundation_sdk.builders import common as cb
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.builders import heatmap, prometheus, stat, timeseries
@@ -158,14 +161,26 @@ class Layout:
         return self.next_id - 1
 
 
-def board(uid: str, title: str, description: str, *, lane: bool = False) -> Layout:
-    """A new dashboard with its variables, to be filled through the Layout (`.d` when done)."""
-    return Layout(variables(dashboard(uid, title, description), lane=lane))
-
-
 def dashboard(uid: str, title: str, description: str) -> db.Dashboard:
     return (db.Dashboard(title).uid(uid).description(description).tags(TAGS).readonly()
             .refresh("30s").time("now-1h", "now").timezone("browser")
             .tooltip(dm.DashboardCursorSync.CROSSHAIR)
             .link(db.DashboardLink("shadow dashboards").type(dm.DashboardLinkType.DASHBOARDS)
                   .tags(["shadow"]).as_dropdown(True).include_vars(True).keep_time(True)))
+
+
+@dataclass(frozen=True)
+class Board:
+    """One dashboard: uid (also its file name), title, description, and what lays out its panels
+    (`lane`: a lane variable beside the datasource, fleet and instance ones)."""
+
+    uid: str
+    title: str
+    description: str
+    panels: Callable[[Layout], None]
+    lane: bool = False
+
+    def build(self) -> db.Dashboard:
+        lay = Layout(variables(dashboard(self.uid, self.title, self.description), lane=self.lane))
+        self.panels(lay)
+        return lay.d

@@ -3,13 +3,10 @@ token and completion time, as clients saw them through the proxy, by prompt-leng
 
 from __future__ import annotations
 
-from grafana_foundation_sdk.builders import dashboard as db
-
 from shadow.contracts.labels import PROMPT_BUCKETS
 from shadow.telemetry.dashboards._hist import quantile, quantiles
-from shadow.telemetry.dashboards._kit import board, q, rate, ts
+from shadow.telemetry.dashboards._kit import Board, Layout, q, rate, ts
 
-UID = "shadow-fairness"
 METRICS = (
     ("Time to first token", "shadow_router_first_token_seconds",
      "from the request reaching the proxy to the first token leaving it"),
@@ -20,10 +17,7 @@ METRICS = (
 )
 
 
-def build() -> db.Dashboard:
-    lay = board(UID, "shadow / Fairness",
-                "Are long prompts paying for short ones (or the reverse)? Client-side TTFT, TPOT and "
-                f"completion time by prompt-length bucket ({', '.join(PROMPT_BUCKETS)}) and by mode.")
+def _panels(lay: Layout) -> None:
     for title, hist, what in METRICS:
         lay.row(title)
         lay.add(ts(f"{title}: p50 and p95 by prompt length",
@@ -40,4 +34,9 @@ def build() -> db.Dashboard:
                "weight behind each quantile above).",
                "reqps", q(rate("shadow_router_completion_seconds_count", "mode, prompt_bucket"),
                           "{{mode}} {{prompt_bucket}}")), w=24)
-    return lay.d
+
+
+BOARD = Board("shadow-fairness", "shadow / Fairness",
+              "Are long prompts paying for short ones (or the reverse)? Client-side TTFT, TPOT and "
+              f"completion time by prompt-length bucket ({', '.join(PROMPT_BUCKETS)}) and by mode.",
+              _panels)

@@ -3,11 +3,8 @@ them, the load distribution across workers, free slots, and per-worker loads ins
 
 from __future__ import annotations
 
-from grafana_foundation_sdk.builders import dashboard as db
+from shadow.telemetry.dashboards._kit import Board, Layout, heat, level, q, rate, ts
 
-from shadow.telemetry.dashboards._kit import board, heat, level, q, rate, ts
-
-UID = "shadow-fleet"
 LANE = 'lane=~"$lane"'
 
 
@@ -15,10 +12,7 @@ def _per_worker(metric: str, agg: str = "sum") -> str:
     return level(metric, "worker", agg=agg)
 
 
-def build() -> db.Dashboard:
-    lay = board(UID, "shadow / Fleet",
-                "Per-worker load: the mirror's view (from the taps), the workers' own figures (scraped by "
-                "the sidecar), and each lane's counterfactual placement.", lane=True)
+def _panels(lay: Layout) -> None:
     lay.row("Mirrored load per worker")
     lay.add(ts("KV load per worker (mirror)",
                "Prompt + generated tokens of the requests the mirror holds on each worker (L_g).",
@@ -61,4 +55,9 @@ def build() -> db.Dashboard:
                "short",
                q(level("shadow_lane_worker_active_requests", "lane, worker", LANE, agg="sum"),
                  "{{lane}} {{worker}}")))
-    return lay.d
+
+
+BOARD = Board("shadow-fleet", "shadow / Fleet",
+              "Per-worker load: the mirror's view (from the taps), the workers' own figures (scraped by "
+              "the sidecar), and each lane's counterfactual placement.",
+              _panels, lane=True)

@@ -3,17 +3,10 @@ errors, drift against the workers, phantoms, staleness, and the live lanes' inta
 
 from __future__ import annotations
 
-from grafana_foundation_sdk.builders import dashboard as db
-
-from shadow.telemetry.dashboards._kit import board, level, q, rate, sel, ts
-
-UID = "shadow-mirror-health"
+from shadow.telemetry.dashboards._kit import Board, Layout, level, q, rate, sel, ts
 
 
-def build() -> db.Dashboard:
-    lay = board(UID, "shadow / Mirror health",
-                "Is the mirror's picture of the fleet complete and current? Events, drops, errors, drift, "
-                "phantoms and staleness.")
+def _panels(lay: Layout) -> None:
     lay.row("Intake")
     lay.add(ts("Events applied",
                "Normalised events per second applied to the mirror, by source (tap, api, reaper) and "
@@ -87,4 +80,9 @@ def build() -> db.Dashboard:
                "ops", q(rate("shadow_lane_lookahead_stalls_total", "lane"), "{{lane}}")), w=12)
     lay.add(ts("Lane lag", "How far each lane runs behind the live clock.",
                "s", q(level("shadow_lane_lag_seconds", "lane"), "{{lane}}")), w=12)
-    return lay.d
+
+
+BOARD = Board("shadow-mirror-health", "shadow / Mirror health",
+              "Is the mirror's picture of the fleet complete and current? Events, drops, errors, drift, "
+              "phantoms and staleness.",
+              _panels)

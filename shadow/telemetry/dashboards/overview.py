@@ -3,21 +3,15 @@ the twin's fidelity and the step model's fit beside every figure."""
 
 from __future__ import annotations
 
-from grafana_foundation_sdk.builders import dashboard as db
-
 from shadow.telemetry.dashboards._hist import quantile
-from shadow.telemetry.dashboards._kit import board, level, per_step, q, rate, sel, st, ts
+from shadow.telemetry.dashboards._kit import Board, Layout, level, per_step, q, rate, sel, st, ts
 
-UID = "shadow-overview"
 ACTUAL = 'lane="actual"'
 BR = 'lane=~"br.*"'
 SPREAD = "shadow_lane_spread_token_steps_total"
 
 
-def build() -> db.Dashboard:
-    lay = board(UID, "shadow / Overview",
-                "What the router really did (lane `actual`) against BalanceRoute and the baselines on the "
-                "same live traffic, with the twin's fidelity and the step model's fit next to every figure.")
+def _panels(lay: Layout) -> None:
     lay.row("Headline")
     lay.add(st(
         "What BR would save: barrier idle",
@@ -97,4 +91,9 @@ def build() -> db.Dashboard:
     lay.add(ts("Policy compute time p99",
                "99th percentile of one routing round's compute time per lane.",
                "s", q(quantile(0.99, "shadow_lane_decision_duration_seconds", "lane"), "{{lane}}")), w=8)
-    return lay.d
+
+
+BOARD = Board("shadow-overview", "shadow / Overview",
+              "What the router really did (lane `actual`) against BalanceRoute and the baselines on the "
+              "same live traffic, with the twin's fidelity and the step model's fit next to every figure.",
+              _panels)

@@ -4,18 +4,11 @@ routing round's compute time split into BalanceRoute's Stage 1 and Stage 2."""
 
 from __future__ import annotations
 
-from grafana_foundation_sdk.builders import dashboard as db
-
 from shadow.telemetry.dashboards._hist import bucket_heat, quantiles
-from shadow.telemetry.dashboards._kit import board, level, q, rate, ts
-
-UID = "shadow-pool"
+from shadow.telemetry.dashboards._kit import Board, Layout, level, q, rate, ts
 
 
-def build() -> db.Dashboard:
-    lay = board(UID, "shadow / Pool and transfer",
-                "What does late binding cost? Prompt Pool depth and waits, expiries and the starvation "
-                "guard, KV transfers and their time, retries, recomputations, and routing time by stage.")
+def _panels(lay: Layout) -> None:
     lay.row("Prompt Pool")
     lay.add(ts("Pool depth", "Requests waiting in the Prompt Pool: prefill done, decode not yet dispatched.",
                "short", q(level("shadow_pool_requests", "instance", agg="sum"), "waiting {{instance}}")), w=8)
@@ -63,4 +56,9 @@ def build() -> db.Dashboard:
                "s", *quantiles("shadow_router_decision_duration_seconds", "policy")), w=12)
     lay.add(bucket_heat("Pool wait distribution", "Prompt Pool waits per window (histogram buckets).",
                         "s", "shadow_pool_wait_seconds"), w=24)
-    return lay.d
+
+
+BOARD = Board("shadow-pool", "shadow / Pool and transfer",
+              "What does late binding cost? Prompt Pool depth and waits, expiries and the starvation "
+              "guard, KV transfers and their time, retries, recomputations, and routing time by stage.",
+              _panels)

@@ -4,13 +4,10 @@ in the live lanes, and the degradations to BR-0 the controller made."""
 
 from __future__ import annotations
 
-from grafana_foundation_sdk.builders import dashboard as db
-
 from shadow.contracts.labels import LOOKUP_RESULTS
 from shadow.contracts.modes import DEGRADE_REASONS
-from shadow.telemetry.dashboards._kit import board, level, per_step, q, rate, st, ts
+from shadow.telemetry.dashboards._kit import Board, Layout, level, per_step, q, rate, st, ts
 
-UID = "shadow-predictors"
 HIT = 'result="hit"'
 BRH = 'lane=~"brh.*"'
 BR0 = 'lane="br0"'
@@ -25,10 +22,7 @@ def net_gain_throughput() -> str:
     return f"{level(THROUGHPUT, 'instance', BRH)} / {level(THROUGHPUT, 'instance', BR0)} - 1"
 
 
-def build() -> db.Dashboard:
-    lay = board(UID, "shadow / Predictors",
-                "Is BR-H's end predictor good enough to route on? Prompt-key hits, calibration, the gap to "
-                "the Oracle bound and BR-H's net gain over BR-0 on the same live traffic.")
+def _panels(lay: Layout) -> None:
     lay.row("Now")
     lay.add(st("Prompt-key hit rate",
                "Share of BR-H predictor lookups over the window that found the prompt's key (a known "
@@ -75,4 +69,9 @@ def build() -> db.Dashboard:
                "the policy active mode runs now.",
                "short", q(rate("shadow_policy_degraded_total", "reason", fn="increase"), "{{reason}}"),
                q(level("shadow_policy_active", "policy"), "running {{policy}}")), w=12)
-    return lay.d
+
+
+BOARD = Board("shadow-predictors", "shadow / Predictors",
+              "Is BR-H's end predictor good enough to route on? Prompt-key hits, calibration, the gap to "
+              "the Oracle bound and BR-H's net gain over BR-0 on the same live traffic.",
+              _panels)

@@ -6,14 +6,11 @@ from __future__ import annotations
 
 from typing import get_args
 
-from grafana_foundation_sdk.builders import dashboard as db
-
 from shadow.contracts.labels import BACKPRESSURE_REASONS, LEGS, OUTCOMES
 from shadow.contracts.modes import ACTIVE_POLICIES, MODES, RouteMode
 from shadow.telemetry.dashboards._hist import quantiles
-from shadow.telemetry.dashboards._kit import board, level, q, rate, st, ts
+from shadow.telemetry.dashboards._kit import Board, Layout, level, q, rate, st, ts
 
-UID = "shadow-router"
 ROUTED = 'mode!="shadow"'
 FAILED = 'outcome=~"upstream_error|rejected"'
 REQUESTS = "shadow_router_requests_total"
@@ -23,10 +20,7 @@ def _listed(values: tuple[str, ...]) -> str:
     return ", ".join(values)
 
 
-def build() -> db.Dashboard:
-    lay = board(UID, "shadow / Router",
-                "Is shadow routing, and is it routing well? Mode and fallback state with their reasons, "
-                "decision latency against the budget, request outcomes, upstream errors, the Prompt Pool.")
+def _panels(lay: Layout) -> None:
     lay.row("Mode")
     lay.add(st("Fallback active",
                "1 while automatic fallback routes round-robin (alert ShadowFallbackActive); 0 otherwise.",
@@ -98,4 +92,9 @@ def build() -> db.Dashboard:
     lay.add(ts("Back-pressure waits",
                f"Waits per second caused by back-pressure, by reason ({_listed(BACKPRESSURE_REASONS)}).",
                "ops", q(rate("shadow_router_backpressure_total", "reason"), "{{reason}}")), w=8)
-    return lay.d
+
+
+BOARD = Board("shadow-router", "shadow / Router",
+              "Is shadow routing, and is it routing well? Mode and fallback state with their reasons, "
+              "decision latency against the budget, request outcomes, upstream errors, the Prompt Pool.",
+              _panels)

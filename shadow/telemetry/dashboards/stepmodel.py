@@ -3,21 +3,15 @@ and the sample count, and the measured step-time distribution."""
 
 from __future__ import annotations
 
-from grafana_foundation_sdk.builders import dashboard as db
-
 from shadow.telemetry.dashboards._hist import bucket_heat, quantiles
-from shadow.telemetry.dashboards._kit import board, level, q, rate, st, ts
+from shadow.telemetry.dashboards._kit import Board, Layout, level, q, rate, st, ts
 
-UID = "shadow-step-model"
 ACTUAL = 'lane="actual"'
 A = "shadow_step_model_a_seconds_per_token"
 B = "shadow_step_model_b_seconds"
 
 
-def build() -> db.Dashboard:
-    lay = board(UID, "shadow / Step model",
-                "Do KV tokens explain step time on this fleet? Measured step times against the online fit "
-                "T = a·max_g L_g + b that every barrier-idle, throughput and TPOT estimate uses.")
+def _panels(lay: Layout) -> None:
     lay.row("Fit")
     lay.add(st("a (per token of the largest load)", "Fitted seconds per KV token of the most loaded rank.",
                "s", level(A, "instance")), w=6, h=5)
@@ -48,4 +42,9 @@ def build() -> db.Dashboard:
                "p50 and p95 of measured step times, by source: worker step events, or SSE inter-chunk "
                "gaps of co-scheduled streams.",
                "s", *quantiles("shadow_step_duration_seconds", "source", (0.5, 0.95))))
-    return lay.d
+
+
+BOARD = Board("shadow-step-model", "shadow / Step model",
+              "Do KV tokens explain step time on this fleet? Measured step times against the online fit "
+              "T = a·max_g L_g + b that every barrier-idle, throughput and TPOT estimate uses.",
+              _panels)
