@@ -140,10 +140,14 @@ class Catalogue:
 
     def check_exposition(self, text: str, exporters: Iterable[str] = EXPORTERS) -> list[str]:
         """Problems with one `/metrics` text against the catalogue (empty when it conforms): each
-        family catalogued for one of `exporters`, with its type, help (where a HELP line gives it),
-        label names, closed label sets and declared histogram buckets."""
+        family exposed once, catalogued for one of `exporters`, with its type, help (where a HELP
+        line gives it), label names, closed label sets and declared histogram buckets."""
         allowed = set(exporters)
         problems: list[str] = []
+        types = Counter(line.split()[2] for line in text.splitlines()
+                        if line.startswith("# TYPE ") and len(line.split()) > 2)
+        problems += [f"{name}: exposed {n} times on one page (Prometheus' parser refuses it)"
+                     for name, n in types.items() if n > 1]
         for fam in text_string_to_metric_families(text):
             if fam.name.endswith("_created") and fam.type == "gauge":
                 owner = self.lookup(fam.name)
