@@ -47,12 +47,8 @@ def _backends(values: Sequence[str] | None, prefix: str, flag: str) -> dict[str,
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "router",
-        help="a stand-in router: the vllm-ascend P/D proxy's JSQ rule (prefill + decode, or plain)",
-        description=__doc__,
-        epilog=EPILOG,
-    )
+    summary = "a stand-in router: the vllm-ascend P/D proxy's JSQ rule (prefill + decode, or plain)"
+    p = subparsers.add_parser("router", help=summary, description=__doc__, epilog=EPILOG)
     p.add_argument("--decode", action="append", metavar="[NAME=]URL", required=True,
                    help="a decode (or plain) backend; repeatable, registration order breaks ties")
     p.add_argument("--prefill", action="append", metavar="[NAME=]URL",

@@ -25,6 +25,7 @@ from shadow.active.modes import ModeConfig
 from shadow.app import serve as serve_app
 from shadow.app.serve import ActiveSettings, ServeConfig, check_policies
 from shadow.commands import tap as tap_cmd
+from shadow.commands._flags import add_flags, fields, flag
 from shadow.commands._layered import explicit_only, given, resolve
 from shadow.commands._service import run_reporting
 from shadow.core.stepmodel import DEFAULT_A_S_PER_TOKEN, DEFAULT_B_S
@@ -57,6 +58,29 @@ EPILOG = """examples:
 """
 
 
+#: The live lanes' flags after --config and --policies, each filling a `ServeConfig` field.
+LANE_FLAGS = (
+    flag("--lag", "lag_s",
+         "lanes run this far behind the live clock, so that late events still count (default 2.0)",
+         type=float, default=2.0, metavar="SECONDS"),
+    flag("--step-source", "step_source",
+         "measured step times: worker `step` events, SSE inter-chunk gaps, or auto (events when reported, "
+         "else SSE) (default auto)",
+         choices=("auto", "events", "sse"), default="auto"),
+    flag("--step-a", "step_a",
+         f"step model the lanes simulate: seconds per KV token of max load (default {DEFAULT_A_S_PER_TOKEN})",
+         type=float, default=DEFAULT_A_S_PER_TOKEN),
+    flag("--step-b", "step_b",
+         f"step model the lanes simulate: fixed seconds per step (default {DEFAULT_B_S})",
+         type=float, default=DEFAULT_B_S),
+    flag("--step-window", "step_window_s", "window of one measured step-time sample (default 0.5)",
+         type=float, default=0.5, metavar="SECONDS"),
+    flag("--live-queue-size", "live_queue_size",
+         "events waiting for the lanes; beyond it events are dropped and counted (default 200000)",
+         type=int, default=200_000, metavar="EVENTS"),
+)
+
+
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("live lanes")
     g.add_argument(
@@ -70,51 +94,56 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="comma-separated lanes beside `actual`: rr, random, p2c, jsq, jsq-bytes, least-tokens, br0, "
         f"brh[:survival|:exactmatch] (default {','.join(DEFAULT_POLICIES)})",
     )
-    g.add_argument(
-        "--lag",
-        type=float,
-        default=2.0,
-        metavar="SECONDS",
-        help="lanes run this far behind the live clock, so that late events still count (default 2.0)",
-    )
-    g.add_argument(
-        "--step-source",
-        choices=("auto", "events", "sse"),
-        default="auto",
-        help="measured step times: worker `step` events, SSE inter-chunk gaps, or auto (events when "
-        "reported, else SSE) (default auto)",
-    )
-    g.add_argument(
-        "--step-a",
-        type=float,
-        default=DEFAULT_A_S_PER_TOKEN,
-        help="step model the lanes simulate: seconds per KV token of max load "
-        f"(default {DEFAULT_A_S_PER_TOKEN})",
-    )
-    g.add_argument(
-        "--step-b",
-        type=float,
-        default=DEFAULT_B_S,
-        help=f"step model the lanes simulate: fixed seconds per step (default {DEFAULT_B_S})",
-    )
-    g.add_argument(
-        "--step-window",
-        type=float,
-        default=0.5,
-        metavar="SECONDS",
-        help="window of one measured step-time sample (default 0.5)",
-    )
-    g.add_argument(
-        "--live-queue-size",
-        type=int,
-        default=200_000,
-        metavar="EVENTS",
-        help="events waiting for the lanes; beyond it events are dropped and counted (default 200000)",
-    )
+    add_flags(g, LANE_FLAGS)
+
+
+#: The automatic fallback's flags, each filling a `GuardConfig` field (--trip-window fills the
+#: upstream window too).
+GUARD_FLAGS = (
+    flag("--decision-budget", "decision_budget_s",
+         "a routing decision round slower than this counts as slow (default 0.02)",
+         type=float, default=0.020, metavar="SECONDS"),
+    flag("--trip-slow-count", "slow_count",
+         "this many slow decisions within --trip-window trip fallback (default 5)",
+         type=int, default=5, metavar="N"),
+    flag("--trip-window", "slow_window_s",
+         "window of the slow-decision and upstream-failure counts (default 10)",
+         type=float, default=10.0, metavar="SECONDS"),
+    flag("--trip-drift", "drift_requests",
+         "mirror drift (mirrored − worker-reported requests) on any worker that trips fallback "
+         "(default 16)",
+         type=float, default=16.0, metavar="REQUESTS"),
+    flag("--trip-stale", "stale_s",
+         "no good /metrics scrape of a worker for this long trips fallback (default 15)",
+         type=float, default=15.0, metavar="SECONDS"),
+    flag("--trip-upstream-error-rate", "upstream_error_rate",
+         "failed fraction of one upstream's calls in the window that trips fallback (default 0.5) ...",
+         type=float, default=0.5, metavar="FRACTION"),
+    flag("--trip-upstream-min-calls", "upstream_min_calls",
+         "... given at least N calls in the window (default 10)",
+         type=int, default=10, metavar="N"),
+    flag("--holddown", "holddown_s",
+         "first hold-down before recovery from fallback is tried; doubles on each repeated trip "
+         "(default 10)",
+         type=float, default=10.0, metavar="SECONDS"),
+    flag("--holddown-max", "holddown_max_s",
+         "cap of the doubling hold-down (default 300)",
+         type=float, default=300.0, metavar="SECONDS"),
+    flag("--degrade-calibration", "calibration_max",
+         "BR-H end-probability calibration error above which active BR-H runs BR-0 (default 0.15)",
+         type=float, default=0.15, metavar="ECE"),
+    flag("--degrade-net-gain", "net_gain_min",
+         "BR-H's spread gain over BR-0 in the live lanes below which active BR-H runs BR-0 (default 0.0)",
+         type=float, default=0.0, metavar="FRACTION"),
+    flag("--degrade-oracle-gap", "oracle_gap_max",
+         "BR-H's spread over the Oracle's on the recent window, minus 1, above which active BR-H runs "
+         "BR-0 (default 1.0)",
+         type=float, default=1.0, metavar="RATIO"),
+)
 
 
 def add_mode_arguments(p: argparse.ArgumentParser) -> None:
-    """The mode controller's flags (issue 10 items 2-3: modes, admin API, automatic fallback)."""
+    """The mode controller's flags: modes, the admin API, automatic fallback."""
     g = p.add_argument_group(
         "modes and fallback",
         "Modes: shadow (the router routes), canary (a fixed fraction of request ids routed by shadow), "
@@ -140,36 +169,7 @@ def add_mode_arguments(p: argparse.ArgumentParser) -> None:
                    help="bearer token of PUT /v1/mode (prefer --admin-token-file or the environment "
                    "SHADOW_SERVE_ADMIN_TOKEN: flags show in ps); without one, PUT /v1/mode is off")
     g.add_argument("--admin-token-file", metavar="FILE", help="read the admin token from FILE")
-    g.add_argument("--decision-budget", type=float, default=0.020, metavar="SECONDS",
-                   help="a routing decision round slower than this counts as slow (default 0.02)")
-    g.add_argument("--trip-slow-count", type=int, default=5, metavar="N",
-                   help="this many slow decisions within --trip-window trip fallback (default 5)")
-    g.add_argument("--trip-window", type=float, default=10.0, metavar="SECONDS",
-                   help="window of the slow-decision and upstream-failure counts (default 10)")
-    g.add_argument("--trip-drift", type=float, default=16.0, metavar="REQUESTS",
-                   help="mirror drift (mirrored − worker-reported requests) on any worker that trips "
-                   "fallback (default 16)")
-    g.add_argument("--trip-stale", type=float, default=15.0, metavar="SECONDS",
-                   help="no good /metrics scrape of a worker for this long trips fallback (default 15)")
-    g.add_argument("--trip-upstream-error-rate", type=float, default=0.5, metavar="FRACTION",
-                   help="failed fraction of one upstream's calls in the window that trips fallback "
-                   "(default 0.5) ...")
-    g.add_argument("--trip-upstream-min-calls", type=int, default=10, metavar="N",
-                   help="... given at least N calls in the window (default 10)")
-    g.add_argument("--holddown", type=float, default=10.0, metavar="SECONDS",
-                   help="first hold-down before recovery from fallback is tried; doubles on each "
-                   "repeated trip (default 10)")
-    g.add_argument("--holddown-max", type=float, default=300.0, metavar="SECONDS",
-                   help="cap of the doubling hold-down (default 300)")
-    g.add_argument("--degrade-calibration", type=float, default=0.15, metavar="ECE",
-                   help="BR-H end-probability calibration error above which active BR-H runs BR-0 "
-                   "(default 0.15)")
-    g.add_argument("--degrade-net-gain", type=float, default=0.0, metavar="FRACTION",
-                   help="BR-H's spread gain over BR-0 in the live lanes below which active BR-H runs "
-                   "BR-0 (default 0.0)")
-    g.add_argument("--degrade-oracle-gap", type=float, default=1.0, metavar="RATIO",
-                   help="BR-H's spread over the Oracle's on the recent window, minus 1, above which active "
-                   "BR-H runs BR-0 (default 1.0)")
+    add_flags(g, GUARD_FLAGS)
     g.add_argument("--oracle-interval", type=float, default=60.0, metavar="SECONDS",
                    help="how often BR-H and the Oracle are replayed on the last 300 finished requests "
                    "(CPU: ~0.3 s a run; 0 = off) (default 60)")
@@ -196,28 +196,14 @@ def mode_config_from_args(args: argparse.Namespace) -> ModeConfig | None:
     wanted = getattr(args, "active", False) or args.mode_file or token or args.mode or args.pin_mode
     if not wanted:
         return None
-    guards = GuardConfig(
-        decision_budget_s=args.decision_budget,
-        slow_count=args.trip_slow_count,
-        slow_window_s=args.trip_window,
-        drift_requests=args.trip_drift,
-        stale_s=args.trip_stale,
-        upstream_error_rate=args.trip_upstream_error_rate,
-        upstream_min_calls=args.trip_upstream_min_calls,
-        upstream_window_s=args.trip_window,
-        holddown_s=args.holddown,
-        holddown_max_s=args.holddown_max,
-        calibration_max=args.degrade_calibration,
-        net_gain_min=args.degrade_net_gain,
-        oracle_gap_max=args.degrade_oracle_gap,
-    )
+    guards = GuardConfig(**fields(args, GUARD_FLAGS), upstream_window_s=args.trip_window)
     guards.validate()
     if not args.oracle_interval >= 0:
         raise ValueError(f"--oracle-interval must be >= 0 s, got {args.oracle_interval}")
-    for flag, v in (("--mode-file-interval", args.mode_file_interval),
+    for name, v in (("--mode-file-interval", args.mode_file_interval),
                     ("--mode-check-interval", args.mode_check_interval)):
         if not v > 0:
-            raise ValueError(f"{flag} must be > 0 s, got {v}")
+            raise ValueError(f"{name} must be > 0 s, got {v}")
     return ModeConfig(
         mode=str(args.mode or ("shadow" if getattr(args, "front", None) else "active")),
         policy=str(getattr(args, "active_policy", "br0")),
@@ -232,6 +218,38 @@ def mode_config_from_args(args: argparse.Namespace) -> ModeConfig | None:
     )
 
 
+#: The active proxy's flags after --active, each filling an `ActiveSettings` field.
+ACTIVE_FLAGS = (
+    flag("--active-host", "host", "the proxy's bind address (default 127.0.0.1)", default="127.0.0.1"),
+    flag("--active-port", "port", "the proxy's port (default 0 = a free port)", type=int, default=0),
+    flag("--active-policy", "policy",
+         "policy of active mode: br0, brh (survival predictor), jsq (the vllm-ascend proxy's rule), rr "
+         "(default br0)",
+         choices=("br0", "brh", "jsq", "rr"), default="br0"),
+    flag("--transfer-cap", "transfer_cap",
+         "KV transfers in flight per decode worker (dispatched, no token yet) (default 8)",
+         type=int, default=8, metavar="N"),
+    flag("--dispatch-ahead", "dispatch_ahead",
+         "pool routers place up to N requests per decode worker beyond its free slots (they queue there "
+         "and start the moment a slot frees, hiding the dispatch round trip) (default 0)",
+         type=int, default=0, metavar="N"),
+    flag("--pool-ttl", "pool_ttl_s",
+         "a request waiting longer in the Prompt Pool gets 503 and its prefill KV is released (default 60)",
+         type=float, default=60.0, metavar="SECONDS"),
+    flag("--pool-bypass", "bypass",
+         "policy br0 only: place each request when its prefill is done (BR-0's single-request score over "
+         "running + dispatched-not-yet-running load, workers with a free slot first, the worker queues it) "
+         "instead of in pool rounds; it waits in the pool only while every decode worker is at its "
+         "--transfer-cap",
+         action="store_true"),
+    flag("--kv-pause", "kv_pause",
+         "no new prefill to a prefiller at this KV usage (its /metrics) (default 0.9)",
+         type=float, default=0.9, metavar="FRACTION"),
+    flag("--kv-resume", "kv_resume", "... until it is below this again (default 0.8)",
+         type=float, default=0.8, metavar="FRACTION"),
+)
+
+
 def add_active_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of the active proxy (`--active`): its listener, policy and bounds."""
     g = p.add_argument_group("active routing (--active: the front listener is shadow's own P/D proxy)")
@@ -239,38 +257,13 @@ def add_active_arguments(p: argparse.ArgumentParser) -> None:
                    help="run shadow's own proxy as the client-facing listener: in mode shadow it passes "
                    "requests to the --front router, in active/fallback it routes the P/D flow itself "
                    "through the taps (its URL is `active` in the ready line)")
-    g.add_argument("--active-host", default="127.0.0.1", help="the proxy's bind address (default 127.0.0.1)")
-    g.add_argument("--active-port", type=int, default=0, help="the proxy's port (default 0 = a free port)")
-    g.add_argument("--active-policy", choices=("br0", "brh", "jsq", "rr"), default="br0",
-                   help="policy of active mode: br0, brh (survival predictor), jsq (the vllm-ascend proxy's "
-                   "rule), rr (default br0)")
-    g.add_argument("--transfer-cap", type=int, default=8, metavar="N",
-                   help="KV transfers in flight per decode worker (dispatched, no token yet) (default 8)")
-    g.add_argument("--dispatch-ahead", type=int, default=0, metavar="N",
-                   help="pool routers place up to N requests per decode worker beyond its free slots (they "
-                   "queue there and start the moment a slot frees, hiding the dispatch round trip) "
-                   "(default 0)")
-    g.add_argument("--pool-ttl", type=float, default=60.0, metavar="SECONDS",
-                   help="a request waiting longer in the Prompt Pool gets 503 and its prefill KV is released "
-                   "(default 60)")
-    g.add_argument("--pool-bypass", action="store_true",
-                   help="policy br0 only: place each request when its prefill is done (BR-0's "
-                   "single-request score over running + dispatched-not-yet-running load, workers with a "
-                   "free slot first, the worker queues it) instead of in pool rounds; it waits in the pool "
-                   "only while every decode worker is at its --transfer-cap")
-    g.add_argument("--kv-pause", type=float, default=0.9, metavar="FRACTION",
-                   help="no new prefill to a prefiller at this KV usage (its /metrics) (default 0.9)")
-    g.add_argument("--kv-resume", type=float, default=0.8, metavar="FRACTION",
-                   help="... until it is below this again (default 0.8)")
+    add_flags(g, ACTIVE_FLAGS)
 
 
 def active_settings(args: argparse.Namespace) -> ActiveSettings | None:
     if not getattr(args, "active", False):
         return None
-    return ActiveSettings(host=args.active_host, port=args.active_port, policy=args.active_policy,
-                          transfer_cap=args.transfer_cap, dispatch_ahead=args.dispatch_ahead,
-                          pool_ttl_s=args.pool_ttl, bypass=args.pool_bypass,
-                          kv_pause=args.kv_pause, kv_resume=args.kv_resume)
+    return ActiveSettings(**fields(args, ACTIVE_FLAGS))
 
 
 def _parser(p: argparse.ArgumentParser, *, explicit: bool) -> argparse.ArgumentParser:
@@ -299,13 +292,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "serve",
-        help="the sidecar: mirror a router (as `shadow tap`) and run live BR-0/BR-H lanes beside it",
-        description=__doc__,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    summary = "the sidecar: mirror a router (as `shadow tap`) and run live BR-0/BR-H lanes beside it"
+    p = subparsers.add_parser("serve", help=summary, description=__doc__, epilog=EPILOG)
     _parser(p, explicit=True).set_defaults(func=run)
 
 
@@ -321,12 +309,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     return ServeConfig(
         tap=tap,
         policies=policies,
-        lag_s=args.lag,
-        step_source=args.step_source,
-        step_a=args.step_a,
-        step_b=args.step_b,
-        live_queue_size=args.live_queue_size,
-        step_window_s=args.step_window,
+        **fields(args, LANE_FLAGS),
         mode_config=mode_config_from_args(args),
         active=active_settings(args),
     )

@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from shadow.app import tap as tap_app
+from shadow.base.runtime import LOOPS
+from shadow.commands._flags import Flag, add_flags, fields, flag
 from shadow.commands._service import run_reporting
 from shadow.mirror.http1 import DEFAULT_ALLOW_PATHS
 from shadow.mirror.keys import key_location, open_secret
@@ -48,187 +50,89 @@ def _pairs(values: Sequence[str] | None, what: str) -> dict[str, str]:
     return out
 
 
+def tap_flags() -> tuple[Flag, ...]:
+    """`shadow tap`'s options in `--help` order (built per call: two defaults come from the environment)."""
+    pair = {"action": "append", "metavar": "NAME=URL"}
+    return (
+        flag("--upstream", None, "a decode (or plain) worker to put a tap in front of; repeatable", **pair),
+        flag("--front", None, "front mode: a pass-through tap in front of the router itself (point "
+             "clients at it); the decode worker is read from the decision the router exposes (vllm-router "
+             "P/D request ids)", **pair),
+        flag("--worker", None, "front mode: a decode worker behind the router (named in its decisions; "
+             "/metrics reconciled)", **pair),
+        flag("--prefill", None, "a prefill worker (P/D) to put a tap in front of; repeatable", **pair),
+        flag("--metrics-of", None,
+             "where NAME's Prometheus metrics are (default: its upstream URL + /metrics)", **pair),
+        flag("--host", "host", "bind address for taps and API (default 127.0.0.1)", default="127.0.0.1"),
+        flag("--port", "port", "API port; taps take the following ports (default 0: all ephemeral)", type=int,
+             default=0),
+        flag("--record", "record", "record the session compactly (one line per request, step aggregates; "
+             "gzip if FILE ends in .gz); `shadow replay FILE` replays it", metavar="FILE"),
+        flag("--record-max-bytes", "record_max_bytes", "rotate the recording at about this size (FILE.1, "
+             "FILE.2, ...; default: never)", type=int, default=None, metavar="BYTES"),
+        flag("--max-body", "max_body", "largest request/response body the analysis parses (traffic is never "
+             "limited)", type=int, default=4 << 20, metavar="BYTES"),
+        flag("--queue-size", "queue_size", "tap-to-analysis queue capacity (items)", type=int, default=65536),
+        flag("--slots", "slots", "decode slots per worker, if known", type=int, default=None),
+        flag("--ttl", "ttl_s", "reap requests silent this long (s)", type=float, default=300.0),
+        flag("--phantom-age", "phantom_age_s", "count as phantom when silent this long (s)", type=float,
+             default=120.0),
+        flag("--scrape-interval", "scrape_interval_s", "reconciliation period (s); 0 = off", type=float,
+             default=5.0),
+        flag("--loop", "loop", "event loop: uvloop roughly halves the relay's CPU per chunk; auto = uvloop "
+             "when installed", choices=LOOPS, default="auto"),
+        flag("--relay", "relay", "where the taps relay: 'process' = a child process of their own, so "
+             "analysis, the API, reaping and scraping can never take the interpreter from them (default); "
+             "'thread' = in this process, analysis on a second thread (one process, but their GIL is shared)",
+             choices=("process", "thread"), default="process"),
+        flag("--analysis-nice", "analysis_nice", "with --relay process: lower the analysis thread's priority "
+             "by N (0-19; default 0), so a core shared with the relay serves the relay first (the analysis "
+             "drops and counts instead)", type=int, default=0, metavar="N"),
+        flag("--inject-usage", "inject_usage", "ask workers for continuous usage stats (exact token counts) "
+             "and strip them from what clients receive unless they asked; changes the wire bytes, off by "
+             "default", action="store_true"),
+        flag("--forward", "forward_to", "also POST every event to another shadow's event API",
+             metavar="URL"),
+        flag("--forward-token", "forward_token", "bearer token for --forward posts (env "
+             "SHADOW_FORWARD_TOKEN); failures are counted in shadow_mirror_forward_errors_total",
+             default=os.environ.get("SHADOW_FORWARD_TOKEN")),
+        flag("--allow-path", None, "relay this path too (a trailing / makes it a prefix); repeatable. "
+             "Default list: " + " ".join(DEFAULT_ALLOW_PATHS), action="append", metavar="PATH", default=[]),
+        flag("--drain-timeout", None, "on SIGTERM/SIGINT, wait this long for in-flight requests to finish "
+             "(default 30)", type=float, default=30.0, metavar="S"),
+        flag("--max-connections", "max_connections", "client connections per tap; beyond it the oldest idle "
+             "one is closed, else 503 (default 4096)", type=int, default=4096),
+        flag("--header-timeout", "header_timeout_s", "request head deadline (default 10)", type=float,
+             default=10.0, metavar="S"),
+        flag("--idle-timeout", "idle_timeout_s", "idle keep-alive close (default 60)", type=float,
+             default=60.0, metavar="S"),
+        flag("--max-live", "max_live", "mirrored requests alive at once; new ones beyond it are dropped and "
+             "counted (default 1e6)", type=int, default=1_000_000),
+        flag("--max-head", "max_head", "request head size cap, 431 beyond (65536)", type=int,
+             default=64 << 10, metavar="BYTES"),
+        flag("--max-id-len", "max_id_len", "longest request id / worker / prompt key accepted by the event "
+             "API (default 256)", type=int, default=256),
+        flag("--ring-bytes", "ring_bytes", "recent-events buffer served by GET /v1/events, approximate bytes "
+             "(default 16 MiB)", type=int, default=16 << 20, metavar="BYTES"),
+        flag("--queue-bytes", "queue_bytes", "payload bytes the tap-to-analysis hand-off may hold; beyond it "
+             "copies are dropped and counted, traffic is never affected (default 256 MiB)", type=int,
+             default=256 << 20, metavar="BYTES"),
+        flag("--state-dir", None, "where state is kept (the prompt-key secret); default $SHADOW_STATE_DIR, "
+             "systemd's $STATE_DIRECTORY, else $XDG_STATE_HOME/shadow or ~/.local/state/shadow",
+             metavar="DIR"),
+        flag("--key-file", None, "secret for prompt keys (HMAC, hex), created when missing, or a mounted "
+             "Secret; default $SHADOW_KEY_FILE, else STATE_DIR/prompt-key. Named (flag, env, state dir) and "
+             "not creatable: exit 1; the default location not writable: a fresh in-memory secret and a "
+             "warning", metavar="FILE"),
+        flag("--events-token", "events_token", "bearer token required by POST /v1/events (env "
+             "SHADOW_EVENTS_TOKEN); without one, event ingestion is refused unless the API listens on "
+             "loopback",
+             default=os.environ.get("SHADOW_EVENTS_TOKEN")),
+    )
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--upstream",
-        action="append",
-        metavar="NAME=URL",
-        help="a decode (or plain) worker to put a tap in front of; repeatable",
-    )
-    p.add_argument(
-        "--front",
-        action="append",
-        metavar="NAME=URL",
-        help="front mode: a pass-through tap in front of the router itself (point clients at it); the "
-        "decode worker is read from the decision the router exposes (vllm-router P/D request ids)",
-    )
-    p.add_argument(
-        "--worker",
-        action="append",
-        metavar="NAME=URL",
-        help="front mode: a decode worker behind the router (named in its decisions; /metrics reconciled)",
-    )
-    p.add_argument(
-        "--prefill",
-        action="append",
-        metavar="NAME=URL",
-        help="a prefill worker (P/D) to put a tap in front of; repeatable",
-    )
-    p.add_argument(
-        "--metrics-of",
-        action="append",
-        metavar="NAME=URL",
-        help="where NAME's Prometheus metrics are (default: its upstream URL + /metrics)",
-    )
-    p.add_argument("--host", default="127.0.0.1", help="bind address for taps and API (default 127.0.0.1)")
-    p.add_argument(
-        "--port",
-        type=int,
-        default=0,
-        help="API port; taps take the following ports (default 0: all ephemeral)",
-    )
-    p.add_argument(
-        "--record",
-        metavar="FILE",
-        help="record the session compactly (one line per request, step aggregates; gzip if FILE ends "
-        "in .gz); `shadow replay FILE` replays it",
-    )
-    p.add_argument(
-        "--record-max-bytes",
-        type=int,
-        default=None,
-        metavar="BYTES",
-        help="rotate the recording at about this size (FILE.1, FILE.2, ...; default: never)",
-    )
-    p.add_argument(
-        "--max-body",
-        type=int,
-        default=4 << 20,
-        metavar="BYTES",
-        help="largest request/response body the analysis parses (traffic is never limited)",
-    )
-    p.add_argument("--queue-size", type=int, default=65536, help="tap-to-analysis queue capacity (items)")
-    p.add_argument("--slots", type=int, default=None, help="decode slots per worker, if known")
-    p.add_argument("--ttl", type=float, default=300.0, help="reap requests silent this long (s)")
-    p.add_argument(
-        "--phantom-age", type=float, default=120.0, help="count as phantom when silent this long (s)"
-    )
-    p.add_argument("--scrape-interval", type=float, default=5.0, help="reconciliation period (s); 0 = off")
-    p.add_argument(
-        "--loop",
-        choices=("auto", "asyncio", "uvloop"),
-        default="auto",
-        help="event loop: uvloop roughly halves the relay's CPU per chunk; auto = uvloop when installed",
-    )
-    p.add_argument(
-        "--relay",
-        choices=("process", "thread"),
-        default="process",
-        help="where the taps relay: 'process' = a child process of their own, so analysis, the API, "
-        "reaping and scraping can never take the interpreter from them (default); 'thread' = in this "
-        "process, analysis on a second thread (one process, but their GIL is shared)",
-    )
-    p.add_argument(
-        "--analysis-nice",
-        type=int,
-        default=0,
-        metavar="N",
-        help="with --relay process: lower the analysis thread's priority by N (0-19; default 0), so "
-        "a core shared with the relay serves the relay first (the analysis drops and counts instead)",
-    )
-    p.add_argument(
-        "--inject-usage",
-        action="store_true",
-        help="ask workers for continuous usage stats (exact token counts) and strip them from what clients "
-        "receive unless they asked; changes the wire bytes, off by default",
-    )
-    p.add_argument("--forward", metavar="URL", help="also POST every event to another shadow's event API")
-    p.add_argument(
-        "--forward-token",
-        default=os.environ.get("SHADOW_FORWARD_TOKEN"),
-        help="bearer token for --forward posts (env SHADOW_FORWARD_TOKEN); failures are counted in "
-        "shadow_mirror_forward_errors_total",
-    )
-    p.add_argument(
-        "--allow-path",
-        action="append",
-        metavar="PATH",
-        default=[],
-        help="relay this path too (a trailing / makes it a prefix); repeatable. Default list: "
-        + " ".join(DEFAULT_ALLOW_PATHS),
-    )
-    p.add_argument(
-        "--drain-timeout",
-        type=float,
-        default=30.0,
-        metavar="S",
-        help="on SIGTERM/SIGINT, wait this long for in-flight requests to finish (default 30)",
-    )
-    p.add_argument(
-        "--max-connections",
-        type=int,
-        default=4096,
-        help="client connections per tap; beyond it the oldest idle one is closed, else 503 (default 4096)",
-    )
-    p.add_argument(
-        "--header-timeout", type=float, default=10.0, metavar="S", help="request head deadline (default 10)"
-    )
-    p.add_argument(
-        "--idle-timeout", type=float, default=60.0, metavar="S", help="idle keep-alive close (default 60)"
-    )
-    p.add_argument(
-        "--max-live",
-        type=int,
-        default=1_000_000,
-        help="mirrored requests alive at once; new ones beyond it are dropped and counted (default 1e6)",
-    )
-    p.add_argument(
-        "--max-head",
-        type=int,
-        default=64 << 10,
-        metavar="BYTES",
-        help="request head size cap, 431 beyond (65536)",
-    )
-    p.add_argument(
-        "--max-id-len",
-        type=int,
-        default=256,
-        help="longest request id / worker / prompt key accepted by the event API (default 256)",
-    )
-    p.add_argument(
-        "--ring-bytes",
-        type=int,
-        default=16 << 20,
-        metavar="BYTES",
-        help="recent-events buffer served by GET /v1/events, approximate bytes (default 16 MiB)",
-    )
-    p.add_argument(
-        "--queue-bytes",
-        type=int,
-        default=256 << 20,
-        metavar="BYTES",
-        help="payload bytes the tap-to-analysis hand-off may hold; beyond it copies are dropped and "
-        "counted, traffic is never affected (default 256 MiB)",
-    )
-    p.add_argument(
-        "--state-dir",
-        metavar="DIR",
-        help="where state is kept (the prompt-key secret); default $SHADOW_STATE_DIR, systemd's "
-        "$STATE_DIRECTORY, else $XDG_STATE_HOME/shadow or ~/.local/state/shadow",
-    )
-    p.add_argument(
-        "--key-file",
-        metavar="FILE",
-        help="secret for prompt keys (HMAC, hex), created when missing, or a mounted Secret; default "
-        "$SHADOW_KEY_FILE, else STATE_DIR/prompt-key. Named (flag, env, state dir) and not creatable: "
-        "exit 1; the default location not writable: a fresh in-memory secret and a warning",
-    )
-    p.add_argument(
-        "--events-token",
-        default=os.environ.get("SHADOW_EVENTS_TOKEN"),
-        help="bearer token required by POST /v1/events (env SHADOW_EVENTS_TOKEN); without one, event "
-        "ingestion is refused unless the API listens on loopback",
-    )
+    add_flags(p, tap_flags())
 
 
 EPILOG = """examples:
@@ -257,40 +161,14 @@ def config_from_args(args: argparse.Namespace) -> TapConfig:
             f"{PROG}: give --upstream NAME=URL (in-path taps) or --front NAME=URL (front mode)"
         )
     return TapConfig(
+        **fields(args, tap_flags()),
         upstreams=_pairs(args.upstream, "--upstream"),
         prefill=_pairs(args.prefill, "--prefill"),
         front=_pairs(args.front, "--front"),
         workers=_pairs(args.worker, "--worker"),
         metrics_of=_pairs(args.metrics_of, "--metrics-of"),
-        host=args.host,
-        port=args.port,
-        record=args.record,
-        record_max_bytes=args.record_max_bytes,
-        max_body=args.max_body,
-        queue_size=args.queue_size,
-        slots=args.slots,
-        ttl_s=args.ttl,
-        phantom_age_s=args.phantom_age,
-        scrape_interval_s=args.scrape_interval,
-        forward_to=args.forward,
-        inject_usage=args.inject_usage,
-        events_token=args.events_token,
-        forward_token=args.forward_token,
         allow_paths=tuple(args.allow_path),
-        max_connections=args.max_connections,
-        header_timeout_s=args.header_timeout,
-        idle_timeout_s=args.idle_timeout,
-        max_live=args.max_live,
-        max_head=args.max_head,
-        max_id_len=args.max_id_len,
-        ring_bytes=args.ring_bytes,
-        queue_bytes=args.queue_bytes,
-        key_secret=open_secret(
-            key_location(args.key_file, args.state_dir, os.environ), log.warning
-        ),
-        relay=args.relay,
-        loop=args.loop,
-        analysis_nice=args.analysis_nice,
+        key_secret=open_secret(key_location(args.key_file, args.state_dir, os.environ), log.warning),
     )
 
 
