@@ -124,19 +124,24 @@ class TapThread:
             time.sleep(0.02)
         return bool(self.sync(pred))
 
+    def _build(self) -> Any:
+        """The service to run (built on its loop): here the tap service, which is also `svc`."""
+        self.svc = TapService(self.config)
+        return self.svc
+
     def __enter__(self) -> TapThread:
         self.relay.start()
 
         async def _start() -> dict[str, Any]:
-            self.svc = TapService(self.config)
-            return await self.svc.start()  # type: ignore[no-any-return]
+            self._running = self._build()
+            return await self._running.start()  # type: ignore[no-any-return]
 
         self.ready = self.call(_start())
         return self
 
     def __exit__(self, *exc: object) -> None:
         try:
-            self.call(self.svc.stop())
+            self.call(self._running.stop())
         finally:
             self.relay.stop()
 
@@ -155,19 +160,7 @@ class ServeThread(TapThread):
         self.tracing = tracing
         self.serve: ServeService
 
-    def __enter__(self) -> ServeThread:
-        self.relay.start()
-
-        async def _start() -> dict[str, Any]:
-            self.serve = ServeService(self.serve_config, tracing=self.tracing)
-            self.svc = self.serve.tap
-            return await self.serve.start()
-
-        self.ready = self.call(_start())
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            self.call(self.serve.stop())
-        finally:
-            self.relay.stop()
+    def _build(self) -> ServeService:
+        self.serve = ServeService(self.serve_config, tracing=self.tracing)
+        self.svc = self.serve.tap
+        return self.serve

@@ -142,16 +142,9 @@ class ServeService:
         self.spans = RoutingSpans(tracer) if tracer is not None else None
         step = StepTimeModel(config.step_a, config.step_b)
         self.live = LiveLanes(
-            workers=config.workers,
-            slots=config.tap.slots,
-            policies=config.policies,
-            lag_s=config.lag_s,
-            step=step,
-            step_source=config.step_source,
-            br=config.br,
-            queue_size=config.live_queue_size,
-            window_s=config.step_window_s,
-            clock=clock,
+            workers=config.workers, slots=config.tap.slots, policies=config.policies, lag_s=config.lag_s,
+            step=step, step_source=config.step_source, br=config.br, queue_size=config.live_queue_size,
+            window_s=config.step_window_s, clock=clock,
         )
         mc = config.mode_config
         self.mode_control = (

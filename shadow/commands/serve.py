@@ -58,14 +58,16 @@ EPILOG = """examples:
 """
 
 
+SECONDS = {"type": float, "metavar": "SECONDS"}
+FRACTION = {"type": float, "metavar": "FRACTION"}
+COUNT = {"type": int, "metavar": "N"}
+
 #: The live lanes' flags after --config and --policies, each filling a `ServeConfig` field.
 LANE_FLAGS = (
-    flag("--lag", "lag_s",
-         "lanes run this far behind the live clock, so that late events still count (default 2.0)",
-         type=float, default=2.0, metavar="SECONDS"),
-    flag("--step-source", "step_source",
-         "measured step times: worker `step` events, SSE inter-chunk gaps, or auto (events when reported, "
-         "else SSE) (default auto)",
+    flag("--lag", "lag_s", "lanes run this far behind the live clock, so that late events still count "
+         "(default 2.0)", default=2.0, **SECONDS),
+    flag("--step-source", "step_source", "measured step times: worker `step` events, SSE inter-chunk gaps, "
+         "or auto (events when reported, else SSE) (default auto)",
          choices=("auto", "events", "sse"), default="auto"),
     flag("--step-a", "step_a",
          f"step model the lanes simulate: seconds per KV token of max load (default {DEFAULT_A_S_PER_TOKEN})",
@@ -74,10 +76,9 @@ LANE_FLAGS = (
          f"step model the lanes simulate: fixed seconds per step (default {DEFAULT_B_S})",
          type=float, default=DEFAULT_B_S),
     flag("--step-window", "step_window_s", "window of one measured step-time sample (default 0.5)",
-         type=float, default=0.5, metavar="SECONDS"),
-    flag("--live-queue-size", "live_queue_size",
-         "events waiting for the lanes; beyond it events are dropped and counted (default 200000)",
-         type=int, default=200_000, metavar="EVENTS"),
+         default=0.5, **SECONDS),
+    flag("--live-queue-size", "live_queue_size", "events waiting for the lanes; beyond it events are "
+         "dropped and counted (default 200000)", type=int, default=200_000, metavar="EVENTS"),
 )
 
 
@@ -100,44 +101,30 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 #: The automatic fallback's flags, each filling a `GuardConfig` field (--trip-window fills the
 #: upstream window too).
 GUARD_FLAGS = (
-    flag("--decision-budget", "decision_budget_s",
-         "a routing decision round slower than this counts as slow (default 0.02)",
-         type=float, default=0.020, metavar="SECONDS"),
-    flag("--trip-slow-count", "slow_count",
-         "this many slow decisions within --trip-window trip fallback (default 5)",
-         type=int, default=5, metavar="N"),
-    flag("--trip-window", "slow_window_s",
-         "window of the slow-decision and upstream-failure counts (default 10)",
-         type=float, default=10.0, metavar="SECONDS"),
-    flag("--trip-drift", "drift_requests",
-         "mirror drift (mirrored − worker-reported requests) on any worker that trips fallback "
-         "(default 16)",
-         type=float, default=16.0, metavar="REQUESTS"),
-    flag("--trip-stale", "stale_s",
-         "no good /metrics scrape of a worker for this long trips fallback (default 15)",
-         type=float, default=15.0, metavar="SECONDS"),
-    flag("--trip-upstream-error-rate", "upstream_error_rate",
-         "failed fraction of one upstream's calls in the window that trips fallback (default 0.5) ...",
-         type=float, default=0.5, metavar="FRACTION"),
-    flag("--trip-upstream-min-calls", "upstream_min_calls",
-         "... given at least N calls in the window (default 10)",
-         type=int, default=10, metavar="N"),
-    flag("--holddown", "holddown_s",
-         "first hold-down before recovery from fallback is tried; doubles on each repeated trip "
-         "(default 10)",
-         type=float, default=10.0, metavar="SECONDS"),
-    flag("--holddown-max", "holddown_max_s",
-         "cap of the doubling hold-down (default 300)",
-         type=float, default=300.0, metavar="SECONDS"),
-    flag("--degrade-calibration", "calibration_max",
-         "BR-H end-probability calibration error above which active BR-H runs BR-0 (default 0.15)",
-         type=float, default=0.15, metavar="ECE"),
-    flag("--degrade-net-gain", "net_gain_min",
-         "BR-H's spread gain over BR-0 in the live lanes below which active BR-H runs BR-0 (default 0.0)",
-         type=float, default=0.0, metavar="FRACTION"),
-    flag("--degrade-oracle-gap", "oracle_gap_max",
-         "BR-H's spread over the Oracle's on the recent window, minus 1, above which active BR-H runs "
-         "BR-0 (default 1.0)",
+    flag("--decision-budget", "decision_budget_s", "a routing decision round slower than this counts as "
+         "slow (default 0.02)", default=0.020, **SECONDS),
+    flag("--trip-slow-count", "slow_count", "this many slow decisions within --trip-window trip fallback "
+         "(default 5)", default=5, **COUNT),
+    flag("--trip-window", "slow_window_s", "window of the slow-decision and upstream-failure counts "
+         "(default 10)", default=10.0, **SECONDS),
+    flag("--trip-drift", "drift_requests", "mirror drift (mirrored − worker-reported requests) on any "
+         "worker that trips fallback (default 16)", type=float, default=16.0, metavar="REQUESTS"),
+    flag("--trip-stale", "stale_s", "no good /metrics scrape of a worker for this long trips fallback "
+         "(default 15)", default=15.0, **SECONDS),
+    flag("--trip-upstream-error-rate", "upstream_error_rate", "failed fraction of one upstream's calls in "
+         "the window that trips fallback (default 0.5) ...", default=0.5, **FRACTION),
+    flag("--trip-upstream-min-calls", "upstream_min_calls", "... given at least N calls in the window "
+         "(default 10)", default=10, **COUNT),
+    flag("--holddown", "holddown_s", "first hold-down before recovery from fallback is tried; doubles on "
+         "each repeated trip (default 10)", default=10.0, **SECONDS),
+    flag("--holddown-max", "holddown_max_s", "cap of the doubling hold-down (default 300)",
+         default=300.0, **SECONDS),
+    flag("--degrade-calibration", "calibration_max", "BR-H end-probability calibration error above which "
+         "active BR-H runs BR-0 (default 0.15)", type=float, default=0.15, metavar="ECE"),
+    flag("--degrade-net-gain", "net_gain_min", "BR-H's spread gain over BR-0 in the live lanes below which "
+         "active BR-H runs BR-0 (default 0.0)", default=0.0, **FRACTION),
+    flag("--degrade-oracle-gap", "oracle_gap_max", "BR-H's spread over the Oracle's on the recent window, "
+         "minus 1, above which active BR-H runs BR-0 (default 1.0)",
          type=float, default=1.0, metavar="RATIO"),
 )
 
@@ -222,31 +209,23 @@ def mode_config_from_args(args: argparse.Namespace) -> ModeConfig | None:
 ACTIVE_FLAGS = (
     flag("--active-host", "host", "the proxy's bind address (default 127.0.0.1)", default="127.0.0.1"),
     flag("--active-port", "port", "the proxy's port (default 0 = a free port)", type=int, default=0),
-    flag("--active-policy", "policy",
-         "policy of active mode: br0, brh (survival predictor), jsq (the vllm-ascend proxy's rule), rr "
-         "(default br0)",
-         choices=("br0", "brh", "jsq", "rr"), default="br0"),
-    flag("--transfer-cap", "transfer_cap",
-         "KV transfers in flight per decode worker (dispatched, no token yet) (default 8)",
-         type=int, default=8, metavar="N"),
-    flag("--dispatch-ahead", "dispatch_ahead",
-         "pool routers place up to N requests per decode worker beyond its free slots (they queue there "
-         "and start the moment a slot frees, hiding the dispatch round trip) (default 0)",
-         type=int, default=0, metavar="N"),
-    flag("--pool-ttl", "pool_ttl_s",
-         "a request waiting longer in the Prompt Pool gets 503 and its prefill KV is released (default 60)",
-         type=float, default=60.0, metavar="SECONDS"),
-    flag("--pool-bypass", "bypass",
-         "policy br0 only: place each request when its prefill is done (BR-0's single-request score over "
-         "running + dispatched-not-yet-running load, workers with a free slot first, the worker queues it) "
-         "instead of in pool rounds; it waits in the pool only while every decode worker is at its "
-         "--transfer-cap",
-         action="store_true"),
-    flag("--kv-pause", "kv_pause",
-         "no new prefill to a prefiller at this KV usage (its /metrics) (default 0.9)",
-         type=float, default=0.9, metavar="FRACTION"),
+    flag("--active-policy", "policy", "policy of active mode: br0, brh (survival predictor), jsq (the "
+         "vllm-ascend proxy's rule), rr (default br0)", choices=("br0", "brh", "jsq", "rr"), default="br0"),
+    flag("--transfer-cap", "transfer_cap", "KV transfers in flight per decode worker (dispatched, no token "
+         "yet) (default 8)", default=8, **COUNT),
+    flag("--dispatch-ahead", "dispatch_ahead", "pool routers place up to N requests per decode worker "
+         "beyond its free slots (they queue there and start the moment a slot frees, hiding the dispatch "
+         "round trip) (default 0)", default=0, **COUNT),
+    flag("--pool-ttl", "pool_ttl_s", "a request waiting longer in the Prompt Pool gets 503 and its prefill "
+         "KV is released (default 60)", default=60.0, **SECONDS),
+    flag("--pool-bypass", "bypass", "policy br0 only: place each request when its prefill is done (BR-0's "
+         "single-request score over running + dispatched-not-yet-running load, workers with a free slot "
+         "first, the worker queues it) instead of in pool rounds; it waits in the pool only while every "
+         "decode worker is at its --transfer-cap", action="store_true"),
+    flag("--kv-pause", "kv_pause", "no new prefill to a prefiller at this KV usage (its /metrics) (default "
+         "0.9)", default=0.9, **FRACTION),
     flag("--kv-resume", "kv_resume", "... until it is below this again (default 0.8)",
-         type=float, default=0.8, metavar="FRACTION"),
+         default=0.8, **FRACTION),
 )
 
 
