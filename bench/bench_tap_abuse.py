@@ -53,8 +53,9 @@ def _flood_main(api: str, total: int, batch: int, out_q: mp.Queue) -> None:  # t
         sent = 0
         while sent < total:
             n = min(batch, total - sent)
+            t = time.monotonic()  # the host's clock (event times beyond a minute of it are dropped)
             body = "".join(
-                f'{{"type":"arrive","request_id":"f{sent + i:07d}","t":0}}\n' for i in range(n)
+                f'{{"type":"arrive","request_id":"f{sent + i:07d}","t":{t}}}\n' for i in range(n)
             ).encode()
             t0 = time.monotonic()
             r = c.post(api + "/v1/events", content=body)

@@ -71,6 +71,16 @@ class DispatchConfig:
     brh_predictor: str = "survival"
 
 
+def _only(lv: LoadView, workers: list[int]) -> LoadView:
+    """The view of `workers` alone (index i of the result is worker `workers[i]`)."""
+    return LoadView(
+        [lv.loads[g] for g in workers],
+        [lv.free_slots[g] for g in workers],
+        [lv.outstanding[g] for g in workers],
+        [lv.outstanding_tokens[g] for g in workers],
+    )
+
+
 class Dispatcher:
     """See module docstring. `start()`/`stop()` run the tick; everything else is loop-local."""
 
@@ -247,8 +257,13 @@ class Dispatcher:
                 continue
             t0 = time.perf_counter()
             span = self.spans.round_start(policy, lv.free_slots, self.waiting.values(), pool=router.waiting())
+            up = [g for g in range(len(lv.loads)) if g not in self.ledger.down]
             try:
-                decisions = router.decide(self._static_view(lv, router), now)
+                if router.binds_at_arrival and len(up) < len(lv.loads):  # (pool routers see no free slot)
+                    picks = router.decide(self._static_view(_only(lv, up), router), now)
+                    decisions = [(rid, up[g]) for rid, g in picks]  # a binding rule among ranks that are up
+                else:
+                    decisions = router.decide(self._static_view(lv, router), now)
             except Exception as exc:  # a broken policy must not strand its requests
                 spent = time.perf_counter() - t0
                 self._marks.clear()

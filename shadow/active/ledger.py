@@ -6,12 +6,14 @@ aggregates (outstanding requests and forwarded tokens for the JSQ rule, transfer
 `view(source)` merges it with a `LoadSource` (the mirror's reconciled running requests, or
 nothing for a proxy without a mirror): a leg the source has not seen yet counts as *virtual*
 load on its worker; a leg that ended at the proxy but is still live in the source is taken out
-again, so a freed slot is usable at once.
+again, so a freed slot is usable at once. A worker that is down — the source cannot reach it, or
+the proxy could not reach it within the last `down_hold_s` — has no free slot (unless every
+worker is down: then the view is as if none were).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -36,6 +38,10 @@ class LoadSource(Protocol):
         """The source counts this request as running now."""
         ...
 
+    def down(self) -> Collection[int]:
+        """Workers the source cannot reach now."""
+        ...
+
 
 class NoSource:
     """A proxy without a mirror: the ledger is the whole truth."""
@@ -52,13 +58,23 @@ class NoSource:
     def live(self, request_id: str) -> bool:
         return False
 
+    def down(self) -> Collection[int]:
+        return ()
+
 
 class MirrorSource:
-    """Shadow's reconciled mirror state (read from another thread: plain int reads only)."""
+    """Shadow's reconciled mirror state (read from another thread: plain int reads only);
+    `unreachable()` names the workers whose /metrics cannot be reached (the reconciler's view)."""
 
-    def __init__(self, state: MirrorState, workers: Sequence[str]) -> None:
+    def __init__(
+        self,
+        state: MirrorState,
+        workers: Sequence[str],
+        unreachable: Callable[[], Collection[str]] | None = None,
+    ) -> None:
         self.state = state
         self.names = list(workers)
+        self.unreachable = unreachable
 
     def counts(self) -> tuple[list[float], list[int]]:
         ws = self.state.workers
@@ -75,6 +91,12 @@ class MirrorSource:
 
     def live(self, request_id: str) -> bool:
         return self.state.is_live(request_id)
+
+    def down(self) -> Collection[int]:
+        if self.unreachable is None:
+            return ()
+        gone = set(self.unreachable())
+        return [g for g, n in enumerate(self.names) if n in gone]
 
 
 @dataclass(slots=True)
@@ -106,7 +128,13 @@ class Ledger:
     """See module docstring. Not thread-safe: used from the proxy's event loop only."""
 
     def __init__(
-        self, workers: int, slots: int, transfer_cap: int, forget_after_s: float = 30.0, ahead: int = 0
+        self,
+        workers: int,
+        slots: int,
+        transfer_cap: int,
+        forget_after_s: float = 30.0,
+        ahead: int = 0,
+        down_hold_s: float = 2.0,
     ) -> None:
         self.workers = workers
         self.slots = slots
@@ -120,6 +148,9 @@ class Ledger:
         self.outstanding_tokens = [0.0] * workers
         self.transfers = [0] * workers
         self.dispatched = [0] * workers  # decode legs placed per worker (all time)
+        self.down_hold_s = down_hold_s
+        self.unreachable_at = [float("-inf")] * workers  # the proxy's last failure to reach each worker
+        self.down: frozenset[int] = frozenset()  # as of the last view
 
     def __len__(self) -> int:
         return len(self.legs)
@@ -170,7 +201,17 @@ class Ledger:
         return leg
 
     def transfer_room(self, worker: int) -> int:
+        if worker in self.down:
+            return 0
         return max(0, self.transfer_cap - self.transfers[worker])
+
+    def unreachable(self, worker: int, now: float) -> None:
+        """The proxy could not reach `worker` (it gets nothing for `down_hold_s`, then one try)."""
+        self.unreachable_at[worker] = now
+
+    def reached(self, worker: int) -> None:
+        """`worker` answered: it is up."""
+        self.unreachable_at[worker] = float("-inf")
 
     def view(self, source: LoadSource, now: float) -> LoadView:
         """Loads and free slots as the source sees them, corrected by what only the proxy knows."""
@@ -195,6 +236,12 @@ class Ledger:
         free = [
             max(0, min(room - a, self.transfer_cap - t)) for a, t in zip(act, self.transfers, strict=True)
         ]
+        since = now - self.down_hold_s
+        down = {g for g, t in enumerate(self.unreachable_at) if t > since}
+        down.update(source.down())
+        self.down = frozenset(down) if len(down) < self.workers else frozenset()
+        for g in self.down:
+            free[g] = 0
         return LoadView(kv, free, list(self.outstanding), list(self.outstanding_tokens))
 
     def active_arrays(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.int64]]:

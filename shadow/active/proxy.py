@@ -81,6 +81,7 @@ HOP_BY_HOP = frozenset(
 MAX_ABORTED = 4096  # abandoned KV handles remembered per prefiller
 MAX_RESUME_BYTES = 4 << 20  # stream bytes kept per request for a recompute continuation
 DONE_TAIL = 32  # bytes of a relayed stream kept to see its end marker
+GATEWAY_DOWN = (502, 504)  # a decode worker's tap could not reach it: the worker is down
 
 
 @dataclass
@@ -430,11 +431,10 @@ class ActiveProxy:
                 return Response(status_code=499)
             except _Failed as f:
                 self.errors[f.kind] += 1
-                self._count(
-                    flow.mode,
-                    flow.policy,
-                    "rejected" if f.status in (429, 503) and f.leg == "pool" else "upstream_error",
+                refused = (f.leg == "pool" and f.status in (429, 503)) or (
+                    f.leg != "pool" and client_fault(f.status)
                 )
+                self._count(flow.mode, flow.policy, "rejected" if refused else "upstream_error")
                 return Response(
                     f.content, status_code=f.status, media_type=f.media, headers={"X-Request-Id": flow.rid}
                 )
@@ -556,12 +556,13 @@ class ActiveProxy:
                     flow.prompt_tokens = usage["prompt_tokens"]
             except (orjson.JSONDecodeError, AttributeError):
                 params = None
-        self.modes.on_upstream(p.name, "prefill", ok and isinstance(params, dict))
+        fault = not ok and client_fault(r.status_code)  # the request's own fault, not the prefiller's
+        self.modes.on_upstream(p.name, "prefill", (ok and isinstance(params, dict)) or fault)
         if ok and isinstance(params, dict):
             p.down = False
             flow.kv_from = p.name
             return params
-        if not ok:
+        if not ok and not fault:
             self.metrics.upstream_errors.labels("prefill", p.name).inc()
         self._release_prefill(flow)
         if ok:
@@ -613,6 +614,7 @@ class ActiveProxy:
             upstream: httpx.Response = await _race(send(client, req, stream=True), gone)
         except Unsent as u:  # the worker never got the whole request: try again, same KV handle
             self._decode_over(flow, None)
+            self.ledger.unreachable(g, self.clock())  # (elsewhere, while it stays down)
             self._upstream_failed(name, "decode")
             raise _Failed.ours(
                 502, f"decode {name} unreachable: {type(u.cause).__name__}", "decode_unreachable", True,
@@ -628,7 +630,12 @@ class ActiveProxy:
         except BaseException:
             self._decode_over(flow, None)
             raise
-        if upstream.status_code == 200:
+        status = upstream.status_code
+        if status in GATEWAY_DOWN:  # its tap could not reach it
+            self.ledger.unreachable(g, self.clock())
+        else:
+            self.ledger.reached(g)
+        if status == 200:
             self.modes.on_upstream(name, "decode", True)
             return upstream
         try:
@@ -638,7 +645,10 @@ class ActiveProxy:
         finally:
             await upstream.aclose()
         self._decode_over(flow, None)
-        self._upstream_failed(name, "decode")
+        if client_fault(status):  # the request's own fault: the worker is fine
+            self.modes.on_upstream(name, "decode", True)
+        else:
+            self._upstream_failed(name, "decode")
         # The worker answered, so it had the KV handle (it may have pulled or dropped the blocks):
         # a retry runs the whole flow, with a fresh prefill.
         raise _Failed(
@@ -853,7 +863,8 @@ class ActiveProxy:
                         self.metrics.first_token.labels("shadow", bucket).observe(time.perf_counter() - t0)
                     tail = (tail + chunk)[-DONE_TAIL:]
                     yield chunk
-                outcome = "ok" if upstream.status_code < 400 else "upstream_error"
+                status = upstream.status_code
+                outcome = "ok" if status < 400 else "rejected" if client_fault(status) else "upstream_error"
             except httpx.HTTPError:
                 outcome = "upstream_error"
                 broke = True
@@ -871,6 +882,12 @@ class ActiveProxy:
                 raise _StreamCut
 
         return _Relay(relay(), status_code=upstream.status_code, headers=out_headers)
+
+
+def client_fault(status: int) -> bool:
+    """An upstream's answer that blames the request (4xx but 429: overload is the upstream's own),
+    so it says nothing against the upstream: counted as the client's, never towards fallback."""
+    return 400 <= status < 500 and status != 429
 
 
 def _stream_done(tail: bytes) -> bool:

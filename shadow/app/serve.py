@@ -15,6 +15,7 @@ ends allow (the final report of a session).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client.registry import Collector
 
 from shadow.active.control import ModeControl
-from shadow.active.health import HealthPoll, HealthReader
+from shadow.active.health import UNREACHABLE, HealthPoll, HealthReader
 from shadow.active.ledger import MirrorSource
 from shadow.active.modes import ModeConfig
 from shadow.active.oraclegap import OracleGap
@@ -168,7 +169,10 @@ class ServeService:
             listeners.append(self.oracle)
         if tracer is not None:
             listeners.append(MirrorSpans(tracer))
-        self.tap = TapService(config.tap, clock=clock, listeners=listeners, collectors=collectors,
+        tap_config = config.tap
+        if mc is not None and mc.admin_token is not None:  # events can trip the mode: theirs too
+            tap_config = dataclasses.replace(tap_config, events_token_required=True)
+        self.tap = TapService(tap_config, clock=clock, listeners=listeners, collectors=collectors,
                               routers=routers)
         self.health = (
             HealthPoll(
@@ -259,7 +263,12 @@ class ServeService:
         a = self.config.active
         assert a is not None
         cfg = self._active_config(taps)
-        source = MirrorSource(self.tap.state, list(cfg.decode))
+        rec = self.tap.reconciler
+
+        def unreachable() -> list[str]:  # the reconciler's view (read across threads: plain reads)
+            return [n for n, w in rec.workers.items() if w.last_error in UNREACHABLE] if rec else []
+
+        source = MirrorSource(self.tap.state, list(cfg.decode), unreachable)
         self.proxy = ActiveProxy(cfg, modes=self.modes, source=source, registry=self.tap.registry,
                                  clock=self.clock, router_factory=a.router_factory, spans=self.spans)
         self._proxy_server = AppServer(self.proxy.app, a.host, a.port)

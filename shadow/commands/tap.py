@@ -126,7 +126,7 @@ def tap_flags() -> tuple[Flag, ...]:
              "warning", metavar="FILE"),
         flag("--events-token", "events_token", "bearer token required by POST /v1/events (env "
              "SHADOW_EVENTS_TOKEN); without one, event ingestion is refused unless the API listens on "
-             "loopback",
+             "loopback, and everywhere in a serve with an admin token (events can trip its mode)",
              default=os.environ.get("SHADOW_EVENTS_TOKEN")),
     )
 

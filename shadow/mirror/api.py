@@ -33,6 +33,10 @@ try:  # faster, and refuses nesting beyond 1024 levels and integers beyond 64 bi
 except ImportError:  # pragma: no cover - depends on the environment
     _loads = json.loads
 
+NEEDS_EVENTS_TOKEN = (
+    "event ingestion is off: an admin token guards this process and events can trip its mode, "
+    "so they need their own token (--events-token or SHADOW_EVENTS_TOKEN)"
+)
 DEFAULT_MAX_BODY = 8 << 20
 DEFAULT_MAX_ID_LEN = 256
 MAX_INT = 1 << 53  # integers in events stay exact in a float (Prometheus) and in JSON readers
@@ -211,12 +215,14 @@ def create_app(
     ingest_token: str | None = None,
     max_id_len: int = DEFAULT_MAX_ID_LEN,
     routers: Sequence[APIRouter] = (),
+    token_required: bool = False,
 ) -> FastAPI:
     """The API app over one mirror (plus the routes of `routers`); `rejected` is the counter dict
     the metrics collector exports.
 
     Ingestion changes the mirrored state, so `POST /v1/events` needs `ingest_token` as a bearer
-    token when one is set, and is refused on a non-loopback `host` when none is.
+    token when one is set, and is refused on a non-loopback `host` when none is — and everywhere
+    when `token_required` (another token guards this process: events could trip its mode).
     """
     app = FastAPI(title="shadow mirror", docs_url=None, redoc_url=None, openapi_url=None)
     rejected_counts: MutableMapping[str, int] = rejected if rejected is not None else {}
@@ -224,7 +230,11 @@ def create_app(
 
     @app.post("/v1/events")
     async def post_events(request: Request) -> Response:
-        denied = admin_denied(host, ingest_token, request.headers.get("authorization"), "event ingestion")
+        denied = (
+            (403, NEEDS_EVENTS_TOKEN)
+            if token_required and ingest_token is None
+            else admin_denied(host, ingest_token, request.headers.get("authorization"), "event ingestion")
+        )
         if denied is not None:
             rejected_counts["unauthorized"] = rejected_counts.get("unauthorized", 0) + 1
             return JSONResponse({"error": denied[1]}, status_code=denied[0])

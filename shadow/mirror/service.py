@@ -84,6 +84,7 @@ class TapConfig:
     pace_s: float = 0.0  # tests: slow analysis consumer
     inject_usage: bool = False  # ask workers for continuous usage; strip what the client did not ask for
     events_token: str | None = None  # bearer token for POST /v1/events (required off loopback)
+    events_token_required: bool = False  # another token guards the process: no events without theirs
     forward_token: str | None = None  # bearer token sent with --forward posts
     # caps and timeouts of the in-path taps (see TapLimits) and of the mirror
     max_connections: int = 4096
@@ -240,6 +241,7 @@ class TapService:
             ingest_token=c.events_token,
             max_id_len=c.max_id_len,
             routers=routers,
+            token_required=c.events_token_required,
         )
         self.analysis = LoopThread("shadow-analysis")
         self._tasks: list[asyncio.Task[Any]] = []

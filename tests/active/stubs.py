@@ -170,6 +170,9 @@ class FixedSource:
     def live(self, request_id: str) -> bool:
         return False
 
+    def down(self) -> list[int]:
+        return []
+
 
 def metric(proxy: ActiveProxy, name: str, **labels: str) -> float:
     v = proxy.registry.get_sample_value(name, labels)

@@ -1,19 +1,25 @@
 """The control plane of `shadow serve` against hostile inputs, each on a real serve process.
 
 A flag file replaced by a FIFO (never waited on), admin bodies beyond what a JSON reader should
-take (400/422, never 500).
+take (400/422, never 500); evidence a client or an unauthenticated peer could forge (a client's
+own 4xx, token-less events) trips nothing; fallback routes only to ranks that are up.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from tests.active.procs import shadow_process
+from tests.active.test_fallback_e2e import SERVE_FLAGS, mode, scrapes, wait_for
 
 TOKEN = "t" * 24
 SERVE = ["serve", "--worker", "d0=http://127.0.0.1:9", "--slots", "4", "--scrape-interval", "0",
@@ -87,3 +93,74 @@ def test_admin_bodies_beyond_a_json_reader_answer_400_and_flag_files_are_flag_er
             doc = _until(lambda n=n: (d := httpx.get(api + "/v1/mode", timeout=10).json())
                          ["transitions_total"].get("shadow/flag_error", 0) >= n and d, f"flag error {n}")
         assert "nested too deep" in doc["last_flag_error"]
+
+
+@contextmanager
+def fleet_and_serve(extra: list[str]) -> Iterator[tuple[list[str], dict[str, Any]]]:
+    """A `shadow fleet` of 2 decode ranks and a `shadow serve` in mode active in front of them
+    (test_fallback_e2e's flags), once the first scrapes are in; yields (decode URLs, ready doc)."""
+    with shadow_process(["fleet", "--decode", "2", "--slots", "8", "--port", "0"]) as (_, fleet):
+        decode = fleet["decode"]
+        args = ["serve", *SERVE_FLAGS, *extra]
+        for i, u in enumerate(decode):
+            args += ["--upstream", f"d{i}={u}"]
+        with shadow_process(args) as (_, ready):
+            api = ready["api"]
+            wait_for(lambda: mode(api)["current"] == "active" and scrapes(api) >= 2, "first scrapes, active")
+            yield decode, ready
+
+
+def _complete(proxy: str, **body: Any) -> httpx.Response:
+    payload = {"model": "sim-llm", "prompt": "w " * 20, "max_tokens": 4, **body}
+    return httpx.post(proxy + "/v1/completions", json=payload, timeout=60)
+
+
+def test_a_clients_own_bad_requests_are_not_upstream_failures() -> None:
+    with fleet_and_serve(["--active"]) as (_, ready):
+        api, proxy = ready["api"], ready["active"]
+        for _ in range(16):  # over the trip's 10 calls in its 10 s window, all failing
+            r = _complete(proxy, max_tokens="abc")
+            assert r.status_code == 400, r.text
+        assert _complete(proxy).status_code == 200
+        m = mode(api)
+        assert m["current"] == "active" and m["fallback_reason"] is None, m["transitions"]
+        assert m["observed"]["upstream_failures"] == 0 and m["observed"]["upstream_calls"] >= 17
+        text = httpx.get(api + "/metrics", timeout=10).text
+        assert 'outcome="rejected"' in text and "shadow_active_upstream_errors_total{" not in text
+
+
+def test_token_less_events_cannot_trip_the_mode_when_an_admin_token_is_set() -> None:
+    t = time.monotonic()
+    lines = [{"type": "route", "request_id": f"ghost-{i}", "t": t, "worker": "d0", "prompt_tokens": 10}
+             for i in range(20)]
+    body = "".join(json.dumps(x) + "\n" for x in lines).encode()
+    with fleet_and_serve(["--admin-token", TOKEN]) as (_, ready):
+        api = ready["api"]
+        r = httpx.post(api + "/v1/events", content=body, timeout=10)  # loopback, no token
+        assert r.status_code == 403 and "--events-token" in r.json()["error"], r.text
+        s0 = scrapes(api)
+        wait_for(lambda: scrapes(api) >= s0 + 5, "five scrapes")  # (drift over 4 trips at the next)
+        m = mode(api)
+        assert m["current"] == "active" and m["trips"] == {}, m["transitions"]
+    events_token = "e" * 24
+    with fleet_and_serve(["--admin-token", TOKEN, "--events-token", events_token]) as (_, ready):
+        api = ready["api"]
+        assert httpx.post(api + "/v1/events", content=body, timeout=10).status_code == 401
+        ok = httpx.post(api + "/v1/events", content=body, timeout=10,
+                        headers={"authorization": f"Bearer {events_token}"})
+        assert ok.status_code == 200 and ok.json()["accepted"] == 20  # with its own token: in
+
+
+def test_fallback_routes_only_to_ranks_that_are_up() -> None:
+    with fleet_and_serve(["--active"]) as (decode, ready):
+        api, proxy = ready["api"], ready["active"]
+        assert _complete(proxy).status_code == 200
+        httpx.post(decode[0] + "/fleet/faults", json={"target": "decode/1", "crash_s": -1},
+                   timeout=5).raise_for_status()
+        wait_for(lambda: mode(api)["current"] == "fallback", "fallback")
+        before = mode(api)["observed"]["upstream_failures"]
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda _: _complete(proxy).status_code, range(40)))
+        assert answers == [200] * 40, answers  # the old round-robin sent every other one to d1
+        failures = mode(api)["observed"]["upstream_failures"] - before
+        assert failures == 0, failures
