@@ -5,7 +5,8 @@
   `Authorization: Bearer <token>`. No token configured: 403, the API is off. Wrong or missing
   token: 401. Body over `max_body` (default 4 KiB): 413. Not JSON, or JSON no reader should take
   (nested over 1024 deep, a number beyond a double or a 64-bit integer): 400. Unknown key or
-  invalid value: 422. Nothing changes unless the token is valid and the whole body is. Refusals are
+  invalid value: 422. A valid mode this process cannot carry out (no active proxy: only `shadow`):
+  409 with the reason. Nothing changes unless the token is valid and the whole body is. Refusals are
   counted by reason (`rejected`, shown in GET /v1/mode).
 """
 
@@ -20,7 +21,7 @@ from orjson import JSONDecodeError
 from orjson import loads as json_loads
 
 from shadow.active.flagfile import setting_from
-from shadow.active.modes import ModeController
+from shadow.active.modes import ModeController, ModeUnavailable
 from shadow.base.security import bearer_ok
 
 DEFAULT_MAX_BODY = 4096
@@ -81,6 +82,9 @@ def mode_router(
             setting = setting_from(data, "body")
         except ValueError as exc:
             return refuse(422, "invalid", str(exc))
-        return JSONResponse(controller.apply(setting, "operator"))
+        try:
+            return JSONResponse(controller.apply(setting, "operator"))
+        except ModeUnavailable as exc:
+            return refuse(409, "unavailable", str(exc))
 
     return router

@@ -5,10 +5,15 @@
     canary_fraction: 0.1    # [0, 1] (optional)
     pin: false              # true: automatic fallback and BR-H degrade off (optional)
 
-`FlagFileWatcher.poll()` reads the file (it is small: capped at 64 KiB) and applies it when its
-bytes changed; a missing, unreadable, oversized or invalid file, or one that is not a regular file
-(a FIFO, a device: never waited on, it is opened non-blocking), is a flag error: the controller
-goes to `shadow` (counted, reason `flag_error`) until the file is fixed. Polling, no inotify.
+`FlagFileWatcher.poll()` reads the file (it is small: capped at 64 KiB) and applies it when it was
+written since the last read: its bytes, inode, size or modification time changed. With
+`PUT /v1/mode` the last writer wins: a PUT holds until the file is written again, and any write of
+the file (even of the same bytes: a rename onto it, a touch) applies it again; a poll that finds
+the file untouched applies nothing. A missing, unreadable, oversized or invalid file, or one that
+is not a regular file (a FIFO, a device: never waited on, it is opened non-blocking), is a flag
+error: the controller
+goes to `shadow` (counted, reason `flag_error`) until the file is fixed, and so is a mode the
+process cannot carry out (no active proxy). Polling, no inotify.
 """
 
 from __future__ import annotations
@@ -80,6 +85,7 @@ class FlagFileWatcher:
         self.controller = controller
         self.interval_s = interval_s
         self.last: bytes | None = None
+        self.last_stat: tuple[int, int, int, int] | None = None  # inode, size, mtime, ctime (ns)
         self.missing_reported = False
         self.reads = 0
 
@@ -87,31 +93,37 @@ class FlagFileWatcher:
         """Read once; apply when the content changed since the last read. Never raises."""
         self.reads += 1
         try:
-            raw = self._read()
+            raw, written = self._read()
         except OSError as exc:
             if not self.missing_reported:
                 self.missing_reported = True
-                self.last = None
+                self.last = self.last_stat = None
                 self.controller.flag_error(f"flag file {self.path}: {exc.strerror or exc}")
             return
         self.missing_reported = False
-        if raw == self.last:
+        if raw == self.last and written == self.last_stat:
             return
-        self.last = raw
+        self.last, self.last_stat = raw, written
         try:
             setting = parse_flag(raw, f"flag file {self.path}")
         except ValueError as exc:
             self.controller.flag_error(str(exc))
             return
-        self.controller.apply(setting, "flag_file")
+        try:
+            self.controller.apply(setting, "flag_file")
+        except ValueError as exc:  # a mode this process cannot carry out
+            self.controller.flag_error(f"flag file {self.path}: {exc}")
 
-    def _read(self) -> bytes:
-        """At most MAX_FLAG_BYTES + 1 bytes of the file; OSError when it cannot be read or is not
-        a regular file (opening never blocks: a FIFO without a writer would)."""
+    def _read(self) -> tuple[bytes, tuple[int, int, int, int]]:
+        """At most MAX_FLAG_BYTES + 1 bytes of the file and when it was written (inode, size,
+        mtime, ctime); OSError when it cannot be read or is not a regular file (opening never
+        blocks: a FIFO without a writer would)."""
         fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise OSError(f"not a regular file ({_kind(os.fstat(fd).st_mode)})")
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(f"not a regular file ({_kind(st.st_mode)})")
+            written = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
             parts: list[bytes] = []
             left = MAX_FLAG_BYTES + 1
             while left > 0:
@@ -120,7 +132,7 @@ class FlagFileWatcher:
                     break
                 parts.append(chunk)
                 left -= len(chunk)
-            return b"".join(parts)
+            return b"".join(parts), written
         finally:
             os.close(fd)
 

@@ -1,12 +1,14 @@
 """`ModeController`: which mode each new request is routed in, and why (a `ModeSource`).
 
 The operator sets a mode (`shadow`, `canary`, `active`, `fallback`), a policy and a canary
-fraction through the environment at start, a watched flag file or the admin API; an invalid
-setting from any source means `shadow` (counted, reason `flag_error`). In `active`/`canary`,
-`Guards` trip automatic fallback to round-robin (fast) and recover after the hold-down (slow), and
-`Degrade` steps BR-H down to BR-0 on predictor drift; an operator pin turns both off. `choose` is
-lock-free (one immutable plan, swapped on each change), so a change applies to new requests only.
-Every transition is logged (one line), counted, traced, and kept for `/v1/report`'s "mode".
+fraction at start (flag, config file, environment), through a watched flag file or the admin API;
+an invalid setting from any source means `shadow` (counted, reason `flag_error`). A mode the
+process cannot carry out (no active proxy: only `shadow`) is refused (`ModeUnavailable`). In
+`active`/`canary`, `Guards` trip automatic fallback to round-robin (fast) and recover after the
+hold-down (slow), and `Degrade` steps BR-H down to BR-0 on predictor drift; an operator pin turns
+both off. `choose` is lock-free (one immutable plan, swapped on each change), so a change applies
+to new requests only. Every transition is logged (one line), counted, traced, and kept for
+`/v1/report`'s "mode".
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from shadow.active.fallback import Degrade, GuardConfig, Guards, Signals
-from shadow.contracts.modes import ACTIVE_POLICIES, MODES, RouteChoice
+from shadow.contracts.modes import ACTIVE_POLICIES, MODES, START_REASONS, RouteChoice
 from shadow.telemetry.tracing import RoutingSpans
 
 log = logging.getLogger("shadow.active.modes")
 
 SHADOW = RouteChoice("shadow", "router")
+NO_PROXY = ("this shadow serve runs without --active: the existing router routes every request, so only "
+            "mode shadow can be carried out (start it with --active to route)")
 FALLBACK = RouteChoice("fallback", "rr")
 
 
@@ -58,6 +62,10 @@ class ModeSetting:
             raise ValueError(f"canary_fraction must be a number in [0, 1], got {f!r}")
 
 
+class ModeUnavailable(ValueError):
+    """A valid mode this process cannot carry out (the reason says why)."""
+
+
 @dataclass(frozen=True)
 class ModeConfig:
     """The controller's configuration (`shadow serve`'s mode flags)."""
@@ -73,6 +81,9 @@ class ModeConfig:
     oracle_interval_s: float = 60.0  # BR-H vs Oracle replay of the recent window (0: off)
     guards: GuardConfig = field(default_factory=GuardConfig)
     history: int = 100
+    active_available: bool = True  # an active proxy carries out canary/active/fallback
+    source: str = "default"  # where the mode at start came from (one of START_REASONS)
+    source_detail: str = ""  # e.g. "mode from env SHADOW_SERVE_MODE, canary_fraction from flag"
 
 
 @dataclass(frozen=True)
@@ -114,13 +125,13 @@ class ModeController:
         self.observed = {"decisions": 0, "slow_decisions": 0, "decision_errors": 0, "upstream_calls": 0,
                          "upstream_failures": 0}
         self._plan = _Plan(SHADOW, None)
+        self.last_writer = c.source
+        source = c.source if c.source in START_REASONS else "default"
         try:
             start = ModeSetting(c.mode, c.policy, c.canary_fraction, c.pin)
-            start.validate()
+            self.apply(start, source)
         except ValueError as exc:
-            self.flag_error(f"environment: {exc}")
-        else:
-            self.apply(start, "environment")
+            self.flag_error(f"{source}: {exc}")
 
     # -- ModeSource -------------------------------------------------------------------------------
 
@@ -162,11 +173,22 @@ class ModeController:
 
     # -- operator sources -----------------------------------------------------------------------
 
+    def unavailable(self, mode: str) -> str | None:
+        """Why `mode` cannot be carried out here (None: it can)."""
+        if mode != "shadow" and not self.config.active_available:
+            return NO_PROXY
+        return None
+
     def apply(self, setting: ModeSetting, reason: str) -> dict[str, Any]:
-        """Apply an operator setting (validated: ValueError leaves everything unchanged)."""
+        """Apply an operator setting (validated: ValueError leaves everything unchanged,
+        `ModeUnavailable` for a mode this process cannot carry out)."""
         setting.validate()
+        why = self.unavailable(setting.mode)
+        if why is not None:
+            raise ModeUnavailable(f"mode {setting.mode} refused: {why}")
         with self._lock:
-            prev = "start" if reason == "environment" else self._current()
+            self.last_writer = reason
+            prev = "start" if reason in START_REASONS else self._current()
             self.mode = setting.mode
             if setting.policy is not None:
                 if setting.policy != self.policy:
@@ -179,7 +201,9 @@ class ModeController:
             if not self._guarded():  # pinned, shadow or operator fallback: automatic state off
                 self.guards.tripped = None
                 self.degrade.degraded = None
-            self._record(prev, self._current(), reason, f"set by {reason}")
+            detail = self.config.source_detail if reason in START_REASONS else ""
+            said = f"set by {reason}" + (f": {detail}" if detail else "")
+            self._record(prev, self._current(), reason, said)
             return self._snapshot()
 
     def flag_error(self, message: str) -> None:
@@ -190,6 +214,7 @@ class ModeController:
             self.guards.tripped = None
             self.degrade.degraded = None
             self.last_error = message
+            self.last_writer = "flag_error"
             self._record(prev, "shadow", "flag_error", message)
 
     # -- health ---------------------------------------------------------------------------------
@@ -304,6 +329,12 @@ class ModeController:
             "transitions": list(self.history),
             "transitions_total": {f"{m}/{r}": n for (m, r), n in self.transitions.items()},
             "last_flag_error": self.last_error,
+            "last_writer": self.last_writer,
+            "active_routing": {
+                "available": self.config.active_available,
+                "modes": [m for m in MODES if self.unavailable(m) is None],
+                "reason": self.unavailable("active"),
+            },
             "observed": dict(self.observed),
             "signals": {
                 "drift": dict(s.drift),

@@ -148,6 +148,8 @@ class ServeService:
             window_s=config.step_window_s, clock=clock,
         )
         mc = config.mode_config
+        if mc is not None:  # only an active proxy carries out canary, active and fallback
+            mc = dataclasses.replace(mc, active_available=config.active is not None)
         self.mode_control = (
             ModeControl(mc, clock=clock, br=config.br, spans=self.spans) if mc is not None else None
         )

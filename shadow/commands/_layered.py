@@ -77,22 +77,37 @@ def resolve(
     env_prefix: str,
 ) -> argparse.Namespace:
     """Every option's value: `explicit` (the flags given) over `env_prefix`<OPTION> variables over
-    the YAML file of `--config` (or `env_prefix`CONFIG) over the parser's defaults."""
+    the YAML file of `--config` (or `env_prefix`CONFIG) over the parser's defaults.
+
+    The namespace's `option_sources` says where each option not at its default came from:
+    {dest: "flag" | "config FILE" | "env NAME"} (see `origin`)."""
     parser = build_parser()
     tokens: list[str] = []
+    sources: dict[str, str] = {}
     config = explicit.get(CONFIG) or environ.get(env_prefix + CONFIG.upper())
     if config:
-        tokens += _option_tokens(parser, _yaml_options(config), f"config {config}")
+        options = _yaml_options(config)
+        tokens += _option_tokens(parser, options, f"config {config}")
+        sources.update({str(k).replace("-", "_"): f"config {config}" for k in options})
     env = {
         k[len(env_prefix) :].lower(): v
         for k, v in environ.items()
         if k.startswith(env_prefix) and k != env_prefix + CONFIG.upper()
     }
     tokens += _option_tokens(parser, env, "environment")
+    sources.update({k.replace("-", "_"): f"env {env_prefix}{k.upper()}" for k in env})
     base = parser.parse_args(tokens)
     for k, v in explicit.items():
         setattr(base, k, v)
+        sources[k] = "flag"
+    base.option_sources = sources
     return base
+
+
+def origin(args: argparse.Namespace, dest: str) -> str:
+    """Where option `dest` came from: "flag", "config FILE", "env NAME" or "default"."""
+    sources: Mapping[str, str] = getattr(args, "option_sources", {})
+    return sources.get(dest, "default")
 
 
 def explicit_only(parser: argparse.ArgumentParser) -> None:

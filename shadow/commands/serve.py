@@ -26,8 +26,9 @@ from shadow.app import serve as serve_app
 from shadow.app.serve import ActiveSettings, ServeConfig, check_policies
 from shadow.commands import tap as tap_cmd
 from shadow.commands._flags import add_flags, fields, flag
-from shadow.commands._layered import explicit_only, given, resolve
+from shadow.commands._layered import explicit_only, given, origin, resolve
 from shadow.commands._service import run_reporting
+from shadow.commands.serve_checks import check_start_values
 from shadow.core.stepmodel import DEFAULT_A_S_PER_TOKEN, DEFAULT_B_S
 from shadow.live.lanes import DEFAULT_POLICIES
 
@@ -135,13 +136,16 @@ def add_mode_arguments(p: argparse.ArgumentParser) -> None:
         "modes and fallback",
         "Modes: shadow (the router routes), canary (a fixed fraction of request ids routed by shadow), "
         "active, fallback (round-robin). An invalid mode from any source means shadow (counted as "
-        "flag_error). Automatic fallback to round-robin trips on a decision error, slow decisions, a "
-        "worker down, upstream failures, stale telemetry or mirror drift, and recovers after a "
-        "hold-down that doubles on repeated trips.",
+        "flag_error); without --active only shadow can be carried out, and any other mode is refused "
+        "(exit 2 at start, 409 from PUT /v1/mode, a flag error from the flag file). Automatic "
+        "fallback to round-robin trips on a decision error, slow decisions, a worker down, upstream "
+        "failures, stale telemetry or mirror drift, and recovers after a hold-down that doubles on "
+        "repeated trips.",
     )
     g.add_argument("--mode", metavar="MODE",
-                   help="mode at start: shadow, canary, active, fallback (default: shadow with a --front "
-                   "router to pass requests to, else active); canary and active run --active-policy")
+                   help="mode at start: shadow, canary, active, fallback (default: with --active, shadow "
+                   "when a --front router is there to pass requests to, else active; without --active, "
+                   "shadow, the only mode it can carry out); canary and active run --active-policy")
     g.add_argument("--canary-fraction", type=float, default=0.05, metavar="F",
                    help="fraction of request ids canary mode routes actively, by a hash of the id "
                    "(default 0.05)")
@@ -149,7 +153,9 @@ def add_mode_arguments(p: argparse.ArgumentParser) -> None:
                    help="pin the mode: no automatic fallback, no BR-H degrade (default off)")
     g.add_argument("--mode-file", metavar="FILE",
                    help="watched flag file, YAML or JSON {mode, policy, canary_fraction, pin}; "
-                   "replace it atomically (write + rename); polled every --mode-file-interval")
+                   "replace it atomically (write + rename); polled every --mode-file-interval. With PUT "
+                   "/v1/mode the last writer wins: every write of the file applies it (also of the same "
+                   "bytes, e.g. after a PUT), a PUT holds until the file is written again")
     g.add_argument("--mode-file-interval", type=float, default=0.5, metavar="SECONDS",
                    help="how often the flag file is read (default 0.5)")
     g.add_argument("--admin-token", metavar="TOKEN",
@@ -185,14 +191,9 @@ def mode_config_from_args(args: argparse.Namespace) -> ModeConfig | None:
         return None
     guards = GuardConfig(**fields(args, GUARD_FLAGS), upstream_window_s=args.trip_window)
     guards.validate()
-    if not args.oracle_interval >= 0:
-        raise ValueError(f"--oracle-interval must be >= 0 s, got {args.oracle_interval}")
-    for name, v in (("--mode-file-interval", args.mode_file_interval),
-                    ("--mode-check-interval", args.mode_check_interval)):
-        if not v > 0:
-            raise ValueError(f"{name} must be > 0 s, got {v}")
+    active = getattr(args, "active", False)
     return ModeConfig(
-        mode=str(args.mode or ("shadow" if getattr(args, "front", None) else "active")),
+        mode=str(args.mode or ("active" if active and not getattr(args, "front", None) else "shadow")),
         policy=str(getattr(args, "active_policy", "br0")),
         canary_fraction=args.canary_fraction,
         pin=bool(args.pin_mode),
@@ -202,7 +203,15 @@ def mode_config_from_args(args: argparse.Namespace) -> ModeConfig | None:
         check_interval_s=args.mode_check_interval,
         oracle_interval_s=args.oracle_interval,
         guards=guards,
+        source=origin(args, "mode").split(" ")[0],
+        source_detail=", ".join(f"{name} from {origin(args, dest)}" for name, dest in MODE_VALUES
+                                if origin(args, dest) != "default"),
     )
+
+
+#: The values of the mode at start: (name in the setting, option dest).
+MODE_VALUES = (("mode", "mode"), ("policy", "active_policy"), ("canary_fraction", "canary_fraction"),
+               ("pin", "pin_mode"))
 
 
 #: The active proxy's flags after --active, each filling an `ActiveSettings` field.
@@ -282,6 +291,7 @@ def resolve_args(explicit: Mapping[str, Any], environ: Mapping[str, str]) -> arg
 
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
+    check_start_values(args)
     tap = tap_cmd.config_from_args(args)
     policies = tuple(p.strip() for p in str(args.policies).split(",") if p.strip())
     check_policies(policies)

@@ -26,8 +26,11 @@ ACTIVE_POLICIES: tuple[str, ...] = ("br0", "brh", "jsq", "rr")
 #: Closed set of reasons (metric label `reason`) for a mode transition or a fallback trip.
 TRANSITION_REASONS: tuple[str, ...] = (
     "operator",  # admin API PUT /v1/mode
-    "flag_file",  # the watched flag file changed
-    "environment",  # the mode given at start
+    "flag_file",  # the watched flag file was written
+    "flag",  # the mode given at start by a command-line flag
+    "config",  # ... by the YAML --config file
+    "env",  # ... by the environment (SHADOW_SERVE_MODE)
+    "default",  # ... by no source: the default mode
     "flag_error",  # a flag source was unreadable or invalid: mode forced to shadow
     "decision_error",  # a routing decision raised
     "decision_slow",  # decision time over budget N times in the window
@@ -37,6 +40,9 @@ TRANSITION_REASONS: tuple[str, ...] = (
     "worker_down",  # a worker unreachable
     "recovered",  # hold-down expired and all checks pass: back to the configured mode
 )
+
+#: The start reasons: where the mode at start came from.
+START_REASONS: tuple[str, ...] = ("flag", "config", "env", "default")
 
 #: Closed set of reasons active BR-H degrades to BR-0.
 DEGRADE_REASONS: tuple[str, ...] = ("calibration", "oracle_gap", "net_gain")

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from shadow.active.modes import ModeConfig
-from shadow.app.serve import ServeConfig
+from shadow.app.serve import ActiveSettings, ServeConfig
 from shadow.mirror.service import TapConfig
 from tests.active.procs import shadow_process
 from tests.harness import ServeThread
@@ -22,7 +22,8 @@ TOKEN = "s3cret-admin-token-0123456789"
 def _config(token: str | None) -> ServeConfig:
     workers = {"d0": "http://127.0.0.1:9", "d1": "http://127.0.0.1:9"}  # event-fed: nothing tapped
     tap = TapConfig(upstreams={}, workers=workers, slots=8, scrape_interval_s=0)
-    return ServeConfig(tap=tap, mode_config=ModeConfig(mode="shadow", admin_token=token))
+    return ServeConfig(tap=tap, mode_config=ModeConfig(mode="shadow", admin_token=token),
+                       active=ActiveSettings())
 
 
 @pytest.fixture
@@ -128,13 +129,13 @@ def test_the_real_process_reads_the_token_from_the_environment_and_a_file(
             monkeypatch.setenv(k, v)
         with shadow_process([*base, *extra]) as (_, ready):
             api = ready["api"]
-            assert httpx.put(api + "/v1/mode", json={"mode": "active"}, timeout=5).status_code == 401
-            r = httpx.put(api + "/v1/mode", json={"mode": "active"},
+            assert httpx.put(api + "/v1/mode", json={"mode": "shadow"}, timeout=5).status_code == 401
+            r = httpx.put(api + "/v1/mode", json={"mode": "shadow", "pin": True},
                           headers={"authorization": f"Bearer {TOKEN}"}, timeout=5)
-            assert r.status_code == 200 and r.json()["current"] == "active"
+            assert r.status_code == 200 and r.json()["pinned"] is True
     monkeypatch.delenv("SHADOW_SERVE_ADMIN_TOKEN")
-    with shadow_process([*base, "--mode", "canary"]) as (_, ready):  # no token anywhere: off
-        r = httpx.put(ready["api"] + "/v1/mode", json={"mode": "active"},
+    with shadow_process([*base, "--pin-mode"]) as (_, ready):  # no token anywhere: off
+        r = httpx.put(ready["api"] + "/v1/mode", json={"mode": "shadow"},
                       headers={"authorization": f"Bearer {TOKEN}"}, timeout=5)
         assert r.status_code == 403 and "disabled" in r.json()["error"]
-        assert httpx.get(ready["api"] + "/v1/mode", timeout=5).json()["current"] == "canary"
+        assert httpx.get(ready["api"] + "/v1/mode", timeout=5).json()["pinned"] is True

@@ -57,9 +57,9 @@ def test_a_flag_file_replaced_by_a_fifo_is_a_flag_error_and_the_api_keeps_answer
         assert "not a regular file (a FIFO)" in doc["last_flag_error"], doc["last_flag_error"]
         assert doc["current"] == "shadow" and doc["transitions_total"].get("shadow/flag_error") == 1
         # a regular file again: applied as before
-        (tmp_path / "new").write_text("mode: active\npin: true\n")
+        (tmp_path / "new").write_text("mode: shadow\npin: true\n")
         os.replace(tmp_path / "new", flag)
-        _until(lambda: httpx.get(api + "/v1/mode", timeout=10).json()["current"] == "active",
+        _until(lambda: httpx.get(api + "/v1/mode", timeout=10).json()["pinned"] is True,
                "the fixed file to apply")
 
 

@@ -28,7 +28,7 @@ from tests.active.procs import shadow_process
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 HOLD = 1.0
-SERVE_FLAGS = ["--slots", "8", "--scrape-interval", "0.2", "--mode", "active",
+SERVE_FLAGS = ["--slots", "8", "--scrape-interval", "0.2", "--active", "--mode", "active",
                "--mode-check-interval", "0.05", "--holddown", str(HOLD), "--holddown-max", "8",
                "--trip-drift", "4", "--trip-stale", "1.0"]
 

@@ -176,14 +176,14 @@ class Traffic:
 
 
 def test_operator_forced_fallback_alert_reaches_the_webhook_and_resolves(tmp_path: Path) -> None:
-    require_active(proxy=False)
+    require_active()
     hook = Webhook()
     for d in ("am", "prom", "stack"):
         (tmp_path / d).mkdir()
     am = Alertmanager(tmp_path / "am", hook.url)
     try:
         wait_for(am.ready, 60, "alertmanager ready")
-        with active_stack(tmp_path / "stack", mode="shadow", proxy=False) as stack:
+        with active_stack(tmp_path / "stack", mode="shadow") as stack:  # (fallback needs the proxy)
             prom = Prometheus(tmp_path / "prom", [stack.api.removeprefix("http://")],
                               alertmanager=am.address, rule_for="1s", keep_firing_for="5s")
             try:

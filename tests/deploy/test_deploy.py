@@ -399,7 +399,10 @@ def _listening(argv: list[str], tmp: Path, env: dict[str, str]) -> dict[str, Any
         base = _free_run(8)
         moved = ("--host=", "--port=", "--active-host=", "--active-port=")
         args = [a for a in argv if not a.startswith(moved)]
-        args += ["--host=127.0.0.1", f"--port={base}", "--scrape-interval=0"]
+        # reconciliation off (the example addresses are never contacted); --active refuses that
+        # (it would blind the fallback checks): a long interval instead
+        args += ["--host=127.0.0.1", f"--port={base}",
+                 "--scrape-interval=" + ("3600" if "--active" in args else "0")]
         if "--active" in args:
             args += ["--active-host=127.0.0.1", f"--active-port={base + 7}"]
         proc = subprocess.Popen([shadow, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
