@@ -7,7 +7,9 @@ cd "$(dirname "$0")/.."
 
 python3 -m pip install --quiet --upgrade pip
 # [ray]: tests/replay/test_sweep_ray.py runs `shadow sweep --ray` against a local Ray instance.
-python3 -m pip install --quiet -e '.[test,ray]'
+# constraints-test.txt: the exact versions the suite was last run with (refresh: scripts/lock.sh).
+python3 -m pip install --quiet -c constraints-test.txt -e '.[test,ray]'
+python3 -m pip check
 
 # Debian packages: Prometheus, Alertmanager and systemd (systemd-analyze) for the observability and
 # deploy tests; podman, mmdebstrap and runc build and run the container image (tests/deploy/test_image.py).

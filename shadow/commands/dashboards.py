@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from shadow.base.extras import missing_extra
+
 EXAMPLES = """\
 examples:
   shadow dashboards build                      # regenerate dashboards/, docs/metrics.md, deploy/ files
@@ -107,6 +109,10 @@ def _load(dir_: Path) -> dict[str, dict[str, Any]]:
 
 
 def _push(args: argparse.Namespace) -> int:
+    missing = missing_extra("grafana_client", "grafana", "shadow dashboards push")
+    if missing:
+        print(f"error: {missing}", file=sys.stderr)
+        return 2
     from shadow.telemetry.publish import PushError, push
 
     if not args.token:

@@ -11,6 +11,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from shadow.base.extras import missing_extra
 from shadow.commands._replay_args import add_br_args, add_fleet_args, add_workload_args, setup_from
 from shadow.commands.sweep_protocol import add_protocol_args, run_protocol
 from shadow.replay.experiment import DEFAULT_POLICIES, ReplayReport, ReplaySetup, run_replay
@@ -19,7 +20,7 @@ from shadow.traces import Trace, TraceError, resolve
 
 EPILOG = """examples:
   shadow replay paper-azure --load 1.05                  # the paper's comparison, near saturation
-  shadow replay ../shared/traces/conversation_trace.jsonl --load 1.05 --json out.json --plot loads.png
+  shadow replay data/traces/conversation_trace.jsonl --load 1.05 --json out.json --plot loads.png
   shadow replay paper-templates -G 16 --policies jsq,jsq-bytes,br0,brh:exactmatch,brh:oracle
   shadow replay paper-azure --load 1.05 --steady --policies jsq-bytes,least-tokens,br0,bra   # 3 seeds, CI
 
@@ -48,7 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     add_br_args(p)
     p.add_argument("--json", metavar="OUT", help="write the figures as JSON to OUT")
-    p.add_argument("--plot", metavar="OUT.png", help="draw per-worker KV-load trajectories per policy")
+    p.add_argument("--plot", metavar="OUT.png",
+                   help="draw per-worker KV-load trajectories per policy (needs shadow[plot])")
     add_protocol_args(p, default=False)
     p.set_defaults(func=run)
 
@@ -87,6 +89,10 @@ def run(args: argparse.Namespace) -> int:
     if not console.is_terminal:
         console = Console(stderr=False, width=170)
     err = Console(stderr=True)
+    missing = missing_extra("matplotlib", "plot", "--plot") if args.plot else None
+    if missing:
+        print(f"shadow replay: {missing}", file=sys.stderr)
+        return 2
     try:
         setup = setup_from(args, args.policies)
         if args.plot:

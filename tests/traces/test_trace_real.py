@@ -1,7 +1,9 @@
-"""The real traces in the shared folder load with the row counts and statistics of their README."""
+"""The real traces shipped in data/traces are the published files (sha256) and load with the row
+counts and statistics of their README."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import pytest
 from shadow.traces import detect_format, load_trace, resolve, spread_ties
 from shadow.traces.keys import ctx_prompt_key
 
-TRACES = Path(os.environ.get("SHADOW_TRACES_DIR", "/work/shared/traces"))
+TRACES = Path(os.environ.get("SHADOW_TRACES_DIR", Path(__file__).resolve().parents[2] / "data" / "traces"))
 CONV = TRACES / "AzureLLMInferenceTrace_conv.csv"
 CODE = TRACES / "AzureLLMInferenceTrace_code.csv"
 MOONCAKE = TRACES / "conversation_trace.jsonl"
@@ -80,3 +82,12 @@ def test_limit_and_resolve_on_real_files() -> None:
     assert head.requests == full.requests[:100]
     assert resolve(str(MOONCAKE), limit=10).requests == load_trace(MOONCAKE, limit=10).requests
     assert len(load_trace(CODE, limit=10**9)) == 8_819
+
+
+def test_shipped_traces_are_the_published_files() -> None:
+    """Each file's sha256 is the one data/traces/README.md gives for the published file."""
+    readme = (TRACES / "README.md").read_text()
+    for path in (CONV, CODE, MOONCAKE):
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        row = next(line for line in readme.splitlines() if line.startswith(f"| `{path.name}`"))
+        assert f"`{digest}`" in row, (path.name, digest)
