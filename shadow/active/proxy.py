@@ -220,9 +220,12 @@ class ActiveProxy:
         clock: Callable[[], float] = time.monotonic,
         router_factory: Callable[[str], Router] | None = None,
         spans: RoutingSpans | None = None,
+        metrics_route: bool = True,
     ) -> None:
         """`router_factory(policy)`: the decode router per policy (default: `make_router`'s);
-        `spans`: where the dispatcher's rounds and admissions are traced (default: nowhere)."""
+        `spans`: where the dispatcher's rounds and admissions are traced (default: nowhere);
+        `metrics_route`: serve `registry` on GET /metrics (off where clients reach this app and
+        the metrics are served elsewhere: `shadow serve` serves them on its API listener)."""
         self.config = config
         self.modes: ModeSource = modes or StaticModeSource("active", "br0")
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -283,7 +286,7 @@ class ActiveProxy:
                 Route("/v1/models", self._models, methods=["GET"]),
                 Route("/health", self._health, methods=["GET"]),
                 Route("/healthcheck", self._health, methods=["GET"]),
-                Route("/metrics", self._metrics_endpoint, methods=["GET"]),
+                *([Route("/metrics", self._metrics_endpoint, methods=["GET"])] if metrics_route else []),
             ],
             lifespan=self._lifespan,
         )

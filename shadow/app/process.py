@@ -1,4 +1,4 @@
-"""How a shadow server process runs: one JSON ready line on stdout, SIGINT/SIGTERM to stop."""
+"""How a shadow server process runs: one JSON ready line on stdout, SIGINT/SIGTERM/SIGHUP to stop."""
 
 from __future__ import annotations
 
@@ -13,22 +13,29 @@ from typing import Any
 
 from shadow.base.runtime import tune_gc
 
+#: The signals that stop a server (SIGHUP too: a closed terminal or `kill -HUP` is not a reason
+#: to drop requests in flight without their drain).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-def stop_event(*, hard_exit: str | None = None) -> asyncio.Event:
-    """An event the first SIGINT/SIGTERM sets (on the running loop); with `hard_exit` (the
-    program's name) a second signal ends the process at once, exit code 1."""
+
+def stop_event(*, hard_exit: str | None = None, says: str | None = None) -> asyncio.Event:
+    """An event the first SIGINT/SIGTERM/SIGHUP sets (on the running loop); with `hard_exit` (the
+    program's name) a second signal ends the process at once, exit code 1; `says` is logged on
+    stderr (after the program's name and the signal) when the first arrives."""
     stop = asyncio.Event()
 
-    def on_signal() -> None:
+    def on_signal(sig: signal.Signals) -> None:
         if stop.is_set() and hard_exit is not None:
-            print(f"{hard_exit}: second signal, exiting now", file=sys.stderr, flush=True)
+            print(f"{hard_exit}: second signal ({sig.name}), exiting now", file=sys.stderr, flush=True)
             os._exit(1)
+        if not stop.is_set() and says is not None:
+            print(f"{hard_exit or 'shadow'}: {sig.name}: {says}", file=sys.stderr, flush=True)
         stop.set()
 
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in STOP_SIGNALS:
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, on_signal)
+            loop.add_signal_handler(sig, on_signal, sig)
     return stop
 
 

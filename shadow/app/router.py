@@ -6,13 +6,13 @@ import asyncio
 
 from shadow.active.standin import RouterConfig, router_proxy
 from shadow.app.process import announce, stop_event
-from shadow.base.appserver import AppServer
+from shadow.base.listener import AsgiListener
 
 
 async def serve(config: RouterConfig, host: str, port: int) -> None:
     """Serve the stand-in until SIGINT/SIGTERM, announcing `{"url": URL}` once it listens
     (OSError naming host:port when it cannot be bound)."""
-    server = AppServer(router_proxy(config).app, host, port)
+    server = AsgiListener(router_proxy(config).app, host, port, name="shadow router")
     url = await server.start()
     stop = stop_event()
     announce({"url": url})

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import sys
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -33,8 +34,8 @@ from shadow.active.modes import ModeConfig
 from shadow.active.oraclegap import OracleGap
 from shadow.active.proxy import ActiveConfig, ActiveProxy
 from shadow.app.process import announce, stop_event
-from shadow.base.appserver import AppServer
-from shadow.base.runtime import loop_runner
+from shadow.base.listener import AsgiListener, ListenerLimits
+from shadow.base.runtime import loop_runner, raise_fd_limit
 from shadow.contracts.modes import ModeSource, StaticModeSource
 from shadow.core.params import BRParams
 from shadow.core.routers import Router
@@ -48,6 +49,7 @@ from shadow.mirror.service import TapConfig, TapService
 from shadow.telemetry.tracing import MirrorSpans, RoutingSpans, get_tracer, otlp_provider
 
 Job = Callable[[], Coroutine[Any, Any, None]]
+PROG = "shadow serve"
 
 
 def check_policies(policies: tuple[str, ...]) -> tuple[str, ...]:
@@ -84,6 +86,7 @@ class ActiveSettings:
     kv_poll_s: float = 1.0
     retries: int = 3
     tick_s: float = 0.05
+    max_connections: int = 1024  # client connections to the proxy (oldest idle closed first, else 503)
     router_factory: Callable[[str], Router] | None = None  # tests: the decode router per policy
 
 
@@ -102,6 +105,7 @@ class ServeConfig:
     br: BRParams = field(default_factory=BRParams)
     mode_config: ModeConfig | None = None  # the mode controller (active routing); None: none
     active: ActiveSettings | None = None  # --active: the front listener is shadow's own proxy
+    drain_timeout_s: float = 30.0  # on a stop signal: how long requests in flight may take to finish
 
     def validate(self) -> None:
         check_policies(self.policies)
@@ -117,6 +121,8 @@ class ServeConfig:
             raise ValueError(f"--live-queue-size must be >= 1, got {self.live_queue_size}")
         if not self.step_window_s > 0:
             raise ValueError(f"--step-window must be > 0 s, got {self.step_window_s}")
+        if not self.drain_timeout_s >= 0:
+            raise ValueError(f"--drain-timeout must be >= 0 s, got {self.drain_timeout_s}")
         StepTimeModel(self.step_a, self.step_b)
 
     @property
@@ -194,7 +200,7 @@ class ServeService:
             else StaticModeSource("active", config.active.policy if config.active is not None else "br0")
         )
         self.proxy: ActiveProxy | None = None
-        self._proxy_server: AppServer | None = None
+        self._proxy_server: AsgiListener | None = None
         self._jobs: list[asyncio.Task[None]] = []
 
     def _analysis_jobs(self) -> list[Job]:
@@ -272,29 +278,52 @@ class ServeService:
 
         source = MirrorSource(self.tap.state, list(cfg.decode), unreachable)
         self.proxy = ActiveProxy(cfg, modes=self.modes, source=source, registry=self.tap.registry,
-                                 clock=self.clock, router_factory=a.router_factory, spans=self.spans)
-        self._proxy_server = AppServer(self.proxy.app, a.host, a.port)
+                                 clock=self.clock, router_factory=a.router_factory, spans=self.spans,
+                                 metrics_route=False)  # (served on the API listener, not to clients)
+        t = self.config.tap
+        limits = ListenerLimits(max_head=t.max_head, header_timeout_s=t.header_timeout_s,
+                                body_timeout_s=t.header_timeout_s, idle_timeout_s=t.idle_timeout_s,
+                                max_connections=a.max_connections)
+        self._proxy_server = AsgiListener(self.proxy.app, a.host, a.port, limits=limits, name="shadow proxy")
+        self.tap.listeners["active"] = self._proxy_server
         return await self._proxy_server.start()
 
-    async def stop(self) -> None:
+    @property
+    def drain_cut(self) -> int:
+        """Proxy requests cut at the drain deadline (so far)."""
+        return self._proxy_server.rejected["drain_cut"] if self._proxy_server is not None else 0
+
+    async def stop(self, drain_timeout_s: float = 0.0) -> None:
+        """Stop accepting and let requests in flight finish for up to `drain_timeout_s` (the
+        proxy's first: its legs run through the taps, which serve them meanwhile; then the taps'
+        with what is left), cut the rest, then end everything."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + drain_timeout_s
         if self._proxy_server is not None:
-            await self._proxy_server.stop()
+            await self._proxy_server.stop(grace_s=drain_timeout_s)
         if self._jobs and self.tap.analysis.running:
             await asyncio.wrap_future(self.tap.analysis.submit(self._cancel_jobs()))
-        await self.tap.stop()
+        await self.tap.stop(drain_timeout_s=max(0.0, deadline - loop.time()))
         await asyncio.to_thread(self.live.stop)
 
 
 async def serve(config: ServeConfig) -> None:
-    """Run until SIGINT/SIGTERM; spans go to OTLP when OTEL_EXPORTER_OTLP_* is set."""
-    stop = stop_event()
+    """Run until SIGINT/SIGTERM/SIGHUP, then drain for up to `config.drain_timeout_s` (a second
+    signal exits at once); spans go to OTLP when OTEL_EXPORTER_OTLP_* is set."""
+    raise_fd_limit()
+    drain = config.drain_timeout_s
+    stop = stop_event(hard_exit=PROG, says=f"draining (up to {drain:g} s; a second signal exits now)")
     tracing = otlp_provider()
     svc = ServeService(config, tracing=tracing)
     announce(await svc.start(), latency=True)
     try:
         await stop.wait()
     finally:
-        await svc.stop()
+        t0 = time.monotonic()
+        await svc.stop(drain_timeout_s=drain)
+        cut = svc.drain_cut
+        print(f"{PROG}: stopped after {time.monotonic() - t0:.1f} s" + (f" ({cut} requests cut at the drain "
+              "deadline)" if cut else ""), file=sys.stderr, flush=True)
         if tracing is not None:
             tracing.shutdown()
 

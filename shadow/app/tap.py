@@ -15,7 +15,8 @@ async def serve(config: TapConfig, drain_timeout_s: float = 30.0) -> None:
     """Run until SIGINT/SIGTERM (a second one exits at once), then let in-flight requests finish
     for up to `drain_timeout_s`. OSError when the relay process dies (the taps are down)."""
     raise_fd_limit()
-    stop = stop_event(hard_exit=PROG)
+    says = f"draining (up to {drain_timeout_s:g} s; a second signal exits now)"
+    stop = stop_event(hard_exit=PROG, says=says)
     svc = TapService(config)
     announce(await svc.start(), latency=True)
     stopped = asyncio.ensure_future(stop.wait())

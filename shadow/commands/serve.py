@@ -218,6 +218,8 @@ MODE_VALUES = (("mode", "mode"), ("policy", "active_policy"), ("canary_fraction"
 ACTIVE_FLAGS = (
     flag("--active-host", "host", "the proxy's bind address (default 127.0.0.1)", default="127.0.0.1"),
     flag("--active-port", "port", "the proxy's port (default 0 = a free port)", type=int, default=0),
+    flag("--active-max-connections", "max_connections", "client connections to the proxy; beyond it the "
+         "oldest idle one is closed, else 503 (default 1024)", type=int, default=1024),
     flag("--active-policy", "policy", "policy of active mode: br0, brh (survival predictor), jsq (the "
          "vllm-ascend proxy's rule), rr (default br0)", choices=("br0", "brh", "jsq", "rr"), default="br0"),
     flag("--transfer-cap", "transfer_cap", "KV transfers in flight per decode worker (dispatched, no token "
@@ -301,6 +303,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         **fields(args, LANE_FLAGS),
         mode_config=mode_config_from_args(args),
         active=active_settings(args),
+        drain_timeout_s=args.drain_timeout,
     )
 
 

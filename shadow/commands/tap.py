@@ -7,9 +7,9 @@ line `{"taps": {NAME: url}, "api": url}` is printed on stdout; the API serves /v
 /v1/events (GET recent, POST NDJSON), /v1/events/schema and /metrics.
 
 Taps relay the inference API only (/v1/*, /health, /metrics, /version, /tokenize, ...; extend
-with --allow-path); malformed or ambiguous HTTP/1.1 gets 400 and is never forwarded. SIGTERM or
-SIGINT: stop accepting, let in-flight streams finish (up to --drain-timeout), exit; a second
-signal exits at once. The taps relay in a child process of their own (`--relay process`, the
+with --allow-path); malformed or ambiguous HTTP/1.1 gets 400 and is never forwarded. SIGTERM,
+SIGINT or SIGHUP: stop accepting, let in-flight streams finish (up to --drain-timeout), exit; a
+second signal exits at once. The taps relay in a child process of their own (`--relay process`, the
 default): the analysis, the API, reaping and scraping run in this one and can never take the
 relay's interpreter; copies cross over a bounded socket (full: dropped and counted). If the relay
 process dies, `shadow tap` stops and exits 1.
@@ -98,12 +98,14 @@ def tap_flags() -> tuple[Flag, ...]:
              default=os.environ.get("SHADOW_FORWARD_TOKEN")),
         flag("--allow-path", None, "relay this path too (a trailing / makes it a prefix); repeatable. "
              "Default list: " + " ".join(DEFAULT_ALLOW_PATHS), action="append", metavar="PATH", default=[]),
-        flag("--drain-timeout", None, "on SIGTERM/SIGINT, wait this long for in-flight requests to finish "
-             "(default 30)", type=float, default=30.0, metavar="S"),
+        flag("--drain-timeout", None, "on SIGTERM/SIGINT/SIGHUP, wait this long for in-flight requests to "
+             "finish, then cut what is left (default 30)", type=float, default=30.0, metavar="S"),
         flag("--max-connections", "max_connections", "client connections per tap; beyond it the oldest idle "
              "one is closed, else 503 (default 4096)", type=int, default=4096),
-        flag("--header-timeout", "header_timeout_s", "request head deadline (default 10)", type=float,
-             default=10.0, metavar="S"),
+        flag("--api-max-connections", "api_max_connections", "connections to the API/admin listener; beyond "
+             "it the oldest idle one is closed, else 503 (default 256)", type=int, default=256),
+        flag("--header-timeout", "header_timeout_s", "request head deadline on every listener (default 10)",
+             type=float, default=10.0, metavar="S"),
         flag("--idle-timeout", "idle_timeout_s", "idle keep-alive close (default 60)", type=float,
              default=60.0, metavar="S"),
         flag("--max-live", "max_live", "mirrored requests alive at once; new ones beyond it are dropped and "

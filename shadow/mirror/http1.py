@@ -7,6 +7,8 @@ from __future__ import annotations
 import urllib.parse
 from dataclasses import dataclass
 
+from shadow.base import listener
+
 # The inference API (OpenAI-compatible, vLLM's side endpoints) — what a router sends a worker.
 # An entry ending in "/" is a prefix; any other entry must match the whole path.
 DEFAULT_ALLOW_PATHS: tuple[str, ...] = (
@@ -53,14 +55,7 @@ class TapLimits:
 
 def canned(status: int, reason: str, message: str) -> bytes:
     """A complete JSON error response that closes the connection."""
-    body = b'{"error":{"message":"shadow tap: %s","type":"%s"}}\n' % (
-        message.encode("ascii", "replace"),
-        reason.replace(" ", "").encode(),
-    )
-    return (
-        b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-        b"connection: close\r\n\r\n%s" % (status, reason.encode(), len(body), body)
-    )
+    return listener.canned(status, reason, message, "shadow tap")
 
 
 BAD_REQUEST = canned(400, "Bad Request", "malformed or ambiguous HTTP/1.1 framing")

@@ -126,7 +126,7 @@ async def _relay(spec: dict[str, Any]) -> None:
 
 def main() -> None:
     spec = json.loads(sys.stdin.readline())
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # the analysis process drains us; EOF on control ends us
     runner = loop_runner("asyncio" if spec.get("loop") == "asyncio" else "auto")
     tune_gc()

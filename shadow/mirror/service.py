@@ -33,7 +33,7 @@ from fastapi import APIRouter
 from prometheus_client import CollectorRegistry
 from prometheus_client.registry import Collector
 
-from shadow.base.appserver import AppServer
+from shadow.base.listener import AsgiListener, ListenerLimits
 from shadow.base.loopthread import LoopThread
 from shadow.base.net import bind_listen
 from shadow.mirror.analyzer import Analyzer
@@ -91,6 +91,7 @@ class TapConfig:
     header_timeout_s: float = 10.0
     idle_timeout_s: float = 60.0
     max_head: int = 64 << 10
+    api_max_connections: int = 256  # the API/admin listener's connection cap (oldest idle closed first)
     allow_paths: tuple[str, ...] = ()  # relayed in addition to DEFAULT_ALLOW_PATHS
     queue_bytes: int = 256 << 20
     max_live: int = 1_000_000  # mirrored requests alive at once; beyond it new ones are dropped and counted
@@ -245,7 +246,21 @@ class TapService:
         )
         self.analysis = LoopThread("shadow-analysis")
         self._tasks: list[asyncio.Task[Any]] = []
-        self._server = AppServer(self.app, c.host, c.port, lifespan="off", keep_alive_s=5.0)
+        self._server = AsgiListener(
+            self.app,
+            c.host,
+            c.port,
+            lifespan="off",
+            name="shadow api",
+            limits=ListenerLimits(
+                max_head=c.max_head,
+                header_timeout_s=c.header_timeout_s,
+                body_timeout_s=c.header_timeout_s,
+                idle_timeout_s=5.0,
+                max_connections=c.api_max_connections,
+            ),
+        )
+        self.listeners: dict[str, AsgiListener] = {"api": self._server}  # shown in /v1/state
         self.api_url = ""
 
     def _extra_state(self, now: float) -> dict[str, Any]:
@@ -271,6 +286,11 @@ class TapService:
             "dropped": dict(self.mirror.dropped),
             "watermark": self.watermark(),
             "connections": {t.name: t.connections for t in self.taps},
+            "listeners": {
+                name: {"url": ln.url, "connections": ln.connections, "requests": ln.requests,
+                       "rejected": dict(ln.rejected)}
+                for name, ln in self.listeners.items()
+            },
         }
         if self.reconciler is not None:
             rec = self.reconciler.snapshot(now)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 from collections.abc import Iterator, Sequence
@@ -14,12 +15,19 @@ from shadow.base.procs import read_json_line, shadow_argv
 
 @contextmanager
 def shadow_process(
-    args: Sequence[str], timeout: float = 60.0
+    args: Sequence[str], timeout: float = 60.0, nofile: int | None = None
 ) -> Iterator[tuple[subprocess.Popen[str], dict[str, Any]]]:
-    """`python -m shadow ARGS` until the block ends (SIGINT, then kill); yields (proc, ready doc)."""
+    """`python -m shadow ARGS` until the block ends (SIGINT, then kill); yields (proc, ready doc).
+    `nofile`: the process's open-files limit (soft and hard)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+
+    def limit() -> None:
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
     proc = subprocess.Popen(
-        shadow_argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        shadow_argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        preexec_fn=limit if nofile is not None else None,
     )
     try:
         yield proc, read_json_line(proc, " ".join(args[:1]), timeout)

@@ -19,6 +19,7 @@ from starlette.routing import Route
 from shadow.active.ledger import LoadSource
 from shadow.active.proxy import ActiveConfig, ActiveProxy
 from shadow.base.appserver import AppServer
+from shadow.base.listener import AsgiListener
 from shadow.contracts.modes import ModeSource, StaticModeSource
 
 
@@ -136,7 +137,7 @@ async def proxy_on(
     proxy = ActiveProxy(
         ActiveConfig(decode=decode, **kw), modes=modes or StaticModeSource("active", "br0"), source=source
     )
-    server = AppServer(proxy.app)
+    server = AsgiListener(proxy.app, name="shadow proxy")  # the listener `shadow serve` puts it on
     url = await server.start()
     try:
         yield proxy, url

@@ -1,0 +1,152 @@
+"""`shadow serve --active`'s listeners (the client-facing proxy, the API/admin port) against hostile
+peers, on a real serve process: half-open connections at a low open-files limit, unbounded request
+heads, and what the client port exposes (metrics, doubled headers).
+"""
+
+from __future__ import annotations
+
+import resource
+import signal
+import socket
+import subprocess
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.active.procs import shadow_process
+from tests.active.raw_upstream import SSE_HEAD, Exchange, RawUpstream
+
+
+async def answer(ex: Exchange) -> None:
+    """A worker (or a router, in shadow mode): a short stream for a POST, 200 for anything else."""
+    if ex.method != "POST":
+        await ex.send(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        return
+    await ex.send(SSE_HEAD)
+    await ex.chunk(b'data: {"choices":[{"index":0,"text":"a","finish_reason":"length"}]}\n\n')
+    await ex.chunk(b"data: [DONE]\n\n")
+    await ex.end_chunks()
+
+
+def serve(args: list[str], nofile: int | None = None) -> AbstractContextManager[
+        tuple[subprocess.Popen[str], dict[str, Any]]]:
+    return shadow_process(["serve", *args], nofile=nofile)
+
+
+def _addr(url: str) -> tuple[str, int]:
+    host, port = url.split("//", 1)[1].rsplit(":", 1)
+    return host, int(port)
+
+
+def _complete(proxy: str) -> bool:
+    body = {"model": "m", "prompt": "p", "max_tokens": 1, "stream": True}
+    with httpx.stream("POST", proxy + "/v1/completions", json=body, timeout=60) as r:
+        return r.status_code == 200 and b"".join(r.iter_raw()).rstrip().endswith(b"data: [DONE]")
+
+
+def test_half_open_connections_at_a_low_file_limit_are_evicted_and_nothing_flips(tmp_path: Path) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 3000:
+        pytest.skip(f"the test itself holds 1,100 sockets; the open-files hard limit here is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 3000), hard))
+    flag = tmp_path / "mode.yaml"
+    flag.write_text("mode: active\npin: true\n")
+    with RawUpstream(answer) as up:
+        args = ["--upstream", f"d0={up.url}", "--slots", "16", "--scrape-interval", "3600",
+                "--policies", "br0", "--active", "--mode-file", str(flag), "--mode-file-interval", "0.1",
+                "--header-timeout", "60"]
+        with serve(args, nofile=1024) as (proc, ready):
+            api, proxy = ready["api"], ready["active"]
+            socks = []
+            try:
+                for _ in range(1100):  # a head begun and never finished, on the API/admin port
+                    s = socket.create_connection(_addr(api), timeout=10)
+                    s.sendall(b"GET /v1/mode HTTP/1.1\r\nHost: x\r\n")
+                    socks.append(s)
+                # the flag file is read every 0.1 s: let it be read a few times with the sockets open
+                state = httpx.get(api + "/v1/state", timeout=30).json()
+                for _ in range(3):
+                    assert _complete(proxy)
+                mode = httpx.get(api + "/v1/mode", timeout=30).json()
+            finally:
+                for s in socks:
+                    s.close()
+            assert mode["current"] == "active" and mode["last_flag_error"] is None, mode["transitions"]
+            api_counts = state["listeners"]["api"]
+            assert api_counts["connections"] <= 256
+            assert api_counts["rejected"]["evicted_idle"] >= 1100 - 256
+            proc.send_signal(signal.SIGINT)
+            proc.wait(60)
+            assert proc.stderr is not None
+            assert len(proc.stderr.read()) < 64 << 10  # no log line per connection
+
+
+@pytest.mark.parametrize("port", ["api", "active"])
+def test_an_endless_request_head_gets_431_at_the_cap(port: str) -> None:
+    with RawUpstream(answer) as up:
+        args = ["--upstream", f"d0={up.url}", "--slots", "16", "--scrape-interval", "3600",
+                "--policies", "br0", "--active"]
+        with serve(args) as (_, ready):
+            s = socket.create_connection(_addr(ready[port]), timeout=30)
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+            sent = 0
+            line = b"x-pad: " + b"a" * 8000 + b"\r\n"
+            try:
+                while sent < 256 << 20:  # the old listeners took all of it (RSS +337-540 MB)
+                    s.sendall(line)
+                    sent += len(line)
+            except OSError:
+                pass  # the listener answered and closed
+            reply = b""
+            try:
+                while chunk := s.recv(65536):
+                    reply += chunk
+            except OSError:
+                pass
+            s.close()
+            assert reply.startswith(b"HTTP/1.1 431 "), reply[:200]
+            assert sent < 16 << 20, sent  # closed soon after the 64 KiB cap (socket buffers aside)
+            many = b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"".join(b"x-h%d: v\r\n" % i for i in range(200))
+            s = socket.create_connection(_addr(ready[port]), timeout=30)
+            s.sendall(many + b"\r\n")
+            assert s.recv(65536).startswith(b"HTTP/1.1 431 ")
+            s.close()
+            state = httpx.get(ready["api"] + "/v1/state", timeout=30).json()
+            assert state["listeners"][port]["rejected"]["head_too_large"] == 2
+
+
+@contextmanager
+def shadow_mode_serve() -> Iterator[dict[str, Any]]:
+    """serve --active in mode shadow in front of a raw router, with a raw decode worker."""
+    with RawUpstream(answer) as router, RawUpstream(answer) as worker:
+        args = ["--front", f"router={router.url}", "--worker", f"d0={worker.url}", "--slots", "16",
+                "--scrape-interval", "3600", "--policies", "br0", "--active", "--mode", "shadow"]
+        with serve(args) as (_, ready):
+            yield ready
+
+
+def test_the_client_port_serves_no_metrics() -> None:
+    with shadow_mode_serve() as ready:
+        assert httpx.get(ready["active"] + "/metrics", timeout=10).status_code == 404
+        assert httpx.get(ready["api"] + "/metrics", timeout=10).status_code == 200
+
+
+def test_a_passed_through_answer_has_one_date_and_the_routers_server() -> None:
+    with shadow_mode_serve() as ready:
+        s = socket.create_connection(_addr(ready["active"]), timeout=30)
+        body = b'{"model":"m","prompt":"p","stream":true}'
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+                  b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+        raw = b""
+        while chunk := s.recv(65536):  # (the socket's 30 s timeout bounds a stuck answer)
+            raw += chunk
+        s.close()
+        head = raw.split(b"\r\n\r\n", 1)[0].lower().split(b"\r\n")
+        names = [ln.split(b":", 1)[0] for ln in head[1:]]
+        assert names.count(b"date") == 1 and names.count(b"server") == 1, head
+        assert b"server: raw-upstream" in head  # the router's own, passed through
+        assert b"data: [DONE]" in raw
