@@ -168,10 +168,10 @@ def main() -> None:
         "Part 1: decision round time, G=8 x B=64, 256 in the pool, one slot freed per round "
         f"({a.rounds} rounds)"
     )
-    for policy in ("br0", "brh", "jsq", "rr"):
+    for policy in ("br0", "brh", "jsq-bytes", "rr"):
         t, c = asyncio.run(decision_bench(policy, a.rounds))
         print(
-            f"  {policy:4} wall p50 {pct(t, 0.5) * 1e3:6.3f} p99 {pct(t, 0.99) * 1e3:7.3f} ms | "
+            f"  {policy:9} wall p50 {pct(t, 0.5) * 1e3:6.3f} p99 {pct(t, 0.99) * 1e3:7.3f} ms | "
             f"thread CPU p50 {pct(c, 0.5) * 1e3:6.3f} p99 {pct(c, 0.99) * 1e3:6.3f} ms"
         )
     if a.skip_latency:

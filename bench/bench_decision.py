@@ -32,8 +32,9 @@ import numpy as np
 
 from shadow.core import POLICIES, BRParams, schedule_round
 from shadow.core.balanceroute import BalanceRoute
-from shadow.core.baselines import WorkerView, bind_all, make_baseline
+from shadow.core.baselines import BindState, bind_all
 from shadow.core.bra import BalanceRouteAdaptive
+from shadow.core.policies import make_baseline
 from shadow.core.pool import Pool
 from shadow.core.predictors import SurvivalPredictor
 from shadow.core.stay import predicted_basis
@@ -82,7 +83,7 @@ def time_round(policy: str, state, params: BRParams) -> float:  # type: ignore[n
         router.round(loads, free, pool, 0.0, idx, w, c)
         return (now() - t0) * 1e3
     n = min(len(waiting), sum(free))
-    view = WorkerView(list(loads), [0] * len(loads), list(loads), list(free))
+    view = BindState(list(loads), [0] * len(loads), list(loads), list(free))
     baseline = make_baseline(policy, random.Random(0))
     t0 = now()
     bind_all(baseline, view, [s for _, s in waiting[:n]], True)

@@ -20,26 +20,28 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
+from typing import TypeVar
 
 import numpy as np
 
-from shadow.active.ledger import Ledger, LoadSource, LoadView
+from shadow.active.ledger import Ledger, LoadSource
 from shadow.active.metrics import ActiveMetrics
 from shadow.contracts.modes import ModeSource
 from shadow.core.balanceroute import BalanceRoute
-from shadow.core.baselines import WorkerView
 from shadow.core.fscore import BR0Scorer
 from shadow.core.params import BRParams
-from shadow.core.predictors import contribution
-from shadow.core.routers import PoolRouter, Router, StaticView, make_router
+from shadow.core.policies import RouterOptions, active_policy, make_router
+from shadow.core.predictors import Predictor, contribution
+from shadow.core.routers import PoolRouter, Router
+from shadow.core.snapshot import FleetSnapshot, Projection
 from shadow.telemetry.tracing import RoutingSpans
 
-log = logging.getLogger("shadow.active")
+T = TypeVar("T")
 
-#: proxy policy name → make_router name (`jsq` is the vllm-ascend proxy's byte rule).
-ROUTER_NAMES = {"br0": "br0", "brh": "brh", "jsq": "jsq-bytes", "rr": "rr"}
+log = logging.getLogger("shadow.active")
 
 
 class PoolExpired(Exception):
@@ -71,14 +73,15 @@ class DispatchConfig:
     brh_predictor: str = "survival"
 
 
-def _only(lv: LoadView, workers: list[int]) -> LoadView:
-    """The view of `workers` alone (index i of the result is worker `workers[i]`)."""
-    return LoadView(
-        [lv.loads[g] for g in workers],
-        [lv.free_slots[g] for g in workers],
-        [lv.outstanding[g] for g in workers],
-        [lv.outstanding_tokens[g] for g in workers],
-    )
+def _only(fleet: FleetSnapshot, workers: list[int]) -> FleetSnapshot:
+    """The snapshot of `workers` alone (index i of the result is worker `workers[i]`; no projection:
+    the binding rules it serves read none)."""
+
+    def pick(xs: Sequence[T] | None) -> list[T] | None:
+        return None if xs is None else [xs[g] for g in workers]
+
+    return FleetSnapshot([fleet.loads[g] for g in workers], [fleet.free_slots[g] for g in workers],
+                         pick(fleet.outstanding), pick(fleet.outstanding_tokens))
 
 
 class Dispatcher:
@@ -129,12 +132,10 @@ class Dispatcher:
         self.waiting.clear()
 
     def make_router(self, policy: str) -> Router:
-        """The router of an active policy name (ValueError naming the known ones)."""
-        name = ROUTER_NAMES.get(policy)
-        if name is None:
-            raise ValueError(f"unknown active policy {policy!r}; known: {', '.join(ROUTER_NAMES)}")
+        """The router of an active policy name (ValueError naming the active ones)."""
+        name, _ = active_policy(policy)
         predictor = self.config.brh_predictor if name == "brh" else None
-        return make_router(name, params=self.params, predictor=predictor)
+        return make_router(name, RouterOptions(br=self.params, predictor=predictor))
 
     def router(self, policy: str) -> Router:
         r = self.routers.get(policy)
@@ -216,17 +217,8 @@ class Dispatcher:
     # -- rounds ------------------------------------------------------------------------------
     def _forget(self, ticket: Ticket) -> None:
         r = self.routers.get(ticket.policy)
-        if isinstance(r, PoolRouter):
-            for e in r.pool:
-                if e.request_id == ticket.request_id:
-                    r.pool.remove(e)
-                    break
-        elif r is not None:
-            waiting = getattr(r, "_waiting", None)
-            if isinstance(waiting, list):
-                waiting[:] = [
-                    w for w in waiting if (w[0] if isinstance(w, tuple) else w) != ticket.request_id
-                ]
+        if r is not None:
+            r.forget(ticket.request_id)
 
     def _predicted_new(self, router: Router) -> float | None:
         if router.predictor is None:
@@ -235,35 +227,39 @@ class Dispatcher:
         p, mu = router.predictor.predict(np.zeros(1, dtype=np.int64), h)
         return float(contribution(p, mu, h)[0])
 
-    def _static_view(self, lv: LoadView, router: Router) -> StaticView:
-        view = StaticView(lv.loads, lv.free_slots, lv.outstanding, lv.outstanding_tokens)
-        if router.predictor is not None:
-            worker, load, gen = self.ledger.active_arrays()
-            h = self.params.horizon
-            p, mu = router.predictor.predict(gen, h)
-            view.active_worker, view.active_load = worker, load
-            view.active_steps = contribution(p, mu, h)
-        return view
+    def _projection(self, predictor: Predictor) -> Projection:
+        """BR-H's view of the legs in flight, their steps predicted by `predictor`."""
+        worker, load, gen = self.ledger.active_arrays()
+        h = self.params.horizon
+        p, mu = predictor.predict(gen, h)
+        return worker, load, contribution(p, mu, h)
 
     def _round(self) -> None:
         self._scheduled = False
         if not self.waiting:
             return
         now = self.clock()
-        lv = self.ledger.view(self.source, now)
+        # The round's counts, updated after each policy's placements; each policy decides on a
+        # snapshot of them as they stand.
+        lv = self.ledger.snapshot(self.source, now)
+        loads, free = list(lv.loads), list(lv.free_slots)
+        outstanding, tokens = list(lv.outstanding or ()), list(lv.outstanding_tokens or ())
         for policy in list(self.routers):
             router = self.routers[policy]
             if not router.waiting():
                 continue
             t0 = time.perf_counter()
-            span = self.spans.round_start(policy, lv.free_slots, self.waiting.values(), pool=router.waiting())
-            up = [g for g in range(len(lv.loads)) if g not in self.ledger.down]
+            span = self.spans.round_start(policy, free, self.waiting.values(), pool=router.waiting())
+            pred = router.predictor
+            projection = None if pred is None else partial(self._projection, pred)
+            fleet = FleetSnapshot(loads, free, outstanding, tokens, projection=projection)
+            up = [g for g in range(len(loads)) if g not in self.ledger.down]
             try:
-                if router.binds_at_arrival and len(up) < len(lv.loads):  # (pool routers see no free slot)
-                    picks = router.decide(self._static_view(_only(lv, up), router), now)
+                if router.binds_at_arrival and len(up) < len(loads):  # (pool routers see no free slot)
+                    picks = router.decide(_only(fleet, up), now)
                     decisions = [(rid, up[g]) for rid, g in picks]  # a binding rule among ranks that are up
                 else:
-                    decisions = router.decide(self._static_view(lv, router), now)
+                    decisions = router.decide(fleet, now)
             except Exception as exc:  # a broken policy must not strand its requests
                 spent = time.perf_counter() - t0
                 self._marks.clear()
@@ -274,7 +270,7 @@ class Dispatcher:
                     policy,
                     router.waiting(),
                 )
-                self._requeue(policy, "rr" if policy != "rr" else "jsq", now)
+                self._requeue(policy, "rr" if policy != "rr" else "jsq-bytes", now)
                 continue
             spent = time.perf_counter() - t0
             stages = self._observe_stages()
@@ -289,22 +285,19 @@ class Dispatcher:
                 if self.params.age_s is not None and now - ticket.arrived_at >= self.params.age_s:
                     self.metrics.starvation.inc()
                 self._place(ticket, g, now)
-                self.spans.admission(span, ticket, self.config.workers[g], lv.loads, g, now)
+                self.spans.admission(span, ticket, self.config.workers[g], loads, g, now)
                 placed += 1
-                a = lv.outstanding
-                a[g] += 1
-                lv.outstanding_tokens[g] += ticket.score_tokens
-                lv.loads[g] += ticket.prompt_tokens
-                lv.free_slots[g] = max(0, lv.free_slots[g] - 1)
+                outstanding[g] += 1
+                tokens[g] += ticket.score_tokens
+                loads[g] += ticket.prompt_tokens
+                free[g] = max(0, free[g] - 1)
             self.spans.round_end(span, placed, spent, stages)
-        if self.waiting and not any(lv.free_slots):
-            self.metrics.backpressure.labels(self._why_no_slot(lv)).inc()
+        if self.waiting and not any(free):
+            self.metrics.backpressure.labels(self._why_no_slot(free)).inc()
         self._update_pool_gauges(now)
 
-    def _why_no_slot(self, lv: LoadView) -> str:
-        capped = all(
-            self.ledger.transfer_room(g) == 0 for g in range(len(lv.free_slots)) if lv.free_slots[g] == 0
-        )
+    def _why_no_slot(self, free: list[int]) -> str:
+        capped = all(self.ledger.transfer_room(g) == 0 for g in range(len(free)) if free[g] == 0)
         return "transfer_cap" if capped and any(self.ledger.transfers) else "no_slot"
 
     def _requeue(self, policy: str, to: str, now: float) -> None:
@@ -328,7 +321,7 @@ class Dispatcher:
         None when every worker is at its transfer cap."""
         t0 = time.perf_counter()
         prompt_tokens = ticket.prompt_tokens
-        lv = self.ledger.view(self.source, now)
+        lv = self.ledger.snapshot(self.source, now)
         room = [g for g in range(len(lv.loads)) if self.ledger.transfer_room(g) > 0]
         if not room:
             return None
@@ -376,7 +369,3 @@ class Dispatcher:
             except Exception:
                 log.exception("dispatcher tick failed")
 
-
-def worker_view(lv: LoadView) -> WorkerView:
-    """The baselines' view of one round's loads (for callers outside a round)."""
-    return WorkerView(list(lv.loads), list(lv.outstanding), list(lv.outstanding_tokens), list(lv.free_slots))

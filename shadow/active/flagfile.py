@@ -1,7 +1,7 @@
 """The watched mode flag file: `{mode, policy, canary_fraction, pin}` in YAML or JSON.
 
     mode: canary            # shadow | canary | active | fallback (required)
-    policy: brh             # br0 | brh | jsq | rr (optional: unchanged)
+    policy: brh             # br0 | brh | jsq-bytes | rr (optional: unchanged)
     canary_fraction: 0.1    # [0, 1] (optional)
     pin: false              # true: automatic fallback and BR-H degrade off (optional)
 

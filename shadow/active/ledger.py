@@ -3,7 +3,7 @@
 `Ledger` keeps one entry per decode leg the proxy sent: its worker, prompt and generated tokens,
 whether its KV transfer is still in flight (dispatched, no decode token yet), and per-worker
 aggregates (outstanding requests and forwarded tokens for the JSQ rule, transfers in flight).
-`view(source)` merges it with a `LoadSource` (the mirror's reconciled running requests, or
+`snapshot(source)` merges it with a `LoadSource` (the mirror's reconciled running requests, or
 nothing for a proxy without a mirror): a leg the source has not seen yet counts as *virtual*
 load on its worker; a leg that ended at the proxy but is still live in the source is taken out
 again, so a freed slot is usable at once. A worker that is down — the source cannot reach it, or
@@ -20,6 +20,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from shadow.core.snapshot import FleetSnapshot
 from shadow.mirror.state import MirrorState
 
 
@@ -114,16 +115,6 @@ class Leg:
     ended_at: float = 0.0
 
 
-@dataclass(slots=True)
-class LoadView:
-    """One round's view: per worker load, free slots, outstanding requests and their tokens."""
-
-    loads: list[float]
-    free_slots: list[int]
-    outstanding: list[int]
-    outstanding_tokens: list[float]
-
-
 class Ledger:
     """See module docstring. Not thread-safe: used from the proxy's event loop only."""
 
@@ -213,7 +204,7 @@ class Ledger:
         """`worker` answered: it is up."""
         self.unreachable_at[worker] = float("-inf")
 
-    def view(self, source: LoadSource, now: float) -> LoadView:
+    def snapshot(self, source: LoadSource, now: float) -> FleetSnapshot:
         """Loads and free slots as the source sees them, corrected by what only the proxy knows."""
         kv, act = source.counts()
         for rid in list(self._virtual):
@@ -242,7 +233,7 @@ class Ledger:
         self.down = frozenset(down) if len(down) < self.workers else frozenset()
         for g in self.down:
             free[g] = 0
-        return LoadView(kv, free, list(self.outstanding), list(self.outstanding_tokens))
+        return FleetSnapshot(kv, free, list(self.outstanding), list(self.outstanding_tokens))
 
     def active_arrays(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.int64]]:
         """(worker, current load, generated tokens) of every leg in flight (BR-H's projection)."""

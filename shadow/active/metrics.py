@@ -1,5 +1,5 @@
 """The active proxy's Prometheus metrics, declared here (`FAMILIES`) and registered once on the
-registry `ActiveMetrics` is given; closed label sets from `shadow.contracts`."""
+registry `ActiveMetrics` is given; closed label sets from `shadow.contracts` and the policy registry."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from shadow.contracts.labels import (
     BACKPRESSURE_REASONS,
     LEGS,
     OUTCOMES,
-    POLICY_LABELS,
     PROMPT_BUCKETS,
     ROUND_STAGES,
 )
 from shadow.contracts.modes import MODES
+from shadow.core.policies import ROUTE_LABELS
 
 _FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -23,9 +23,9 @@ _CLIENT = {"mode": MODES, "prompt_bucket": PROMPT_BUCKETS}  # per-request histog
 
 REQUESTS = Family("shadow_router_requests_total", "counter", "requests by effective mode, policy and outcome",
                   "requests", ("mode", "policy", "outcome"),
-                  {"mode": MODES, "policy": POLICY_LABELS, "outcome": OUTCOMES})
+                  {"mode": MODES, "policy": ROUTE_LABELS, "outcome": OUTCOMES})
 DECISION = Family("shadow_router_decision_duration_seconds", "histogram",
-                  "compute time of one dispatch round", "seconds", ("policy",), {"policy": POLICY_LABELS},
+                  "compute time of one dispatch round", "seconds", ("policy",), {"policy": ROUTE_LABELS},
                   _FAST)
 UPSTREAM_ERRORS = Family("shadow_router_upstream_errors_total", "counter", "failed upstream calls", "errors",
                          ("leg", "worker"), {"leg": LEGS})

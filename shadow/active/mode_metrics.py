@@ -10,8 +10,9 @@ from prometheus_client.core import Metric
 from shadow.active.calibration import CalibrationMonitor
 from shadow.active.modes import ModeController
 from shadow.base.families import DeclaredCollector, Family
-from shadow.contracts.labels import LOOKUP_RESULTS, POLICY_LABELS
+from shadow.contracts.labels import LOOKUP_RESULTS
 from shadow.contracts.modes import DEGRADE_REASONS, MODES, TRANSITION_REASONS
+from shadow.core.policies import ROUTE_LABELS
 
 MODE = Family("shadow_mode", "gauge", "1 for the operator-set mode, 0 for the others", "info", ("mode",),
               {"mode": MODES})
@@ -25,7 +26,7 @@ TRIPS = Family("shadow_fallback_trips_total", "counter", "Automatic fallbacks, b
 HOLDDOWN = Family("shadow_fallback_holddown_seconds", "gauge",
                   "Hold-down in force before recovery is tried (0 when not in fallback)", "seconds")
 POLICY = Family("shadow_policy_active", "gauge", "1 for the policy requests are routed with now", "info",
-                ("policy",), {"policy": POLICY_LABELS})
+                ("policy",), {"policy": ROUTE_LABELS})
 DEGRADED = Family("shadow_policy_degraded_total", "counter", "BR-H to BR-0 degradations, by reason",
                   "degradations", ("reason",), {"reason": DEGRADE_REASONS})
 CALIBRATION = Family("shadow_predictor_calibration_error", "gauge",

@@ -25,7 +25,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from shadow.active.fallback import Degrade, GuardConfig, Guards, Signals
-from shadow.contracts.modes import ACTIVE_POLICIES, MODES, START_REASONS, RouteChoice
+from shadow.contracts.modes import MODES, START_REASONS, RouteChoice
+from shadow.core.policies import active_policy
 from shadow.telemetry.tracing import RoutingSpans
 
 log = logging.getLogger("shadow.active.modes")
@@ -52,11 +53,11 @@ class ModeSetting:
     pin: bool | None = None
 
     def validate(self) -> None:
-        """ValueError with a one-line reason."""
+        """ValueError with a one-line reason (an old policy spelling is valid: see `active_policy`)."""
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if self.policy is not None and self.policy not in ACTIVE_POLICIES:
-            raise ValueError(f"policy must be one of {', '.join(ACTIVE_POLICIES)}, got {self.policy!r}")
+        if self.policy is not None:
+            active_policy(self.policy)
         f = self.canary_fraction
         if f is not None and not (isinstance(f, int | float) and math.isfinite(f) and 0.0 <= f <= 1.0):
             raise ValueError(f"canary_fraction must be a number in [0, 1], got {f!r}")
@@ -186,14 +187,19 @@ class ModeController:
         why = self.unavailable(setting.mode)
         if why is not None:
             raise ModeUnavailable(f"mode {setting.mode} refused: {why}")
+        policy = None
+        if setting.policy is not None:
+            policy, deprecated = active_policy(setting.policy)
+            if deprecated is not None:
+                log.warning("shadow mode (%s): %s", reason, deprecated)
         with self._lock:
             self.last_writer = reason
             prev = "start" if reason in START_REASONS else self._current()
             self.mode = setting.mode
-            if setting.policy is not None:
-                if setting.policy != self.policy:
+            if policy is not None:
+                if policy != self.policy:
                     self.degrade.degraded = None  # a new policy starts undegraded
-                self.policy = setting.policy
+                self.policy = policy
             if setting.canary_fraction is not None:
                 self.canary_fraction = float(setting.canary_fraction)
             if setting.pin is not None:

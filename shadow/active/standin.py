@@ -2,9 +2,9 @@
 an existing router (the vllm-ascend P/D proxy's JSQ rule, or vLLM's toy round-robin proxy).
 
 It is `ActiveProxy` (prefill choice and leg, dispatcher, decode leg, SSE relay, retries only before
-the first byte) in mode `active` with policy `jsq` — decode: least outstanding request-body bytes,
-ties to the first registered; prefill: least 0.3 × outstanding prefill score — or `rr` (both stages
-in turn); no mirror (the proxy's own ledger is its load view), no slot limit (requests are bound at
+the first byte) in mode `active` with policy `jsq-bytes` — decode: least outstanding request-body
+bytes, ties to the first registered; prefill: least 0.3 × outstanding prefill score — or `rr` (both
+stages in turn); no mirror (the proxy's own ledger is its load view), no slot limit (requests are bound at
 once, the workers queue them) and no KV back-pressure. Its /metrics adds the stand-in's own
 families next to the proxy's: backends picked per stage, outstanding score per stage and backend
 (decode: request-body bytes), and error answers by reason.
@@ -21,9 +21,12 @@ from prometheus_client.core import Metric
 from shadow.active.proxy import ActiveConfig, ActiveProxy
 from shadow.base.families import DeclaredCollector, Family
 from shadow.contracts.modes import StaticModeSource
+from shadow.core.policies import REGISTRY, lookup
 
-#: `shadow router --policy` → (the proxy's decode policy, the prefill rule)
-POLICIES: dict[str, tuple[str, str]] = {"jsq-bytes": ("jsq", "least"), "round-robin": ("rr", "rr")}
+#: `shadow router --policy`: the binding rules active mode runs, by name or alias.
+POLICIES: tuple[str, ...] = tuple(
+    name for p in REGISTRY.values() if p.active and p.kind == "baseline" for name in (p.name, *p.aliases)
+)
 UNBOUNDED = 1 << 30  # slots and KV transfers per worker: a binding rule never waits for them
 
 
@@ -39,17 +42,23 @@ class RouterConfig:
     retries: int = 3  # attempts again before anything reached the client (none after HTTP 4xx)
     api_key: str | None = None  # sent upstream as a bearer token when set
 
+    def decode_policy(self) -> str:
+        """The policy's registry name (ValueError naming the known ones)."""
+        p = lookup(self.policy)
+        if p is None or self.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r}; known: {', '.join(POLICIES)}")
+        return p.name
+
     def active_config(self) -> ActiveConfig:
         """The active proxy's configuration for this router (ValueError on a bad one)."""
-        if self.policy not in POLICIES:
-            raise ValueError(f"unknown policy {self.policy!r}; known: {', '.join(POLICIES)}")
+        policy = self.decode_policy()
         return ActiveConfig(
             decode=self.decode,
             slots=UNBOUNDED,
             prefill=self.prefill,
             transfer_cap=UNBOUNDED,
             kv_backpressure=False,
-            prefill_rule=POLICIES[self.policy][1],
+            prefill_rule="rr" if policy == "rr" else "least",
             retries=self.retries,
             max_body_bytes=self.max_body_bytes,
             max_connections=self.max_connections,
@@ -90,7 +99,7 @@ class StandInCollector(DeclaredCollector):
 
 def router_proxy(config: RouterConfig, registry: CollectorRegistry | None = None) -> ActiveProxy:
     """The stand-in router as an (unstarted) ActiveProxy; its `.app` is the ASGI app."""
-    modes = StaticModeSource("active", POLICIES[config.policy][0])
+    modes = StaticModeSource("active", config.decode_policy())
     proxy = ActiveProxy(config.active_config(), modes=modes, registry=registry)
     proxy.registry.register(StandInCollector(proxy))
     return proxy

@@ -37,7 +37,7 @@ from shadow.base.tools import find_executable
 from shadow.loadgen import LoadOptions, LoadReport, run_load
 from shadow.traces import Trace, at_load, estimate_capacity_rps, resolve
 
-ROUTERS = ("jsq", "vllm-router")
+ROUTERS = ("jsq-bytes", "vllm-router")  # `shadow router` (its default rule), or the real vllm-router
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class DemoOptions:
     load: float = 1.1
     duration_s: float = 75.0
     requests: int | None = None  # None: every request that arrives within duration_s
-    router: str = "jsq"
+    router: str = "jsq-bytes"
     router_policy: str = "round_robin"  # vllm-router's policy (the JSQ stand-in has one rule)
     policies: tuple[str, ...] = ("jsq-bytes", "br0", "brh:survival")
     seed: int = 0
@@ -139,7 +139,8 @@ class Demo:
         self.router_metrics_url = ""  # the router's own Prometheus endpoint
         self.decode_names: list[str] = []
         self.decisions: dict[str, Any] = {}
-        self.router_name = "shadow router (vllm-ascend JSQ rule)" if opts.router == "jsq" else "vllm-router"
+        jsq = opts.router == "jsq-bytes"
+        self.router_name = "shadow router (vllm-ascend JSQ-bytes rule)" if jsq else "vllm-router"
         self.trace = demo_workload(opts)
         self.load: LoadReport | None = None
         self.progress = {"done": 0, "failed": 0, "in_flight": 0}
@@ -176,7 +177,7 @@ class Demo:
         say(f"shadow serve: taps in front of every worker; API {self.api}")
         pre_taps = [self.taps[n] for n in prefill]
         dec_taps = [self.taps[n] for n in decode]
-        if o.router == "jsq":
+        if o.router == "jsq-bytes":
             args = ["router", "--port", "0"]
             for n, u in zip(prefill, pre_taps, strict=True):
                 args += ["--prefill", f"{n}={u}"]

@@ -68,8 +68,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--report-json", metavar="FILE",
                    help='write the final /v1/report plus a "demo" block (fleet truth, router, requests)')
     p.add_argument("--router", choices=ROUTERS, default=D.router,
-                   help="the existing router: jsq = `shadow router` (vllm-ascend proxy's JSQ rule), or "
-                   "vllm-router (found beside the interpreter, then on PATH)")
+                   help="the existing router: jsq-bytes = `shadow router` (the vllm-ascend proxy's JSQ-bytes "
+                   "rule; formerly spelled jsq), or vllm-router (found beside the interpreter, then on PATH)")
     p.add_argument("--router-policy", default=D.router_policy, help="vllm-router's --policy")
     p.add_argument("--workers", "-G", type=_positive_int, default=D.workers, help="decode ranks")
     p.add_argument("--slots", "-B", type=_positive_int, default=D.slots, help="slots per decode rank")

@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from shadow.base.extras import missing_extra
 from shadow.commands._replay_args import add_br_args, add_fleet_args, add_workload_args, setup_from
 from shadow.commands.sweep_protocol import add_protocol_args, run_protocol
+from shadow.core.policies import lane_names
 from shadow.replay.experiment import DEFAULT_POLICIES, ReplayReport, ReplaySetup, run_replay
 from shadow.replay.render import render_report
 from shadow.traces import Trace, TraceError, resolve
@@ -43,9 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--policies",
         default=",".join(DEFAULT_POLICIES),
-        help="comma-separated lanes: rr, random, p2c, jsq, jsq-bytes, least-tokens, br0, "
-        "brh:survival, brh:exactmatch, brh:oracle, bra (this project's BalanceRoute-adaptive; "
-        "also bra:oracle ...) (default: all but bra)",
+        help=f"comma-separated lanes: {lane_names()} (bra: this project's BalanceRoute-adaptive; a "
+        "predicted policy alone takes survival) (default: all but bra)",
     )
     add_br_args(p)
     p.add_argument("--json", metavar="OUT", help="write the figures as JSON to OUT")

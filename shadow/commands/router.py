@@ -53,7 +53,9 @@ def register(subparsers: Any) -> None:
                    help="a decode (or plain) backend; repeatable, registration order breaks ties")
     p.add_argument("--prefill", action="append", metavar="[NAME=]URL",
                    help="a prefill backend; repeatable (none: plain mode, requests go straight to decode)")
-    p.add_argument("--policy", choices=sorted(POLICIES), default="jsq-bytes", help="routing rule")
+    p.add_argument("--policy", choices=POLICIES, default="jsq-bytes",
+                   help="routing rule: jsq-bytes (the vllm-ascend proxy's: least outstanding request-body "
+                   "bytes) or rr / round-robin (default jsq-bytes)")
     p.add_argument("--host", default="127.0.0.1", help="bind address")
     p.add_argument("--port", type=int, default=8000, help="listen port (0 = a free port)")
     p.add_argument("--max-body-bytes", type=int, default=8 << 20, help="request body limit (413 above)")

@@ -29,6 +29,7 @@ from shadow.commands._flags import add_flags, fields, flag
 from shadow.commands._layered import explicit_only, given, origin, resolve
 from shadow.commands._service import run_reporting
 from shadow.commands.serve_checks import check_start_values
+from shadow.core.policies import ACTIVE, active_names, active_policy, lane_names
 from shadow.core.stepmodel import DEFAULT_A_S_PER_TOKEN, DEFAULT_B_S
 from shadow.live.lanes import DEFAULT_POLICIES
 
@@ -93,8 +94,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--policies",
         default=",".join(DEFAULT_POLICIES),
-        help="comma-separated lanes beside `actual`: rr, random, p2c, jsq, jsq-bytes, least-tokens, br0, "
-        f"brh[:survival|:exactmatch] (default {','.join(DEFAULT_POLICIES)})",
+        help=f"comma-separated lanes beside `actual`: {lane_names()} (default {','.join(DEFAULT_POLICIES)})",
     )
     add_flags(g, LANE_FLAGS)
 
@@ -214,14 +214,26 @@ MODE_VALUES = (("mode", "mode"), ("policy", "active_policy"), ("canary_fraction"
                ("pin", "pin_mode"))
 
 
+def _active_policy(name: str) -> str:
+    """`--active-policy`: the policy's name; an old spelling is taken with a warning on stderr."""
+    try:
+        policy, deprecated = active_policy(name)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if deprecated is not None:
+        print(f"shadow serve: warning: --active-policy: {deprecated}", file=sys.stderr)
+    return policy
+
+
 #: The active proxy's flags after --active, each filling an `ActiveSettings` field.
 ACTIVE_FLAGS = (
     flag("--active-host", "host", "the proxy's bind address (default 127.0.0.1)", default="127.0.0.1"),
     flag("--active-port", "port", "the proxy's port (default 0 = a free port)", type=int, default=0),
     flag("--active-max-connections", "max_connections", "client connections to the proxy; beyond it the "
          "oldest idle one is closed, else 503 (default 1024)", type=int, default=1024),
-    flag("--active-policy", "policy", "policy of active mode: br0, brh (survival predictor), jsq (the "
-         "vllm-ascend proxy's rule), rr (default br0)", choices=("br0", "brh", "jsq", "rr"), default="br0"),
+    flag("--active-policy", "policy", f"policy of active mode ({active_names()}; brh with the survival "
+         "predictor); the old spelling jsq still means jsq-bytes here, with a warning (default br0)",
+         type=_active_policy, default="br0", metavar=f"{{{','.join(ACTIVE)}}}"),
     flag("--transfer-cap", "transfer_cap", "KV transfers in flight per decode worker (dispatched, no token "
          "yet) (default 8)", default=8, **COUNT),
     flag("--dispatch-ahead", "dispatch_ahead", "pool routers place up to N requests per decode worker "

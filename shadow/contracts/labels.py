@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from shadow.contracts.modes import ACTIVE_POLICIES
-
 #: Prompt-length buckets of the active proxy's per-request metrics (see `prompt_bucket`).
 PROMPT_BUCKETS: tuple[str, ...] = ("lt512", "512-2k", "2k-8k", "ge8k")
 #: How an actively routed request ended.
@@ -12,8 +10,6 @@ OUTCOMES: tuple[str, ...] = ("ok", "client_cancel", "upstream_error", "rejected"
 BACKPRESSURE_REASONS: tuple[str, ...] = ("prefill_kv", "transfer_cap", "no_slot")
 #: Upstream legs of the active proxy.
 LEGS: tuple[str, ...] = ("prefill", "decode", "router")
-#: Policies a routed request is labelled with: the active ones and `router` (the existing router).
-POLICY_LABELS: tuple[str, ...] = (*ACTIVE_POLICIES, "router")
 #: BalanceRoute's two stages within a routing round.
 ROUND_STAGES: tuple[str, ...] = ("stage1", "stage2")
 #: Prefix-cache lookups of the calibration: the prompt key was seen before or not.

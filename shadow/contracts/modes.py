@@ -19,10 +19,6 @@ MODES: tuple[Mode, ...] = ("shadow", "canary", "active", "fallback")
 #: Modes a single request is routed in.
 RouteMode = Literal["shadow", "active", "fallback"]
 
-#: Policies active mode can run (names as `shadow.core.routers.make_router` resolves them,
-#: `jsq` = the vllm-ascend proxy's rule, `rr` = round-robin as fallback uses).
-ACTIVE_POLICIES: tuple[str, ...] = ("br0", "brh", "jsq", "rr")
-
 #: Closed set of reasons (metric label `reason`) for a mode transition or a fallback trip.
 TRANSITION_REASONS: tuple[str, ...] = (
     "operator",  # admin API PUT /v1/mode

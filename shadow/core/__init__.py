@@ -4,6 +4,7 @@ No I/O, no clock, no randomness of its own: time and RNGs are passed in.
 """
 
 from shadow.core.params import BRParams, br0_equivalent
-from shadow.core.schedule import POLICIES, schedule_round
+from shadow.core.policies import POLICIES
+from shadow.core.schedule import schedule_round
 
 __all__ = ["POLICIES", "BRParams", "br0_equivalent", "schedule_round"]

@@ -11,20 +11,35 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from shadow.core.snapshot import FleetSnapshot
+
 
 @dataclass(slots=True)
-class WorkerView:
-    """What a baseline router sees of each worker (index = registration order).
+class BindState:
+    """What a baseline reads of each worker while it binds (index = registration order), taken
+    from a snapshot and updated after each choice as a live router's counters would be.
 
-    kv_tokens: KV tokens held (running requests). outstanding: requests sent and not finished
-    (running or queued in the engine). outstanding_tokens: their summed forwarded size — the
-    vllm-ascend proxy's byte score, in prompt tokens. free_slots: free running slots.
+    kv_tokens: KV tokens held plus prompt tokens queued there. outstanding: requests sent and not
+    finished (without counts: minus the free slots, so more free slots read as a shorter queue).
+    outstanding_tokens: their summed forwarded size, the vllm-ascend proxy's byte score (without
+    them: the loads). free_slots: free running slots.
     """
 
     kv_tokens: list[float]
     outstanding: list[int]
     outstanding_tokens: list[float]
     free_slots: list[int]
+
+    @classmethod
+    def of(cls, fleet: FleetSnapshot) -> BindState:
+        """A fresh state from `fleet` (the snapshot's sequences are copied, never written)."""
+        loads, queued, free = fleet.loads, fleet.queued_tokens, fleet.free_slots
+        return cls(
+            kv_tokens=list(loads) if queued is None else [x + q for x, q in zip(loads, queued, strict=True)],
+            outstanding=[-c for c in free] if fleet.outstanding is None else list(fleet.outstanding),
+            outstanding_tokens=list(loads if fleet.outstanding_tokens is None else fleet.outstanding_tokens),
+            free_slots=list(free),
+        )
 
     @property
     def workers(self) -> int:
@@ -39,27 +54,27 @@ class Baseline:
     def __init__(self, rng: random.Random) -> None:
         self.rng = rng
 
-    def candidates(self, view: WorkerView, only_free: bool) -> list[int]:
-        """Filter: every worker, or (only_free) those with a free slot."""
-        if only_free:
-            return [g for g, c in enumerate(view.free_slots) if c > 0]
-        return list(range(view.workers))
+    def candidates(self, state: BindState, only_free: bool) -> list[int]:
+        """Filter: every worker, or (only_free) those with a free slot; ValueError when none is left."""
+        free = state.free_slots
+        cands = [g for g, c in enumerate(free) if c > 0] if only_free else list(range(len(free)))
+        if not cands:
+            raise ValueError(f"{self.name}: no worker can take the request")
+        return cands
 
-    def pick(self, view: WorkerView, prompt_tokens: int, only_free: bool = False) -> int:
+    def pick(self, state: BindState, prompt_tokens: int, only_free: bool = False) -> int:
         raise NotImplementedError
 
 
 class _ByKey(Baseline):
     """Pick the candidate with the lowest key; ties to the first registered."""
 
-    def key(self, view: WorkerView, g: int) -> float:
+    def key(self, state: BindState, g: int) -> float:
         raise NotImplementedError
 
-    def pick(self, view: WorkerView, prompt_tokens: int, only_free: bool = False) -> int:
-        cands = self.candidates(view, only_free)
-        if not cands:
-            raise ValueError(f"{self.name}: no worker can take the request")
-        return min(cands, key=lambda g: (self.key(view, g), g))
+    def pick(self, state: BindState, prompt_tokens: int, only_free: bool = False) -> int:
+        cands = self.candidates(state, only_free)
+        return min(cands, key=lambda g: (self.key(state, g), g))
 
 
 class RoundRobin(Baseline):
@@ -71,11 +86,11 @@ class RoundRobin(Baseline):
         super().__init__(rng)
         self._next = 0
 
-    def pick(self, view: WorkerView, prompt_tokens: int, only_free: bool = False) -> int:
-        n = view.workers
+    def pick(self, state: BindState, prompt_tokens: int, only_free: bool = False) -> int:
+        n = state.workers
         for k in range(n):
             g = (self._next + k) % n
-            if not only_free or view.free_slots[g] > 0:
+            if not only_free or state.free_slots[g] > 0:
                 self._next = g + 1
                 return g
         raise ValueError("rr: no worker can take the request")
@@ -86,10 +101,8 @@ class UniformRandom(Baseline):
 
     name = "random"
 
-    def pick(self, view: WorkerView, prompt_tokens: int, only_free: bool = False) -> int:
-        cands = self.candidates(view, only_free)
-        if not cands:
-            raise ValueError("random: no worker can take the request")
+    def pick(self, state: BindState, prompt_tokens: int, only_free: bool = False) -> int:
+        cands = self.candidates(state, only_free)
         return cands[self.rng.randrange(len(cands))]
 
 
@@ -98,14 +111,12 @@ class PowerOfTwo(Baseline):
 
     name = "p2c"
 
-    def pick(self, view: WorkerView, prompt_tokens: int, only_free: bool = False) -> int:
-        cands = self.candidates(view, only_free)
-        if not cands:
-            raise ValueError("p2c: no worker can take the request")
+    def pick(self, state: BindState, prompt_tokens: int, only_free: bool = False) -> int:
+        cands = self.candidates(state, only_free)
         if len(cands) == 1:
             return cands[0]
         a, b = self.rng.sample(cands, 2)
-        return b if view.outstanding[b] < view.outstanding[a] else a
+        return b if state.outstanding[b] < state.outstanding[a] else a
 
 
 class JoinShortestQueue(_ByKey):
@@ -113,8 +124,8 @@ class JoinShortestQueue(_ByKey):
 
     name = "jsq"
 
-    def key(self, view: WorkerView, g: int) -> float:
-        return view.outstanding[g]
+    def key(self, state: BindState, g: int) -> float:
+        return state.outstanding[g]
 
 
 class JoinShortestQueueBytes(_ByKey):
@@ -122,8 +133,8 @@ class JoinShortestQueueBytes(_ByKey):
 
     name = "jsq-bytes"
 
-    def key(self, view: WorkerView, g: int) -> float:
-        return view.outstanding_tokens[g]
+    def key(self, state: BindState, g: int) -> float:
+        return state.outstanding_tokens[g]
 
 
 class LeastTokens(_ByKey):
@@ -131,33 +142,19 @@ class LeastTokens(_ByKey):
 
     name = "least-tokens"
 
-    def key(self, view: WorkerView, g: int) -> float:
-        return view.kv_tokens[g]
+    def key(self, state: BindState, g: int) -> float:
+        return state.kv_tokens[g]
 
 
-BASELINES: dict[str, type[Baseline]] = {
-    cls.name: cls
-    for cls in (RoundRobin, UniformRandom, PowerOfTwo, JoinShortestQueue, JoinShortestQueueBytes, LeastTokens)
-}
-
-
-def make_baseline(name: str, rng: random.Random) -> Baseline:
-    """A fresh baseline router by policy name (ValueError for an unknown one)."""
-    try:
-        return BASELINES[name](rng)
-    except KeyError:
-        raise ValueError(f"unknown baseline policy {name!r}; known: {sorted(BASELINES)}") from None
-
-
-def bind_all(baseline: Baseline, view: WorkerView, prompts: Sequence[int], only_free: bool) -> list[int]:
-    """Route `prompts` in order, updating the view after each choice as a live router would."""
+def bind_all(baseline: Baseline, state: BindState, prompts: Sequence[int], only_free: bool) -> list[int]:
+    """Route `prompts` in order, updating `state` after each choice as a live router would."""
     out: list[int] = []
     for s in prompts:
-        g = baseline.pick(view, s, only_free)
-        view.kv_tokens[g] += s
-        view.outstanding[g] += 1
-        view.outstanding_tokens[g] += s
+        g = baseline.pick(state, s, only_free)
+        state.kv_tokens[g] += s
+        state.outstanding[g] += 1
+        state.outstanding_tokens[g] += s
         if only_free:
-            view.free_slots[g] -= 1
+            state.free_slots[g] -= 1
         out.append(g)
     return out

@@ -1,97 +1,28 @@
-"""The stateful router protocol and the one registry of policy names.
+"""The stateful router protocol and its three shapes: binding, forced and pool routers.
 
 A `Router` is told of each request when it reaches the router (`on_arrive`) and when it ends
-(`on_finish`), and places requests when asked (`decide(view, now)`), returning
+(`on_finish`), and places requests when asked (`decide(fleet, now)`), returning
 (request_id, worker_index) pairs in decision order. State (round-robin position, random stream,
 the BalanceRoute pool, a length predictor) persists between calls. Routers that bind at arrival
 (baselines, forced placements) place every request they have been told of; pool routers
-(BR-0/BR-H) place into free slots only, keeping the rest waiting.
-
-`make_router(name, ...)` is the only place policy names are resolved; engine lanes,
-`schedule_round` and an active proxy all build routers through it. `ROUTERS` lists the names.
-Pure: time and randomness are arguments; nothing here reads a clock.
+(BR-0/BR-H/BRA) place into free slots only, keeping the rest waiting. `shadow.core.policies`
+names them. Pure: time and randomness are arguments; nothing here reads a clock.
 """
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass
-from functools import partial
+from collections.abc import Hashable, Mapping
 from typing import Protocol
 
-import numpy as np
-import numpy.typing as npt
-
 from shadow.core.balanceroute import BalanceRoute
-from shadow.core.baselines import BASELINES, Baseline, WorkerView, bind_all, make_baseline
+from shadow.core.baselines import Baseline, BindState, bind_all
 from shadow.core.bra import BalanceRouteAdaptive, BRAParams
 from shadow.core.params import BRParams
 from shadow.core.pool import Pool
-from shadow.core.predictors import PREDICTORS, Predictor, make_predictor
+from shadow.core.predictors import Predictor
+from shadow.core.snapshot import STAY_BASIS, FleetSnapshot
 
 Decision = tuple[Hashable, int]
-
-_EMPTY_I = np.zeros(0, dtype=np.int64)
-_EMPTY_F = np.zeros(0, dtype=np.float64)
-
-
-class FleetView(Protocol):
-    """What a router may look at when it decides (index = worker registration order).
-
-    `loads`: KV tokens held by running requests; `free_slots`: free running slots;
-    `worker_view()`: the baselines' signals (KV incl. queued prompts, outstanding requests and
-    their forwarded tokens); `projection()`: BR-H's active requests as (worker, load, predicted
-    steps) arrays. Implementations may compute the latter two lazily.
-    """
-
-    @property
-    def loads(self) -> Sequence[float]: ...
-
-    @property
-    def free_slots(self) -> Sequence[int]: ...
-
-    @property
-    def prompt_loads(self) -> Sequence[float] | None:
-        """Per-worker prompt tokens of running requests (BRA's thin-pool basis), if known."""
-        ...
-
-    def worker_view(self) -> WorkerView: ...
-
-    def projection(
-        self,
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.float64]]: ...
-
-
-@dataclass(slots=True)
-class StaticView:
-    """A FleetView from plain lists (schedule_round, tests, an active proxy's snapshot)."""
-
-    loads: Sequence[float]
-    free_slots: Sequence[int]
-    outstanding: Sequence[int] | None = None
-    outstanding_tokens: Sequence[float] | None = None
-    active_worker: npt.NDArray[np.int64] | None = None
-    active_load: npt.NDArray[np.float64] | None = None
-    active_steps: npt.NDArray[np.float64] | None = None
-    prompt_loads: Sequence[float] | None = None
-
-    def worker_view(self) -> WorkerView:
-        return WorkerView(
-            kv_tokens=[float(x) for x in self.loads],
-            outstanding=list(self.outstanding)
-            if self.outstanding is not None
-            else [-int(c) for c in self.free_slots],
-            outstanding_tokens=[float(x) for x in (self.outstanding_tokens or self.loads)],
-            free_slots=[int(c) for c in self.free_slots],
-        )
-
-    def projection(
-        self,
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-        if self.active_worker is None or self.active_load is None or self.active_steps is None:
-            return _EMPTY_I, _EMPTY_F, _EMPTY_F
-        return self.active_worker, self.active_load, self.active_steps
 
 
 class Router(Protocol):
@@ -107,9 +38,13 @@ class Router(Protocol):
 
     def on_finish(self, request_id: Hashable, output_tokens: int, key: Hashable | None = None) -> None: ...
 
-    def decide(self, view: FleetView, now: float) -> list[Decision]: ...
+    def decide(self, fleet: FleetSnapshot, now: float) -> list[Decision]: ...
 
     def waiting(self) -> int: ...
+
+    def forget(self, request_id: Hashable) -> bool:
+        """Take a waiting request out (its client left); True when it was waiting here."""
+        ...
 
 
 class BindingRouter:
@@ -139,16 +74,21 @@ class BindingRouter:
     def waiting(self) -> int:
         return len(self._waiting)
 
-    def decide(self, view: FleetView, now: float) -> list[Decision]:
+    def forget(self, request_id: Hashable) -> bool:
+        n = len(self._waiting)
+        self._waiting = [w for w in self._waiting if w[0] != request_id]
+        return len(self._waiting) < n
+
+    def decide(self, fleet: FleetSnapshot, now: float) -> list[Decision]:
         if not self._waiting:
             return []
-        wv = view.worker_view()
+        state = BindState.of(fleet)
         if self.only_free:
-            n = sum(max(0, c) for c in wv.free_slots)
+            n = sum(max(0, c) for c in state.free_slots)
             take, self._waiting = self._waiting[:n], self._waiting[n:]
         else:
             take, self._waiting = self._waiting, []
-        picks = bind_all(self.baseline, wv, [s for _, s in take], self.only_free)
+        picks = bind_all(self.baseline, state, [s for _, s in take], self.only_free)
         return [(rid, g) for (rid, _), g in zip(take, picks, strict=True)]
 
 
@@ -175,7 +115,12 @@ class ForcedRouter:
     def waiting(self) -> int:
         return len(self._waiting)
 
-    def decide(self, view: FleetView, now: float) -> list[Decision]:
+    def forget(self, request_id: Hashable) -> bool:
+        n = len(self._waiting)
+        self._waiting = [w for w in self._waiting if w != request_id]
+        return len(self._waiting) < n
+
+    def decide(self, fleet: FleetSnapshot, now: float) -> list[Decision]:
         out: list[Decision] = []
         for rid in self._waiting:
             g = self.assignments[rid]
@@ -219,99 +164,28 @@ class PoolRouter:
     def waiting(self) -> int:
         return len(self.pool)
 
-    def decide(self, view: FleetView, now: float) -> list[Decision]:
+    def forget(self, request_id: Hashable) -> bool:
+        for entry in self.pool:
+            if entry.request_id == request_id:
+                self.pool.remove(entry)
+                return True
+        return False
+
+    def decide(self, fleet: FleetSnapshot, now: float) -> list[Decision]:
         if not self.pool:
             return []
-        free = view.free_slots
+        free = fleet.free_slots
         if not any(c > 0 for c in free):
             return []
-        if isinstance(self.br, BalanceRouteAdaptive):
+        br = self.br
+        if isinstance(br, BalanceRouteAdaptive):
             # BRA scores with BR-H over the projection when it has one, with BR-0 otherwise.
-            static_active = isinstance(view, StaticView) and view.active_worker is not None
-            proj = view.projection() if self.predictor is not None or static_active else None
-            stay = getattr(view, "stay_basis", None)  # optional FleetView extra (the engine's lanes)
-            if proj is None or (not len(proj[0]) and self.predictor is None):
-                return self.br.round(
-                    view.loads, free, self.pool, now, None, None, None, view.prompt_loads, stay
-                )
-            return self.br.round(view.loads, free, self.pool, now, *proj, view.prompt_loads, stay)
-        if self.br.variant == "brh":
-            idx, w, c = view.projection()
-            return self.br.round(view.loads, free, self.pool, now, idx, w, c)
-        return self.br.round(view.loads, free, self.pool, now)
-
-
-RouterFactory = Callable[..., Router]
-
-
-# The factories are plain module functions bound to their policy name with `partial`, so each call
-# of a factory runs the function's code then (no closure built once at import).
-def _baseline_router(name: str, *, seed: int = 0, only_free: bool = False, **_: object) -> Router:
-    return BindingRouter(make_baseline(name, random.Random(seed)), only_free=only_free)
-
-
-def _pool_router(
-    variant: str,
-    *,
-    params: BRParams | None = None,
-    predictor: str | None = None,
-    bra: BRAParams | None = None,
-    **_: object,
-) -> Router:
-    if variant in ("brh", "bra"):
-        # Without a predictor, BR-H takes predicted steps from its callers (schedule_round).
-        if predictor is not None and predictor not in PREDICTORS:
-            raise ValueError(f"{variant} predictor must be one of {list(PREDICTORS)}; got {predictor!r}")
-        return PoolRouter(
-            variant, params or BRParams(), make_predictor(predictor) if predictor else None, bra
-        )
-    if predictor is not None:
-        raise ValueError(f"policy {variant!r} takes no predictor")
-    return PoolRouter(variant, params or BRParams())
-
-
-def _forced_factory(
-    *, assignments: Mapping[Hashable, int] | None = None, workers: int = 0, **_: object
-) -> Router:
-    if assignments is None:
-        raise ValueError("a forced lane needs its assignments")
-    return ForcedRouter(assignments, workers)
-
-
-# The registry: every policy name the project knows, mapped to its factory.
-ROUTERS: Mapping[str, RouterFactory] = {
-    **{name: partial(_baseline_router, name) for name in BASELINES},
-    "br0": partial(_pool_router, "br0"),
-    "brh": partial(_pool_router, "brh"),
-    "bra": partial(_pool_router, "bra"),  # this project's BalanceRoute-adaptive (shadow.core.bra)
-    "forced": _forced_factory,
-}
-POOL_ROUTERS = ("br0", "brh", "bra")
-
-
-def make_router(
-    name: str,
-    *,
-    params: BRParams | None = None,
-    predictor: str | None = None,
-    bra: BRAParams | None = None,
-    seed: int = 0,
-    only_free: bool = False,
-    assignments: Mapping[Hashable, int] | None = None,
-    workers: int = 0,
-) -> Router:
-    """A fresh router for policy `name` (ValueError naming the known policies otherwise)."""
-    factory = ROUTERS.get(name)
-    if factory is None:
-        raise ValueError(f"unknown policy {name!r}; known: {list(ROUTERS)}")
-    if name in BASELINES and predictor is not None:
-        raise ValueError(f"policy {name!r} takes no predictor")
-    return factory(
-        params=params,
-        predictor=predictor,
-        bra=bra,
-        seed=seed,
-        only_free=only_free,
-        assignments=assignments,
-        workers=workers,
-    )
+            stay = fleet.extra(STAY_BASIS)
+            if fleet.projection is not None:
+                proj = fleet.projection()
+                if len(proj[0]) or self.predictor is not None:
+                    return br.round(fleet.loads, free, self.pool, now, *proj, fleet.prompt_loads, stay)
+            return br.round(fleet.loads, free, self.pool, now, None, None, None, fleet.prompt_loads, stay)
+        if br.variant == "brh":
+            return br.round(fleet.loads, free, self.pool, now, *fleet.active())
+        return br.round(fleet.loads, free, self.pool, now)

@@ -14,14 +14,11 @@ from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
-from shadow.core.baselines import BASELINES
 from shadow.core.params import BRParams
-from shadow.core.routers import Router, StaticView, make_router
-
-POOL_POLICIES = ("br0", "brh", "bra")  # bra: this project's BalanceRoute-adaptive
-POLICIES: tuple[str, ...] = (*BASELINES, *POOL_POLICIES)
+from shadow.core.policies import POLICIES, RouterOptions, lookup
+from shadow.core.routers import Router
+from shadow.core.snapshot import FleetSnapshot, Projection
 
 Waiting = tuple[Hashable, int] | tuple[Hashable, int, float]
 Active = tuple[int, float, float]
@@ -63,9 +60,7 @@ def _check_waiting(waiting: Sequence[Sequence[Any]]) -> None:
             raise ValueError(f"waiting[{i}]: predicted_steps must be a number >= 0, got {item[2]!r}")
 
 
-def _active_arrays(
-    loads: Sequence[float], active: Sequence[Active] | None
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+def _active_arrays(loads: Sequence[float], active: Sequence[Active] | None) -> Projection:
     """Validate `active` (worker, load, predicted steps) and split it into arrays.
 
     Without `active`, today's loads are held constant over the horizon (empty arrays).
@@ -113,23 +108,20 @@ def schedule_round(
     router = make_round_router(policy, params=params, seed=seed) if isinstance(policy, str) else policy
     _check_fleet(loads, free_slots)
     _check_waiting(waiting)
-    idx, w, c = _active_arrays(loads, active if router.name in ("brh", "bra") else None)
+    proj = _active_arrays(loads, active if router.name in ("brh", "bra") else None)
     for item in waiting:
         router.on_arrive(item[0], int(item[1]), now, float(item[2]) if len(item) == 3 else None)
-    view = StaticView(
-        loads=[float(x) for x in loads],
-        free_slots=[int(x) for x in free_slots],
-        active_worker=idx,
-        active_load=w,
-        active_steps=c,
+    fleet = FleetSnapshot(
+        loads=[float(x) for x in loads], free_slots=[int(x) for x in free_slots], projection=lambda: proj
     )
-    return router.decide(view, now)
+    return router.decide(fleet, now)
 
 
 def make_round_router(
-    policy: str, *, params: Mapping[str, Any] | BRParams | None = None, seed: int = 0
+    name: str, *, params: Mapping[str, Any] | BRParams | None = None, seed: int = 0
 ) -> Router:
     """A router for repeated `schedule_round` calls (baselines place only into free slots)."""
-    if policy not in POLICIES:
-        raise ValueError(f"unknown policy {policy!r}; known: {list(POLICIES)}")
-    return make_router(policy, params=BRParams.from_mapping(params), seed=seed, only_free=True)
+    p = lookup(name)
+    if p is None or p.name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}; known: {list(POLICIES)}")
+    return p.make(RouterOptions(br=BRParams.from_mapping(params), seed=seed, only_free=True))

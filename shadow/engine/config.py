@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shadow.core.baselines import BASELINES
 from shadow.core.bra import BRAParams
 from shadow.core.params import BRParams
+from shadow.core.policies import REGISTRY, lookup
 from shadow.core.predictors import PREDICTORS
 from shadow.core.stepmodel import StepTimeModel
 
@@ -49,10 +49,6 @@ class EngineConfig:
             raise ValueError(f"refresh_steps must be >= 1, got {self.refresh_steps}")
 
 
-LANE_POLICIES = (*BASELINES, "br0", "brh", "bra", "forced")
-PREDICTED_POLICIES = ("brh", "bra")  # pool policies that take a predictor
-
-
 @dataclass(frozen=True, slots=True)
 class LaneSpec:
     """One lane: a policy (and for BR-H a predictor). `forced` replays given assignments."""
@@ -62,9 +58,11 @@ class LaneSpec:
     name: str = ""
 
     def __post_init__(self) -> None:
-        if self.policy not in LANE_POLICIES:
-            raise ValueError(f"unknown policy {self.policy!r}; known: {list(LANE_POLICIES)}")
-        if self.policy in PREDICTED_POLICIES:
+        p = lookup(self.policy)
+        if p is None:
+            raise ValueError(f"unknown policy {self.policy!r}; known: {list(REGISTRY)}")
+        object.__setattr__(self, "policy", p.name)  # an alias names its policy
+        if p.predicted:
             if self.predictor not in PREDICTORS:
                 raise ValueError(
                     f"{self.policy} needs a predictor, one of {list(PREDICTORS)}; got {self.predictor!r}"
@@ -77,13 +75,14 @@ class LaneSpec:
         """Display name: e.g. "brh-survival"; the oracle lane is marked as an offline bound."""
         if self.name:
             return self.name
-        return f"{self.policy}-{self.predictor}" if self.policy in PREDICTED_POLICIES else self.policy
+        return f"{self.policy}-{self.predictor}" if self.predictor is not None else self.policy
 
     @classmethod
     def parse(cls, text: str) -> LaneSpec:
         """ "jsq", "br0", "brh" (= brh:survival), "brh:oracle", "brh:exactmatch"; "bra" likewise."""
         policy, _, predictor = text.strip().partition(":")
-        if policy in PREDICTED_POLICIES:
+        p = lookup(policy)
+        if p is not None and p.predicted:
             return cls(policy, predictor or "survival")
         if predictor:
             raise ValueError(f"policy {policy!r} takes no predictor (got {text!r})")

@@ -20,10 +20,11 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from shadow.core.baselines import WorkerView
+from shadow.core.policies import RouterOptions, make_router
 from shadow.core.pool import Pool
 from shadow.core.predictors import Predictor, contribution
-from shadow.core.routers import Router, make_router
+from shadow.core.routers import Router
+from shadow.core.snapshot import STAY_BASIS, FleetSnapshot, Projection
 from shadow.core.stay import StayBasis, predicted_basis
 from shadow.engine.config import EngineConfig, LaneSpec
 from shadow.engine.jobs import Job
@@ -69,41 +70,6 @@ class LaneTotals:
     decision_s: SampleSink = field(default_factory=_samples)
     trajectory_t: list[float] = field(default_factory=list)
     trajectory_loads: list[list[float]] = field(default_factory=list)
-
-
-class LaneView:
-    """The lane as a router sees it (`FleetView`); the costly parts are computed on demand."""
-
-    __slots__ = ("_free", "lane", "loads")
-
-    def __init__(self, lane: Lane) -> None:
-        self.lane = lane
-        self.loads: Sequence[float] = lane.loads
-        self._free: list[int] | None = None
-
-    @property
-    def free_slots(self) -> Sequence[int]:
-        if self._free is None:
-            b = self.lane.config.slots
-            self._free = [b - r for r in self.lane.running]
-        return self._free
-
-    @property
-    def prompt_loads(self) -> Sequence[float] | None:
-        return self.lane.running_prompt
-
-    def stay_basis(self, kind: str = "stay") -> StayBasis | None:
-        """BRA's predicted thin-pool basis over the running requests (None without a predictor)."""
-        return self.lane.stay_basis(kind)
-
-    def worker_view(self) -> WorkerView:
-        return self.lane._view()
-
-    def projection(
-        self,
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-        idx, w, c = self.lane._projection_inputs()
-        return self.lane._slot_worker[idx], w, c
 
 
 class Lane:
@@ -164,14 +130,17 @@ class Lane:
             raise ValueError("a forced lane needs its assignments")
         self.router: Router = make_router(
             spec.policy,
-            params=config.br,
-            bra=config.bra,
-            predictor=spec.predictor,
-            seed=config.seed,
-            assignments=forced,
-            workers=g,
+            RouterOptions(
+                br=config.br,
+                bra=config.bra,
+                predictor=spec.predictor,
+                seed=config.seed,
+                assignments=forced,
+                workers=g,
+            ),
         )
         self.predictor: Predictor | None = self.router.predictor
+        self._extras = {STAY_BASIS.name: self.stay_basis}
 
     # -- arrivals ---------------------------------------------------------------------------
 
@@ -202,28 +171,27 @@ class Lane:
             return
         t0 = self.clock()
         router.on_arrive(job.request_id, job.prompt_tokens, ready_s)
-        ((_, g),) = router.decide(LaneView(self), self.now)
+        ((_, g),) = router.decide(self.snapshot(), self.now)
         self.totals.decision_s.append(self.clock() - t0)
         self.queues[g].append((job, ready_s))
         self.queued_tokens[g] += job.prompt_tokens
 
-    def _view(self) -> WorkerView:
+    def snapshot(self, free_slots: Sequence[int] | None = None) -> FleetSnapshot:
+        """The lane as a router sees it now (valid until the lane moves); BR-H's projection and
+        BRA's predicted basis are computed only when asked, and only with a predictor."""
         b = self.config.slots
-        return WorkerView(
-            kv_tokens=[x + q for x, q in zip(self.loads, self.queued_tokens, strict=True)],
+        queued = self.queued_tokens
+        return FleetSnapshot(
+            loads=self.loads,
+            free_slots=[b - r for r in self.running] if free_slots is None else free_slots,
             outstanding=[r + len(q) for r, q in zip(self.running, self.queues, strict=True)],
-            outstanding_tokens=self._outstanding_tokens(),
-            free_slots=[b - r for r in self.running],
+            # prompt tokens of requests sent and not finished: queued prompts + running prompts
+            outstanding_tokens=[q + p for q, p in zip(queued, self.running_prompt, strict=True)],
+            queued_tokens=queued,
+            prompt_loads=self.running_prompt,
+            projection=None if self.predictor is None else self.projection,
+            extras=self._extras,
         )
-
-    def _outstanding_tokens(self) -> list[float]:
-        # Prompt tokens of requests sent and not finished: running prompts + queued prompts.
-        out = list(self.queued_tokens)
-        act = self.slot_active
-        sums = np.bincount(
-            self._slot_worker[act], weights=self.slot_prompt[act], minlength=self.config.workers
-        )
-        return [o + float(s) for o, s in zip(out, sums.tolist(), strict=True)]
 
     def _newcomer_steps(self, job: Job) -> float | None:
         if self.predictor is None:
@@ -323,11 +291,12 @@ class Lane:
         router = self.router
         if not router.waiting():
             return
-        view = LaneView(self)
-        if not any(view.free_slots):
+        b = self.config.slots
+        free = [b - r for r in self.running]
+        if not any(free):
             return
         t0 = self.clock()
-        decisions = router.decide(view, self.now)
+        decisions = router.decide(self.snapshot(free), self.now)
         self.totals.decision_s.append(self.clock() - t0)
         for entry, g in decisions:
             assert isinstance(entry, Job)
@@ -359,16 +328,16 @@ class Lane:
     def _ready_of(self, job: Job) -> float:
         return self._pool_ready.pop(job.request_id, self.now)
 
-    def _projection_inputs(
-        self,
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    def projection(self) -> Projection:
+        """BR-H's active requests: (worker, load, predicted steps left), predictions refreshed
+        every `refresh_steps` steps (needs a predictor)."""
         idx = np.flatnonzero(self.slot_active)
         age = self.k - self.slot_start[idx]
         if self.k - self._last_refresh >= self.config.refresh_steps:
             self._refresh_predictions(idx, age)
         w = self.slot_prompt[idx] + age
         c = np.maximum(self._slot_steps[idx] - (self.k - self._slot_ref[idx]), 0.0)
-        return idx, w, c
+        return self._slot_worker[idx], w, c
 
     def stay_basis(self, kind: str = "stay") -> StayBasis | None:
         """BRA's predicted thin-pool basis `kind` over the running requests (shadow.core.stay);

@@ -23,12 +23,13 @@ from typing import Any
 
 from shadow.contracts.events import Event
 from shadow.core.params import BRParams
+from shadow.core.policies import RouterOptions, make_router
 from shadow.core.pool import Pool
-from shadow.core.routers import PoolRouter, Router, make_router
+from shadow.core.routers import PoolRouter, Router
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec
 from shadow.engine.jobs import Job
-from shadow.engine.lane import Lane, LaneView
+from shadow.engine.lane import Lane
 from shadow.engine.live import ACTUAL, LiveDriver
 from shadow.engine.summary import LogHistogram, percentile
 from shadow.live.stepfit import STEP_BUCKETS, SlidingFit, StepEstimator
@@ -108,9 +109,10 @@ class LiveLanes:
         self.fidelity_recent: deque[float] = deque(maxlen=120)
         # agreement: what each policy would have chosen in the router's place
         self._agree: dict[str, Router] = {}
+        options = RouterOptions(br=self.config.br, seed=seed)
         for spec in self.specs:
             if spec.policy != "brh":  # BR-H's choice needs its own predictor state: not compared
-                self._agree[spec.label] = make_router(spec.policy, params=self.config.br, seed=seed)
+                self._agree[spec.label] = make_router(spec.policy, options)
         self.agreements: dict[str, int] = dict.fromkeys(self._agree, 0)
         self.decisions: dict[str, int] = dict.fromkeys(self._agree, 0)
         self.driver.on_step = self._on_step
@@ -273,10 +275,10 @@ class LiveLanes:
         if lane.spec.label != ACTUAL or not self._agree:
             return
         actual = self.driver.assignment(job.request_id)
-        view = LaneView(lane)
+        fleet = lane.snapshot()
         for label, router in self._agree.items():
             router.on_arrive(job.request_id, job.prompt_tokens, lane.now)
-            picks = router.decide(view, lane.now)
+            picks = router.decide(fleet, lane.now)
             if isinstance(router, PoolRouter):
                 router.pool = Pool()  # one question per request: nothing waits in this copy
             if picks:

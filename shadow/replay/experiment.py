@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shadow.core.params import BRParams
+from shadow.core.policies import policy
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec, PrefillConfig
 from shadow.engine.jobs import jobs_from
@@ -30,7 +31,6 @@ DEFAULT_POLICIES: tuple[str, ...] = (
     "brh:exactmatch",
     "brh:oracle",
 )
-BASELINE_POLICIES = ("rr", "random", "p2c", "jsq", "jsq-bytes", "least-tokens")
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class ReplayReport:
 
     def best_baseline(self, metric: str = "avg_spread_tokens", lower: bool = True) -> str | None:
         """Label of the best baseline lane by `metric`."""
-        cands = [r for r in self.results.values() if r.policy in BASELINE_POLICIES]
+        cands = [r for r in self.results.values() if policy(r.policy).kind == "baseline"]
         if not cands:
             return None
         pick = min if lower else max

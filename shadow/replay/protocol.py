@@ -30,6 +30,7 @@ import numpy as np
 
 from shadow.core.bra import BRAParams
 from shadow.core.params import BRParams
+from shadow.core.policies import policy
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec
 from shadow.engine.jobs import Job, jobs_from
@@ -39,7 +40,6 @@ from shadow.traces import Trace, at_load, estimate_capacity_rps, mean_slot_load_
 from shadow.traces.model import TraceRequest
 from shadow.traces.synthetic import SYNTHETIC_SUFFIX, WORKLOADS, synthetic_workload
 
-BASELINES = ("rr", "random", "p2c", "jsq", "jsq-bytes", "least-tokens")
 ABLATIONS: dict[str, BRAParams] = {
     "bra": BRAParams(),
     "bra{}": BRAParams(score_pick=False, hold=False, scale_window=False),
@@ -323,7 +323,7 @@ def summarise(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     for (name, g, rho), rs in sorted(cells.items()):
         rs = sorted(rs, key=lambda r: r["seed"])
         labels = list(rs[0]["lanes"])
-        base = [lb for lb in labels if rs[0]["lanes"][lb]["policy"] in BASELINES]
+        base = [lb for lb in labels if policy(rs[0]["lanes"][lb]["policy"]).kind == "baseline"]
 
         def mean_of(label: str, key: str, rs: list[dict[str, Any]] = rs) -> float:
             vals = [r["lanes"][label][key] for r in rs if r["lanes"][label][key] is not None]

@@ -9,7 +9,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from shadow.replay.experiment import BASELINE_POLICIES, ReplaySetup, run_replay
+from shadow.core.policies import policy
+from shadow.engine.config import LaneSpec
+from shadow.replay.experiment import ReplaySetup, run_replay
 from shadow.traces import Trace
 
 
@@ -45,8 +47,8 @@ def run_sweep(
     on_cell: Callable[[str], None] | None = None,
 ) -> list[SweepRow]:
     """Every (G, ρ, β, γ) cell; `base.policies` are split into baselines and BR lanes."""
-    baselines = tuple(p for p in base.policies if p in BASELINE_POLICIES)
-    brs = tuple(p for p in base.policies if p not in BASELINE_POLICIES)
+    baselines = tuple(p for p in base.policies if policy(LaneSpec.parse(p).policy).kind == "baseline")
+    brs = tuple(p for p in base.policies if p not in baselines)
     if not baselines or not brs:
         raise ValueError("a sweep needs at least one baseline and one BR policy")
     rows: list[SweepRow] = []

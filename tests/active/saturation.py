@@ -40,7 +40,7 @@ import openai
 
 from tests.active.procs import shadow_process
 
-POLICIES = ("jsq", "br0", "brh")
+POLICIES = ("jsq-bytes", "br0", "brh")
 
 
 @dataclass(frozen=True)

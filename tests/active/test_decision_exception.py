@@ -16,10 +16,11 @@ import httpx
 import openai
 import pytest
 
-from shadow.active.dispatcher import ROUTER_NAMES
 from shadow.active.modes import ModeConfig
 from shadow.app.serve import ActiveSettings, ServeConfig
-from shadow.core.routers import FleetView, Router, make_router
+from shadow.core.policies import make_router
+from shadow.core.routers import Router
+from shadow.core.snapshot import FleetSnapshot
 from shadow.fleet import FleetConfig
 from shadow.mirror.service import TapConfig
 from tests.active.test_fallback_e2e import metric, wait_for
@@ -47,12 +48,18 @@ class RaisingRouter:
     def on_finish(self, request_id: Hashable, output_tokens: int, key: Hashable | None = None) -> None:
         return None
 
-    def decide(self, view: FleetView, now: float) -> list[tuple[Hashable, int]]:
+    def decide(self, fleet: FleetSnapshot, now: float) -> list[tuple[Hashable, int]]:
         self.rounds += 1
         raise RuntimeError("injected: this policy is broken")
 
     def waiting(self) -> int:
         return len(self.pool)
+
+    def forget(self, request_id: Hashable) -> bool:
+        if request_id in self.pool:
+            self.pool.remove(request_id)
+            return True
+        return False
 
 
 def test_a_raising_policy_trips_decision_error_and_every_stream_completes() -> None:
@@ -62,7 +69,7 @@ def test_a_raising_policy_trips_decision_error_and_every_stream_completes() -> N
         if policy == "br0":
             broken.append(RaisingRouter())
             return broken[-1]
-        return make_router(ROUTER_NAMES[policy])
+        return make_router(policy)
 
     with FleetThread(FleetConfig(prefill=1, decode=2, slots=8, base_port=0, time_scale=0.25)) as fleet:
         tap = TapConfig(

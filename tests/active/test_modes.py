@@ -302,3 +302,30 @@ def test_upstream_failures_trip_and_on_calls_never_raise() -> None:
     c.on_upstream(None, "decode", True)  # type: ignore[arg-type]  # garbage in: no exception out
     c.on_decision(float("nan"), None)
     assert c.snapshot()["observed"]["upstream_calls"] == 11
+
+
+def test_the_mode_controller_takes_the_old_spelling_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="shadow.active.modes"):
+        c = ModeController(ModeConfig(mode="active", policy="jsq"))
+    assert c.snapshot()["configured_policy"] == "jsq-bytes" and c.choose("r1").policy == "jsq-bytes"
+    assert any("deprecated" in r.getMessage() and "environment" in r.getMessage() for r in caplog.records)
+    c.apply(ModeSetting("active", "br0"), "operator")
+    assert c.choose("r1").policy == "br0"
+    with pytest.raises(ValueError, match="policy must be one of"):
+        ModeSetting("active", "jsq-count").validate()
+
+
+def test_serve_takes_the_old_active_spelling_with_a_warning_and_refuses_unknown_ones(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from shadow.commands.serve import build_parser
+
+    args = build_parser().parse_args(["--upstream", "d0=http://127.0.0.1:1", "--active-policy", "jsq"])
+    assert args.active_policy == "jsq-bytes"
+    err = capsys.readouterr().err
+    assert "warning: --active-policy" in err and "'jsq-bytes'" in err
+    assert build_parser().parse_args(["--upstream", "d0=http://127.0.0.1:1"]).active_policy == "br0"
+    assert capsys.readouterr().err == ""
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--upstream", "d0=http://127.0.0.1:1", "--active-policy", "jsq-count"])
+    assert "policy must be one of br0, brh, rr, jsq-bytes, got 'jsq-count'" in capsys.readouterr().err

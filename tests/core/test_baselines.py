@@ -6,11 +6,12 @@ import random
 
 import pytest
 
-from shadow.core.baselines import WorkerView, make_baseline
+from shadow.core.baselines import BindState
+from shadow.core.policies import make_baseline
 
 
-def view() -> WorkerView:
-    return WorkerView(
+def view() -> BindState:
+    return BindState(
         kv_tokens=[500.0, 100.0, 300.0],
         outstanding=[1, 3, 2],
         outstanding_tokens=[900.0, 200.0, 200.0],

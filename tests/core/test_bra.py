@@ -662,7 +662,7 @@ def test_the_default_basis_is_life_and_falls_back_to_prompt_tokens_without_a_pre
     pool = Pool()
     pool.add("x", 2_000, 0.0)
     router = BalanceRouteAdaptive(adaptive=BRAParams(hold=False))
-    # no callback (a StaticView, the active proxy) or a callback without a basis: prompt tokens
+    # no callback (a snapshot without it: the active proxy) or a callback without a basis: prompt tokens
     assert router.round([9e3, 5e3], [2, 2], pool, 0.0, prompt_loads=[1e3, 4e3]) == [("x", 0)]
     pool.add("x", 2_000, 0.0)
     out = router.round([9e3, 5e3], [2, 2], pool, 0.0, prompt_loads=[1e3, 4e3], stay=lambda k: None)

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 from shadow.core.balanceroute import BalanceRoute
-from shadow.core.baselines import Baseline, WorkerView, bind_all, make_baseline
+from shadow.core.baselines import Baseline, BindState, bind_all
 from shadow.core.bra import BalanceRouteAdaptive
 from shadow.core.imbalance import barrier_idle_fraction, imbalance, spread
 from shadow.core.params import BRParams
+from shadow.core.policies import make_baseline
 from shadow.core.pool import Pool
 from shadow.core.predictors import (
     EmpiricalLengths,
@@ -142,8 +143,8 @@ def test_oracle_needs_the_true_lengths() -> None:
 # -- baselines ----------------------------------------------------------------------------------
 
 
-def _view(kv: list[float], outstanding: list[int], free: list[int]) -> WorkerView:
-    return WorkerView(list(kv), list(outstanding), list(kv), list(free))
+def _view(kv: list[float], outstanding: list[int], free: list[int]) -> BindState:
+    return BindState(list(kv), list(outstanding), list(kv), list(free))
 
 
 @pytest.mark.parametrize("only_free", [False, True])

@@ -14,9 +14,11 @@ from shadow.core.balanceroute import BalanceRoute
 from shadow.core.baselines import JoinShortestQueue
 from shadow.core.fscore import BR0Scorer
 from shadow.core.params import BRParams
+from shadow.core.policies import RouterOptions, make_router
 from shadow.core.pool import Pool
-from shadow.core.routers import BindingRouter, StaticView, make_router
+from shadow.core.routers import BindingRouter
 from shadow.core.schedule import make_round_router
+from shadow.core.snapshot import FleetSnapshot
 
 
 def test_the_stages_are_announced_in_order_with_stage1_filling_down_to_s_greedy() -> None:
@@ -42,20 +44,20 @@ def test_a_pool_router_ages_requests_on_the_clock_it_is_given() -> None:
     # small request that has waited 100 s (> age_s) heads the window; at t=0.5 nothing has aged
     # and the largest prompt goes first.
     def decide(now: float) -> list[tuple[object, int]]:
-        router = make_router("br0", params=BRParams(s_greedy=100, r_max=1, age_s=1.0))
+        router = make_router("br0", RouterOptions(br=BRParams(s_greedy=100, r_max=1, age_s=1.0)))
         router.on_arrive("old-small", 10, 0.0)
         router.on_arrive("new-big", 5000, 0.0)
-        return list(router.decide(StaticView(loads=[0.0], free_slots=[1]), now))
+        return list(router.decide(FleetSnapshot(loads=[0.0], free_slots=[1]), now))
 
     assert decide(100.0) == [("old-small", 0)]
     assert decide(0.5) == [("new-big", 0)]
 
 
 def test_the_default_seed_is_zero() -> None:
-    view = StaticView(loads=[0.0] * 8, free_slots=[4] * 8)
+    view = FleetSnapshot(loads=[0.0] * 8, free_slots=[4] * 8)
 
     def picks(**kw: int) -> list[int]:
-        router = make_router("random", **kw)
+        router = make_router("random", RouterOptions(**kw))
         for i in range(20):
             router.on_arrive(i, 10, 0.0)
         return [g for _, g in router.decide(view, 0.0)]
@@ -76,7 +78,7 @@ def test_balanceroute_tells_its_stage_listener() -> None:
 def test_a_binding_router_binds_every_waiting_request_unless_told_only_free() -> None:
     # No free slot anywhere: by default every waiting request is still bound (an engine queues it);
     # with only_free nothing is placed.
-    view = StaticView(loads=[0.0, 5.0], free_slots=[0, 0])
+    view = FleetSnapshot(loads=[0.0, 5.0], free_slots=[0, 0])
     router = BindingRouter(JoinShortestQueue(random.Random(0)))
     router.on_arrive("a", 10, 0.0)
     assert router.decide(view, 0.0) == [("a", 0)]
@@ -85,23 +87,17 @@ def test_a_binding_router_binds_every_waiting_request_unless_told_only_free() ->
     assert strict.decide(view, 0.0) == [] and strict.waiting() == 1
 
 
-def test_a_static_view_without_every_projection_array_projects_nothing() -> None:
+def test_a_snapshot_without_a_projection_projects_nothing() -> None:
     arr_i, arr_f = np.array([0], dtype=np.int64), np.array([1.0])
-    for worker, load, steps in ((arr_i, None, arr_f), (arr_i, arr_f, None), (None, arr_f, arr_f)):
-        view = StaticView(
-            loads=[1.0], free_slots=[1], active_worker=worker, active_load=load, active_steps=steps
-        )
-        idx, w, c = view.projection()
-        assert idx.size == w.size == c.size == 0
-    idx, w, c = StaticView(
-        loads=[1.0], free_slots=[1], active_worker=arr_i, active_load=arr_f, active_steps=arr_f
-    ).projection()
+    idx, w, c = FleetSnapshot(loads=[1.0], free_slots=[1]).active()
+    assert idx.size == w.size == c.size == 0
+    idx, w, c = FleetSnapshot(loads=[1.0], free_slots=[1], projection=lambda: (arr_i, arr_f, arr_f)).active()
     assert (idx.tolist(), w.tolist(), c.tolist()) == ([0], [1.0], [1.0])
 
 
 def test_make_round_router_seeds_zero_by_default() -> None:
     # make_round_router's seed defaults to 0 (random draws the same as with seed=0, not seed=1).
-    view = StaticView(loads=[0.0] * 8, free_slots=[4] * 8)
+    view = FleetSnapshot(loads=[0.0] * 8, free_slots=[4] * 8)
 
     def picks(**kw: int) -> list[int]:
         router = make_round_router("random", **kw)

@@ -14,10 +14,11 @@ from collections.abc import Callable, Hashable
 
 import pytest
 
+from shadow.core.baselines import BindState
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec
 from shadow.engine.jobs import Job
-from shadow.engine.lane import Lane, LaneView, checked_step
+from shadow.engine.lane import Lane, checked_step
 from shadow.engine.offline import run_lane, run_lanes
 from shadow.engine.results import lane_result
 
@@ -95,17 +96,17 @@ def test_a_binding_lane_step_by_step_matches_the_hand_computed_states() -> None:
 def test_free_slots_seen_by_a_pool_router_follow_admissions_and_finishes() -> None:
     config = EngineConfig(workers=2, slots=2, step=UNIT)
     lane = Lane(LaneSpec("br0"), config, time.perf_counter)
-    assert list(LaneView(lane).free_slots) == [2, 2]
+    assert list(lane.snapshot().free_slots) == [2, 2]
     lane.offer(Job("x", 0.0, 8, 1), 0.0)
     lane.offer(Job("y", 0.0, 6, 3), 0.0)
     assert lane.waiting == 2 and lane.queued_tokens == [0.0, 0.0]  # a pool: nothing bound yet
     assert lane.step() is True
-    view = LaneView(lane)
+    view = lane.snapshot()
     assert sum(view.free_slots) == 3 and lane.totals.finished == 1  # x ended after one step
     assert list(view.prompt_loads or []) == [6.0 if r else 0.0 for r in lane.running]
     for _ in range(2):
         assert lane.step() is True
-    assert lane.totals.finished == 2 and list(LaneView(lane).free_slots) == [2, 2]
+    assert lane.totals.finished == 2 and list(lane.snapshot().free_slots) == [2, 2]
     assert lane.step() is False and lane.loads == [0.0, 0.0] and lane.running_prompt == [0.0, 0.0]
 
 
@@ -267,11 +268,11 @@ def test_what_a_binding_router_sees_and_the_decision_times_of_the_injected_clock
     lane = Lane(LaneSpec("forced"), config, _ticks(), forced={"A": 0, "B": 1, "C": 1})
     for job in (Job("A", 0.0, 10, 2), Job("B", 0.0, 4, 1), Job("C", 0.0, 5, 1)):
         lane.offer(job, 0.0)
-    view = LaneView(lane).worker_view()  # before any step: everything queued
+    view = BindState.of(lane.snapshot())  # before any step: everything queued
     assert list(view.kv_tokens) == [10.0, 9.0] and list(view.outstanding) == [1, 2]
     assert list(view.outstanding_tokens) == [10.0, 9.0] and list(view.free_slots) == [1, 1]
     lane.step()  # A runs (11 tokens), B ended, C queued on w1
-    view = LaneView(lane).worker_view()
+    view = BindState.of(lane.snapshot())
     assert list(view.kv_tokens) == [11.0, 5.0] and list(view.outstanding) == [1, 1]
     assert list(view.outstanding_tokens) == [10.0, 5.0] and list(view.free_slots) == [0, 1]
     assert list(lane.totals.decision_s) == [1.0, 3.0, 5.0]
@@ -342,7 +343,7 @@ def test_the_br_h_projection_inputs_age_and_count_down_between_refreshes() -> No
 
     config = EngineConfig(workers=1, slots=3, step=UNIT, br=BRParams(horizon=100), refresh_steps=3)
     lane = Lane(LaneSpec("brh", "oracle"), config, _ticks())
-    LaneView(lane).projection()  # the first look refreshes (nothing running): reference step 0
+    lane.projection()  # the first look refreshes (nothing running): reference step 0
     lane.offer(Job("X", 0.0, 10, 5), 0.0)
     lane.offer(Job("Y", 0.0, 20, 150), 0.0)
     assert lane.step()
@@ -350,7 +351,7 @@ def test_the_br_h_projection_inputs_age_and_count_down_between_refreshes() -> No
     assert lane.step() and lane.k == 2 and lane.active == 3
 
     def projection() -> tuple[list[int], list[float], list[float]]:
-        workers, w, c = LaneView(lane).projection()
+        workers, w, c = lane.projection()
         return workers.tolist(), w.tolist(), c.tolist()
 
     assert projection() == ([0, 0, 0], [12.0, 22.0, 31.0], [3.0, 98.0, 3.0])  # k=2: no refresh yet

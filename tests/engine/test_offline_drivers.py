@@ -16,7 +16,7 @@ from shadow.core.stay import StayBasis
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec, PrefillConfig
 from shadow.engine.jobs import Job
-from shadow.engine.lane import Lane, LaneView
+from shadow.engine.lane import Lane
 from shadow.engine.offline import run_lane, run_lanes, run_offline
 from shadow.engine.summary import LogHistogram, percentile
 
@@ -203,7 +203,7 @@ def test_br_h_predicts_per_prompt_key_and_counts_a_short_prediction_down_to_zero
     assert pool == {"a": 1.0, "b": 50.0}  # the newcomers' stays, predicted by key
 
     def steps_left() -> list[float]:
-        _, _, c = LaneView(lane).projection()
+        _, _, c = lane.projection()
         return sorted(c.tolist())
 
     assert lane.step() is True and lane.active == 2  # admitted at step 0 with ĉ = 1 and 50

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from shadow.contracts.events import Arrive, Event, Finish, Route, Token
-from shadow.core.routers import make_router
+from shadow.core.policies import RouterOptions, make_router
 from shadow.core.schedule import make_round_router, schedule_round
 from shadow.engine.config import EngineConfig, LaneSpec
 from shadow.engine.jobs import Job, jobs_from
@@ -146,7 +146,7 @@ def test_registry_rejects_unknown_names_and_misplaced_predictors() -> None:
     with pytest.raises(ValueError, match="unknown policy 'nope'"):
         make_router("nope")
     with pytest.raises(ValueError, match="takes no predictor"):
-        make_router("jsq", predictor="survival")
+        make_router("jsq", RouterOptions(predictor="survival"))
     with pytest.raises(ValueError, match="needs its assignments"):
         make_router("forced")
 

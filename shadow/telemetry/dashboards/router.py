@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import get_args
 
 from shadow.contracts.labels import BACKPRESSURE_REASONS, LEGS, OUTCOMES
-from shadow.contracts.modes import ACTIVE_POLICIES, MODES, RouteMode
+from shadow.contracts.modes import MODES, RouteMode
+from shadow.core.policies import ACTIVE
 from shadow.telemetry.dashboards._hist import quantiles
 from shadow.telemetry.dashboards._kit import Board, Layout, level, q, rate, st, ts
 
@@ -44,7 +45,7 @@ def _panels(lay: Layout) -> None:
                f"1 for the mode an operator set ({_listed(MODES)}), 0 for the others.",
                "none", q(level("shadow_mode", "mode"), "{{mode}}"), max_=1), w=8)
     lay.add(ts("Policy active mode runs",
-               f"1 for the policy active mode runs now ({_listed(ACTIVE_POLICIES)}); BR-H degrades to BR-0 "
+               f"1 for the policy active mode runs now ({_listed(ACTIVE)}); BR-H degrades to BR-0 "
                "when its predictor drifts.",
                "none", q(level("shadow_policy_active", "policy"), "{{policy}}"), max_=1), w=8)
     lay.add(ts("Fallback trips and transitions by reason",

@@ -1,0 +1,273 @@
+"""The one registry of policy names: what each policy is, its parameters, and its router's factory.
+
+Every caller resolves names here (lanes, `schedule_round`, the active proxy, the CLI's choices, the
+metric label sets); a name means one policy everywhere. A policy's factory takes only its own
+parameter dataclass, which picks its part of a caller's `RouterOptions`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Generic, Literal, TypeVar
+
+from shadow.core.baselines import (
+    Baseline,
+    JoinShortestQueue,
+    JoinShortestQueueBytes,
+    LeastTokens,
+    PowerOfTwo,
+    RoundRobin,
+    UniformRandom,
+)
+from shadow.core.bra import BRAParams
+from shadow.core.params import BRParams
+from shadow.core.predictors import PREDICTORS, make_predictor
+from shadow.core.routers import BindingRouter, ForcedRouter, PoolRouter, Router
+
+#: baseline: binds each request at arrival; pool: places from a waiting pool into free slots;
+#: forced: replays given placements (the real router's, the `actual` lane).
+Kind = Literal["baseline", "pool", "forced"]
+
+
+@dataclass(frozen=True, slots=True)
+class RouterOptions:
+    """What a caller sets for the routers it asks for; each policy takes only its own part."""
+
+    br: BRParams = field(default_factory=BRParams)
+    bra: BRAParams = field(default_factory=BRAParams)
+    predictor: str | None = None
+    seed: int = 0
+    only_free: bool = False
+    assignments: Mapping[Hashable, int] | None = None
+    workers: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BaselineParams:
+    """A baseline's random stream seed; `only_free`: bind only into free slots (a routing round)."""
+
+    seed: int = 0
+    only_free: bool = False
+
+    @classmethod
+    def of(cls, o: RouterOptions) -> BaselineParams:
+        return cls(o.seed, o.only_free)
+
+
+@dataclass(frozen=True, slots=True)
+class BalanceRouteParams:
+    """BR-0/BR-H: BalanceRoute's knobs and (BR-H) a length predictor by name; without one BR-H
+    takes predicted steps from its caller."""
+
+    br: BRParams = field(default_factory=BRParams)
+    predictor: str | None = None
+
+    @classmethod
+    def of(cls, o: RouterOptions) -> BalanceRouteParams:
+        return cls(o.br, o.predictor)
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptiveParams:
+    """BRA: BalanceRoute's knobs, BRA's own and a length predictor by name (optional)."""
+
+    br: BRParams = field(default_factory=BRParams)
+    bra: BRAParams = field(default_factory=BRAParams)
+    predictor: str | None = None
+
+    @classmethod
+    def of(cls, o: RouterOptions) -> AdaptiveParams:
+        return cls(o.br, o.bra, o.predictor)
+
+
+@dataclass(frozen=True, slots=True)
+class ForcedParams:
+    """The placements to replay (request id -> worker index) over `workers` workers."""
+
+    assignments: Mapping[Hashable, int]
+    workers: int
+
+    @classmethod
+    def of(cls, o: RouterOptions) -> ForcedParams:
+        if o.assignments is None:
+            raise ValueError("a forced lane needs its assignments")
+        return cls(o.assignments, o.workers)
+
+
+P = TypeVar("P")
+
+
+@dataclass(frozen=True, slots=True)
+class Policy(Generic[P]):
+    """One policy: its name and kind, a one-line summary, its parameters (`select` takes them from a
+    caller's options) and the factory of its router. `predicted`: takes a length predictor (a lane
+    needs one); `active`: active mode can route with it; `renamed`: old names active mode accepted
+    for it, each meaning exactly this policy there."""
+
+    name: str
+    kind: Kind
+    summary: str
+    select: Callable[[RouterOptions], P]
+    factory: Callable[[P], Router]
+    aliases: tuple[str, ...] = ()
+    predicted: bool = False
+    active: bool = False
+    renamed: tuple[str, ...] = ()
+    rule: type[Baseline] | None = None  # a baseline's rule
+
+    @property
+    def binds_at_arrival(self) -> bool:
+        return self.kind != "pool"
+
+    def make(self, options: RouterOptions) -> Router:
+        """A fresh router from this policy's part of `options`."""
+        if options.predictor is not None and not self.predicted:
+            raise ValueError(f"policy {self.name!r} takes no predictor")
+        return self.factory(self.select(options))
+
+
+def _baseline(rule: type[Baseline], p: BaselineParams) -> Router:
+    return BindingRouter(rule(random.Random(p.seed)), only_free=p.only_free)
+
+
+def _check_predictor(variant: str, predictor: str | None) -> None:
+    if predictor is not None and predictor not in PREDICTORS:
+        raise ValueError(f"{variant} predictor must be one of {list(PREDICTORS)}; got {predictor!r}")
+
+
+def _balance_route(variant: str, p: BalanceRouteParams) -> Router:
+    _check_predictor(variant, p.predictor)
+    return PoolRouter(variant, p.br, make_predictor(p.predictor) if p.predictor else None)
+
+
+def _adaptive(p: AdaptiveParams) -> Router:
+    _check_predictor("bra", p.predictor)
+    return PoolRouter("bra", p.br, make_predictor(p.predictor) if p.predictor else None, p.bra)
+
+
+def _forced(p: ForcedParams) -> Router:
+    return ForcedRouter(p.assignments, p.workers)
+
+
+def _rule(
+    rule: type[Baseline],
+    summary: str,
+    aliases: tuple[str, ...] = (),
+    active: bool = False,
+    renamed: tuple[str, ...] = (),
+) -> Policy[BaselineParams]:
+    return Policy(
+        rule.name,
+        "baseline",
+        summary,
+        BaselineParams.of,
+        partial(_baseline, rule),
+        aliases=aliases,
+        active=active,
+        renamed=renamed,
+        rule=rule,
+    )
+
+
+REGISTRY: Mapping[str, Policy[Any]] = {
+    p.name: p
+    for p in (
+        _rule(RoundRobin, "round-robin over the workers", aliases=("round-robin",), active=True),
+        _rule(UniformRandom, "a uniformly random worker"),
+        _rule(PowerOfTwo, "the fewer outstanding requests of two random workers"),
+        _rule(JoinShortestQueue, "JSQ-count: fewest outstanding requests"),
+        _rule(
+            JoinShortestQueueBytes,
+            "JSQ-bytes, the vllm-ascend P/D proxy's rule: least outstanding forwarded prompt tokens",
+            active=True,
+            renamed=("jsq",),
+        ),
+        _rule(LeastTokens, "least KV tokens held plus prompt tokens queued"),
+        Policy("br0", "pool", "BalanceRoute BR-0 over a prompt pool", BalanceRouteParams.of,
+               partial(_balance_route, "br0"), active=True),
+        Policy("brh", "pool", "BalanceRoute BR-H (horizon look-ahead with a length predictor)",
+               BalanceRouteParams.of, partial(_balance_route, "brh"), predicted=True, active=True),
+        Policy("bra", "pool", "BRA, this project's BalanceRoute-adaptive (shadow.core.bra)",
+               AdaptiveParams.of, _adaptive, predicted=True),
+        Policy("forced", "forced", "replays the real router's placements (the `actual` lane)",
+               ForcedParams.of, _forced),
+    )
+}
+_BY_NAME: Mapping[str, Policy[Any]] = {**REGISTRY, **{a: p for p in REGISTRY.values() for a in p.aliases}}
+
+
+def names(kind: Kind | None = None, *, active: bool | None = None) -> tuple[str, ...]:
+    """Policy names in registry order, of one `kind` and/or whether they route actively."""
+    return tuple(
+        p.name
+        for p in REGISTRY.values()
+        if (kind is None or p.kind == kind) and (active is None or p.active == active)
+    )
+
+
+#: Policies one can pick by name for a lane, `schedule_round` or a sweep (all but `forced`).
+POLICIES: tuple[str, ...] = (*names("baseline"), *names("pool"))
+#: Policies active mode routes with (BalanceRoute's first).
+ACTIVE: tuple[str, ...] = (*names("pool", active=True), *names("baseline", active=True))
+#: The `policy` label of actively routed requests: the active policies and `router` (shadow mode).
+ROUTE_LABELS: tuple[str, ...] = (*ACTIVE, "router")
+
+
+def lookup(name: str) -> Policy[Any] | None:
+    """The policy called `name` (or one of its aliases), None when there is none."""
+    return _BY_NAME.get(name)
+
+
+def policy(name: str) -> Policy[Any]:
+    """The policy called `name` (or one of its aliases); ValueError naming the known ones."""
+    p = _BY_NAME.get(name)
+    if p is None:
+        raise ValueError(f"unknown policy {name!r}; known: {list(REGISTRY)}")
+    return p
+
+
+def make_router(name: str, options: RouterOptions | None = None) -> Router:
+    """A fresh router for policy `name` from its part of `options` (ValueError on a bad pair)."""
+    return policy(name).make(options or RouterOptions())
+
+
+def active_policy(name: str) -> tuple[str, str | None]:
+    """The active policy `name` means and, for an old spelling, the warning to give for it.
+
+    ValueError naming the active policies when `name` is none of them.
+    """
+    for renamed in REGISTRY.values():
+        if name in renamed.renamed:
+            return renamed.name, (
+                f"active policy {name!r} is deprecated: it is the old spelling of {renamed.name!r} "
+                f"({renamed.summary}), which runs; say {renamed.name!r} "
+                f"(elsewhere {name!r} is {policy(name).summary})"
+            )
+    p = lookup(name)
+    if p is None or not p.active:
+        raise ValueError(f"policy must be one of {', '.join(ACTIVE)}, got {name!r}")
+    return p.name, None
+
+
+def make_baseline(name: str, rng: random.Random) -> Baseline:
+    """A fresh baseline rule by policy name (ValueError for a name that is no baseline)."""
+    p = lookup(name)
+    if p is None or p.rule is None:
+        raise ValueError(f"unknown baseline policy {name!r}; known: {list(names('baseline'))}")
+    return p.rule(rng)
+
+
+def lane_names() -> str:
+    """The lane names for `--help`: every policy, `name[:predictor]` where one takes a predictor."""
+    preds = "|".join(PREDICTORS)
+    return ", ".join(
+        f"{p.name}[:{preds}]" if p.predicted else p.name for p in REGISTRY.values() if p.kind != "forced"
+    )
+
+
+def active_names() -> str:
+    """The active policies for `--help`, each with its summary."""
+    return "; ".join(f"{name}: {REGISTRY[name].summary}" for name in ACTIVE)

@@ -1,0 +1,72 @@
+"""The fleet as a policy sees it at one decision: one frozen snapshot for every caller.
+
+Index = worker registration order. The sequences are read-only to policies; a caller may pass its
+own live lists when the snapshot does not outlive the decision it was taken for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Generic, TypeVar, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from shadow.core.stay import StayBasis
+
+#: BR-H's active requests: (worker index, current load, predicted steps within the horizon).
+Projection = tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.float64]]
+
+T = TypeVar("T")
+
+_NO_EXTRAS: Mapping[str, object] = MappingProxyType({})
+
+_EMPTY: Projection = (np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0))
+
+
+class Extra(Generic[T]):
+    """A typed key of the snapshot's extras map (what one caller knows beyond the common fields)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Extra({self.name!r})"
+
+
+#: BRA's predicted thin-pool basis of a kind ("life", "stay", ...), None when there is none.
+STAY_BASIS: Extra[Callable[[str], StayBasis | None]] = Extra("stay_basis")
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSnapshot:
+    """Per worker: `loads` (KV tokens of running requests) and `free_slots`; where the caller knows
+    them, `outstanding` requests sent and not finished, their forwarded prompt tokens
+    (`outstanding_tokens`), prompt tokens queued at the worker (`queued_tokens`) and prompt tokens
+    of running requests (`prompt_loads`); `projection`, computed on demand, is BR-H's view of the
+    active requests; `extras` holds caller-specific attributes under `Extra` keys."""
+
+    loads: Sequence[float]
+    free_slots: Sequence[int]
+    outstanding: Sequence[int] | None = None
+    outstanding_tokens: Sequence[float] | None = None
+    queued_tokens: Sequence[float] | None = None
+    prompt_loads: Sequence[float] | None = None
+    projection: Callable[[], Projection] | None = None
+    extras: Mapping[str, object] = field(default_factory=lambda: _NO_EXTRAS)
+
+    @property
+    def workers(self) -> int:
+        return len(self.loads)
+
+    def active(self) -> Projection:
+        """The projection's arrays; empty (loads held constant over the horizon) without one."""
+        return _EMPTY if self.projection is None else self.projection()
+
+    def extra(self, key: Extra[T]) -> T | None:
+        """The extra under `key`, or None when the caller gave none."""
+        return cast("T | None", self.extras.get(key.name))
