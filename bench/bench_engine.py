@@ -13,9 +13,9 @@ import time
 
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec
+from shadow.engine.driver import LaneDriver
 from shadow.engine.jobs import jobs_from
 from shadow.engine.lane import Lane
-from shadow.engine.offline import ready_times, run_lane
 from shadow.traces import at_load, estimate_capacity_rps, resolve
 
 LANES = ["rr", "jsq", "jsq-bytes", "br0", "brh:survival", "brh:oracle"]
@@ -34,7 +34,6 @@ def main() -> None:
     cap = estimate_capacity_rps(trace, workers=args.workers, slots=args.slots, step_a=step.a, step_b=step.b)
     trace = at_load(trace, args.load, cap)
     jobs = jobs_from(trace.requests)
-    ready = ready_times(jobs, None)
     config = EngineConfig(workers=args.workers, slots=args.slots, step=step)
     tokens = sum(j.output_tokens for j in jobs)
     print(
@@ -45,7 +44,10 @@ def main() -> None:
     for name in args.lanes.split(","):
         lane = Lane(LaneSpec.parse(name), config, time.perf_counter)
         t0 = time.perf_counter()
-        run_lane(lane, jobs, ready)
+        driver = LaneDriver(lane)
+        for job in jobs:  # in arrival order, no prefill stage: each offered at its arrival
+            driver.offer(job, job.arrival_s)
+        driver.drain()
         dt = time.perf_counter() - t0
         total += dt
         print(

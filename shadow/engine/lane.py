@@ -21,9 +21,8 @@ import numpy as np
 import numpy.typing as npt
 
 from shadow.core.policies import RouterOptions, make_router
-from shadow.core.pool import Pool
 from shadow.core.predictors import Predictor, contribution
-from shadow.core.routers import Router
+from shadow.core.routers import PoolRouter, Router
 from shadow.core.snapshot import STAY_BASIS, FleetSnapshot, Projection
 from shadow.core.stay import StayBasis, predicted_basis
 from shadow.engine.config import EngineConfig, LaneSpec
@@ -60,7 +59,7 @@ class LaneTotals:
     sum_max: float = 0.0  # Σ max_g L_g(k): re-prices the steps under another step model
     tokens: int = 0
     finished: int = 0
-    shed: int = 0  # waiting requests dropped by `shed_waiting` (admission timeout)
+    shed: int = 0  # requests refused at the door (`refuse`) or dropped waiting (`shed_waiting`)
     stalls: int = 0  # live: steps held because a running request's end was not yet known
     first_arrival_s: float = float("inf")
     last_finish_s: float = 0.0
@@ -205,6 +204,10 @@ class Lane:
         )
         return float(contribution(p, mu, h)[0])
 
+    def refuse(self) -> None:
+        """A request refused at the door (a bounded queue was full): counted as shed, never offered."""
+        self.totals.shed += 1
+
     def shed_waiting(self, before: float) -> int:
         """Drop waiting (not yet admitted) requests that reached the router before `before`.
 
@@ -212,9 +215,8 @@ class Lane:
         Queues and the pool hold requests in ready order, so only their heads are looked at.
         """
         shed = 0
-        pool: Pool | None = getattr(self.router, "pool", None)
-        if pool is not None:
-            for entry in pool.pop_arrived_before(before):
+        if isinstance(self.router, PoolRouter):
+            for entry in self.router.pool.pop_arrived_before(before):
                 assert isinstance(entry.request_id, Job)
                 self._pool_ready.pop(entry.request_id.request_id, None)
                 self._inflight.remove(entry.request_id.request_id)

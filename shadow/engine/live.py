@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from shadow.contracts.events import Arrive, Cancel, Event, Finish, Route, Step, Token
 from shadow.engine.config import EngineConfig, LaneSpec
+from shadow.engine.driver import LaneDriver, Observer
 from shadow.engine.jobs import Job
-from shadow.engine.lane import Clock, Lane, LaneTotals, checked_step
+from shadow.engine.lane import Clock, Lane, LaneTotals
 from shadow.engine.summary import LogHistogram
 
 ACTUAL = "actual"
@@ -81,11 +82,13 @@ class LiveDriver:
         if len(set(labels)) != len(labels):
             raise ValueError(f"lane labels must be unique, got {labels}")
         self.lanes: list[Lane] = []
+        self._drivers: list[LaneDriver] = []
         for spec in all_specs:
             lane = Lane(spec, config, clock, self._assign if spec.policy == "forced" else None, ends=self)
             lane.totals = _streaming_totals()
             lane.on_done = self._lane_done
             self.lanes.append(lane)
+            self._drivers.append(LaneDriver(lane, budget=self._budget))
         self._pending: list[tuple[float, int, str]] = []  # (arrival, tie, id) releasable, not released
         self._tie = 0
         self._released: deque[Job] = deque()
@@ -111,8 +114,15 @@ class LiveDriver:
         # per-step observations for the step-time estimate (filled here, read by the caller)
         self.gap_samples: list[float] = []
         self.step_samples: list[tuple[float, float, str | None]] = []  # (t, duration, worker)
-        self.on_step: Callable[[Lane], None] | None = None
-        self.on_offer: Callable[[Lane, Job], None] | None = None  # before each offer (agreement)
+
+    def observe(self, observer: Observer, label: str | None = None) -> None:
+        """Tell `observer` what the lane called `label` does (every lane when None)."""
+        for driver in self._drivers:
+            if label is None or driver.lane.spec.label == label:
+                driver.observers.append(observer)
+
+    def _budget(self) -> float:
+        return self._step_budget
 
     # -- events ------------------------------------------------------------------------------
 
@@ -254,20 +264,6 @@ class LiveDriver:
             self.released += 1
             self._step_budget += 1  # a request runs at least one step
 
-    def _run(self, lane: Lane, t: float) -> bool:
-        """Step `lane` until its clock reaches `t` (idle: jump); False when held by an unknown end."""
-        on_step = self.on_step
-        while lane.now < t:
-            if checked_step(lane, self._step_budget):
-                if on_step is not None:
-                    on_step(lane)
-            elif lane.stalled:
-                return False
-            else:
-                lane.now = t
-                return True
-        return True
-
     def advance_to(self, t: float) -> None:
         """Move every lane up to event time `t − lag` (as far as known ends allow)."""
         self._advance(t - self.lag_s, drain=False)
@@ -282,21 +278,19 @@ class LiveDriver:
         if self.origin is None:
             return
         lane_t = horizon - self.origin
-        for i, lane in enumerate(self.lanes):
+        for i, driver in enumerate(self._drivers):
             # a lane held by an unknown end before its next job cannot run further either
-            if self._offer_released(i, lane):
+            if self._offer_released(i, driver):
                 if drain:
-                    while checked_step(lane, self._step_budget):
-                        if self.on_step is not None:
-                            self.on_step(lane)
+                    driver.run_out()
                 else:
-                    self._run(lane, lane_t)
+                    driver.advance(lane_t)
         low = min(self._cursor)
         while self._base < low:
             self._released.popleft()
             self._base += 1
 
-    def _offer_released(self, i: int, lane: Lane) -> bool:
+    def _offer_released(self, i: int, driver: LaneDriver) -> bool:
         """Offer lane `i` the released jobs it has not seen, each at its arrival; False when the
         lane is held by an unknown end before reaching the next one."""
         released, base = self._released, self._base
@@ -304,11 +298,8 @@ class LiveDriver:
         try:
             while cur - base < len(released):
                 job = released[cur - base]
-                if not self._run(lane, job.arrival_s):
+                if not driver.offer(job, job.arrival_s):
                     return False
-                if self.on_offer is not None:
-                    self.on_offer(lane, job)
-                lane.offer(job, job.arrival_s)
                 cur += 1
             return True
         finally:

@@ -12,8 +12,9 @@ import heapq
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 
 from shadow.engine.config import EngineConfig, LaneSpec, PrefillConfig
+from shadow.engine.driver import LaneDriver
 from shadow.engine.jobs import Job
-from shadow.engine.lane import Clock, Lane, checked_step
+from shadow.engine.lane import Clock, Lane
 from shadow.engine.results import LaneResult, lane_result
 
 Progress = Callable[[str, int, int], None]  # (lane label, finished jobs, total jobs)
@@ -37,62 +38,6 @@ class PrefillStage:
         return done
 
 
-def ready_times(jobs: Sequence[Job], prefill: PrefillConfig | None) -> list[float]:
-    """When each job leaves prefill: earliest-free FCFS server, c0 + c1·s per job."""
-    stage = PrefillStage(prefill)
-    return [stage.ready(j) for j in jobs]
-
-
-def run_lane(
-    lane: Lane,
-    jobs: Sequence[Job],
-    ready: Sequence[float],
-    progress: Progress | None = None,
-    on_step: Callable[[Lane], None] | None = None,
-    max_steps: int | None = None,
-) -> None:
-    """Step `lane` until all `jobs` (sorted by ready time) have finished.
-
-    RuntimeError (naming the lane) instead of looping forever: a step count past `max_steps` or
-    past the jobs' output tokens, or an idle lane whose next job is not later than its clock (a
-    NaN ready time, or an engine bug).
-    """
-    order = sorted(range(len(jobs)), key=lambda i: (ready[i], i))
-    n, i = len(jobs), 0
-    label = lane.spec.label
-    budget = sum(job.output_tokens for job in jobs)
-    while lane.totals.finished < n:
-        while i < n and ready[order[i]] <= lane.now:
-            lane.offer(jobs[order[i]], ready[order[i]])
-            i += 1
-        if checked_step(lane, budget):
-            if on_step is not None:
-                on_step(lane)
-            if progress is not None and lane.k % 2048 == 0:
-                progress(label, lane.totals.finished, n)
-            if max_steps is not None and lane.k >= max_steps:
-                raise RuntimeError(f"lane {label}: gave up after {max_steps} steps")
-        elif i < n:
-            nxt = ready[order[i]]
-            if not nxt > lane.now:
-                raise RuntimeError(
-                    f"lane {label}: idle at t={lane.now} with a job ready at {nxt} not offered"
-                )
-            lane.now = nxt
-        else:
-            raise RuntimeError(f"lane {label}: jobs left but nothing runs (engine bug)")
-    if progress is not None:
-        progress(label, n, n)
-
-
-def _advance(lane: Lane, t: float, budget: int) -> None:
-    """Step `lane` until its clock reaches `t` (an idle lane jumps there)."""
-    while lane.now < t:
-        if not checked_step(lane, budget):
-            lane.now = t
-            return
-
-
 def run_lanes(
     jobs: Iterable[Job],
     lanes: Sequence[Lane],
@@ -106,19 +51,17 @@ def run_lanes(
     """
     stage = PrefillStage(prefill)
     pending: list[tuple[float, int, Job]] = []  # (ready time, order, job): prefill can reorder
+    drivers = [LaneDriver(lane) for lane in lanes]
     offered = 0
-    tokens = 0  # output tokens offered: a bound on the steps any lane can run (`checked_step`)
     last_arrival = float("-inf")
 
     def deliver(until: float) -> None:
-        nonlocal offered, tokens
+        nonlocal offered
         while pending and pending[0][0] <= until:
             ready, _, job = heapq.heappop(pending)
-            for lane in lanes:
-                _advance(lane, ready, tokens)
-                lane.offer(job, ready)
+            for driver in drivers:
+                driver.offer(job, ready)
             offered += 1
-            tokens += job.output_tokens
             if progress is not None and offered % 500 == 0:
                 for lane in lanes:
                     progress(lane.spec.label, lane.totals.finished, total or offered)
@@ -130,14 +73,16 @@ def run_lanes(
         heapq.heappush(pending, (stage.ready(job), n, job))
         deliver(job.arrival_s)  # ready times are >= arrivals: everything up to here is final
     deliver(float("inf"))
-    for lane in lanes:
-        while lane.totals.finished < offered:
-            if not checked_step(lane, tokens):
-                raise RuntimeError(f"lane {lane.spec.label}: jobs left but nothing runs (engine bug)")
+    for driver in drivers:
+        label = driver.lane.spec.label
+
+        def every_2048(lane: Lane, label: str = label) -> None:
             if progress is not None and lane.k % 2048 == 0:
-                progress(lane.spec.label, lane.totals.finished, total or offered)
+                progress(label, lane.totals.finished, total or offered)
+
+        driver.drain(every_2048 if progress is not None else None)
         if progress is not None:
-            progress(lane.spec.label, offered, total or offered)
+            progress(label, offered, total or offered)
     return offered
 
 

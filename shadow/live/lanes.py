@@ -28,6 +28,7 @@ from shadow.core.pool import Pool
 from shadow.core.routers import PoolRouter, Router
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec
+from shadow.engine.driver import Observer
 from shadow.engine.jobs import Job
 from shadow.engine.lane import Lane
 from shadow.engine.live import ACTUAL, LiveDriver
@@ -36,6 +37,19 @@ from shadow.live.stepfit import STEP_BUCKETS, SlidingFit, StepEstimator
 
 DECISION_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1)
 DEFAULT_POLICIES = ("jsq-bytes", "br0", "brh:survival")
+
+
+class _ActualLane(Observer):
+    """What the `actual` lane does, for the fidelity check (its steps) and agreement (its offers)."""
+
+    def __init__(self, lanes: LiveLanes) -> None:
+        self.lanes = lanes
+
+    def offering(self, lane: Lane, job: Job) -> None:
+        self.lanes._on_offer(lane, job)
+
+    def stepped(self, lane: Lane) -> None:
+        self.lanes._on_step(lane)
 
 
 def _r(x: float | None, nd: int = 6) -> float | None:
@@ -115,8 +129,7 @@ class LiveLanes:
                 self._agree[spec.label] = make_router(spec.policy, options)
         self.agreements: dict[str, int] = dict.fromkeys(self._agree, 0)
         self.decisions: dict[str, int] = dict.fromkeys(self._agree, 0)
-        self.driver.on_step = self._on_step
-        self.driver.on_offer = self._on_offer
+        self.driver.observe(_ActualLane(self), ACTUAL)
         self._snapshot: dict[str, Any] = {}
         self._last_event_wall = clock()
         self._stop = threading.Event()
@@ -246,7 +259,7 @@ class LiveLanes:
         self.step_count[source] += 1
 
     def _on_step(self, lane: Lane) -> None:
-        if lane.spec.label != ACTUAL or self.driver.origin is None:
+        if self.driver.origin is None:
             return
         ring = self._mirror_ring
         t_event = lane.now + self.driver.origin
@@ -272,7 +285,7 @@ class LiveLanes:
             self._lw_n += 1
 
     def _on_offer(self, lane: Lane, job: Job) -> None:
-        if lane.spec.label != ACTUAL or not self._agree:
+        if not self._agree:
             return
         actual = self.driver.assignment(job.request_id)
         fleet = lane.snapshot()

@@ -33,6 +33,7 @@ from shadow.core.params import BRParams
 from shadow.core.policies import policy
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec
+from shadow.engine.driver import Admission, LaneDriver, Observer
 from shadow.engine.jobs import Job, jobs_from
 from shadow.engine.lane import Clock, Lane
 from shadow.engine.summary import SampleSink
@@ -209,6 +210,31 @@ def run_cell(cell: Cell, clock: Clock) -> dict[str, Any]:
     }
 
 
+class _Window(Observer):
+    """The window's running figures, read at each step boundary: its start (a snapshot of the
+    totals), spread weighted by step time, and the total load before each window step."""
+
+    def __init__(self, t_start: float) -> None:
+        self.t_start = t_start
+        self.snap: dict[str, float] | None = None
+        self.spread_time = 0.0
+        self.sum_load = 0.0  # Σ total KV load over window steps (before each step's tokens)
+        self._before = (0.0, 0.0, 0.0)
+
+    def stepping(self, lane: Lane) -> None:
+        if self.snap is None and lane.now >= self.t_start:
+            self.snap = _snapshot(lane)
+        tt = lane.totals
+        self._before = (tt.sum_spread, tt.busy_time_s, sum(lane.loads))
+
+    def stepped(self, lane: Lane) -> None:
+        if self.snap is not None:
+            spread0, busy0, load = self._before
+            tt = lane.totals
+            self.spread_time += (tt.sum_spread - spread0) * (tt.busy_time_s - busy0)
+            self.sum_load += load
+
+
 def drive(
     lane: Lane,
     jobs: Sequence[Job],
@@ -217,38 +243,18 @@ def drive(
     timeout_s: float | None,
     queue_cap: int | None = None,
 ) -> dict[str, Any]:
-    """Step `lane` through `jobs` (arrival order, no prefill stage) until `t_end`; window figures."""
+    """Drive `lane` through `jobs` (arrival order, no prefill stage) until `t_end`; window figures."""
+    window = _Window(t_start)
+    driver = LaneDriver(lane, admission=Admission(queue_cap, timeout_s), observers=(window,), stop_at=t_end)
+    for job in jobs:
+        if not driver.offer(job, job.arrival_s):
+            break
+    else:
+        driver.run_out()
     tt = lane.totals
-    i, n = 0, len(jobs)
-    snap: dict[str, float] | None = None
-    spread_time = 0.0
-    sum_load = 0.0  # Σ total KV load over window steps (before each step's tokens)
-    while True:
-        while i < n and jobs[i].arrival_s <= lane.now:
-            if queue_cap is not None and lane.waiting >= queue_cap:
-                lane.totals.shed += 1  # bounded queue: rejected at the door, whatever its size
-            else:
-                lane.offer(jobs[i], jobs[i].arrival_s)
-            i += 1
-        if timeout_s is not None:
-            lane.shed_waiting(lane.now - timeout_s)
-        if snap is None and lane.now >= t_start:
-            snap = _snapshot(lane)
-        if lane.now >= t_end:
-            break
-        spread0, busy0 = tt.sum_spread, tt.busy_time_s
-        load_now = sum(lane.loads)
-        if lane.step():
-            if snap is not None:
-                spread_time += (tt.sum_spread - spread0) * (tt.busy_time_s - busy0)
-                sum_load += load_now
-        elif i < n:
-            lane.now = jobs[i].arrival_s
-        else:
-            break
-    if snap is None:
-        snap = _snapshot(lane)
-    end = _snapshot(lane, sum_load)
+    snap = window.snap if window.snap is not None else _snapshot(lane)
+    end = _snapshot(lane, window.sum_load)
+    spread_time = window.spread_time
     steps = end["steps"] - snap["steps"]
     busy = end["busy"] - snap["busy"]
     span = end["now"] - snap["now"]

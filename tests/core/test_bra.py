@@ -21,7 +21,7 @@ from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec
 from shadow.engine.jobs import Job
 from shadow.engine.lane import Lane
-from shadow.engine.offline import ready_times, run_lane
+from tests.engine.helpers import ready_times, run_lane
 
 Active = tuple[np.ndarray, np.ndarray, np.ndarray]
 

@@ -21,7 +21,8 @@ from shadow.engine.config import EngineConfig, LaneSpec
 from shadow.engine.jobs import Job
 from shadow.engine.lane import Lane, checked_step
 from shadow.engine.live import LiveDriver
-from shadow.engine.offline import run_lane, run_lanes
+from shadow.engine.offline import run_lanes
+from tests.engine.helpers import run_lane
 
 UNIT = StepTimeModel(a=1.0, b=0.0)
 FUSE = 200  # steps a test lane may take before the test fails (every test here needs far fewer)

@@ -14,9 +14,10 @@ from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec, PrefillConfig
 from shadow.engine.jobs import Job
 from shadow.engine.lane import Lane
-from shadow.engine.offline import ready_times, run_lane, run_offline
+from shadow.engine.offline import run_offline
 from shadow.engine.results import lane_result
 from shadow.replay.experiment import DEFAULT_POLICIES
+from tests.engine.helpers import ready_times, run_lane
 
 ALL_LANES = list(DEFAULT_POLICIES)
 

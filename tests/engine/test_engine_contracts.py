@@ -19,8 +19,9 @@ from shadow.engine.config import EngineConfig, LaneSpec, PrefillConfig
 from shadow.engine.feed import recorded_requests
 from shadow.engine.jobs import Job, jobs_from
 from shadow.engine.lane import Lane, checked_step
-from shadow.engine.offline import run_lane, run_offline
+from shadow.engine.offline import run_offline
 from shadow.engine.results import lane_result
+from tests.engine.helpers import run_lane
 
 # -- events -------------------------------------------------------------------------------------
 

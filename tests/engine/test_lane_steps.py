@@ -19,8 +19,9 @@ from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec
 from shadow.engine.jobs import Job
 from shadow.engine.lane import Lane, checked_step
-from shadow.engine.offline import run_lane, run_lanes
+from shadow.engine.offline import run_lanes
 from shadow.engine.results import lane_result
+from tests.engine.helpers import run_lane
 
 # a = 1 s per token of the largest load, b = 0: a step lasts exactly max_g L_g seconds.
 UNIT = StepTimeModel(a=1.0, b=0.0)

@@ -12,6 +12,7 @@ import pytest
 from shadow.contracts.events import Arrive, Cancel, Finish, Route, Step, Token
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec
+from shadow.engine.driver import Observer
 from shadow.engine.feed import RequestFolder
 from shadow.engine.jobs import Job
 from shadow.engine.lane import Lane
@@ -26,14 +27,24 @@ def _driver(lag_s: float = 0.0, **kw: object) -> LiveDriver:
     return LiveDriver(CFG, [LaneSpec("br0")], NAMES, time.perf_counter, lag_s=lag_s, **kw)  # type: ignore[arg-type]
 
 
+class _Recorder(Observer):
+    """Every offer and every step the driver makes, by lane label."""
+
+    def __init__(self) -> None:
+        self.offers: list[tuple[str, Job]] = []
+        self.steps: list[tuple[str, int]] = []
+
+    def offering(self, lane: Lane, job: Job) -> None:
+        self.offers.append((lane.spec.label, job))
+
+    def stepped(self, lane: Lane) -> None:
+        self.steps.append((lane.spec.label, lane.k))
+
+
 def _offers(d: LiveDriver) -> list[tuple[str, Job]]:
-    seen: list[tuple[str, Job]] = []
-
-    def record(lane: Lane, job: Job) -> None:
-        seen.append((lane.spec.label, job))
-
-    d.on_offer = record
-    return seen
+    seen = _Recorder()
+    d.observe(seen)
+    return seen.offers
 
 
 def test_bad_arguments_are_one_line_errors() -> None:
@@ -198,8 +209,9 @@ def test_a_dropped_request_does_not_hold_back_later_releases() -> None:
 
 def test_on_step_sees_every_step_and_drain_leaves_the_lanes_at_their_last_step() -> None:
     d = _driver()
-    steps: list[tuple[str, int]] = []
-    d.on_step = lambda lane: steps.append((lane.spec.label, lane.k))
+    recorder = _Recorder()
+    d.observe(recorder)
+    steps = recorder.steps
     d.apply(Arrive("a", 0.0, 1000))  # steps of about 1 s
     d.apply(Route("a", 0.0, "d0"))
     d.apply(Token("a", 0.0, 1))

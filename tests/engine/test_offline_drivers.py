@@ -17,8 +17,9 @@ from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec, PrefillConfig
 from shadow.engine.jobs import Job
 from shadow.engine.lane import Lane
-from shadow.engine.offline import run_lane, run_lanes, run_offline
+from shadow.engine.offline import run_lanes, run_offline
 from shadow.engine.summary import LogHistogram, percentile
+from tests.engine.helpers import run_lane
 
 UNIT = StepTimeModel(a=1.0, b=0.0)  # a step lasts max_g L_g seconds
 

@@ -13,9 +13,10 @@ from shadow.engine.config import EngineConfig, LaneSpec
 from shadow.engine.jobs import Job, jobs_from
 from shadow.engine.lane import Lane
 from shadow.engine.live import LiveDriver
-from shadow.engine.offline import ready_times, run_lane, run_offline
+from shadow.engine.offline import run_offline
 from shadow.engine.results import lane_result
 from shadow.traces import at_load, estimate_capacity_rps, resolve
+from tests.engine.helpers import ready_times, run_lane
 from tests.live.sessions import session_events
 
 POLICIES = ("jsq-bytes", "br0", "brh:survival")
