@@ -1,17 +1,5 @@
 """The event-driven decode dispatcher: requests whose prefill is done wait here (the Prompt Pool)
-until a routing round places them on a decode worker.
-
-A round runs on the proxy's event loop when something changed — a request arrived, a leg ended
-(slot freed), a transfer finished — coalesced so that all events of one loop iteration share one
-round, and on a periodic tick (slots freed by traffic the proxy did not route). Each policy has
-its router from `shadow.core.routers.make_router`: pool routers (br0, brh) place into free slots
-only, binding ones (jsq = the vllm-ascend rule, rr) place at once. The view is the `Ledger`'s
-merge with the load source, with each worker's free slots also capped by the KV transfers it may
-still take. Optional BR-0 pool bypass: place each request the moment its prefill is done by the
-single-request BR-0 score over running plus virtual load (ties to the larger margin), preferring
-workers with a free slot; it waits in the pool only while every worker is at its KV-transfer cap.
-The tick also reaps entries older than the pool TTL (their waiters get `PoolExpired`).
-"""
+until a routing round places them on a decode worker."""
 
 from __future__ import annotations
 
@@ -85,7 +73,20 @@ def _only(fleet: FleetSnapshot, workers: list[int]) -> FleetSnapshot:
 
 
 class Dispatcher:
-    """See module docstring. `start()`/`stop()` run the tick; everything else is loop-local."""
+    """`start()`/`stop()` run the tick; everything else is loop-local.
+
+    A round runs on the proxy's event loop when something changed — a request arrived, a leg ended
+    (slot freed), a transfer finished — coalesced so that all events of one loop iteration share
+    one round, and on a periodic tick (slots freed by traffic the proxy did not route). Each policy
+    has its router from the policy registry: pool routers (br0, brh) place into free slots only,
+    binding ones (jsq-bytes = the vllm-ascend rule, rr) place at once. Each decides on a fleet
+    snapshot: the `Ledger`'s merge with the load source, each worker's free slots also capped by
+    the KV transfers it may still take. Optional BR-0 pool bypass: place each request the moment
+    its prefill is done by the single-request BR-0 score over running plus virtual load (ties to
+    the larger margin), preferring workers with a free slot; it waits in the pool only while every
+    worker is at its KV-transfer cap. The tick also reaps entries older than the pool TTL (their
+    waiters get `PoolExpired`).
+    """
 
     def __init__(
         self,

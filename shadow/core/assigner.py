@@ -44,6 +44,12 @@ def _stage2_worker(scorer: Scorer, free: Sequence[int]) -> int:
     return best
 
 
+Window = Callable[[int, float], list[PoolEntry]]  # (worker, its F-score peak) -> Stage-2 window
+Subset = Callable[
+    [Sequence[PoolEntry], int, Callable[[float], float], float, int], tuple[list[PoolEntry], float]
+]
+
+
 def assign_round(
     scorer: Scorer,
     pool: Pool,
@@ -51,12 +57,19 @@ def assign_round(
     params: BRParams,
     now: float = 0.0,
     on_stage: Callable[[str], None] | None = None,
+    *,
+    stage1: Callable[[Scorer, Sequence[int]], int] = _stage1_worker,
+    stage2: Callable[[Scorer, Sequence[int]], int] = _stage2_worker,
+    window: Window | None = None,
+    subset: Subset = best_subset,
 ) -> list[Assignment]:
     """Run one round; admitted entries leave `pool`, `scorer` tracks the new loads.
 
     Returns (request_id, worker) in decision order. No worker gets more than its free slots;
     every popped Stage-2 worker admits at least one request. `on_stage` (if given) is told
     "stage1", "stage2" and "end" as the round reaches them (a caller may time the stages).
+    A variant may pick the stages' workers, Stage 2's window (default: the first R_max pool
+    entries, aged ones first) and its subset search otherwise (BRA does).
     """
     free = list(free_slots)
     out: list[Assignment] = []
@@ -74,7 +87,7 @@ def assign_round(
         on_stage("stage1")
     total_free = sum(free)
     while pool and total_free > threshold:
-        g = _stage1_worker(scorer, free)
+        g = stage1(scorer, free)
         entry = pool.best_single(partial(scorer.score, g), scorer.peak(g))
         assert entry is not None  # pool is non-empty
         admit(g, (entry,))
@@ -84,15 +97,16 @@ def assign_round(
     if on_stage is not None:
         on_stage("stage2")
     while pool:
-        g = _stage2_worker(scorer, free)
+        g = stage2(scorer, free)
         if g < 0:
             break
-        window = pool.window(params.r_max, now, params.age_s)
+        peak = scorer.peak(g)
+        entries = pool.window(params.r_max, now, params.age_s) if window is None else window(g, peak)
         cap = min(free[g], params.r_max)
         score = partial(scorer.score, g)
-        chosen, value = best_subset(window, cap, score, scorer.peak(g), params.exhaustive_max)
+        chosen, value = subset(entries, cap, score, peak, params.exhaustive_max)
         if not chosen or value <= 0:
-            single = best_of(window, score)  # starvation guard
+            single = best_of(entries, score)  # starvation guard
             assert single is not None
             chosen = [single]
         admit(g, chosen)

@@ -1,40 +1,11 @@
-"""BRA, "BalanceRoute-adaptive": this project's own policy (not the paper's), built on BR's F-scores.
-
-It keeps BalanceRoute's idea — score each admission by its effect on the barrier — and changes
-what the replays showed (docs/results/protocol.md), each switchable for ablation:
-
-- `score_pick`: when the pool is thin (no more waiting requests than `thin_ratio` × free slots,
-  so every one of them fits this round), place requests largest first, each on the worker with
-  the best BR-0 F-score among *all* workers with a free slot, instead of the paper's "most free
-  slots first", which below saturation degenerates into JSQ-count. The F-score is taken over
-  each worker's outstanding prompt tokens (`prompt_loads`; current loads if not given): over a
-  request's whole stay the tokens already generated leave with their requests, so today's KV
-  load overweights requests about to finish (measured: least-KV placement loses to JSQ-bytes
-  below saturation, docs/results/protocol.md). Ties: lower prompt load.
-- `hold`: in that thin regime, a request for which every worker's F-score is <= 0 (any placement
-  raises the barrier) is held back instead of being forced in — only while something is running,
-  for at most `hold_life` of its predicted stay counted in rounds (one round per decode step in
-  the engine; the stay is BR-H's ĉ within the horizon: a request predicted to outlive the
-  horizon, or without a prediction, is bounded by time only), never longer than `hold_s`
-  seconds, and only while the pool holds at most `hold_pool` × G requests (held requests must not
-  fill a bounded queue). A 28-token request is held about 3 steps, a long one up to `hold_s`.
-- `basis`: the thin-pool F-score's per-worker load: "prompt" (outstanding prompt tokens) or
-  "stay" (the KV running requests are expected to hold over a newcomer's predicted stay,
-  `shadow.core.stay`; needs a predictor, falls back to "prompt" without one).
-- `scale_window`: Stage 2's window grows with G (R_max = clamp(⌈G/2⌉, 4, 16)), and each popped
-  worker's window is centred on its own best fill (pool entries nearest its F-score peak, aged
-  entries first), so large fleets do not all draw from the same R_max longest prompts.
-
-With pick, hold and window off it makes exactly BR's decisions (tested). It reads prompt sizes, loads, free
-slots and (BR-H) predicted steps only — never true output lengths.
-"""
+"""BRA, "BalanceRoute-adaptive": this project's own policy (not the paper's), built on BR's
+F-scores; with pick, hold and window off it makes exactly BR's decisions (tested)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from functools import partial
 
 import numpy as np
 import numpy.typing as npt
@@ -43,7 +14,7 @@ from shadow.core.assigner import Assignment, assign_round
 from shadow.core.balanceroute import BalanceRoute
 from shadow.core.fscore import Scorer
 from shadow.core.params import BRParams
-from shadow.core.pool import Pool, PoolEntry, best_of
+from shadow.core.pool import Pool, PoolEntry
 from shadow.core.stay import StayBasis
 from shadow.core.subset import best_subset, pairs
 
@@ -108,7 +79,36 @@ _EMPTY_F = np.zeros(0, dtype=np.float64)
 
 
 class BalanceRouteAdaptive:
-    """One BRA routing round per call over a persistent `Pool` (same call shape as BalanceRoute)."""
+    """One BRA routing round per call over a persistent `Pool` (same call shape as BalanceRoute).
+
+    It keeps BalanceRoute's idea — score each admission by its effect on the barrier — and changes
+    what the replays showed (docs/results/protocol.md), each switchable for ablation:
+
+    - `score_pick`: when the pool is thin (no more waiting requests than `thin_ratio` × free slots,
+      so every one of them fits this round), place requests largest first, each on the worker with
+      the best BR-0 F-score among *all* workers with a free slot, instead of the paper's "most free
+      slots first", which below saturation degenerates into JSQ-count. The F-score is taken over
+      each worker's outstanding prompt tokens (`prompt_loads`; current loads if not given): over a
+      request's whole stay the tokens already generated leave with their requests, so today's KV
+      load overweights requests about to finish (measured: least-KV placement loses to JSQ-bytes
+      below saturation, docs/results/protocol.md). Ties: lower prompt load.
+    - `hold`: in that thin regime, a request for which every worker's F-score is <= 0 (any placement
+      raises the barrier) is held back instead of being forced in — only while something is running,
+      for at most `hold_life` of its predicted stay counted in rounds (one round per decode step in
+      the engine; the stay is BR-H's ĉ within the horizon: a request predicted to outlive the
+      horizon, or without a prediction, is bounded by time only), never longer than `hold_s`
+      seconds, and only while the pool holds at most `hold_pool` × G requests (held requests must not
+      fill a bounded queue). A 28-token request is held about 3 steps, a long one up to `hold_s`.
+    - `basis`: the thin-pool F-score's per-worker load: "prompt" (outstanding prompt tokens) or
+      "stay" (the KV running requests are expected to hold over a newcomer's predicted stay,
+      `shadow.core.stay`; needs a predictor, falls back to "prompt" without one).
+    - `scale_window`: Stage 2's window grows with G (R_max = clamp(⌈G/2⌉, 4, 16)), and each popped
+      worker's window is centred on its own best fill (pool entries nearest its F-score peak, aged
+      entries first), so large fleets do not all draw from the same R_max longest prompts.
+
+    With pick, hold and window off it makes exactly BR's decisions (tested). It reads prompt sizes,
+    loads, free slots and (BR-H) predicted steps only — never true output lengths.
+    """
 
     variant = "bra"
 
@@ -216,38 +216,13 @@ def _centred_round(
     scorer: Scorer, pool: Pool, free: list[int], params: BRParams, now: float
 ) -> list[Assignment]:
     """BR's two stages; Stage 2 windows are centred on each popped worker's F-score peak."""
-    out: list[Assignment] = []
-    threshold = params.greedy_threshold(scorer.workers)
 
-    def admit(g: int, entries: Sequence[PoolEntry]) -> None:
-        for entry in entries:
-            pool.remove(entry)
-            out.append((entry.request_id, g))
-        free[g] -= len(entries)
-        scorer.admit(g, entries)
+    def window(g: int, peak: float) -> list[PoolEntry]:
+        return _centred_window(pool, params.r_max, peak, now, params.age_s)
 
-    total_free = sum(free)
-    while pool and total_free > threshold:
-        g = _most_free(scorer, free)
-        entry = pool.best_single(partial(scorer.score, g), scorer.peak(g))
-        assert entry is not None
-        admit(g, (entry,))
-        total_free -= 1
-    while pool:
-        g = _most_free(scorer, free)
-        if g < 0:
-            break
-        peak = scorer.peak(g)
-        window = _centred_window(pool, params.r_max, peak, now, params.age_s)
-        cap = min(free[g], params.r_max)
-        score = partial(scorer.score, g)
-        chosen, value = _subset(window, cap, score, peak, params.exhaustive_max)
-        if not chosen or value <= 0:
-            single = best_of(window, score)  # starvation guard, as BR's
-            assert single is not None
-            chosen = [single]
-        admit(g, chosen)
-    return out
+    return assign_round(
+        scorer, pool, free, params, now, stage1=_most_free, stage2=_most_free, window=window, subset=_subset
+    )
 
 
 def _most_free(scorer: Scorer, free: Sequence[int]) -> int:

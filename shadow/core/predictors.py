@@ -74,10 +74,8 @@ class EmpiricalLengths:
 
     def _settle(self) -> None:
         if self._pending:
-            merged = np.concatenate([self._sorted, np.asarray(self._pending, dtype=np.float64)])
-            merged.sort(kind="mergesort")
-            self._sorted = merged
-            self._prefix = np.concatenate([[0.0], np.cumsum(merged)])
+            self._sorted = _merged(self._sorted, self._pending)
+            self._prefix = np.concatenate([[0.0], np.cumsum(self._sorted)])
             self._pending.clear()
 
     def conditional(self, age: FloatArray, horizon: int) -> tuple[FloatArray, FloatArray]:
@@ -161,10 +159,8 @@ class ExactMatchPredictor:
 
     def _settle(self) -> None:
         if self._pending:
-            merged = np.concatenate([self._composite, np.asarray(self._pending, dtype=np.float64)])
-            merged.sort(kind="mergesort")
-            self._composite = merged
-            self._prefix = np.concatenate([[0.0], np.cumsum(np.mod(merged, self._SHIFT))])
+            self._composite = _merged(self._composite, self._pending)
+            self._prefix = np.concatenate([[0.0], np.cumsum(np.mod(self._composite, self._SHIFT))])
             self._pending.clear()
 
     def predict(
@@ -208,6 +204,13 @@ class ExactMatchPredictor:
             self._counts.append(0)
         self._counts[bucket] += 1
         self._pending.append(bucket * self._SHIFT + output_tokens)
+
+
+def _merged(values: FloatArray, pending: Sequence[float]) -> FloatArray:
+    """`values` (sorted) with `pending` merged in, sorted (stable)."""
+    merged = np.concatenate([values, np.asarray(pending, dtype=np.float64)])
+    merged.sort(kind="mergesort")
+    return merged
 
 
 PREDICTORS = ("oracle", "survival", "exactmatch")

@@ -47,21 +47,14 @@ class Router(Protocol):
         ...
 
 
-class BindingRouter:
-    """A baseline (rr, random, p2c, jsq, jsq-bytes, least-tokens) as a stateful router.
-
-    `only_free`: place only on workers with a free slot, at most as many as there are free slots
-    (a routing round); otherwise every waiting request is bound (an engine queues it).
-    """
+class _Binding:
+    """What routers that bind at arrival share: the requests told of and not yet placed."""
 
     binds_at_arrival = True
     predictor: Predictor | None = None
 
-    def __init__(self, baseline: Baseline, *, only_free: bool = False) -> None:
-        self.baseline = baseline
-        self.name = baseline.name
-        self.only_free = only_free
-        self._waiting: list[tuple[Hashable, int]] = []
+    def __init__(self) -> None:
+        self._waiting: list[tuple[Hashable, int]] = []  # (request id, prompt tokens), arrival order
 
     def on_arrive(
         self, request_id: Hashable, prompt_tokens: int, now: float, predicted_steps: float | None = None
@@ -79,6 +72,20 @@ class BindingRouter:
         self._waiting = [w for w in self._waiting if w[0] != request_id]
         return len(self._waiting) < n
 
+
+class BindingRouter(_Binding):
+    """A baseline (rr, random, p2c, jsq, jsq-bytes, least-tokens) as a stateful router.
+
+    `only_free`: place only on workers with a free slot, at most as many as there are free slots
+    (a routing round); otherwise every waiting request is bound (an engine queues it).
+    """
+
+    def __init__(self, baseline: Baseline, *, only_free: bool = False) -> None:
+        super().__init__()
+        self.baseline = baseline
+        self.name = baseline.name
+        self.only_free = only_free
+
     def decide(self, fleet: FleetSnapshot, now: float) -> list[Decision]:
         if not self._waiting:
             return []
@@ -92,37 +99,19 @@ class BindingRouter:
         return [(rid, g) for (rid, _), g in zip(take, picks, strict=True)]
 
 
-class ForcedRouter:
+class ForcedRouter(_Binding):
     """Replays given placements (the real router's decisions: the `actual` lane)."""
 
     name = "forced"
-    binds_at_arrival = True
-    predictor: Predictor | None = None
 
     def __init__(self, assignments: Mapping[Hashable, int], workers: int) -> None:
+        super().__init__()
         self.assignments = assignments
         self.workers = workers
-        self._waiting: list[Hashable] = []
-
-    def on_arrive(
-        self, request_id: Hashable, prompt_tokens: int, now: float, predicted_steps: float | None = None
-    ) -> None:
-        self._waiting.append(request_id)
-
-    def on_finish(self, request_id: Hashable, output_tokens: int, key: Hashable | None = None) -> None:
-        return None
-
-    def waiting(self) -> int:
-        return len(self._waiting)
-
-    def forget(self, request_id: Hashable) -> bool:
-        n = len(self._waiting)
-        self._waiting = [w for w in self._waiting if w != request_id]
-        return len(self._waiting) < n
 
     def decide(self, fleet: FleetSnapshot, now: float) -> list[Decision]:
         out: list[Decision] = []
-        for rid in self._waiting:
+        for rid, _ in self._waiting:
             g = self.assignments[rid]
             if not 0 <= g < self.workers:
                 raise ValueError(f"forced assignment of {rid!r} to unknown worker {g}")

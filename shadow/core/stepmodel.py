@@ -1,14 +1,17 @@
 """Decode step-time model T = a·max_g L_g + b, and its online least-squares fit.
 
 `StepTimeModel` is the model with fixed coefficients (used by the engine and the simulated
-fleet); `StepTimeFit` accumulates (max load, measured step time) pairs and fits (a, b) with
-their R², so that dashboards can say when KV tokens do not drive step time.
+fleet); `SlidingFit` fits (a, b) with their R² over the most recent (max load, measured step
+time) samples, so that dashboards can say when KV tokens do not drive step time.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
+
+import numpy as np
 
 # Defaults: ≈ 60 ms per step at the paper-like load (G=8, B=64, ≈ 5.2 k KV tokens per request,
 # max load ≈ 333 k tokens): 0.020 s + 1.2e-7 s/token × 333 k ≈ 0.060 s.
@@ -40,59 +43,62 @@ class StepTimeModel:
         return self.a * load + self.b
 
 
-@dataclass(slots=True)
-class StepTimeFit:
-    """Online ordinary least squares of step time on max load, from sufficient statistics."""
+@dataclass(frozen=True, slots=True)
+class FitResult:
+    """A fit of T = a·max L + b: its coefficients and R², the samples and load range it saw."""
 
-    n: int = 0
-    sx: float = 0.0
-    sy: float = 0.0
-    sxx: float = 0.0
-    sxy: float = 0.0
-    syy: float = 0.0
-
-    def add(self, max_load: float, step_time_s: float) -> None:
-        """Record one measured step (ignores non-finite or negative samples)."""
-        if not (math.isfinite(max_load) and math.isfinite(step_time_s)):
-            return
-        if max_load < 0 or step_time_s < 0:
-            return
-        self.n += 1
-        self.sx += max_load
-        self.sy += step_time_s
-        self.sxx += max_load * max_load
-        self.sxy += max_load * step_time_s
-        self.syy += step_time_s * step_time_s
-
-    def coefficients(self) -> tuple[float, float] | None:
-        """(a, b) of the least-squares line, or None with fewer than 2 distinct loads."""
-        if self.n < 2:
-            return None
-        var_x = self.sxx - self.sx * self.sx / self.n
-        if var_x <= 1e-12 * max(1.0, self.sxx):
-            return None
-        a = (self.sxy - self.sx * self.sy / self.n) / var_x
-        b = (self.sy - a * self.sx) / self.n
-        return a, b
-
-    def r_squared(self) -> float | None:
-        """Coefficient of determination of the fit (None when undefined)."""
-        coef = self.coefficients()
-        if coef is None:
-            return None
-        var_y = self.syy - self.sy * self.sy / self.n
-        if var_y <= 0:
-            return None
-        cov = self.sxy - self.sx * self.sy / self.n
-        var_x = self.sxx - self.sx * self.sx / self.n
-        return max(0.0, min(1.0, cov * cov / (var_x * var_y)))
+    a_s_per_token: float | None
+    b_s: float | None
+    r2: float | None
+    samples: int
+    quality: str  # "good", "poor" (R² low or load range too narrow), "insufficient" (too few samples)
+    x_min: float | None = None
+    x_max: float | None = None
 
     def model(self, fallback: StepTimeModel) -> StepTimeModel:
-        """The fitted model, or `fallback` while the fit is undefined or unphysical."""
-        coef = self.coefficients()
-        if coef is None:
+        """The fitted model when the fit is good, else `fallback`."""
+        if self.quality != "good" or self.a_s_per_token is None or self.b_s is None:
             return fallback
-        a, b = coef
-        if a < 0 or b < 0 or (a == 0 and b == 0):
-            return fallback
-        return StepTimeModel(a=a, b=b)
+        return StepTimeModel(a=self.a_s_per_token, b=self.b_s)
+
+
+class SlidingFit:
+    """Least squares of step time on max load over the most recent `size` samples; `result()`
+    says "good" only with `min_samples`, a load range that identifies the slope and R² >= `min_r2`
+    (a slope <= 0 or an intercept < 0 is "poor"). Non-finite, negative-load and non-positive-time
+    samples are not taken."""
+
+    def __init__(self, size: int = 600, *, min_samples: int = 20, min_r2: float = 0.9) -> None:
+        self.xs: deque[float] = deque(maxlen=size)
+        self.ys: deque[float] = deque(maxlen=size)
+        self.min_samples = min_samples
+        self.min_r2 = min_r2
+
+    def add(self, max_load: float, step_s: float) -> None:
+        if math.isfinite(max_load) and math.isfinite(step_s) and max_load >= 0 and step_s > 0:
+            self.xs.append(max_load)
+            self.ys.append(step_s)
+
+    def result(self) -> FitResult:
+        n = len(self.xs)
+        if n < 2:
+            return FitResult(None, None, None, n, "insufficient")
+        x = np.asarray(self.xs)
+        y = np.asarray(self.ys)
+        xm, ym = float(x.mean()), float(y.mean())
+        vx = float(((x - xm) ** 2).sum())
+        vy = float(((y - ym) ** 2).sum())
+        lo, hi = float(x.min()), float(x.max())
+        if vx <= 1e-12 * max(1.0, float((x * x).sum())):
+            return FitResult(None, None, None, n, "poor" if n >= self.min_samples else "insufficient", lo, hi)
+        cov = float(((x - xm) * (y - ym)).sum())
+        a = cov / vx
+        b = ym - a * xm
+        r2 = cov * cov / (vx * vy) if vy > 0 else 1.0
+        if n < self.min_samples:
+            quality = "insufficient"
+        elif r2 < self.min_r2 or a <= 0 or b < 0:
+            quality = "poor"
+        else:
+            quality = "good"
+        return FitResult(a, b, max(0.0, min(1.0, r2)), n, quality, lo, hi)

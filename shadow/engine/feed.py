@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from shadow.contracts.events import Arrive, Cancel, Event, Finish, Route, Step, Token
+from shadow.contracts.requests import RequestRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,13 +31,11 @@ class Recorded:
 
 
 @dataclass(slots=True)
-class _Partial:
+class _Partial(RequestRecord):
+    """What the events told of a request so far, and when it arrived, was placed and ended."""
+
     arrival: float | None = None  # Arrive (the request reached the router)
     placed: float | None = None  # first Route (its decode placement: prefill done)
-    prompt: int | None = None
-    key: str | None = None
-    worker: str | None = None
-    generated: int = 0
     ended: bool = False
     reason: str | None = None
     t_end: float | None = None
@@ -59,13 +58,8 @@ def _fold(p: _Partial, ev: Arrive | Route | Token | Finish | Cancel) -> None:
         p.placed = ev.t
     # The first prompt size known counts (later ones correct the mirrored state only): the
     # size the live lanes used when the request reached them. Likewise the first placement.
-    if isinstance(ev, Arrive):
-        p.prompt = ev.prompt_tokens if p.prompt is None else p.prompt
-        p.key = p.key or ev.prompt_key
-    elif isinstance(ev, Route):
-        p.worker = p.worker or ev.worker
-        if p.prompt is None and ev.prompt_tokens is not None:
-            p.prompt = ev.prompt_tokens
+    if isinstance(ev, Arrive | Route):
+        p.learn(ev)
     elif isinstance(ev, Token):
         p.generated = max(p.generated, ev.generated)
     elif isinstance(ev, Finish):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+
+from shadow.contracts.traces import TraceRequestLike
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,18 +19,7 @@ class Job:
     prompt_key: Hashable | None = None
 
 
-class TraceLike(Protocol):
-    @property
-    def arrival_s(self) -> float: ...
-    @property
-    def prompt_tokens(self) -> int: ...
-    @property
-    def output_tokens(self) -> int: ...
-    @property
-    def prompt_key(self) -> str | None: ...
-
-
-def jobs_from(requests: Iterable[TraceLike]) -> list[Job]:
+def jobs_from(requests: Iterable[TraceRequestLike]) -> list[Job]:
     """Jobs numbered in order from anything with arrival_s/prompt_tokens/output_tokens/prompt_key."""
     out: list[Job] = []
     last = float("-inf")

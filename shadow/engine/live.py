@@ -1,18 +1,5 @@
-"""Live driver: the same lanes as the offline driver, fed by normalised events as they happen.
-
-`LiveDriver.apply(event)` folds Arrive/Route/Token/Finish/Cancel into a request table;
-`advance_to(t)` moves every lane up to `t − lag` on the event clock. A request enters the lanes
-(in arrival order, like `run_lanes`) once its arrival is at or before that horizon and its
-decode worker and prompt size are known. Lanes never see the future: an output length is taken
-only from the request's Finish/Cancel (or a lower bound from its Token counts); a lane step that
-needs an end not yet known is held and counted (`LaneTotals.stalls`). `drain()` releases
-everything known and runs the lanes as far as knowledge allows (the end of a session).
-
-With the same requests, arrival times and step model, the lanes go through exactly the steps
-`run_offline` does on the recorded session (the consistency the tests check). Memory: requests
-leave the table once every lane has finished them; samples are bounded (`LogHistogram`).
-Pure: time arrives in events and arguments; `clock` only times decisions.
-"""
+"""Live driver: the same lanes as the offline driver, fed by normalised events as they happen;
+lanes never see the future."""
 
 from __future__ import annotations
 
@@ -21,7 +8,8 @@ from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from shadow.contracts.events import Arrive, Cancel, Event, Finish, Route, Step, Token
+from shadow.contracts.events import Cancel, Event, Finish, Route, Step, Token
+from shadow.contracts.requests import RequestRecord
 from shadow.engine.config import EngineConfig, LaneSpec
 from shadow.engine.driver import LaneDriver, Observer
 from shadow.engine.jobs import Job
@@ -32,12 +20,10 @@ ACTUAL = "actual"
 
 
 @dataclass(slots=True)
-class _Req:
-    arrival: float | None = None
-    prompt: int | None = None
-    key: str | None = None
-    worker: int | None = None
-    generated: int = 0
+class _Live(RequestRecord):
+    """What the events told of a request, plus the driver's bookkeeping of it."""
+
+    arrival: float | None = None  # its first Route: the lanes offer it then (after prefill in P/D)
     final: int | None = None
     released: bool = False
     queued: bool = False
@@ -53,7 +39,21 @@ def _streaming_totals() -> LaneTotals:
 
 
 class LiveDriver:
-    """See module docstring. `workers` are the configured decode worker names (index order)."""
+    """Lanes fed by events; `workers` are the configured decode worker names (index order).
+
+    `apply(event)` folds Arrive/Route/Token/Finish/Cancel into a request table; `advance_to(t)`
+    moves every lane up to `t − lag` on the event clock. A request enters the lanes (in arrival
+    order, like `run_lanes`) once its arrival is at or before that horizon and its
+    decode worker and prompt size are known. Lanes never see the future: an output length is taken
+    only from the request's Finish/Cancel (or a lower bound from its Token counts); a lane step that
+    needs an end not yet known is held and counted (`LaneTotals.stalls`). `drain()` releases
+    everything known and runs the lanes as far as knowledge allows (the end of a session).
+
+    With the same requests, arrival times and step model, the lanes go through exactly the steps
+    `run_offline` does on the recorded session (the consistency the tests check). Memory: requests
+    leave the table once every lane has finished them; samples are bounded (`LogHistogram`).
+    Pure: time arrives in events and arguments; `clock` only times decisions.
+    """
 
     def __init__(
         self,
@@ -75,7 +75,7 @@ class LiveDriver:
         self.index = {name: g for g, name in enumerate(workers)}
         self.lag_s = lag_s
         self.max_requests = max_requests
-        self._reqs: dict[str, _Req] = {}
+        self._reqs: dict[str, _Live] = {}
         self._assign: dict[Hashable, int] = {}
         all_specs = ([LaneSpec("forced", name=ACTUAL)] if actual else []) + list(specs)
         labels = [s.label for s in all_specs]
@@ -157,25 +157,16 @@ class LiveDriver:
             if len(self._reqs) >= self.max_requests:
                 self._drop("table_full")
                 return
-            r = self._reqs[rid] = _Req()
-        if isinstance(ev, Arrive):
-            if r.prompt is None:  # the first size known counts (as in the offline feed)
-                r.prompt = ev.prompt_tokens
-            r.key = r.key or ev.prompt_key
-        elif isinstance(ev, Route):
-            g = self.index[ev.worker]
-            if r.arrival is None:  # lanes offer a request when it is placed (after prefill in P/D)
-                r.arrival = ev.t
-            if r.prompt is None:
-                r.prompt = ev.prompt_tokens
-            if r.worker is None:
-                r.worker = g
-        else:  # Finish / Cancel
+            r = self._reqs[rid] = _Live()
+        if isinstance(ev, Finish | Cancel):
             self._end(rid, r, ev)
             return
+        r.learn(ev)  # the first size, key and worker known count (as in the offline feed)
+        if isinstance(ev, Route) and r.arrival is None:
+            r.arrival = ev.t
         if not r.queued and r.worker is not None and r.prompt is not None and r.arrival is not None:
             r.queued = True
-            self.mirror_placed[r.worker] += r.prompt + r.generated
+            self.mirror_placed[self.index[r.worker]] += r.held
             self._tie += 1
             heapq.heappush(self._pending, (r.arrival, self._tie, rid))
 
@@ -195,34 +186,35 @@ class LiveDriver:
             self.gap_samples.extend([(ev.t - r.t_token) / dg] * dg)
         r.t_token = ev.t
         r.generated = ev.generated
-        if r.queued and r.worker is not None:
-            self.mirror_placed[r.worker] += dg
         if r.worker is not None:
-            g = r.worker
+            g = self.index[r.worker]
+            if r.queued:
+                self.mirror_placed[g] += dg
             if not r.running:
                 r.running = True
                 self.mirror_active[g] += 1
-                self.mirror_loads[g] += (r.prompt or 0) + ev.generated
+                self.mirror_loads[g] += r.held
             else:
                 self.mirror_loads[g] += dg
 
-    def _end(self, rid: str, r: _Req, ev: Finish | Cancel) -> None:
+    def _end(self, rid: str, r: _Live, ev: Finish | Cancel) -> None:
         if r.final is not None:
             return
+        g = None if r.worker is None else self.index[r.worker]
         if isinstance(ev, Finish) and ev.generated is not None and ev.generated > r.generated:
             extra = ev.generated - r.generated  # tokens the Finish reports beyond the last Token
             self._step_budget += extra
-            if r.queued and r.worker is not None:
-                self.mirror_placed[r.worker] += extra
-            if r.running and r.worker is not None:
-                self.mirror_loads[r.worker] += extra  # released just below with the rest
+            if r.queued and g is not None:
+                self.mirror_placed[g] += extra
+            if r.running and g is not None:
+                self.mirror_loads[g] += extra  # released just below with the rest
             r.generated = ev.generated
         r.final = r.generated
-        if r.queued and r.worker is not None:
-            self.mirror_placed[r.worker] -= (r.prompt or 0) + r.generated
-        if r.running and r.worker is not None:
-            self.mirror_active[r.worker] -= 1
-            self.mirror_loads[r.worker] -= (r.prompt or 0) + r.generated
+        if r.queued and g is not None:
+            self.mirror_placed[g] -= r.held
+        if r.running and g is not None:
+            self.mirror_active[g] -= 1
+            self.mirror_loads[g] -= r.held
             r.running = False
         if not r.queued:
             del self._reqs[rid]
@@ -259,7 +251,7 @@ class LiveDriver:
                 self.late += 1
             self.last_release = max(self.last_release, arrival)
             r.released = True
-            self._assign[rid] = r.worker
+            self._assign[rid] = self.index[r.worker]
             self._released.append(Job(rid, arrival - self.origin, max(1, r.prompt), 1, r.key))
             self.released += 1
             self._step_budget += 1  # a request runs at least one step

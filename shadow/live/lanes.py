@@ -1,17 +1,4 @@
-"""Live lanes off the relay loop: a bounded event queue, one worker thread, published snapshots.
-
-`LiveLanes.listener(event)` is what the mirror calls for every applied event, on the relay loop:
-it only appends to a bounded deque (full → the event is dropped and counted as `queue_full`;
-the relay never waits). A daemon thread drains the deque into a `LiveDriver`, closes step-time
-windows (`StepEstimator` → `SlidingFit`), compares the `actual` lane with the mirrored loads
-(fidelity), counts agreement between the router and each policy, advances the lanes to the live
-clock, and publishes an immutable snapshot (`report()`, `metric_values()`) — readers never
-touch lane state. Watermarks: `enqueued`, `processed`, `dropped_total`; `drain()` (blocking,
-call from a thread) processes everything queued and runs the lanes as far as known ends allow.
-
-The live clock: the newest event time plus the wall time elapsed since it was processed (so a
-quiet fleet still moves forward); producers on one host share CLOCK_MONOTONIC.
-"""
+"""Live lanes off the relay loop: a bounded event queue, one worker thread, published snapshots."""
 
 from __future__ import annotations
 
@@ -26,14 +13,14 @@ from shadow.core.params import BRParams
 from shadow.core.policies import RouterOptions, make_router
 from shadow.core.pool import Pool
 from shadow.core.routers import PoolRouter, Router
-from shadow.core.stepmodel import StepTimeModel
+from shadow.core.stepmodel import SlidingFit, StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec
 from shadow.engine.driver import Observer
 from shadow.engine.jobs import Job
 from shadow.engine.lane import Lane
 from shadow.engine.live import ACTUAL, LiveDriver
 from shadow.engine.summary import LogHistogram, percentile
-from shadow.live.stepfit import STEP_BUCKETS, SlidingFit, StepEstimator
+from shadow.live.stepfit import STEP_BUCKETS, StepEstimator
 
 DECISION_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1)
 DEFAULT_POLICIES = ("jsq-bytes", "br0", "brh:survival")
@@ -57,7 +44,20 @@ def _r(x: float | None, nd: int = 6) -> float | None:
 
 
 class LiveLanes:
-    """See module docstring."""
+    """The live lanes of `shadow serve`, off the relay loop.
+
+    `listener(event)` is what the mirror calls for every applied event, on the relay loop:
+    it only appends to a bounded deque (full → the event is dropped and counted as `queue_full`;
+    the relay never waits). A daemon thread drains the deque into a `LiveDriver`, closes step-time
+    windows (`StepEstimator` → `SlidingFit`), compares the `actual` lane with the mirrored loads
+    (fidelity), counts agreement between the router and each policy, advances the lanes to the live
+    clock, and publishes an immutable snapshot (`report()`, `metric_values()`) — readers never
+    touch lane state. Watermarks: `enqueued`, `processed`, `dropped_total`; `drain()` (blocking,
+    call from a thread) processes everything queued and runs the lanes as far as known ends allow.
+
+    The live clock: the newest event time plus the wall time elapsed since it was processed (so a
+    quiet fleet still moves forward); producers on one host share CLOCK_MONOTONIC.
+    """
 
     def __init__(
         self,
@@ -319,9 +319,9 @@ class LiveLanes:
     def _publish(self) -> None:
         d = self.driver
         fit = self.fit.result()
-        good = fit.quality == "good" and fit.a_s_per_token is not None and fit.b_s is not None
-        a = fit.a_s_per_token if good and fit.a_s_per_token is not None else self.step.a
-        b = fit.b_s if good and fit.b_s is not None else self.step.b
+        model = fit.model(self.step)  # the fitted model when the fit is good
+        good = model is not self.step
+        a, b = model.a, model.b
         g = len(self.workers)
         lanes: dict[str, Any] = {}
         for lane in d.lanes:

@@ -19,7 +19,7 @@ from shadow.loadgen.progress import NullProgress, PlainProgress, ProgressSink, R
 from shadow.loadgen.prompts import PromptBuilder, PromptError, TokenCounter, count_words
 from shadow.loadgen.report import LoadReport, LoadSummary, render_summary, summarize
 from shadow.loadgen.runner import run_load
-from shadow.loadgen.schedule import PlannedRequest, TraceLike, TraceRequestLike, plan, trace_rate
+from shadow.loadgen.schedule import PlannedRequest, plan, trace_rate
 from shadow.loadgen.sender import RequestResult
 
 __all__ = [
@@ -36,8 +36,6 @@ __all__ = [
     "RequestResult",
     "RichProgress",
     "TokenCounter",
-    "TraceLike",
-    "TraceRequestLike",
     "count_words",
     "make_progress",
     "plan",

@@ -19,11 +19,12 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from shadow.contracts.traces import TraceLike
 from shadow.loadgen.client import make_client, normalize_base_url, resolve_model
 from shadow.loadgen.options import LoadOptions
 from shadow.loadgen.progress import NullProgress, ProgressSink
 from shadow.loadgen.report import LoadReport, summarize
-from shadow.loadgen.schedule import PlannedRequest, TraceLike, plan
+from shadow.loadgen.schedule import PlannedRequest, plan
 from shadow.loadgen.sender import OpenAISender, RequestResult
 
 

@@ -1,9 +1,7 @@
 """When each trace request is sent: arrival offsets, time scaling, limits.
 
 The load generator only needs four fields of a trace request, so it depends on the trace
-*shape* (``TraceLike``), not on ``shadow.traces`` itself: any object with a ``requests``
-sequence of items carrying ``arrival_s``, ``prompt_tokens``, ``output_tokens`` and
-``prompt_key`` will do (``shadow.traces.Trace`` is one).
+*shape* (``shadow.contracts.traces.TraceLike``), not on ``shadow.traces`` itself.
 
 Offsets are relative to the first arrival of the (limited) trace, in trace order sorted by
 arrival, and divided by the time scale: ``time_scale=2`` sends the same requests twice as fast.
@@ -12,35 +10,9 @@ arrival, and divided by the time scale: ``time_scale=2`` sends the same requests
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
-
-class TraceRequestLike(Protocol):
-    """The fields of one trace request that the load generator reads."""
-
-    @property
-    def arrival_s(self) -> float: ...
-
-    @property
-    def prompt_tokens(self) -> int: ...
-
-    @property
-    def output_tokens(self) -> int: ...
-
-    @property
-    def prompt_key(self) -> str | None: ...
-
-
-class TraceLike(Protocol):
-    """A trace: a name and a sequence of requests."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def requests(self) -> Sequence[TraceRequestLike]: ...
+from shadow.contracts.traces import TraceLike
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shadow.contracts.events import Arrive, Cancel, Event, Finish, Route, Step, Token
+from shadow.contracts.requests import RequestRecord
 
 # Outcomes of `apply` (also the `reason` label of ignored-event counters; a bounded set).
 OK = "ok"
@@ -28,12 +29,11 @@ OUTCOMES = (OK, DUPLICATE, STALE, ORPHAN, LATE, UNKNOWN_WORKER, MOVED)
 
 
 @dataclass(slots=True)
-class _Req:
-    worker: str | None
-    prompt: int
-    generated: int
-    t_first: float
-    t_last: float
+class _Mirrored(RequestRecord):
+    """What the events told of a live request (an unsized prompt is 0), and when it was last heard
+    of (the caller's clock: silence ends it)."""
+
+    last_seen: float = 0.0
 
 
 @dataclass(slots=True)
@@ -74,7 +74,7 @@ class MirrorState:
         self.workers: dict[str, WorkerCounts] = {}
         for w in workers:
             self.add_worker(w)
-        self._live: dict[str, _Req] = {}
+        self._live: dict[str, _Mirrored] = {}
         # ended request -> (its worker, when it ended); insertion order is end order
         self._tomb: OrderedDict[str, tuple[str | None, float]] = OrderedDict()
         self.outcomes: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
@@ -116,11 +116,11 @@ class MirrorState:
             return DUPLICATE
         req = self._live.get(rid)
         if req is not None:
-            if ev.prompt_tokens is not None and req.prompt == 0:
+            if ev.prompt_tokens is not None and not req.prompt:
                 self._set_prompt(req, ev.prompt_tokens)
-            req.t_last = now
+            req.last_seen = now
             return DUPLICATE
-        self._live[rid] = _Req(None, ev.prompt_tokens or 0, 0, now, now)
+        self._live[rid] = _Mirrored(prompt=ev.prompt_tokens or 0, last_seen=now)
         return OK
 
     def _route(self, ev: Route, now: float) -> str:
@@ -140,12 +140,12 @@ class MirrorState:
             return DUPLICATE
         req = self._live.get(rid)
         if req is None:
-            req = _Req(worker, ev.prompt_tokens or 0, 0, now, now)
+            req = _Mirrored(worker, ev.prompt_tokens or 0, last_seen=now)
             self._live[rid] = req
             wc.active += 1
-            wc.kv_tokens += req.prompt
+            wc.kv_tokens += req.held
             return OK
-        req.t_last = now
+        req.last_seen = now
         if ev.prompt_tokens is not None and ev.prompt_tokens != req.prompt:
             # a worker's own count (prefill, usage) replaces an estimate from the request body
             self._set_prompt(req, ev.prompt_tokens)
@@ -155,16 +155,16 @@ class MirrorState:
         if req.worker is not None:  # reassignment (e.g. recompute on another worker)
             old = self.workers[req.worker]
             old.active -= 1
-            old.kv_tokens -= req.prompt + req.generated
+            old.kv_tokens -= req.held
             out = MOVED
         req.worker = worker
         wc.active += 1
-        wc.kv_tokens += req.prompt + req.generated
+        wc.kv_tokens += req.held
         return out
 
-    def _set_prompt(self, req: _Req, prompt: int) -> None:
+    def _set_prompt(self, req: _Mirrored, prompt: int) -> None:
         if req.worker is not None:
-            self.workers[req.worker].kv_tokens += prompt - req.prompt
+            self.workers[req.worker].kv_tokens += prompt - (req.prompt or 0)
         req.prompt = prompt
 
     def _token(self, ev: Token, now: float) -> str:
@@ -173,10 +173,10 @@ class MirrorState:
         if req is None:
             if rid in self._tomb:
                 return DUPLICATE
-            self._live[rid] = _Req(None, 0, ev.generated, now, now)
+            self._live[rid] = _Mirrored(prompt=0, generated=ev.generated, last_seen=now)
             self.orphans += 1
             return ORPHAN
-        req.t_last = now
+        req.last_seen = now
         delta = ev.generated - req.generated
         if delta <= 0:
             return DUPLICATE if delta == 0 else STALE
@@ -199,7 +199,7 @@ class MirrorState:
         if req.worker is not None:
             wc = self.workers[req.worker]
             wc.active -= 1
-            wc.kv_tokens -= req.prompt + req.generated
+            wc.kv_tokens -= req.held
             if reaped:
                 wc.reaped += 1
             elif cancelled:
@@ -231,7 +231,7 @@ class MirrorState:
         (already applied; `t` is stamped on them, default `now`)."""
         self._forget(now)
         limit = now - self.ttl_s
-        stale = [(rid, r) for rid, r in self._live.items() if r.t_last < limit]
+        stale = [(rid, r) for rid, r in self._live.items() if r.last_seen < limit]
         out: list[Finish] = []
         for rid, r in stale:
             self._end(rid, now, cancelled=False, generated=r.generated, reaped=True)
@@ -266,10 +266,10 @@ class MirrorState:
     def phantoms(self, now: float) -> int:
         """Requests not ended and silent for longer than the phantom age."""
         limit = now - self.phantom_age_s
-        return sum(1 for r in self._live.values() if r.t_last < limit)
+        return sum(1 for r in self._live.values() if r.last_seen < limit)
 
     def oldest_silence(self, now: float) -> float:
-        return max((now - r.t_last for r in self._live.values()), default=0.0)
+        return max((now - r.last_seen for r in self._live.values()), default=0.0)
 
     def snapshot(self, now: float) -> dict[str, Any]:
         """JSON-ready view served at /v1/state."""

@@ -1,23 +1,5 @@
-"""The steady-state measurement protocol: figures that are properties of a policy, not of the run's length.
-
-Per cell (workload, G, ρ) and seed:
-- Open-loop arrivals at ρ × the estimated balanced capacity (`estimate_capacity_rps`), the trace's
-  arrival shape kept. Synthetic workloads are redrawn per seed; a real trace is rotated to a
-  seeded start and tiled (copies laid end to end) up to the request count the window needs.
-- Overload model: an admission timeout, as proxies have — a request still waiting for a decode
-  slot `timeout_s` after it reached the router is shed and counted. It applies identically to the
-  per-worker FIFO queues of bind-at-arrival baselines and to BR's pool, so above saturation queues
-  stop growing (≈ λ·timeout) and a steady state exists.
-- Window: one "lifetime" is mean_output × the balanced saturated step time (how long a slot
-  holds a mean request). The first `warmup` lifetimes of arrivals are discarded; the window runs
-  `window` lifetimes to the last arrival; the drain after it is discarded (the lane stops there).
-  Requests: ⌈(warmup + window) · ρ · G · B⌉ (≈ arrivals per lifetime × lifetimes), capped.
-- Figures inside the window on each lane's own clock: spread per step (step units) and weighted
-  by step time (seconds), I(k), barrier idle, throughput, TPOT P95 and TTFT of requests finished
-  in it, shed fraction of arrivals in it, decision P99.
-Across seeds: mean and a two-sided 95 % t-interval; ratios against the best baseline are taken
-per seed on the same traffic (paired), then averaged with their t-interval.
-"""
+"""The steady-state measurement protocol: figures that are properties of a policy, not of the
+run's length (the protocol is described on `Protocol`; docs/results/protocol.md has its results)."""
 
 from __future__ import annotations
 
@@ -69,7 +51,27 @@ ABLATIONS: dict[str, BRAParams] = {
 
 @dataclass(frozen=True)
 class Protocol:
-    """How a cell is measured (see the module docstring); every field is printed with the results."""
+    """How a cell is measured; every field is printed with the results.
+
+    Per cell (workload, G, ρ) and seed:
+    - Open-loop arrivals at ρ × the estimated balanced capacity (`estimate_capacity_rps`), the trace's
+      arrival shape kept. Synthetic workloads are redrawn per seed; a real trace is rotated to a
+      seeded start and tiled (copies laid end to end) up to the request count the window needs.
+    - Overload model (the engine's `Admission`), as proxies have: a bounded queue (arrivals refused
+      while `queue_per_worker` × G requests wait, the default) or an admission timeout (a request
+      still waiting for a decode slot `timeout_s` after it reached the router is shed), both counted.
+      They apply identically to the per-worker FIFO queues of bind-at-arrival baselines and to BR's
+      pool, so above saturation queues stop growing and a steady state exists.
+    - Window: one "lifetime" is mean_output × the balanced saturated step time (how long a slot
+      holds a mean request). The first `warmup` lifetimes of arrivals are discarded; the window runs
+      `window` lifetimes to the last arrival; the drain after it is discarded (the lane stops there).
+      Requests: ⌈(warmup + window) · ρ · G · B⌉ (≈ arrivals per lifetime × lifetimes), capped.
+    - Figures inside the window on each lane's own clock: spread per step (step units) and weighted
+      by step time (seconds), I(k), barrier idle, throughput, TPOT P95 and TTFT of requests finished
+      in it, shed fraction of arrivals in it, decision P99.
+    Across seeds: mean and a two-sided 95 % t-interval; ratios against the best baseline are taken
+    per seed on the same traffic (paired), then averaged with their t-interval.
+    """
 
     warmup_lifetimes: float = 3.0
     window_lifetimes: float = 5.0

@@ -18,21 +18,18 @@ import csv
 import json
 import os
 from collections.abc import Iterator
-from typing import IO
+from typing import IO, Any
 
 from shadow.traces.model import Trace, TraceError
 from shadow.traces.parsing import (
     Row,
     collect_requests,
-    count_from_json,
     count_from_text,
     csv_header,
     csv_rows,
-    json_objects,
+    json_rows,
     limit_note,
     open_text,
-    require,
-    seconds_from_json,
     seconds_from_text,
     show,
 )
@@ -61,17 +58,12 @@ def _key_from_json(value: object, path: str, line: int) -> str | None:
 def load_generic_jsonl(path: str, *, limit: int | None = None) -> Trace:
     """Load a generic JSONL trace; bad input raises a one-line TraceError naming file and line."""
 
-    def rows(handle: Iterator[str]) -> Iterator[Row]:
-        for line, obj in json_objects(handle, path):
-            stamp = require(obj, TIME_FIELD, path, line)
-            arrival = seconds_from_json(stamp, TIME_FIELD, path, line)
-            prompt = count_from_json(require(obj, PROMPT_FIELD, path, line), PROMPT_FIELD, path, line)
-            output = count_from_json(require(obj, OUTPUT_FIELD, path, line), OUTPUT_FIELD, path, line)
-            key = _key_from_json(obj.get(KEY_FIELD), path, line)
-            yield line, arrival, prompt, output, key, f"{stamp} s"
+    def key(obj: dict[str, Any], line: int) -> str | None:
+        return _key_from_json(obj.get(KEY_FIELD), path, line)
 
     with open_text(path) as handle:
-        requests, cut = collect_requests(rows(handle), path=path, limit=limit, time_field=TIME_FIELD)
+        rows = json_rows(handle, path, (TIME_FIELD, PROMPT_FIELD, OUTPUT_FIELD), key)
+        requests, cut = collect_requests(rows, path=path, limit=limit, time_field=TIME_FIELD)
     notes = "generic JSONL trace" + limit_note(len(requests), cut)
     return Trace(name=_name(path), requests=requests, source=path, synthetic=False, notes=notes)
 

@@ -9,19 +9,15 @@ they are kept as bursts here; `shadow.traces.rate.spread_ties` spreads them out.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from typing import Any
 
 from shadow.traces.keys import block_key
 from shadow.traces.model import Trace, TraceError
 from shadow.traces.parsing import (
-    Row,
     collect_requests,
-    count_from_json,
-    json_objects,
+    json_rows,
     limit_note,
     open_text,
-    require,
-    seconds_from_json,
     show,
 )
 
@@ -42,17 +38,12 @@ def _prompt_key(value: object, path: str, line: int) -> str | None:
 def load_mooncake(path: str, *, limit: int | None = None) -> Trace:
     """Load a Mooncake JSONL trace; bad input raises a one-line TraceError naming file and line."""
 
-    def rows(handle: Iterator[str]) -> Iterator[Row]:
-        for line, obj in json_objects(handle, path):
-            stamp = require(obj, TIME_FIELD, path, line)
-            arrival = seconds_from_json(stamp, TIME_FIELD, path, line) / 1000.0
-            prompt = count_from_json(require(obj, PROMPT_FIELD, path, line), PROMPT_FIELD, path, line)
-            output = count_from_json(require(obj, OUTPUT_FIELD, path, line), OUTPUT_FIELD, path, line)
-            key = _prompt_key(obj.get(BLOCKS_FIELD), path, line)
-            yield line, arrival, prompt, output, key, f"{stamp} ms"
+    def key(obj: dict[str, Any], line: int) -> str | None:
+        return _prompt_key(obj.get(BLOCKS_FIELD), path, line)
 
     with open_text(path) as handle:
-        requests, cut = collect_requests(rows(handle), path=path, limit=limit, time_field=TIME_FIELD)
+        rows = json_rows(handle, path, (TIME_FIELD, PROMPT_FIELD, OUTPUT_FIELD), key, (1000.0, "ms"))
+        requests, cut = collect_requests(rows, path=path, limit=limit, time_field=TIME_FIELD)
     stem = os.path.basename(path).split(".", 1)[0].removesuffix("_trace")
     notes = (
         "Mooncake trace (real); prompt_key = BLAKE2b of the prefix-block hash ids; timestamps kept as "

@@ -135,6 +135,27 @@ def json_objects(handle: Iterator[str], path: str) -> Iterator[tuple[int, dict[s
         yield line, value
 
 
+def json_rows(
+    handle: Iterator[str],
+    path: str,
+    fields: tuple[str, str, str],
+    key: Callable[[dict[str, Any], int], str | None],
+    unit: tuple[float, str] = (1.0, "s"),
+) -> Iterator[Row]:
+    """Rows of a JSON Lines trace: `fields` name its arrival time, prompt and output tokens; `key`
+    reads a row's prompt key (object, line); `unit` is (time units per second, their suffix)."""
+    time_field, prompt_field, output_field = fields
+    per_second, suffix = unit
+    for line, obj in json_objects(handle, path):
+        stamp = require(obj, time_field, path, line)
+        arrival = seconds_from_json(stamp, time_field, path, line)
+        if per_second != 1.0:
+            arrival /= per_second
+        prompt = count_from_json(require(obj, prompt_field, path, line), prompt_field, path, line)
+        output = count_from_json(require(obj, output_field, path, line), output_field, path, line)
+        yield line, arrival, prompt, output, key(obj, line), f"{stamp} {suffix}"
+
+
 def require(obj: dict[str, Any], field: str, path: str, line: int) -> object:
     """obj[field], or a TraceError naming the missing field."""
     try:

@@ -4,20 +4,7 @@ Each is drawn from `numpy.random.default_rng(seed)` (same seed and n give the sa
 `synthetic=True`, a name ending in " (synthetic)", and notes saying what it imitates and that it is
 NOT a real trace. Arrivals are Poisson at a base rate; replays rescale them with `at_load`.
 `n` changes the whole sample (lengths are rescaled to the target means over the n requests); use
-`Trace.limit` for a prefix of the standard workload.
-
-- "paper-azure": 10,000 requests like the paper's Azure-2024 conversation set filtered to output
-  > 1000 (mean prompt 4,652, mean output 1,052). Prompt: LogNormal(σ=0.4), clipped to [16, 7,999]
-  and rescaled so the sample mean is 4,652 (±0.01%); 7,999 is the 2024 trace's published prompt
-  maximum, so about 7% of prompts sit at that cap. Output: 1,000 + Geometric(mean 52), capped at
-  1,500 (the 2024 output maximum). prompt_key = `ctx_prompt_key(prompt_tokens)`: the replay client
-  sends a deterministic synthetic prompt per length (A9).
-- "paper-templates": 8,000 requests like the paper's proprietary trace (mean prompt 3,197, mean
-  output 1,185): K=200 templates with Zipf(1.1) popularity; template j has a fixed prompt length
-  (LogNormal, σ=0.8, clipped to [16, 32,768]) and outputs LogNormal(μ_j, 0.1) with μ_j ~ N(·, 0.8)
-  across templates (heavy-tailed marginal, clipped to [1, 16,384]); both rescaled to the target
-  means over the sample. prompt_key = `template_key(j)`.
-"""
+`Trace.limit` for a prefix of the standard workload."""
 
 from __future__ import annotations
 
@@ -75,6 +62,13 @@ def poisson_arrivals(rng: np.random.Generator, n: int, rate_rps: float) -> NDArr
 
 
 def _paper_azure(rng: np.random.Generator, n: int) -> list[TraceRequest]:
+    """"paper-azure": 10,000 requests like the paper's Azure-2024 conversation set filtered to output
+    > 1000 (mean prompt 4,652, mean output 1,052). Prompt: LogNormal(σ=0.4), clipped to [16, 7,999]
+    and rescaled so the sample mean is 4,652 (±0.01%); 7,999 is the 2024 trace's published prompt
+    maximum, so about 7% of prompts sit at that cap. Output: 1,000 + Geometric(mean 52), capped at
+    1,500 (the 2024 output maximum). prompt_key = `ctx_prompt_key(prompt_tokens)`: the replay client
+    sends a deterministic synthetic prompt per length (A9).
+    """
     arrivals = poisson_arrivals(rng, n, BASE_RATE_RPS)
     prompts = fit_mean(rng.lognormal(0.0, AZURE_PROMPT_SIGMA, size=n), AZURE_PROMPT_MEAN, *AZURE_PROMPT_RANGE)
     extra = rng.geometric(1.0 / AZURE_OUTPUT_EXTRA_MEAN, size=n)
@@ -87,6 +81,12 @@ def _paper_azure(rng: np.random.Generator, n: int) -> list[TraceRequest]:
 
 
 def _paper_templates(rng: np.random.Generator, n: int) -> list[TraceRequest]:
+    """"paper-templates": 8,000 requests like the paper's proprietary trace (mean prompt 3,197, mean
+    output 1,185): K=200 templates with Zipf(1.1) popularity; template j has a fixed prompt length
+    (LogNormal, σ=0.8, clipped to [16, 32,768]) and outputs LogNormal(μ_j, 0.1) with μ_j ~ N(·, 0.8)
+    across templates (heavy-tailed marginal, clipped to [1, 16,384]); both rescaled to the target
+    means over the sample. prompt_key = `template_key(j)`.
+    """
     arrivals = poisson_arrivals(rng, n, BASE_RATE_RPS)
     weights = 1.0 / np.arange(1, TEMPLATE_COUNT + 1, dtype=np.float64) ** TEMPLATE_ZIPF_S
     template_prompt = rng.lognormal(0.0, TEMPLATE_PROMPT_SIGMA, size=TEMPLATE_COUNT)

@@ -14,7 +14,6 @@ import pytest
 from shadow.core.balanceroute import BalanceRoute
 from shadow.core.baselines import Baseline, BindState, bind_all
 from shadow.core.bra import BalanceRouteAdaptive
-from shadow.core.imbalance import barrier_idle_fraction, imbalance, spread
 from shadow.core.params import BRParams
 from shadow.core.policies import make_baseline
 from shadow.core.pool import Pool
@@ -26,65 +25,74 @@ from shadow.core.predictors import (
     contribution,
 )
 from shadow.core.schedule import schedule_round
-from shadow.core.stepmodel import StepTimeFit, StepTimeModel
+from shadow.core.stepmodel import SlidingFit, StepTimeModel
+from tests.core.imbalance import barrier_idle_fraction, imbalance, spread
 
 FALLBACK = StepTimeModel(a=1e-7, b=0.02)
 
 
-def fit_of(points: list[tuple[float, float]]) -> StepTimeFit:
-    fit = StepTimeFit()
+def fit_of(points: list[tuple[float, float]], min_samples: int = 2) -> SlidingFit:
+    fit = SlidingFit(size=100, min_samples=min_samples)
     for x, y in points:
         fit.add(x, y)
     return fit
 
 
 def test_fit_on_exact_points_recovers_the_line_and_r2_is_one() -> None:
-    fit = fit_of([(0.0, 0.02), (100.0, 0.03), (300.0, 0.05)])
-    a, b = fit.coefficients()  # type: ignore[misc]
-    assert a == pytest.approx(1e-4, rel=1e-9) and b == pytest.approx(0.02, rel=1e-9)
-    assert fit.r_squared() == pytest.approx(1.0, rel=1e-9)
-    model = fit.model(FALLBACK)
+    r = fit_of([(0.0, 0.02), (100.0, 0.03), (300.0, 0.05)]).result()
+    assert r.a_s_per_token == pytest.approx(1e-4, rel=1e-9) and r.b_s == pytest.approx(0.02, rel=1e-9)
+    assert r.r2 == pytest.approx(1.0, rel=1e-9) and r.quality == "good"
+    assert (r.samples, r.x_min, r.x_max) == (3, 0.0, 300.0)
+    model = r.model(FALLBACK)
     assert model.a == pytest.approx(1e-4) and model.b == pytest.approx(0.02)
-    assert (fit.n, fit.sx, fit.sy) == (3, 400.0, pytest.approx(0.10))
-    assert fit.sxx == 100.0**2 + 300.0**2 and fit.sxy == pytest.approx(100 * 0.03 + 300 * 0.05)
-    assert fit.syy == pytest.approx(0.02**2 + 0.03**2 + 0.05**2)
 
 
 def test_two_distinct_loads_are_enough_one_is_not() -> None:
-    assert fit_of([(10.0, 1.0)]).coefficients() is None
-    two = fit_of([(10.0, 1.0), (20.0, 3.0)])
-    assert two.coefficients() == (pytest.approx(0.2), pytest.approx(-1.0))
-    assert fit_of([(10.0, 1.0), (10.0, 3.0), (10.0, 2.0)]).coefficients() is None  # one load only
+    one = fit_of([(10.0, 1.0)]).result()
+    assert one.a_s_per_token is None and one.quality == "insufficient"
+    two = fit_of([(10.0, 1.0), (20.0, 3.0)]).result()
+    assert (two.a_s_per_token, two.b_s) == (pytest.approx(0.2), pytest.approx(-1.0))
+    flat = fit_of([(10.0, 1.0), (10.0, 3.0), (10.0, 2.0)]).result()  # one load only
+    assert flat.a_s_per_token is None and flat.quality == "poor"
 
 
-def test_zero_loads_and_zero_times_are_samples_negative_and_non_finite_are_not() -> None:
-    fit = fit_of([(0.0, 0.0), (5.0, 0.0)])
-    assert fit.n == 2
-    bad = ((-1.0, 1.0), (1.0, -1e-9), (math.inf, 1.0), (1.0, math.nan), (math.nan, 1.0), (1.0, math.inf))
+def test_zero_loads_are_samples_negative_non_finite_and_zero_times_are_not() -> None:
+    fit = fit_of([(0.0, 0.5), (5.0, 0.7)])
+    assert fit.result().samples == 2
+    bad = ((-1.0, 1.0), (1.0, -1e-9), (1.0, 0.0), (math.inf, 1.0), (1.0, math.nan), (math.nan, 1.0),
+           (1.0, math.inf))
     for x, y in bad:
         fit.add(x, y)
-    assert fit.n == 2 and fit.sx == 5.0 and fit.sy == 0.0
+    r = fit.result()
+    assert r.samples == 2 and (r.x_min, r.x_max) == (0.0, 5.0)
 
 
-def test_r_squared_is_undefined_for_constant_times_and_in_0_1_otherwise() -> None:
-    assert fit_of([(1.0, 0.5), (2.0, 0.5), (3.0, 0.5)]).r_squared() is None
-    assert fit_of([(1.0, 0.5)]).r_squared() is None
-    noisy = fit_of([(1.0, 1.0), (2.0, 3.0), (3.0, 2.0), (4.0, 4.0)])
-    r2 = noisy.r_squared()
-    assert r2 is not None and 0.0 < r2 < 1.0
-    assert r2 == pytest.approx(0.64)  # cov² / (var_x var_y) = 2.0² / (5 · 1.25)
+def test_r_squared_is_cov2_over_the_variances_and_one_for_constant_times() -> None:
+    assert fit_of([(1.0, 0.5), (2.0, 0.5), (3.0, 0.5)]).result().r2 == 1.0  # a flat line fits exactly
+    assert fit_of([(1.0, 0.5)]).result().r2 is None
+    noisy = fit_of([(1.0, 1.0), (2.0, 3.0), (3.0, 2.0), (4.0, 4.0)]).result()
+    assert noisy.r2 == pytest.approx(0.64)  # cov² / (var_x var_y) = 2.0² / (5 · 1.25)
+    assert noisy.quality == "poor"  # below min_r2 = 0.9
 
 
-def test_model_falls_back_while_undefined_or_unphysical() -> None:
-    assert StepTimeFit().model(FALLBACK) is FALLBACK
-    assert fit_of([(1.0, 3.0), (2.0, 2.0)]).model(FALLBACK) is FALLBACK  # a < 0
-    assert fit_of([(10.0, 0.5), (20.0, 1.5)]).model(FALLBACK) is FALLBACK  # b < 0
-    flat = fit_of([(1.0, 0.0), (2.0, 0.0)])  # a = b = 0
-    assert flat.model(FALLBACK) is FALLBACK
-    only_b = fit_of([(1.0, 0.2), (2.0, 0.2)]).model(FALLBACK)  # a = 0, b > 0 is physical
-    assert only_b is not FALLBACK and abs(only_b.a) < 1e-15 and only_b.b == pytest.approx(0.2)
-    only_a = fit_of([(1.0, 0.1), (2.0, 0.2)]).model(FALLBACK)  # b = 0, a > 0 is physical
-    assert only_a.a == pytest.approx(0.1) and abs(only_a.b) < 1e-12
+def test_model_falls_back_unless_the_fit_is_good() -> None:
+    assert SlidingFit().result().model(FALLBACK) is FALLBACK
+    assert fit_of([(1.0, 3.0), (2.0, 2.0)]).result().model(FALLBACK) is FALLBACK  # a < 0
+    assert fit_of([(10.0, 0.5), (20.0, 1.5)]).result().model(FALLBACK) is FALLBACK  # b < 0
+    flat = fit_of([(1.0, 0.2), (2.0, 0.2)]).result()  # a = 0: load does not drive step time
+    assert flat.quality == "poor" and flat.model(FALLBACK) is FALLBACK
+    few = fit_of([(1.0, 0.1), (2.0, 0.2)], min_samples=20).result()  # exact, but too few samples
+    assert few.quality == "insufficient" and few.model(FALLBACK) is FALLBACK
+    only_a = fit_of([(1.0, 0.1), (2.0, 0.2)]).result().model(FALLBACK)  # b = 0, a > 0 is physical
+    assert only_a is not FALLBACK and only_a.a == pytest.approx(0.1) and abs(only_a.b) < 1e-12
+
+
+def test_the_fit_keeps_only_the_most_recent_samples() -> None:
+    fit = SlidingFit(size=3, min_samples=2)
+    for x, y in ((1.0, 9.0), (2.0, 1.0), (3.0, 2.0), (4.0, 3.0)):  # the first point falls out
+        fit.add(x, y)
+    r = fit.result()
+    assert r.samples == 3 and r.a_s_per_token == pytest.approx(1.0) and r.b_s == pytest.approx(-1.0)
 
 
 def test_imbalance_helpers_at_their_edges() -> None:
@@ -401,13 +409,13 @@ def test_bitset_keeps_the_best_sum_below_the_peak_when_the_next_sum_is_just_abov
 
 def test_fit_threshold_for_distinct_loads() -> None:
     # identical large loads leave only rounding noise in the variance: no fit
-    assert fit_of([(123456.789, 1.0), (123456.789, 2.0), (123456.789, 3.0)]).coefficients() is None
+    assert fit_of([(123456.789, 1.0), (123456.789, 2.0), (123456.789, 3.0)]).result().a_s_per_token is None
     # tiny but distinct loads (variance 1.28e-12, above the 1e-12 floor) do fit
-    assert fit_of([(0.0, 0.0), (1.6e-6, 1.0)]).coefficients() is not None
+    assert fit_of([(0.0, 0.5), (1.6e-6, 1.0)]).result().a_s_per_token is not None
 
 
 def test_a_fit_through_the_origin_is_physical() -> None:
-    model = fit_of([(0.0, 0.0), (2.0, 1.0)]).model(FALLBACK)
+    model = fit_of([(1.0, 0.5), (2.0, 1.0)]).result().model(FALLBACK)
     assert model is not FALLBACK and (model.a, model.b) == (0.5, 0.0)
 
 
@@ -501,10 +509,11 @@ def test_active_loads_must_match_to_a_part_per_billion_plus_a_micro_token() -> N
 
 
 def test_a_fit_over_one_large_load_is_degenerate_despite_rounding() -> None:
-    # 50 steps all at max load 3000.7: Σx² − (Σx)²/n rounds to ~2e-7, not 0. That is no spread of
+    # 50 steps all at max load 3000.7: Σ(x − x̄)² rounds to ~2e-7, not 0. That is no spread of
     # loads (the threshold scales with Σx²), so there is no slope to fit.
-    fit = StepTimeFit()
+    fit = SlidingFit()
     for i in range(50):
         fit.add(3000.7, 0.01 + (i % 3) * 1e-4)
-    assert fit.coefficients() is None
-    assert fit.model(StepTimeModel(a=2e-6, b=0.03)) == StepTimeModel(a=2e-6, b=0.03)
+    r = fit.result()
+    assert r.a_s_per_token is None and r.quality == "poor"
+    assert r.model(StepTimeModel(a=2e-6, b=0.03)) == StepTimeModel(a=2e-6, b=0.03)

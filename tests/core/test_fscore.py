@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shadow.core.fscore import BR0Scorer, BRHScorer, project_loads
-from shadow.core.imbalance import imbalance
 from shadow.core.params import BRParams, br0_equivalent
 from shadow.core.pool import PoolEntry
+from tests.core.imbalance import imbalance
 
 loads_st = st.lists(st.integers(0, 200_000), min_size=1, max_size=16)
 

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shadow.core.imbalance import barrier_idle_fraction, imbalance, spread
-from shadow.core.stepmodel import StepTimeFit, StepTimeModel
+from shadow.core.stepmodel import SlidingFit, StepTimeModel
+from tests.core.imbalance import barrier_idle_fraction, imbalance, spread
 
 
 def test_worked_example_from_the_paper_notes() -> None:
@@ -27,17 +27,19 @@ def test_idle_fraction_is_sum_of_worker_waits_over_total_time(loads: list[int], 
 
 def test_fit_recovers_coefficients_and_reports_r2() -> None:
     rng = np.random.default_rng(0)
-    fit = StepTimeFit()
-    assert fit.coefficients() is None and fit.r_squared() is None
+    fit = SlidingFit(size=600)
+    empty = fit.result()
+    assert empty.a_s_per_token is None and empty.r2 is None and empty.quality == "insufficient"
     for x in rng.uniform(1e5, 4e5, size=500):
         fit.add(float(x), 1.2e-7 * x + 0.02 + rng.normal(0, 1e-4))
-    a, b = fit.coefficients()  # type: ignore[misc]
-    assert a == pytest.approx(1.2e-7, rel=0.02) and b == pytest.approx(0.02, rel=0.05)
-    assert fit.r_squared() > 0.99  # type: ignore[operator]
-    noise = StepTimeFit()
+    r = fit.result()
+    assert r.a_s_per_token == pytest.approx(1.2e-7, rel=0.02) and r.b_s == pytest.approx(0.02, rel=0.05)
+    assert r.r2 is not None and r.r2 > 0.99 and r.quality == "good" and r.samples == 500
+    noise = SlidingFit(size=600)
     for x in rng.uniform(1e5, 4e5, size=500):
         noise.add(float(x), float(rng.uniform(0.05, 0.07)))
-    assert noise.r_squared() < 0.05  # type: ignore[operator]
+    n = noise.result()
+    assert n.r2 is not None and n.r2 < 0.05 and n.quality == "poor"
 
 
 def test_step_model_rejects_nonsense() -> None:
@@ -45,7 +47,7 @@ def test_step_model_rejects_nonsense() -> None:
         StepTimeModel(a=-1)
     with pytest.raises(ValueError):
         StepTimeModel(a=0, b=0)
-    fit = StepTimeFit()
+    fit = SlidingFit()
     fit.add(float("nan"), 1.0)
     fit.add(1.0, -1.0)
-    assert fit.n == 0
+    assert fit.result().samples == 0

@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shadow.core.imbalance import imbalance
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec, PrefillConfig
 from shadow.engine.jobs import Job
@@ -17,6 +16,7 @@ from shadow.engine.lane import Lane
 from shadow.engine.offline import run_offline
 from shadow.engine.results import lane_result
 from shadow.replay.experiment import DEFAULT_POLICIES
+from tests.core.imbalance import imbalance
 from tests.engine.helpers import ready_times, run_lane
 
 ALL_LANES = list(DEFAULT_POLICIES)

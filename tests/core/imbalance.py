@@ -1,4 +1,5 @@
-"""Imbalance math of a barrier-synchronised step: I(k), max−min spread, barrier-idle fraction."""
+"""Imbalance math of a barrier-synchronised step, written out for the tests to check the engine
+against: I(k), max−min spread, barrier-idle fraction."""
 
 from __future__ import annotations
 
