@@ -421,15 +421,6 @@ class Lane:
         if self.on_done is not None:
             self.on_done(job.request_id)
 
-    # -- checking ---------------------------------------------------------------------------
-
-    def loads_from_slots(self) -> list[float]:
-        """Per-worker loads recomputed from scratch (Σ s_i + generated_i); for invariant checks."""
-        act = self.slot_active
-        w = self.slot_prompt[act] + (self.k - self.slot_start[act])
-        sums = np.bincount(self._slot_worker[act], weights=w, minlength=self.config.workers)
-        return [float(x) for x in sums.tolist()]
-
 
 def checked_step(lane: Lane, budget: float = math.inf) -> bool:
     """`lane.step()` for the drivers' loops, which would spin forever on an engine bug instead.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -449,10 +449,6 @@ def _run_cell_timed(cell: Cell) -> dict[str, Any]:
     import time
 
     return run_cell(cell, time.perf_counter)
-
-
-def protocol_json(p: Protocol) -> dict[str, Any]:
-    return asdict(p)
 
 
 def _exact(samples: SampleSink) -> list[float]:

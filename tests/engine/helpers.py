@@ -1,14 +1,26 @@
-"""Test helpers over the engine's one lane driver: a single lane run to the end, prefill ready times."""
+"""Test helpers over the engine: a single lane run to the end on its one driver, prefill ready
+times, a lane's loads recomputed from scratch."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+
+import numpy as np
 
 from shadow.engine.config import PrefillConfig
 from shadow.engine.driver import LaneDriver, Observer
 from shadow.engine.jobs import Job
 from shadow.engine.lane import Lane
 from shadow.engine.offline import PrefillStage, Progress
+
+
+def loads_from_slots(lane: Lane) -> list[float]:
+    """Per-worker loads recomputed from the lane's slot arrays (Σ s_i + generated_i), to check its
+    incremental loads against."""
+    act = lane.slot_active
+    w = lane.slot_prompt[act] + (lane.k - lane.slot_start[act])
+    sums = np.bincount(lane._slot_worker[act], weights=w, minlength=lane.config.workers)
+    return [float(x) for x in sums.tolist()]
 
 
 def ready_times(jobs: Sequence[Job], prefill: PrefillConfig | None) -> list[float]:

@@ -21,7 +21,7 @@ from shadow.engine.jobs import Job
 from shadow.engine.lane import Lane, checked_step
 from shadow.engine.offline import run_lanes
 from shadow.engine.results import lane_result
-from tests.engine.helpers import run_lane
+from tests.engine.helpers import loads_from_slots, run_lane
 
 # a = 1 s per token of the largest load, b = 0: a step lasts exactly max_g L_g seconds.
 UNIT = StepTimeModel(a=1.0, b=0.0)
@@ -64,7 +64,7 @@ def test_a_binding_lane_step_by_step_matches_the_hand_computed_states() -> None:
         "finished": 1,
     }, "after step 0: A runs with 11 tokens on w0, B finished and released 4 + 1 on w1, C waits"
     assert done == ["B"] and lane.waiting == 1 and lane.active == 1
-    assert lane.loads == lane.loads_from_slots()
+    assert lane.loads == loads_from_slots(lane)
 
     assert lane.step() is True
     assert _state(lane) == {
