@@ -124,8 +124,9 @@ class LaneDriver:
         timeout = self.admission.timeout_s
         if timeout is not None:
             lane.shed_waiting(lane.now - timeout)
-        for o in self.observers:
-            o.stepping(lane)
+        if self.observers:
+            for o in self.observers:
+                o.stepping(lane)
         if lane.now >= self.stop_at:
             self.stopped = True
             return False
@@ -133,8 +134,8 @@ class LaneDriver:
 
     def _step(self) -> bool:
         lane = self.lane
-        ran = checked_step(lane, self.budget())
-        if ran:
+        ran = checked_step(lane, self.tokens if self._budget is None else self._budget())
+        if ran and self.observers:
             for o in self.observers:
                 o.stepped(lane)
         return ran

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from shadow.core.params import BRParams
@@ -158,17 +158,13 @@ def run_replay(trace: Trace, setup: ReplaySetup, progress: Progress | None = Non
         "slots": setup.slots,
         "step_a_s_per_token": setup.step.a,
         "step_b_s": setup.step.b,
-        "prefill": None if setup.prefill is None else vars_of(setup.prefill),
-        "br": vars_of(setup.br),
+        "prefill": None if setup.prefill is None else asdict(setup.prefill),
+        "br": asdict(setup.br),
         "seed": setup.seed,
         "policies": [lane.label for lane in lanes],
         "worker_names": worker_names or None,
     }
     return ReplayReport(workload=workload, config=cfg, results=results, wall_s=wall)
-
-
-def vars_of(obj: Any) -> dict[str, Any]:
-    return {name: getattr(obj, name) for name in obj.__dataclass_fields__}
 
 
 def parse_policies(text: str | Sequence[str]) -> tuple[str, ...]:
