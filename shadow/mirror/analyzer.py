@@ -16,7 +16,6 @@ to a worker name through `worker_by_addr` (host:port → name).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import secrets
@@ -165,7 +164,7 @@ def _is_llm_path(path: str) -> bool:
 
 
 class Analyzer:
-    """Per-request analysis of tap traffic; `process(batch)` is synchronous, `run(queue)` loops."""
+    """Per-request analysis of tap traffic; `process(batch)`, driven by the tap service."""
 
     def __init__(
         self,
@@ -208,25 +207,6 @@ class Analyzer:
         self.ends: dict[tuple[str, str], int] = {}
         self.inflight: dict[str, int] = {}
         self.gaps = 0
-
-    # -- driving ---------------------------------------------------------------------------------
-
-    async def run(self, queue: Any, *, batch: int = 16, settle_s: float = 0.002, pace: float = 0.0) -> None:
-        """Consume the taps' queue forever (cancel to stop). The relay shares the event loop, so
-        analysis waits `settle_s` after waking (a burst of chunks is relayed first) and then works in
-        slices of `batch` items (larger under backlog), yielding between slices. `pace` (tests)
-        sleeps between slices to simulate a slow consumer."""
-        while True:
-            items = await queue.get_batch(1)
-            if settle_s:
-                await asyncio.sleep(settle_s)
-            while True:
-                self.process(items)
-                await asyncio.sleep(pace)
-                n = len(queue)
-                if not n:
-                    break
-                items = queue.get_nowait_batch(max(batch, n // 4))
 
     def process(self, items: list[tuple[TapContext, int, float, Any]]) -> None:
         mirror = self.mirror

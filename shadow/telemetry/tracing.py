@@ -16,7 +16,7 @@ dispatch rounds and admissions and the mode controller's transitions.
 - `RoutingSpans(tracer)`: what the dispatcher calls per round (`round_start`, `admission`,
   `round_end`) and the mode controller per transition (`mode_transition`); see the class.
 - `otlp_provider(environ)`: the provider when an OTLP endpoint is configured, else None;
-  `trace_mirror(mirror, environ)` attaches mirrored-request spans to it (returns the provider to
+  `trace_mirror(listeners, environ)` attaches mirrored-request spans to a mirror (returns the provider to
   shut down). `shadow serve` gives its `MirrorSpans` and `RoutingSpans` to what they trace.
 """
 
@@ -26,8 +26,8 @@ import hashlib
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, MutableSequence, Sequence
+from typing import Protocol
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
@@ -195,12 +195,13 @@ def otlp_provider(environ: Mapping[str, str] | None = None) -> TracerProvider | 
     return make_provider(env)
 
 
-def trace_mirror(mirror: Any, environ: Mapping[str, str] | None = None) -> TracerProvider | None:
-    """Attach mirrored-request spans to `mirror` when an OTLP endpoint is configured (see
-    `otlp_provider`); returns the provider to shut down on exit, or None."""
+def trace_mirror(listeners: MutableSequence[Callable[[Event], None]],
+                 environ: Mapping[str, str] | None = None) -> TracerProvider | None:
+    """Append mirrored-request spans to a mirror's `listeners` when an OTLP endpoint is configured
+    (see `otlp_provider`); returns the provider to shut down on exit, or None."""
     provider = otlp_provider(environ)
     if provider is not None:
-        mirror.listeners.append(MirrorSpans(get_tracer(provider)))
+        listeners.append(MirrorSpans(get_tracer(provider)))
     return provider
 
 
@@ -208,6 +209,21 @@ def request_hash(request_id: str) -> str:
     """The request id as spans carry it: 16 hex digits of blake2b (the same on every span kind, so a
     mirrored request and its admission can be matched without the id itself)."""
     return hashlib.blake2b(request_id.encode(), digest_size=8).hexdigest()
+
+
+class Placed(Protocol):
+    """What a span reads of a request the dispatcher places (the active proxy's ticket)."""
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def policy(self) -> str: ...
+    @property
+    def mode(self) -> str: ...
+    @property
+    def arrived_at(self) -> float: ...
 
 
 class RoutingSpans:
@@ -229,7 +245,7 @@ class RoutingSpans:
         """Spans that record nothing (the default of a dispatcher nobody traces)."""
         return cls(trace.NoOpTracer())
 
-    def round_start(self, policy: str, free_slots: Sequence[int], tickets: Iterable[Any], *,
+    def round_start(self, policy: str, free_slots: Sequence[int], tickets: Iterable[Placed], *,
                     pool: int, bypass: bool = False) -> trace.Span:
         """Open the span of a round of `policy` over `pool` waiting requests (`tickets`: the
         dispatcher's waiting requests, read only when sampled); `bypass`: one request placed at once."""
@@ -244,7 +260,7 @@ class RoutingSpans:
         })
         return span
 
-    def admission(self, round_span: trace.Span, ticket: Any, worker: str, loads: Sequence[float],
+    def admission(self, round_span: trace.Span, ticket: Placed, worker: str, loads: Sequence[float],
                   g: int, now: float) -> None:
         """A child span of `round_span` for `ticket` placed on worker `g` (`worker`) at `now` (the
         dispatcher's clock); `loads` are the round's loads before this placement."""

@@ -228,13 +228,13 @@ def test_trace_mirror_exports_over_otlp_http_configured_by_otel_variables() -> N
         def __init__(self) -> None:
             self.listeners: list[object] = []
 
-    assert trace_mirror(_Mirror(), {}) is None
+    assert trace_mirror(_Mirror().listeners, {}) is None
     rx = OtlpReceiver()
     try:
         env = {"OTEL_EXPORTER_OTLP_ENDPOINT": rx.endpoint,
                "OTEL_TRACES_SAMPLER_ARG": "1", "OTEL_SERVICE_NAME": "shadow-otlp-test"}
         mirror = _Mirror()
-        provider = trace_mirror(mirror, env)
+        provider = trace_mirror(mirror.listeners, env)
         assert provider is not None and len(mirror.listeners) == 1
         listener = mirror.listeners[0]
         assert isinstance(listener, MirrorSpans)

@@ -1,0 +1,108 @@
+"""Before/after in one run: a bench of two checkouts, alternated, and the ratios of its figures.
+
+    python bench/ab.py --before ../old-checkout decision engine live [--rounds 3]
+
+Each round runs the bench of the `--before` checkout, then this checkout's (each its own
+`bench/<name>.py` with PYTHONPATH on its own tree, so a bench that changed with the code measures
+each side as it is), so both sides share the machine's noise. Per figure it prints the medians and
+the ratio after / before; per bench the geometric mean of the ratios (above 1: after is faster
+for throughputs, slower for times; the `better` column says which way each figure goes).
+
+Presets (arguments and what is read from the output):
+  decision  bench_decision.py --quick --rounds 50 --clock cpu; P50 ms of one round per (G, waiting, policy)
+  engine    bench_engine.py --lanes rr,jsq-bytes,br0,brh:survival (10,000 paper-azure requests at rho=1.1,
+            G=8, B=64); M request-steps/s per lane (wall clock)
+  live      bench_live.py --workers 8 --slots 64 --seconds 10; CPU cores the lanes need
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Preset:
+    script: str
+    args: tuple[str, ...]
+    read: Callable[[str], dict[str, float]]
+    better: str  # "lower" or "higher"
+
+
+def _decision(out: str) -> dict[str, float]:
+    row = re.compile(r"^\s*(\d+)\s+(\d+)\s+\d+\s+(\S+)\s+([\d.]+)\s+([\d.]+)", re.M)
+    return {f"G={g} waiting={w} {p} p50": float(p50) for g, w, p, p50, _ in row.findall(out)}
+
+
+def _engine(out: str) -> dict[str, float]:
+    row = re.compile(r"^\s*(\S+):\s+[\d.]+ s\s+([\d.]+) M request-steps/s", re.M)
+    return {f"{lane} M steps/s": float(v) for lane, v in row.findall(out)}
+
+
+def _live(out: str) -> dict[str, float]:
+    m = re.search(r"= ([\d.]+) core", out)
+    return {"lanes CPU cores": float(m.group(1))} if m else {}
+
+
+PRESETS = {
+    "decision": Preset("bench_decision.py", ("--quick", "--rounds", "50", "--clock", "cpu"), _decision,
+                       "lower"),
+    "engine": Preset("bench_engine.py", ("--lanes", "rr,jsq-bytes,br0,brh:survival"), _engine, "higher"),
+    "live": Preset("bench_live.py", ("--workers", "8", "--slots", "64", "--seconds", "10"), _live, "lower"),
+}
+
+
+def run(tree: Path, preset: Preset) -> dict[str, float]:
+    """One run of `preset` from `tree`'s bench directory with `tree` first on the import path."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    cmd = [sys.executable, str(tree / "bench" / preset.script), *preset.args]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tree)
+    if res.returncode != 0:
+        raise SystemExit(f"{tree}: {' '.join(cmd[1:])} exited {res.returncode}:\n{res.stderr[-2000:]}")
+    figures = preset.read(res.stdout)
+    if not figures:
+        raise SystemExit(f"{tree}: no figures in the output of {preset.script}:\n{res.stdout[-2000:]}")
+    return figures
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("benches", nargs="+", choices=sorted(PRESETS), help="which benches to compare")
+    ap.add_argument("--before", required=True, type=Path, metavar="DIR", help="the other checkout")
+    ap.add_argument("--rounds", type=int, default=3, help="alternated runs per side (default 3)")
+    args = ap.parse_args()
+    before = args.before.resolve()
+    for name in args.benches:
+        preset = PRESETS[name]
+        runs: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
+        for k in range(args.rounds):
+            for side, tree in (("before", before), ("after", HERE)):
+                print(f"[{name}] round {k + 1}/{args.rounds}: {side}", file=sys.stderr, flush=True)
+                runs[side].append(run(tree, preset))
+        keys = [key for key in runs["after"][0] if all(key in r for r in runs["before"] + runs["after"])]
+        print(f"== {name}: {preset.script} {' '.join(preset.args)}; {args.rounds} alternated rounds; "
+              f"better is {preset.better}")
+        ratios = []
+        for key in keys:
+            b = statistics.median(r[key] for r in runs["before"])
+            a = statistics.median(r[key] for r in runs["after"])
+            ratio = a / b if b else math.nan
+            ratios.append(ratio)
+            print(f"  {key:<40} before {b:10.3f}  after {a:10.3f}  after/before {ratio:6.3f}")
+        finite = [r for r in ratios if r > 0 and math.isfinite(r)]
+        geo = math.exp(statistics.fmean(math.log(r) for r in finite)) if finite else math.nan
+        print(f"  geometric mean after/before over {len(finite)} figures: {geo:.3f}")
+
+
+if __name__ == "__main__":
+    main()
