@@ -308,7 +308,7 @@ def test_the_mode_controller_takes_the_old_spelling_with_a_warning(caplog: pytes
     with caplog.at_level(logging.WARNING, logger="shadow.active.modes"):
         c = ModeController(ModeConfig(mode="active", policy="jsq"))
     assert c.snapshot()["configured_policy"] == "jsq-bytes" and c.choose("r1").policy == "jsq-bytes"
-    assert any("deprecated" in r.getMessage() and "environment" in r.getMessage() for r in caplog.records)
+    assert any("deprecated" in r.getMessage() and "(default)" in r.getMessage() for r in caplog.records)
     c.apply(ModeSetting("active", "br0"), "operator")
     assert c.choose("r1").policy == "br0"
     with pytest.raises(ValueError, match="policy must be one of"):
