@@ -34,6 +34,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.registry import Collector
 
 from shadow.base.listener import AsgiListener, ListenerLimits
+from shadow.base.listener_metrics import ListenerCollector
 from shadow.base.loopthread import LoopThread
 from shadow.base.net import bind_listen
 from shadow.mirror.analyzer import Analyzer
@@ -260,7 +261,8 @@ class TapService:
                 max_connections=c.api_max_connections,
             ),
         )
-        self.listeners: dict[str, AsgiListener] = {"api": self._server}  # shown in /v1/state
+        self.listeners: dict[str, AsgiListener] = {"api": self._server}  # in /v1/state and /metrics
+        self.registry.register(ListenerCollector(self.listeners))
         self.api_url = ""
 
     def _extra_state(self, now: float) -> dict[str, Any]:

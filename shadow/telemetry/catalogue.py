@@ -51,6 +51,7 @@ LABELS: dict[str, str] = {
     "round_stage": "BalanceRoute's two stages within a routing round",
     "result": "whether a predictor prompt-key lookup found the key",
     "backend": "`shadow router`'s configured backend names",
+    "listener": "one of shadow's own listeners: api (the API/admin port), active (the proxy's client port)",
 }
 
 _HIST_SUFFIXES = ("_bucket", "_sum", "_count", "_created")

@@ -117,6 +117,8 @@ def test_an_endless_request_head_gets_431_at_the_cap(port: str) -> None:
             s.close()
             state = httpx.get(ready["api"] + "/v1/state", timeout=30).json()
             assert state["listeners"][port]["rejected"]["head_too_large"] == 2
+            text = httpx.get(ready["api"] + "/metrics", timeout=30).text
+            assert f'shadow_listener_rejected_total{{listener="{port}",reason="head_too_large"}} 2.0' in text
 
 
 @contextmanager
