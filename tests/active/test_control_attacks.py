@@ -2,7 +2,8 @@
 
 A flag file replaced by a FIFO (never waited on), admin bodies beyond what a JSON reader should
 take (400/422, never 500); evidence a client or an unauthenticated peer could forge (a client's
-own 4xx, token-less events) trips nothing; fallback routes only to ranks that are up.
+own 4xx, token-less events) trips nothing; fallback routes only to ranks that are up; a worker
+reporting NaN trips fallback and breaks no endpoint.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import httpx
 
 from tests.active.procs import shadow_process
+from tests.active.raw_upstream import Exchange, RawUpstream
 from tests.active.test_fallback_e2e import SERVE_FLAGS, mode, scrapes, wait_for
 
 TOKEN = "t" * 24
@@ -164,3 +166,30 @@ def test_fallback_routes_only_to_ranks_that_are_up() -> None:
         assert answers == [200] * 40, answers  # the old round-robin sent every other one to d1
         failures = mode(api)["observed"]["upstream_failures"] - before
         assert failures == 0, failures
+
+
+NAN_PAGE = (b"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running NaN\n"
+            b"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 0\n")
+
+
+async def _nan_worker(ex: Exchange) -> None:
+    if ex.path.startswith("/metrics"):
+        await ex.send(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\n"
+                      b"content-length: %d\r\n\r\n%s" % (len(NAN_PAGE), NAN_PAGE))
+    else:
+        await ex.send(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+
+
+def test_a_worker_reporting_nan_trips_fallback_and_every_endpoint_keeps_answering() -> None:
+    with RawUpstream(_nan_worker) as up, shadow_process(["serve", *SERVE_FLAGS, "--upstream",
+                                                         f"d0={up.url}"]) as (_, ready):
+        api = ready["api"]
+        wait_for(lambda: sum(ex.path.startswith("/metrics") for ex in up.exchanges) >= 3, "three scrapes")
+        for path in ("/v1/mode", "/v1/report", "/v1/state"):  # the old code answered 500 (NaN in JSON)
+            r = httpx.get(api + path, timeout=30)
+            assert r.status_code == 200, (path, r.text[:300])
+        # a NaN load is no good scrape: the telemetry goes stale and trips fallback (abs(NaN) > 16
+        # was false, so the old NaN drift tripped nothing)
+        wait_for(lambda: mode(api)["current"] == "fallback", "fallback on a NaN-reporting worker")
+        assert mode(api)["fallback_reason"] == "telemetry_stale"
+        assert httpx.get(api + "/v1/state", timeout=30).status_code == 200
