@@ -288,12 +288,22 @@ class ModeController:
                              "policy": self._effective_policy(), "detail": detail,
                              "scrapes": self.signals.scrapes, "observed": dict(self.observed),
                              "holddown_s": self.guards.hold.current_s if self.guards.tripped else 0.0})
-        log.warning("shadow mode: %s -> %s (reason=%s: %s)", prev, into, reason, detail)
+        logged = False
+
+        def line() -> None:
+            nonlocal logged
+            logged = True
+            log.log(logging.WARNING if into == "fallback" else logging.INFO,
+                    "shadow mode: %s -> %s (reason=%s: %s)", prev, into, reason, detail,
+                    extra={"mode_from": prev, "mode_to": into, "reason": reason})
+
         if self.spans is not None:
             try:
-                self.spans.mode_transition(prev, into, reason)
+                self.spans.mode_transition(prev, into, reason, inside=line)
             except Exception:
                 log.exception("shadow mode: tracing the transition failed")
+        if not logged:
+            line()
         self._replan()
 
     def _replan(self) -> None:

@@ -31,6 +31,8 @@ from typing import Any
 
 import httpx
 import orjson
+from opentelemetry import context as otel_context
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import CollectorRegistry, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
@@ -43,6 +45,7 @@ from shadow.active.ledger import Ledger, LoadSource, NoSource
 from shadow.active.metrics import ActiveMetrics
 from shadow.active.prefill import KvPoller, PrefillChooser, Prefiller, prefill_score
 from shadow.active.upstream import Unsent, send
+from shadow.base.logthrottle import Throttled
 from shadow.contracts.labels import prompt_bucket
 from shadow.contracts.modes import ModeSource, StaticModeSource
 from shadow.core.params import BRParams
@@ -53,6 +56,7 @@ from shadow.vllm.errors import stream_error_event
 from shadow.vllm.sse import DEFAULT_MAX_FRAME, EventSplitter, event_data
 
 log = logging.getLogger("shadow.active")
+W3C = TraceContextTextMapPropagator()
 
 GENERATE_PATHS = ("/v1/completions", "/v1/chat/completions")
 PREFILL_KV_PARAMS: dict[str, Any] = {
@@ -277,6 +281,7 @@ class ActiveProxy:
         self.resume_dropped = 0  # streams that stopped keeping them (budget): shown on /health
         self.oversized_events = 0  # SSE events over `max_event_bytes` (forwarded unaligned)
         self.errors: collections.Counter[str] = collections.Counter()  # error answers by kind
+        self.rejected_log = Throttled(log)  # requests refused for what the client sent
         # streams cut after their first byte, by (leg, reason): the client got an error event
         self.cut: collections.Counter[tuple[str, str]] = collections.Counter()
         self.router_url = config.router_url.rstrip("/") if config.router_url else None
@@ -355,6 +360,10 @@ class ActiveProxy:
 
     def _error(self, status: int, message: str, kind: str, rid: str | None = None) -> Response:
         self.errors[kind] += 1
+        if status < 500:
+            self.rejected_log.warning(kind, "request rejected (%s): %s", status, message, kind=kind)
+        else:
+            log.warning("request failed (%s): %s", status, message, extra={"kind": kind, "request_id": rid})
         headers = {"X-Request-Id": rid} if rid else None
         return Response(
             _error_body(status, message, kind),
@@ -384,6 +393,14 @@ class ActiveProxy:
         return b"".join(chunks)
 
     async def _generate(self, request: Request) -> Response:
+        """A generation request, in the trace context its `traceparent` header carries (if any)."""
+        token = otel_context.attach(W3C.extract(request.headers))
+        try:
+            return await self._generate_in_context(request)
+        finally:
+            otel_context.detach(token)
+
+    async def _generate_in_context(self, request: Request) -> Response:
         t0 = time.perf_counter()
         rid = uuid.uuid4().hex
         choice = self.modes.choose(rid)
@@ -437,6 +454,12 @@ class ActiveProxy:
                 refused = (f.leg == "pool" and f.status in (429, 503)) or (
                     f.leg != "pool" and client_fault(f.status)
                 )
+                if refused:
+                    self.rejected_log.warning(f.kind, "request refused (%s) on the %s leg: %s", f.status,
+                                              f.leg, f.kind, kind=f.kind)
+                else:
+                    log.warning("request failed (%s): %s leg, worker %s", f.status, f.leg, f.worker or "-",
+                                extra={"kind": f.kind, "request_id": flow.rid, "mode": flow.mode})
                 self._count(flow.mode, flow.policy, "rejected" if refused else "upstream_error")
                 return Response(
                     f.content, status_code=f.status, media_type=f.media, headers={"X-Request-Id": flow.rid}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -45,3 +46,4 @@ def announce(ready: Mapping[str, Any], *, latency: bool = False) -> None:
     if latency:
         tune_gc()
     print(json.dumps(ready), flush=True)
+    logging.getLogger("shadow").info("ready", extra={"ready": dict(ready)})

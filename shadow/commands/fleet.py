@@ -12,7 +12,7 @@ from typing import Any
 
 from shadow.app import fleet as fleet_app
 from shadow.commands import fleet_vllm
-from shadow.commands._service import run_reporting
+from shadow.commands._service import add_log_arguments, run_reporting, start_logging
 from shadow.core.stepmodel import DEFAULT_A_S_PER_TOKEN, DEFAULT_B_S
 from shadow.fleet.config import DEFAULT_BASE_PORT, DEFAULT_MODEL, FleetConfig
 from shadow.fleet.faults import FaultSpec
@@ -106,6 +106,7 @@ def register(subparsers: Any) -> None:
         "prefill/0:http_status=503 (keys: see shadow.fleet.faults)",
     )
     fleet_vllm.add_arguments(p)
+    add_log_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -137,4 +138,9 @@ def config_from_args(args: argparse.Namespace) -> FleetConfig:
 def run(args: argparse.Namespace) -> int:
     if args.engine == "vllm":
         return fleet_vllm.run(args)
-    return run_reporting("shadow fleet", lambda: fleet_app.run(config_from_args(args)))
+    def body() -> None:
+        config = config_from_args(args)
+        start_logging("shadow fleet", args)
+        fleet_app.run(config)
+
+    return run_reporting("shadow fleet", body)

@@ -48,6 +48,7 @@ def add_arguments(p: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from shadow.app import fleet as fleet_app
+    from shadow.commands._service import start_logging
     from shadow.realvllm.launcher import VllmFleet, VllmFleetConfig
 
     used = [name for name in SIM_ONLY if getattr(args, name, None) not in (None, False, [], 1.0)]
@@ -70,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"shadow fleet: {exc}", file=sys.stderr)
         return 2
+    start_logging("shadow fleet", args)
     if config.log_dir is not None:
         config.log_dir.mkdir(parents=True, exist_ok=True)
     try:

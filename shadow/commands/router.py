@@ -15,7 +15,7 @@ from typing import Any
 
 from shadow.active.standin import POLICIES, RouterConfig
 from shadow.app import router as router_app
-from shadow.commands._service import run_reporting
+from shadow.commands._service import add_log_arguments, run_reporting, start_logging
 
 PROG = "shadow router"
 EPILOG = """examples:
@@ -64,6 +64,7 @@ def register(subparsers: Any) -> None:
                    help="retries of a request before anything reached the client: a failed prefill leg "
                         "(on another prefiller when there is one), a decode leg that could not be sent; "
                         "exponential backoff from 1 ms, none after HTTP 4xx (default 3)")
+    add_log_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -81,4 +82,9 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_reporting(PROG, lambda: router_app.run(config_from_args(args), args.host, args.port))
+    def body() -> None:
+        config = config_from_args(args)
+        start_logging(PROG, args)
+        router_app.run(config, args.host, args.port)
+
+    return run_reporting(PROG, body)

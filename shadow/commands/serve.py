@@ -27,7 +27,7 @@ from shadow.app.serve import ActiveSettings, ServeConfig, check_policies
 from shadow.commands import tap as tap_cmd
 from shadow.commands._flags import add_flags, fields, flag
 from shadow.commands._layered import explicit_only, given, origin, resolve
-from shadow.commands._service import run_reporting
+from shadow.commands._service import run_reporting, start_logging
 from shadow.commands.serve_checks import check_start_values
 from shadow.core.policies import ACTIVE, active_names, active_policy, lane_names
 from shadow.core.stepmodel import DEFAULT_A_S_PER_TOKEN, DEFAULT_B_S
@@ -320,7 +320,13 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_reporting(PROG, lambda: serve_app.run(config_from_args(resolve_args(given(args), os.environ))))
+    def body() -> None:
+        resolved = resolve_args(given(args), os.environ)
+        config = config_from_args(resolved)
+        start_logging(PROG, resolved)
+        serve_app.run(config)
+
+    return run_reporting(PROG, body)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -29,7 +29,7 @@ from typing import Any
 from shadow.app import tap as tap_app
 from shadow.base.runtime import LOOPS
 from shadow.commands._flags import Flag, add_flags, fields, flag
-from shadow.commands._service import run_reporting
+from shadow.commands._service import add_log_arguments, run_reporting, start_logging
 from shadow.mirror.http1 import DEFAULT_ALLOW_PATHS
 from shadow.mirror.keys import key_location, open_secret
 from shadow.mirror.service import TapConfig
@@ -135,6 +135,7 @@ def tap_flags() -> tuple[Flag, ...]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_flags(p, tap_flags())
+    add_log_arguments(p)
 
 
 EPILOG = """examples:
@@ -175,7 +176,12 @@ def config_from_args(args: argparse.Namespace) -> TapConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_reporting(PROG, lambda: tap_app.run(config_from_args(args), args.drain_timeout))
+    def body() -> None:
+        config = config_from_args(args)
+        start_logging(PROG, args)
+        tap_app.run(config, args.drain_timeout)
+
+    return run_reporting(PROG, body)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

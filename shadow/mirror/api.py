@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import time
 from collections.abc import Callable, MutableMapping, Sequence
@@ -22,6 +23,7 @@ from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from shadow.base.logthrottle import Throttled
 from shadow.base.security import admin_denied
 from shadow.contracts.events import Arrive, Event, Step, from_dict, load_schema
 from shadow.mirror.hub import Mirror, event_dict
@@ -227,6 +229,7 @@ def create_app(
     app = FastAPI(title="shadow mirror", docs_url=None, redoc_url=None, openapi_url=None)
     rejected_counts: MutableMapping[str, int] = rejected if rejected is not None else {}
     schema = load_schema()
+    rejections = Throttled(logging.getLogger("shadow.mirror.api"))
 
     @app.post("/v1/events")
     async def post_events(request: Request) -> Response:
@@ -237,10 +240,12 @@ def create_app(
         )
         if denied is not None:
             rejected_counts["unauthorized"] = rejected_counts.get("unauthorized", 0) + 1
+            rejections.warning("unauthorized", "POST /v1/events refused (%s): %s", denied[0], denied[1])
             return JSONResponse({"error": denied[1]}, status_code=denied[0])
         cl = request.headers.get("content-length")
         if cl is not None and cl.isdigit() and int(cl) > max_body:
             rejected_counts["too_large"] = rejected_counts.get("too_large", 0) + 1
+            rejections.warning("too_large", "POST /v1/events refused: body over %d bytes", max_body)
             return JSONResponse({"error": f"body over {max_body} bytes"}, status_code=413)
         parts: list[bytes] = []
         size = 0
@@ -248,9 +253,13 @@ def create_app(
             size += len(chunk)
             if size > max_body:
                 rejected_counts["too_large"] = rejected_counts.get("too_large", 0) + 1
+                rejections.warning("too_large", "POST /v1/events refused: body over %d bytes", max_body)
                 return JSONResponse({"error": f"body over {max_body} bytes"}, status_code=413)
             parts.append(chunk)
         result = await ingest_ndjson_sliced(b"".join(parts), mirror, clock(), rejected_counts, max_id_len)
+        if result["rejected"]:
+            why = dict(result["rejected"])
+            rejections.warning("lines", "POST /v1/events: %d lines rejected", sum(why.values()), reasons=why)
         return JSONResponse(result)
 
     @app.get("/v1/events")

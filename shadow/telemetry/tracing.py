@@ -294,10 +294,13 @@ class RoutingSpans:
             span.set_status(trace.Status(trace.StatusCode.ERROR, type(error).__name__))
         span.end()
 
-    def mode_transition(self, from_mode: str, to_mode: str, reason: str) -> None:
-        """A mode change (active mode; a short span so it shows on its own)."""
+    def mode_transition(self, from_mode: str, to_mode: str, reason: str,
+                        inside: Callable[[], None] | None = None) -> None:
+        """A mode change (active mode; a short span so it shows on its own); `inside` runs in the
+        span's context (the transition's log line, which then carries its trace id)."""
         with self.tracer.start_as_current_span(
             "shadow.mode.transition", kind=trace.SpanKind.INTERNAL,
             attributes={attrs.MODE_FROM: from_mode, attrs.MODE_TO: to_mode, attrs.MODE_REASON: reason},
         ):
-            pass
+            if inside is not None:
+                inside()

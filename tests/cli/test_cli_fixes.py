@@ -109,7 +109,8 @@ def test_port_in_use_names_the_port() -> None:
         proc = _shadow("fleet", "--prefill", "1", "--decode", "1", "--port", str(port))
     assert proc.returncode == 1
     assert f"127.0.0.1:{port}" in proc.stderr and "Traceback" not in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1
+    started, failed = proc.stderr.strip().splitlines()  # the start-up log line, then the error's
+    assert "shadow fleet started" in started and " ERROR " in failed and f"127.0.0.1:{port}" in failed
 
 
 @pytest.mark.parametrize(("fault", "named"), [("decode/2:stall_s=1", "decode/2"),

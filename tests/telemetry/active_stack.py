@@ -120,10 +120,11 @@ class ActiveStack:
 @contextmanager
 def active_stack(tmp: Path, *, prefill: int = 1, decode: int = 2, slots: int = 8, mode: str = "canary",
                  policy: str = "br0", proxy: bool = True,
-                 extra: tuple[str, ...] = ()) -> Iterator[ActiveStack]:
+                 extra: tuple[str, ...] = (), env: dict[str, str] | None = None) -> Iterator[ActiveStack]:
     """Fleet + `shadow router` + `shadow serve --active` (canary: half the requests routed by shadow);
     without `proxy`, `shadow serve` with the mode controller only (clients reach the router through
-    the front tap; the mode, its admin API and its metrics work, nothing routes actively)."""
+    the front tap; the mode, its admin API and its metrics work, nothing routes actively). `env`:
+    more environment of `shadow serve` (tracing is off unless it says otherwise)."""
     require_active(proxy)
     shadow = find_executable("shadow")
     assert shadow, "the shadow console script is missing"
@@ -146,7 +147,8 @@ def active_stack(tmp: Path, *, prefill: int = 1, decode: int = 2, slots: int = 8
             for i, url in enumerate(fleet.prefill_urls):
                 args += ["--prefill", f"p{i}={url}"]
             serve = _Proc(args, tmp / "serve.log",
-                          env={"SHADOW_SERVE_ADMIN_TOKEN": ADMIN_TOKEN, "OTEL_SDK_DISABLED": "true"})
+                          env={"SHADOW_SERVE_ADMIN_TOKEN": ADMIN_TOKEN, "OTEL_SDK_DISABLED": "true",
+                               **(env or {})})
             procs.append(serve)
             assert serve.ready["taps"]["d0"].endswith(f":{base + 1}"), serve.ready  # the layout above
             yield ActiveStack(fleet, serve.ready, str(router.ready["url"]))
