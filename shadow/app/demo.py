@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import math
+import shlex
 import signal
 import tempfile
 import time
@@ -354,6 +355,11 @@ def headline(report: dict[str, Any]) -> str:
     return f"BR-0's average spread is {br0 / actual:.2f}× higher than the router's here"
 
 
+def replay_command(record: str) -> str:
+    """The command that replays the demo's recording as its live lanes ran."""
+    return f"shadow replay {shlex.quote(record)}"
+
+
 def run_demo(opts: DemoOptions, console: Console, err: Console) -> int:
     """Run the loop; 0 when the load ran and the final report was fetched."""
     workdir = Path(tempfile.mkdtemp(prefix="shadow-demo-"))
@@ -379,8 +385,8 @@ def run_demo(opts: DemoOptions, console: Console, err: Console) -> int:
         Path(opts.report_json).write_text(json.dumps(final, indent=2) + "\n")
         err.print(f"wrote {opts.report_json}")
     if opts.record:
-        err.print(f"recorded the session to {opts.record}: `shadow replay {opts.record} -B {opts.slots}` "
-                  f"replays it offline")
+        err.print(f"recorded the session to {opts.record}: `{replay_command(opts.record)}` replays it "
+                  f"offline as the lanes ran (the recording says how)")
     console.print(lanes_table(final))
     console.print(status_lines(demo, final, opts.duration_s))
     if demo.load is not None and demo.load.summary.failed:

@@ -41,6 +41,7 @@ from shadow.core.params import BRParams
 from shadow.core.routers import Router
 from shadow.core.stepmodel import DEFAULT_A_S_PER_TOKEN, DEFAULT_B_S, StepTimeModel
 from shadow.engine.config import LaneSpec
+from shadow.engine.settings import LaneSettings
 from shadow.live.lanes import DEFAULT_POLICIES, LiveLanes
 from shadow.live.metrics import LiveCollector
 from shadow.live.stepfit import SOURCES
@@ -180,6 +181,8 @@ class ServeService:
         tap_config = config.tap
         if mc is not None and mc.admin_token is not None:  # events can trip the mode: theirs too
             tap_config = dataclasses.replace(tap_config, events_token_required=True)
+        if tap_config.record:
+            tap_config = dataclasses.replace(tap_config, record_lanes=self.lane_settings().to_json())
         self.tap = TapService(tap_config, clock=clock, listeners=listeners, collectors=collectors,
                               routers=routers)
         self.health = (
@@ -202,6 +205,16 @@ class ServeService:
         self.proxy: ActiveProxy | None = None
         self._proxy_server: AsgiListener | None = None
         self._jobs: list[asyncio.Task[None]] = []
+
+    def lane_settings(self) -> LaneSettings:
+        """What the live lanes run with (the recording's header carries it)."""
+        c, live = self.config, self.live
+        default = (c.step_a, c.step_b) == (DEFAULT_A_S_PER_TOKEN, DEFAULT_B_S)
+        return LaneSettings(
+            policies=tuple(c.policies), step=live.step, slots=live.slots,
+            step_source="default" if default else "configured", lag_s=c.lag_s, br=live.config.br,
+            seed=live.config.seed,
+        )
 
     def _analysis_jobs(self) -> list[Job]:
         """What runs on the mirror's analysis loop beside it (where the reconciler lives)."""

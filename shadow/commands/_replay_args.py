@@ -10,6 +10,26 @@ from shadow.engine.config import PrefillConfig
 from shadow.replay.experiment import DEFAULT_POLICIES, ReplaySetup, parse_policies
 
 
+class Given(argparse.Action):
+    """Stores the value and notes that the flag was given (`given(args)`): a recording's settings
+    apply to every flag not given."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.given = {*getattr(namespace, "given", ()), self.dest}
+
+
+def given(args: argparse.Namespace) -> set[str]:
+    """The destinations of the `Given` flags on the command line."""
+    return set(getattr(args, "given", ()))
+
+
 def add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "trace",
@@ -18,7 +38,9 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
         "output_tokens[, prompt_key]) or a synthetic workload: paper-azure, paper-templates",
     )
     p.add_argument("--limit", type=int, metavar="N", help="replay only the first N requests")
-    p.add_argument("--seed", type=int, default=0, help="seed for synthetic workloads and random policies")
+    p.add_argument(
+        "--seed", type=int, default=0, action=Given, help="seed for synthetic workloads and random policies"
+    )
 
 
 def add_fleet_args(p: argparse.ArgumentParser, workers: bool = True) -> None:
@@ -31,7 +53,12 @@ def add_fleet_args(p: argparse.ArgumentParser, workers: bool = True) -> None:
             help="decode DP workers G (default 8; a recorded session: its configured workers)",
         )
     p.add_argument(
-        "--slots", "-B", type=int, default=64, help="slots (max running requests) per worker (default 64)"
+        "--slots",
+        "-B",
+        type=int,
+        default=64,
+        action=Given,
+        help="slots (max running requests) per worker (default 64)",
     )
     load = p.add_mutually_exclusive_group()
     load.add_argument(
@@ -45,9 +72,18 @@ def add_fleet_args(p: argparse.ArgumentParser, workers: bool = True) -> None:
         "--step-a",
         type=float,
         default=DEFAULT_A_S_PER_TOKEN,
-        help="step model: seconds per KV token of max load",
+        action=Given,
+        help=f"step model: seconds per KV token of max load (default: {DEFAULT_A_S_PER_TOKEN}; a recorded "
+        "session: what its lanes ran with)",
     )
-    p.add_argument("--step-b", type=float, default=DEFAULT_B_S, help="step model: fixed seconds per step")
+    p.add_argument(
+        "--step-b",
+        type=float,
+        default=DEFAULT_B_S,
+        action=Given,
+        help=f"step model: fixed seconds per step (default: {DEFAULT_B_S}; a recorded session: "
+        "what its lanes ran with)",
+    )
     p.add_argument(
         "--prefill",
         type=int,
@@ -61,24 +97,45 @@ def add_br_args(p: argparse.ArgumentParser) -> None:
     d = BRParams()
     g = p.add_argument_group("BalanceRoute parameters")
     g.add_argument(
-        "--horizon", type=int, default=d.horizon, help=f"BR-H look-ahead H in steps (default {d.horizon})"
+        "--horizon",
+        type=int,
+        action=Given,
+        default=d.horizon,
+        help=f"BR-H look-ahead H in steps (default {d.horizon})",
     )
-    g.add_argument("--alpha", type=float, default=d.alpha, help=f"BR-H fill reward α (default {d.alpha})")
     g.add_argument(
-        "--beta", type=float, default=d.beta, help=f"BR-H overflow penalty β > α (default {d.beta})"
+        "--alpha", type=float, action=Given, default=d.alpha, help=f"BR-H fill reward α (default {d.alpha})"
     )
-    g.add_argument("--gamma", type=float, default=d.gamma, help=f"BR-H discount γ (default {d.gamma})")
     g.add_argument(
-        "--r-max", type=int, default=d.r_max, help=f"Stage-2 window R_max, 1–16 (default {d.r_max})"
+        "--beta",
+        type=float,
+        action=Given,
+        default=d.beta,
+        help=f"BR-H overflow penalty β > α (default {d.beta})",
+    )
+    g.add_argument(
+        "--gamma", type=float, action=Given, default=d.gamma, help=f"BR-H discount γ (default {d.gamma})"
+    )
+    g.add_argument(
+        "--r-max",
+        type=int,
+        action=Given,
+        default=d.r_max,
+        help=f"Stage-2 window R_max, 1–16 (default {d.r_max})",
     )
     g.add_argument(
         "--s-greedy",
         type=int,
         default=None,
+        action=Given,
         help="Stage 1 runs while total free slots exceed this (default G)",
     )
     g.add_argument(
-        "--age", type=float, default=d.age_s, help=f"pool aging threshold in seconds (default {d.age_s})"
+        "--age",
+        type=float,
+        action=Given,
+        default=d.age_s,
+        help=f"pool aging threshold in seconds (default {d.age_s})",
     )
 
 

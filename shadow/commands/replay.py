@@ -12,10 +12,17 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from shadow.base.extras import missing_extra
-from shadow.commands._replay_args import add_br_args, add_fleet_args, add_workload_args, setup_from
+from shadow.commands._replay_args import (
+    Given,
+    add_br_args,
+    add_fleet_args,
+    add_workload_args,
+    given,
+    setup_from,
+)
 from shadow.commands.sweep_protocol import add_protocol_args, run_protocol
 from shadow.core.policies import lane_names
-from shadow.replay.experiment import DEFAULT_POLICIES, ReplayReport, ReplaySetup, run_replay
+from shadow.replay.experiment import DEFAULT_POLICIES, ReplayReport, ReplaySetup, as_recorded, run_replay
 from shadow.replay.render import render_report
 from shadow.traces import Trace, TraceError, resolve
 
@@ -25,8 +32,14 @@ EPILOG = """examples:
   shadow replay paper-templates -G 16 --policies jsq,jsq-bytes,br0,brh:exactmatch,brh:oracle
   shadow replay paper-azure --load 1.05 --steady --policies jsq-bytes,least-tokens,br0,bra   # 3 seeds, CI
 
+  shadow replay session.ndjson.gz                       # a `shadow serve --record` session, as it ran live
+  shadow replay session.ndjson.gz --step-a 2e-7          # ... what if the step model were different
+
 Throughput and latencies come from the step model T = a·max L + b (set --step-a/--step-b to
 your fleet's fit). brh:oracle knows true output lengths: an offline upper bound, never deployable.
+A session recorded by `shadow serve` carries what its live lanes ran with (policies, step model,
+slots, BR parameters, seed): without flags the replay runs exactly that; each flag that departs
+from it is printed as a what-if. Older recordings (and `shadow tap`'s) take the flags and defaults.
 """
 
 
@@ -44,8 +57,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--policies",
         default=",".join(DEFAULT_POLICIES),
+        action=Given,
         help=f"comma-separated lanes: {lane_names()} (bra: this project's BalanceRoute-adaptive; a "
-        "predicted policy alone takes survival) (default: all but bra)",
+        "predicted policy alone takes survival) (default: all but bra; a recorded session: its live lanes)",
     )
     add_br_args(p)
     p.add_argument("--json", metavar="OUT", help="write the figures as JSON to OUT")
@@ -82,6 +96,27 @@ def replay_with_progress(trace: Trace, setup: ReplaySetup, console: Console) -> 
         return run_replay(trace, setup, progress)
 
 
+def recorded_setup(
+    trace: Trace, setup: ReplaySetup, flags: set[str], err: Console
+) -> tuple[ReplaySetup, list[str] | None]:
+    """A recorded session replays with what its live lanes ran with, flags given aside (each
+    printed as a what-if); None when the trace says nothing of its lanes."""
+    recorded = trace.lane_settings
+    if recorded is None:
+        if trace.workers is not None:
+            err.print(f"note: {trace.name} does not say what its lanes ran with (an older recording, or "
+                      f"`shadow tap`'s): replaying with step model a={setup.step.a:g} s/token, "
+                      f"b={setup.step.b:g} s, {setup.slots} slots")
+        return setup, None
+    setup, what_if = as_recorded(setup, recorded, flags)
+    err.print(f"replaying as the live lanes ran: {','.join(recorded.policies)}; step model "
+              f"a={recorded.step.a:g} s/token, b={recorded.step.b:g} s ({recorded.step_source}); "
+              f"{recorded.slots} slots")
+    for line in what_if:
+        err.print(f"[yellow]what-if: {line}[/]")
+    return setup, what_if
+
+
 def run(args: argparse.Namespace) -> int:
     if args.steady:
         return run_protocol(args, args.policies, "replay")
@@ -98,13 +133,16 @@ def run(args: argparse.Namespace) -> int:
         if args.plot:
             setup = replace(setup, trajectory_points=1500)
         trace = load_workload(args.trace, args.seed, args.limit)
+        setup, what_if = recorded_setup(trace, setup, given(args), err)
         report = replay_with_progress(trace, setup, err)
     except (TraceError, ValueError) as exc:
         print(f"shadow replay: {exc}", file=sys.stderr)
         return 2
     # Files first: whatever the table shows, the figures are on disk.
     if args.json:
-        Path(args.json).write_text(json.dumps(report.to_json(), indent=2) + "\n")
+        doc = report.to_json()
+        doc["config"]["what_if"] = what_if
+        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
         err.print(f"wrote {args.json}")
     if args.plot:
         from shadow.replay.plot import plot_trajectories

@@ -2,8 +2,10 @@
 
 NDJSON, gzip when the path ends in `.gz`, rotated by size (`FILE` → `FILE.1`, `FILE.2`, …; every
 part starts with the header, so each part replays on its own):
-- `{"type": "session", "version": 1, "workers": [...], "slots": B|null}` — the configured decode
-  workers (a worker that got no traffic is still a worker);
+- `{"type": "session", "version": 2, "workers": [...], "slots": B|null, "lanes": {...}}` — the
+  configured decode workers (a worker that got no traffic is still a worker) and, from `shadow
+  serve`, what its live lanes ran with (policies, step model and its source, lag, BR parameters,
+  seed), so that a replay reproduces them without flags (version 1 headers have no `lanes`);
 - `{"type": "request", "request_id", "arrival_t", "prompt_tokens", "output_tokens", "worker",
   "prompt_key", "end", "t_end"}` — one line when a request ends (folded from its events by
   `shadow.engine.feed.RequestFolder`, exactly as an event-by-event recording is replayed);
@@ -18,13 +20,13 @@ from __future__ import annotations
 import gzip
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from shadow.contracts.events import Event, Step
 from shadow.engine.feed import Recorded, RequestFolder
 
-VERSION = 1
+VERSION = 2
 
 
 def request_line(r: Recorded, end: str | None = None, t_end: float | None = None) -> dict[str, Any]:
@@ -54,6 +56,7 @@ class CompactRecorder:
         *,
         workers: Sequence[str] = (),
         slots: int | None = None,
+        lanes: Mapping[str, Any] | None = None,
         max_bytes: int | None = None,
         step_every_s: float = 10.0,
         max_buffered: int = 100_000,
@@ -66,7 +69,10 @@ class CompactRecorder:
         self.max_bytes = max_bytes
         self.step_every_s = step_every_s
         self.max_buffered = max_buffered
-        self.header = {"type": "session", "version": VERSION, "workers": list(workers), "slots": slots}
+        self.header: dict[str, Any] = {"type": "session", "version": VERSION, "workers": list(workers),
+                                       "slots": slots}
+        if lanes is not None:
+            self.header["lanes"] = dict(lanes)
         self.folder = RequestFolder(max_open=max_open)
         self._steps: dict[str | None, list[float]] = {}  # worker -> [t0, n, sum, min, max]
         self._lines: list[str] = []

@@ -73,6 +73,7 @@ class TapConfig:
     port: int = 0  # API port; taps on port+1.. when non-zero, else ephemeral
     record: str | None = None
     record_max_bytes: int | None = None  # rotate the recording at this size (None: never)
+    record_lanes: dict[str, Any] | None = None  # what live lanes run with, for the recording's header
     max_body: int = 4 << 20
     queue_size: int = 65536
     slots: int | None = None
@@ -162,7 +163,8 @@ class TapService:
         self.state = MirrorState(decode_workers, slots=c.slots, ttl_s=c.ttl_s, phantom_age_s=c.phantom_age_s)
         self.recorder = (
             CompactRecorder(
-                c.record, workers=list(decode_workers), slots=c.slots, max_bytes=c.record_max_bytes
+                c.record, workers=list(decode_workers), slots=c.slots, lanes=c.record_lanes,
+                max_bytes=c.record_max_bytes,
             )
             if c.record
             else None

@@ -6,7 +6,7 @@ Kept apart from the CLI so tests, the demo and sweeps call the same thing.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -17,6 +17,7 @@ from shadow.engine.config import EngineConfig, LaneSpec, PrefillConfig
 from shadow.engine.jobs import jobs_from
 from shadow.engine.offline import Progress, run_offline
 from shadow.engine.results import LaneResult
+from shadow.engine.settings import LaneSettings
 from shadow.traces import Trace, at_load, estimate_capacity_rps, scale_rate
 
 DEFAULT_POLICIES: tuple[str, ...] = (
@@ -93,6 +94,34 @@ class ReplayReport:
                     else None,
                 }
         return out
+
+
+#: Settings a replay can take from a recording, by the name the replay's flags give them.
+BR_FIELDS = {"horizon": "horizon", "alpha": "alpha", "beta": "beta", "gamma": "gamma", "r_max": "r_max",
+             "s_greedy": "s_greedy", "age": "age_s"}
+
+
+def as_recorded(
+    setup: ReplaySetup, recorded: LaneSettings, given: Collection[str]
+) -> tuple[ReplaySetup, list[str]]:
+    """`setup` with every setting the recording's lanes ran with, except those named in `given`
+    (flags the user set, by their names: step_a, step_b, slots, policies, seed, BR_FIELDS' keys);
+    returns it with one line per setting that departs from the recording (a deliberate what-if)."""
+    step = StepTimeModel(
+        setup.step.a if "step_a" in given else recorded.step.a,
+        setup.step.b if "step_b" in given else recorded.step.b,
+    )
+    br = replace(recorded.br, **{f: getattr(setup.br, f) for k, f in BR_FIELDS.items() if k in given})
+    out = replace(
+        setup,
+        step=step,
+        br=br,
+        slots=setup.slots if "slots" in given else recorded.slots,
+        policies=setup.policies if "policies" in given else recorded.policies,
+        seed=setup.seed if "seed" in given else recorded.seed,
+    )
+    now = LaneSettings(policies=out.policies, step=out.step, slots=out.slots, br=out.br, seed=out.seed)
+    return out, recorded.differences(now)
 
 
 def run_replay(trace: Trace, setup: ReplaySetup, progress: Progress | None = None) -> ReplayReport:

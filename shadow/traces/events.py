@@ -4,7 +4,8 @@ Two line kinds mix freely: compact records (`shadow.mirror.recording`: a `sessio
 the configured workers, one `request` line per ended request, `steps` aggregates) and normalised
 events (`shadow.contracts.events.to_dict`, the older one-event-per-line form). Requests carry the
 decode worker the real router chose, so a replay adds the `actual` lane; the header's workers
-all count as workers, traffic or not. Incomplete requests are dropped and counted in the trace
+all count as workers, traffic or not, and its `lanes` (when `shadow serve` wrote it) say what the
+live lanes ran with. Incomplete requests are dropped and counted in the trace
 notes; an invalid line is a one-line TraceError. Gzipped files and rotated parts read the same.
 """
 
@@ -15,6 +16,7 @@ from typing import Any
 
 from shadow.contracts.events import EVENT_TYPES, Event, from_dict
 from shadow.engine.feed import Recorded, recorded_requests
+from shadow.engine.settings import LaneSettings
 from shadow.traces.model import Trace, TraceError, TraceRequest
 from shadow.traces.parsing import json_objects, open_text
 
@@ -44,6 +46,7 @@ def load_events(path: str | os.PathLike[str], *, limit: int | None = None) -> Tr
     events: list[Event] = []
     compact: list[Recorded] = []
     workers: list[str] | None = None
+    settings: LaneSettings | None = None
     with open_text(name) as handle:
         for line, obj in json_objects(handle, name):
             kind = obj.get("type")
@@ -62,6 +65,11 @@ def load_events(path: str | os.PathLike[str], *, limit: int | None = None) -> Tr
                     if workers is not None and ws and ws != workers:
                         raise ValueError(f"session: workers {ws} differ from an earlier header's {workers}")
                     workers = ws or workers
+                    if "lanes" in obj:
+                        got = LaneSettings.from_json(obj["lanes"])
+                        if settings is not None and got != settings:
+                            raise ValueError("session: lanes differ from an earlier header's")
+                        settings = got
                 elif kind != "steps":
                     raise ValueError(f"unknown record type {kind!r}")
             except (KeyError, ValueError, TypeError) as err:
@@ -95,4 +103,5 @@ def load_events(path: str | os.PathLike[str], *, limit: int | None = None) -> Tr
         synthetic=False,
         notes=notes,
         workers=tuple(workers) if workers else None,
+        lane_settings=settings,
     )

@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from shadow.engine.settings import LaneSettings
+
 
 class TraceError(ValueError):
     """Bad trace input. `str(err)` is one line: "<file>:<line>: <what>" or "<file>: <what>"."""
@@ -91,6 +93,8 @@ class Trace:
     notes: str = ""
     # a recorded session: the configured decode workers, in order (None: not known)
     workers: tuple[str, ...] | None = None
+    # a recorded session of `shadow serve`: what its live lanes ran with (None: not recorded)
+    lane_settings: LaneSettings | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.requests, tuple):

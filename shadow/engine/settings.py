@@ -1,0 +1,109 @@
+"""What a set of lanes ran with, as a recording's header carries it: enough to run them again.
+
+`LaneSettings.to_json()` is what `shadow serve --record` writes; `from_json` reads it back (a
+ValueError names the bad field); `differences` lists how another setting departs from it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from shadow.core.params import BRParams
+from shadow.core.stepmodel import StepTimeModel
+from shadow.engine.config import LaneSpec
+
+STEP_SOURCES = ("configured", "default")
+
+
+@dataclass(frozen=True, slots=True)
+class LaneSettings:
+    """Policies (lane specs, `actual` not among them), the step model the lanes simulated and where
+    it came from (`configured`: given to the sidecar; `default`: its built-in model), slots per
+    worker, lag, BR parameters and the seed of random policies."""
+
+    policies: tuple[str, ...]
+    step: StepTimeModel
+    slots: int
+    step_source: str = "configured"
+    lag_s: float = 0.0
+    br: BRParams = field(default_factory=BRParams)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.policies:
+            raise ValueError("policies: none given")
+        for p in self.policies:
+            LaneSpec.parse(p)
+        if self.step_source not in STEP_SOURCES:
+            raise ValueError(f"step source must be one of {STEP_SOURCES}, got {self.step_source!r}")
+        if isinstance(self.slots, bool) or not isinstance(self.slots, int) or self.slots < 1:
+            raise ValueError(f"slots must be an integer >= 1, got {self.slots!r}")
+        if not (math.isfinite(self.lag_s) and self.lag_s >= 0):
+            raise ValueError(f"lag must be a finite number >= 0, got {self.lag_s!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "policies": list(self.policies),
+            "step": {"a_s_per_token": self.step.a, "b_s": self.step.b, "source": self.step_source},
+            "slots": self.slots,
+            "lag_s": self.lag_s,
+            "br": asdict(self.br),
+            "seed": self.seed,
+        }
+
+    @classmethod
+    def from_json(cls, obj: object) -> LaneSettings:
+        """Parse `to_json()`'s output; ValueError (one line) on anything else."""
+        if not isinstance(obj, Mapping):
+            raise ValueError("lanes: must be an object")
+        try:
+            policies, step = obj["policies"], obj["step"]
+            if not isinstance(policies, list) or not all(isinstance(p, str) for p in policies):
+                raise ValueError("policies must be a list of lane specs")
+            if not isinstance(step, Mapping):
+                raise ValueError("step must be an object")
+            a, b = step["a_s_per_token"], step["b_s"]
+            for name, v in (("step a", a), ("step b", b), ("lag_s", obj.get("lag_s", 0.0))):
+                if isinstance(v, bool) or not isinstance(v, int | float):
+                    raise ValueError(f"{name} must be a number")
+            br = obj.get("br", {})
+            if not isinstance(br, Mapping):
+                raise ValueError("br must be an object")
+            return cls(
+                policies=tuple(policies),
+                step=StepTimeModel(float(a), float(b)),
+                slots=obj["slots"],
+                step_source=step.get("source", "configured"),
+                lag_s=float(obj.get("lag_s", 0.0)),
+                br=BRParams.from_mapping(dict(br)),
+                seed=obj.get("seed", 0),
+            )
+        except KeyError as err:
+            raise ValueError(f"lanes: missing field {err}") from None
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"lanes: {err}") from None
+
+    def differences(self, other: LaneSettings) -> list[str]:
+        """How `other` departs from these settings, one line per setting ("what ran → what now")."""
+        out: list[str] = []
+        if other.policies != self.policies:
+            out.append(f"policies {','.join(other.policies)} (recorded {','.join(self.policies)})")
+        if other.step != self.step:
+            out.append(
+                f"step model a={other.step.a:g} s/token, b={other.step.b:g} s "
+                f"(recorded a={self.step.a:g}, b={self.step.b:g})"
+            )
+        if other.slots != self.slots:
+            out.append(f"slots {other.slots} (recorded {self.slots})")
+        if other.br != self.br:
+            mine, theirs = asdict(self.br), asdict(other.br)
+            changed = [f"{k}={theirs[k]} (recorded {mine[k]})" for k in mine if mine[k] != theirs[k]]
+            out.append("BR parameters " + ", ".join(changed))
+        if other.seed != self.seed:
+            out.append(f"seed {other.seed} (recorded {self.seed})")
+        return out
