@@ -36,7 +36,7 @@ def test_compact_recording_replays_like_the_event_log_and_keeps_idle_workers(tmp
     _record(compact, events)
     assert compact.stat().st_size * 20 < log.stat().st_size  # compact: not a line per token
     lines = [json.loads(x) for x in compact.read_text().splitlines()]
-    assert lines[0] == {"type": "session", "version": 1, "workers": WORKERS, "slots": 16}
+    assert lines[0] == {"type": "session", "version": 2, "workers": WORKERS, "slots": 16}  # no lanes: a tap
     assert sum(x["type"] == "request" for x in lines) == 300
     assert any(x["type"] == "steps" and x["worker"] == "d0" and x["n"] >= 1 for x in lines)
     setup = ReplaySetup(slots=16, policies=("jsq-bytes", "br0"))
