@@ -96,47 +96,17 @@ def add_fleet_args(p: argparse.ArgumentParser, workers: bool = True) -> None:
 def add_br_args(p: argparse.ArgumentParser) -> None:
     d = BRParams()
     g = p.add_argument_group("BalanceRoute parameters")
-    g.add_argument(
-        "--horizon",
-        type=int,
-        action=Given,
-        default=d.horizon,
-        help=f"BR-H look-ahead H in steps (default {d.horizon})",
+    rows: tuple[tuple[str, type, object, str], ...] = (
+        ("--horizon", int, d.horizon, f"BR-H look-ahead H in steps (default {d.horizon})"),
+        ("--alpha", float, d.alpha, f"BR-H fill reward α (default {d.alpha})"),
+        ("--beta", float, d.beta, f"BR-H overflow penalty β > α (default {d.beta})"),
+        ("--gamma", float, d.gamma, f"BR-H discount γ (default {d.gamma})"),
+        ("--r-max", int, d.r_max, f"Stage-2 window R_max, 1–16 (default {d.r_max})"),
+        ("--s-greedy", int, None, "Stage 1 runs while total free slots exceed this (default G)"),
+        ("--age", float, d.age_s, f"pool aging threshold in seconds (default {d.age_s})"),
     )
-    g.add_argument(
-        "--alpha", type=float, action=Given, default=d.alpha, help=f"BR-H fill reward α (default {d.alpha})"
-    )
-    g.add_argument(
-        "--beta",
-        type=float,
-        action=Given,
-        default=d.beta,
-        help=f"BR-H overflow penalty β > α (default {d.beta})",
-    )
-    g.add_argument(
-        "--gamma", type=float, action=Given, default=d.gamma, help=f"BR-H discount γ (default {d.gamma})"
-    )
-    g.add_argument(
-        "--r-max",
-        type=int,
-        action=Given,
-        default=d.r_max,
-        help=f"Stage-2 window R_max, 1–16 (default {d.r_max})",
-    )
-    g.add_argument(
-        "--s-greedy",
-        type=int,
-        default=None,
-        action=Given,
-        help="Stage 1 runs while total free slots exceed this (default G)",
-    )
-    g.add_argument(
-        "--age",
-        type=float,
-        action=Given,
-        default=d.age_s,
-        help=f"pool aging threshold in seconds (default {d.age_s})",
-    )
+    for name, kind, default, text in rows:
+        g.add_argument(name, type=kind, action=Given, default=default, help=text)
 
 
 def br_params(args: argparse.Namespace) -> BRParams:
