@@ -38,6 +38,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     b.add_argument("--root", default=".", help="repository root to write into")
     b.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 if a generated file differs")
+    b.add_argument("--runbook-base", metavar="URL", default=os.environ.get("SHADOW_RUNBOOK_BASE"),
+                   help="absolute URL where docs/runbooks/ is published: every alert's runbook_url is "
+                   "URL/PAGE.md (env SHADOW_RUNBOOK_BASE; default: a placeholder, "
+                   "https://runbooks.example.com/shadow)")
     b.set_defaults(func=_build)
     u = verbs.add_parser(
         "push",
@@ -55,8 +59,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     u.set_defaults(func=_push)
 
 
-def generated_files(root: Path) -> dict[Path, str]:
-    """Every generated file under `root` with its content, built from code and the repo's sources."""
+def generated_files(root: Path, runbook_base: str | None = None) -> dict[Path, str]:
+    """Every generated file under `root` with its content, built from code and the repo's sources
+    (`runbook_base`: where docs/runbooks/ is published; default the placeholder)."""
     try:
         from shadow.telemetry import manifests
         from shadow.telemetry.dashboards import build_all, render
@@ -71,16 +76,22 @@ def generated_files(root: Path) -> dict[Path, str]:
     out[root / "docs" / "metrics.md"] = catalogue().markdown()
     base = root / "deploy" / "kubernetes" / "base" / "generated"
     out[base / "dashboards.yaml"] = manifests.render_configmaps(dashboards)
-    rules = sorted((root / "alerts" / "rules").glob("*.yaml"))
-    if not rules:
-        raise SystemExit(f"no alert rule files under {root / 'alerts' / 'rules'} (is --root the repository?)")
-    out[base / "prometheusrule.yaml"] = manifests.render_rule(rules)
+    sources = sorted((root / "alerts" / "src").glob("*.yaml"))
+    if not sources:
+        raise SystemExit(f"no alert rule files under {root / 'alerts' / 'src'} (is --root the repository?)")
+    runbooks = runbook_base or manifests.DEFAULT_RUNBOOK_BASE
+    try:
+        for src in sources:
+            out[root / "alerts" / "rules" / src.name] = manifests.render_rule_file(src, runbooks)
+        out[base / "prometheusrule.yaml"] = manifests.render_rule(sources, runbooks)
+    except ValueError as exc:
+        raise SystemExit(f"shadow dashboards build: {exc}") from None
     return out
 
 
 def _build(args: argparse.Namespace) -> int:
     root = Path(args.root)
-    files = generated_files(root)
+    files = generated_files(root, args.runbook_base)
     stale = [p for p, text in files.items()
              if not p.is_file() or p.read_text(encoding="utf-8") != text]
     if args.check:

@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from shadow.app.catalogue import catalogue
+from shadow.telemetry.manifests import DEFAULT_RUNBOOK_BASE as RUNBOOKS
 from tests.telemetry.active_stack import active_stack, require_active
 from tests.telemetry.promql import metric_names, substitute
 from tests.telemetry.servers import Alertmanager, Prometheus, Webhook, wait_for
@@ -98,8 +99,8 @@ def test_drift_and_dead_rank_alerts_reach_the_webhook(tmp_path: Path) -> None:
                     bypass.stop()
                 assert {a["labels"]["worker"] for a in alerts} == {"d0"}
                 (alert,) = alerts[:1]
-                assert alert["labels"]["severity"] == "ticket" and alert["labels"]["fleet"] == "default"
-                assert alert["annotations"]["runbook_url"] == "docs/runbooks/state-drift.md"
+                assert alert["labels"]["severity"] == "warning" and alert["labels"]["fleet"] == "default"
+                assert alert["annotations"]["runbook_url"] == RUNBOOKS + "/state-drift.md"
 
                 # a decode rank is killed under load: its streams break, the mirror ends them, and its
                 # scrapes are refused while the mirror still counts its 8 slots: drift on d1
@@ -114,12 +115,12 @@ def test_drift_and_dead_rank_alerts_reach_the_webhook(tmp_path: Path) -> None:
                 finally:
                     for t in load:
                         t.stop()
-                assert dead[0]["annotations"]["runbook_url"] == "docs/runbooks/state-drift.md"
+                assert dead[0]["annotations"]["runbook_url"] == RUNBOOKS + "/state-drift.md"
                 assert " is 8 on d1 " in dead[0]["annotations"]["description"], dead[0]["annotations"]
                 stale = wait_for(lambda: [a for a in hook.firing("ShadowWorkerTelemetryStale")
                                           if a["labels"]["worker"] == "d1"], 120,
                                  "ShadowWorkerTelemetryStale for d1 at the webhook")
-                assert stale[0]["annotations"]["runbook_url"] == "docs/runbooks/worker-telemetry-stale.md"
+                assert stale[0]["annotations"]["runbook_url"] == RUNBOOKS + "/worker-telemetry-stale.md"
                 assert all(a["labels"]["worker"] == "d1" for a in hook.firing("ShadowWorkerTelemetryStale"))
             finally:
                 prom.close()
@@ -199,9 +200,9 @@ def test_operator_forced_fallback_alert_reaches_the_webhook_and_resolves(tmp_pat
                 alerts = wait_for(lambda: hook.firing("ShadowFallbackActive"), 60,
                                   "ShadowFallbackActive at the webhook")
                 (alert,) = alerts[:1]
-                assert alert["labels"]["severity"] == "page" and alert["labels"]["fleet"] == "default"
+                assert alert["labels"]["severity"] == "critical" and alert["labels"]["fleet"] == "default"
                 assert alert["labels"]["instance"] == stack.api.removeprefix("http://")
-                assert alert["annotations"]["runbook_url"] == "docs/runbooks/fallback-active.md"
+                assert alert["annotations"]["runbook_url"] == RUNBOOKS + "/fallback-active.md"
                 assert httpx.get(stack.api + "/v1/mode", timeout=10).json()["current"] == "fallback"
                 # back to shadow: the alert resolves after keep_firing_for (2m shipped, 5s here)
                 assert stack.set_mode("shadow").status_code == 200
@@ -242,8 +243,8 @@ def test_active_fallback_trips_and_active_expressions_return_data(tmp_path: Path
                 assert bad.status_code == 200, bad.text
                 alerts = wait_for(lambda: hook.firing("ShadowFallbackActive"), 60,
                                   "ShadowFallbackActive at the webhook")
-                assert alerts[0]["labels"]["severity"] == "page"
-                assert alerts[0]["annotations"]["runbook_url"] == "docs/runbooks/fallback-active.md"
+                assert alerts[0]["labels"]["severity"] == "critical"
+                assert alerts[0]["annotations"]["runbook_url"] == RUNBOOKS + "/fallback-active.md"
                 assert alerts[0]["labels"]["instance"] == stack.api.removeprefix("http://")
                 wait_for(lambda: prom.query(
                     'sum(rate(shadow_router_requests_total{mode="fallback"}[30s])) > 0')["data"]["result"],
@@ -283,3 +284,44 @@ def test_active_fallback_trips_and_active_expressions_return_data(tmp_path: Path
     finally:
         am.close()
         hook.close()
+
+
+def test_no_alert_is_pending_or_firing_under_normal_traffic_in_the_shipped_active_layout(
+    tmp_path: Path,
+) -> None:
+    """`shadow serve --active` in canary beside the router (the shipped active layout), a real
+    Prometheus with the shipped rules and `for:` durations, steady traffic below capacity: no alert
+    expression is ever true (no alert pending or firing in any of the evaluations while requests
+    run, both ways routed). ShadowCapsBiting was true here on every request passed to the router."""
+    require_active()
+    for d in ("prom", "stack"):
+        (tmp_path / d).mkdir()
+    with active_stack(tmp_path / "stack", policy="br0") as stack:
+        prom = Prometheus(tmp_path / "prom", [stack.api.removeprefix("http://")])
+        traffic = Traffic(stack.front, 3)
+        try:
+            wait_for(prom.ready, 60, "prometheus ready")
+            for mode in ("active", "shadow"):
+                wait_for(lambda m=mode: prom.query(
+                    f'sum(rate(shadow_router_requests_total{{mode="{m}",outcome="ok"}}[30s])) > 0'
+                )["data"]["result"], 90, f"ok requests in mode {mode} scraped")
+            # the mirror saw the requests passed to the router (the series CapsBiting read)
+            wait_for(lambda: prom.query('shadow_mirror_dropped_total{reason="no_routing_decision"} > 0')
+                     ["data"]["result"], 60, "front-tap requests without a routing decision scraped")
+            seen: dict[str, set[str]] = {}
+            evaluated = 0
+
+            def quiet_for_a_while() -> bool:
+                nonlocal evaluated
+                for a in prom.query("ALERTS")["data"]["result"]:
+                    seen.setdefault(a["metric"]["alertname"], set()).add(a["metric"]["alertstate"])
+                evaluated += 1
+                return evaluated >= 30
+
+            wait_for(quiet_for_a_while, 120, "30 looks at ALERTS", step=0.5)
+            done = traffic.done
+        finally:
+            traffic.stop()
+            prom.close()
+    assert done > 20, done
+    assert seen == {}, f"alerts pending or firing under normal traffic: {seen}"

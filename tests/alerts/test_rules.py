@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from shadow.app.catalogue import catalogue
+from shadow.telemetry.manifests import DEFAULT_RUNBOOK_BASE
 from tests.telemetry.promql import metric_names
 
 CATALOGUE = catalogue()
@@ -68,14 +69,35 @@ def test_promtool_test_rules_catches_a_wrong_expectation(tmp_path: Path) -> None
 
 
 def test_every_alert_has_a_runbook_severity_and_text() -> None:
+    """Severities are the ones common routing trees match; every runbook URL is an absolute URL
+    under the one runbook base, naming a page of docs/runbooks that names the alert."""
     for rule in _alerts():
         name = rule["alert"]
-        assert rule["labels"]["severity"] in ("page", "ticket", "info"), name
+        assert rule["labels"]["severity"] in ("critical", "warning", "info"), name
         ann = rule["annotations"]
         assert ann["summary"] and ann["description"], name
-        runbook = ROOT / ann["runbook_url"]
+        page = ann["runbook_url"].removeprefix(DEFAULT_RUNBOOK_BASE + "/")
+        assert page != ann["runbook_url"] and "/" not in page, f"{name}: {ann['runbook_url']}"
+        runbook = ROOT / "docs" / "runbooks" / page
         assert runbook.is_file(), f"{name}: runbook {ann['runbook_url']} missing"
         assert name in runbook.read_text(), f"{name}: its runbook does not name it"
+
+
+def test_the_runbook_base_is_one_build_variable(tmp_path: Path) -> None:
+    """`shadow dashboards build --runbook-base URL` puts every runbook under URL, in the rule file
+    and the PrometheusRule alike; a relative base is refused."""
+    from shadow.commands.dashboards import generated_files
+
+    files = generated_files(ROOT, "https://wiki.example.org/sre/shadow/")
+    rules = files[ROOT / "alerts" / "rules" / "shadow.yaml"]
+    manifest = files[ROOT / "deploy" / "kubernetes" / "base" / "generated" / "prometheusrule.yaml"]
+    for text in (rules, manifest):
+        urls = [line.split("runbook_url: ", 1)[1] for line in text.splitlines() if "runbook_url: " in line]
+        assert len(urls) == len(_alerts())
+        assert all(u.startswith("https://wiki.example.org/sre/shadow/") and u.endswith(".md") for u in urls)
+        assert "//" not in urls[0].removeprefix("https://")
+    with pytest.raises(SystemExit, match="absolute"):
+        generated_files(ROOT, "docs/runbooks")
 
 
 def test_every_alert_names_only_catalogued_metrics() -> None:
