@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from shadow.active import metrics as active_metrics
 from shadow.active import mode_metrics, standin
-from shadow.base import listener_metrics
+from shadow.base import listener_metrics, procinfo
 from shadow.fleet import metrics as fleet_metrics
 from shadow.live import metrics as live_metrics
 from shadow.mirror import metrics as mirror_metrics
@@ -15,7 +15,7 @@ from shadow.telemetry.catalogue import Catalogue, Exported
 def catalogue() -> Catalogue:
     """The catalogue, in the order docs/metrics.md lists it."""
     return Catalogue((
-        Exported("tap", mirror_metrics.FAMILIES + listener_metrics.FAMILIES),
+        Exported("tap", mirror_metrics.FAMILIES + listener_metrics.FAMILIES + procinfo.FAMILIES),
         Exported("serve", live_metrics.FAMILIES),
         Exported("serve", mode_metrics.FAMILIES + active_metrics.FAMILIES, only="active"),
         Exported("router", standin.FAMILIES),

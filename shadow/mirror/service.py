@@ -37,6 +37,7 @@ from shadow.base.listener import AsgiListener, ListenerLimits
 from shadow.base.listener_metrics import ListenerCollector
 from shadow.base.loopthread import LoopThread
 from shadow.base.net import bind_listen
+from shadow.base.procinfo import ProcessInfo
 from shadow.mirror.analyzer import Analyzer
 from shadow.mirror.api import create_app
 from shadow.mirror.bounds import EventBounds
@@ -233,6 +234,7 @@ class TapService:
                 emitter=self.emitter,
             )
         )
+        self.registry.register(ProcessInfo())
         for collector in collectors:
             self.registry.register(collector)
         self.app = create_app(

@@ -52,6 +52,8 @@ LABELS: dict[str, str] = {
     "result": "whether a predictor prompt-key lookup found the key",
     "backend": "`shadow router`'s configured backend names",
     "listener": "one of shadow's own listeners: api (the API/admin port), active (the proxy's client port)",
+    "version": "shadow's version (one per running build)",
+    "python": "the Python version running shadow",
 }
 
 _HIST_SUFFIXES = ("_bucket", "_sum", "_count", "_created")
