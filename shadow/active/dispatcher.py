@@ -313,6 +313,7 @@ class Dispatcher:
     def _place(self, ticket: Ticket, g: int, now: float) -> None:
         self.ledger.dispatch(ticket.request_id, g, ticket.prompt_tokens, ticket.score_tokens, now)
         self.metrics.pool_wait.observe(max(0.0, now - ticket.arrived_at))
+        self.metrics.placements.labels(self.config.workers[g], ticket.policy).inc()
         if not ticket.future.done():
             ticket.future.set_result(g)
 
@@ -343,6 +344,7 @@ class Dispatcher:
         self.metrics.pool_oldest.set(max(0.0, now - oldest))
         for g, name in enumerate(self.config.workers):
             self.metrics.transfers.labels(name).set(self.ledger.transfers[g])
+            self.metrics.worker_up.labels(name).set(0.0 if g in self.ledger.down else 1.0)
 
     def reap(self, now: float) -> int:
         """Fail every waiting request older than the pool TTL (their handlers release prefill KV)."""

@@ -63,13 +63,19 @@ RECOMPUTED = Family("shadow_router_recomputed_total", "counter",
 RESUME_DROPPED = Family(
     "shadow_router_resume_dropped_total", "counter",
     "streams that stopped keeping their bytes for a recompute continuation (resume budget)", "requests")
+PLACEMENTS = Family("shadow_router_placements_total", "counter",
+                    "requests placed on each decode worker, by policy", "requests", ("worker", "policy"),
+                    {"policy": ROUTE_LABELS})
+WORKER_UP = Family("shadow_router_worker_up", "gauge",
+                   "1 while a decode worker takes placements, 0 while it is down (unreachable, or its "
+                   "source says so), as of the last routing round", "boolean", ("worker",))
 STARVATION = Family("shadow_pool_starvation_guard_total", "counter",
                     "pool entries dispatched by the age (starvation) guard", "requests")
 
 #: Every family `ActiveMetrics` registers, in the order it registers them.
 FAMILIES = (REQUESTS, DECISION, UPSTREAM_ERRORS, RETRIES, INFLIGHT, TRANSFERS, BACKPRESSURE, POOL_REQUESTS,
             POOL_OLDEST, POOL_WAIT, POOL_REAPED, FIRST_TOKEN, TPOT, COMPLETION, ROUND_STAGE, KV_TRANSFER,
-            RECOMPUTED, RESUME_DROPPED, STARVATION)
+            RECOMPUTED, RESUME_DROPPED, STARVATION, PLACEMENTS, WORKER_UP)
 
 
 class ActiveMetrics:
@@ -96,6 +102,8 @@ class ActiveMetrics:
         self.recomputed = RECOMPUTED.counter(r)
         self.resume_dropped = RESUME_DROPPED.counter(r)
         self.starvation = STARVATION.counter(r)
+        self.placements = PLACEMENTS.counter(r)
+        self.worker_up = WORKER_UP.gauge(r)
         for reason in BACKPRESSURE.closed("reason"):
             self.backpressure.labels(reason)
         for leg in RETRIES.closed("leg"):

@@ -882,11 +882,16 @@ class ActiveProxy:
             first = True
             broke = False
             tail = b""  # the last bytes relayed: a client leaving after `data: [DONE]` had it all
+            events, t_first = 0, 0.0  # SSE data events relayed (a line start can only be one)
             try:
                 async for chunk in upstream.aiter_raw():
                     if first and chunk:
                         first = False
-                        self.metrics.first_token.labels("shadow", bucket).observe(time.perf_counter() - t0)
+                        t_first = time.perf_counter()
+                        self.metrics.first_token.labels("shadow", bucket).observe(t_first - t0)
+                    if sse:
+                        at_line = chunk.startswith(b"data:") and tail[-1:] in (b"", b"\n")
+                        events += chunk.count(b"\ndata:") + at_line
                     tail = (tail + chunk)[-DONE_TAIL:]
                     yield chunk
                 status = upstream.status_code
@@ -901,6 +906,12 @@ class ActiveProxy:
                 await upstream.aclose()
                 self.metrics.inflight.labels("router", "router").dec()
                 self._count("shadow", "router", outcome)
+                if outcome == "ok":  # as the active path records them, so the two modes compare
+                    t_end = time.perf_counter()
+                    self.metrics.completion.labels("shadow", bucket).observe(t_end - t0)
+                    tokens = events - (b"[DONE]" in tail)
+                    if tokens > 1:
+                        self.metrics.tpot.labels("shadow", bucket).observe((t_end - t_first) / (tokens - 1))
             if broke:  # the router's answer broke off: the client sees an error, never a clean end
                 self.cut[("router", "upstream_broke")] += 1
                 if sse:

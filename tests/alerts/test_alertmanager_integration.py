@@ -320,6 +320,16 @@ def test_no_alert_is_pending_or_firing_under_normal_traffic_in_the_shipped_activ
 
             wait_for(quiet_for_a_while, 120, "30 looks at ALERTS", step=0.5)
             done = traffic.done
+            # the Fairness comparison has both sides: TPOT and completion of the router's requests too
+            for fam in ("shadow_router_tpot_seconds_count", "shadow_router_completion_seconds_count"):
+                got = {r["metric"]["mode"] for r in prom.query(f"{fam} > 0")["data"]["result"]}
+                assert {"shadow", "active"} <= got, (fam, got)
+            # placements per decode worker, and each worker up
+            placed = {r["metric"]["worker"] for r in prom.query("shadow_router_placements_total > 0")
+                      ["data"]["result"]}
+            up = {r["metric"]["worker"]: r["value"][1] for r in prom.query("shadow_router_worker_up")
+                  ["data"]["result"]}
+            assert placed == {"d0", "d1"} and up == {"d0": "1", "d1": "1"}, (placed, up)
         finally:
             traffic.stop()
             prom.close()

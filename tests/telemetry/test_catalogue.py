@@ -86,6 +86,8 @@ def test_active_routing_metrics_are_the_coordinated_table() -> None:
         "shadow_router_recomputed_total": ("counter", ()),
         "shadow_router_resume_dropped_total": ("counter", ()),
         "shadow_pool_starvation_guard_total": ("counter", ()),
+        "shadow_router_placements_total": ("counter", ("worker", "policy")),
+        "shadow_router_worker_up": ("gauge", ("worker",)),
         "shadow_predictor_key_lookups_total": ("counter", ("result",)),
         "shadow_predictor_oracle_gap_ratio": ("gauge", ()),
     }
