@@ -132,3 +132,52 @@ def test_active_dashboards_read_active_metrics_or_the_lanes() -> None:
                          if (spec := CATALOGUE.lookup(n))}
                 assert names & CATALOGUE.active_only() or all(n.startswith("shadow_lane_") for n in names), (
                     f"{d['uid']}/{p['title']}: {sorted(names)}")
+
+
+def _alert_exprs() -> list[str]:
+    import yaml
+
+    return [r["expr"] for p in sorted((ROOT / "alerts" / "src").glob("*.yaml"))
+            for g in yaml.safe_load(p.read_text())["groups"] for r in g["rules"] if "alert" in r]
+
+
+def test_threshold_lines_are_the_alerts_constants_and_are_drawn() -> None:
+    """Each ALERT_LINES entry is a constant an alert compares its metric with (same direction), and
+    some time series showing the metric draws it as a dashed threshold line."""
+    from shadow.telemetry.dashboards._kit import ALERT_LINES
+
+    exprs = " ".join(" ".join(e.split()) for e in _alert_exprs())
+    drawn: set[tuple[str, float]] = set()
+    for d in _load():
+        for p in _panels(d):
+            defaults = p.get("fieldConfig", {}).get("defaults", {})
+            style = defaults.get("custom", {}).get("thresholdsStyle", {}).get("mode")
+            if p["type"] != "timeseries" or style is None:
+                continue
+            assert style == "dashed", p["title"]
+            values = {s["value"] for s in defaults["thresholds"]["steps"]}
+            for t in p["targets"]:
+                for name in metric_names(substitute(t["expr"], VARS)):
+                    base = name.removesuffix("_bucket")
+                    if base in ALERT_LINES and ALERT_LINES[base][0] in values:
+                        drawn.add((base, ALERT_LINES[base][0]))
+    for name, (value, above) in ALERT_LINES.items():
+        op = ">" if above else "<"
+        pattern = rf"{name}(_bucket)?\b[^<>]*?\)*\s*{op}\s*{re.escape(repr(value).removesuffix('.0'))}\b"
+        assert re.search(pattern, exprs), f"no alert compares {name} {op} {value}"
+        assert (name, value) in drawn, f"no panel draws the {name} line at {value}"
+
+
+def test_counter_rate_panels_show_zero_and_every_dashboard_marks_mode_changes_and_trips() -> None:
+    for d in _load():
+        names = [a["name"] for a in d["annotations"]["list"]]
+        assert names[:2] == ["Mode changes", "Fallback trips"], (d["uid"], names)
+        for a in d["annotations"]["list"][:2]:
+            assert a["datasource"]["uid"] == "${datasource}" and a["enable"] is True
+            assert set(metric_names(substitute(a["expr"], VARS))) <= {
+                "shadow_mode_transitions_total", "shadow_fallback_trips_total"}
+        for p in _panels(d):
+            exprs = [t["expr"] for t in p["targets"]]
+            rates = all(re.match(r"^\s*sum\b.*\b(rate|increase)\(", e) for e in exprs)
+            if rates and p["type"] in ("timeseries", "stat"):
+                assert p["fieldConfig"]["defaults"].get("noValue") == "0", (d["uid"], p["title"])

@@ -2,11 +2,15 @@
 variables, panels with a unit and a description, explicit ids and grid positions.
 
 Every target uses `${datasource}`; every selector filters on the `fleet` target label (added by the
-shipped scrape configs) and the sidecar `instance`.
+shipped scrape configs) and the sidecar `instance`. A time series showing a metric an alert
+compares with a constant draws that constant as a threshold line (`ALERT_LINES`); a panel of
+counter rates shows 0, not "No data", when nothing happened; every dashboard marks mode changes
+and fallback trips as annotations.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,6 +26,32 @@ DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 SEL = 'fleet=~"$fleet", instance=~"$instance"'
 RATE = "$__rate_interval"
 TAGS = ["shadow", "llm-routing"]
+
+
+#: Metric -> (the constant an alert in alerts/src compares it with, whether it fires above it).
+ALERT_LINES: dict[str, tuple[float, bool]] = {
+    "shadow_mirror_drift_requests": (2, True),  # ShadowStateDrift (|drift| > 2)
+    "shadow_mirror_scrape_age_seconds": (30, True),  # ShadowWorkerTelemetryStale
+    "shadow_fidelity_load_relative_error": (0.05, True),  # ShadowTwinFidelityPoor
+    "shadow_step_model_r2": (0.8, False),  # ShadowStepModelPoorFit
+    "shadow_lane_lag_seconds": (30, True),  # ShadowLanesLagging
+    "shadow_router_decision_duration_seconds": (0.02, True),  # ShadowDecisionsSlow (p99)
+    "shadow_pool_wait_seconds": (0.05, True),  # ShadowPoolWaitRising (p99)
+    "shadow_predictor_calibration_error": (0.15, True),  # ShadowPredictorDrift
+    "shadow_predictor_oracle_gap_ratio": (1, True),  # ShadowPredictorDrift
+}
+_COUNTER_RATE = re.compile(r"^\s*sum\b.*\b(rate|increase)\(")
+
+
+def _alert_lines(exprs: list[str]) -> list[tuple[float, bool]]:
+    """The alert constants of the metrics `exprs` show (a histogram by its buckets)."""
+    return [line for name, line in ALERT_LINES.items()
+            if any(re.search(rf"\b{name}(_bucket)?\{{", e) for e in exprs)]
+
+
+def _zero_meant(exprs: list[str]) -> bool:
+    """Every target is a sum of counter rates: no series means nothing happened, i.e. 0."""
+    return bool(exprs) and all(_COUNTER_RATE.match(e) for e in exprs)
 
 
 def sel(extra: str = "") -> str:
@@ -79,6 +109,15 @@ def ts(title: str, description: str, unit: str, *targets: prometheus.Dataquery,
         p = p.decimals(decimals)
     for i, t in enumerate(targets):
         p = p.with_target(t.ref_id(chr(65 + i)))
+    exprs = [str(t.build().expr) for t in targets]
+    lines = _alert_lines(exprs)
+    if lines:
+        steps: list[tuple[float | None, str]] = [(None, "transparent")]
+        steps += [(v, "red" if above else "transparent") for v, above in sorted(lines)]
+        p = (p.thresholds(thresholds(*steps))
+             .thresholds_style(cb.GraphThresholdsStyleConfig().mode(cm.GraphThresholdsStyleMode.DASHED)))
+    if _zero_meant(exprs):
+        p = p.no_value("0")
     return p
 
 
@@ -96,6 +135,8 @@ def st(title: str, description: str, unit: str, expr: str, *, decimals: float | 
          .with_target(q(expr, instant=True)))
     if decimals is not None:
         p = p.decimals(decimals)
+    if _zero_meant([expr]):
+        p = p.no_value("0")
     return p
 
 
@@ -161,8 +202,21 @@ class Layout:
         return self.next_id - 1
 
 
+#: Annotations on every dashboard: (name, colour, the expression whose samples mark the moments).
+ANNOTATIONS = (
+    ("Mode changes", "blue",
+     f"sum by (mode, reason) (changes(shadow_mode_transitions_total{sel()}[1m])) > 0"),
+    ("Fallback trips", "red",
+     f"sum by (reason) (changes(shadow_fallback_trips_total{sel()}[1m])) > 0"),
+)
+
+
 def dashboard(uid: str, title: str, description: str) -> db.Dashboard:
-    return (db.Dashboard(title).uid(uid).description(description).tags(TAGS).readonly()
+    d = db.Dashboard(title)
+    for name, colour, expr in ANNOTATIONS:
+        d = d.annotation(db.AnnotationQuery().name(name).datasource(DS).enable(True).icon_color(colour)
+                         .expr(expr))
+    return (d.uid(uid).description(description).tags(TAGS).readonly()
             .refresh("30s").time("now-1h", "now").timezone("browser")
             .tooltip(dm.DashboardCursorSync.CROSSHAIR)
             .link(db.DashboardLink("shadow dashboards").type(dm.DashboardLinkType.DASHBOARDS)

@@ -83,6 +83,15 @@ def _panels(lay: Layout) -> None:
                "Requests in flight from the proxy to each upstream, by leg and worker.",
                "short", q(level("shadow_router_inflight", "leg, worker", agg="sum"), "{{leg}} {{worker}}")),
             w=8)
+    lay.row("Decode workers")
+    lay.add(ts("Placements per decode worker",
+               "Requests placed on each decode worker per second, by policy (rr in fallback).",
+               "reqps", q(rate("shadow_router_placements_total", "worker, policy"), "{{worker}} {{policy}}")),
+            w=12)
+    lay.add(ts("Decode workers up",
+               "1 while a decode worker takes placements; 0 while it is down (the proxy could not reach "
+               "it, or its telemetry says so), as of the last routing round.",
+               "none", q(level("shadow_router_worker_up", "worker", agg="min"), "{{worker}}"), max_=1), w=12)
     lay.row("Prompt Pool")
     lay.add(ts("Pool depth",
                "Requests waiting in the Prompt Pool (prefill done, decode not yet dispatched).",
