@@ -9,7 +9,6 @@ from collections.abc import Iterable
 from prometheus_client import ProcessCollector
 from prometheus_client.core import Metric
 
-from shadow import __version__
 from shadow.base.families import DeclaredCollector, Family
 
 BUILD_INFO = Family("shadow_build_info", "gauge",
@@ -34,9 +33,10 @@ class ProcessInfo(DeclaredCollector):
 
     families = FAMILIES
 
-    def __init__(self) -> None:
+    def __init__(self, version: str) -> None:
+        """`version`: shadow's (`shadow.__version__`, which this floor does not import)."""
         self._process = ProcessCollector(registry=None)
-        self._build = BUILD_INFO.sampled({(__version__, platform.python_version()): 1.0})
+        self._build = BUILD_INFO.sampled({(version, platform.python_version()): 1.0})
 
     def collect(self) -> Iterable[Metric]:
         yield self._build

@@ -33,6 +33,7 @@ from fastapi import APIRouter
 from prometheus_client import CollectorRegistry
 from prometheus_client.registry import Collector
 
+from shadow import __version__
 from shadow.base.listener import AsgiListener, ListenerLimits
 from shadow.base.listener_metrics import ListenerCollector
 from shadow.base.loopthread import LoopThread
@@ -234,7 +235,7 @@ class TapService:
                 emitter=self.emitter,
             )
         )
-        self.registry.register(ProcessInfo())
+        self.registry.register(ProcessInfo(__version__))
         for collector in collectors:
             self.registry.register(collector)
         self.app = create_app(

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from shadow.active import metrics as active_metrics
 from shadow.active import mode_metrics, standin
 from shadow.app.catalogue import catalogue
-from shadow.base import listener_metrics
+from shadow.base import listener_metrics, procinfo
 from shadow.base.families import DeclaredCollector, Family
 from shadow.fleet import metrics as fleet_metrics
 from shadow.live import metrics as live_metrics
@@ -147,7 +147,7 @@ def test_probe_collectors_of_two_engines_register_on_one_registry() -> None:
 
 
 def test_catalogue_is_every_declaration_once() -> None:
-    groups = (mirror_metrics.FAMILIES, listener_metrics.FAMILIES, live_metrics.FAMILIES,
+    groups = (mirror_metrics.FAMILIES, listener_metrics.FAMILIES, procinfo.FAMILIES, live_metrics.FAMILIES,
               mode_metrics.FAMILIES, active_metrics.FAMILIES, standin.FAMILIES, fleet_metrics.FLEET_FAMILIES,
               fleet_metrics.VLLM_FAMILIES, probe_metrics.FAMILIES)
     declared = [f for group in groups for f in group]
