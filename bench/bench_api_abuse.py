@@ -139,17 +139,22 @@ def _huge_main(port: int, n: int, mb: int, stop: Any, out: Any) -> None:
     out.put(("huge", sum(a for a, _, _ in res), sum(b for _, b, _ in res), sum(c for _, _, c in res)))
 
 
-async def _probe_api(api: str, stop: asyncio.Event) -> list[float]:
-    """Fresh-connection GET /v1/mode every 0.25 s; latency in ms (inf: failed)."""
+async def _probe_api(api: str, stop: asyncio.Event, failures: dict[str, int]) -> list[float]:
+    """Fresh-connection GET /v1/mode every 0.25 s; latency in ms (inf: failed, counted in
+    `failures` by status or exception)."""
     out: list[float] = []
     async with httpx.AsyncClient(timeout=10, limits=httpx.Limits(max_keepalive_connections=0)) as c:
         while not stop.is_set():
             t0 = time.monotonic()
             try:
                 r = await c.get(api + "/v1/mode")
-                out.append((time.monotonic() - t0) * 1e3 if r.status_code == 200 else float("inf"))
-            except httpx.HTTPError:
-                out.append(float("inf"))
+                ok = r.status_code == 200
+                why = str(r.status_code)
+            except httpx.HTTPError as exc:
+                ok, why = False, type(exc).__name__
+            out.append((time.monotonic() - t0) * 1e3 if ok else float("inf"))
+            if not ok:
+                failures[why] = failures.get(why, 0) + 1
             await asyncio.sleep(0.25)
     return out
 
@@ -185,7 +190,7 @@ def _run(args: argparse.Namespace, name: str, root: Path) -> dict[str, Any]:
 
         async def wave_and_probe() -> tuple[tuple[float, float], list[float]]:
             halt = asyncio.Event()
-            probe = asyncio.create_task(_probe_api(api, halt))
+            probe = asyncio.create_task(_probe_api(api, halt, res.setdefault("failures", {})))
             added = await asyncio.to_thread(_wave, args, up_port, proxy_port, "attack")
             halt.set()
             return added, await probe
@@ -252,7 +257,7 @@ def main() -> int:
             print(f"  serve RSS: {r['rss_before']:.0f} MB before the attack, {r['rss_attack']:.0f} MB "
                   "at its end")
             print(f"  API during the attack: {ok}/{n} fresh GET /v1/mode answered, p50 {p50:.1f} ms, "
-                  f"worst {worst:.1f} ms")
+                  f"worst {worst:.1f} ms; failed: {r.get('failures') or 'none'}")
             if "slowloris" in r:
                 opened, closed = r["slowloris"]
                 print(f"  slowloris: {opened} connections opened, {closed} closed on them")
