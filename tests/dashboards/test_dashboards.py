@@ -58,9 +58,15 @@ def test_variables_datasource_fleet_instance() -> None:
         vs = {v["name"]: v for v in d["templating"]["list"]}
         assert [v["type"] for v in vs.values()].count("datasource") == 1
         assert vs["datasource"]["query"] == "prometheus"
-        for name in ("fleet", "instance"):
+        for name in ("cluster", "namespace", "pod", "fleet", "instance"):
             assert vs[name]["type"] == "query" and vs[name]["refresh"] == 2, name
             assert vs[name]["datasource"]["uid"] == "${datasource}"
+            assert vs[name]["includeAll"] and vs[name]["allValue"] == ".*", name
+        # every target is scoped by them
+        for p in _panels(d):
+            for t in p["targets"]:
+                for var in ("cluster", "namespace", "pod", "fleet", "instance"):
+                    assert f'{var}=~"${var}"' in t["expr"], (d["uid"], p["title"], var)
 
 
 def test_every_panel_has_datasource_unit_description_and_targets() -> None:

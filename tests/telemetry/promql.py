@@ -13,6 +13,10 @@ _GRAFANA_VARS = {
     "$__interval": "1m",
     "$__range": "1h",
     "${datasource}": "",
+    # the dashboards' Kubernetes scope variables, at "All"
+    "$cluster": ".*",
+    "$namespace": ".*",
+    "$pod": ".*",
 }
 
 

@@ -1,8 +1,10 @@
 """Small typed helpers over the Grafana Foundation SDK: one datasource variable, fleet/instance
 variables, panels with a unit and a description, explicit ids and grid positions.
 
-Every target uses `${datasource}`; every selector filters on the `fleet` target label (added by the
-shipped scrape configs) and the sidecar `instance`. A time series showing a metric an alert
+Every target uses `${datasource}`; every selector filters on the Kubernetes `cluster`, `namespace`
+and `pod` labels (where service discovery or external labels put them: "All" also matches series
+without them, as on bare metal), the `fleet` target label (added by the shipped scrape configs)
+and the sidecar `instance`. A time series showing a metric an alert
 compares with a constant draws that constant as a threshold line (`ALERT_LINES`); a panel of
 counter rates shows 0, not "No data", when nothing happened; every dashboard marks mode changes
 and fallback trips as annotations.
@@ -23,7 +25,8 @@ from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import prometheus as pm
 
 DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
-SEL = 'fleet=~"$fleet", instance=~"$instance"'
+PLACE = 'cluster=~"$cluster", namespace=~"$namespace", pod=~"$pod"'
+SEL = PLACE + ', fleet=~"$fleet", instance=~"$instance"'
 RATE = "$__rate_interval"
 TAGS = ["shadow", "llm-routing"]
 
@@ -149,14 +152,22 @@ def heat(title: str, description: str, unit: str, target: prometheus.Dataquery, 
 def variables(d: db.Dashboard, *, lane: bool = False) -> db.Dashboard:
     """Datasource, fleet and sidecar instance variables (multi, all, reload on time change)."""
     d = d.with_variable(db.DatasourceVariable("datasource").label("Data source").type("prometheus"))
+    scope = ""
+    for name, label in (("cluster", "Cluster"), ("namespace", "Namespace"), ("pod", "Pod")):
+        d = d.with_variable(
+            db.QueryVariable(name).label(label).datasource(DS)
+            .query(f"label_values(shadow_mirror_events_total{{{scope}}}, {name})")
+            .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC)
+            .multi(True).include_all(True).all_value(".*"))
+        scope += (", " if scope else "") + f'{name}=~"${name}"'
     d = d.with_variable(
         db.QueryVariable("fleet").label("Fleet").datasource(DS)
-        .query("label_values(shadow_mirror_events_total, fleet)")
+        .query(f"label_values(shadow_mirror_events_total{{{PLACE}}}, fleet)")
         .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC)
         .multi(True).include_all(True).all_value(".*"))
     d = d.with_variable(
         db.QueryVariable("instance").label("Sidecar").datasource(DS)
-        .query('label_values(shadow_mirror_events_total{fleet=~"$fleet"}, instance)')
+        .query(f'label_values(shadow_mirror_events_total{{{PLACE}, fleet=~"$fleet"}}, instance)')
         .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC)
         .multi(True).include_all(True).all_value(".*"))
     if lane:
