@@ -64,6 +64,16 @@ class DemoOptions:
     report_json: str | None = None
     headless: bool = False
     drain_timeout_s: float = 60.0
+    start_timeout_s: float = 300.0  # a child's start (imports included) on a busy host
+    catch_up_s: float = 5.0  # the fleet keeps its model's timeline up to this far behind (busy host)
+    compare_window_s: float | None = None  # lanes vs actual, per window (None: duration / 6, 1–10 s)
+
+    @property
+    def window_s(self) -> float:
+        """The comparison window the sidecar is given."""
+        if self.compare_window_s is not None:
+            return self.compare_window_s
+        return max(1.0, min(10.0, self.duration_s / 6))
 
     def validate(self) -> None:
         if self.router not in ROUTERS:
@@ -139,6 +149,8 @@ class Demo:
         self.router_url = ""
         self.router_metrics_url = ""  # the router's own Prometheus endpoint
         self.decode_names: list[str] = []
+        self.fleet_state_url = ""
+        self.host: dict[str, Any] = {}
         self.decisions: dict[str, Any] = {}
         jsq = opts.router == "jsq-bytes"
         self.router_name = "shadow router (vllm-ascend JSQ-bytes rule)" if jsq else "vllm-router"
@@ -158,15 +170,16 @@ class Demo:
         fleet = self._spawn("fleet", shadow_argv(
             "fleet", "--prefill", str(o.prefill), "--decode", str(o.workers), "--slots", str(o.slots),
             "--port", "0", "--time-scale", str(o.time_scale), "--a", str(o.step_a), "--b", str(o.step_b),
-            "--prefill-c1", str(o.prefill_c1)))
+            "--prefill-c1", str(o.prefill_c1), "--catch-up", str(o.catch_up_s)))
         decode = {f"d{g}": u for g, u in enumerate(fleet.ready["decode"])}
+        self.fleet_state_url = fleet.ready["decode"][0] + "/fleet/state"
         self.decode_names = list(decode)
         prefill = {f"p{i}": u for i, u in enumerate(fleet.ready["prefill"])}
         say(f"fleet: {o.prefill} prefill + {o.workers} decode ranks × {o.slots} slots, step = "
             f"({o.step_a:g}·max L + {o.step_b:g}) s × {o.time_scale:g}")
         serve_args = ["serve", "--port", "0", "--slots", str(o.slots), "--policies", ",".join(o.policies),
                       "--step-a", str(o.step_a * o.time_scale), "--step-b", str(o.step_b * o.time_scale),
-                      "--scrape-interval", "1"]
+                      "--scrape-interval", "1", "--compare-window", str(o.window_s)]
         for n, u in decode.items():
             serve_args += ["--upstream", f"{n}={u}"]
         for n, u in prefill.items():
@@ -195,11 +208,12 @@ class Demo:
                                                                    port, mport), json_ready=False)
             self.router_url = f"http://127.0.0.1:{port}"
             self.router_metrics_url = f"http://127.0.0.1:{mport}/metrics"
-            _wait_healthy(self.router_url, router)
+            _wait_healthy(self.router_url, router, self.opts.start_timeout_s)
         say(f"router: {self.router_name} at {self.router_url}, pointed at the taps")
 
     def _spawn(self, name: str, argv: list[str], json_ready: bool = True) -> Child:
-        child = Child(name, argv, self.workdir / f"{name}.log", json_ready=json_ready)
+        child = Child(name, argv, self.workdir / f"{name}.log", json_ready=json_ready,
+                      timeout_s=self.opts.start_timeout_s)
         self.children.append(child)
         return child
 
@@ -268,6 +282,15 @@ class Demo:
                 "agree": all(int(router[n]) == mirrored[n] for n in self.decode_names),
                 "phantoms": state.get("phantoms", 0)}
 
+    async def check_host(self, client: httpx.AsyncClient) -> dict[str, Any]:
+        """Whether the fleet kept its step model's timeline (the lanes simulate that model): the
+        lateness its clock could not make up, and its wall time against the model's."""
+        clock = (await client.get(self.fleet_state_url, timeout=10)).json()["clock"]
+        model, wall = float(clock["model_s"]), float(clock["wall_s"])
+        return {"behind_dropped_s": float(clock["behind_dropped_s"]),
+                "behind_max_s": float(clock["behind_max_s"]),
+                "wall_vs_model": wall / model if model > 0 else None, "catch_up_s": self.opts.catch_up_s}
+
     def demo_block(self) -> dict[str, Any]:
         o = self.opts
         summary = self.load.summary if self.load is not None else None
@@ -285,6 +308,7 @@ class Demo:
                          "mean_rate_rps": self.trace.mean_rate_rps},
             "duration_s": o.duration_s,
             "decisions": self.decisions,
+            "host": self.host,
         }
 
 
@@ -304,9 +328,12 @@ def lanes_table(report: dict[str, Any]) -> Table:
     title = "live lanes (same traffic; actual = the router's real placements)"
     table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1),
                   collapse_padding=True)
-    for col in ("lane", "spread", "vs actual", "I(k)", "idle", "tok/s", "steps", "done", "agree"):
-        table.add_column(col, justify="left" if col == "lane" else "right", no_wrap=True)
+    compared = report.get("comparison", {}).get("lanes", {})
+    for col in ("lane", "spread", "vs actual", "95% CI", "verdict", "I(k)", "idle", "tok/s", "steps", "done",
+                "agree"):
+        table.add_column(col, justify="left" if col in ("lane", "verdict") else "right", no_wrap=True)
     for label, f in lanes.items():
+        iv = compared.get(label, {}).get("spread", {})
         spread = f.get("avg_spread_tokens")
         if label == "actual" or not spread or not actual:
             ratio = "–"
@@ -314,7 +341,9 @@ def lanes_table(report: dict[str, Any]) -> Table:
             ratio = f"{actual / spread:.2f}× lower"
         else:
             ratio = f"{spread / actual:.2f}× higher"
-        table.add_row(label, _num(spread, ",.0f"), ratio, _num(f.get("avg_imbalance_tokens"), ",.0f"),
+        ci = "–" if iv.get("low") is None else f"{iv['low']:.2f}–{iv['high']:.2f}×"
+        table.add_row(label, _num(spread, ",.0f"), ratio, ci, iv.get("verdict", "–"),
+                      _num(f.get("avg_imbalance_tokens"), ",.0f"),
                       _num(f.get("barrier_idle_fraction"), ".1f", 100) + "%",
                       _num(f.get("throughput_tokens_per_s"), ",.0f"), str(f.get("steps", "–")),
                       str(f.get("requests_finished", "–")),
@@ -345,14 +374,44 @@ def status_lines(demo: Demo, report: dict[str, Any], elapsed_s: float) -> Text:
 
 
 def headline(report: dict[str, Any]) -> str:
-    lanes = report.get("lanes", {})
-    actual = lanes.get("actual", {}).get("avg_spread_tokens")
-    br0 = lanes.get("br0", {}).get("avg_spread_tokens")
-    if not actual or not br0:
+    """The demo's last line: BR-0 against the router with its interval and verdict, and never a
+    ratio the report's own checks contradict (then: not trustworthy, and why)."""
+    cmp = report.get("comparison", {})
+    iv = cmp.get("lanes", {}).get("br0", {}).get("spread", {})
+    if not iv or iv.get("ratio") is None:
         return "not enough steps yet for a comparison"
-    if br0 <= actual:
-        return f"BR-0 would have kept the average spread {actual / br0:.2f}× lower than the router did"
-    return f"BR-0's average spread is {br0 / actual:.2f}× higher than the router's here"
+    if not cmp.get("trustworthy"):
+        return ("figures not trustworthy — " + "; ".join(cmp.get("problems", [])) +
+                ": no verdict on BR-0 against the router")
+    n, w = iv["windows"], cmp.get("window_s", 0)
+    ratio = iv["ratio"]
+    if iv.get("low") is None:
+        return (f"too few windows for a verdict ({n} of {w:g} s, 3 needed): BR-0's spread ratio so far "
+                f"{ratio:.2f}×")
+    over = f"95% CI over {n} windows of {w:g} s"
+    if iv["verdict"] == "better":
+        return (f"BR-0 would have kept the average spread {ratio:.2f}× lower than the router did "
+                f"({iv['low']:.2f}–{iv['high']:.2f}×, {over})")
+    if iv["verdict"] == "worse":
+        return (f"BR-0's average spread is {1 / ratio:.2f}× higher than the router's here "
+                f"({1 / iv['high']:.2f}–{1 / iv['low']:.2f}×, {over})")
+    return (f"BR-0's average spread: no significant difference from the router's ({ratio:.2f}×, "
+            f"{iv['low']:.2f}–{iv['high']:.2f}×, {over})")
+
+
+def with_host(report: dict[str, Any], host: dict[str, Any]) -> dict[str, Any]:
+    """The report with the host's problem among the comparison's: a fleet that fell behind its step
+    model (lateness beyond its catch-up dropped) is not the fleet the lanes simulated."""
+    dropped = host.get("behind_dropped_s") or 0.0
+    cmp = report.get("comparison")
+    if dropped <= 0 or not isinstance(cmp, dict):
+        return report
+    problem = (f"the host could not keep up: the simulated fleet fell {dropped:.1f} s behind its step model "
+               f"beyond its {host.get('catch_up_s', 0):g} s catch-up (CPU busy)")
+    cmp = {**cmp, "trustworthy": False, "problems": [*cmp.get("problems", []), problem]}
+    lanes = {label: {fig: {**iv, "verdict": "not trustworthy"} for fig, iv in figs.items()}
+             for label, figs in cmp.get("lanes", {}).items()}
+    return {**report, "comparison": {**cmp, "lanes": lanes}}
 
 
 def replay_command(record: str) -> str:
@@ -398,7 +457,8 @@ def run_demo(opts: DemoOptions, console: Console, err: Console) -> int:
             "[red]the mirror's placements differ from the router's counter[/]"
         console.print(f"decode decisions per worker — router {dec['router']}, "
                       f"mirrored {dec['mirrored']}: {verdict}")
-    console.print(f"[bold]{headline(final)}[/]")
+    style = "bold" if final.get("comparison", {}).get("trustworthy") else "bold yellow"
+    console.print(headline(final), style=style, markup=False, soft_wrap=True)  # one line for machines
     return 0
 
 
@@ -504,4 +564,6 @@ async def _run(demo: Demo, console: Console, err: Console) -> dict[str, Any] | N
         final = await demo.report(client, drain=True)
         with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
             demo.decisions = await demo.check_decisions(client)
-        return final
+        with contextlib.suppress(httpx.HTTPError, KeyError, ValueError, TypeError):
+            demo.host = await demo.check_host(client)
+        return with_host(final, demo.host)

@@ -103,6 +103,7 @@ class ServeConfig:
     step_b: float = DEFAULT_B_S
     live_queue_size: int = 200_000
     step_window_s: float = 0.5
+    compare_window_s: float = 60.0  # lanes vs actual: one ratio per window, an interval over windows
     br: BRParams = field(default_factory=BRParams)
     mode_config: ModeConfig | None = None  # the mode controller (active routing); None: none
     active: ActiveSettings | None = None  # --active: the front listener is shadow's own proxy
@@ -124,6 +125,8 @@ class ServeConfig:
             raise ValueError(f"--step-window must be > 0 s, got {self.step_window_s}")
         if not self.drain_timeout_s >= 0:
             raise ValueError(f"--drain-timeout must be >= 0 s, got {self.drain_timeout_s}")
+        if not 0 < self.compare_window_s < 1e9:
+            raise ValueError(f"--compare-window must be > 0 s, got {self.compare_window_s}")
         StepTimeModel(self.step_a, self.step_b)
 
     @property
@@ -152,7 +155,7 @@ class ServeService:
         self.live = LiveLanes(
             workers=config.workers, slots=config.tap.slots, policies=config.policies, lag_s=config.lag_s,
             step=step, step_source=config.step_source, br=config.br, queue_size=config.live_queue_size,
-            window_s=config.step_window_s, clock=clock,
+            window_s=config.step_window_s, compare_window_s=config.compare_window_s, clock=clock,
         )
         mc = config.mode_config
         if mc is not None:  # only an active proxy carries out canary, active and fallback

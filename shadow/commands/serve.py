@@ -77,6 +77,9 @@ LANE_FLAGS = (
     flag("--step-b", "step_b",
          f"step model the lanes simulate: fixed seconds per step (default {DEFAULT_B_S})",
          type=float, default=DEFAULT_B_S),
+    flag("--compare-window", "compare_window_s", "each lane is compared with `actual` window by window: one "
+         "ratio per window of this many seconds, a 95%% interval over windows (default 60)", default=60.0,
+         **SECONDS),
     flag("--step-window", "step_window_s", "window of one measured step-time sample (default 0.5)",
          default=0.5, **SECONDS),
     flag("--live-queue-size", "live_queue_size", "events waiting for the lanes; beyond it events are "

@@ -20,6 +20,8 @@ from shadow.engine.jobs import Job
 from shadow.engine.lane import Lane
 from shadow.engine.live import ACTUAL, LiveDriver
 from shadow.engine.summary import LogHistogram, percentile
+from shadow.engine.windows import Windows
+from shadow.live.confidence import comparison, trust_problems
 from shadow.live.stepfit import STEP_BUCKETS, StepEstimator
 
 DECISION_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1)
@@ -75,6 +77,7 @@ class LiveLanes:
         publish_s: float = 0.25,
         window_s: float = 0.5,
         fit_window: int = 600,
+        compare_window_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not workers:
@@ -89,6 +92,9 @@ class LiveLanes:
         )
         self.specs = [LaneSpec.parse(p) for p in policies]
         self.driver = LiveDriver(self.config, self.specs, self.workers, time.perf_counter, lag_s=lag_s)
+        self.windows = Windows(self.driver.lanes, compare_window_s)  # lane figures per window
+        self.driver.observe(self.windows)
+        self._comparison: tuple[Any, dict[str, Any]] = ((), {})
         self.clock = clock
         self.queue_size = queue_size
         self.tick_s = tick_s
@@ -382,6 +388,10 @@ class LiveLanes:
         # Load-weighted: Σ|lane − mirror| / Σ mirror over all snapshots and workers (a near-empty
         # fleet's snapshot weighs as little as its load); the unweighted mean is reported beside it.
         fid = self.fidelity_abs / self.fidelity_tot if self.fidelity_tot > 0 else None
+        problems = trust_problems(fit, fid, measured / modelled if modelled > 0 else None, self.dropped_total)
+        key = (self.windows.complete, model, tuple(problems))
+        if self._comparison[0] != key:
+            self._comparison = (key, comparison(self.windows, model, g, problems))
         self._snapshot = {
             "lanes": lanes,
             "step_model": {
@@ -441,4 +451,5 @@ class LiveLanes:
             },
             "cpu_s": self.busy_s,
             "warnings": warnings,
+            "comparison": self._comparison[1],
         }

@@ -13,6 +13,8 @@ from typing import Any
 from prometheus_client.core import Metric
 
 from shadow.base.families import DeclaredCollector, Family
+from shadow.engine.windows import FIGURES
+from shadow.live.confidence import VERDICTS
 from shadow.live.lanes import DECISION_BUCKETS, LiveLanes
 from shadow.live.stepfit import STEP_BUCKETS
 
@@ -58,6 +60,16 @@ FIDELITY = Family("shadow_fidelity_load_relative_error", "gauge",
                   "Actual lane loads vs mirrored loads, mean relative error.", "ratio")
 DROPPED = Family("shadow_live_events_dropped_total", "counter",
                  "Events the lanes could not take.", "events", ("reason",))
+VS_ACTUAL = Family("shadow_lane_vs_actual_ratio", "gauge",
+                   "A lane's figure against the actual lane, batch means over windows (> 1: the lane does "
+                   "better): the mean ratio and its 95% t-interval bounds.", "ratio",
+                   ("lane", "figure", "bound"), values={"figure": FIGURES, "bound": ("mean", "low", "high")})
+VERDICT = Family("shadow_lane_verdict", "gauge",
+                 "1 for the verdict on a lane's figure against the actual lane (0 for the others).", "bool",
+                 ("lane", "figure", "verdict"), values={"figure": FIGURES, "verdict": VERDICTS})
+TRUSTWORTHY = Family("shadow_live_figures_trustworthy", "gauge",
+                     "1 when the twin is in bounds (step fit good, fidelity < 2%, steps on the model, no "
+                     "drops), else 0.", "bool")
 
 #: Per-lane counters and gauges with the lane report's key each, in the order they are yielded.
 _PER_LANE = (
@@ -72,7 +84,7 @@ _STEP_MODEL = ((MODEL_A, "a_s_per_token"), (MODEL_B, "b_s"), (MODEL_R2, "r2"), (
 
 FAMILIES = (
     *(f for f, _ in _PER_LANE), WORKER_LOAD, WORKER_ACTIVE, DECISION_SECONDS,
-    *(f for f, _ in _STEP_MODEL), STEP_SECONDS, FIDELITY, DROPPED,
+    *(f for f, _ in _STEP_MODEL), STEP_SECONDS, FIDELITY, DROPPED, VS_ACTUAL, VERDICT, TRUSTWORTHY,
 )
 
 
@@ -113,6 +125,18 @@ class LiveCollector(DeclaredCollector):
         yield FIDELITY.value(_float(rep.get("fidelity", {}).get("load_rel_error")))
         dropped = rep.get("events", {}).get("dropped", {})
         yield DROPPED.sampled({reason: float(n) for reason, n in dropped.items()})
+        cmp = rep.get("comparison", {})
+        ratios: dict[tuple[str, ...], float | None] = {}
+        verdicts: dict[tuple[str, ...], float | None] = {}
+        for label, figs in cmp.get("lanes", {}).items():
+            for fig, iv in figs.items():
+                for bound, key in (("mean", "ratio"), ("low", "low"), ("high", "high")):
+                    ratios[(label, fig, bound)] = _float(iv.get(key))
+                for v in VERDICTS:
+                    verdicts[(label, fig, v)] = 1.0 if iv.get("verdict") == v else 0.0
+        yield VS_ACTUAL.sampled(ratios)
+        yield VERDICT.sampled(verdicts)
+        yield TRUSTWORTHY.value(None if not cmp else float(bool(cmp.get("trustworthy"))))
 
 
 def _float(value: Any) -> float | None:

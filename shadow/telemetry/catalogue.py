@@ -54,6 +54,9 @@ LABELS: dict[str, str] = {
     "listener": "one of shadow's own listeners: api (the API/admin port), active (the proxy's client port)",
     "version": "shadow's version (one per running build)",
     "python": "the Python version running shadow",
+    "figure": "a live lane figure compared with the actual lane: spread | imbalance | idle | throughput",
+    "bound": "mean | low | high: a ratio and its 95% interval's bounds",
+    "verdict": "better | no significant difference | worse | too few windows | not trustworthy",
 }
 
 _HIST_SUFFIXES = ("_bucket", "_sum", "_count", "_created")

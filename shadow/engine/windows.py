@@ -1,0 +1,167 @@
+"""Lane figures per window of lane time, and each lane against a reference with a batch-means interval.
+
+`Windows` observes lanes: when a lane's clock passes a boundary (every `window_s` seconds of lane
+time from 0) it books the change of the lane's totals since the previous one as that window's
+figures. A window counts once every lane has passed its end. `compare` pairs one lane with a
+reference window by window (the ratio per window, > 1 when the lane does better: lower spread,
+I(k) and barrier idle, higher throughput) and gives the mean ratio with a two-sided 95 %
+t-interval over the windows (batch means: windows long against a request's lifetime are close to
+independent). Memory: the most recent `keep` windows per lane.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from shadow.core.stepmodel import StepTimeModel
+from shadow.engine.driver import Observer
+from shadow.engine.lane import Lane
+
+FIGURES = ("spread", "imbalance", "idle", "throughput")
+MIN_WINDOWS = 3  # fewer: an interval is not given (t with one degree of freedom is 12.7 s/√n wide)
+
+# two-sided 95 % Student t quantiles by degrees of freedom (1..30); beyond, the normal's 1.96
+_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+        2.052, 2.048, 2.045, 2.042)
+
+
+def t95(df: int) -> float:
+    """The 0.975 quantile of Student's t with `df` degrees of freedom (df >= 1)."""
+    return _T95[df - 1] if df <= len(_T95) else 1.96
+
+
+@dataclass(frozen=True, slots=True)
+class WindowTotals:
+    """The change of one lane's totals over one window."""
+
+    index: int
+    steps: int
+    sum_spread: float
+    sum_imbalance: float
+    sum_max: float
+    tokens: int
+
+    def figure(self, name: str, step: StepTimeModel, workers: int) -> float | None:
+        """`name` (one of FIGURES) over this window; None without steps."""
+        if self.steps <= 0:
+            return None
+        if name == "spread":
+            return self.sum_spread / self.steps
+        if name == "imbalance":
+            return self.sum_imbalance / self.steps
+        busy = step.a * self.sum_max + step.b * self.steps
+        if busy <= 0:
+            return None
+        if name == "idle":
+            return step.a * self.sum_imbalance / (workers * busy)
+        return self.tokens / busy
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    """Mean ratio over `windows` windows with its 95 % t-interval (None below MIN_WINDOWS)."""
+
+    ratio: float | None
+    low: float | None
+    high: float | None
+    windows: int
+    skipped: int  # windows where a figure was zero or missing on one side
+
+    @property
+    def verdict(self) -> str:
+        """better / worse (the interval excludes 1) / no significant difference / too few windows."""
+        if self.low is None or self.high is None:
+            return "too few windows"
+        if self.low > 1.0:
+            return "better"
+        if self.high < 1.0:
+            return "worse"
+        return "no significant difference"
+
+
+def interval(ratios: Sequence[float], skipped: int = 0) -> Interval:
+    """Mean of `ratios` with its two-sided 95 % t-interval."""
+    n = len(ratios)
+    if n == 0:
+        return Interval(None, None, None, 0, skipped)
+    mean = math.fsum(ratios) / n
+    if n < MIN_WINDOWS:
+        return Interval(mean, None, None, n, skipped)
+    var = math.fsum((r - mean) ** 2 for r in ratios) / (n - 1)
+    half = t95(n - 1) * math.sqrt(var / n)
+    return Interval(mean, mean - half, mean + half, n, skipped)
+
+
+class Windows(Observer):
+    """See module docstring. Observe every lane (`LaneDriver.observers`); `lanes` in one order."""
+
+    def __init__(self, lanes: Sequence[Lane], window_s: float, keep: int = 10_000) -> None:
+        if not (math.isfinite(window_s) and window_s > 0):
+            raise ValueError(f"window must be > 0 s, got {window_s!r}")
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.window_s = window_s
+        self.labels = [lane.spec.label for lane in lanes]
+        self._index = {id(lane): i for i, lane in enumerate(lanes)}
+        self._mark: list[tuple[int, int, float, float, float, int]] = [(0, 0, 0.0, 0.0, 0.0, 0)] * len(lanes)
+        self.done: list[deque[WindowTotals]] = [deque(maxlen=keep) for _ in lanes]
+        self.passed = [0] * len(lanes)  # windows each lane has passed the end of
+
+    def stepped(self, lane: Lane) -> None:
+        i = self._index.get(id(lane))
+        if i is None:
+            return
+        k = int(lane.now // self.window_s)
+        if k > self.passed[i]:
+            self._close(i, lane, k)
+
+    def _close(self, i: int, lane: Lane, k: int) -> None:
+        """Book the totals since the last boundary as window `passed[i]`; windows the lane jumped
+        over (idle) are booked empty."""
+        t = lane.totals
+        w0, steps0, spread0, imb0, max0, tok0 = self._mark[i]
+        self.done[i].append(
+            WindowTotals(w0, t.steps - steps0, t.sum_spread - spread0, t.sum_imbalance - imb0,
+                         t.sum_max - max0, t.tokens - tok0)
+        )
+        for j in range(w0 + 1, k):
+            self.done[i].append(WindowTotals(j, 0, 0.0, 0.0, 0.0, 0))
+        self._mark[i] = (k, t.steps, t.sum_spread, t.sum_imbalance, t.sum_max, t.tokens)
+        self.passed[i] = k
+
+    @property
+    def complete(self) -> int:
+        """Windows every lane has passed the end of."""
+        return min(self.passed, default=0)
+
+    def series(self, label: str) -> list[WindowTotals]:
+        """The complete windows of lane `label` still kept, oldest first."""
+        n = self.complete
+        return [w for w in self.done[self.labels.index(label)] if w.index < n]
+
+    def compare(self, label: str, reference: str, step: StepTimeModel, workers: int) -> dict[str, Interval]:
+        """Per figure: lane `label` against `reference`, window by window (ratio > 1: `label` better)."""
+        mine = {w.index: w for w in self.series(label)}
+        ref = self.series(reference)
+        out: dict[str, Interval] = {}
+        for name in FIGURES:
+            ratios: list[float] = []
+            skipped = 0
+            for r in ref:
+                w = mine.get(r.index)
+                a = r.figure(name, step, workers)
+                b = w.figure(name, step, workers) if w is not None else None
+                if a is None or b is None:
+                    skipped += 1
+                    continue
+                num, den = (b, a) if name == "throughput" else (a, b)
+                if den <= 0:
+                    skipped += 1
+                    continue
+                ratios.append(num / den)
+            out[name] = interval(ratios, skipped)
+        return out

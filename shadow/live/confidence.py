@@ -1,0 +1,75 @@
+"""Every live comparison with its interval and a verdict, and when the figures cannot be trusted.
+
+A lane's figures are compared with the `actual` lane's window by window (`engine.windows`:
+batch means, 95 % t-interval over windows). The verdict is `better`, `worse` or `no significant
+difference` from the interval, `too few windows` below three, and `not trustworthy` whatever the
+interval says when the twin is out of bounds: the step-model fit not good (R² < 0.9 or too few
+samples), twin fidelity at or above 2 %, measured steps more than 5 % off the model the lanes
+simulate, or events dropped before the lanes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shadow.core.stepmodel import FitResult, StepTimeModel
+from shadow.engine.windows import FIGURES, Windows
+
+REFERENCE = "actual"
+FIDELITY_MAX = 0.02
+DRIFT_MAX = 0.05
+NOT_TRUSTWORTHY = "not trustworthy"
+#: Every verdict, as `/v1/report` and the `verdict` label spell them.
+VERDICTS = ("better", "no significant difference", "worse", "too few windows", NOT_TRUSTWORTHY)
+
+
+def trust_problems(
+    fit: FitResult, fidelity: float | None, measured_vs_model: float | None, dropped: int
+) -> list[str]:
+    """Why the live figures cannot be trusted (empty: they can)."""
+    out: list[str] = []
+    if fit.quality != "good":
+        r2 = "–" if fit.r2 is None else f"{fit.r2:.2f}"
+        out.append(f"step model fit is {fit.quality} (R² {r2}, {fit.samples} samples; needs R² ≥ 0.9)")
+    if fidelity is None:
+        out.append("no twin fidelity yet (the actual lane has not been compared with the mirror)")
+    elif fidelity >= FIDELITY_MAX:
+        out.append(f"twin fidelity {fidelity:.1%} (the actual lane's loads vs the mirror's; needs < 2%)")
+    if measured_vs_model is not None and abs(measured_vs_model - 1.0) > DRIFT_MAX:
+        out.append(f"measured steps {100 * (measured_vs_model - 1):+.0f}% against the model the lanes "
+                   "simulate (the host or the fleet did not keep the model's timeline)")
+    if dropped:
+        out.append(f"{dropped} events dropped before the lanes")
+    return out
+
+
+def comparison(windows: Windows, step: StepTimeModel, workers: int, problems: list[str]) -> dict[str, Any]:
+    """The `comparison` block of the live report (see module docstring)."""
+    lanes: dict[str, Any] = {}
+    if REFERENCE in windows.labels:
+        for label in windows.labels:
+            if label == REFERENCE:
+                continue
+            figures = windows.compare(label, REFERENCE, step, workers)
+            lanes[label] = {
+                name: {
+                    "ratio": iv.ratio,
+                    "low": iv.low,
+                    "high": iv.high,
+                    "windows": iv.windows,
+                    "skipped": iv.skipped,
+                    "verdict": NOT_TRUSTWORTHY if problems else iv.verdict,
+                    "interval_verdict": iv.verdict,
+                }
+                for name, iv in ((n, figures[n]) for n in FIGURES)
+            }
+    return {
+        "reference": REFERENCE,
+        "method": f"batch means: one ratio per {windows.window_s:g} s window of lane time (lane vs "
+        f"{REFERENCE}; > 1: the lane does better), mean with a two-sided 95% t-interval over windows",
+        "window_s": windows.window_s,
+        "windows": windows.complete,
+        "trustworthy": not problems,
+        "problems": problems,
+        "lanes": lanes,
+    }

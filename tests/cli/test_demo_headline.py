@@ -1,0 +1,45 @@
+"""The demo's last line carries BR-0's interval and verdict, and never a ratio its own checks
+contradict: an untrustworthy report (a poor fit, a twin out of bounds, a host that could not keep
+up) says so and why."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shadow.app.demo import headline, with_host
+
+
+def _report(trustworthy: bool, low: float | None, ratio: float, high: float | None,
+            verdict: str) -> dict[str, Any]:
+    iv = {"ratio": ratio, "low": low, "high": high, "windows": 7, "verdict": verdict}
+    return {"comparison": {"trustworthy": trustworthy, "window_s": 10.0,
+                           "problems": [] if trustworthy else ["twin fidelity 16.6% (needs < 2%)"],
+                           "lanes": {"br0": {"spread": iv}}}}
+
+
+def test_a_trusted_better_lane_is_said_with_its_interval() -> None:
+    line = headline(_report(True, 1.8, 2.0, 2.2, "better"))
+    assert line == ("BR-0 would have kept the average spread 2.00× lower than the router did "
+                    "(1.80–2.20×, 95% CI over 7 windows of 10 s)")
+
+
+def test_no_difference_and_worse_say_so() -> None:
+    assert "no significant difference" in headline(_report(True, 0.9, 1.05, 1.2, "no significant difference"))
+    assert headline(_report(True, 0.4, 0.5, 0.6, "worse")).startswith(
+        "BR-0's average spread is 2.00× higher than the router's here (1.67–2.50×")
+
+
+def test_an_untrustworthy_report_never_gets_a_bare_ratio() -> None:
+    line = headline(_report(False, 1.5, 1.67, 1.8, "not trustworthy"))
+    assert line.startswith("figures not trustworthy — twin fidelity 16.6%")
+    assert "1.67" not in line and "lower than the router" not in line
+
+
+def test_a_host_that_fell_behind_makes_the_report_untrustworthy() -> None:
+    rep = with_host(_report(True, 1.8, 2.0, 2.2, "better"), {"behind_dropped_s": 18.6, "catch_up_s": 5.0})
+    cmp = rep["comparison"]
+    assert cmp["trustworthy"] is False
+    assert cmp["lanes"]["br0"]["spread"]["verdict"] == "not trustworthy"
+    assert "the host could not keep up" in headline(rep) and "18.6 s behind" in headline(rep)
+    kept = _report(True, 1.8, 2.0, 2.2, "better")
+    assert with_host(kept, {"behind_dropped_s": 0.0}) is kept
