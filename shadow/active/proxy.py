@@ -25,14 +25,14 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import orjson
 from opentelemetry import context as otel_context
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry import trace
 from prometheus_client import CollectorRegistry, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
@@ -51,12 +51,12 @@ from shadow.contracts.modes import ModeSource, StaticModeSource
 from shadow.core.params import BRParams
 from shadow.core.routers import Router
 from shadow.mirror.analyzer import estimate_prompt_tokens
-from shadow.telemetry.tracing import RoutingSpans
+from shadow.telemetry.tracing import RoutingSpans, exemplar, http_server_span, http_status, inject
 from shadow.vllm.errors import stream_error_event
 from shadow.vllm.sse import DEFAULT_MAX_FRAME, EventSplitter, event_data
 
 log = logging.getLogger("shadow.active")
-W3C = TraceContextTextMapPropagator()
+TRACE_HEADERS = frozenset({"traceparent", "tracestate"})  # replaced by ours on the way up
 
 GENERATE_PATHS = ("/v1/completions", "/v1/chat/completions")
 PREFILL_KV_PARAMS: dict[str, Any] = {
@@ -260,6 +260,7 @@ class ActiveProxy:
         )
         if spans is not None:
             self.dispatcher.spans = spans
+        self.tracer = spans.tracer if spans is not None else trace.NoOpTracer()
         self.prefill = PrefillChooser(
             config.prefill,
             self.metrics,
@@ -376,7 +377,7 @@ class ActiveProxy:
         h = {"X-Request-Id": rid, "Content-Type": "application/json"}
         if self.config.api_key:
             h["Authorization"] = f"Bearer {self.config.api_key}"
-        return h
+        return inject(h)
 
     def _count(self, mode: str, policy: str, outcome: str) -> None:
         self.metrics.requests.labels(mode, policy, outcome).inc()
@@ -393,12 +394,28 @@ class ActiveProxy:
         return b"".join(chunks)
 
     async def _generate(self, request: Request) -> Response:
-        """A generation request, in the trace context its `traceparent` header carries (if any)."""
-        token = otel_context.attach(W3C.extract(request.headers))
+        """A generation request in a SERVER span, child of its `traceparent` (if any); the span ends
+        with the response's last byte, and every upstream call carries it as the parent."""
+        url = request.url
+        span = http_server_span(self.tracer, request.headers, request.method, url.path, url.path,
+                                url.scheme, url.hostname, url.port)
+        ctx = trace.set_span_in_context(span)
+        token = otel_context.attach(ctx)
         try:
-            return await self._generate_in_context(request)
+            response = await self._generate_in_context(request)
+        except BaseException as exc:
+            span.record_exception(exc)
+            span.set_status(trace.Status(trace.StatusCode.ERROR, type(exc).__name__))
+            span.end()
+            raise
         finally:
             otel_context.detach(token)
+        http_status(span, response.status_code)
+        if isinstance(response, StreamingResponse) and span.get_span_context().is_valid:
+            response.body_iterator = _in_span(response.body_iterator, span, ctx)
+        else:  # (no trace at all: tracing off and no traceparent, nothing to carry on)
+            span.end()
+        return response
 
     async def _generate_in_context(self, request: Request) -> Response:
         t0 = time.perf_counter()
@@ -722,8 +739,8 @@ class ActiveProxy:
                 self._count(flow.mode, flow.policy, "upstream_error")
                 return Response(f.content, status_code=f.status, media_type=f.media)
         elapsed = time.perf_counter() - flow.t0
-        self.metrics.first_token.labels(flow.mode, flow.bucket).observe(elapsed)
-        self.metrics.completion.labels(flow.mode, flow.bucket).observe(elapsed)
+        self.metrics.first_token.labels(flow.mode, flow.bucket).observe(elapsed, exemplar())
+        self.metrics.completion.labels(flow.mode, flow.bucket).observe(elapsed, exemplar())
         self._count(flow.mode, flow.policy, outcome)
         if outcome != "ok":
             return self._error(502, "decode answer broke off", "decode_stream", flow.rid)
@@ -756,7 +773,8 @@ class ActiveProxy:
                         self._first_token(flow, t)
                         if not t_first:
                             t_first = t
-                            self.metrics.first_token.labels(flow.mode, flow.bucket).observe(t - flow.t0)
+                            ttft = t - flow.t0
+                            self.metrics.first_token.labels(flow.mode, flow.bucket).observe(ttft, exemplar())
                     pieces = split.feed(chunk)
                     if not pieces:
                         continue
@@ -829,9 +847,10 @@ class ActiveProxy:
             if flow.worker >= 0:
                 self._decode_over(flow, events if outcome == "ok" else None)
             t_end = time.perf_counter()
-            self.metrics.completion.labels(flow.mode, flow.bucket).observe(t_end - flow.t0)
+            self.metrics.completion.labels(flow.mode, flow.bucket).observe(t_end - flow.t0, exemplar())
             if outcome == "ok" and events > 1 and t_first:
-                self.metrics.tpot.labels(flow.mode, flow.bucket).observe((t_end - t_first) / (events - 1))
+                tpot = (t_end - t_first) / (events - 1)
+                self.metrics.tpot.labels(flow.mode, flow.bucket).observe(tpot, exemplar())
             self._count(flow.mode, flow.policy, outcome)
         if cut_reason:  # a stream that ended early is an error the client sees: no clean end
             self.cut[("decode", cut_reason)] += 1
@@ -845,7 +864,9 @@ class ActiveProxy:
         url = self.router_url + request.url.path
         if request.url.query:
             url += "?" + request.url.query
-        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
+        headers = [(k, v) for k, v in request.headers.items()
+                   if k.lower() not in HOP_BY_HOP and k.lower() not in TRACE_HEADERS]
+        headers += inject({}).items()
         client = self._client(self.router_url)
         t0 = time.perf_counter()
         bucket = prompt_bucket(len(raw) // 4)  # not parsed in shadow mode: bytes / 4 as tokens
@@ -888,7 +909,7 @@ class ActiveProxy:
                     if first and chunk:
                         first = False
                         t_first = time.perf_counter()
-                        self.metrics.first_token.labels("shadow", bucket).observe(t_first - t0)
+                        self.metrics.first_token.labels("shadow", bucket).observe(t_first - t0, exemplar())
                     if sse:
                         at_line = chunk.startswith(b"data:") and tail[-1:] in (b"", b"\n")
                         events += chunk.count(b"\ndata:") + at_line
@@ -908,10 +929,11 @@ class ActiveProxy:
                 self._count("shadow", "router", outcome)
                 if outcome == "ok":  # as the active path records them, so the two modes compare
                     t_end = time.perf_counter()
-                    self.metrics.completion.labels("shadow", bucket).observe(t_end - t0)
+                    self.metrics.completion.labels("shadow", bucket).observe(t_end - t0, exemplar())
                     tokens = events - (b"[DONE]" in tail)
                     if tokens > 1:
-                        self.metrics.tpot.labels("shadow", bucket).observe((t_end - t_first) / (tokens - 1))
+                        tpot = (t_end - t_first) / (tokens - 1)
+                        self.metrics.tpot.labels("shadow", bucket).observe(tpot, exemplar())
             if broke:  # the router's answer broke off: the client sees an error, never a clean end
                 self.cut[("router", "upstream_broke")] += 1
                 if sse:
@@ -1042,3 +1064,32 @@ class _Relay(StreamingResponse):
             aclose = getattr(self.body_iterator, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+
+async def _in_span(body: AsyncIterable[Any], span: trace.Span,
+                   ctx: otel_context.Context) -> AsyncIterator[Any]:
+    """`body`, each step run in `ctx` (continuations, exemplars, log lines see the request's span);
+    `span` ends with the last chunk, as an error when the stream was cut."""
+    it = aiter(body)
+    try:
+        while True:
+            token = otel_context.attach(ctx)
+            try:
+                chunk = await anext(it)
+            except StopAsyncIteration:
+                break
+            finally:
+                otel_context.detach(token)
+            yield chunk
+    except BaseException as exc:
+        span.set_status(trace.Status(trace.StatusCode.ERROR, type(exc).__name__))
+        raise
+    finally:
+        close = getattr(it, "aclose", None)  # the relay's own accounting runs now, in the span
+        if close is not None:
+            token = otel_context.attach(ctx)
+            try:
+                await close()
+            finally:
+                otel_context.detach(token)
+        span.end()

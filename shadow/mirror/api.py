@@ -21,7 +21,8 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
 
 from shadow.base.logthrottle import Throttled
 from shadow.base.security import admin_denied
@@ -282,13 +283,15 @@ def create_app(
         return JSONResponse(snap)
 
     @app.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        """Prometheus text, or OpenMetrics (with exemplars) when the scraper asks for it."""
+        encode, media = choose_encoder(request.headers.get("accept", ""))
         try:
-            body = generate_latest(registry)
+            body = encode(registry)
         except Exception as exc:  # never a 500 because of some event's content: say what failed
             mirror.count_error("metrics")
             return Response(f"# metrics failed: {type(exc).__name__}\n", status_code=200)
-        return Response(body, media_type=CONTENT_TYPE_LATEST)
+        return Response(body, media_type=media)
 
     @app.get("/health")
     async def health() -> Response:

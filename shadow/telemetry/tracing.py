@@ -23,12 +23,14 @@ dispatch rounds and admissions and the mode controller's transitions.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, MutableSequence, Sequence
 from typing import Protocol
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -40,6 +42,7 @@ from opentelemetry.sdk.trace.sampling import (
     Sampler,
     TraceIdRatioBased,
 )
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from shadow.contracts.events import Arrive, Cancel, Event, Finish, Route, Token
 from shadow.core.fscore import BR0Scorer
@@ -90,21 +93,63 @@ def make_provider(
     attributes = {"service.name": env.get("OTEL_SERVICE_NAME") or attrs.SERVICE_NAME}
     resource = Resource.create(attributes)
     provider = TracerProvider(resource=resource, sampler=_sampler(env))
-    otlp = env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-    if exporter is None and otlp:
-        try:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        except ImportError:
-            raise ValueError("OTEL_EXPORTER_OTLP_ENDPOINT is set but OTLP export needs "
-                             "pip install 'shadow[otlp]'") from None
-        # the endpoint as the OTLP spec resolves it, from `env`; headers, timeout, compression are
-        # read by the exporter from OTEL_EXPORTER_OTLP_* itself
-        traces = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        endpoint = traces or str(env.get("OTEL_EXPORTER_OTLP_ENDPOINT")).rstrip("/") + "/v1/traces"
-        exporter = OTLPSpanExporter(endpoint=endpoint)
+    names = _exporters(env)
+    if exporter is None and "console" in names:
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+    if exporter is None and "otlp" in names:
+        exporter = _otlp_exporter(env)
     if exporter is not None:
         provider.add_span_processor(BatchSpanProcessor(exporter))
     return provider
+
+
+#: OTEL_TRACES_EXPORTER values shadow knows (comma-separated; `none`: no export).
+EXPORTERS = ("otlp", "console", "none")
+#: OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL values and the exporter module each needs.
+PROTOCOLS = {"http/protobuf": "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+             "grpc": "opentelemetry.exporter.otlp.proto.grpc.trace_exporter"}
+
+
+def _exporters(env: Mapping[str, str]) -> set[str]:
+    """The exporters OTEL_TRACES_EXPORTER names; unset: otlp when an OTLP endpoint is set, else none
+    (a sidecar exports nothing it was not told to)."""
+    raw = env.get("OTEL_TRACES_EXPORTER")
+    if raw is None or not raw.strip():
+        endpoint = env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        return {"otlp"} if endpoint else set()
+    names = {n.strip().lower() for n in raw.split(",") if n.strip()}
+    unknown = names - set(EXPORTERS)
+    if unknown:
+        raise ValueError(f"OTEL_TRACES_EXPORTER: unknown exporter {sorted(unknown)[0]!r} "
+                         f"(shadow knows {', '.join(EXPORTERS)})")
+    return names - {"none"}
+
+
+def _otlp_exporter(env: Mapping[str, str]) -> SpanExporter:
+    """The OTLP span exporter of OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL (default http/protobuf), at the
+    endpoint the OTLP spec resolves (default http://localhost:4318 or, for grpc, :4317); headers,
+    timeout, compression and certificates are read by the exporter from OTEL_EXPORTER_OTLP_* itself."""
+    protocol = (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+                or "http/protobuf").strip().lower()
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL must be one of {', '.join(PROTOCOLS)}, "
+                         f"got {protocol!r}")
+    try:
+        module = importlib.import_module(PROTOCOLS[protocol])
+    except ImportError:
+        extra = "pip install 'shadow[otlp]'" if protocol == "http/protobuf" else (
+            "pip install opentelemetry-exporter-otlp-proto-grpc")
+        raise ValueError(f"OTLP export over {protocol} needs {extra}") from None
+    traces = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if protocol == "grpc":
+        endpoint = traces or base or "http://localhost:4317"
+    else:
+        endpoint = traces or (base or "http://localhost:4318").rstrip("/") + "/v1/traces"
+    exporter: SpanExporter = module.OTLPSpanExporter(endpoint=endpoint)
+    return exporter
 
 
 def get_tracer(provider: TracerProvider | None) -> trace.Tracer:
@@ -187,10 +232,10 @@ class MirrorSpans:
 
 
 def otlp_provider(environ: Mapping[str, str] | None = None) -> TracerProvider | None:
-    """The provider of `make_provider` when OTEL_EXPORTER_OTLP(_TRACES)_ENDPOINT is set (and the SDK
-    is not disabled); None otherwise (tracing off: nothing is exported anywhere)."""
+    """The provider of `make_provider` when the OTEL_* variables name an exporter (OTEL_TRACES_EXPORTER,
+    or an OTLP endpoint) and the SDK is not disabled; None otherwise (tracing off: nothing exported)."""
     env = os.environ if environ is None else environ
-    if not (env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")):
+    if not _exporters(env):
         return None
     return make_provider(env)
 
@@ -249,7 +294,9 @@ class RoutingSpans:
                     pool: int, bypass: bool = False) -> trace.Span:
         """Open the span of a round of `policy` over `pool` waiting requests (`tickets`: the
         dispatcher's waiting requests, read only when sampled); `bypass`: one request placed at once."""
-        span = self.tracer.start_span("shadow.route.round", kind=trace.SpanKind.INTERNAL)
+        # a root of its own: a round places many requests, it belongs to none of their traces
+        span = self.tracer.start_span("shadow.route.round", context=otel_context.Context(),
+                                      kind=trace.SpanKind.INTERNAL)
         if not span.is_recording():
             return span
         modes = sorted({t.mode for t in tickets if t.policy == policy})
@@ -299,8 +346,48 @@ class RoutingSpans:
         """A mode change (active mode; a short span so it shows on its own); `inside` runs in the
         span's context (the transition's log line, which then carries its trace id)."""
         with self.tracer.start_as_current_span(
-            "shadow.mode.transition", kind=trace.SpanKind.INTERNAL,
+            "shadow.mode.transition", context=otel_context.Context(), kind=trace.SpanKind.INTERNAL,
             attributes={attrs.MODE_FROM: from_mode, attrs.MODE_TO: to_mode, attrs.MODE_REASON: reason},
         ):
             if inside is not None:
                 inside()
+
+
+W3C = TraceContextTextMapPropagator()
+
+
+def http_server_span(tracer: trace.Tracer, headers: Mapping[str, str], method: str, route: str,
+                     path: str, scheme: str, host: str | None, port: int | None) -> trace.Span:
+    """A SERVER span for one HTTP request, child of the W3C `traceparent` in `headers` (when valid),
+    named and attributed by OpenTelemetry's HTTP semantic conventions (`{method} {route}`)."""
+    attributes: dict[str, str | int] = {"http.request.method": method, "http.route": route, "url.path": path,
+                                  "url.scheme": scheme, "network.protocol.version": "1.1"}
+    if host:
+        attributes["server.address"] = host
+    if port:
+        attributes["server.port"] = port
+    return tracer.start_span(f"{method} {route}", context=W3C.extract(headers), kind=trace.SpanKind.SERVER,
+                             attributes=attributes)
+
+
+def http_status(span: trace.Span, status: int) -> None:
+    """`http.response.status_code`; a 5xx answer marks the server span as an error (`error.type`)."""
+    span.set_attribute("http.response.status_code", status)
+    if status >= 500:
+        span.set_attribute("error.type", str(status))
+        span.set_status(trace.Status(trace.StatusCode.ERROR))
+
+
+def inject(headers: dict[str, str]) -> dict[str, str]:
+    """`headers` with the current span context as `traceparent` (and `tracestate`): the callee's
+    parent is the current span (or, with tracing off, the caller's own parent as it came)."""
+    W3C.inject(headers)
+    return headers
+
+
+def exemplar() -> dict[str, str] | None:
+    """The current sampled span as a histogram exemplar (`trace_id`, `span_id`), else None."""
+    ctx = trace.get_current_span().get_span_context()
+    if not (ctx.is_valid and ctx.trace_flags.sampled):
+        return None
+    return {"trace_id": format(ctx.trace_id, "032x"), "span_id": format(ctx.span_id, "016x")}
