@@ -1,6 +1,7 @@
 """One ASGI app on one listening socket, HTTP/1.1 framed by llhttp (httptools), with the limits a
 listener facing a hostile peer needs: a header deadline, a body silence deadline, head and body
-caps (431/413), a connection cap that closes the oldest idle connection to make room (else 503),
+caps (431/413), a connection cap that closes the oldest idle connection to make room (one read
+from, or past a short grace: never a newcomer of the same accept burst; else 503),
 idle keep-alive close, and a count of every refusal (`rejected`, by reason).
 
 The app sees ASGI 3 `http` scopes (and `lifespan` when asked). Request bodies are pulled: reading
@@ -61,12 +62,15 @@ class ListenerLimits:
     body_timeout_s: float = 10.0  # longest silence inside a request body (408 or close)
     idle_timeout_s: float = 30.0  # keep-alive connection without a request (closed)
     max_connections: int = 1024  # beyond: the oldest idle connection is closed, else 503
+    evict_grace_s: float = 1.0  # a new connection not yet read from is not evicted this long
     max_body: int = 16 << 20  # request body bytes (413 beyond)
     max_buffer: int = 256 << 10  # body bytes waiting for the app before reading pauses
     max_pipelined: int = 16  # requests parsed ahead of the one being answered (reading pauses)
 
     def validate(self) -> None:
         """ValueError with a one-line reason for a value out of range."""
+        if not self.evict_grace_s >= 0:
+            raise ValueError("listener evict grace must be >= 0 s")
         for name in ("header_timeout_s", "body_timeout_s", "idle_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"listener {name.removesuffix('_s').replace('_', ' ')} must be > 0 s")
@@ -334,6 +338,8 @@ class _Conn(asyncio.Protocol):
         self.client: tuple[str, int] | None = None
         self.local: tuple[str, int] | None = None
         self._buffered = 0  # request body bytes waiting for the app
+        self.born = 0.0  # loop time of connection_made
+        self.read_from = False  # bytes arrived (else it may be one of a burst not read yet)
 
     # -- connection ------------------------------------------------------------------------------
 
@@ -341,7 +347,7 @@ class _Conn(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
         srv = self.server
         if len(srv.conns) >= srv.limits.max_connections:
-            victim = next(iter(srv.idle), None)
+            victim = srv.evictable()
             if victim is not None:
                 srv.count("evicted_idle")
                 victim.close()
@@ -357,6 +363,7 @@ class _Conn(asyncio.Protocol):
         self.local = (str(sock[0]), int(sock[1])) if isinstance(sock, tuple) else None
         srv.conns.add(self)
         srv.idle[self] = None
+        self.born = asyncio.get_running_loop().time()
         self._arm("header", srv.limits.header_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -462,6 +469,7 @@ class _Conn(asyncio.Protocol):
     # -- bytes in --------------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        self.read_from = True
         if self.closed:
             return
         limits = self.server.limits
@@ -679,6 +687,16 @@ class AsgiListener:
         """Requests being answered (or waiting behind one on their connection)."""
         return sum(len(c.cycles) for c in self.conns)
 
+    def evictable(self) -> _Conn | None:
+        """The idle connection to close for a new one: the oldest that was read from or is older
+        than `evict_grace_s` (not one accepted in the same burst as the newcomer and not read
+        yet: a client's whole request may be waiting in it), else None (the newcomer gets 503)."""
+        cutoff = asyncio.get_running_loop().time() - self.limits.evict_grace_s
+        for c in self.idle:
+            if c.read_from or c.born <= cutoff:
+                return c
+        return None
+
     def note_error(self, message: str, exc_info: bool = False) -> None:
         """Log an app failure; at most one line per 10 s (a hostile peer cannot fill the disk)."""
         now = time.monotonic()
@@ -699,11 +717,14 @@ class AsgiListener:
         if self.lifespan == "on":
             self._life = _Lifespan(self.app, self.state)
             await self._life.startup(self.url)
-        sock = sock if sock is not None else bind_listen(self.host, self.port)
+        # Connections waiting to be accepted are at most the cap: one accept burst (a loop that was
+        # busy) then holds at most twice the cap in descriptors, not the cap plus 1024.
+        backlog = min(1024, self.limits.max_connections)
+        sock = sock if sock is not None else bind_listen(self.host, self.port, backlog)
         self.port = sock.getsockname()[1]
         self.draining = False
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Conn(self), sock=sock, backlog=1024)
+        self._server = await loop.create_server(lambda: _Conn(self), sock=sock, backlog=backlog)
         return self.url
 
     def begin_drain(self) -> None:

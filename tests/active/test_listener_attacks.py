@@ -1,6 +1,7 @@
 """`shadow serve --active`'s listeners (the client-facing proxy, the API/admin port) against hostile
 peers, on a real serve process: half-open connections at a low open-files limit, unbounded request
-heads, and what the client port exposes (metrics, doubled headers).
+heads, and what the client port exposes (metrics, doubled headers); whom the connection cap closes
+in an accept burst (in process).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import resource
 import signal
 import socket
 import subprocess
+import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -17,6 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
+from shadow.base.listener import AsgiListener, ListenerLimits
+from shadow.base.loopthread import LoopThread
 from tests.active.procs import shadow_process
 from tests.active.raw_upstream import SSE_HEAD, Exchange, RawUpstream
 
@@ -78,7 +82,9 @@ def test_half_open_connections_at_a_low_file_limit_are_evicted_and_nothing_flips
             assert mode["current"] == "active" and mode["last_flag_error"] is None, mode["transitions"]
             api_counts = state["listeners"]["api"]
             assert api_counts["connections"] <= 256
-            assert api_counts["rejected"]["evicted_idle"] >= 1100 - 256
+            refused = api_counts["rejected"]
+            # each beyond the cap closed an idle one, or got 503 when only unread newcomers were idle
+            assert refused["evicted_idle"] + refused["busy"] >= 1100 - 256, refused
             proc.send_signal(signal.SIGINT)
             proc.wait(60)
             assert proc.stderr is not None
@@ -152,3 +158,60 @@ def test_a_passed_through_answer_has_one_date_and_the_routers_server() -> None:
         assert names.count(b"date") == 1 and names.count(b"server") == 1, head
         assert b"server: raw-upstream" in head  # the router's own, passed through
         assert b"data: [DONE]" in raw
+
+
+async def _ok_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+async def _counts(ln: AsgiListener) -> dict[str, int]:
+    return dict(ln.rejected)
+
+
+def test_a_client_in_an_accept_burst_beyond_the_cap_is_read_not_evicted() -> None:
+    """A flood makes the listener accept many connections at once (its loop was busy): the cap
+    may close connections that had their chance (read from), never a newcomer of the same burst
+    whose request may be waiting unread; newcomers beyond that get 503."""
+    loop = LoopThread("listener-test")
+    loop.start()
+    assert loop.loop is not None
+    ln = AsgiListener(_ok_app, lifespan="off", limits=ListenerLimits(max_connections=4, evict_grace_s=60.0))
+    addr = _addr(loop.call(ln.start()))
+    get = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+    socks: list[socket.socket] = []
+    release = threading.Event()
+    try:
+        for _ in range(4):  # keep-alive clients, each served once and idle since
+            s = socket.create_connection(addr, timeout=30)
+            s.sendall(get)
+            assert s.recv(65536).startswith(b"HTTP/1.1 200 "), "a first request"
+            socks.append(s)
+        blocked = threading.Event()
+
+        def stall() -> None:  # the listener's loop busy elsewhere while connections queue up
+            blocked.set()
+            release.wait(60)
+
+        loop.loop.call_soon_threadsafe(stall)
+        assert blocked.wait(30)
+        client = socket.create_connection(addr, timeout=30)  # (the kernel completes the handshakes)
+        client.sendall(get)
+        for _ in range(4):  # the listen backlog is the cap: Linux queues cap + 1 handshakes
+            s = socket.create_connection(addr, timeout=30)
+            s.sendall(b"GET / HTTP/1.1\r\n")
+            socks.append(s)
+        release.set()
+        reply = client.recv(65536)
+        client.close()
+        # the old rule (the oldest idle, whatever it was) closed the client: the 5th newcomer found
+        # it the oldest idle connection before its request was read
+        assert reply.startswith(b"HTTP/1.1 200 "), reply[:200]
+        counts = loop.call(_counts(ln))
+        assert counts["evicted_idle"] == 4 and counts["busy"] == 1, counts
+    finally:
+        release.set()
+        for s in socks:
+            s.close()
+        loop.call(ln.stop(grace_s=0))
+        loop.stop()
