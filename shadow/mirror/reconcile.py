@@ -76,6 +76,11 @@ class Reconciler:
         self._scraper = MetricsScraper(timeout_s=timeout_s, transport=transport)
         self.scrapes = 0
 
+    @property
+    def scrape_rejected(self) -> dict[str, int]:
+        """Worker pages refused, by reason (the scraper's bounds)."""
+        return self._scraper.rejected
+
     async def aclose(self) -> None:
         await self._scraper.aclose()
 

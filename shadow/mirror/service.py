@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
 import sys
@@ -52,6 +53,7 @@ from shadow.mirror.metrics import MirrorCollector
 from shadow.mirror.proxy import Tap, TapContext
 from shadow.mirror.reconcile import Reconciler
 from shadow.mirror.recording import CompactRecorder
+from shadow.mirror.rejectlog import RejectionLog
 from shadow.mirror.relayproc import RelayProcess
 from shadow.mirror.relayview import RemoteQueue, RemoteTap
 from shadow.mirror.state import MirrorState
@@ -235,6 +237,12 @@ class TapService:
                 emitter=self.emitter,
             )
         )
+        log = logging.getLogger("shadow.mirror")
+        self.refusals = [RejectionLog("tap", lambda: [(t.name, t.rejected) for t in self.taps], log)]
+        if self.reconciler is not None:
+            rec = self.reconciler
+            pages = RejectionLog("worker /metrics", lambda: [("scrape", rec.scrape_rejected)], log)
+            self.refusals.append(pages)
         self.registry.register(ProcessInfo(__version__))
         for collector in collectors:
             self.registry.register(collector)
@@ -490,6 +498,8 @@ class TapService:
                 now = self.clock()
                 self.mirror.reap(now)
                 self.analyzer.tick(now)
+                for refusals in self.refusals:
+                    refusals.check()
                 if self.recorder is not None:
                     self.recorder.flush()
             except Exception:

@@ -148,3 +148,26 @@ def test_serve_active_logs_a_failed_request_and_a_trip_as_json_lines_without_pro
     for name in ("serve.log", "router.log"):
         text = (tmp_path / name).read_text()
         assert marker not in text, name
+
+
+def test_counted_refusals_become_rate_limited_lines_with_what_was_held_back(captured: io.StringIO) -> None:
+    """Taps' rejected requests and refused worker pages are counted where they happen; the analysis
+    side turns growth into one line per place and reason per interval, each saying how many more."""
+    from shadow.mirror.rejectlog import RejectionLog
+
+    logs.configure("info", "json", stream=captured)
+    now = [0.0]
+    counts = {"d0": {"bad_framing": 0, "busy": 0}}
+    rl = RejectionLog("tap", lambda: counts.items(), logging.getLogger("shadow.mirror"), 10.0,
+                      clock=lambda: now[0])
+    rl.check()
+    counts["d0"]["bad_framing"] = 3
+    rl.check()
+    counts["d0"]["bad_framing"] = 7  # within the interval: held back
+    rl.check()
+    now[0] = 11.0
+    rl.check()
+    rl.check()  # nothing new
+    got = [(d["message"], d["reason"], d["level"]) for d in _lines(captured)]
+    assert got == [("tap d0: 3 refused (bad_framing)", "bad_framing", "warning"),
+                   ("tap d0: 4 refused (bad_framing)", "bad_framing", "warning")]
