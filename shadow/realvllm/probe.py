@@ -1,6 +1,7 @@
 """shadow's step probe: a vLLM stat-logger plugin (entry point group `vllm.stat_logger_plugins`)
 that hands every engine step to a `StepSender`, which posts them as `step` events to a shadow
-event API. Inert (no thread, no socket) unless SHADOW_PROBE_URL is set.
+event API. Inert (no thread, no socket) unless SHADOW_PROBE_URL is set. One instance serves every DP engine of
+the API server it runs in (an aggregate logger), so its counter family is on /metrics once.
 
 Environment: SHADOW_PROBE_URL (shadow serve's base URL or its /v1/events), SHADOW_PROBE_TOKEN
 (the events bearer token), SHADOW_PROBE_WORKER (worker name; `{engine}` becomes the DP engine
@@ -22,7 +23,7 @@ import logging
 import time
 from typing import Any
 
-from vllm.v1.metrics.loggers import StatLoggerBase
+from vllm.v1.metrics.loggers import AggregateStatLoggerBase
 
 from shadow.realvllm.probe_metrics import ProbeCollector
 from shadow.realvllm.stepsender import StepSample, StepSender, sender_from_env
@@ -30,11 +31,13 @@ from shadow.realvllm.stepsender import StepSample, StepSender, sender_from_env
 LOG = logging.getLogger("shadow.probe")
 
 
-class ShadowStepProbe(StatLoggerBase):  # type: ignore[misc,unused-ignore]  # vllm is untyped here
-    """Per-engine stat logger: `record()` queues one StepSample (or counts a drop) and returns."""
+class ShadowStepProbe(AggregateStatLoggerBase):  # type: ignore[misc,unused-ignore]  # vllm is untyped here
+    """One stat logger for all the engines of an API server (vLLM makes one instance of an
+    aggregate logger, a per-engine one per DP rank): one sender, one collector on /metrics.
+    `record()` queues one StepSample (or counts a drop) and returns."""
 
-    def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-        self.engine_index = engine_index
+    def __init__(self, vllm_config: Any, engine_indexes: list[int] | None = None) -> None:
+        self.engine_indexes = list(engine_indexes) if engine_indexes else [0]
         self.sender: StepSender | None = None
         try:
             self.sender = sender_from_env()
@@ -44,14 +47,14 @@ class ShadowStepProbe(StatLoggerBase):  # type: ignore[misc,unused-ignore]  # vl
             return
         self._register_metrics()
         atexit.register(self.sender.close)
-        LOG.info("shadow step probe: engine %d posts steps to %s", engine_index, self.sender.url)
+        LOG.info("shadow step probe: engine(s) %s post steps to %s", self.engine_indexes, self.sender.url)
 
     def _register_metrics(self) -> None:
         assert self.sender is not None
         try:
             from prometheus_client import REGISTRY  # vLLM serves this registry on /metrics
 
-            REGISTRY.register(ProbeCollector(self.sender, self.engine_index))
+            REGISTRY.register(ProbeCollector(self.sender, self.engine_indexes))
         except (ImportError, ValueError) as exc:
             LOG.warning("shadow step probe: no /metrics counter (%s)", exc)
 

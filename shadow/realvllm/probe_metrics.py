@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from prometheus_client.core import Metric
 
 from shadow.base.families import Family
@@ -14,18 +16,22 @@ FAMILIES = (PROBE_STEPS,)
 
 
 class ProbeCollector:
-    """`shadow_probe_steps_total{engine,outcome}` of one engine's sender. It describes nothing, so
-    the engines of one API server (one registry) can each register theirs."""
+    """`shadow_probe_steps_total{engine,outcome}` of one API server's sender: one collector for all
+    the engines it serves (the DP ranks of one server share its registry, so the family is on the
+    page once), every engine listed from the start."""
 
-    def __init__(self, sender: StepSender, engine: int) -> None:
+    def __init__(self, sender: StepSender, engines: Sequence[int]) -> None:
         self.sender = sender
-        self.engine = str(engine)
+        self.engines = tuple(engines)
 
     def describe(self) -> list[Metric]:
-        return []
+        return [PROBE_STEPS.family()]
 
     def collect(self) -> list[Metric]:
-        c = self.sender.counts
-        counts = {"sent": c.sent, "dropped_full": c.dropped_full, "dropped_failed": c.dropped_failed,
-                  "dropped_closed": c.dropped_closed}
-        return [PROBE_STEPS.sampled({(self.engine, o): counts[o] for o in PROBE_STEPS.closed("outcome")})]
+        by_engine = self.sender.counts.by_engine
+        values: dict[tuple[str, str], float] = {}
+        for engine in sorted({*self.engines, *by_engine}):
+            c = by_engine.get(engine)
+            for outcome in PROBE_STEPS.closed("outcome"):
+                values[(str(engine), outcome)] = getattr(c, outcome) if c is not None else 0
+        return [PROBE_STEPS.sampled(values)]

@@ -61,6 +61,31 @@ class SenderCounts:
     failed_posts: int = 0
     last_error: str = ""
     rejected: dict[str, int] = field(default_factory=dict)  # reasons the event API gave
+    by_engine: dict[int, EngineCounts] = field(default_factory=dict)  # the four outcomes per engine
+
+    def engine(self, index: int) -> EngineCounts:
+        """The outcome counts of one engine (created at zero)."""
+        c = self.by_engine.get(index)
+        if c is None:
+            c = self.by_engine[index] = EngineCounts()
+        return c
+
+    def add(self, outcome: str, samples: list[StepSample]) -> None:
+        """Count `samples` under `outcome` (sent, dropped_failed, dropped_closed), in total and per engine."""
+        setattr(self, outcome, getattr(self, outcome) + len(samples))
+        for s in samples:
+            c = self.engine(s.engine)
+            setattr(c, outcome, getattr(c, outcome) + 1)
+
+
+@dataclass
+class EngineCounts:
+    """What happened to one engine's offered steps."""
+
+    sent: int = 0
+    dropped_full: int = 0
+    dropped_failed: int = 0
+    dropped_closed: int = 0
 
 
 def events_url(base: str) -> str:
@@ -114,6 +139,7 @@ class StepSender:
         q = self._queue
         if len(q) >= self.max_queue:
             self.counts.dropped_full += 1
+            self.counts.engine(sample.engine).dropped_full += 1
             return False
         q.append(sample)
         return True
@@ -170,9 +196,9 @@ class StepSender:
             return 0
         body = b"".join(orjson.dumps(self.to_event(s)) + b"\n" for s in items)
         if self._post(body):
-            self.counts.sent += len(items)
+            self.counts.add("sent", items)
         else:
-            self.counts.dropped_failed += len(items)
+            self.counts.add("dropped_failed", items)
             self._sleep(min(1.0, self.flush_s * 5))  # a failing API is not hammered
         return len(items)
 
@@ -222,10 +248,10 @@ class StepSender:
             time.sleep(0.01)
         self._closing.set()
         self._thread.join(max(0.0, deadline - time.monotonic()) + self.timeout_s)
-        left = len(self._queue)
-        if left:
+        if self._queue:
+            left = list(self._queue)
             self._queue.clear()
-            self.counts.dropped_closed += left
+            self.counts.add("dropped_closed", left)
 
 
 def sender_from_env(env: dict[str, str] | None = None) -> StepSender | None:

@@ -19,6 +19,7 @@ from shadow.live import metrics as live_metrics
 from shadow.mirror import metrics as mirror_metrics
 from shadow.realvllm import probe_metrics
 from shadow.realvllm.probe_metrics import ProbeCollector
+from shadow.realvllm.stepsender import SenderCounts, StepSample
 from shadow.telemetry.catalogue import Catalogue, Exported
 
 CATALOGUE = catalogue()
@@ -128,21 +129,25 @@ def test_active_metrics_register_their_declared_families() -> None:
     assert CATALOGUE.check_exposition(text, ["serve"]) == []
 
 
-def test_probe_collectors_of_two_engines_register_on_one_registry() -> None:
-    """Each engine of one vLLM API server registers its own collector on vLLM's registry (it
-    describes nothing, so the second registration is not refused as a duplicate)."""
+def test_one_probe_collector_exposes_every_engine_of_an_api_server_once() -> None:
+    """The engines of one vLLM API server (DP ranks) share one collector: the family is on the
+    page once (Prometheus refuses a page with it twice), with every engine's outcomes, also those
+    of an engine that has not stepped yet."""
     registry = CollectorRegistry(auto_describe=True)
-    for engine, sent in ((0, 5), (1, 7)):
-        counts = SimpleNamespace(sent=sent, dropped_full=1, dropped_failed=0, dropped_closed=0)
-        registry.register(ProbeCollector(SimpleNamespace(counts=counts), engine))  # type: ignore[arg-type]
+    counts = SenderCounts()
+    counts.add("sent", [StepSample(0.0, 0, None, 1, 0, 0.0, 1, 0)] * 5)
+    counts.add("sent", [StepSample(0.0, 1, None, 1, 0, 0.0, 1, 0)] * 7)
+    counts.engine(1).dropped_full += 1
+    registry.register(ProbeCollector(SimpleNamespace(counts=counts), [0, 1, 2]))  # type: ignore[arg-type]
     text = generate_latest(registry).decode()
     assert 'shadow_probe_steps_total{engine="0",outcome="sent"} 5.0' in text
     assert 'shadow_probe_steps_total{engine="1",outcome="sent"} 7.0' in text
-    assert 'shadow_probe_steps_total{engine="1",outcome="dropped_closed"} 0.0' in text
-    # one engine's page conforms; two engines put the family on the page twice, which the check names
-    one = text[: text.index("# HELP", 1)]
-    assert CATALOGUE.check_exposition(one, ["probe"]) == []
-    assert CATALOGUE.check_exposition(text, ["probe"]) == [
+    assert 'shadow_probe_steps_total{engine="1",outcome="dropped_full"} 1.0' in text
+    assert 'shadow_probe_steps_total{engine="2",outcome="sent"} 0.0' in text
+    assert CATALOGUE.check_exposition(text, ["probe"]) == []
+    # what two collectors on one registry (one per engine, as before) put on the page: refused
+    twice = text + text
+    assert CATALOGUE.check_exposition(twice, ["probe"]) == [
         "shadow_probe_steps_total: exposed 2 times on one page (Prometheus' parser refuses it)"]
 
 
