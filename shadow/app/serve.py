@@ -235,6 +235,10 @@ class ServeService:
             await self.tap.drain()
             await asyncio.to_thread(self.live.drain)
         report = self.live.report()
+        outputs = self.tap.output_counts()
+        report = {**report, "output_counts": outputs}
+        if "warning" in outputs:
+            report["warnings"] = [*report.get("warnings", []), outputs["warning"]]
         if self.mode_control is not None:
             report = {**report, "mode": self.mode_control.report()}
         return JSONResponse(report)

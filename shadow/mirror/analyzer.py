@@ -67,6 +67,7 @@ class _Leg:
         "estimate",
         "gaps",
         "last_seq",
+        "max_tokens",
         "mid",
         "parser",
         "prompt_known",
@@ -90,6 +91,7 @@ class _Leg:
         self.body_lost = False
         self.last_seq = 0
         self.sent_gen = 0
+        self.max_tokens: int | None = None
         self.prompt_known = False
         self.estimate: int | None = None  # prompt tokens read from the request body (plain mode)
         self.gaps = 0
@@ -158,6 +160,23 @@ class PromptCalibration:
             self.ratio += w * (exact / estimate - self.ratio)
 
 
+OUTPUT_SOURCES = ("usage", "token_ids", "max_tokens", "chunks", "none")
+
+
+def output_count(p: StreamParser | None, max_tokens: int | None) -> tuple[int, str]:
+    """A finished response's output tokens and what they are counted from (OUTPUT_SOURCES): the
+    worker's usage, the chunks' token_ids, `max_tokens` when the response ended for length
+    (finish_reason "length": the limit was reached), else the chunks with content, a lower bound
+    (vLLM merges several tokens into one chunk when the HTTP side lags)."""
+    if p is None:
+        return 0, "none"
+    source = p.count_source
+    if source == "chunks" and p.finish_reason == "length" and max_tokens is not None \
+            and p.content_chunks <= max_tokens:
+        return max_tokens, "max_tokens"
+    return p.generated, source
+
+
 def _is_llm_path(path: str) -> bool:
     p = path.split("?", 1)[0].rstrip("/")
     return p.endswith(_LLM_PATHS)
@@ -207,6 +226,8 @@ class Analyzer:
         self.ends: dict[tuple[str, str], int] = {}
         self.inflight: dict[str, int] = {}
         self.gaps = 0
+        # finished decode legs by what their output count came from (see output_count)
+        self.output_counts: dict[tuple[str, str], int] = {}
 
     def process(self, items: list[tuple[TapContext, int, float, Any]]) -> None:
         mirror = self.mirror
@@ -309,6 +330,7 @@ class Analyzer:
         t_arr = pair.t_arrive if pair is not None else ctx.t_start
         ok_mt = isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens >= 0
         mt = max_tokens if ok_mt else None
+        leg.max_tokens = mt
         mirror = self.mirror
         arrive_prompt = prompt
         if prompt is None and req:
@@ -438,7 +460,10 @@ class Analyzer:
         if pair is not None and pair.decode is not None and pair.decode[1] is leg:
             del self._pairs[leg.raw_rid]
         p = self._result(leg)
-        gen = max(leg.sent_gen, p.generated if p is not None else 0)
+        gen, source = output_count(p, leg.max_tokens)
+        gen = max(leg.sent_gen, gen)
+        key = (leg.worker or tap, source)
+        self.output_counts[key] = self.output_counts.get(key, 0) + 1
         if p is not None and not leg.prompt_known and p.prompt_tokens is not None:
             self._prompt_learnt(ctx, leg, p.prompt_tokens, t)
         if gen > leg.sent_gen:

@@ -13,7 +13,7 @@ from prometheus_client.core import Metric
 
 from shadow.base.families import DeclaredCollector, Family
 from shadow.contracts.events import EVENT_TYPES
-from shadow.mirror.analyzer import Analyzer
+from shadow.mirror.analyzer import OUTPUT_SOURCES, Analyzer
 from shadow.mirror.dropqueue import DropQueue
 from shadow.mirror.emitter import Emitter
 from shadow.mirror.hub import SOURCES, Mirror
@@ -59,6 +59,11 @@ QUEUE_CAPACITY = Family("shadow_mirror_queue_capacity", "gauge",
                         "Capacity of the tap-to-analysis queue.", "items")
 CHUNKS = Family("shadow_mirror_chunks_total", "counter",
                 "Response body pieces analysed, per tap.", "chunks", W)
+OUTPUT_COUNTS = Family(
+    "shadow_mirror_output_counts_total", "counter",
+    "Finished decode responses by what their output token count came from: usage, token_ids, "
+    "max_tokens (ended for length), chunks (a lower bound: vLLM merges tokens into one chunk under "
+    "load), none.", "requests", ("worker", "source"), {"source": OUTPUT_SOURCES})
 LEGS = Family("shadow_mirror_legs_total", "counter",
               "Requests seen by taps, by leg (prefill/decode).", "requests", ("worker", "leg"))
 TAP_ENDS = Family("shadow_mirror_tap_ends_total", "counter",
@@ -87,6 +92,9 @@ FORWARD_DROPPED = Family("shadow_mirror_forward_dropped_total", "counter",
 FORWARD_ERRORS = Family(
     "shadow_mirror_forward_errors_total", "counter",
     "Failed forwarding posts (network errors and HTTP statuses >= 400, e.g. 401).", "errors")
+DRAINING = Family("shadow_mirror_draining_requests", "gauge",
+                  "Mirrored requests the worker has finished (vllm:request_success_total) whose streams "
+                  "still drain to the client; left out of the drift.", "requests", W)
 DRIFT_REQUESTS = Family(
     "shadow_mirror_drift_requests", "gauge",
     "Mirrored active minus the worker's running+waiting requests at the last scrape; for a worker "
@@ -108,9 +116,9 @@ SCRAPE_ERRORS = Family("shadow_mirror_scrape_errors_total", "counter",
 FAMILIES = (
     REQUESTS_ACTIVE, KV_TOKENS, FREE_SLOTS, FINISHED, CANCELLED, REAPED, PHANTOMS, PENDING,
     OLDEST_SILENCE, ORPHANS, EVENTS, IGNORED, REJECTED, DROPPED, ERRORS, QUEUE_DEPTH, QUEUE_CAPACITY,
-    CHUNKS, LEGS, TAP_ENDS, LEGS_INFLIGHT, STREAM_GAPS, TAP_REQUESTS, CONNECT_ERRORS, TAP_REJECTED,
-    TAP_CONNECTIONS, QUEUE_BYTES, FORWARD_SENT, FORWARD_DROPPED, FORWARD_ERRORS, DRIFT_REQUESTS,
-    DRIFT_KV, WORKER_RUNNING, WORKER_WAITING, WORKER_KV, SCRAPE_AGE, SCRAPE_ERRORS,
+    CHUNKS, OUTPUT_COUNTS, LEGS, TAP_ENDS, LEGS_INFLIGHT, STREAM_GAPS, TAP_REQUESTS, CONNECT_ERRORS,
+    TAP_REJECTED, TAP_CONNECTIONS, QUEUE_BYTES, FORWARD_SENT, FORWARD_DROPPED, FORWARD_ERRORS, DRIFT_REQUESTS,
+    DRAINING, DRIFT_KV, WORKER_RUNNING, WORKER_WAITING, WORKER_KV, SCRAPE_AGE, SCRAPE_ERRORS,
 )
 
 
@@ -176,6 +184,7 @@ class MirrorCollector(DeclaredCollector):
         a = self.analyzer
         if a is not None:
             yield CHUNKS.sampled(a.chunks)
+            yield OUTPUT_COUNTS.sampled(a.output_counts)
             yield LEGS.sampled(a.legs)
             yield TAP_ENDS.sampled(a.ends)
             yield LEGS_INFLIGHT.sampled(a.inflight)
@@ -196,6 +205,7 @@ class MirrorCollector(DeclaredCollector):
         if r is not None:
             rw = r.workers
             yield DRIFT_REQUESTS.sampled({w: x.drift_requests for w, x in rw.items()})
+            yield DRAINING.sampled({w: x.draining for w, x in rw.items()})
             yield DRIFT_KV.sampled({w: x.drift_kv_ratio for w, x in rw.items()})
             yield WORKER_RUNNING.sampled({w: (x.load.running if x.load else None) for w, x in rw.items()})
             yield WORKER_WAITING.sampled({w: (x.load.waiting if x.load else None) for w, x in rw.items()})

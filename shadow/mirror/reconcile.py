@@ -2,8 +2,15 @@
 
 `Reconciler` scrapes every target each interval (`shadow.vllm.metrics.MetricsScraper`; its
 transport is swappable for tests) and keeps, per worker, the remote figures, the drift
-(mirrored active − remote running − remote waiting), the time of the last good scrape and an error
-count; `shadow.mirror.metrics` exports them.
+(mirrored active − remote running − remote waiting − draining), the time of the last good scrape and
+an error count; `shadow.mirror.metrics` exports them. A target `URL#engine=N` is one DP engine of a
+server's page (its `engine` label); one page serving several workers is scraped once per round.
+
+Draining: a stream the engine has finished may still be on its way to a slow client, so the mirror
+(which ends it when the tap sees its end) counts it a while longer. The engine's finished-request
+counter (`vllm:request_success_total`) minus the requests the mirror ended there, both counted from
+the last scrape at which neither side had anything running (or the first), is that number; it is
+reported and left out of the drift, so a drift is a request one side has and the other never had.
 
 A worker whose /metrics refuses connections (or cannot be connected to in time) is gone: it runs
 nothing and takes nothing, while the mirror still counts its slots, running or free. Its drift is
@@ -21,8 +28,19 @@ from typing import Any
 
 import httpx
 
-from shadow.mirror.state import MirrorState
+from shadow.mirror.state import MirrorState, WorkerCounts
 from shadow.vllm.metrics import GONE, MetricsScraper, VllmLoad
+
+
+def split_target(target: str) -> tuple[str, str | None]:
+    """`URL#engine=N` → (URL, "N"); a URL without the fragment → (URL, None)."""
+    url, sep, frag = target.partition("#")
+    if not sep:
+        return url, None
+    key, eq, value = frag.partition("=")
+    if key != "engine" or not eq or not value:
+        raise ValueError(f"metrics target {target!r}: the only fragment understood is #engine=N")
+    return url, value
 
 
 @dataclass(slots=True)
@@ -34,8 +52,12 @@ class WorkerReconcile:
     last_ok: float | None = None  # clock time of the last good scrape
     errors: int = 0
     last_error: str | None = None
+    engine: str | None = None  # the DP engine of the page this worker is (None: the whole page)
     drift_requests: float | None = None
     drift_kv_ratio: float | None = None
+    draining: float | None = None  # finished by the engine, not yet ended in the mirror
+    done_base: float | None = None  # engine-finished − mirror-ended at the last quiet scrape
+    kv_capacity_tokens: float | None = None
 
     def as_dict(self, now: float) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -45,7 +67,11 @@ class WorkerReconcile:
             "age_s": None if self.last_ok is None else round(now - self.last_ok, 3),
             "drift_requests": self.drift_requests,
             "drift_kv_ratio": self.drift_kv_ratio,
+            "draining": self.draining,
+            "kv_capacity_tokens": self.kv_capacity_tokens,
         }
+        if self.engine is not None:
+            d["engine"] = self.engine
         if self.load is not None:
             d.update(running=self.load.running, waiting=self.load.waiting, kv_usage=self.load.kv_usage)
         return d
@@ -72,7 +98,10 @@ class Reconciler:
         self.kv_capacity = kv_capacity_tokens or {}
         self.slots = slots
         self.clock = clock
-        self.workers = {name: WorkerReconcile(url) for name, url in targets.items()}
+        self.workers: dict[str, WorkerReconcile] = {}
+        for name, target in targets.items():
+            url, engine = split_target(target)
+            self.workers[name] = WorkerReconcile(url, engine=engine)
         self._scraper = MetricsScraper(timeout_s=timeout_s, transport=transport)
         self.scrapes = 0
 
@@ -86,9 +115,13 @@ class Reconciler:
 
     async def scrape_once(self) -> None:
         """Scrape every target concurrently and update drift; never raises."""
-        results = await self._scraper.scrape_all({n: w.url for n, w in self.workers.items()})
-        for name, result in results.items():
-            self._apply(name, self.workers[name], result)
+        pages = await self._scraper.scrape_all({w.url: w.url for w in self.workers.values()})
+        for name, w in self.workers.items():
+            result = pages[w.url]
+            if w.engine is not None and isinstance(result, VllmLoad):
+                engine = result.engine(w.engine)
+                result = engine if engine is not None else KeyError(f"no engine {w.engine} on the page")
+            self._apply(name, w, result)
         self.scrapes += 1
 
     def _apply(self, name: str, w: WorkerReconcile, load: VllmLoad | Exception) -> None:
@@ -102,13 +135,26 @@ class Reconciler:
         w.load = load
         w.last_ok = now
         w.last_error = None
+        wc = self.state.workers.get(name)
         if load.running is not None:
             remote = load.running + (load.waiting or 0.0)
-            w.drift_requests = self.state.active(name) - remote
-        cap = self.kv_capacity.get(name)
-        wc = self.state.workers.get(name)
+            active = self.state.active(name)
+            w.draining = self._draining(w, load, wc, quiet=active == 0 and remote == 0)
+            w.drift_requests = active - remote - (w.draining or 0.0)
+        w.kv_capacity_tokens = self.kv_capacity.get(name) or load.kv_capacity_tokens
+        cap = w.kv_capacity_tokens
         if cap and load.kv_usage is not None and wc is not None:
             w.drift_kv_ratio = wc.kv_tokens / cap - load.kv_usage
+
+    @staticmethod
+    def _draining(w: WorkerReconcile, load: VllmLoad, wc: WorkerCounts | None, quiet: bool) -> float | None:
+        """Requests the engine finished that the mirror has not ended yet (see module docstring)."""
+        if load.finished is None or wc is None:
+            return None
+        ended = wc.finished + wc.cancelled + wc.reaped
+        if w.done_base is None or quiet:
+            w.done_base = load.finished - ended
+        return max(0.0, load.finished - w.done_base - ended)
 
     async def run(self) -> None:
         """Scrape forever every interval (cancel to stop)."""

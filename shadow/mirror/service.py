@@ -278,6 +278,22 @@ class TapService:
         self.registry.register(ListenerCollector(self.listeners))
         self.api_url = ""
 
+    def output_counts(self) -> dict[str, Any]:
+        """Finished decode responses by what their output count came from (`output_count`), with a
+        warning when some were only counted in chunks (a lower bound of their tokens)."""
+        by: dict[str, int] = {}
+        for (_, source), n in list(self.analyzer.output_counts.items()):
+            by[source] = by.get(source, 0) + n
+        out: dict[str, Any] = {"by_source": by}
+        total, chunks = sum(by.values()), by.get("chunks", 0)
+        if chunks:
+            out["warning"] = (
+                f"{chunks} of {total} finished responses carried no usage or token_ids and did not end "
+                "for length: their output tokens are counted in chunks, a lower bound (vLLM merges "
+                "tokens into one chunk under load); clients asking stream_options.include_usage, or "
+                "the taps with --inject-usage, make them exact")
+        return out
+
     def _extra_state(self, now: float) -> dict[str, Any]:
         inflight = self.analyzer.inflight
         out: dict[str, Any] = {

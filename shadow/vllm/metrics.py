@@ -1,17 +1,20 @@
 """vLLM's Prometheus `/metrics`: the load series shadow reads, and one scraper for every caller.
 
-`parse_vllm_metrics(text)` reads `vllm:num_requests_running`, `vllm:num_requests_waiting` and
-`vllm:kv_cache_usage_perc` (or the deprecated `vllm:gpu_cache_usage_perc`), summed over DP engines
-(KV usage averaged); a non-finite or negative value is refused. `MetricsScraper` fetches pages with
+`parse_vllm_metrics(text)` reads `vllm:num_requests_running`, `vllm:num_requests_waiting`,
+`vllm:kv_cache_usage_perc` (or the deprecated `vllm:gpu_cache_usage_perc`), the requests the engine
+finished (`vllm:request_success_total`, every reason) and its KV capacity (`vllm:cache_config_info`),
+per DP engine (the `engine` label) and summed over them (KV usage averaged weighted by capacity where
+known); a non-finite or negative value is refused. `MetricsScraper` fetches pages with
 one httpx client, each scrape bounded in bytes and in total time, and counts what it refuses.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -19,7 +22,9 @@ from prometheus_client.parser import text_string_to_metric_families
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-_READ = (RUNNING, WAITING, *KV_USAGE)
+FINISHED = "vllm:request_success"  # the counter's family name (samples end in _total)
+CACHE_CONFIG = "vllm:cache_config_info"
+_READ = (RUNNING, WAITING, *KV_USAGE, FINISHED, CACHE_CONFIG)
 _TYPE_LINES = tuple(f"# TYPE {n} " for n in _READ)
 #: Scrape failures meaning nothing listens at the worker (a dead or unreachable rank).
 GONE = (httpx.ConnectError, httpx.ConnectTimeout)
@@ -55,11 +60,19 @@ class ScrapeTimeout(ScrapeRejected):
 
 @dataclass(slots=True)
 class VllmLoad:
-    """What one scrape said (None = metric absent)."""
+    """What one scrape said, for the whole server or one engine (None = metric absent).
+    `engines` holds each DP engine's own figures by its `engine` label (empty without the label)."""
 
     running: float | None = None
     waiting: float | None = None
     kv_usage: float | None = None
+    finished: float | None = None  # requests the engine finished (vllm:request_success_total)
+    kv_capacity_tokens: float | None = None  # vllm:cache_config_info's kv_cache_size_tokens
+    engines: dict[str, VllmLoad] = field(default_factory=dict)
+
+    def engine(self, label: str) -> VllmLoad | None:
+        """One engine's figures (None when the page has no such engine)."""
+        return self.engines.get(label)
 
 
 def _checked(name: str, value: float) -> float:
@@ -68,26 +81,63 @@ def _checked(name: str, value: float) -> float:
     return value
 
 
+def _capacity(labels: Mapping[str, str]) -> float | None:
+    """KV tokens of one engine from cache_config_info's labels (kv_cache_size_tokens, else blocks ×
+    block size); None when neither is a number."""
+    with contextlib.suppress(KeyError, ValueError):
+        return _checked(CACHE_CONFIG, float(labels["kv_cache_size_tokens"]))
+    with contextlib.suppress(KeyError, ValueError):
+        return _checked(CACHE_CONFIG, float(labels["num_gpu_blocks"]) * float(labels["block_size"]))
+    return None
+
+
+def _add(a: float | None, b: float) -> float:
+    return b if a is None else a + b
+
+
 def parse_vllm_metrics(text: str) -> VllmLoad:
     """Parse Prometheus text exposition (only the series read here; a sample line starts with its
     name); raises ValueError on unparsable text, `NonFiniteValue` on NaN, ±Inf or < 0."""
     kept = "\n".join(ln for ln in text.splitlines() if ln.startswith(_READ) or ln.startswith(_TYPE_LINES))
-    running: float | None = None
-    waiting: float | None = None
-    kv_new: list[float] = []
-    kv_old: list[float] = []
+    engines: dict[str, VllmLoad] = {}
+    kv_old: dict[str, float] = {}
     for fam in text_string_to_metric_families(kept + "\n" if kept else ""):
         for s in fam.samples:
+            e = engines.setdefault(s.labels.get("engine", ""), VllmLoad())
             if s.name == RUNNING:
-                running = (running or 0.0) + _checked(s.name, s.value)
+                e.running = _add(e.running, _checked(s.name, s.value))
             elif s.name == WAITING:
-                waiting = (waiting or 0.0) + _checked(s.name, s.value)
+                e.waiting = _add(e.waiting, _checked(s.name, s.value))
             elif s.name == KV_USAGE[0]:
-                kv_new.append(_checked(s.name, s.value))
+                e.kv_usage = _checked(s.name, s.value)
             elif s.name == KV_USAGE[1]:
-                kv_old.append(_checked(s.name, s.value))
-    kv = kv_new or kv_old
-    return VllmLoad(running, waiting, sum(kv) / len(kv) if kv else None)
+                kv_old[s.labels.get("engine", "")] = _checked(s.name, s.value)
+            elif s.name == FINISHED + "_total":
+                e.finished = _add(e.finished, _checked(s.name, s.value))
+            elif s.name == CACHE_CONFIG:
+                e.kv_capacity_tokens = _capacity(s.labels)
+    for label, kv in kv_old.items():
+        if engines[label].kv_usage is None:
+            engines[label].kv_usage = kv
+    total = VllmLoad(engines={k: e for k, e in engines.items() if k})
+    for e in engines.values():
+        if e.running is not None:
+            total.running = _add(total.running, e.running)
+        if e.waiting is not None:
+            total.waiting = _add(total.waiting, e.waiting)
+        if e.finished is not None:
+            total.finished = _add(total.finished, e.finished)
+        if e.kv_capacity_tokens is not None:
+            total.kv_capacity_tokens = _add(total.kv_capacity_tokens, e.kv_capacity_tokens)
+    usage = [e for e in engines.values() if e.kv_usage is not None]
+    if usage:
+        caps = [e.kv_capacity_tokens for e in usage]
+        if all(c is not None and c > 0 for c in caps):
+            used = sum((e.kv_usage or 0.0) * (e.kv_capacity_tokens or 0.0) for e in usage)
+            total.kv_usage = used / sum(c or 0.0 for c in caps)
+        else:
+            total.kv_usage = sum(e.kv_usage or 0.0 for e in usage) / len(usage)
+    return total
 
 
 class MetricsScraper:

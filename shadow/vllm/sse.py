@@ -2,11 +2,13 @@
 
 `StreamParser.feed(bytes)` accepts a response body split at any byte, with LF, CRLF or CR line ends;
 it never raises on malformed input: invalid JSON and oversized frames are counted and skipped. It
-tracks what the mirror needs: generated tokens (continuous usage where present, else one per chunk
-with non-empty text/content/reasoning/tool_calls), prompt tokens, finish/stop reason, error events,
-`[DONE]` and `kv_transfer_params`. `parse_json_body` does the same for a non-streaming response.
-Prompt or generated text is looked at (non-empty or not) but never kept. `EventSplitter` cuts a
-body into its raw events, bytes unchanged, for a relay that forwards event by event.
+tracks what the mirror needs: generated tokens (usage where present, else the chunks' `token_ids`
+(`return_token_ids`), else one per chunk with non-empty text/content/reasoning/tool_calls: a lower
+bound, since vLLM merges several tokens into one chunk when the HTTP side lags), prompt tokens,
+finish/stop reason, error events, `[DONE]` and `kv_transfer_params`. `parse_json_body` does the
+same for a non-streaming response. Prompt or generated text is looked at (non-empty or not) but
+never kept. `EventSplitter` cuts a body into its raw events, bytes unchanged, for a relay that
+forwards event by event.
 """
 
 from __future__ import annotations
@@ -34,9 +36,11 @@ _LINE_END = re.compile(rb"\r\n|\r|\n")
 class StreamParser:
     """State of one SSE response body; feed it bytes, read the attributes.
 
-    Attributes (all cumulative): `generated` (best token count), `content_chunks`, `frames`,
-    `prompt_tokens` (from usage, else None), `finish_reason`/`stop_reason` (last non-null seen),
-    `error` (True after an error event), `done` (saw `[DONE]`), `invalid_json`, `oversized`,
+    Attributes (all cumulative): `generated` (best token count; `count_source` says from what),
+    `content_chunks`, `token_ids` (tokens listed in the chunks' token_ids, None when none did),
+    `frames`, `prompt_tokens` (from usage or `prompt_token_ids`, else None),
+    `finish_reason`/`stop_reason` (last non-null seen), `error` (True after an error event),
+    `done` (saw `[DONE]`), `invalid_json`, `oversized`,
     `role_only` (chunks with no token), `usage_chunks`, `kv_transfer_params` (last seen dict).
     """
 
@@ -58,6 +62,7 @@ class StreamParser:
         "prompt_tokens",
         "role_only",
         "stop_reason",
+        "token_ids",
         "usage_chunks",
         "usage_completion",
     )
@@ -74,6 +79,7 @@ class StreamParser:
         self.usage_chunks = 0
         self.usage_completion: int | None = None
         self.continuous_usage = False
+        self.token_ids: int | None = None
         self.prompt_tokens: int | None = None
         self.finish_reason: str | None = None
         self.stop_reason: Any = None
@@ -85,9 +91,19 @@ class StreamParser:
 
     @property
     def generated(self) -> int:
-        """Output tokens so far: usage's completion_tokens when the stream carries it, else chunks."""
+        """Output tokens so far: usage's completion_tokens when the stream carries it, else the
+        chunks' token_ids, else the number of chunks with content (a lower bound)."""
         uc = self.usage_completion
-        return self.content_chunks if uc is None else uc
+        if uc is not None:
+            return uc
+        return self.content_chunks if self.token_ids is None else self.token_ids
+
+    @property
+    def count_source(self) -> str:
+        """What `generated` is counted from: "usage", "token_ids" or "chunks"."""
+        if self.usage_completion is not None:
+            return "usage"
+        return "chunks" if self.token_ids is None else "token_ids"
 
     def reset_partial(self) -> None:
         """Forget an incomplete frame (after a gap in the copy): resynchronise on the next blank line."""
@@ -163,6 +179,7 @@ class StreamParser:
             and b'"usage"' not in payload
             and b'"error"' not in payload
             and b'"kv_transfer_params"' not in payload
+            and b'"token_ids":[' not in payload
         ):
             # Fast path for the common mid-stream chunk: one non-empty token, nothing else to learn.
             # Sound on JSON text: an unescaped quote is always structure, never inside a string.
@@ -201,6 +218,12 @@ class StreamParser:
                     msg = ch.get("message")
                     if isinstance(msg, dict) and any(msg.get(k) for k in _CONTENT_KEYS):
                         has_content = True
+                tids = ch.get("token_ids")
+                if isinstance(tids, list):
+                    self.token_ids = (self.token_ids or 0) + len(tids)
+                ptids = ch.get("prompt_token_ids")  # completions: on the first chunk's choice
+                if isinstance(ptids, list) and self.prompt_tokens is None:
+                    self.prompt_tokens = len(ptids)
                 fr = ch.get("finish_reason")
                 if fr is not None:
                     self.finish_reason = fr if isinstance(fr, str) else str(fr)
@@ -211,6 +234,9 @@ class StreamParser:
             self.content_chunks += 1
         elif choices:
             self.role_only += 1
+        ptids = obj.get("prompt_token_ids")  # chat: on the role chunk
+        if isinstance(ptids, list) and self.prompt_tokens is None:
+            self.prompt_tokens = len(ptids)
         usage = obj.get("usage")
         if isinstance(usage, dict):
             self.usage_chunks += 1

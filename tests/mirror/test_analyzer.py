@@ -222,3 +222,42 @@ def test_retry_counters_expire_with_the_pairing_ttl() -> None:
     assert not rig.an._decode_legs
     rig.run(rig.ctx("d0", {"prompt": "x", "stream": True}, rid="other", t=101.0), _sse(2))
     assert rig.an._decode_legs["other"][0] == 1
+
+
+def _chunk(text: str, *, finish: str | None = None, token_ids: list[int] | None = None) -> bytes:
+    """A completions chunk as vLLM 0.32 sends it (token_ids null unless return_token_ids)."""
+    ch = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None,
+          "prompt_token_ids": None, "token_ids": token_ids}
+    return f"data: {json.dumps({'object': 'text_completion', 'choices': [ch]})}\n\n".encode()
+
+
+def test_output_tokens_of_merged_chunks_come_from_what_the_stream_carries_never_the_chunk_count() -> None:
+    """vLLM merges tokens into one chunk when the HTTP side lags: 3 chunks carrying 7 tokens."""
+    r = Rig()
+    merged = [_chunk(" 1 2 3"), _chunk(" 4 5"), _chunk(" 6 7", finish="length"), b"data: [DONE]\n\n"]
+    # no usage, ended for length: max_tokens is the count
+    r.run(r.ctx("d0", {"prompt": "p", "stream": True, "max_tokens": 7}, rid="len"), merged)
+    assert r.events("len")[-1] == Finish("len", 3.0, "length", 7)
+    # return_token_ids: the chunks list their tokens (also when the request stopped early)
+    ids = [_chunk(" 1 2 3", token_ids=[1, 2, 3]), _chunk(" 4", token_ids=[4]),
+           _chunk(" 5 6", finish="stop", token_ids=[5, 6]), b"data: [DONE]\n\n"]
+    r.run(r.ctx("d0", {"prompt": "p", "stream": True, "max_tokens": 50}, rid="ids"), ids)
+    assert r.events("ids")[-1] == Finish("ids", 3.0, "stop", 6)
+    # nothing but text, stopped early: the chunk count is all there is, counted as a lower bound
+    stop = [_chunk(" 1 2"), _chunk(" 3", finish="stop"), b"data: [DONE]\n\n"]
+    r.run(r.ctx("d1", {"prompt": "p", "stream": True, "max_tokens": 50}, rid="low"), stop)
+    assert r.events("low")[-1] == Finish("low", 3.0, "stop", 2)
+    assert r.an.output_counts == {("d0", "max_tokens"): 1, ("d0", "token_ids"): 1, ("d1", "chunks"): 1}
+
+
+def test_prompt_token_ids_give_the_engine_count_in_plain_mode() -> None:
+    r = Rig()
+    first = {"object": "text_completion", "choices": [
+        {"index": 0, "text": " 9", "finish_reason": None, "prompt_token_ids": list(range(11)),
+         "token_ids": [9]}]}
+    body = [f"data: {json.dumps(first)}\n\n".encode(), _chunk(" 8", finish="length", token_ids=[8]),
+            b"data: [DONE]\n\n"]
+    r.run(r.ctx("d0", {"prompt": "three words here", "stream": True, "max_tokens": 2}, rid="a"), body)
+    routes = [ev for ev in r.events("a") if isinstance(ev, Route)]
+    assert routes[-1].prompt_tokens == 11  # the engine's count replaces the body's estimate (3)
+    assert r.events("a")[-1] == Finish("a", 3.0, "length", 2)

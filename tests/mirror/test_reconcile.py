@@ -8,7 +8,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from shadow.contracts.events import Route
+from shadow.contracts.events import Finish, Route
 from shadow.mirror.dropqueue import DropQueue
 from shadow.mirror.hub import Mirror
 from shadow.mirror.metrics import MirrorCollector
@@ -156,3 +156,84 @@ def test_a_worker_that_refuses_connections_drifts_by_what_the_mirror_counts_on_i
         await no_slots.aclose()
 
     asyncio.run(go())
+
+
+def _dp_page(running: tuple[int, int], done: tuple[int, int], kv: tuple[float, float] = (0.0, 0.0)) -> str:
+    """A DP server's page as vLLM 0.32 writes it (one series per engine, capacity in cache_config_info)."""
+    lines = ["# TYPE vllm:num_requests_running gauge"]
+    lines += [f'vllm:num_requests_running{{engine="{e}",model_name="m"}} {running[e]}' for e in (0, 1)]
+    lines += ["# TYPE vllm:num_requests_waiting gauge"]
+    lines += [f'vllm:num_requests_waiting{{engine="{e}",model_name="m"}} 0' for e in (0, 1)]
+    lines += ["# TYPE vllm:kv_cache_usage_perc gauge"]
+    lines += [f'vllm:kv_cache_usage_perc{{engine="{e}",model_name="m"}} {kv[e]}' for e in (0, 1)]
+    lines += ["# TYPE vllm:cache_config_info gauge"]
+    lines += [f'vllm:cache_config_info{{block_size="128",engine="{e}",'
+              f'kv_cache_size_tokens="{1000 * (e + 1)}",num_gpu_blocks="8"}} 1.0' for e in (0, 1)]
+    lines += ["# TYPE vllm:request_success counter"]
+    for e in (0, 1):
+        series = f'vllm:request_success_total{{engine="{e}",model_name="m",finished_reason='
+        lines += [f'{series}"length"}} {done[e]}', f'{series}"abort"}} 0']
+    return "\n".join(lines) + "\n"
+
+
+def test_a_dp_page_is_read_per_engine_and_summed() -> None:
+    load = parse_vllm_metrics(_dp_page((3, 1), (10, 4), (0.5, 0.25)))
+    assert (load.running, load.finished, load.kv_capacity_tokens) == (4.0, 14.0, 3000.0)
+    assert load.kv_usage == pytest.approx((0.5 * 1000 + 0.25 * 2000) / 3000)  # weighted by capacity
+    e1 = load.engine("1")
+    assert e1 is not None
+    assert (e1.running, e1.finished, e1.kv_capacity_tokens, e1.kv_usage) == (1, 4, 2000, 0.25)
+    assert load.engine("7") is None
+
+
+def test_workers_that_are_engines_of_one_dp_server_reconcile_against_their_engine_scraped_once() -> None:
+    state = MirrorState(["r0", "r1"])
+    for i in range(3):
+        state.apply(Route(f"a{i}", 0, "r0", 100), 0)
+    state.apply(Route("b", 0, "r1", 100), 0)
+    pages = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        pages.append(str(req.url))
+        return httpx.Response(200, text=_dp_page((3, 1), (0, 0), (0.3, 0.05)))
+
+    rec = Reconciler({"r0": "http://dp/metrics#engine=0", "r1": "http://dp/metrics#engine=1"}, state,
+                     transport=httpx.MockTransport(handler))
+    asyncio.run(rec.scrape_once())
+    assert pages == ["http://dp/metrics"]
+    assert rec.workers["r0"].drift_requests == 0 and rec.workers["r1"].drift_requests == 0
+    assert rec.workers["r0"].load is not None and rec.workers["r0"].load.running == 3
+    # plain-mode KV against the engine's usage × its own capacity (from cache_config_info)
+    assert rec.workers["r1"].kv_capacity_tokens == 2000
+    assert rec.workers["r1"].drift_kv_ratio == pytest.approx(100 / 2000 - 0.05)
+    with pytest.raises(ValueError, match="engine=N"):
+        Reconciler({"x": "http://dp/metrics#rank=1"}, state)
+
+
+def test_streams_the_engine_finished_but_still_draining_to_the_client_are_not_drift() -> None:
+    """The engine finished 5 of the mirror's 6 requests on d0 (its success counter went up, its
+    running count down) while their streams still drain to a slow client: 5 draining, drift 0. A
+    request the engine never had is still drift."""
+    state = MirrorState(["d0"])
+    page = {"running": (0, 0), "done": (7, 0)}  # 7 finished before the mirror started
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, text=_dp_page(page["running"], page["done"]))
+
+    rec = Reconciler({"d0": "http://w/metrics"}, state, transport=httpx.MockTransport(handler))
+    asyncio.run(rec.scrape_once())  # quiet: both sides run nothing
+    assert rec.workers["d0"].drift_requests == 0 and rec.workers["d0"].draining == 0
+    for i in range(6):
+        state.apply(Route(f"r{i}", 0, "d0", 10), 0)
+    page.update(running=(1, 0), done=(12, 0))
+    asyncio.run(rec.scrape_once())
+    w = rec.workers["d0"]
+    assert (w.draining, w.drift_requests) == (5, 0)
+    state.apply(Route("phantom", 0, "d0", 10), 0)
+    asyncio.run(rec.scrape_once())
+    assert (w.draining, w.drift_requests) == (5, 1)
+    for i in range(6):
+        state.apply(Finish(f"r{i}", 1.0, "length", 1), 1.0)
+    page.update(running=(0, 0), done=(13, 0))
+    asyncio.run(rec.scrape_once())
+    assert (w.draining, w.drift_requests) == (0, 1)

@@ -85,10 +85,10 @@ def _collectors() -> list[tuple[DeclaredCollector, tuple[Family, ...]]]:
     mirror = SimpleNamespace(state=state, events={}, ignored={}, dropped={}, recorder=None, errors={},
                              listener_errors=0)
     queue = _Queue()
-    analyzer = SimpleNamespace(chunks={}, legs={}, ends={}, inflight={}, gaps=0)
+    analyzer = SimpleNamespace(chunks={}, legs={}, ends={}, inflight={}, gaps=0, output_counts={})
     tap = SimpleNamespace(name="a", requests=0, connect_errors=0, rejected={}, connections=0)
-    rec = SimpleNamespace(workers={"a": SimpleNamespace(drift_requests=0, drift_kv_ratio=None, load=None,
-                                                        last_ok=None, errors=0)})
+    rec = SimpleNamespace(workers={"a": SimpleNamespace(drift_requests=0, drift_kv_ratio=None, draining=None,
+                                                        load=None, last_ok=None, errors=0)})
     mc = mirror_metrics.MirrorCollector(mirror, analyzer=analyzer, queue=queue,  # type: ignore[arg-type]
                                         taps=[tap], reconciler=rec)  # type: ignore[list-item,arg-type]
     live = SimpleNamespace(report=lambda: {"lanes": {}, "step_model": {}, "step_histogram": {}})
