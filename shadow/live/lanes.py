@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from shadow.contracts.events import Event
+from shadow.contracts.events import Event, Step
 from shadow.core.params import BRParams
 from shadow.core.policies import RouterOptions, make_router
 from shadow.core.pool import Pool
@@ -108,7 +108,11 @@ class LiveLanes:
         self.step_hist: dict[str, list[int]] = {s: [0] * (len(STEP_BUCKETS) + 1) for s in ("events", "sse")}
         self.step_sum: dict[str, float] = {"events": 0.0, "sse": 0.0}
         self.step_count: dict[str, int] = {"events": 0, "sse": 0}
-        self._model_check = [0.0, 0.0]  # Σ measured, Σ configured-model step time over the windows
+        # Σ w·measured, Σ w·configured-model step time over the windows, w = the steps a window
+        # holds (its step count; window / mean for SSE): the same per-step mean the report gives
+        self._model_check = [0.0, 0.0]
+        self._window_steps = 0  # worker-reported steps in the current window
+        self.step_sources: dict[str, int] = {}  # step events by their `source` (probe, ...; "worker")
         self._inv_sum = 0.0  # Σ 1/T over SSE windows: their step-weighted mean is count / Σ 1/T
         self._x_sum = 0.0  # max mirrored load summed over the observations of the current window
         self._x_n = 0
@@ -203,6 +207,9 @@ class LiveLanes:
         before = d.now
         while q and n < limit:
             ev = q.popleft()
+            if type(ev) is Step:
+                src = ev.source or "worker"
+                self.step_sources[src] = self.step_sources.get(src, 0) + 1
             try:
                 d.apply(ev)
             except Exception:
@@ -233,6 +240,7 @@ class LiveLanes:
         if d.step_samples:
             durations = [s[1] for s in d.step_samples]
             est.add_steps(durations)
+            self._window_steps += len(durations)
             for x in durations:
                 self._hist("events", x)
             d.step_samples = []
@@ -246,14 +254,16 @@ class LiveLanes:
             self._mw_start = d.now
             x = self._x_sum / self._x_n
             self._x_sum, self._x_n = 0.0, 0
+            steps, self._window_steps = self._window_steps, 0
             if sample is not None:
                 source, mean_step, robust_step = sample
                 if source == "sse":
                     self._hist("sse", mean_step)
                     self._inv_sum += 1.0 / mean_step
+                w = steps if source == "events" else 1.0 / mean_step
                 self.fit.add(x, robust_step)
-                self._model_check[0] += mean_step
-                self._model_check[1] += self.step.step_time(x)
+                self._model_check[0] += w * mean_step
+                self._model_check[1] += w * self.step.step_time(x)
 
     def _hist(self, source: str, x: float) -> None:
         h = self.step_hist[source]
@@ -322,6 +332,29 @@ class LiveLanes:
         """The latest published report (see `shadow.live` for the fields)."""
         return self._snapshot
 
+    def _step_means(self) -> dict[str, float | None]:
+        """Mean step time per source: worker-reported steps averaged; SSE windows (equal length,
+        one median each) weighted by the steps they hold (harmonic mean)."""
+        n = self.step_count["events"]
+        return {"events": self.step_sum["events"] / n if n else None,
+                "sse": self.step_count["sse"] / self._inv_sum if self._inv_sum > 0 else None}
+
+    def _measured_mean(self) -> float | None:
+        """The mean the fit's windows came from (events when any window had them, else SSE)."""
+        means = self._step_means()
+        return means["events"] if self.estimator.samples["events"] else means["sse"]
+
+    def _samples_from(self) -> str | None:
+        """Where the fit's samples came from, in words: the engine probe, step events, SSE gaps."""
+        by = self.estimator.samples
+        if by["events"]:
+            src = max(self.step_sources, key=self.step_sources.__getitem__) if self.step_sources else ""
+            what = {"probe": "the engine probe (the engine's own step times)",
+                    "probe_interval": "the engine probe (intervals between busy steps)"}.get(
+                        src, "step events")
+            return what if not by["sse"] else f"{what} and SSE inter-chunk gaps"
+        return "SSE inter-chunk gaps" if by["sse"] else None
+
     def _publish(self) -> None:
         d = self.driver
         fit = self.fit.result()
@@ -371,16 +404,24 @@ class LiveLanes:
                 "decision_sum_s": t.decision_s.total if isinstance(t.decision_s, LogHistogram) else 0.0,
             }
         warnings: list[str] = []
-        if fit.quality != "good":
+        if fit.quality == "poor":
+            warnings.append(
+                f"the linear step model T = a·max L + b does not hold for these workers (R²={_r(fit.r2, 3)} "
+                f"over {fit.samples} samples from {self._samples_from()}): barrier idle, throughput and "
+                f"TPOT use the configured model a={self.step.a:g} s/token, b={self.step.b:g} s"
+            )
+        elif fit.quality != "good":
             warnings.append(
                 f"step model fit is {fit.quality} (R²={_r(fit.r2, 3)}, {fit.samples} samples): barrier idle, "
                 f"throughput and TPOT use the configured model a={self.step.a:g} s/token, b={self.step.b:g} s"
             )
         measured, modelled = self._model_check
+        mean_step = self._measured_mean()
         if modelled > 0 and abs(measured / modelled - 1.0) > 0.05:
+            ms = f" (mean {1e3 * mean_step:.2f} ms per step)" if mean_step is not None else ""
             warnings.append(
-                f"measured steps are {100 * (measured / modelled - 1):+.0f}% against the configured model "
-                "the lanes simulate: lanes drift from the fleet's real timing (set --step-a/--step-b "
+                f"measured steps{ms} are {100 * (measured / modelled - 1):+.0f}% against the configured "
+                "model the lanes simulate: lanes drift from the fleet's real timing (set --step-a/--step-b "
                 "from the fit)"
             )
         if self.dropped_total:
@@ -403,17 +444,16 @@ class LiveLanes:
                 "max_load_range_tokens": [fit.x_min, fit.x_max],
                 "source": self.estimator.source,
                 "samples_by_source": dict(self.estimator.samples),
+                "samples_from": self._samples_from(),
+                "step_event_sources": dict(self.step_sources),
                 "configured": {"a_s_per_token": self.step.a, "b_s": self.step.b},
                 "figures_use": "fitted" if good else "configured",
+                # False: enough samples, and a·max L + b does not explain them (see the warning)
+                "linear_model_holds": {"good": True, "poor": False}.get(fit.quality),
                 "measured_vs_configured": (measured / modelled) if modelled > 0 else None,
                 # per step: worker-reported steps averaged; SSE windows (equal length, one median
                 # each) weighted by the steps they hold (harmonic mean)
-                "measured_step_mean_s": {
-                    "events": self.step_sum["events"] / self.step_count["events"]
-                    if self.step_count["events"]
-                    else None,
-                    "sse": self.step_count["sse"] / self._inv_sum if self._inv_sum > 0 else None,
-                },
+                "measured_step_mean_s": self._step_means(),
             },
             "fidelity": {
                 "load_rel_error": fid,

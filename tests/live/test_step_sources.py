@@ -1,0 +1,55 @@
+"""The lanes' step model says where its samples came from, compares the configured model on the
+report's own per-step mean, and says so when a·max L + b does not explain the engine's steps."""
+
+from __future__ import annotations
+
+import pytest
+
+from shadow.contracts.events import Arrive, Event, Route, Step
+from shadow.core.stepmodel import StepTimeModel
+from shadow.live.lanes import LiveLanes
+
+
+def _lanes(events: list[Event]) -> dict[str, object]:
+    live = LiveLanes(workers=["d0", "d1"], slots=64, policies=["br0"], lag_s=0.0,
+                     step=StepTimeModel(a=0.0, b=0.010), window_s=0.5)
+    for ev in events:
+        live.listener(ev)
+        live.process_now()
+    live._publish()
+    return live.report()["step_model"]  # type: ignore[no-any-return]
+
+
+def test_probe_steps_are_named_and_the_configured_model_is_judged_on_the_per_step_mean() -> None:
+    # window 1: ten 10 ms steps; window 2: one 40 ms step. Per step: 140 ms / 11 = 12.73 ms (a mean of
+    # the windows' means would say 25 ms, twice the report's figure)
+    events: list[Event] = [Arrive("r", 0.0, 100), Route("r", 0.0, "d0", 100)]
+    events += [Step(0.01 * (i + 1), 0.010, worker="d0", engine=0, source="probe") for i in range(10)]
+    events += [Step(0.6, 0.040, worker="d0", engine=0, source="probe"), Arrive("z", 1.2, 1)]
+    sm = _lanes(events)
+    assert sm["samples_from"] == "the engine probe (the engine's own step times)"
+    assert sm["step_event_sources"] == {"probe": 11}
+    assert sm["measured_step_mean_s"]["events"] == pytest.approx(0.140 / 11)  # type: ignore[index]
+    assert sm["measured_vs_configured"] == pytest.approx(0.140 / 11 / 0.010)
+
+
+def test_steps_the_linear_model_cannot_explain_are_reported_as_such() -> None:
+    """Step times unrelated to the mirrored max load (independent servers stepping apart): with
+    enough samples the fit is poor, and the report says the linear model does not hold."""
+    events: list[Event] = []
+    t = 0.0
+    for i in range(40):
+        t += 0.5
+        events += [Arrive(f"r{i}", t, 50 * (1 + i % 7)), Route(f"r{i}", t, f"d{i % 2}", 50 * (1 + i % 7))]
+        d = (0.004, 0.019, 0.011, 0.007)[i % 4]  # no relation to the load
+        events += [Step(t + 0.01, d, worker="d0", source="probe"),
+                   Step(t + 0.02, d, worker="d1", source="probe")]
+    live = LiveLanes(workers=["d0", "d1"], slots=64, policies=["br0"], lag_s=0.0, window_s=0.5)
+    for ev in events:
+        live.listener(ev)
+        live.process_now()
+    live._publish()
+    rep = live.report()
+    sm = rep["step_model"]
+    assert sm["quality"] == "poor" and sm["linear_model_holds"] is False, sm
+    assert any("does not hold" in w and "engine probe" in w for w in rep["warnings"]), rep["warnings"]
