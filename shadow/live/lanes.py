@@ -112,6 +112,7 @@ class LiveLanes:
         # holds (its step count; window / mean for SSE): the same per-step mean the report gives
         self._model_check = [0.0, 0.0]
         self._window_steps = 0  # worker-reported steps in the current window
+        self._both = [0.0, 0, 0.0]  # windows with both sources: Σ reported, steps, Σ SSE estimate (per step)
         self.step_sources: dict[str, int] = {}  # step events by their `source` (probe, ...; "worker")
         self._inv_sum = 0.0  # Σ 1/T over SSE windows: their step-weighted mean is count / Σ 1/T
         self._x_sum = 0.0  # max mirrored load summed over the observations of the current window
@@ -255,6 +256,11 @@ class LiveLanes:
             x = self._x_sum / self._x_n
             self._x_sum, self._x_n = 0.0, 0
             steps, self._window_steps = self._window_steps, 0
+            if sample is not None and sample[0] == "events" and est.sse_aside is not None:
+                # the same window both ways: worker-reported (probe) steps and SSE gaps, per step
+                self._both[0] += sample[1] * steps
+                self._both[1] += steps
+                self._both[2] += steps * est.sse_aside
             if sample is not None:
                 source, mean_step, robust_step = sample
                 if source == "sse":
@@ -343,6 +349,25 @@ class LiveLanes:
         """The mean the fit's windows came from (events when any window had them, else SSE)."""
         means = self._step_means()
         return means["events"] if self.estimator.samples["events"] else means["sse"]
+
+    def _sse_check(self) -> dict[str, Any]:
+        """The SSE-gap estimate against the worker-reported (probe) steps of the same windows:
+        trusted within 10 %; otherwise, or without reported steps to check it, the reason."""
+        reported, steps, sse = self._both
+        if not steps:
+            return {"trusted": None, "reason": "no worker-reported steps beside SSE gaps to check them "
+                    "against (a merged chunk counts as one step)"}
+        ratio = sse / reported if reported > 0 else None
+        out: dict[str, Any] = {"sse_mean_s": sse / steps, "reported_mean_s": reported / steps,
+                               "ratio": ratio, "steps": steps}
+        if ratio is not None and abs(ratio - 1.0) <= 0.10:
+            return {**out, "trusted": True, "reason": "within 10 % of the reported steps"}
+        why = ("SSE gaps are longer than the engine's steps: the engine merges several tokens into "
+               "one chunk when the HTTP side lags, and the streams' pauses are not steps"
+               if ratio is not None and ratio > 1 else
+               "SSE gaps are shorter than the engine's reported steps (the reported time covers more "
+               "than the gap between two chunks)")
+        return {**out, "trusted": False, "reason": f"{why}: {100 * ((ratio or 0) - 1):+.0f}% off"}
 
     def _samples_from(self) -> str | None:
         """Where the fit's samples came from, in words: the engine probe, step events, SSE gaps."""
@@ -454,6 +479,7 @@ class LiveLanes:
                 # per step: worker-reported steps averaged; SSE windows (equal length, one median
                 # each) weighted by the steps they hold (harmonic mean)
                 "measured_step_mean_s": self._step_means(),
+                "sse_check": self._sse_check(),
             },
             "fidelity": {
                 "load_rel_error": fid,

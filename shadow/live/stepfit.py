@@ -32,6 +32,7 @@ class StepEstimator:
         self._steps: list[float] = []
         self._window_end: float | None = None
         self.samples: dict[str, int] = {"events": 0, "sse": 0}
+        self.sse_aside: float | None = None  # the last closed window's SSE mean step (see close)
 
     def add_gaps(self, gaps: list[float]) -> None:
         self._gaps.extend(gaps)
@@ -51,6 +52,8 @@ class StepEstimator:
         self._window_end = t + self.window_s
         gaps, steps = self._gaps, self._steps
         self._gaps, self._steps = [], []
+        # the SSE estimate of the same window, also when worker-reported steps are used (to check it)
+        self.sse_aside = float(np.mean(gaps)) if len(gaps) >= self.min_gaps else None
         if self.source in ("auto", "events") and steps:
             self.samples["events"] += 1
             arr = np.asarray(steps)
