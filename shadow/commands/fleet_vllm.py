@@ -31,6 +31,9 @@ def add_arguments(p: Any) -> None:
     g.add_argument("--model-seed", type=int, default=0, help="seed of the built model (default 0)")
     g.add_argument("--model-path", metavar="DIR", default=None,
                    help="serve this model directory instead of building one")
+    g.add_argument("--data-parallel", type=int, default=1, metavar="N",
+                   help="DP engines per decode server (vLLM's --data-parallel-size, one core each; "
+                   "its /metrics labels each engine; default 1)")
     g.add_argument("--kv-bytes", type=int, default=128 << 20, metavar="BYTES",
                    help="KV cache per server (default 128 MiB: 131k tokens of the tiny model)")
     g.add_argument("--connector", choices=("auto", "nixl", "example"), default="auto",
@@ -61,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
             decode=args.decode, prefill=args.prefill if args.prefill is not None else 0, host=args.host,
             served_model_name=args.model, model_size=args.model_size, model_seed=args.model_seed,
             model_path=Path(args.model_path) if args.model_path else None,
-            max_num_seqs=args.slots, max_model_len=min(args.max_model_len, 2048), kv_bytes=args.kv_bytes,
+            data_parallel=args.data_parallel, max_num_seqs=args.slots,
+            max_model_len=min(args.max_model_len, 2048), kv_bytes=args.kv_bytes,
             connector=args.connector, probe_url=args.probe_url, probe_token=args.probe_token,
             venv=Path(args.vllm_venv) if args.vllm_venv else None,
             log_dir=Path(args.log_dir) if args.log_dir else None, start_timeout_s=args.start_timeout,

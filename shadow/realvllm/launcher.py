@@ -93,6 +93,7 @@ class VllmFleetConfig:
     model_size: str = "tiny"
     model_seed: int = 0
     models_dir: Path | None = None
+    data_parallel: int = 1  # DP engines per decode server (--data-parallel-size; one core each)
     max_num_seqs: int = 64
     max_model_len: int = 2048
     kv_bytes: int = DEFAULT_KV_BYTES
@@ -111,6 +112,8 @@ class VllmFleetConfig:
     def __post_init__(self) -> None:
         if self.decode < 1 or self.prefill < 0:
             raise ValueError("need at least one decode server and a non-negative prefill count")
+        if self.data_parallel < 1:
+            raise ValueError(f"data_parallel must be >= 1, got {self.data_parallel}")
         if self.connector not in CONNECTORS:
             raise ValueError(f"connector must be one of {', '.join(CONNECTORS)}")
         if self.host not in ("127.0.0.1", "localhost"):
@@ -205,13 +208,14 @@ class VllmFleet:
                                "kv_connector_extra_config": {"shared_storage_path": str(shared)}})
         return None
 
-    def _env(self, core: int, worker: str) -> dict[str, str]:
+    def _env(self, core: int | str, worker: str) -> dict[str, str]:
         cfg = self.config
         env = dict(os.environ)
         env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # overrides --kv-cache-memory-bytes; "" crashes
         env.update({
             "VLLM_HOST_IP": "127.0.0.1",  # else the engine's message queue binds the host's address
-            "VLLM_CPU_OMP_THREADS_BIND": str(core),  # "auto" would pin every server to core 0
+            # "auto" would pin every server to core 0; a DP server gets one core per engine ("0|1")
+            "VLLM_CPU_OMP_THREADS_BIND": str(core),
             "PYTHONUNBUFFERED": "1",
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
@@ -246,6 +250,8 @@ class VllmFleet:
         kv = self._kv_config(role)
         if kv is not None:
             argv += ["--kv-transfer-config", kv]
+        if role == "decode" and cfg.data_parallel > 1:
+            argv += ["--data-parallel-size", str(cfg.data_parallel)]
         return argv + list(cfg.extra_args)
 
     def plan(self) -> list[Server]:
@@ -258,12 +264,16 @@ class VllmFleet:
         servers: list[Server] = []
         roles = [("prefill", i, f"p{i}") for i in range(cfg.prefill)]
         roles += [("decode", g, f"d{g}") for g in range(cfg.decode)]
+        slot = 0
         for n, (role, i, worker) in enumerate(roles):
             port = cfg.ports[n] if cfg.ports else free_port()
-            core = cores[n % len(cores)]
+            width = cfg.data_parallel if role == "decode" else 1
+            mine = [cores[(slot + k) % len(cores)] for k in range(width)]
+            slot += width
             servers.append(Server(
-                name=f"{role}/{i}", worker=worker, port=port, core=core,
-                argv=self._argv(self.model_path, port, role), env=self._env(core, worker),
+                name=f"{role}/{i}", worker=worker, port=port, core=mine[0],
+                argv=self._argv(self.model_path, port, role),
+                env=self._env("|".join(map(str, mine)), worker),
                 log_path=self.log_dir / f"{role}-{i}.log",
             ))
         return servers
