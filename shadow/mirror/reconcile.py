@@ -74,6 +74,9 @@ class WorkerReconcile:
             d["engine"] = self.engine
         if self.load is not None:
             d.update(running=self.load.running, waiting=self.load.waiting, kv_usage=self.load.kv_usage)
+            if self.load.engines:  # a DP server's page: each engine's own figures
+                d["engines"] = {k: {"running": e.running, "waiting": e.waiting, "kv_usage": e.kv_usage,
+                                    "finished": e.finished} for k, e in self.load.engines.items()}
         return d
 
 
