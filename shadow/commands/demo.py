@@ -10,15 +10,23 @@ from __future__ import annotations
 import argparse
 import sys
 
-from shadow.app.demo import ROUTERS, DemoOptions
+from shadow.app.demo import FLEETS, ROUTERS, DemoOptions
 
 D = DemoOptions()
+# --fleet vllm: two real CPU servers of the tiny model (one core each); prompts ÷ 24 so the longest
+# (8,000 words) fits its 2,048-token context (its tokenizer makes ~2.9 tokens of a load-generator
+# word); a configured step model near what the engines step at on a busy 2-core machine (the fit
+# from the probe replaces it when it holds)
+VLLM = DemoOptions(fleet="vllm", workers=2, slots=8, load=0.6, step_a=1e-6, step_b=0.02, prompt_divisor=24)
+SIZED = ("workers", "slots", "load", "step_a", "step_b")
 
 EPILOG = f"""examples:
   shadow demo                                    # live loop, {D.duration_s:g} s, live view
   shadow demo --duration 300                     # longer runs settle the averages
   shadow demo --headless --duration 60 --record session.ndjson --report-json report.json
   shadow demo --router vllm-router               # the real vllm-router (pip install vllm-router)
+  shadow demo --fleet vllm --headless --duration 90 --report-json r.json
+                                                 # real vLLM CPU servers (scripts/install-vllm.sh)
   shadow demo --offline                          # the offline table instead: 4,000 requests replayed
   shadow replay paper-azure --load 1.1           # ... or any offline comparison, one command away
 
@@ -71,14 +79,27 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="the existing router: jsq-bytes = `shadow router` (the vllm-ascend proxy's JSQ-bytes "
                    "rule; formerly spelled jsq), or vllm-router (found beside the interpreter, then on PATH)")
     p.add_argument("--router-policy", default=D.router_policy, help="vllm-router's --policy")
-    p.add_argument("--workers", "-G", type=_positive_int, default=D.workers, help="decode ranks")
-    p.add_argument("--slots", "-B", type=_positive_int, default=D.slots, help="slots per decode rank")
-    p.add_argument("--load", type=_positive_float, default=D.load, metavar="RHO",
-                   help="arrival rate as ρ × the fleet's estimated capacity")
-    p.add_argument("--step-a", type=_positive_float, default=D.step_a, metavar="A",
-                   help="the fleet's true step cost per KV token of the largest rank (s/token)")
-    p.add_argument("--step-b", type=_positive_float, default=D.step_b, metavar="B",
-                   help="the fleet's true fixed step cost (s)")
+    p.add_argument("--fleet", choices=FLEETS, default=D.fleet,
+                   help="sim: the simulated P/D fleet (default); vllm: real vLLM CPU servers as the "
+                   f"decode workers, plain mode, their step probe posting to the sidecar (defaults "
+                   f"then: -G {VLLM.workers} -B {VLLM.slots} --load {VLLM.load:g} --step-a {VLLM.step_a:g} "
+                   f"--step-b {VLLM.step_b:g}, prompts ÷ {VLLM.prompt_divisor})")
+    p.add_argument("--model-size", choices=("tiny", "mid"), default=VLLM.model_size,
+                   help="--fleet vllm: the built-in random model (tiny: fast; mid: ~20 ms steps)")
+    p.add_argument("--vllm-venv", metavar="DIR", default=None,
+                   help="--fleet vllm: the engine venv (default $SHADOW_VLLM_VENV, else .venv-vllm)")
+    p.add_argument("--workers", "-G", type=_positive_int, default=None,
+                   help=f"decode ranks (default {D.workers})")
+    p.add_argument("--slots", "-B", type=_positive_int, default=None,
+                   help=f"slots per decode rank (default {D.slots})")
+    p.add_argument("--load", type=_positive_float, default=None, metavar="RHO",
+                   help=f"arrival rate as ρ × the fleet's estimated capacity (default {D.load:g})")
+    p.add_argument("--step-a", type=_positive_float, default=None, metavar="A",
+                   help="the fleet's true step cost per KV token of the largest rank (s/token; default "
+                   f"{D.step_a:g}); with --fleet vllm the lanes' configured model")
+    p.add_argument("--step-b", type=_positive_float, default=None, metavar="B",
+                   help=f"the fleet's true fixed step cost (s; default {D.step_b:g}); with --fleet vllm "
+                   "the lanes' configured model")
     p.add_argument("--time-scale", type=_positive_float, default=D.time_scale, metavar="X",
                    help="fleet wall seconds per model second (0.5 = twice as fast; more CPU)")
     p.add_argument("--seed", type=int, default=D.seed, help="seed of the synthetic workload")
@@ -101,9 +122,14 @@ def run(args: argparse.Namespace) -> int:
 
     from shadow.app.demo import DemoOptions, run_demo
 
+    base = VLLM if args.fleet == "vllm" else D
+    sized = {k: getattr(args, k) if getattr(args, k) is not None else getattr(base, k) for k in SIZED}
+    if args.fleet == "vllm" and args.time_scale != D.time_scale:
+        print("shadow demo: --time-scale only applies to the simulated fleet", file=sys.stderr)
+        return 2
     opts = DemoOptions(
-        workers=args.workers, slots=args.slots, load=args.load, time_scale=args.time_scale,
-        step_a=args.step_a, step_b=args.step_b,
+        **sized, time_scale=args.time_scale, fleet=args.fleet, prompt_divisor=base.prompt_divisor,
+        model_size=args.model_size, vllm_venv=args.vllm_venv,
         duration_s=args.duration, requests=args.requests, router=args.router,
         router_policy=args.router_policy, seed=args.seed, record=args.record,
         report_json=args.report_json, headless=args.headless,

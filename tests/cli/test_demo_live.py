@@ -44,14 +44,17 @@ def _check_structure(doc: dict[str, Any], router: str) -> None:
     assert "load_rel_error" in doc["fidelity"]
     assert doc["slots"] == 16 and len(doc["workers"]) == 4
     demo = doc["demo"]
-    assert demo["fleet"] == {"step_a_s_per_token": 4e-7, "step_b_s": 0.02, "workers": 4, "slots": 16,
-                             "prefill_servers": 2, "time_scale": 1.0}
+    assert demo["fleet"] == {"engine": "shadow fleet (simulated)", "step_a_s_per_token": 4e-7,
+                             "step_b_s": 0.02, "workers": 4, "slots": 16, "prefill_servers": 2,
+                             "time_scale": 1.0}
     assert router in demo["router"]
     assert demo["requests"] > 0 and demo["requests_ok"] == demo["requests"]
     # The router's own per-worker decode counter = what the mirror saw finish, worker by worker.
     dec = demo["decisions"]
     assert dec["agree"] and dec["phantoms"] == 0, dec
     assert sum(dec["router"].values()) == demo["requests_ok"]
+    # The mirror's count of running requests came back to the workers' own (their /metrics).
+    assert demo["drift_at_end"]["zero"] and set(demo["drift_at_end"]["per_worker"]) == set(doc["workers"])
     # Every request that was sent finished in the router's real lane.
     assert doc["lanes"]["actual"]["requests_finished"] == demo["requests_ok"]
 
