@@ -26,8 +26,9 @@ def add_arguments(p: Any) -> None:
                    help="sim: the simulated fleet (default); vllm: real vLLM CPU servers")
     g.add_argument("--vllm-venv", metavar="DIR", default=None,
                    help="the engine venv (default $SHADOW_VLLM_VENV, else the repository's .venv-vllm)")
-    g.add_argument("--model-size", choices=("tiny", "mid"), default="tiny",
-                   help="the built-in random Llama: tiny (fast) or mid (~20 ms steps); default tiny")
+    g.add_argument("--model-size", choices=("tiny", "mid", "moe"), default="tiny",
+                   help="the built-in random model: tiny (fast), mid (~20 ms steps) or moe (tiny with 4 "
+                   "experts per layer); default tiny")
     g.add_argument("--model-seed", type=int, default=0, help="seed of the built model (default 0)")
     g.add_argument("--model-path", metavar="DIR", default=None,
                    help="serve this model directory instead of building one")

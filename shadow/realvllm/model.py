@@ -21,6 +21,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 BUILDER_VERSION = 1  # bump when the bytes for a given (size, seed, versions) change
 MANIFEST = "shadow-model.json"
@@ -43,6 +44,15 @@ class ModelSize:
     kv_heads: int
     max_positions: int = 2048
     corpus_lines: int = 20_000
+    experts: int = 0  # > 0: a Mixtral-style MoE (this many experts per layer, 2 routed per token)
+
+    def key(self) -> dict[str, int]:
+        """The shape as the cache key and manifest name it (`experts` only when the model has some,
+        so the dense sizes keep their keys)."""
+        d = asdict(self)
+        if not self.experts:
+            del d["experts"]
+        return d
 
 
 SIZES: dict[str, ModelSize] = {
@@ -50,6 +60,8 @@ SIZES: dict[str, ModelSize] = {
     "tiny": ModelSize(vocab=4096, hidden=128, layers=2, heads=4, kv_heads=2),
     # ~36 M parameters: steps of ~17-25 ms on one core, like a real decode step
     "mid": ModelSize(vocab=4096, hidden=512, layers=8, heads=8, kv_heads=4),
+    # ~5 M parameters, 4 experts per layer (top-2): the MoE whose DP ranks vLLM steps in lockstep
+    "moe": ModelSize(vocab=4096, hidden=128, layers=2, heads=4, kv_heads=2, experts=4),
 }
 
 
@@ -73,7 +85,7 @@ def library_versions() -> dict[str, str]:
 
 def cache_key(size: str, seed: int, versions: dict[str, str]) -> str:
     """The cache directory name for these inputs: `<size>-s<seed>-<12 hex>`."""
-    spec = {"builder": BUILDER_VERSION, "size": asdict(SIZES[size]), "seed": seed, "versions": versions}
+    spec = {"builder": BUILDER_VERSION, "size": SIZES[size].key(), "seed": seed, "versions": versions}
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
     return f"{size}-s{seed}-{digest}"
 
@@ -162,7 +174,7 @@ def build(out: Path, size: str, seed: int) -> dict[str, object]:
     tok.save_pretrained(out)
 
     vocab = -(-len(tok) // 64) * 64  # embedding rows rounded up; ids past the tokenizer are never sampled
-    config = LlamaConfig(
+    common: dict[str, Any] = dict(
         vocab_size=vocab, hidden_size=spec.hidden, intermediate_size=4 * spec.hidden,
         num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
         num_key_value_heads=spec.kv_heads, head_dim=spec.hidden // spec.heads,
@@ -171,12 +183,18 @@ def build(out: Path, size: str, seed: int) -> dict[str, object]:
         pad_token_id=tok.pad_token_id, torch_dtype="float32",
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(torch.float32)
+    if spec.experts:
+        from transformers import MixtralConfig, MixtralForCausalLM
+
+        moe = MixtralConfig(**common, num_local_experts=spec.experts, num_experts_per_tok=2)
+        model = MixtralForCausalLM(moe).to(torch.float32)
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**common)).to(torch.float32)
     model.save_pretrained(out, safe_serialization=True)
 
     files = {p.name: _sha256(p) for p in sorted(out.iterdir()) if p.is_file() and p.name != MANIFEST}
     manifest: dict[str, object] = {
-        "size": size, "seed": seed, "builder": BUILDER_VERSION, "shape": asdict(spec),
+        "size": size, "seed": seed, "builder": BUILDER_VERSION, "shape": spec.key(),
         "parameters": sum(p.numel() for p in model.parameters()), "tokenizer_vocab": len(tok),
         "versions": library_versions(), "files": files,
         "content_sha256": hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest(),
@@ -200,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         "its directory. Deterministic: the same size, seed and library versions give the same bytes.",
     )
     ap.add_argument("--size", choices=sorted(SIZES), default="tiny",
-                    help="tiny (fast, tests) or mid (~20 ms steps)")
+                    help="tiny (fast, tests), mid (~20 ms steps) or moe (tiny with 4 experts per layer)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the corpus and weights (default 0)")
     ap.add_argument("--models-dir", type=Path, default=None,
                     help=f"cache directory (default ${ENV_MODELS_DIR} or ~/.cache/shadow/models)")
