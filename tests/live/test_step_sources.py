@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from shadow.contracts.events import Arrive, Event, Route, Step
+from shadow.contracts.events import Arrive, Event, Route, Step, Token
 from shadow.core.stepmodel import StepTimeModel
 from shadow.live.lanes import LiveLanes
 
@@ -53,3 +53,25 @@ def test_steps_the_linear_model_cannot_explain_are_reported_as_such() -> None:
     sm = rep["step_model"]
     assert sm["quality"] == "poor" and sm["linear_model_holds"] is False, sm
     assert any("does not hold" in w and "engine probe" in w for w in rep["warnings"]), rep["warnings"]
+
+
+def _stream_and_steps(token_every: float, step_s: float, n: int = 120) -> list[Event]:
+    """One stream whose tokens the tap sees every `token_every` s while the engine's probe reports
+    steps of `step_s`."""
+    events: list[Event] = [Arrive("r", 0.0, 50), Route("r", 0.0, "d0", 50)]
+    for i in range(1, n + 1):
+        t = i * token_every
+        events += [Token("r", t, i), Step(t, step_s, worker="d0", source="probe")]
+    return events
+
+
+def test_the_sse_estimate_is_checked_against_the_probe_of_the_same_windows() -> None:
+    ok = _lanes(_stream_and_steps(0.010, 0.010))["sse_check"]
+    assert ok["trusted"] is True and ok["ratio"] == pytest.approx(1.0, abs=0.02), ok
+    # chunks arriving every 30 ms while the engine steps in 10 ms: the gaps are not steps
+    off = _lanes(_stream_and_steps(0.030, 0.010))["sse_check"]
+    assert off["trusted"] is False and off["ratio"] == pytest.approx(3.0, rel=0.05), off
+    assert "merges several tokens" in off["reason"] and "+200% off" in off["reason"]
+    none = _lanes([Arrive("r", 0.0, 50), Route("r", 0.0, "d0", 50)]
+                  + [Token("r", 0.01 * i, i) for i in range(1, 100)])["sse_check"]
+    assert none["trusted"] is None and "no worker-reported steps" in none["reason"]
