@@ -226,7 +226,7 @@ class Analyzer:
         self.ends: dict[tuple[str, str], int] = {}
         self.inflight: dict[str, int] = {}
         self.gaps = 0
-        # finished decode legs by what their output count came from (see output_count)
+        # finished decode legs (not cancelled) by what their output count came from (output_count)
         self.output_counts: dict[tuple[str, str], int] = {}
 
     def process(self, items: list[tuple[TapContext, int, float, Any]]) -> None:
@@ -462,8 +462,6 @@ class Analyzer:
         p = self._result(leg)
         gen, source = output_count(p, leg.max_tokens)
         gen = max(leg.sent_gen, gen)
-        key = (leg.worker or tap, source)
-        self.output_counts[key] = self.output_counts.get(key, 0) + 1
         if p is not None and not leg.prompt_known and p.prompt_tokens is not None:
             self._prompt_learnt(ctx, leg, p.prompt_tokens, t)
         if gen > leg.sent_gen:
@@ -494,6 +492,8 @@ class Analyzer:
             fr = "cut"  # 200 and a clean close, but neither a finish reason nor [DONE]
         else:
             fr = "other"
+        key = (leg.worker or tap, source)
+        self.output_counts[key] = self.output_counts.get(key, 0) + 1
         emit(Finish(mid, t, fr, gen), "tap", now)
 
     def _end_prefill(self, ctx: TapContext, leg: _Leg, t: float, reason: str) -> None:

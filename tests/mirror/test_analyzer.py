@@ -247,6 +247,10 @@ def test_output_tokens_of_merged_chunks_come_from_what_the_stream_carries_never_
     stop = [_chunk(" 1 2"), _chunk(" 3", finish="stop"), b"data: [DONE]\n\n"]
     r.run(r.ctx("d1", {"prompt": "p", "stream": True, "max_tokens": 50}, rid="low"), stop)
     assert r.events("low")[-1] == Finish("low", 3.0, "stop", 2)
+    # a client that left mid-stream: a cancel, no finished response to count
+    r.run(r.ctx("d1", {"prompt": "p", "stream": True, "max_tokens": 50}, rid="gone"), stop[:1],
+          end=END_CLIENT_CANCEL)
+    assert r.events("gone")[-1] == Cancel("gone", 3.0)
     assert r.an.output_counts == {("d0", "max_tokens"): 1, ("d0", "token_ids"): 1, ("d1", "chunks"): 1}
 
 
