@@ -60,7 +60,7 @@ SIZES: dict[str, ModelSize] = {
     "tiny": ModelSize(vocab=4096, hidden=128, layers=2, heads=4, kv_heads=2),
     # ~36 M parameters: steps of ~17-25 ms on one core, like a real decode step
     "mid": ModelSize(vocab=4096, hidden=512, layers=8, heads=8, kv_heads=4),
-    # ~5 M parameters, 4 experts per layer (top-2): the MoE whose DP ranks vLLM steps in lockstep
+    # ~2.7 M parameters, 4 experts per layer (top-2): the MoE whose DP ranks vLLM steps in lockstep
     "moe": ModelSize(vocab=4096, hidden=128, layers=2, heads=4, kv_heads=2, experts=4),
 }
 
