@@ -20,6 +20,7 @@ import math
 import secrets
 import shlex
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -200,6 +201,7 @@ class Demo:
         self.router_name = "shadow router (vllm-ascend JSQ-bytes rule)" if jsq else "vllm-router"
         self.engine: dict[str, Any] = {}  # --fleet vllm: what the servers say they are
         self.drift: dict[str, Any] = {}  # mirror − workers' own running count, after the drain
+        self._reserved: socket.socket | None = None  # --fleet vllm: the sidecar's port, held until it starts
         self.trace = demo_workload(opts)
         self.load: LoadReport | None = None
         self.progress = {"done": 0, "failed": 0, "in_flight": 0}
@@ -236,6 +238,7 @@ class Demo:
             serve_args += ["--prefill", f"{n}={u}"]
         if o.record:
             serve_args += ["--record", o.record]
+        self._release_port()
         serve = self._spawn("serve", shadow_argv(*serve_args))
         self.taps, self.api = serve.ready["taps"], serve.ready["api"]
         say(f"shadow serve: taps in front of every worker; API {self.api}")
@@ -266,7 +269,13 @@ class Demo:
         """Real vLLM servers as the decode workers (plain mode), their step probes posting to the
         sidecar's event API (its port chosen here, with an events token); `serve_args` gain both."""
         o = self.opts
-        api_port, token = _free_port(), secrets.token_urlsafe(18)
+        # The probes need the sidecar's port before it starts (the servers read it at start, and
+        # take minutes to start): the port stays bound here until just before the sidecar binds it,
+        # so no other socket (an outgoing connection's ephemeral port) takes it meanwhile.
+        reserved = socket.socket()
+        reserved.bind(("127.0.0.1", 0))
+        self._reserved = reserved
+        api_port, token = int(reserved.getsockname()[1]), secrets.token_urlsafe(18)
         argv = ["fleet", "--engine", "vllm", "--decode", str(o.workers), "--slots", str(o.slots),
                 "--model-size", o.model_size, "--probe-url", f"http://127.0.0.1:{api_port}",
                 "--probe-token", token, "--log-dir", str(self.workdir / "vllm"),
@@ -283,6 +292,11 @@ class Demo:
         serve_args += ["--port", str(api_port), "--events-token", token]
         return decode, {}
 
+    def _release_port(self) -> None:
+        if self._reserved is not None:
+            self._reserved.close()
+            self._reserved = None
+
     def _spawn(self, name: str, argv: list[str], json_ready: bool = True,
                timeout_s: float | None = None) -> Child:
         child = Child(name, argv, self.workdir / f"{name}.log", json_ready=json_ready,
@@ -293,6 +307,7 @@ class Demo:
     def stop(self, grace_s: float = 10.0) -> None:
         """Stop the children together: SIGTERM to all (the last started first), then wait for each
         within one shared grace period, so Ctrl-C takes one grace period, not one per child."""
+        self._release_port()
         children, self.children = self.children[::-1], []
         for child in children:
             child.terminate()
