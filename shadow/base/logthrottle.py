@@ -22,8 +22,9 @@ class Throttled:
         self._last: dict[str, float] = {}
         self._suppressed: dict[str, int] = {}
 
-    def warning(self, key: str, msg: str, *args: Any, **extra: Any) -> bool:
-        """Log (True) or count the line as suppressed (False)."""
+    def warning(self, key: str, msg: str, *args: Any, exc_info: bool = False, **extra: Any) -> bool:
+        """Log (True) or count the line as suppressed (False); `exc_info`: with the exception being
+        handled and its traceback."""
         now = self.clock()
         last = self._last.get(key)
         if last is not None and now - last < self.interval_s:
@@ -34,5 +35,6 @@ class Throttled:
             self._suppressed.clear()
         self._last[key] = now
         suppressed = self._suppressed.pop(key, 0)
-        self.logger.warning(msg, *args, extra={**extra, "suppressed": suppressed}, stacklevel=2)
+        self.logger.warning(msg, *args, extra={**extra, "suppressed": suppressed}, exc_info=exc_info,
+                            stacklevel=2)
         return True

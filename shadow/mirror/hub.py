@@ -8,10 +8,12 @@ All counters here are plain integers exported by `shadow.mirror.metrics.MirrorCo
 from __future__ import annotations
 
 import json
+import logging
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import IO, Any, Protocol
 
+from shadow.base.logthrottle import Throttled
 from shadow.contracts.events import Event, Finish
 from shadow.mirror.bounds import EventBounds
 from shadow.mirror.state import OK, MirrorState
@@ -111,13 +113,17 @@ class Mirror:
         self.ignored: dict[str, int] = {}
         self.dropped: dict[str, int] = {}
         self.errors: dict[str, int] = {}
+        self._error_log = Throttled(logging.getLogger("shadow.mirror"))
         self.listener_errors = 0
 
     def count_drop(self, reason: str, n: int = 1) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + n
 
     def count_error(self, stage: str, n: int = 1) -> None:
+        """Count an exception the analysis side isolated (call it in the `except` block: the first
+        one per stage per 10 s is logged with its traceback)."""
         self.errors[stage] = self.errors.get(stage, 0) + n
+        self._error_log.warning(stage, "analysis error isolated (%s)", stage, exc_info=True, stage=stage)
 
     def emit(self, ev: Event, source: str, now: float) -> str:
         """Apply and fan out one event; returns the state's outcome, or the reason it was dropped
@@ -158,6 +164,8 @@ class Mirror:
                 fn(ev)
             except Exception:
                 self.listener_errors += 1
+                self._error_log.warning("listener", "a mirror listener raised (isolated)", exc_info=True,
+                                        stage="listener")
 
     def reap(self, now: float, t: float | None = None) -> list[Finish]:
         """TTL-reap silent requests; the resulting Finish("reaped") events are recorded too."""

@@ -171,3 +171,22 @@ def test_counted_refusals_become_rate_limited_lines_with_what_was_held_back(capt
     got = [(d["message"], d["reason"], d["level"]) for d in _lines(captured)]
     assert got == [("tap d0: 3 refused (bad_framing)", "bad_framing", "warning"),
                    ("tap d0: 4 refused (bad_framing)", "bad_framing", "warning")]
+
+
+def test_an_isolated_analysis_error_is_counted_and_logged_with_its_traceback_once_per_interval(
+    captured: io.StringIO,
+) -> None:
+    from shadow.mirror.hub import Mirror
+    from shadow.mirror.state import MirrorState
+
+    logs.configure("info", "json", stream=captured)
+    mirror = Mirror(MirrorState({"d0": "http://127.0.0.1:9"}))
+    for _ in range(3):
+        try:
+            raise KeyError("boom")
+        except KeyError:
+            mirror.count_error("analysis")
+    assert mirror.errors == {"analysis": 3}
+    (line,) = _lines(captured)
+    assert line["level"] == "warning" and line["stage"] == "analysis"
+    assert "KeyError: 'boom'" in line["exc"] and "Traceback" in line["exc"]
