@@ -371,11 +371,14 @@ class Demo:
                 "phantoms": state.get("phantoms", 0)}
 
     async def check_host(self, client: httpx.AsyncClient) -> dict[str, Any]:
-        """Whether the fleet kept its step model's timeline (the lanes simulate that model): the
-        lateness its clock could not make up, and its wall time against the model's."""
+        """Whether the host kept up: the lateness the fleet's clock could not make up (the lanes
+        simulate its step model), its wall time against the model's, and the requests that failed."""
         clock = (await client.get(self.fleet_state_url, timeout=10)).json()["clock"]
         model, wall = float(clock["model_s"]), float(clock["wall_s"])
+        summary = self.load.summary if self.load is not None else None
         return {"behind_dropped_s": float(clock["behind_dropped_s"]),
+                "requests_sent": summary.sent if summary is not None else 0,
+                "requests_failed": summary.failed if summary is not None else 0,
                 "behind_max_s": float(clock["behind_max_s"]),
                 "wall_vs_model": wall / model if model > 0 else None, "catch_up_s": self.opts.catch_up_s}
 
@@ -517,15 +520,23 @@ def headline(report: dict[str, Any]) -> str:
 
 
 def with_host(report: dict[str, Any], host: dict[str, Any]) -> dict[str, Any]:
-    """The report with the host's problem among the comparison's: a fleet that fell behind its step
-    model (lateness beyond its catch-up dropped) is not the fleet the lanes simulated."""
-    dropped = host.get("behind_dropped_s") or 0.0
+    """The report with the host's problems among the comparison's: a fleet that fell behind its
+    step model (lateness beyond its catch-up dropped) is not the fleet the lanes simulated, and
+    requests that failed (the chain could not serve them in time) are not the traffic planned."""
     cmp = report.get("comparison")
-    if dropped <= 0 or not isinstance(cmp, dict):
+    if not isinstance(cmp, dict):
         return report
-    problem = (f"the host could not keep up: the simulated fleet fell {dropped:.1f} s behind its step model "
-               f"beyond its {host.get('catch_up_s', 0):g} s catch-up (CPU busy)")
-    cmp = {**cmp, "trustworthy": False, "problems": [*cmp.get("problems", []), problem]}
+    problems: list[str] = []
+    dropped = host.get("behind_dropped_s") or 0.0
+    if dropped > 0:
+        problems.append(f"the host could not keep up: the simulated fleet fell {dropped:.1f} s behind its "
+                        f"step model beyond its {host.get('catch_up_s', 0):g} s catch-up (CPU busy)")
+    failed, sent = host.get("requests_failed") or 0, host.get("requests_sent") or 0
+    if failed:
+        problems.append(f"{failed} of {sent} requests failed (the host could not serve the load in time)")
+    if not problems:
+        return report
+    cmp = {**cmp, "trustworthy": False, "problems": [*cmp.get("problems", []), *problems]}
     lanes = {label: {fig: {**iv, "verdict": "not trustworthy"} for fig, iv in figs.items()}
              for label, figs in cmp.get("lanes", {}).items()}
     return {**report, "comparison": {**cmp, "lanes": lanes}}

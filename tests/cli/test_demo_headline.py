@@ -42,4 +42,11 @@ def test_a_host_that_fell_behind_makes_the_report_untrustworthy() -> None:
     assert cmp["lanes"]["br0"]["spread"]["verdict"] == "not trustworthy"
     assert "the host could not keep up" in headline(rep) and "18.6 s behind" in headline(rep)
     kept = _report(True, 1.8, 2.0, 2.2, "better")
-    assert with_host(kept, {"behind_dropped_s": 0.0}) is kept
+    assert with_host(kept, {"behind_dropped_s": 0.0, "requests_failed": 0, "requests_sent": 9}) is kept
+
+
+def test_failed_requests_make_the_report_untrustworthy() -> None:
+    rep = with_host(_report(True, 1.8, 2.0, 2.2, "better"),
+                    {"behind_dropped_s": 0.0, "requests_failed": 997, "requests_sent": 1015})
+    assert rep["comparison"]["trustworthy"] is False
+    assert "997 of 1015 requests failed" in headline(rep)
