@@ -12,7 +12,7 @@ Presets (arguments and what is read from the output):
   decision  bench_decision.py --quick --rounds 50 --clock cpu; P50 ms of one round per (G, waiting, policy)
   engine    bench_engine.py --lanes rr,jsq-bytes,br0,brh:survival (10,000 paper-azure requests at rho=1.1,
             G=8, B=64); M request-steps/s per lane (wall clock)
-  live      bench_live.py --workers 8 --slots 64 --seconds 10; CPU cores the lanes need
+  live      bench_live.py --seconds 10 (G=64, B=256, 60 ms steps); CPU cores the lanes need
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ PRESETS = {
     "decision": Preset("bench_decision.py", ("--quick", "--rounds", "50", "--clock", "cpu"), _decision,
                        "lower"),
     "engine": Preset("bench_engine.py", ("--lanes", "rr,jsq-bytes,br0,brh:survival"), _engine, "higher"),
-    "live": Preset("bench_live.py", ("--workers", "8", "--slots", "64", "--seconds", "10"), _live, "lower"),
+    "live": Preset("bench_live.py", ("--seconds", "10"), _live, "lower"),
 }
 
 
