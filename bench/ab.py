@@ -5,8 +5,8 @@
 Each round runs the bench of the `--before` checkout, then this checkout's (each its own
 `bench/<name>.py` with PYTHONPATH on its own tree, so a bench that changed with the code measures
 each side as it is), so both sides share the machine's noise. Per figure it prints the medians and
-the ratio after / before; per bench the geometric mean of the ratios (above 1: after is faster
-for throughputs, slower for times; the `better` column says which way each figure goes).
+the ratio after / before; per bench the geometric mean of the ratios of its own figures (each row
+says whether lower or higher is better), and the CPU seconds of the whole run of each side.
 
 Presets (arguments and what is read from the output):
   decision  bench_decision.py --quick --rounds 50 --clock cpu; P50 ms of one round per (G, waiting, policy)
@@ -21,6 +21,7 @@ import argparse
 import math
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -29,6 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
+#: The whole run's CPU seconds (user + system), a figure of every bench: on a shared machine the
+#: wall-clock figures move with the neighbours, the CPU spent to do the same work much less.
+CPU = "run CPU s"
 
 
 @dataclass(frozen=True)
@@ -66,12 +70,15 @@ def run(tree: Path, preset: Preset) -> dict[str, float]:
     """One run of `preset` from `tree`'s bench directory with `tree` first on the import path."""
     env = dict(os.environ, PYTHONPATH=str(tree))
     cmd = [sys.executable, str(tree / "bench" / preset.script), *preset.args]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tree)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if res.returncode != 0:
         raise SystemExit(f"{tree}: {' '.join(cmd[1:])} exited {res.returncode}:\n{res.stderr[-2000:]}")
     figures = preset.read(res.stdout)
     if not figures:
         raise SystemExit(f"{tree}: no figures in the output of {preset.script}:\n{res.stdout[-2000:]}")
+    figures[CPU] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return figures
 
 
@@ -91,17 +98,20 @@ def main() -> None:
                 runs[side].append(run(tree, preset))
         keys = [key for key in runs["after"][0] if all(key in r for r in runs["before"] + runs["after"])]
         print(f"== {name}: {preset.script} {' '.join(preset.args)}; {args.rounds} alternated rounds; "
-              f"better is {preset.better}")
+              f"load average {os.getloadavg()[0]:.1f} at the end")
         ratios = []
         for key in keys:
             b = statistics.median(r[key] for r in runs["before"])
             a = statistics.median(r[key] for r in runs["after"])
             ratio = a / b if b else math.nan
-            ratios.append(ratio)
-            print(f"  {key:<40} before {b:10.3f}  after {a:10.3f}  after/before {ratio:6.3f}")
+            better = "lower" if key == CPU else preset.better
+            if key != CPU:
+                ratios.append(ratio)
+            print(f"  {key:<40} before {b:10.3f}  after {a:10.3f}  after/before {ratio:6.3f}  "
+                  f"({better} is better)")
         finite = [r for r in ratios if r > 0 and math.isfinite(r)]
         geo = math.exp(statistics.fmean(math.log(r) for r in finite)) if finite else math.nan
-        print(f"  geometric mean after/before over {len(finite)} figures: {geo:.3f}")
+        print(f"  geometric mean after/before over the {len(finite)} figures of the bench: {geo:.3f}")
 
 
 if __name__ == "__main__":
