@@ -67,6 +67,8 @@ class DemoOptions:
     record: str | None = None
     report_json: str | None = None
     headless: bool = False
+    log_level: str = "info"  # of the shadow processes (their logs are in the work directory)
+    log_format: str = "text"
     drain_timeout_s: float = 60.0
     start_timeout_s: float = 300.0  # a child's start (imports included) on a busy host
     catch_up_s: float = 5.0  # the fleet keeps its model's timeline up to this far behind (busy host)
@@ -299,6 +301,8 @@ class Demo:
 
     def _spawn(self, name: str, argv: list[str], json_ready: bool = True,
                timeout_s: float | None = None) -> Child:
+        if argv[:len(shadow_argv())] == shadow_argv():  # a shadow process: it logs as asked
+            argv = [*argv, "--log-level", self.opts.log_level, "--log-format", self.opts.log_format]
         child = Child(name, argv, self.workdir / f"{name}.log", json_ready=json_ready,
                       timeout_s=self.opts.start_timeout_s if timeout_s is None else timeout_s)
         self.children.append(child)

@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import signal
-import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,10 +26,10 @@ def stop_event(*, hard_exit: str | None = None, says: str | None = None) -> asyn
 
     def on_signal(sig: signal.Signals) -> None:
         if stop.is_set() and hard_exit is not None:
-            print(f"{hard_exit}: second signal ({sig.name}), exiting now", file=sys.stderr, flush=True)
+            logging.getLogger("shadow").warning("%s: second signal (%s), exiting now", hard_exit, sig.name)
             os._exit(1)
         if not stop.is_set() and says is not None:
-            print(f"{hard_exit or 'shadow'}: {sig.name}: {says}", file=sys.stderr, flush=True)
+            logging.getLogger("shadow").warning("%s: %s: %s", hard_exit or "shadow", sig.name, says)
         stop.set()
 
     loop = asyncio.get_running_loop()

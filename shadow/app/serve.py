@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import sys
+import logging
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -342,8 +342,10 @@ async def serve(config: ServeConfig) -> None:
         t0 = time.monotonic()
         await svc.stop(drain_timeout_s=drain)
         cut = svc.drain_cut
-        print(f"{PROG}: stopped after {time.monotonic() - t0:.1f} s" + (f" ({cut} requests cut at the drain "
-              "deadline)" if cut else ""), file=sys.stderr, flush=True)
+        took = time.monotonic() - t0
+        logging.getLogger("shadow").log(
+            logging.WARNING if cut else logging.INFO, "%s: stopped after %.1f s%s", PROG, took,
+            f" ({cut} requests cut at the drain deadline)" if cut else "")
         if tracing is not None:
             tracing.shutdown()
 

@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from shadow.app.demo import FLEETS, ROUTERS, DemoOptions
+from shadow.app.logs import FORMATS, LEVELS
 
 D = DemoOptions()
 # --fleet vllm: two real CPU servers of the tiny model (one core each); prompts ÷ 24 so the longest
@@ -72,6 +73,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--requests", type=_positive_int, default=None, metavar="N",
                    help="send at most N requests (default: every request arriving within --duration; "
                    "with --offline: 4000)")
+    p.add_argument("--log-level", choices=LEVELS, default="info", type=str.lower,
+                   help="least severe level the shadow processes log (to their files in the work "
+                   "directory the demo names) (default info)")
+    p.add_argument("--log-format", choices=FORMATS, default="text",
+                   help="their log lines as text or json (default text)")
     p.add_argument("--headless", action="store_true",
                    help="no live view: progress lines on stderr, the final table on stdout")
     p.add_argument("--record", metavar="FILE",
@@ -137,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
         duration_s=args.duration, requests=args.requests, router=args.router,
         router_policy=args.router_policy, seed=args.seed, record=args.record,
         report_json=args.report_json, headless=args.headless,
+        log_level=args.log_level, log_format=args.log_format,
     )
     console = Console() if Console().is_terminal else Console(width=170)
     try:

@@ -190,3 +190,26 @@ def test_an_isolated_analysis_error_is_counted_and_logged_with_its_traceback_onc
     (line,) = _lines(captured)
     assert line["level"] == "warning" and line["stage"] == "analysis"
     assert "KeyError: 'boom'" in line["exc"] and "Traceback" in line["exc"]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_demo_passes_its_log_settings_to_the_shadow_processes(tmp_path: Path) -> None:
+    """`shadow demo --log-format json --log-level debug`: the serve, fleet and router it starts log
+    JSON lines (every line of their log files parses), debug lines included."""
+    import re
+    import shutil
+
+    from tests.cli.test_demo_live import _demo
+
+    _, proc, _ = _demo(tmp_path, "--log-format", "json", "--log-level", "debug")
+    found = re.search(r"logs in (\S+)", proc.stderr)
+    assert found is not None, proc.stderr[-2000:]
+    workdir = Path(found.group(1))
+    try:
+        for name in ("serve", "fleet", "router"):
+            lines = [json.loads(x) for x in (workdir / f"{name}.log").read_text().splitlines() if x.strip()]
+            assert any(d["message"] == f"shadow {name} started" for d in lines), name
+            assert lines[0]["config"]["log_level"] == "debug", name
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
