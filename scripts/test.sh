@@ -12,12 +12,13 @@ python3 -m pip install --quiet -c constraints-test.txt -e '.[test,ray]'
 python3 -m pip check
 
 # Debian packages: Prometheus, Alertmanager and systemd (systemd-analyze) for the observability and
-# deploy tests; podman, mmdebstrap and runc build and run the container image (tests/deploy/test_image.py).
-packages="prometheus prometheus-alertmanager systemd podman mmdebstrap runc"
+# deploy tests; podman, mmdebstrap and runc build and run the container image (tests/deploy/test_image.py);
+# etcd-server for the leader leases of active replicas (tests/active/test_leases.py starts its own).
+packages="prometheus prometheus-alertmanager systemd podman mmdebstrap runc etcd-server"
 if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1 \
    || ! command -v prometheus-alertmanager >/dev/null 2>&1 || ! command -v systemd-analyze >/dev/null 2>&1 \
    || ! command -v podman >/dev/null 2>&1 || ! command -v mmdebstrap >/dev/null 2>&1 \
-   || ! command -v runc >/dev/null 2>&1; then
+   || ! command -v runc >/dev/null 2>&1 || ! command -v etcd >/dev/null 2>&1; then
   if [ "$(id -u)" = "0" ]; then
     echo "installing $packages (Debian packages) for the tests..." >&2
     export DEBIAN_FRONTEND=noninteractive

@@ -48,4 +48,6 @@ class ModeControl:
         """`/v1/report`'s "mode" section (and GET /v1/mode)."""
         out = self.controller.snapshot()
         out["admin"] = {"put_enabled": self.config.admin_token is not None, "rejected": dict(self.rejected)}
+        gate = self.controller.gate
+        out["leader"] = None if gate is None else gate()
         return out

@@ -21,6 +21,8 @@ TRIP_ORDER: tuple[str, ...] = (
     "decision_slow",
     "worker_down",
     "upstream_errors",
+    "client_errors",
+    "slo_regression",
     "telemetry_stale",
     "drift",
 )
@@ -89,6 +91,8 @@ class Signals:
     net_gain: float | None = None  # (BR-0 spread − BR-H spread) / BR-0 spread, live lanes
     net_gain_steps: int = 0
     scrapes: int = 0  # reconciliation rounds finished when read (to state bounds in scrapes)
+    spread_tokens: float | None = None  # max − min mirrored KV tokens over the workers
+    client: tuple[str, str] | None = None  # a failing client-felt check: (reason, detail)
 
 
 class HoldDown:
@@ -212,6 +216,8 @@ class Guards:
             return "worker_down"
         if any(self._upstream_failing(now, r) for r in self.upstreams.values()):
             return "upstream_errors"
+        if signals.client is not None:
+            return signals.client[0]
         if any(age > c.stale_s for age in signals.scrape_age_s.values()):
             return "telemetry_stale"
         if any(abs(d) > c.drift_requests for d in signals.drift.values()):

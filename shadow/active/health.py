@@ -81,7 +81,16 @@ class HealthReader:
             gain, steps = net_gain(self.lanes.report().get("lanes", {}))
         return Signals(drift=drift, scrape_age_s=ages, unreachable=frozenset(down), calibration_error=cal,
                        calibration_samples=n, net_gain=gain, net_gain_steps=steps, oracle_gap=self.oracle_gap,
-                       scrapes=rec.scrapes if rec is not None else 0)
+                       scrapes=rec.scrapes if rec is not None else 0, spread_tokens=self._spread())
+
+    def _spread(self) -> float | None:
+        """The fleet's spread now: max − min mirrored KV tokens over the reconciled workers."""
+        rec = self.scrapes
+        if rec is None or not rec.workers:
+            return None
+        ws = rec.state.workers
+        loads = [float(ws[n].kv_tokens) if n in ws else 0.0 for n in rec.workers]
+        return max(loads) - min(loads)
 
 
 @dataclass

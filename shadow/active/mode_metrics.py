@@ -1,5 +1,6 @@
 """Prometheus families of the mode controller, declared here (`FAMILIES`): mode, transitions, pin,
-fallback, hold-down, policy, BR-H degrade and predictor health."""
+fallback, hold-down, policy, BR-H degrade, predictor health, the client-felt cohorts and the canary
+analysis."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from collections.abc import Iterator
 from prometheus_client.core import Metric
 
 from shadow.active.calibration import CalibrationMonitor
+from shadow.active.canary import METRICS, VERDICTS
+from shadow.active.cohorts import COHORTS
 from shadow.active.modes import ModeController
 from shadow.base.families import DeclaredCollector, Family
 from shadow.contracts.labels import LOOKUP_RESULTS
@@ -36,9 +39,25 @@ LOOKUPS = Family("shadow_predictor_key_lookups_total", "counter", "BR-H predicto
 ORACLE_GAP = Family("shadow_predictor_oracle_gap_ratio", "gauge",
                     "BR-H's live spread over the offline Oracle bound's on the same window, minus 1", "ratio")
 
+COHORT_REQUESTS = Family("shadow_cohort_requests_total", "counter",
+                         "Finished requests as their clients saw them, by cohort (shadow: routed by shadow's "
+                         "policy; router: passed to the existing router) and result", "requests",
+                         ("cohort", "result"), {"cohort": COHORTS, "result": ("ok", "failed")},
+                         note="failed: an error that is not the client's own (429/5xx, pool TTL, upstream "
+                         "error, cut stream); a client's 4xx or cancel is not counted.")
+CANARY_FRACTION = Family("shadow_canary_step_fraction", "gauge",
+                         "Canary fraction of the step under analysis (0: no canary under analysis)", "ratio")
+CANARY_VERDICTS = Family("shadow_canary_verdicts_total", "counter", "Canary step verdicts, by verdict",
+                         "verdicts", ("verdict",), {"verdict": VERDICTS})
+CANARY_P = Family("shadow_canary_p_value", "gauge",
+                  "One-sided p-value of the last canary verdict's test that the canary is worse, by metric",
+                  "ratio", ("metric",), {"metric": METRICS},
+                  note="Fisher's exact test for error_rate, Mann-Whitney U for ttft, tpot and spread (batch "
+                  "means); absent when not tested.")
+
 #: Every family `ModeCollector` yields, in that order.
 FAMILIES = (MODE, TRANSITIONS, PINNED, FALLBACK, TRIPS, HOLDDOWN, POLICY, DEGRADED, CALIBRATION, LOOKUPS,
-            ORACLE_GAP)
+            ORACLE_GAP, COHORT_REQUESTS, CANARY_FRACTION, CANARY_VERDICTS, CANARY_P)
 
 
 class ModeCollector(DeclaredCollector):
@@ -66,3 +85,8 @@ class ModeCollector(DeclaredCollector):
         yield LOOKUPS.sampled({r: float(lookups.get(r, 0)) for r in LOOKUPS.closed("result")})
         gap = m["oracle_gap"]
         yield ORACLE_GAP.value(None if gap is None else float(gap))
+        yield COHORT_REQUESTS.sampled({key: float(n) for key, n in sorted(m["cohorts"].items())})
+        yield CANARY_FRACTION.value(float(m["canary_fraction"]))
+        yield CANARY_VERDICTS.sampled({v: float(m["canary_verdicts"].get(v, 0)) for v in VERDICTS})
+        figures = m["canary_p"]
+        yield CANARY_P.sampled({k: figures[k].get("p") for k in METRICS if isinstance(figures.get(k), dict)})

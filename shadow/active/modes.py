@@ -4,11 +4,14 @@ The operator sets a mode (`shadow`, `canary`, `active`, `fallback`), a policy an
 fraction at start (flag, config file, environment), through a watched flag file or the admin API;
 an invalid setting from any source means `shadow` (counted, reason `flag_error`). A mode the
 process cannot carry out (no active proxy: only `shadow`) is refused (`ModeUnavailable`). In
-`active`/`canary`, `Guards` trip automatic fallback to round-robin (fast) and recover after the
+`active`/`canary`, `Guards` (and the client-felt checks on what shadow-routed requests got) trip
+automatic fallback to round-robin (fast) and recover after the
 hold-down (slow), and `Degrade` steps BR-H down to BR-0 on predictor drift; an operator pin turns
 both off. `choose` is lock-free (one immutable plan, swapped on each change), so a change applies
 to new requests only. Every transition is logged (one line), counted, traced, and kept for
-`/v1/report`'s "mode".
+`/v1/report`'s "mode". With canary steps configured, a canary is analysed step by step
+(`CanaryAnalysis`): each verdict is a transition (canary_step, canary_promoted, canary_failed)
+carrying its figures, and a fallback trip during an analysed canary ends it in shadow.
 """
 
 from __future__ import annotations
@@ -20,10 +23,20 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from shadow.active.canary import CanaryAnalysis, CanaryConfig, Verdict
+from shadow.active.cohorts import (
+    FAILED_OUTCOMES,
+    ClientChecks,
+    ClientConfig,
+    CohortWindow,
+    Outcome,
+    client_fault,
+    cohort_of,
+)
 from shadow.active.fallback import Degrade, GuardConfig, Guards, Signals
 from shadow.contracts.modes import MODES, START_REASONS, RouteChoice
 from shadow.core.policies import active_policy
@@ -81,6 +94,8 @@ class ModeConfig:
     check_interval_s: float = 0.25
     oracle_interval_s: float = 60.0  # BR-H vs Oracle replay of the recent window (0: off)
     guards: GuardConfig = field(default_factory=GuardConfig)
+    clients: ClientConfig = field(default_factory=ClientConfig)
+    canary: CanaryConfig = field(default_factory=CanaryConfig)  # steps given: analysed canaries
     history: int = 100
     active_available: bool = True  # an active proxy carries out canary/active/fallback
     source: str = "default"  # where the mode at start came from (one of START_REASONS)
@@ -112,6 +127,12 @@ class ModeController:
         self._lock = threading.Lock()
         self.guards = Guards(c.guards)
         self.degrade = Degrade(c.guards)
+        self.cohorts = CohortWindow()
+        self.client_checks = ClientChecks(c.clients)
+        self.canary = CanaryAnalysis(c.canary) if c.canary.steps else None
+        self.canary_verdicts: dict[str, int] = {}
+        self.spread_base: deque[float] = deque(maxlen=2400)  # shadow mode's fleet spread, per check
+        self.spread_step: list[float] = []  # ... during the canary step under analysis
         self.mode = "shadow"
         self.policy = "br0"
         self.canary_fraction = 0.0
@@ -126,6 +147,7 @@ class ModeController:
         self.observed = {"decisions": 0, "slow_decisions": 0, "decision_errors": 0, "upstream_calls": 0,
                          "upstream_failures": 0}
         self._plan = _Plan(SHADOW, None)
+        self.gate: Callable[[], bool] | None = None  # replicas: True while this one leads
         self.last_writer = c.source
         source = c.source if c.source in START_REASONS else "default"
         try:
@@ -137,6 +159,9 @@ class ModeController:
     # -- ModeSource -------------------------------------------------------------------------------
 
     def choose(self, request_id: str) -> RouteChoice:
+        gate = self.gate
+        if gate is not None and not gate():  # a standby replica: the existing router routes
+            return SHADOW
         plan = self._plan
         if plan.canary is None or canary_point(request_id) < plan.canary:
             return plan.choice
@@ -172,6 +197,20 @@ class ModeController:
         except Exception:
             log.exception("shadow mode: on_upstream failed")
 
+    def on_request(self, mode: str, outcome: str, status: int | None, ttft_s: float | None,
+                   tpot_s: float | None) -> None:
+        try:
+            cohort = cohort_of(mode)
+            if cohort is None:
+                return
+            failed = outcome in FAILED_OUTCOMES and not client_fault(status)
+            if outcome != "ok" and not failed:  # the client's own: cancelled, or its 4xx
+                return
+            with self._lock:
+                self.cohorts.add(cohort, Outcome(self.clock(), failed, ttft_s, tpot_s))
+        except Exception:
+            log.exception("shadow mode: on_request failed")
+
     # -- operator sources -----------------------------------------------------------------------
 
     def unavailable(self, mode: str) -> str | None:
@@ -204,6 +243,7 @@ class ModeController:
                 self.canary_fraction = float(setting.canary_fraction)
             if setting.pin is not None:
                 self.pinned = setting.pin
+            self._canary_setting()
             if not self._guarded():  # pinned, shadow or operator fallback: automatic state off
                 self.guards.tripped = None
                 self.degrade.degraded = None
@@ -221,6 +261,7 @@ class ModeController:
             self.degrade.degraded = None
             self.last_error = message
             self.last_writer = "flag_error"
+            self._canary_setting()
             self._record(prev, "shadow", "flag_error", message)
 
     # -- health ---------------------------------------------------------------------------------
@@ -228,21 +269,83 @@ class ModeController:
     def check(self, signals: Signals) -> None:
         """Run the fallback and degrade checks on a health snapshot (the health poll calls this)."""
         with self._lock:
-            self.signals = signals
-            if not self._guarded():
-                return
             now = self.clock()
-            verdict = self.guards.evaluate(now, signals)
-            if verdict is not None:
-                kind, reason = verdict
-                if kind == "trip":
-                    self._enter_fallback(reason, _describe(reason, signals, self.config.guards))
-                else:
-                    self._record("fallback", self.mode, "recovered", "all checks pass after the hold-down")
-            if self.policy == "brh":
-                d = self.degrade.evaluate(now, signals)
-                if d is not None:
-                    self._degrade_changed(*d)
+            if signals.spread_tokens is not None:
+                if self.mode == "shadow":
+                    self.spread_base.append(signals.spread_tokens)
+                elif self.canary is not None and self.canary.running:
+                    self.spread_step.append(signals.spread_tokens)
+            if self._guarded():
+                signals = replace(signals, client=self.client_checks.failing(now, self.cohorts))
+            self.signals = signals
+            if self._guarded():
+                self._guard(now, signals)
+            self._analyse_canary(now)
+
+    def _guard(self, now: float, signals: Signals) -> None:
+        verdict = self.guards.evaluate(now, signals)
+        if verdict is not None:
+            kind, reason = verdict
+            if kind == "trip":
+                self._enter_fallback(reason, _describe(reason, signals, self.config.guards))
+            else:
+                self._record("fallback", self.mode, "recovered", "all checks pass after the hold-down")
+        if self.policy == "brh":
+            d = self.degrade.evaluate(now, signals)
+            if d is not None:
+                self._degrade_changed(*d)
+
+    # -- the canary analysis (lock held) --------------------------------------------------------
+
+    def _canary_setting(self) -> None:
+        """An operator setting: a canary starts its analysis (at the first step's fraction), any
+        other mode stops it."""
+        a = self.canary
+        if a is None:
+            return
+        if self.mode != "canary":
+            a.stop()
+        elif not a.running:
+            self.canary_fraction = a.start(self.clock())
+            self.spread_step = []
+
+    def _analyse_canary(self, now: float) -> None:
+        a = self.canary
+        if a is None or not a.running or self.mode != "canary":
+            return
+        if self._in_fallback:
+            self._canary_verdict(a.abort(now, f"fallback tripped ({self.guards.tripped})"), "fallback")
+            return
+        t0 = a.step_started
+        v = a.evaluate(now, self.cohorts.since("shadow", t0), self.cohorts.since("router", t0),
+                       self.spread_step, list(self.spread_base))
+        if v is not None:
+            self._canary_verdict(v)
+
+    def _canary_verdict(self, v: Verdict, prev: str = "canary") -> None:
+        self.canary_verdicts[v.verdict] = self.canary_verdicts.get(v.verdict, 0) + 1
+        if self.spans is not None:
+            try:
+                self.spans.canary_verdict(v.step, v.fraction, v.verdict, v.reason, v.figures)
+            except Exception:
+                log.exception("shadow mode: tracing the canary verdict failed")
+        line = "canary " + v.line()
+        if v.verdict == "pass":
+            assert self.canary is not None
+            self.canary_fraction = self.canary.fraction
+            self.spread_step = []
+            self._record("canary", "canary", "canary_step", line)
+        elif v.verdict == "promoted":
+            self.mode = "active"
+            self._record("canary", "active", "canary_promoted", line)
+        else:
+            self._end_canary(prev, line)
+
+    def _end_canary(self, prev: str, detail: str) -> None:
+        self.mode = "shadow"
+        self.guards.tripped = None
+        self.degrade.degraded = None
+        self._record(prev, "shadow", "canary_failed", detail)
 
     # -- internals (lock held) ------------------------------------------------------------------
 
@@ -293,7 +396,7 @@ class ModeController:
         def line() -> None:
             nonlocal logged
             logged = True
-            log.log(logging.WARNING if into == "fallback" else logging.INFO,
+            log.log(logging.WARNING if into == "fallback" or reason == "canary_failed" else logging.INFO,
                     "shadow mode: %s -> %s (reason=%s: %s)", prev, into, reason, detail,
                     extra={"mode_from": prev, "mode_to": into, "reason": reason})
 
@@ -344,6 +447,9 @@ class ModeController:
             "degradations": dict(self.degraded_total),
             "transitions": list(self.history),
             "transitions_total": {f"{m}/{r}": n for (m, r), n in self.transitions.items()},
+            "canary": ({**self.canary.report(), "baseline_samples": len(self.spread_base)}
+                       if self.canary is not None else None),
+            "cohorts": {f"{co}/{result}": n for (co, result), n in sorted(self.cohorts.counts.items())},
             "last_flag_error": self.last_error,
             "last_writer": self.last_writer,
             "active_routing": {
@@ -378,6 +484,10 @@ class ModeController:
                 "degraded": dict(self.degraded_total),
                 "calibration_error": self.signals.calibration_error,
                 "oracle_gap": self.signals.oracle_gap,
+                "canary_fraction": self.canary.fraction if self.canary is not None else 0.0,
+                "canary_verdicts": dict(self.canary_verdicts),
+                "canary_p": self.canary.verdicts[-1].figures if self.canary and self.canary.verdicts else {},
+                "cohorts": dict(self.cohorts.counts),
             }
 
 
@@ -392,6 +502,8 @@ def _describe(reason: str, s: Signals, c: GuardConfig) -> str:
         return f"mirror drift over {c.drift_requests:g} requests: {bad}"
     if reason == "decision_slow":
         return f"{c.slow_count} decisions over {c.decision_budget_s * 1e3:g} ms within {c.slow_window_s:g} s"
+    if s.client is not None and s.client[0] == reason:
+        return s.client[1]
     return reason
 
 

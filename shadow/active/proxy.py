@@ -40,6 +40,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive
 
+from shadow.active.cohorts import client_fault
 from shadow.active.dispatcher import DispatchConfig, Dispatcher, PoolExpired
 from shadow.active.ledger import Ledger, LoadSource, NoSource
 from shadow.active.metrics import ActiveMetrics
@@ -379,8 +380,11 @@ class ActiveProxy:
             h["Authorization"] = f"Bearer {self.config.api_key}"
         return inject(h)
 
-    def _count(self, mode: str, policy: str, outcome: str) -> None:
+    def _count(self, mode: str, policy: str, outcome: str, status: int | None = None,
+               ttft_s: float | None = None, tpot_s: float | None = None) -> None:
+        """One request ended: counted, and reported to the mode source as its client saw it."""
         self.metrics.requests.labels(mode, policy, outcome).inc()
+        self.modes.on_request(mode, outcome, status, ttft_s, tpot_s)
 
     # -- the request -------------------------------------------------------------------------
     async def _read_body(self, request: Request) -> bytes | None:
@@ -433,7 +437,7 @@ class ActiveProxy:
             self.errors["client_gone"] += 1
             return Response(status_code=499)
         if raw is None:
-            self._count(mode, policy, "rejected")
+            self._count(mode, policy, "rejected", 413)
             return self._error(413, f"request body over {self.config.max_body_bytes} bytes", "too_large")
         if mode == "shadow" and self.router_url is not None:
             return await self._passthrough(request, raw, rid)
@@ -442,7 +446,7 @@ class ActiveProxy:
         except orjson.JSONDecodeError:
             body = None
         if not isinstance(body, dict):
-            self._count(mode, policy, "rejected")
+            self._count(mode, policy, "rejected", 400)
             return self._error(400, "request body must be a JSON object", "bad_request")
         est = estimate_prompt_tokens(body)
         flow = _Flow(
@@ -477,7 +481,7 @@ class ActiveProxy:
                 else:
                     log.warning("request failed (%s): %s leg, worker %s", f.status, f.leg, f.worker or "-",
                                 extra={"kind": f.kind, "request_id": flow.rid, "mode": flow.mode})
-                self._count(flow.mode, flow.policy, "rejected" if refused else "upstream_error")
+                self._count(flow.mode, flow.policy, "rejected" if refused else "upstream_error", f.status)
                 return Response(
                     f.content, status_code=f.status, media_type=f.media, headers={"X-Request-Id": flow.rid}
                 )
@@ -736,12 +740,12 @@ class ActiveProxy:
                 upstream = await self._attempts(flow, asyncio.get_running_loop().create_future())
             except _Failed as f:
                 self.errors[f.kind] += 1
-                self._count(flow.mode, flow.policy, "upstream_error")
+                self._count(flow.mode, flow.policy, "upstream_error", f.status)
                 return Response(f.content, status_code=f.status, media_type=f.media)
         elapsed = time.perf_counter() - flow.t0
         self.metrics.first_token.labels(flow.mode, flow.bucket).observe(elapsed, exemplar())
         self.metrics.completion.labels(flow.mode, flow.bucket).observe(elapsed, exemplar())
-        self._count(flow.mode, flow.policy, outcome)
+        self._count(flow.mode, flow.policy, outcome, 200 if outcome == "ok" else 502, elapsed)
         if outcome != "ok":
             return self._error(502, "decode answer broke off", "decode_stream", flow.rid)
         return Response(
@@ -848,10 +852,11 @@ class ActiveProxy:
                 self._decode_over(flow, events if outcome == "ok" else None)
             t_end = time.perf_counter()
             self.metrics.completion.labels(flow.mode, flow.bucket).observe(t_end - flow.t0, exemplar())
-            if outcome == "ok" and events > 1 and t_first:
-                tpot = (t_end - t_first) / (events - 1)
+            tpot = (t_end - t_first) / (events - 1) if outcome == "ok" and events > 1 and t_first else None
+            if tpot is not None:
                 self.metrics.tpot.labels(flow.mode, flow.bucket).observe(tpot, exemplar())
-            self._count(flow.mode, flow.policy, outcome)
+            self._count(flow.mode, flow.policy, outcome, 200 if outcome != "upstream_error" else 502,
+                        t_first - flow.t0 if t_first else None, tpot)
         if cut_reason:  # a stream that ended early is an error the client sees: no clean end
             self.cut[("decode", cut_reason)] += 1
             yield _cut_event("decode", cut_reason, tail)
@@ -885,12 +890,12 @@ class ActiveProxy:
                 await asyncio.sleep(self.config.retry_delay_s * (2**attempt))
             except httpx.HTTPError as exc:  # written: the router may be running it, never sent again
                 self._upstream_failed("router", "router")
-                self._count("shadow", "router", "upstream_error")
+                self._count("shadow", "router", "upstream_error", 502)
                 return self._error(
                     502, f"router failed before answering: {type(exc).__name__}", "router_no_answer"
                 )
         if upstream is None:
-            self._count("shadow", "router", "upstream_error")
+            self._count("shadow", "router", "upstream_error", 502)
             return self._error(502, "router unreachable", "router_unreachable")
         self.modes.on_upstream("router", "router", upstream.status_code < 500)
         out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
@@ -926,14 +931,16 @@ class ActiveProxy:
                     outcome = "ok"
                 await upstream.aclose()
                 self.metrics.inflight.labels("router", "router").dec()
-                self._count("shadow", "router", outcome)
+                t_end = time.perf_counter()
+                tpot = None
                 if outcome == "ok":  # as the active path records them, so the two modes compare
-                    t_end = time.perf_counter()
                     self.metrics.completion.labels("shadow", bucket).observe(t_end - t0, exemplar())
                     tokens = events - (b"[DONE]" in tail)
                     if tokens > 1:
                         tpot = (t_end - t_first) / (tokens - 1)
                         self.metrics.tpot.labels("shadow", bucket).observe(tpot, exemplar())
+                self._count("shadow", "router", outcome, 502 if broke else upstream.status_code,
+                            t_first - t0 if t_first else None, tpot)
             if broke:  # the router's answer broke off: the client sees an error, never a clean end
                 self.cut[("router", "upstream_broke")] += 1
                 if sse:
@@ -941,12 +948,6 @@ class ActiveProxy:
                 raise _StreamCut
 
         return _Relay(relay(), status_code=upstream.status_code, headers=out_headers)
-
-
-def client_fault(status: int) -> bool:
-    """An upstream's answer that blames the request (4xx but 429: overload is the upstream's own),
-    so it says nothing against the upstream: counted as the client's, never towards fallback."""
-    return 400 <= status < 500 and status != 429
 
 
 def _stream_done(tail: bytes) -> bool:

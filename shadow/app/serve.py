@@ -28,13 +28,17 @@ from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client.registry import Collector
 
 from shadow.active.control import ModeControl
+from shadow.active.etcdlease import EtcdLease
 from shadow.active.health import UNREACHABLE, HealthPoll, HealthReader
+from shadow.active.leader import LeaderElector
+from shadow.active.lease import LeaseConfig
 from shadow.active.ledger import MirrorSource
 from shadow.active.modes import ModeConfig
 from shadow.active.oraclegap import OracleGap
 from shadow.active.proxy import ActiveConfig, ActiveProxy
 from shadow.app.process import announce, stop_event
 from shadow.base.listener import AsgiListener, ListenerLimits
+from shadow.base.loopthread import LoopThread
 from shadow.base.runtime import loop_runner, raise_fd_limit
 from shadow.contracts.modes import ModeSource, StaticModeSource
 from shadow.core.params import BRParams
@@ -92,6 +96,16 @@ class ActiveSettings:
 
 
 @dataclass
+class LeaseSettings:
+    """Replicas of `shadow serve --active`: the leader lease on etcd (`--lease-etcd`)."""
+
+    endpoint: str
+    key: str = "/shadow/leader"
+    holder: str = ""
+    ttl_s: float = 2.0
+
+
+@dataclass
 class ServeConfig:
     """What `shadow serve` is told: the tap configuration plus the live lanes'."""
 
@@ -108,6 +122,7 @@ class ServeConfig:
     mode_config: ModeConfig | None = None  # the mode controller (active routing); None: none
     active: ActiveSettings | None = None  # --active: the front listener is shadow's own proxy
     drain_timeout_s: float = 30.0  # on a stop signal: how long requests in flight may take to finish
+    lease: LeaseSettings | None = None  # replicas: only the lease holder routes, standbys pass on
 
     def validate(self) -> None:
         check_policies(self.policies)
@@ -205,6 +220,12 @@ class ServeService:
             if self.mode_control is not None
             else StaticModeSource("active", config.active.policy if config.active is not None else "br0")
         )
+        self.elector = self._elector(config)
+        # the lease on a loop of its own: a busy analysis loop must not delay the renewals
+        self._lease_loop = LoopThread("shadow-lease") if self.elector is not None else None
+        self._lease_task: asyncio.Task[None] | None = None
+        if self.elector is not None and self.mode_control is not None:
+            self.mode_control.controller.gate = self.elector.leader
         self.proxy: ActiveProxy | None = None
         self._proxy_server: AsgiListener | None = None
         self._jobs: list[asyncio.Task[None]] = []
@@ -218,6 +239,17 @@ class ServeService:
             step_source="default" if default else "configured", lag_s=c.lag_s, br=live.config.br,
             seed=live.config.seed,
         )
+
+    def _elector(self, config: ServeConfig) -> LeaderElector | None:
+        ls = config.lease
+        if ls is None:
+            return None
+        if config.active is None or not config.tap.front or self.mode_control is None:
+            raise ValueError("--lease-etcd needs --active and a --front router: a standby replica passes "
+                             "requests to the existing router")
+        lc = LeaseConfig(ttl_s=ls.ttl_s)
+        lc.validate()
+        return LeaderElector(EtcdLease(ls.endpoint, ls.key), ls.holder, lc)
 
     def _analysis_jobs(self) -> list[Job]:
         """What runs on the mirror's analysis loop beside it (where the reconciler lives)."""
@@ -241,6 +273,8 @@ class ServeService:
             report["warnings"] = [*report.get("warnings", []), outputs["warning"]]
         if self.mode_control is not None:
             report = {**report, "mode": self.mode_control.report()}
+        if self.elector is not None:
+            report = {**report, "leader": self.elector.report()}
         return JSONResponse(report)
 
     async def start(self) -> dict[str, Any]:
@@ -251,7 +285,19 @@ class ServeService:
             await asyncio.wrap_future(self.tap.analysis.submit(self._spawn(jobs)))
         if self.config.active is not None:
             ready["active"] = await self._start_active(ready["taps"])
+        if self._lease_loop is not None:
+            self._lease_loop.start()
+            await asyncio.wrap_future(self._lease_loop.submit(self._lease_start()))
         return ready
+
+    async def _lease_start(self) -> None:  # on the lease loop
+        assert self.elector is not None
+        self._lease_task = asyncio.create_task(self.elector.run())
+
+    async def _lease_stop(self) -> None:  # on the lease loop: stop leading, release the lease
+        if self._lease_task is not None:
+            self._lease_task.cancel()
+            await asyncio.gather(self._lease_task, return_exceptions=True)
 
     async def _spawn(self, jobs: list[Job]) -> None:
         self._jobs += [asyncio.create_task(job()) for job in jobs]
@@ -319,6 +365,9 @@ class ServeService:
         with what is left), cut the rest, then end everything."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + drain_timeout_s
+        if self._lease_loop is not None and self._lease_loop.running:  # no new requests routed here
+            await asyncio.wrap_future(self._lease_loop.submit(self._lease_stop()))
+            await asyncio.to_thread(self._lease_loop.stop)
         if self._proxy_server is not None:
             await self._proxy_server.stop(grace_s=drain_timeout_s)
         if self._jobs and self.tap.analysis.running:

@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
+from shadow.active.canary import CanaryConfig
+from shadow.active.cohorts import ClientConfig
 from shadow.active.fallback import GuardConfig
 from shadow.active.modes import ModeConfig
 from shadow.app import serve as serve_app
-from shadow.app.serve import ActiveSettings, ServeConfig, check_policies
+from shadow.app.serve import ActiveSettings, LeaseSettings, ServeConfig, check_policies
 from shadow.commands import tap as tap_cmd
 from shadow.commands._flags import add_flags, fields, flag
 from shadow.commands._layered import explicit_only, given, origin, resolve
@@ -133,6 +136,53 @@ GUARD_FLAGS = (
 )
 
 
+#: The client-felt fallback checks' flags, each filling a `ClientConfig` field.
+CLIENT_FLAGS = (
+    flag("--trip-client-error-rate", "client_error_rate", "fraction of shadow-routed requests failing for "
+         "their clients (rejections, upstream errors, cut streams, timeouts; not a client's own 4xx) over "
+         "--trip-client-window that trips fallback (default 0.2) ...", default=0.2, **FRACTION),
+    flag("--trip-client-min-requests", "client_min_requests", "... given at least N of them (default 20)",
+         default=20, **COUNT),
+    flag("--trip-client-window", "client_window_s", "window of the client-felt checks (default 30)",
+         default=30.0, **SECONDS),
+    flag("--trip-slo-ratio", "slo_ratio", "shadow-routed TTFT or TPOT P50 over this many times the router-"
+         "routed one (same window in canary, the recent shadow-mode baseline in active) trips fallback "
+         "(default 2.0) ...", type=float, default=2.0, metavar="RATIO"),
+    flag("--trip-slo-min-requests", "slo_min_requests", "... given N requests on both sides (default 30)",
+         default=30, **COUNT),
+)
+
+#: The canary analysis' flags, each filling a `CanaryConfig` field (--canary-steps: a list).
+CANARY_FLAGS = (
+    flag("--canary-steps", None, "analysed canary: comma-separated increasing fractions (e.g. "
+         "0.01,0.05,0.25); mode canary then runs each step, promoted to the next (and after the last to "
+         "active) only when the canary cohort is no worse than the router cohort, else back to shadow with "
+         "the reason (default: none, canary stays at --canary-fraction)", metavar="F,F,..."),
+    flag("--canary-min-requests", "min_requests", "finished requests each cohort needs in a step before "
+         "its verdict (default 100)", default=100, **COUNT),
+    flag("--canary-min-step", "min_step_s", "shortest step (default 30)", default=30.0, **SECONDS),
+    flag("--canary-max-step", "max_step_s", "a step without enough requests by then ends the canary "
+         "(default 900)", default=900.0, **SECONDS),
+    flag("--canary-alpha", "alpha", "level of the one-sided tests (Fisher's exact for errors, Mann-Whitney "
+         "U for TTFT and TPOT; the fleet's spread is reported, not judged) (default 0.05)", default=0.05,
+         **FRACTION),
+    flag("--canary-error-margin", "error_margin", "error rate the canary may exceed the router's by "
+         "(absolute, default 0.01)", default=0.01, **FRACTION),
+    flag("--canary-latency-margin", "latency_margin", "TTFT/TPOT P50 ratio over 1 the canary may show "
+         "(default 0.1)", type=float, default=0.10, metavar="RATIO"),
+)
+
+
+def canary_steps(text: str | None) -> tuple[float, ...]:
+    """--canary-steps as fractions (ValueError naming the flag)."""
+    if not text:
+        return ()
+    try:
+        return tuple(float(x) for x in str(text).split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"--canary-steps must be comma-separated fractions, got {text!r}") from None
+
+
 def add_mode_arguments(p: argparse.ArgumentParser) -> None:
     """The mode controller's flags: modes, the admin API, automatic fallback."""
     g = p.add_argument_group(
@@ -166,6 +216,8 @@ def add_mode_arguments(p: argparse.ArgumentParser) -> None:
                    "SHADOW_SERVE_ADMIN_TOKEN: flags show in ps); without one, PUT /v1/mode is off")
     g.add_argument("--admin-token-file", metavar="FILE", help="read the admin token from FILE")
     add_flags(g, GUARD_FLAGS)
+    add_flags(g, CLIENT_FLAGS)
+    add_flags(g, CANARY_FLAGS)
     g.add_argument("--oracle-interval", type=float, default=60.0, metavar="SECONDS",
                    help="how often BR-H and the Oracle are replayed on the last 300 finished requests "
                    "(CPU: ~0.3 s a run; 0 = off) (default 60)")
@@ -194,6 +246,13 @@ def mode_config_from_args(args: argparse.Namespace) -> ModeConfig | None:
         return None
     guards = GuardConfig(**fields(args, GUARD_FLAGS), upstream_window_s=args.trip_window)
     guards.validate()
+    clients = ClientConfig(**fields(args, CLIENT_FLAGS))
+    clients.validate()
+    canary = CanaryConfig(steps=canary_steps(args.canary_steps), **fields(args, CANARY_FLAGS))
+    try:
+        canary.validate()
+    except ValueError as exc:
+        raise ValueError(f"--canary-*: {exc}") from None
     active = getattr(args, "active", False)
     return ModeConfig(
         mode=str(args.mode or ("active" if active and not getattr(args, "front", None) else "shadow")),
@@ -206,6 +265,8 @@ def mode_config_from_args(args: argparse.Namespace) -> ModeConfig | None:
         check_interval_s=args.mode_check_interval,
         oracle_interval_s=args.oracle_interval,
         guards=guards,
+        clients=clients,
+        canary=canary,
         source=origin(args, "mode").split(" ")[0],
         source_detail=", ".join(f"{name} from {origin(args, dest)}" for name, dest in MODE_VALUES
                                 if origin(args, dest) != "default"),
@@ -255,6 +316,19 @@ ACTIVE_FLAGS = (
 )
 
 
+#: Replicas' leader lease flags, each filling a `LeaseSettings` field.
+LEASE_FLAGS = (
+    flag("--lease-etcd", "endpoint", "replicas: etcd's client URL (its v3 JSON gateway); only the holder of "
+         "the leader lease routes, the others (standbys) pass every request to the --front router until "
+         "the lease lapses and one of them takes it", metavar="URL"),
+    flag("--lease-key", "key", "the lease's etcd key, one per fleet (default /shadow/leader)",
+         default="/shadow/leader"),
+    flag("--lease-ttl", "ttl_s", "lease TTL in whole seconds (>= 2: etcd's minimum); renewed every TTL/3, "
+         "and a replica stops routing TTL/4 before its lease can lapse (default 2)", default=2.0, **SECONDS),
+    flag("--replica-id", "holder", "this replica's name in the lease (default HOSTNAME-PID)", metavar="NAME"),
+)
+
+
 def add_active_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of the active proxy (`--active`): its listener, policy and bounds."""
     g = p.add_argument_group("active routing (--active: the front listener is shadow's own P/D proxy)")
@@ -263,6 +337,16 @@ def add_active_arguments(p: argparse.ArgumentParser) -> None:
                    "requests to the --front router, in active/fallback it routes the P/D flow itself "
                    "through the taps (its URL is `active` in the ready line)")
     add_flags(g, ACTIVE_FLAGS)
+    add_flags(p.add_argument_group("replicas (leader lease)"), LEASE_FLAGS)
+
+
+def lease_settings(args: argparse.Namespace) -> LeaseSettings | None:
+    if not getattr(args, "lease_etcd", None):
+        return None
+    got = fields(args, LEASE_FLAGS)
+    if not got.get("holder"):
+        got["holder"] = f"{socket.gethostname()}-{os.getpid()}"
+    return LeaseSettings(**got)
 
 
 def active_settings(args: argparse.Namespace) -> ActiveSettings | None:
@@ -319,6 +403,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         mode_config=mode_config_from_args(args),
         active=active_settings(args),
         drain_timeout_s=args.drain_timeout,
+        lease=lease_settings(args),
     )
 
 

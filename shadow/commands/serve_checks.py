@@ -32,8 +32,20 @@ def open_fraction(v: float) -> bool:
     return math.isfinite(v) and 0 < v <= 1
 
 
+def open_unit(v: float) -> bool:
+    return math.isfinite(v) and 0 < v < 1
+
+
+def over_one(v: float) -> bool:
+    return math.isfinite(v) and v > 1
+
+
 def at_least_one(v: float) -> bool:
     return v >= 1
+
+
+def at_least_two(v: float) -> bool:
+    return v >= 2
 
 
 #: (option dest, rule, what the rule asks) for the numbers: seconds, fractions and counts.
@@ -63,6 +75,17 @@ NUMBERS: tuple[tuple[str, Rule, str], ...] = (
     ("transfer_cap", at_least_one, ">= 1"),
     ("dispatch_ahead", non_negative, ">= 0"),
     ("kv_pause", open_fraction, "a fraction in (0, 1]"),
+    ("trip_client_error_rate", open_fraction, "a fraction in (0, 1]"),
+    ("trip_client_min_requests", at_least_one, ">= 1"),
+    ("trip_client_window", positive, "> 0 s"),
+    ("trip_slo_ratio", over_one, "> 1"),
+    ("trip_slo_min_requests", at_least_one, ">= 1"),
+    ("canary_min_requests", at_least_two, ">= 2"),
+    ("canary_min_step", positive, "> 0 s"),
+    ("canary_max_step", positive, "> 0 s"),
+    ("canary_alpha", open_unit, "in (0, 1)"),
+    ("canary_error_margin", non_negative, ">= 0"),
+    ("canary_latency_margin", non_negative, ">= 0"),
     ("kv_resume", open_fraction, "a fraction in (0, 1]"),
 )
 

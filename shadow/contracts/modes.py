@@ -4,7 +4,8 @@ The proxy asks `ModeSource.choose(request_id)` once per new request and routes i
 `shadow` passes it to the existing router, `active` runs the P/D flow with `policy`, `fallback`
 runs it with round-robin. A canary fraction is resolved by the source (a request-id hash), so the
 proxy only ever sees the three effective modes. The request keeps that choice until it ends.
-The proxy reports what happened (`on_decision`, `on_upstream`) so the source can trip fallback.
+The proxy reports what happened (`on_decision`, `on_upstream`, and how each request ended for its
+client, `on_request`) so the source can trip fallback and judge a canary.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ TRANSITION_REASONS: tuple[str, ...] = (
     "telemetry_stale",  # worker telemetry older than allowed
     "upstream_errors",  # upstream failure rate over threshold
     "worker_down",  # a worker unreachable
+    "client_errors",  # shadow-routed requests failing for their clients over the threshold
+    "slo_regression",  # shadow-routed TTFT or TPOT P50 over the threshold times the router's
+    "canary_step",  # a canary step passed its analysis: the next step's fraction
+    "canary_promoted",  # the last canary step passed: active
+    "canary_failed",  # a canary step failed its analysis (or fallback tripped): back to shadow
     "recovered",  # hold-down expired and all checks pass: back to the configured mode
 )
 
@@ -66,6 +72,12 @@ class ModeSource(Protocol):
         """One upstream call (leg = prefill | decode | router) succeeded or failed."""
         ...
 
+    def on_request(self, mode: str, outcome: str, status: int | None, ttft_s: float | None,
+                   tpot_s: float | None) -> None:
+        """A request routed in `mode` ended with `outcome` (OUTCOMES) and the HTTP `status` its
+        client got; its time to first token and per output token when streamed."""
+        ...
+
 
 class StaticModeSource:
     """A fixed choice, for tests and for a proxy run without a controller."""
@@ -81,4 +93,8 @@ class StaticModeSource:
         return None
 
     def on_upstream(self, worker: str, leg: str, ok: bool) -> None:
+        return None
+
+    def on_request(self, mode: str, outcome: str, status: int | None, ttft_s: float | None,
+                   tpot_s: float | None) -> None:
         return None

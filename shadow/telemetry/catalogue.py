@@ -49,14 +49,17 @@ LABELS: dict[str, str] = {
     "outcome": "how an actively routed request or a probed engine step ended",
     "prompt_bucket": "prompt length in tokens, bucketed",
     "round_stage": "BalanceRoute's two stages within a routing round",
-    "result": "whether a predictor prompt-key lookup found the key",
+    "result": "whether a predictor prompt-key lookup found the key; ok | failed for a cohort's requests",
+    "cohort": "shadow (routed by shadow's policy) | router (passed to the existing router)",
+    "metric": "what a canary test compared: error_rate | ttft | tpot | spread",
     "backend": "`shadow router`'s configured backend names",
     "listener": "one of shadow's own listeners: api (the API/admin port), active (the proxy's client port)",
     "version": "shadow's version (one per running build)",
     "python": "the Python version running shadow",
     "figure": "a live lane figure compared with the actual lane: spread | imbalance | idle | throughput",
     "bound": "mean | low | high: a ratio and its 95% interval's bounds",
-    "verdict": "better | no significant difference | worse | too few windows | not trustworthy",
+    "verdict": "better | no significant difference | worse | too few windows | not trustworthy (live "
+    "comparisons); pass | fail | promoted (a canary step)",
 }
 
 _HIST_SUFFIXES = ("_bucket", "_sum", "_count", "_created")

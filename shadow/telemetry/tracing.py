@@ -28,7 +28,7 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, MutableSequence, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -340,6 +340,20 @@ class RoutingSpans:
             span.record_exception(error)
             span.set_status(trace.Status(trace.StatusCode.ERROR, type(error).__name__))
         span.end()
+
+    def canary_verdict(self, step: int, fraction: float, verdict: str, reason: str,
+                       figures: Mapping[str, Any]) -> None:
+        """A canary step's verdict, with each metric's cohorts and p-value as attributes."""
+        attributes: dict[str, Any] = {attrs.CANARY_STEP: step, attrs.CANARY_FRACTION: fraction,
+                                      attrs.CANARY_VERDICT: verdict, attrs.CANARY_REASON: reason}
+        for metric, fig in figures.items():
+            if isinstance(fig, Mapping):
+                for k, v in fig.items():
+                    if isinstance(v, int | float | str) and not isinstance(v, bool):
+                        attributes[f"shadow.canary.{metric}.{k}"] = v
+        with self.tracer.start_as_current_span("shadow.canary.verdict", kind=trace.SpanKind.INTERNAL,
+                                               attributes=attributes):
+            pass
 
     def mode_transition(self, from_mode: str, to_mode: str, reason: str,
                         inside: Callable[[], None] | None = None) -> None:

@@ -231,6 +231,10 @@ def test_prometheus_families_follow_the_coordination_table() -> None:
         "shadow_predictor_calibration_error": ("gauge", set()),
         "shadow_predictor_key_lookups": ("counter", {"result"}),
         "shadow_predictor_oracle_gap_ratio": ("gauge", set()),
+        "shadow_cohort_requests": ("counter", {"cohort", "result"}),
+        "shadow_canary_step_fraction": ("gauge", set()),
+        "shadow_canary_verdicts": ("counter", {"verdict"}),
+        "shadow_canary_p_value": ("gauge", {"metric"}),
     }
     assert set(fams) == set(want)
     for name, (typ, labels) in want.items():

@@ -90,6 +90,10 @@ def test_active_routing_metrics_are_the_coordinated_table() -> None:
         "shadow_router_worker_up": ("gauge", ("worker",)),
         "shadow_predictor_key_lookups_total": ("counter", ("result",)),
         "shadow_predictor_oracle_gap_ratio": ("gauge", ()),
+        "shadow_cohort_requests_total": ("counter", ("cohort", "result")),
+        "shadow_canary_step_fraction": ("gauge", ()),
+        "shadow_canary_verdicts_total": ("counter", ("verdict",)),
+        "shadow_canary_p_value": ("gauge", ("metric",)),
     }
     got = {m.name: (m.type, m.labels) for m in CATALOGUE if m.only == "active"}
     assert got == expected

@@ -94,7 +94,8 @@ def _collectors() -> list[tuple[DeclaredCollector, tuple[Family, ...]]]:
     live = SimpleNamespace(report=lambda: {"lanes": {}, "step_model": {}, "step_histogram": {}})
     ctrl = SimpleNamespace(metrics=lambda: {
         "mode": "shadow", "transitions": {}, "pinned": False, "fallback": False, "trips": {}, "holddown_s": 0,
-        "policy": "router", "degraded": {}, "calibration_error": None, "oracle_gap": None})
+        "policy": "router", "degraded": {}, "calibration_error": None, "oracle_gap": None,
+        "canary_fraction": 0.0, "canary_verdicts": {}, "canary_p": {}, "cohorts": {}})
     proxy = SimpleNamespace(prefill=SimpleNamespace(prefillers=[]), decode_names=[], errors={})
     clock = SimpleNamespace(steps=0, last_step_s=0.0, last_max_load=0, sum_spread=0,
                             step_hist=fleet_metrics.Hist(()))
