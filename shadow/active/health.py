@@ -26,6 +26,10 @@ log = logging.getLogger("shadow.active.health")
 
 #: Scrape errors that mean "nothing listens there" (httpx exception names).
 UNREACHABLE = frozenset({"ConnectError", "ConnectTimeout"})
+#: ... of which a refused connection is unambiguous; a connect timeout can be a loaded host, so it
+#: counts only after this many failed scrapes in a row (as the health check, which reads more often
+#: than the scrapes run, sees them).
+TIMEOUT_ROUNDS = 2
 
 
 def net_gain(lanes: Mapping[str, Any]) -> tuple[float | None, int]:
@@ -59,6 +63,7 @@ class HealthReader:
         self.calibration = calibration
         self.started = started
         self.oracle_gap: float | None = None  # set by the oracle replay (HealthPoll)
+        self._timeouts: dict[str, int] = {}  # worker -> its error count at the first timeout in a row
 
     def read(self, now: float) -> Signals:
         drift: dict[str, float] = {}
@@ -70,8 +75,14 @@ class HealthReader:
                 if w.drift_requests is not None:
                     drift[name] = float(w.drift_requests)
                 ages[name] = now - (w.last_ok if w.last_ok is not None else self.started)
-                if w.last_error in UNREACHABLE:
-                    down.add(name)
+                if w.last_error == "ConnectTimeout":
+                    first = self._timeouts.setdefault(name, w.errors)
+                    if w.errors - first + 1 >= TIMEOUT_ROUNDS:
+                        down.add(name)
+                else:
+                    self._timeouts.pop(name, None)
+                    if w.last_error in UNREACHABLE:
+                        down.add(name)
         cal, n = None, 0
         if self.calibration is not None:
             self.calibration.update()
