@@ -186,7 +186,8 @@ def main() -> None:
         )
         procs.append(fleet)
         decode = read_json_line(fleet, "fleet", 60)["decode"]
-        args = ["serve", "--slots", "64", "--active", "--active-policy", "br0", "--scrape-interval", "1"]
+        args = ["serve", "--slots", "64", "--active", "--active-policy", "br0", "--scrape-interval", "1",
+                "--stop-taps"]  # its tap group ends with it
         for i, u in enumerate(decode):
             args += ["--upstream", f"d{i}={u}"]
         serve = subprocess.Popen(shadow_argv(*args), stdout=subprocess.PIPE, text=True)

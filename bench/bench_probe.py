@@ -98,7 +98,7 @@ def main() -> int:
     logs.mkdir(parents=True)
     result: dict[str, Any] = {"model_size": args.model_size, "streams": args.streams, "tokens": args.tokens}
     argv = shadow_argv("serve", "--upstream", "d0=http://127.0.0.1:9", "--slots", "64",
-                       "--events-token", TOKEN)
+                       "--events-token", TOKEN, "--state-dir", str(logs / "state"), "--stop-taps")
     serve = Child("shadow serve", argv, logs / "serve.log")
     fleets = {
         "on": VllmFleet(VllmFleetConfig(decode=1, model_size=args.model_size, cores=(args.core,),

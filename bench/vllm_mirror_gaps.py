@@ -176,7 +176,7 @@ def main() -> int:
     logs = Path(f"/tmp/shadow-bench-vllm-{int(time.time())}")
     logs.mkdir(parents=True)
     argv = shadow_argv("serve", *upstreams, "--slots", "64", "--events-token", TOKEN,
-                       "--scrape-interval", "0.5")
+                       "--scrape-interval", "0.5", "--state-dir", str(logs / "state"), "--stop-taps")
     serve = Child("shadow serve", argv, logs / "serve.log")
     out: dict[str, Any] = {"model_size": args.model_size, "decode": args.decode,
                            "max_tokens": args.max_tokens}

@@ -1,4 +1,5 @@
-"""Hypothesis profiles for the whole suite, chosen by the SHADOW_HYPOTHESIS_PROFILE variable.
+"""Hypothesis profiles for the whole suite, chosen by the SHADOW_HYPOTHESIS_PROFILE variable, and
+a state directory of its own for every test.
 
 `default`: each test's own settings (the normal suite). `mutation` (set by scripts/mutation.sh):
 every property test runs at most SHADOW_MUTATION_MAX_EXAMPLES examples (default 30, also capping
@@ -11,9 +12,13 @@ already found smaller, and re-runs the test hundreds of times doing so).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import Phase, settings
+
+from tests.harness import stop_tap_groups
 
 PROFILE_VAR = "SHADOW_HYPOTHESIS_PROFILE"
 MUTATION = "mutation"
@@ -47,3 +52,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 database=None,
                 phases=cap.phases,
             )
+
+
+@pytest.fixture(autouse=True)
+def state_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Every test's processes keep their state (tap groups, the prompt-key secret) in a directory
+    of their own (SHADOW_STATE_DIR); the tap groups still running there afterwards are stopped
+    (`shadow serve` leaves the groups it started serving on purpose: they outlive it)."""
+    d = tmp_path_factory.mktemp("state")
+    monkeypatch.setenv("SHADOW_STATE_DIR", str(d))
+    yield d
+    stop_tap_groups(d)

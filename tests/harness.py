@@ -4,8 +4,12 @@ loop thread of its own (`shadow.base.loopthread.LoopThread`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import time
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 from opentelemetry.sdk.trace import TracerProvider
@@ -13,9 +17,33 @@ from opentelemetry.sdk.trace import TracerProvider
 from shadow.app.serve import ServeConfig, ServeService
 from shadow.base.loopthread import LoopThread
 from shadow.fleet import Fleet, FleetConfig
+from shadow.mirror.rundir import groups, pid_alive
 from shadow.mirror.service import TapConfig, TapService
+from shadow.mirror.supervisor import control
 
 T = TypeVar("T")
+
+
+def stop_tap_groups(state_dir: Path, timeout_s: float = 20.0) -> list[str]:
+    """Stop every tap group running under `state_dir` (drain, then SIGKILL after `timeout_s`);
+    the names of those that were running."""
+    stopped = []
+    for rd in groups(state_dir):
+        rec = rd.read() or {}
+        pids = [int(p) for p in (rec.get("pid"), rec.get("relay_pid")) if p]
+        if not rd.locked_by_someone():
+            continue
+        stopped.append(rd.name)
+        with contextlib.suppress(OSError):
+            control(rd, "stop", timeout_s=5.0)
+        deadline = time.monotonic() + timeout_s
+        while rd.locked_by_someone() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for pid in pids:
+            if pid_alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+    return stopped
 
 
 class FleetThread:

@@ -71,11 +71,18 @@ WORKER_UP = Family("shadow_router_worker_up", "gauge",
                    "source says so), as of the last routing round", "boolean", ("worker",))
 STARVATION = Family("shadow_pool_starvation_guard_total", "counter",
                     "pool entries dispatched by the age (starvation) guard", "requests")
+#: Why the proxy cut a stream it had started relaying (`upstream_broke`: the upstream's body broke
+#: off; a recomputed stream with `no_continuation` possible or whose `continuation_failed`).
+CUT_REASONS = ("upstream_broke", "no_continuation", "continuation_failed")
+STREAMS_CUT = Family("shadow_router_streams_cut_total", "counter",
+                     "client streams cut after their first byte (an SSE error event, then an aborted body), "
+                     "by leg and reason", "requests", ("leg", "reason"), {"leg": LEGS, "reason": CUT_REASONS})
 
 #: Every family `ActiveMetrics` registers, in the order it registers them.
 FAMILIES = (REQUESTS, DECISION, UPSTREAM_ERRORS, RETRIES, INFLIGHT, TRANSFERS, BACKPRESSURE, POOL_REQUESTS,
             POOL_OLDEST, POOL_WAIT, POOL_REAPED, FIRST_TOKEN, TPOT, COMPLETION, ROUND_STAGE, KV_TRANSFER,
-            RECOMPUTED, RESUME_DROPPED, STARVATION, PLACEMENTS, WORKER_UP)
+            RECOMPUTED, RESUME_DROPPED, STARVATION, PLACEMENTS, WORKER_UP,
+            STREAMS_CUT)
 
 
 class ActiveMetrics:
@@ -104,6 +111,7 @@ class ActiveMetrics:
         self.starvation = STARVATION.counter(r)
         self.placements = PLACEMENTS.counter(r)
         self.worker_up = WORKER_UP.gauge(r)
+        self.streams_cut = STREAMS_CUT.counter(r)
         for reason in BACKPRESSURE.closed("reason"):
             self.backpressure.labels(reason)
         for leg in RETRIES.closed("leg"):

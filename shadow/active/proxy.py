@@ -859,6 +859,7 @@ class ActiveProxy:
                         t_first - flow.t0 if t_first else None, tpot)
         if cut_reason:  # a stream that ended early is an error the client sees: no clean end
             self.cut[("decode", cut_reason)] += 1
+            self.metrics.streams_cut.labels("decode", cut_reason).inc()
             yield _cut_event("decode", cut_reason, tail)
             raise _StreamCut
 
@@ -943,6 +944,7 @@ class ActiveProxy:
                             t_first - t0 if t_first else None, tpot)
             if broke:  # the router's answer broke off: the client sees an error, never a clean end
                 self.cut[("router", "upstream_broke")] += 1
+                self.metrics.streams_cut.labels("router", "upstream_broke").inc()
                 if sse:
                     yield _cut_event("router", "upstream_broke", tail)
                 raise _StreamCut

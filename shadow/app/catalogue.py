@@ -8,6 +8,7 @@ from shadow.base import listener_metrics, procinfo
 from shadow.fleet import metrics as fleet_metrics
 from shadow.live import metrics as live_metrics
 from shadow.mirror import metrics as mirror_metrics
+from shadow.mirror import relay_metrics
 from shadow.realvllm import probe_metrics
 from shadow.telemetry.catalogue import Catalogue, Exported
 
@@ -16,6 +17,7 @@ def catalogue() -> Catalogue:
     """The catalogue, in the order docs/metrics.md lists it."""
     return Catalogue((
         Exported("tap", mirror_metrics.FAMILIES + listener_metrics.FAMILIES + procinfo.FAMILIES),
+        Exported("dataplane", relay_metrics.FAMILIES),
         Exported("serve", live_metrics.FAMILIES),
         Exported("serve", mode_metrics.FAMILIES + active_metrics.FAMILIES, only="active"),
         Exported("router", standin.FAMILIES),

@@ -219,7 +219,10 @@ class Demo:
                                    "vllm-router), not found beside the interpreter or on PATH")
         serve_args = ["serve", "--slots", str(o.slots), "--policies", ",".join(o.policies),
                       "--step-a", str(o.step_a * o.time_scale), "--step-b", str(o.step_b * o.time_scale),
-                      "--scrape-interval", "1", "--compare-window", str(o.window_s)]
+                      "--scrape-interval", "1", "--compare-window", str(o.window_s),
+                      # the tap group serve starts is the demo's too: kept in its work directory, stopped
+                      # with it
+                      "--state-dir", str(self.workdir / "state"), "--stop-taps"]
         if o.fleet == "vllm":
             decode, prefill = self._start_vllm(say, serve_args)
         else:
@@ -243,7 +246,9 @@ class Demo:
         self._release_port()
         serve = self._spawn("serve", shadow_argv(*serve_args))
         self.taps, self.api = serve.ready["taps"], serve.ready["api"]
-        say(f"shadow serve: taps in front of every worker; API {self.api}")
+        say(f"shadow serve: a tap group in front of every worker (its own process: it outlives the "
+             "analysis); "
+            f"API {self.api}")
         pre_taps = [self.taps[n] for n in prefill]
         dec_taps = [self.taps[n] for n in decode]
         if o.router == "jsq-bytes":

@@ -1,36 +1,251 @@
-"""`shadow tap` as a process: the mirror's `TapService` until a signal, drained on the way out."""
+"""`shadow tap` as a process: one tap group's data plane (its supervisor holding the listening
+sockets, and the relay serving them), or a command to a running group.
+
+    run(TapGroupConfig(upstreams={"d0": "http://..."}, name="d0"))   # blocks until stopped
+
+Sockets come from systemd socket activation when it passed them (LISTEN_FDS, named after the
+taps, `metrics` and `attach`), else are bound here: taps on `port`, `port`+1, ... in the order
+upstream, prefill, front (0: ephemeral), the admin endpoint on `metrics_port`, the attach socket in
+the group's directory (and on `attach_listen`, TCP, with a token).
+"""
 
 from __future__ import annotations
 
-import asyncio
+import json
+import os
+import socket
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-from shadow.app.process import announce, stop_event
-from shadow.base.runtime import loop_runner, raise_fd_limit
-from shadow.mirror.service import TapConfig, TapService
+from shadow.base.net import bind_listen
+from shadow.base.runtime import raise_fd_limit
+from shadow.mirror.http1 import TapLimits
+from shadow.mirror.keys import state_dir
+from shadow.mirror.relay import RelaySockets, RelaySpec
+from shadow.mirror.rundir import RunDir, digest, groups, unix_listen
+from shadow.mirror.supervisor import Supervisor, control
 
 PROG = "shadow tap"
+SD_LISTEN_FDS_START = 3
 
 
-async def serve(config: TapConfig, drain_timeout_s: float = 30.0) -> None:
-    """Run until SIGINT/SIGTERM (a second one exits at once), then let in-flight requests finish
-    for up to `drain_timeout_s`. OSError when the relay process dies (the taps are down)."""
-    raise_fd_limit()
-    says = f"draining (up to {drain_timeout_s:g} s; a second signal exits now)"
-    stop = stop_event(hard_exit=PROG, says=says)
-    svc = TapService(config)
-    announce(await svc.start(), latency=True)
-    stopped = asyncio.ensure_future(stop.wait())
-    relay_gone = asyncio.ensure_future(svc.relay_exited())
+@dataclass
+class TapGroupConfig:
+    """What `shadow tap` is told: taps {name: upstream URL} by role, where to listen, the bounds."""
+
+    upstreams: dict[str, str]
+    prefill: dict[str, str] = field(default_factory=dict)
+    front: dict[str, str] = field(default_factory=dict)
+    host: str = "127.0.0.1"
+    port: int = 0
+    metrics_port: int = 0
+    name: str | None = None
+    state_dir: str | None = None
+    attach_listen: str | None = None
+    attach_token: str | None = None
+    digest: str | None = None
+    max_body: int = 4 << 20
+    inject_usage: bool = False
+    queue_size: int = 65536
+    queue_bytes: int = 256 << 20
+    retain_bytes: int = 128 << 20
+    retain_ended: int = 100_000
+    loop: str = "auto"
+    limits: TapLimits = field(default_factory=TapLimits)
+    drain_timeout_s: float = 30.0
+
+    def taps(self) -> list[dict[str, str]]:
+        return (
+            [{"name": n, "upstream": u, "role": "decode"} for n, u in self.upstreams.items()]
+            + [{"name": n, "upstream": u, "role": "prefill"} for n, u in self.prefill.items()]
+            + [{"name": n, "upstream": u, "role": "front"} for n, u in self.front.items()]
+        )
+
+    def validate(self) -> None:
+        names = [t["name"] for t in self.taps()]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"names used twice: {sorted(dup)}")
+        if not names:
+            raise ValueError("nothing to tap: give --upstream, --prefill or --front")
+        for t in self.taps():
+            if not t["upstream"].startswith("http://"):
+                raise ValueError(f"upstream {t['upstream']!r}: only http://host:port is supported")
+        if self.attach_listen and not self.attach_token:
+            raise ValueError(
+                "--attach-listen needs --attach-token (or SHADOW_ATTACH_TOKEN): the attach "
+                "stream carries request bodies"
+            )
+        if self.attach_token is not None and len(self.attach_token) < 16:
+            raise ValueError("the attach token must be at least 16 characters")
+        for k, v in (
+            ("--retain-bytes", self.retain_bytes),
+            ("--retain-ended", self.retain_ended),
+            ("--queue-size", self.queue_size),
+            ("--queue-bytes", self.queue_bytes),
+        ):
+            if v < 1:
+                raise ValueError(f"{k} must be >= 1, got {v}")
+        if not self.drain_timeout_s >= 0:
+            raise ValueError(f"--drain-timeout must be >= 0 s, got {self.drain_timeout_s}")
+
+    def group_name(self) -> str:
+        if self.name:
+            return self.name
+        joined = "-".join(t["name"] for t in self.taps())
+        return (
+            joined
+            if len(joined) <= 64 and joined.replace("-", "").replace("_", "").isalnum()
+            else "taps-" + digest(sorted(t["name"] for t in self.taps()))[:8]
+        )
+
+    def spec(self) -> RelaySpec:
+        lim = self.limits
+        return RelaySpec(
+            taps=self.taps(),
+            limits={k: getattr(lim, k) for k in lim.__dataclass_fields__},
+            max_body=self.max_body,
+            inject_usage=self.inject_usage,
+            queue_size=self.queue_size,
+            queue_bytes=self.queue_bytes,
+            retain_bytes=self.retain_bytes,
+            retain_ended=self.retain_ended,
+            loop=self.loop,
+            attach_token=self.attach_token,
+            group=self.group_name(),
+        )
+
+
+def _systemd_sockets() -> dict[str, socket.socket]:
+    """Sockets systemd passed to this process (socket activation), by FileDescriptorName."""
+    if os.environ.get("LISTEN_PID") != str(os.getpid()):
+        return {}
+    n = int(os.environ.get("LISTEN_FDS", "0") or 0)
+    names = os.environ.get("LISTEN_FDNAMES", "").split(":")
+    out: dict[str, socket.socket] = {}
+    for i in range(n):
+        fd = SD_LISTEN_FDS_START + i
+        os.set_inheritable(fd, True)
+        out[names[i] if i < len(names) and names[i] else f"fd{fd}"] = socket.socket(fileno=fd)
+    for k in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+        os.environ.pop(k, None)  # not for the relays it starts
+    return out
+
+
+def _run_dir(config: TapGroupConfig) -> RunDir:
+    """The group's directory; a private temporary one (with a warning) when the default state
+    directory cannot be written (an analysis then needs the printed attach address)."""
+    base, explicit = state_dir(config.state_dir, os.environ)
+    rd = RunDir(base, config.group_name())
     try:
-        await asyncio.wait({stopped, relay_gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for f in (stopped, relay_gone):
-            f.cancel()
-        await svc.stop(drain_timeout_s=drain_timeout_s)
-    if relay_gone.done() and not relay_gone.cancelled():
-        raise OSError(f"the relay process exited (code {relay_gone.result()}); the taps are down")
+        rd.create()
+    except OSError as exc:
+        if explicit:
+            raise
+        tmp = Path(tempfile.mkdtemp(prefix="shadow-tap-"))
+        print(
+            f"{PROG}: {exc}; using {tmp} instead: an analysis finds this group only by the attach "
+            f"address printed below",
+            file=sys.stderr,
+            flush=True,
+        )
+        rd = RunDir(tmp, config.group_name())
+        rd.create()
+    return rd
 
 
-def run(config: TapConfig, drain_timeout_s: float = 30.0) -> None:
-    """`serve` on the configured event loop (ValueError: bad configuration; OSError: ports, files)."""
-    loop_runner(config.loop)(serve(config, drain_timeout_s))
+def _sockets(config: TapGroupConfig, rd: RunDir) -> RelaySockets:
+    passed = _systemd_sockets()
+    taps: dict[str, socket.socket] = {}
+    made: list[socket.socket] = []
+    try:
+        for i, t in enumerate(config.taps()):
+            s = passed.pop(t["name"], None)
+            if s is None:
+                s = bind_listen(config.host, config.port + i if config.port else 0, backlog=4096)
+                made.append(s)
+            taps[t["name"]] = s
+        admin = passed.pop("metrics", None)
+        if admin is None:
+            admin = bind_listen(config.host, config.metrics_port)
+            made.append(admin)
+        attach = [passed.pop("attach", None) or unix_listen(rd.attach)]
+        if config.attach_listen:
+            host, _, port = config.attach_listen.rpartition(":")
+            if not port.isdigit():
+                raise ValueError(f"--attach-listen {config.attach_listen!r}: expected HOST:PORT")
+            attach.append(bind_listen(host.strip("[]") or config.host, int(port)))
+    except BaseException:
+        for s in made:
+            s.close()
+        raise
+    for s in passed.values():
+        s.close()  # passed but not ours to serve
+    for s in [*taps.values(), admin, *attach]:
+        s.setblocking(False)
+        os.set_inheritable(s.fileno(), True)
+    return RelaySockets(taps=taps, attach=attach, admin=admin)
+
+
+def run(config: TapGroupConfig) -> None:
+    """Serve the group until it is stopped (ValueError: bad configuration; OSError: ports, files)."""
+    config.validate()
+    raise_fd_limit()
+    rd = _run_dir(config)
+    rd.lock()
+    sockets = _sockets(config, rd)
+    extra = {
+        "digest": config.digest or digest(config.spec().to_dict() | {"attach_token": None}),
+        "dir": str(rd.path),
+        "state_dir": str(rd.path.parent.parent),
+    }
+
+    def ready(status: dict[str, Any]) -> None:
+        doc = {k: status[k] for k in ("taps", "metrics", "attach", "pid", "group")}
+        doc["dir"] = str(rd.path)
+        if config.attach_listen:
+            doc["attach_tcp"] = f"tcp://{config.attach_listen}"
+        print(json.dumps(doc), flush=True)
+
+    sup = Supervisor(
+        config.spec(),
+        sockets,
+        run_dir=rd,
+        drain_timeout_s=config.drain_timeout_s,
+        ready=ready,
+        argv_record=extra,
+    )
+    if sup.run():
+        raise SystemExit(1)  # a second signal cut the drain short (logged)
+
+
+def command(cmd: str, state: str | None, name: str | None, *, every: bool = False) -> list[dict[str, Any]]:
+    """`cmd` (stop, reload, status) to the named running group, or (`every`) to all of them; the
+    answers. ValueError when which group is meant is unclear; OSError when none answers."""
+    base, _ = state_dir(state, os.environ)
+    if name:
+        targets = [RunDir(base, name)]
+    else:
+        targets = [g for g in groups(base) if g.live_record() is not None]
+        if not targets:
+            raise OSError(f"no tap group runs in {base} (give --state-dir or --name)")
+        if len(targets) > 1 and not every:
+            raise ValueError(
+                f"{len(targets)} tap groups run in {base} ({', '.join(g.name for g in targets)}): "
+                f"give --name NAME{' or --all' if cmd != 'reload' else ''}"
+            )
+    answers = []
+    for rd in targets:
+        try:
+            doc = control(rd, cmd)
+        except OSError as exc:
+            if name:
+                raise OSError(
+                    f"tap group {rd.name!r} in {base} does not answer: {exc.strerror or exc}"
+                ) from None
+            continue
+        answers.append({"group": rd.name, **doc})
+    return answers

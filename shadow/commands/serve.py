@@ -15,6 +15,7 @@ Configuration, later sources winning: defaults < YAML file (--config, env SHADOW
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import socket
 import sys
@@ -28,16 +29,19 @@ from shadow.active.modes import ModeConfig
 from shadow.app import serve as serve_app
 from shadow.app.serve import ActiveSettings, LeaseSettings, ServeConfig, check_policies
 from shadow.commands import tap as tap_cmd
-from shadow.commands._flags import add_flags, fields, flag
+from shadow.commands._flags import Flag, add_flags, fields, flag
 from shadow.commands._layered import explicit_only, given, origin, resolve
-from shadow.commands._service import run_reporting, start_logging
+from shadow.commands._service import add_log_arguments, run_reporting, start_logging
 from shadow.commands.serve_checks import check_start_values
 from shadow.core.policies import ACTIVE, active_names, active_policy, lane_names
 from shadow.core.stepmodel import DEFAULT_A_S_PER_TOKEN, DEFAULT_B_S
 from shadow.live.lanes import DEFAULT_POLICIES
+from shadow.mirror.keys import key_location, open_secret
+from shadow.mirror.service import TapConfig
 
 PROG = "shadow serve"
 ENV_PREFIX = "SHADOW_SERVE_"
+log = logging.getLogger("shadow.serve")
 
 EPILOG = """examples:
   # a simulated fleet of 4 decode ranks x 16 slots, taps in front of each, live lanes:
@@ -88,6 +92,109 @@ LANE_FLAGS = (
     flag("--live-queue-size", "live_queue_size", "events waiting for the lanes; beyond it events are "
          "dropped and counted (default 200000)", type=int, default=200_000, metavar="EVENTS"),
 )
+
+
+def attach_flags() -> tuple[Flag, ...]:
+    """Where the analysis finds its tap groups (built per call: a default comes from the environment)."""
+    return (
+        flag("--attach", None, "attach to a running tap group (`shadow tap`: its directory "
+             "STATE_DIR/taps/NAME, its attach socket, or its --attach-listen address) instead of starting "
+             "one; repeatable (e.g. one per worker node). The --upstream/--prefill/--front flags still name "
+             "the taps", action="append", metavar="DIR|unix:PATH|tcp://HOST:PORT"),
+        flag("--attach-token", "attach_token", "token presented to tap groups attached over TCP (env "
+             "SHADOW_ATTACH_TOKEN)", default=os.environ.get("SHADOW_ATTACH_TOKEN")),
+        flag("--tap-group", "group", "name of the tap group this process starts or adopts (default "
+             "serve-<digest of the tap configuration>)", metavar="NAME"),
+        flag("--tap-metrics-port", "admin_port", "/metrics and /health port of the tap group this process "
+             "starts (default 0: a free one)", type=int, default=0),
+        flag("--stop-taps", "stop_taps", "stop the tap group this process started when it exits (default: "
+             "leave it serving, so that the router keeps working across restarts and upgrades of this "
+             "process)", action="store_true"),
+        flag("--relay", None, "'process' = the taps in a tap group of their own that outlives this process "
+             "(default); 'thread' = in this process (the taps go down with it; for a single-process trial)",
+             choices=("process", "thread"), default="process"),
+        flag("--analysis-nice", "analysis_nice", "lower the analysis thread's priority by N (0-19; default "
+             "0), so that a core shared with the relay serves the relay first (the analysis drops and counts "
+             "instead)", default=0, **COUNT),
+    )
+
+
+def mirror_flags() -> tuple[Flag, ...]:
+    """The analysis' own options: what it reads and records, its bounds (built per call: defaults
+    come from the environment)."""
+    pair = {"action": "append", "metavar": "NAME=URL"}
+    return (
+        flag("--worker", None, "front mode: a decode worker behind the router (named in its decisions; "
+             "/metrics reconciled)", **pair),
+        flag("--metrics-of", None, "where NAME's Prometheus metrics are (default: its upstream URL + "
+             "/metrics)", **pair),
+        flag("--record", "record", "record the session compactly (one line per request, step aggregates; "
+             "gzip if FILE ends in .gz); `shadow replay FILE` replays it", metavar="FILE"),
+        flag("--record-max-bytes", "record_max_bytes", "rotate the recording at about this size (FILE.1, "
+             "FILE.2, ...; default: never)", type=int, default=None, metavar="BYTES"),
+        flag("--slots", "slots", "decode slots per worker", type=int, default=None),
+        flag("--ttl", "ttl_s", "reap requests silent this long (s)", type=float, default=300.0),
+        flag("--phantom-age", "phantom_age_s", "count as phantom when silent this long (s)", type=float,
+             default=120.0),
+        flag("--scrape-interval", "scrape_interval_s", "reconciliation period (s); 0 = off", type=float,
+             default=5.0),
+        flag("--forward", "forward_to", "also POST every event to another shadow's event API",
+             metavar="URL"),
+        flag("--forward-token", "forward_token", "bearer token for --forward posts (env "
+             "SHADOW_FORWARD_TOKEN); failures are counted in shadow_mirror_forward_errors_total",
+             default=os.environ.get("SHADOW_FORWARD_TOKEN")),
+        flag("--api-max-connections", "api_max_connections", "connections to the API/admin listener; beyond "
+             "it the oldest idle one is closed, else 503 (default 256)", type=int, default=256),
+        flag("--max-live", "max_live", "mirrored requests alive at once; new ones beyond it are dropped and "
+             "counted (default 1e6)", type=int, default=1_000_000),
+        flag("--max-id-len", "max_id_len", "longest request id / worker / prompt key accepted by the event "
+             "API (default 256)", type=int, default=256),
+        flag("--ring-bytes", "ring_bytes", "recent-events buffer served by GET /v1/events, approximate bytes "
+             "(default 16 MiB)", type=int, default=16 << 20, metavar="BYTES"),
+        flag("--key-file", None, "secret for prompt keys (HMAC, hex), created when missing, or a mounted "
+             "Secret; default $SHADOW_KEY_FILE, else STATE_DIR/prompt-key. Named (flag, env, state dir) and "
+             "not creatable: exit 1; the default location not writable: a fresh in-memory secret and a "
+             "warning", metavar="FILE"),
+        flag("--events-token", "events_token", "bearer token required by POST /v1/events (env "
+             "SHADOW_EVENTS_TOKEN); without one, event ingestion is refused unless the API listens on "
+             "loopback, and everywhere in a serve with an admin token (events can trip its mode)",
+             default=os.environ.get("SHADOW_EVENTS_TOKEN")),
+    )
+
+
+def add_mirror_arguments(p: argparse.ArgumentParser) -> None:
+    """The analysis' options: its API port, its tap groups, the mirror."""
+    p.add_argument("--port", type=int, default=0,
+                   help="API port; taps this process starts take the following ports (default 0: all "
+                   "ephemeral)")
+    add_flags(p.add_argument_group("the data plane (tap groups)"), attach_flags())
+    add_flags(p.add_argument_group("the mirror"), mirror_flags())
+
+
+def tap_config_from_args(args: argparse.Namespace) -> TapConfig:
+    """The mirror's configuration (taps, attachments, bounds) from serve's options."""
+    if not args.upstream and not args.front and not getattr(args, "worker", None):
+        raise SystemExit(f"{PROG}: give --upstream NAME=URL (in-path taps) or --front NAME=URL (front mode)")
+    lim = tap_cmd.limits_from_args(args)
+    return TapConfig(
+        **fields(args, tap_cmd.data_plane_flags()),
+        **fields(args, attach_flags()),
+        **fields(args, mirror_flags()),
+        upstreams=tap_cmd.pairs(args.upstream, "--upstream", PROG),
+        prefill=tap_cmd.pairs(args.prefill, "--prefill", PROG),
+        front=tap_cmd.pairs(args.front, "--front", PROG),
+        workers=tap_cmd.pairs(args.worker, "--worker", PROG),
+        metrics_of=tap_cmd.pairs(args.metrics_of, "--metrics-of", PROG),
+        port=args.port,
+        allow_paths=tuple(args.allow_path),
+        max_connections=lim.max_connections,
+        header_timeout_s=lim.header_timeout_s,
+        idle_timeout_s=lim.idle_timeout_s,
+        max_head=lim.max_head,
+        key_secret=open_secret(key_location(args.key_file, args.state_dir, os.environ), log.warning),
+        relay=args.relay,
+        attach=tuple(args.attach or ()),
+    )
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -358,7 +465,9 @@ def active_settings(args: argparse.Namespace) -> ActiveSettings | None:
 def _parser(p: argparse.ArgumentParser, *, explicit: bool) -> argparse.ArgumentParser:
     """Every option of `shadow serve` on `p`; `explicit`: only the flags given are set (`run`
     fills in the file, the environment and the defaults)."""
-    tap_cmd.add_arguments(p)
+    tap_cmd.add_data_plane_arguments(p)
+    add_mirror_arguments(p)
+    add_log_arguments(p)
     add_serve_arguments(p)
     add_mode_arguments(p)
     add_active_arguments(p)
@@ -393,7 +502,7 @@ def resolve_args(explicit: Mapping[str, Any], environ: Mapping[str, str]) -> arg
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
     check_start_values(args)
-    tap = tap_cmd.config_from_args(args)
+    tap = tap_config_from_args(args)
     policies = tuple(p.strip() for p in str(args.policies).split(",") if p.strip())
     check_policies(policies)
     return ServeConfig(

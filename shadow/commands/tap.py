@@ -1,28 +1,37 @@
-"""`shadow tap`: in-path taps in front of upstream workers, mirroring the router's decisions.
+"""`shadow tap`: the data plane — in-path taps in front of upstream workers, alone in a process of
+their own that outlives every analysis.
 
-Point the existing router at the printed tap URLs instead of the workers — or, in front mode
-(`--front`), point clients at a tap in front of the router and name the decode workers behind it
-with `--worker`; decisions are read from what the router exposes. When ready, one JSON
-line `{"taps": {NAME: url}, "api": url}` is printed on stdout; the API serves /v1/state,
-/v1/events (GET recent, POST NDJSON), /v1/events/schema and /metrics.
+Point the existing router at the printed tap URLs instead of the workers (or, in front mode
+(`--front`), clients at a tap in front of the router). The taps only relay and keep a copy of each
+request's bytes until an analysis has it: `shadow serve --attach DIR` (or `shadow serve` with the
+same --upstream flags, which starts or adopts a group like this itself) attaches, gets a snapshot
+of the requests in flight, then every copy as it happens. An analysis that dies, lags or restarts
+changes nothing for the traffic.
 
-Taps relay the inference API only (/v1/*, /health, /metrics, /version, /tokenize, ...; extend
-with --allow-path); malformed or ambiguous HTTP/1.1 gets 400 and is never forwarded. SIGTERM,
-SIGINT or SIGHUP: stop accepting, let in-flight streams finish (up to --drain-timeout), exit; a
-second signal exits at once. The taps relay in a child process of their own (`--relay process`, the
-default): the analysis, the API, reaping and scraping run in this one and can never take the
-relay's interpreter; copies cross over a bounded socket (full: dropped and counted). If the relay
-process dies, `shadow tap` stops and exits 1.
+One line `{"taps": {NAME: url}, "metrics": url, "attach": "unix:PATH", "dir": DIR, "pid": N}` is
+printed when the taps accept. The group lives in STATE_DIR/taps/NAME (record, attach socket,
+control socket; mode 0700). `/metrics` and `/health` of the data plane are on --metrics-port.
 
-Example:
-  shadow tap --upstream d0=http://10.0.0.5:8000 --upstream d1=http://10.0.0.6:8000 --slots 256
+Taps relay the inference API only (/v1/*, /health, /metrics, /version, /tokenize, ...; extend with
+--allow-path); malformed or ambiguous HTTP/1.1 gets 400 and is never forwarded; a stream the
+upstream cuts reaches the client as an SSE error event and an aborted body, never a clean end.
+
+Lifecycle. This process holds the listening sockets; a relay process serves them. A relay that
+dies is replaced at once (its own streams are cut; new connections wait in the socket's queue,
+none is refused). `shadow tap --reload` (or SIGHUP) starts a relay from the code installed now
+and lets the old one finish its streams: the upgrade command, 0 refused, 0 cut. SIGTERM/SIGINT or
+`shadow tap --stop`: stop accepting, let in-flight streams finish (--drain-timeout), exit; a second
+signal ends them at once. Under systemd the listening sockets can come from socket activation
+(LISTEN_FDS, named after the taps, `metrics` and `attach`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,156 +39,182 @@ from shadow.app import tap as tap_app
 from shadow.base.runtime import LOOPS
 from shadow.commands._flags import Flag, add_flags, fields, flag
 from shadow.commands._service import add_log_arguments, run_reporting, start_logging
-from shadow.mirror.http1 import DEFAULT_ALLOW_PATHS
-from shadow.mirror.keys import key_location, open_secret
-from shadow.mirror.service import TapConfig
+from shadow.mirror.http1 import DEFAULT_ALLOW_PATHS, TapLimits
 
 PROG = "shadow tap"
 log = logging.getLogger("shadow.tap")
 
 
-def _pairs(values: Sequence[str] | None, what: str) -> dict[str, str]:
+def pairs(values: Sequence[str] | None, what: str, prog: str = PROG) -> dict[str, str]:
+    """NAME=URL flags as {name: url} (SystemExit with one line on a bad one)."""
     out: dict[str, str] = {}
     for v in values or ():
         name, sep, url = v.partition("=")
         if not sep or not name or not url:
-            raise SystemExit(f"{PROG}: {what} must be NAME=URL, got {v!r}")
+            raise SystemExit(f"{prog}: {what} must be NAME=URL, got {v!r}")
         if name in out:
-            raise SystemExit(f"{PROG}: {what} name {name!r} given twice")
+            raise SystemExit(f"{prog}: {what} name {name!r} given twice")
         out[name] = url
     return out
 
 
-def tap_flags() -> tuple[Flag, ...]:
-    """`shadow tap`'s options in `--help` order (built per call: two defaults come from the environment)."""
+def data_plane_flags() -> tuple[Flag, ...]:
+    """The taps and their bounds, shared by `shadow tap` and `shadow serve`; `fills` names the field
+    of both `TapGroupConfig` and `TapConfig` (the limits go through `limits_from_args`)."""
     pair = {"action": "append", "metavar": "NAME=URL"}
     return (
         flag("--upstream", None, "a decode (or plain) worker to put a tap in front of; repeatable", **pair),
-        flag("--front", None, "front mode: a pass-through tap in front of the router itself (point "
-             "clients at it); the decode worker is read from the decision the router exposes (vllm-router "
-             "P/D request ids)", **pair),
-        flag("--worker", None, "front mode: a decode worker behind the router (named in its decisions; "
-             "/metrics reconciled)", **pair),
+        flag("--front", None, "front mode: a pass-through tap in front of the router itself (point clients "
+             "at it); the decode worker is read from the decision the router exposes (vllm-router P/D ids)",
+             **pair),
         flag("--prefill", None, "a prefill worker (P/D) to put a tap in front of; repeatable", **pair),
-        flag("--metrics-of", None,
-             "where NAME's Prometheus metrics are (default: its upstream URL + /metrics)", **pair),
-        flag("--host", "host", "bind address for taps and API (default 127.0.0.1)", default="127.0.0.1"),
-        flag("--port", "port", "API port; taps take the following ports (default 0: all ephemeral)", type=int,
-             default=0),
-        flag("--record", "record", "record the session compactly (one line per request, step aggregates; "
-             "gzip if FILE ends in .gz); `shadow replay FILE` replays it", metavar="FILE"),
-        flag("--record-max-bytes", "record_max_bytes", "rotate the recording at about this size (FILE.1, "
-             "FILE.2, ...; default: never)", type=int, default=None, metavar="BYTES"),
-        flag("--max-body", "max_body", "largest request/response body the analysis parses (traffic is never "
-             "limited)", type=int, default=4 << 20, metavar="BYTES"),
-        flag("--queue-size", "queue_size", "tap-to-analysis queue capacity (items)", type=int, default=65536),
-        flag("--slots", "slots", "decode slots per worker, if known", type=int, default=None),
-        flag("--ttl", "ttl_s", "reap requests silent this long (s)", type=float, default=300.0),
-        flag("--phantom-age", "phantom_age_s", "count as phantom when silent this long (s)", type=float,
-             default=120.0),
-        flag("--scrape-interval", "scrape_interval_s", "reconciliation period (s); 0 = off", type=float,
-             default=5.0),
-        flag("--loop", "loop", "event loop: uvloop roughly halves the relay's CPU per chunk; auto = uvloop "
-             "when installed", choices=LOOPS, default="auto"),
-        flag("--relay", "relay", "where the taps relay: 'process' = a child process of their own, so "
-             "analysis, the API, reaping and scraping can never take the interpreter from them (default); "
-             "'thread' = in this process, analysis on a second thread (one process, but their GIL is shared)",
-             choices=("process", "thread"), default="process"),
-        flag("--analysis-nice", "analysis_nice", "with --relay process: lower the analysis thread's priority "
-             "by N (0-19; default 0), so a core shared with the relay serves the relay first (the analysis "
-             "drops and counts instead)", type=int, default=0, metavar="N"),
+        flag("--host", "host", "bind address (default 127.0.0.1)", default="127.0.0.1"),
+        flag("--max-body", "max_body", "largest request/response body copied for the analysis (traffic is "
+             "never limited)", type=int, default=4 << 20, metavar="BYTES"),
+        flag("--queue-size", "queue_size", "copies pending for the attached analysis (items); beyond it "
+             "dropped and counted", type=int, default=65536),
+        flag("--queue-bytes", "queue_bytes", "payload bytes pending for the attached analysis; beyond it "
+             "copies are dropped and counted, traffic is never affected (default 256 MiB)", type=int,
+             default=256 << 20, metavar="BYTES"),
+        flag("--retain-bytes", "retain_bytes", "copies of requests in flight (and of ended ones no analysis "
+             "has acknowledged yet) kept for the snapshot an attaching analysis gets; beyond it not kept, "
+             "counted (128 MiB)", type=int, default=128 << 20, metavar="BYTES"),
+        flag("--retain-ended", "retain_ended", "ended requests kept while no analysis acknowledged them "
+             "(default 100000)", type=int, default=100_000, metavar="N"),
+        flag("--loop", "loop", "the relay's event loop: uvloop roughly halves its CPU per chunk; auto = "
+             "uvloop when installed", choices=LOOPS, default="auto"),
         flag("--inject-usage", "inject_usage", "ask workers for continuous usage stats (exact token counts) "
              "and strip them from what clients receive unless they asked; changes the wire bytes, off by "
              "default", action="store_true"),
-        flag("--forward", "forward_to", "also POST every event to another shadow's event API",
-             metavar="URL"),
-        flag("--forward-token", "forward_token", "bearer token for --forward posts (env "
-             "SHADOW_FORWARD_TOKEN); failures are counted in shadow_mirror_forward_errors_total",
-             default=os.environ.get("SHADOW_FORWARD_TOKEN")),
         flag("--allow-path", None, "relay this path too (a trailing / makes it a prefix); repeatable. "
              "Default list: " + " ".join(DEFAULT_ALLOW_PATHS), action="append", metavar="PATH", default=[]),
-        flag("--drain-timeout", None, "on SIGTERM/SIGINT/SIGHUP, wait this long for in-flight requests to "
-             "finish, then cut what is left (default 30)", type=float, default=30.0, metavar="S"),
-        flag("--max-connections", "max_connections", "client connections per tap; beyond it the oldest idle "
-             "one is closed, else 503 (default 4096)", type=int, default=4096),
-        flag("--api-max-connections", "api_max_connections", "connections to the API/admin listener; beyond "
-             "it the oldest idle one is closed, else 503 (default 256)", type=int, default=256),
-        flag("--header-timeout", "header_timeout_s", "request head deadline on every listener (default 10)",
-             type=float, default=10.0, metavar="S"),
-        flag("--idle-timeout", "idle_timeout_s", "idle keep-alive close (default 60)", type=float,
-             default=60.0, metavar="S"),
-        flag("--max-live", "max_live", "mirrored requests alive at once; new ones beyond it are dropped and "
-             "counted (default 1e6)", type=int, default=1_000_000),
-        flag("--max-head", "max_head", "request head size cap, 431 beyond (65536)", type=int,
-             default=64 << 10, metavar="BYTES"),
-        flag("--max-id-len", "max_id_len", "longest request id / worker / prompt key accepted by the event "
-             "API (default 256)", type=int, default=256),
-        flag("--ring-bytes", "ring_bytes", "recent-events buffer served by GET /v1/events, approximate bytes "
-             "(default 16 MiB)", type=int, default=16 << 20, metavar="BYTES"),
-        flag("--queue-bytes", "queue_bytes", "payload bytes the tap-to-analysis hand-off may hold; beyond it "
-             "copies are dropped and counted, traffic is never affected (default 256 MiB)", type=int,
-             default=256 << 20, metavar="BYTES"),
-        flag("--state-dir", None, "where state is kept (the prompt-key secret); default $SHADOW_STATE_DIR, "
-             "systemd's $STATE_DIRECTORY, else $XDG_STATE_HOME/shadow or ~/.local/state/shadow",
-             metavar="DIR"),
-        flag("--key-file", None, "secret for prompt keys (HMAC, hex), created when missing, or a mounted "
-             "Secret; default $SHADOW_KEY_FILE, else STATE_DIR/prompt-key. Named (flag, env, state dir) and "
-             "not creatable: exit 1; the default location not writable: a fresh in-memory secret and a "
-             "warning", metavar="FILE"),
-        flag("--events-token", "events_token", "bearer token required by POST /v1/events (env "
-             "SHADOW_EVENTS_TOKEN); without one, event ingestion is refused unless the API listens on "
-             "loopback, and everywhere in a serve with an admin token (events can trip its mode)",
-             default=os.environ.get("SHADOW_EVENTS_TOKEN")),
+        flag("--drain-timeout", "drain_timeout_s", "on stop, wait this long for in-flight requests to "
+             "finish (default 30)", type=float, default=30.0, metavar="S"),
+        flag("--max-connections", None, "client connections per tap; beyond it the oldest idle one is "
+             "closed, else 503 (default 4096)", type=int, default=4096),
+        flag("--header-timeout", None, "request head deadline (default 10)", type=float, default=10.0,
+             metavar="S"),
+        flag("--idle-timeout", None, "idle keep-alive close (default 60)", type=float, default=60.0,
+             metavar="S"),
+        flag("--max-head", None, "request head size cap, 431 beyond (65536)", type=int, default=64 << 10,
+             metavar="BYTES"),
+        flag("--state-dir", "state_dir", "where tap groups (and the prompt-key secret) are kept: "
+             "STATE_DIR/taps/NAME; default $SHADOW_STATE_DIR, systemd's $STATE_DIRECTORY, else "
+             "$XDG_STATE_HOME/shadow or ~/.local/state/shadow", metavar="DIR"),
     )
 
 
+def group_flags() -> tuple[Flag, ...]:
+    """`shadow tap`'s own options after the data plane's (built per call: a default comes from the
+    environment)."""
+    return (
+        flag("--port", "port", "the first tap's port; the others take the following ones (default 0: "
+             "ephemeral)", type=int, default=0),
+        flag("--name", "name", "the tap group's name (its directory under STATE_DIR/taps; default: the tap "
+             "names)", metavar="NAME"),
+        flag("--metrics-port", "metrics_port", "port of this data plane's /metrics and /health (default 0: "
+             "a free one, printed)", type=int, default=0),
+        flag("--attach-listen", "attach_listen", "also accept an analysis over TCP here (another node); "
+             "needs --attach-token. The unix socket in the group's directory is always there",
+             metavar="HOST:PORT"),
+        flag("--attach-token", "attach_token", "bearer token an analysis attaching over TCP must present "
+             "(env SHADOW_ATTACH_TOKEN)", default=os.environ.get("SHADOW_ATTACH_TOKEN")),
+        flag("--digest", "digest", argparse.SUPPRESS),  # set by `shadow serve` for the groups it starts
+    )
+
+
+def add_data_plane_arguments(p: argparse._ActionsContainer) -> None:
+    add_flags(p, data_plane_flags())
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_flags(p, tap_flags())
+    add_data_plane_arguments(p)
+    add_flags(p, group_flags())
     add_log_arguments(p)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument(
+        "--reload",
+        action="store_true",
+        help="tell the running group (--name, --state-dir) to start a relay from the code installed "
+        "now and let the old one finish its streams (the upgrade command); prints its answer",
+    )
+    g.add_argument(
+        "--stop",
+        action="store_true",
+        help="tell the running group to drain and exit (every group in the state dir with --all)",
+    )
+    g.add_argument("--status", action="store_true", help="print the running group's status (JSON)")
+    p.add_argument("--all", action="store_true", help="with --stop or --status: every group in the state dir")
 
 
 EPILOG = """examples:
   # taps in front of two decode workers and a prefill server; point the router at the printed URLs
   shadow tap --upstream d0=http://127.0.0.1:18100 --upstream d1=http://127.0.0.1:18101 \\
-             --prefill p0=http://127.0.0.1:18000 --record session.ndjson
-  # front mode: one tap in front of vllm-router (P/D), decisions read from its request ids
-  shadow tap --front router=http://127.0.0.1:8000 --worker d0=http://127.0.0.1:18100 \\
-             --worker d1=http://127.0.0.1:18101
-  curl -s http://127.0.0.1:PORT/v1/state          # PORT: the "api" URL of the ready line
-  shadow replay session.ndjson                    # the recorded session through every policy
+             --prefill p0=http://127.0.0.1:18000 --name fleet
+  # the analysis attaches (and re-attaches after its own restart, kill -9 included)
+  shadow serve --attach ~/.local/state/shadow/taps/fleet --slots 16 \\
+             --upstream d0=http://127.0.0.1:18100 --upstream d1=http://127.0.0.1:18101 \\
+             --prefill p0=http://127.0.0.1:18000
+  shadow tap --reload --name fleet                  # upgrade: 0 refused connections, 0 cut streams
+  shadow tap --stop --name fleet                    # drain and exit
 """
 
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "tap", help="mirror an existing router through in-path taps", description=__doc__, epilog=EPILOG
+        "tap",
+        help="the data plane: in-path taps, in a process that outlives the analysis",
+        description=__doc__,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_arguments(p)
     p.set_defaults(func=run)
 
 
-def config_from_args(args: argparse.Namespace) -> TapConfig:
-    if not args.upstream and not args.front and not getattr(args, "worker", None):
-        raise SystemExit(
-            f"{PROG}: give --upstream NAME=URL (in-path taps) or --front NAME=URL (front mode)"
-        )
-    return TapConfig(
-        **fields(args, tap_flags()),
-        upstreams=_pairs(args.upstream, "--upstream"),
-        prefill=_pairs(args.prefill, "--prefill"),
-        front=_pairs(args.front, "--front"),
-        workers=_pairs(args.worker, "--worker"),
-        metrics_of=_pairs(args.metrics_of, "--metrics-of"),
-        allow_paths=tuple(args.allow_path),
-        key_secret=open_secret(key_location(args.key_file, args.state_dir, os.environ), log.warning),
+def limits_from_args(args: argparse.Namespace) -> TapLimits:
+    return TapLimits(
+        max_head=args.max_head,
+        header_timeout_s=args.header_timeout,
+        idle_timeout_s=args.idle_timeout,
+        max_connections=args.max_connections,
+        allow_paths=DEFAULT_ALLOW_PATHS + tuple(args.allow_path),
     )
 
 
+def config_from_args(args: argparse.Namespace) -> tap_app.TapGroupConfig:
+    if not args.upstream and not args.front and not args.prefill:
+        raise SystemExit(f"{PROG}: give --upstream NAME=URL (in-path taps) or --front NAME=URL (front mode)")
+    return tap_app.TapGroupConfig(
+        **fields(args, data_plane_flags()),
+        **fields(args, group_flags()),
+        upstreams=pairs(args.upstream, "--upstream"),
+        prefill=pairs(args.prefill, "--prefill"),
+        front=pairs(args.front, "--front"),
+        limits=limits_from_args(args),
+    )
+
+
+def _command(args: argparse.Namespace) -> int:
+    cmd = "reload" if args.reload else "stop" if args.stop else "status"
+    try:
+        answers = tap_app.command(cmd, args.state_dir, args.name, every=args.all)
+    except (ValueError, OSError) as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
+    for doc in answers:
+        print(json.dumps(doc), flush=True)
+    return 0 if all(d.get("ok") for d in answers) else 1
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.reload or args.stop or args.status:
+        return _command(args)
+
     def body() -> None:
         config = config_from_args(args)
         start_logging(PROG, args)
-        tap_app.run(config, args.drain_timeout)
+        tap_app.run(config)
 
     return run_reporting(PROG, body)
 

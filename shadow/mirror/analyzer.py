@@ -30,6 +30,7 @@ from shadow.mirror.keys import KeySecret
 from shadow.mirror.proxy import (
     END_CLIENT_CANCEL,
     END_COMPLETE,
+    END_RELAY_LOST,
     END_UPSTREAM_CUT,
     END_UPSTREAM_ERROR,
     TapContext,
@@ -467,14 +468,16 @@ class Analyzer:
         if gen > leg.sent_gen:
             leg.sent_gen = gen
             emit(Token(mid, t, gen), "tap", now)
-        if reason == END_CLIENT_CANCEL and p is not None and (p.done or p.finish_reason is not None):
-            reason = END_COMPLETE  # the client left after the stream's end: the worker had finished it
+        if reason in (END_CLIENT_CANCEL, END_RELAY_LOST) and p is not None and (
+            p.done or p.finish_reason is not None
+        ):
+            reason = END_COMPLETE  # the client (or the relay) left after the stream's end: it was whole
         if reason == END_CLIENT_CANCEL:
             emit(Cancel(mid, t), "tap", now)
             return
         fr: FinishReason
-        if reason == END_UPSTREAM_CUT:
-            fr = "cut"
+        if reason in (END_UPSTREAM_CUT, END_RELAY_LOST):
+            fr = "cut"  # the client's stream broke off (upstream, or the relay itself died)
         elif reason == END_UPSTREAM_ERROR or ctx.status >= 400 or (p is not None and p.error):
             fr = "error"
         elif p is None:

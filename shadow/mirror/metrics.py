@@ -17,7 +17,7 @@ from shadow.mirror.analyzer import OUTPUT_SOURCES, Analyzer
 from shadow.mirror.dropqueue import DropQueue
 from shadow.mirror.emitter import Emitter
 from shadow.mirror.hub import SOURCES, Mirror
-from shadow.mirror.proxy import Tap
+from shadow.mirror.proxy import CUT_REASONS, Tap
 from shadow.mirror.reconcile import Reconciler
 from shadow.mirror.relayview import RemoteQueue, RemoteTap
 
@@ -81,6 +81,10 @@ TAP_REJECTED = Family(
     "Requests or connections a tap refused or cut, by reason (bad_framing, head_too_large, "
     "header_timeout, body_timeout, idle_timeout, path_not_allowed, upgrade, busy, evicted_idle, "
     "not_resent, bad_upstream_response).", "requests", ("worker", "reason"))
+TAP_CUT = Family(
+    "shadow_mirror_tap_streams_cut_total", "counter",
+    "Responses a tap cut after their head (the client got an SSE error event and an aborted body), by "
+    "reason.", "requests", ("worker", "reason"), {"reason": CUT_REASONS})
 TAP_CONNECTIONS = Family("shadow_mirror_tap_connections", "gauge",
                          "Client connections open on each tap.", "connections", W)
 QUEUE_BYTES = Family("shadow_mirror_queue_bytes", "gauge",
@@ -117,7 +121,8 @@ FAMILIES = (
     REQUESTS_ACTIVE, KV_TOKENS, FREE_SLOTS, FINISHED, CANCELLED, REAPED, PHANTOMS, PENDING,
     OLDEST_SILENCE, ORPHANS, EVENTS, IGNORED, REJECTED, DROPPED, ERRORS, QUEUE_DEPTH, QUEUE_CAPACITY,
     CHUNKS, OUTPUT_COUNTS, LEGS, TAP_ENDS, LEGS_INFLIGHT, STREAM_GAPS, TAP_REQUESTS, CONNECT_ERRORS,
-    TAP_REJECTED, TAP_CONNECTIONS, QUEUE_BYTES, FORWARD_SENT, FORWARD_DROPPED, FORWARD_ERRORS, DRIFT_REQUESTS,
+    TAP_REJECTED, TAP_CUT, TAP_CONNECTIONS, QUEUE_BYTES, FORWARD_SENT, FORWARD_DROPPED, FORWARD_ERRORS,
+    DRIFT_REQUESTS,
     DRAINING, DRIFT_KV, WORKER_RUNNING, WORKER_WAITING, WORKER_KV, SCRAPE_AGE, SCRAPE_ERRORS,
 )
 
@@ -194,6 +199,7 @@ class MirrorCollector(DeclaredCollector):
             yield CONNECT_ERRORS.sampled({t.name: t.connect_errors for t in self.taps})
             yield TAP_REJECTED.sampled(
                 {(t.name, k): v for t in self.taps for k, v in list(t.rejected.items())})
+            yield TAP_CUT.sampled({(t.name, k): v for t in self.taps for k, v in list(t.cut.items())})
             yield TAP_CONNECTIONS.sampled({t.name: t.connections for t in self.taps})
         if self.queue is not None:
             yield QUEUE_BYTES.value(self.queue.bytes)
@@ -213,3 +219,4 @@ class MirrorCollector(DeclaredCollector):
             yield SCRAPE_AGE.sampled(
                 {w: (now - x.last_ok if x.last_ok is not None else None) for w, x in rw.items()})
             yield SCRAPE_ERRORS.sampled({w: x.errors for w, x in rw.items()})
+

@@ -53,7 +53,8 @@ END_COMPLETE = "complete"
 END_CLIENT_CANCEL = "client_cancel"
 END_UPSTREAM_CUT = "upstream_cut"
 END_UPSTREAM_ERROR = "upstream_error"
-END_REASONS = (END_COMPLETE, END_CLIENT_CANCEL, END_UPSTREAM_CUT, END_UPSTREAM_ERROR)
+END_RELAY_LOST = "relay_lost"  # analysis side: the relay serving it died or was replaced mid-request
+END_REASONS = (END_COMPLETE, END_CLIENT_CANCEL, END_UPSTREAM_CUT, END_UPSTREAM_ERROR, END_RELAY_LOST)
 
 # Reasons counted in `Tap.rejected` (a bounded label set).
 REJECT_REASONS = (
@@ -105,7 +106,10 @@ class TapContext:
         "body",
         "body_len",
         "cid",
+        "end_no",
         "ended",
+        "kept",
+        "kept_bytes",
         "method",
         "path",
         "request_id",
@@ -142,6 +146,9 @@ class TapContext:
         self.an: Any = None  # the analysis side's per-request state
         self.cid = 0  # the relay process's id for this request (ChannelSink)
         self.sent = 0  # ChannelSink: 0 nothing sent, 1 request info, 2 info with the response head
+        self.kept: list[bytes] | None = None  # ChannelSink: this request's frames, for a snapshot
+        self.kept_bytes = 0
+        self.end_no = 0  # ChannelSink: the number of this request's end (0: not ended)
 
 
 class Tap:

@@ -1,18 +1,22 @@
-"""Assembly of a running mirror: taps, analysis, state, reconciliation, the event API, housekeeping.
+"""Assembly of a running mirror: taps (or an attachment to them), analysis, state, reconciliation,
+the event API, housekeeping.
 
 `TapService(config)`: `await start()` binds everything and returns the ready document
-`{"taps": {name: url}, "api": url}`; `await stop(drain_timeout_s=0)` stops accepting, lets
-in-flight requests finish for up to `drain_timeout_s`, then ends everything. The relay only relays:
+`{"taps": {name: url}, "api": url}`; `await stop(drain_timeout_s=0)` ends everything (with
+in-process taps: stops accepting and lets in-flight requests finish first). The relay only relays:
 
-- `relay="process"` (what `shadow tap`/`shadow serve` run): the taps relay in a child process
-  (`relayproc`) and hand copies over a bounded socket (`channel`; full = dropped and counted); the
-  analysis reads them on its loop thread here. Nothing done in this process can delay the relay.
+- `relay="process"` (what `shadow serve` runs): the taps relay in a tap group of their own — a
+  `shadow tap` process (`shadow.mirror.supervisor`) this service starts detached, or adopts after
+  its own restart (found through the state directory), or the groups named by `attach` — and the
+  analysis attaches to them (`shadow.mirror.attach`): a snapshot of the requests they keep, then
+  their live copies; full = dropped and counted. Nothing done in this process, including dying,
+  can stop or delay the relay; `stop_taps` says whether `stop()` also ends a group it started.
 - `relay="thread"` (the default for embedding and most tests): taps on the caller's loop, copies
   through a bounded `DropQueue` to the analysis loop thread (same process: they share the GIL).
 
 `Mirror` listeners and the API's handlers run on the analysis thread (`self.analysis.call/sync`).
-`watermark()` tells how far the analysis got (`await settle()` waits for it; with a relay process
-it first asks the relay for a mark, so it covers what the relay had offered when asked).
+`watermark()` tells how far the analysis got (`await settle()` waits for it; attached to relays it
+first asks each for a mark, so it covers what they had offered when asked).
 Everything is created per instance (own CollectorRegistry, own state); nothing global.
 """
 
@@ -24,10 +28,12 @@ import logging
 import os
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, cast
 
 from fastapi import APIRouter
@@ -42,21 +48,26 @@ from shadow.base.net import bind_listen
 from shadow.base.procinfo import ProcessInfo
 from shadow.mirror.analyzer import Analyzer
 from shadow.mirror.api import create_app
+from shadow.mirror.attach import Attachment
 from shadow.mirror.bounds import EventBounds
 from shadow.mirror.channel import ChannelReader
 from shadow.mirror.dropqueue import DropQueue
 from shadow.mirror.emitter import Emitter
+from shadow.mirror.groups import ManagedGroup
 from shadow.mirror.http1 import DEFAULT_ALLOW_PATHS, TapLimits
 from shadow.mirror.hub import Listener, Mirror
-from shadow.mirror.keys import KeySecret
+from shadow.mirror.keys import KeySecret, state_dir
 from shadow.mirror.metrics import MirrorCollector
 from shadow.mirror.proxy import Tap, TapContext
 from shadow.mirror.reconcile import Reconciler
 from shadow.mirror.recording import CompactRecorder
 from shadow.mirror.rejectlog import RejectionLog
-from shadow.mirror.relayproc import RelayProcess
+from shadow.mirror.relay import boot_id
 from shadow.mirror.relayview import RemoteQueue, RemoteTap
+from shadow.mirror.rundir import GROUPS, digest
 from shadow.mirror.state import MirrorState
+
+log = logging.getLogger("shadow.mirror")
 
 
 @dataclass
@@ -107,13 +118,24 @@ class TapConfig:
     ring_bytes: int = 16 << 20  # the recent-events buffer (GET /v1/events), approximate bytes
     key_secret: bytes | None = None  # HMAC key of prompt keys; None = a fresh random one
     switch_interval_s: float | None = 0.0005  # GIL hand-over bound between relay and analysis threads
-    # "process": the taps relay in a child process of their own (nothing here can take its GIL);
-    # "thread": on the caller's loop, analysis on a thread (tests, embedding)
+    # "process": the taps relay in a tap group of their own (a `shadow tap` process that outlives
+    # this one); "thread": on the caller's loop, analysis on a thread (tests, embedding)
     relay: str = "thread"
     loop: str = "auto"  # the relay process's event loop: auto (uvloop when installed), uvloop, asyncio
     # With a relay process: niceness added to the analysis thread (0 = none), so that when both
     # share a core the kernel runs the relay first and the analysis falls behind (and drops) instead
     analysis_nice: int = 0
+    # relay="process": the tap groups to attach to (a group directory, unix:PATH or tcp://HOST:PORT);
+    # none = start (or adopt) one group for the configured taps in STATE_DIR/taps/
+    attach: tuple[str, ...] = ()
+    attach_token: str | None = None  # presented to relays attached over TCP
+    state_dir: str | None = None  # where groups are found (default: as for the prompt key)
+    group: str | None = None  # the started group's name (default serve-<configuration digest>)
+    stop_taps: bool = True  # stop() also stops a group this service started (the CLI: False)
+    drain_timeout_s: float = 30.0  # a started group drains this long when it is stopped
+    admin_port: int = 0  # a started group's /metrics and /health port (0: a free one)
+    retain_bytes: int = 128 << 20  # a started group keeps this much of live requests for a snapshot
+    retain_ended: int = 100_000
 
 
 def _host_port(url: str) -> str:
@@ -153,15 +175,18 @@ class TapService:
             raise ValueError(f"relay must be 'thread' or 'process', got {c.relay!r}")
         if not 0 <= c.analysis_nice <= 19:
             raise ValueError(f"--analysis-nice must be in 0..19, got {c.analysis_nice}")
+        if c.attach and c.relay != "process":
+            raise ValueError("attaching to tap groups needs relay='process'")
         self.registry = CollectorRegistry(auto_describe=True)
         self.processed = 0  # items the analysis has consumed (the watermark)
-        self.channel = ChannelReader()
-        self.relay: RelayProcess | None = None
-        self._synced = 0  # the last relay sync token whose items the analysis has processed
+        self.attachments: list[Attachment] = []
+        self.group: ManagedGroup | None = None
+        self._sync_token = 0
+        self._groups_dir: Path | None = None
         self.queue: DropQueue | RemoteQueue = (
             DropQueue(c.queue_size, max_bytes=c.queue_bytes)
             if c.relay == "thread"
-            else RemoteQueue(self.channel, c.queue_size, lambda: self.processed)
+            else RemoteQueue(self._readers, c.queue_size)
         )
         decode_workers = {**c.upstreams, **c.workers}
         self.state = MirrorState(decode_workers, slots=c.slots, ttl_s=c.ttl_s, phantom_age_s=c.phantom_age_s)
@@ -214,7 +239,7 @@ class TapService:
             ]
             if isinstance(self.queue, DropQueue)
             else [
-                RemoteTap(n, u, "", 0, self.channel)
+                RemoteTap(n, u, lambda n=n: self._reader_of(n))  # type: ignore[misc]
                 for n, u in {**c.upstreams, **c.prefill, **c.front}.items()
             ]
         )
@@ -323,6 +348,11 @@ class TapService:
                 for name, ln in self.listeners.items()
             },
         }
+        if self.config.relay == "process":
+            out["attached"] = [a.snapshot() for a in self.attachments]
+            if self.group is not None:
+                out["tap_group"] = {"name": self.group.run_dir.name, "dir": str(self.group.run_dir.path),
+                                    "adopted": self.group.adopted}
         if self.reconciler is not None:
             rec = self.reconciler.snapshot(now)
             out["reconcile"] = rec
@@ -350,16 +380,15 @@ class TapService:
         return self.processed + q.dropped >= target
 
     async def settle(self, timeout_s: float = 10.0) -> bool:
-        """Wait (on any loop) until the analysis has consumed what was offered when called (with a
-        relay process: what it had offered when it answered a sync sent now)."""
+        """Wait (on any loop) until the analysis has consumed what was offered when called (attached
+        to relays: what each had offered when it answered a sync sent now)."""
         deadline = time.monotonic() + timeout_s
-        relay = self.relay
-        if relay is not None:
-            if self.channel.eof:
-                return True
-            token = relay.next_token()
-            relay.send("sync", token)
-            while self._synced < token and not self.channel.eof:
+        if self.config.relay == "process":
+            self._sync_token += 1
+            token = self._sync_token
+            fut = self.analysis.submit(self._sync_all(token))
+            readers = await asyncio.wrap_future(fut)
+            while any(r.token < token and not r.eof for r in readers):
                 if time.monotonic() >= deadline:
                     return False
                 await asyncio.sleep(0.002)
@@ -371,6 +400,21 @@ class TapService:
             await asyncio.sleep(0.002)
         return True
 
+    async def _sync_all(self, token: int) -> list[ChannelReader]:
+        return [r for a in self.attachments for r in a.sync(token)]
+
+    def _readers(self) -> list[ChannelReader]:
+        return [r for a in self.attachments for r in a.readers]
+
+    def _reader_of(self, tap: str) -> ChannelReader | None:
+        """The reader of the relay serving `tap` now (the newest that named it in its hello)."""
+        found = None
+        for a in self.attachments:
+            for r in a.readers:
+                if any(t.get("name") == tap for t in r.hello.get("taps", [])):
+                    found = r
+        return found
+
     async def start(self) -> dict[str, Any]:
         c = self.config
         if c.switch_interval_s is not None and sys.getswitchinterval() > c.switch_interval_s:
@@ -378,7 +422,11 @@ class TapService:
         api_sock = _bind(c.host, c.port)
         taps: dict[str, str] = {}
         if c.relay == "process":
-            return await self._start_process(api_sock)
+            try:
+                return await self._start_attached(api_sock)
+            except BaseException:
+                api_sock.close()
+                raise
         try:
             for i, tap in enumerate(self.taps):
                 assert isinstance(tap, Tap)
@@ -395,86 +443,125 @@ class TapService:
         self.api_url = f"http://{h}:{p}"
         return {"taps": taps, "api": self.api_url}
 
-    async def _start_process(self, api_sock: socket.socket, ready_timeout_s: float = 30.0) -> dict[str, Any]:
-        """Relay in a child process: bind the taps' listeners here, hand them over, read its frames."""
-        c = self.config
-        listeners: list[socket.socket] = []
-        try:
-            for i, tap in enumerate(self.taps):
-                sock = _bind(c.host, c.port + 1 + i if c.port else 0)
-                listeners.append(sock)
-                assert isinstance(tap, RemoteTap)
-                tap.host, tap.port = sock.getsockname()[:2]
-        except BaseException:
-            for sock in [api_sock, *listeners]:
-                sock.close()
-            raise
-        lim = self.limits
-        spec = {
-            "taps": [{"name": t.name, "upstream": t.upstream} for t in self.taps],
-            "queue_size": c.queue_size,
-            "queue_bytes": c.queue_bytes,
-            "max_body": c.max_body,
-            "inject_usage": c.inject_usage,
-            "loop": c.loop,
+    def group_spec(self) -> tuple[list[str], str]:
+        """The `shadow tap` command line of the group this service starts, and its digest."""
+        from shadow.base.procs import shadow_argv
+
+        c, lim = self.config, self.limits
+        data_plane: dict[str, Any] = {
+            "upstreams": c.upstreams, "prefill": c.prefill, "front": c.front, "host": c.host,
+            "port": c.port + 1 if c.port else 0, "admin_port": c.admin_port, "max_body": c.max_body,
+            "inject_usage": c.inject_usage, "queue_size": c.queue_size, "queue_bytes": c.queue_bytes,
+            "retain_bytes": c.retain_bytes, "retain_ended": c.retain_ended, "loop": c.loop,
             "limits": {k: getattr(lim, k) for k in lim.__dataclass_fields__},
         }
-        self.relay = RelayProcess(spec, listeners, buffer_bytes=min(4 << 20, c.queue_bytes))
-        self.relay.start()
+        dig = digest(data_plane)
+        name = c.group or f"serve-{dig[:12]}"
+        argv = ["tap", "--name", name, "--state-dir", str(self._state_dir()), "--digest", dig,
+                "--host", c.host, "--port", str(data_plane["port"]), "--metrics-port", str(c.admin_port),
+                "--max-body", str(c.max_body), "--queue-size", str(c.queue_size),
+                "--queue-bytes", str(c.queue_bytes), "--retain-bytes", str(c.retain_bytes),
+                "--retain-ended", str(c.retain_ended), "--loop", c.loop,
+                "--drain-timeout", str(c.drain_timeout_s), "--max-connections", str(lim.max_connections),
+                "--header-timeout", str(lim.header_timeout_s), "--idle-timeout", str(lim.idle_timeout_s),
+                "--max-head", str(lim.max_head)]
+        for flag, pairs in (("--upstream", c.upstreams), ("--prefill", c.prefill), ("--front", c.front)):
+            for n, u in pairs.items():
+                argv += [flag, f"{n}={u}"]
+        for path in c.allow_paths:
+            argv += ["--allow-path", path]
+        if c.inject_usage:
+            argv.append("--inject-usage")
+        return shadow_argv(*argv), dig
+
+    def _state_dir(self) -> Path:
+        """Where this service's tap group lives: the state directory, or (when only the default
+        was not writable) a private temporary one, with a warning: after a restart this process
+        then starts a new group instead of adopting the running one."""
+        if self._groups_dir is not None:
+            return self._groups_dir
+        base, explicit = state_dir(self.config.state_dir, os.environ)
+        try:
+            (base / GROUPS).mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            if explicit:
+                raise OSError(exc.errno, f"cannot create {base / GROUPS} for the tap group: "
+                                         f"{exc.strerror or exc}; give --state-dir DIR on a writable "
+                                          "volume") from None
+            tmp = Path(tempfile.mkdtemp(prefix="shadow-state-"))
+            log.warning("tap group: cannot create %s (%s); using %s instead: a restart of this process will "
+                        "not find the running tap group (give --state-dir DIR on a writable volume)",
+                        base / GROUPS, exc.strerror or exc, tmp)
+            base = tmp
+        self._groups_dir = base
+        return base
+
+    async def _start_attached(self, api_sock: socket.socket, ready_timeout_s: float = 60.0) -> dict[str, Any]:
+        """Attach to the tap groups (starting or adopting ours first), then serve the API."""
+        c = self.config
+        addresses = list(c.attach)
+        if not addresses and self.taps:  # no taps (workers fed by the event API only): no group
+            argv, dig = self.group_spec()
+            self.group = ManagedGroup(self._state_dir(), argv[argv.index("--name") + 1], argv, dig)
+            rec = await asyncio.to_thread(self.group.ensure, ready_timeout_s)
+            addresses = [str(self.group.run_dir.path)]
+            for t in self.taps:
+                assert isinstance(t, RemoteTap)
+                t._url = rec.get("taps", {}).get(t.name, "")
+        me = boot_id()
+        for address in addresses:
+            self.attachments.append(Attachment(address, self._on_items, token=c.attach_token, boot_id=me,
+                                               clock=self.clock, check=self._check_hello,
+                                               oldest_s=max(1.0, c.event_skew_s - 5.0)))
         self.analysis.start()
         await asyncio.wrap_future(self.analysis.submit(self._start_analysis(api_sock)))
         h, p = api_sock.getsockname()[:2]
         self.api_url = f"http://{h}:{p}"
-        deadline = time.monotonic() + ready_timeout_s
-        while not self.channel.marks:  # the relay's first mark: it serves the listeners
-            if not self.relay.alive or self.channel.eof or time.monotonic() > deadline:
-                await self.stop()
-                raise OSError("shadow tap: the relay process did not start (see its error above)")
-            await asyncio.sleep(0.005)
+        ok = await asyncio.wrap_future(self.analysis.submit(self._wait_attached(ready_timeout_s)))
+        if not ok:
+            errors = "; ".join(f"{a.address}: {a.last_error or 'no snapshot'}" for a in self.attachments
+                               if not (a.conn is not None and a.conn.reader.snapshot_done))
+            await self.stop()
+            raise OSError(f"could not attach to the tap group(s): {errors}")
         return {"taps": {t.name: t.url for t in self.taps}, "api": self.api_url}
 
-    def _on_channel(self) -> None:
-        """Analysis loop: frames from the relay process, processed in order as they come."""
-        relay = self.relay
-        assert relay is not None and relay.data is not None
+    async def _wait_attached(self, timeout_s: float) -> bool:
+        got = await asyncio.gather(*(a.wait_attached(timeout_s) for a in self.attachments))
+        return all(got)
+
+    def _check_hello(self, hello: dict[str, Any]) -> str | None:
+        """A relay must serve taps of this configuration, each in the role configured."""
+        c = self.config
+        roles = {**dict.fromkeys(c.upstreams, "decode"), **dict.fromkeys(c.prefill, "prefill"),
+                 **dict.fromkeys(c.front, "front")}
+        for t in hello.get("taps", []):
+            name, role = t.get("name"), t.get("role", "decode")
+            if name not in roles:
+                return (f"the relay serves a tap {name!r} this analysis is not configured for "
+                        f"(configured: {', '.join(roles) or 'none'})")
+            if roles[name] != role:
+                return f"tap {name!r} is a {role} tap there, {roles[name]} here"
+        return None
+
+    def _on_items(self, reader: ChannelReader, items: list[tuple[Any, int, float, Any]]) -> None:
+        """Analysis loop: a relay's items, processed in order as they come."""
         try:
-            chunk = relay.data.recv(1 << 20)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            chunk = b""
-        if not chunk:
-            self.channel.eof = True
-            asyncio.get_running_loop().remove_reader(relay.data.fileno())
-            return
-        try:
-            items = self.channel.feed(chunk)
+            self.analyzer.process(items)
         except Exception:
-            self.mirror.count_error("channel")
-            return
-        if items:
-            try:
-                self.analyzer.process(items)
-            except Exception:
-                self.mirror.count_error("analysis")
-            self.processed += len(items)
-        self._synced = self.channel.token
-        pace = self.config.pace_s
-        if pace and items:  # tests: a slow consumer (the relay's hand-off fills and drops)
-            loop = asyncio.get_running_loop()
-            loop.remove_reader(relay.data.fileno())
-            loop.call_later(pace, loop.add_reader, relay.data.fileno(), self._on_channel)
+            self.mirror.count_error("analysis")
+        self.processed += len(items)
+        reader.processed += len(items)
 
     async def _start_analysis(self, api_sock: socket.socket) -> None:
         """On the analysis loop: consumer, housekeeping, reconciliation, forwarding, the API."""
         c = self.config
-        if self.relay is not None and c.analysis_nice > 0:
+        if c.relay == "process" and c.analysis_nice > 0:
             with contextlib.suppress(OSError):  # this thread only (Linux: per-thread niceness)
                 tid = threading.get_native_id()
                 os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + c.analysis_nice)
-        if self.relay is not None:
-            assert self.relay.data is not None
-            asyncio.get_running_loop().add_reader(self.relay.data.fileno(), self._on_channel)
+        if c.relay == "process":
+            for a in self.attachments:
+                a.start()
         else:
             self._tasks.append(asyncio.create_task(self._consume(c.pace_s)))
         self._tasks.append(asyncio.create_task(self._housekeeping()))
@@ -518,6 +605,10 @@ class TapService:
                     refusals.check()
                 if self.recorder is not None:
                     self.recorder.flush()
+                for a in self.attachments:  # ends processed and recorded: the relays may forget them
+                    a.ack()
+                if self.group is not None:
+                    self.group.poll()
             except Exception:
                 self.mirror.count_error("housekeeping")
 
@@ -526,9 +617,11 @@ class TapService:
         await self.settle(timeout_s)
 
     async def stop(self, drain_timeout_s: float = 0.0) -> None:
-        """Stop accepting; let in-flight requests finish (up to `drain_timeout_s`); end everything."""
-        if self.relay is not None:
-            await self._stop_process(drain_timeout_s)
+        """Stop accepting; let in-flight requests finish (up to `drain_timeout_s`); end everything.
+        Attached to tap groups: detach (a group this service started is stopped when `stop_taps`;
+        it drains for its own --drain-timeout)."""
+        if self.config.relay == "process":
+            await self._stop_attached()
             return
         taps = cast(list[Tap], self.taps)
         for tap in taps:
@@ -545,37 +638,16 @@ class TapService:
                 await asyncio.wrap_future(self.analysis.submit(self._stop_analysis()))
             self.analysis.stop()
 
-    async def relay_exited(self, poll_s: float = 0.5) -> int:
-        """Return the relay process's exit code once it is gone (never returns without one)."""
-        while True:
-            relay = self.relay
-            if relay is not None and relay.proc is not None and relay.proc.poll() is not None:
-                return int(relay.proc.returncode)
-            await asyncio.sleep(poll_s)
-
-    async def _stop_process(self, drain_timeout_s: float) -> None:
-        """Drain the relay process (it stops accepting and lets in-flight requests finish), stop it,
-        read its last frames, then end the analysis."""
-        relay = self.relay
-        assert relay is not None
-        if relay.alive and not self.channel.eof:
-            token = relay.next_token()
-            relay.send("drain", (token, max(0.0, drain_timeout_s)))
-            deadline = time.monotonic() + drain_timeout_s + 5
-            while self._synced < token and not self.channel.eof and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
-        relay.send("stop", 0)
-        await asyncio.to_thread(relay.wait, 10.0)
-        deadline = time.monotonic() + 5
-        while not self.channel.eof and self.analysis.running and time.monotonic() < deadline:
-            await asyncio.sleep(0.005)  # its last frames (ends, the final mark)
-        relay.close_control()
+    async def _stop_attached(self) -> None:
+        group = self.group
+        if group is not None and self.config.stop_taps:
+            await asyncio.to_thread(group.stop, self.config.drain_timeout_s + 15.0)
+            with contextlib.suppress(Exception):
+                await self.settle(2.0)  # the last ends the relay sent
         if self.analysis.running:
             with contextlib.suppress(Exception):
                 await asyncio.wrap_future(self.analysis.submit(self._stop_analysis()))
             self.analysis.stop()
-        if relay.data is not None:
-            relay.data.close()
 
     async def _stop_analysis(self) -> None:
         await self._server.stop(grace_s=5.0)
@@ -590,3 +662,7 @@ class TapService:
             await self.emitter.aclose()
         if self.recorder is not None:
             self.recorder.close()
+        for a in self.attachments:  # what was recorded may be forgotten by the relays
+            a.ack()
+            with contextlib.suppress(Exception):
+                await a.aclose()

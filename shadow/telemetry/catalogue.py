@@ -14,7 +14,9 @@ from shadow.base.families import Family, MetricType
 
 #: Exporters and what they are, as docs/metrics.md explains them.
 EXPORTERS: dict[str, str] = {
-    "tap": "the mirror (`shadow tap`, `shadow serve`)",
+    "tap": "the mirror, the analysis side of the taps (`shadow serve`)",
+    "dataplane": "`shadow tap`, the data plane: its own /metrics on --metrics-port (scraped to page when a "
+    "tap is down)",
     "serve": "the live lanes (`shadow serve`); `serve (--active)`: only when `shadow serve --active` "
     "runs the active proxy and the mode controller",
     "router": "`shadow router`, the stand-in for an existing router (it also exports the active "

@@ -1,6 +1,6 @@
-"""`shadow serve --active` and `shadow tap` drain on SIGTERM and SIGHUP: requests in flight on the
-proxy and on the taps finish within `--drain-timeout`; what is still open at the deadline is cut
-so that the client sees the cut.
+"""`shadow serve --active` drains on SIGTERM and SIGHUP, `shadow tap` on SIGTERM (SIGHUP is its
+reload): requests in flight on the proxy and on the taps finish within `--drain-timeout`; what is
+still open at the deadline is cut so that the client sees the cut.
 
 The upstream holds every stream open until `HOLD_S` after the signal (longer than the proxy's old
 fixed 5 s grace), then finishes it.
@@ -65,6 +65,18 @@ def _stream(url: str, out: list[str]) -> None:
         out.append(f"cut: {type(exc).__name__}")
 
 
+def _end(proc: subprocess.Popen[str]) -> str:
+    """Kill `proc` if it still runs; its stderr."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)
+    err = proc.stderr.read() if proc.stderr is not None else ""
+    for f in (proc.stdout, proc.stderr):
+        if f is not None:
+            f.close()
+    return err
+
+
 def _run(args: list[str], urls: list[str], sig: signal.Signals, hold: Hold) -> tuple[list[str], int, str]:
     proc, ready = _spawn(args)
     results: list[str] = []
@@ -84,13 +96,7 @@ def _run(args: list[str], urls: list[str], sig: signal.Signals, hold: Hold) -> t
             t.join(120)
         code = proc.wait(60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        err = proc.stderr.read() if proc.stderr is not None else ""
-        for f in (proc.stdout, proc.stderr):
-            if f is not None:
-                f.close()
+        err = _end(proc)
     return results, code, err
 
 
@@ -106,13 +112,44 @@ def test_serve_drains_the_proxy_and_the_taps(sig: signal.Signals) -> None:
     assert f"{sig.name}: draining (up to 60 s" in err
 
 
-def test_tap_drains_on_sighup() -> None:
+def test_tap_drains_on_sigterm() -> None:
     hold = Hold()
     with RawUpstream(hold.script) as up:
-        args = ["tap", "--upstream", f"d0={up.url}", "--scrape-interval", "0", "--drain-timeout", "60"]
-        results, code, err = _run(args, [lambda r: r["taps"]["d0"]], signal.SIGHUP, hold)
+        args = ["tap", "--upstream", f"d0={up.url}", "--drain-timeout", "60"]
+        results, code, err = _run(args, [lambda r: r["taps"]["d0"]], signal.SIGTERM, hold)
     assert results == ["complete"] * STREAMS, (results, err[-2000:])
-    assert code == 0 and "SIGHUP: draining" in err, err[-2000:]
+    assert code == 0 and "stopping: the relay drains its streams (up to 60 s)" in err, err[-2000:]
+
+
+def test_tap_reloads_on_sighup_and_its_streams_finish() -> None:
+    """SIGHUP is the data plane's reload (systemd's ExecReload): a new relay takes the sockets, the
+    old one finishes its streams; the process keeps serving."""
+    hold = Hold()
+    with RawUpstream(hold.script) as up:
+        proc, ready = _spawn(["tap", "--upstream", f"d0={up.url}", "--drain-timeout", "60"])
+        results: list[str] = []
+        try:
+            threads = [threading.Thread(target=_stream, args=(ready["taps"]["d0"], results))
+                       for _ in range(STREAMS)]
+            for t in threads:
+                t.start()
+            deadline = time.monotonic() + 60
+            while hold.started < STREAMS:
+                assert time.monotonic() < deadline, f"only {hold.started} streams started"
+                time.sleep(0.02)
+            hold.signalled = time.monotonic()
+            proc.send_signal(signal.SIGHUP)
+            for t in threads:
+                t.join(120)
+            assert results == ["complete"] * STREAMS, results
+            assert proc.poll() is None  # still serving
+            r = httpx.get(ready["taps"]["d0"] + "/v1/models", timeout=30)
+            assert r.status_code == 404  # relayed by the new relay: the upstream's own answer
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(60) == 0
+        finally:
+            err = _end(proc)
+    assert "reloaded: relay pid" in err, err[-2000:]
 
 
 def test_a_stream_still_open_at_the_drain_deadline_is_seen_cut() -> None:

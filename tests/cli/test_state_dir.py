@@ -139,7 +139,9 @@ def _env(home: Path, **extra: str) -> dict[str, str]:
 
 
 def _serve(*extra: str) -> list[str]:
-    return shadow_argv("serve", "--slots", "4", "--host", "127.0.0.1", "--port", "0",
+    """serve with one tap, stopping its tap group when it exits (these tests run without the
+    suite's own state directory, where leftover groups would be stopped after the test)."""
+    return shadow_argv("serve", "--slots", "4", "--host", "127.0.0.1", "--port", "0", "--stop-taps",
                        "--scrape-interval", "0", "--upstream", f"d0=http://127.0.0.1:{_free_port()}", *extra)
 
 
@@ -175,18 +177,18 @@ def test_serve_keeps_its_key_in_the_state_directory_across_restarts(tmp_path: Pa
 
 
 @pytest.mark.integration
-def test_tap_reads_a_mounted_secret_in_a_read_only_directory(tmp_path: Path) -> None:
-    """The Kubernetes Secret shape: --key-file names a file in a read-only directory."""
+def test_serve_reads_a_mounted_secret_in_a_read_only_directory(tmp_path: Path) -> None:
+    """The Kubernetes Secret shape: --key-file names a file in a read-only directory (the tap
+    group, with no state directory to write, lives in a temporary one, and says so)."""
     home, secret_dir = tmp_path / "home", tmp_path / "secret"
     home.mkdir()
     secret_dir.mkdir()
     key = secret_dir / KEY_FILE_NAME
     key.write_text("ab" * 32 + "\n")
-    argv = shadow_argv("tap", "--host", "127.0.0.1", "--port", "0", "--scrape-interval", "0",
-                       "--upstream", f"d0=http://127.0.0.1:{_free_port()}", "--key-file", str(key))
-    with _started(_readonly(home, argv), _env(home)) as (ready, stderr):
+    with _started(_readonly(home, _serve("--key-file", str(key))), _env(home)) as (ready, stderr):
         assert httpx.get(ready["api"] + "/v1/state", timeout=30).status_code == 200
     assert "in-memory" not in stderr[0] and key.read_text() == "ab" * 32 + "\n"
+    assert "a restart of this process will not find the running tap group" in stderr[0], stderr[0]
     assert list(home.iterdir()) == []
 
 

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from shadow.base.tools import find_executable
+from tests.harness import stop_tap_groups
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "kubernetes"
@@ -421,6 +422,8 @@ def _listening(argv: list[str], tmp: Path, env: dict[str, str]) -> dict[str, Any
             except subprocess.TimeoutExpired:
                 proc.kill()
                 _, err = proc.communicate()
+            if "SHADOW_STATE_DIR" in env:  # the tap group it started outlives it: stop it too
+                stop_tap_groups(Path(env["SHADOW_STATE_DIR"]))
         last = err
         if "in use" not in err:
             break

@@ -1,21 +1,21 @@
-"""Two real `shadow tap` processes forwarding into one `shadow serve` see what one tap service sees.
+"""Two real `shadow tap` processes attached to by one `shadow serve` see what one tap service sees.
 
 Topology, all real processes or real HTTP on loopback: `shadow load` (openai client) → `shadow
 router` (the vllm-ascend JSQ stand-in, plain mode) → two `shadow tap` processes (A in front of d0,
-d1; B in front of d2, d3), each `--forward`ing its events to serve S2 → serve S1's own taps in
-front of all four workers → a `shadow fleet` of four decode ranks. S1 and S2 therefore observe the
-same streams, S1 through one tap service and S2 only through the two forwarding processes. Both
-run with a lag longer than the session, so their lanes advance only at the final drain, over
-complete event sets. What must be equal is what the lanes are fed: every request, its worker, its
-prompt and output tokens and how it ended, read from both sessions' recordings; arrival stamps
-differ by the relay hop between the two observation points (the outer tap's comes first; both are
-the machine's monotonic clock). Each serve's lanes are then exactly the offline replay of its own
-recording, and S1's requests with S2's stamps replay to exactly S2's lanes: the stamps are the only
-difference. The lanes of the two sessions are not compared with each other: the hop is the
-machine's (p90 9-52 ms, max 125 ms at load average 14-18 on two cores), and the lanes follow the
-stamps (`actual`'s imbalance moved by 1.9% with that 125 ms hop; the counterfactual lanes are
-chaotic in them: a sub-millisecond shift moves an arrival across a step boundary and changes which
-pool a round sees).
+d1; B in front of d2, d3), both attached to by serve S2 (`attach`: the data plane split, each tap
+group its own process as on its own node) → serve S1's own taps in front of all four workers → a
+`shadow fleet` of four decode ranks. S1 and S2 therefore observe the same streams, S1 through one
+tap service and S2 only through the two tap processes it pulls from. Both run with a lag longer
+than the session, so their lanes advance only at the final drain, over complete event sets. What
+must be equal is what the lanes are fed: every request, its worker, its prompt and output tokens
+and how it ended, read from both sessions' recordings; arrival stamps differ by the relay hop
+between the two observation points (the outer tap's comes first; both are the machine's monotonic
+clock). Each serve's lanes are then exactly the offline replay of its own recording, and S1's
+requests with S2's stamps replay to exactly S2's lanes: the stamps are the only difference. The
+lanes of the two sessions are not compared with each other: the hop is the machine's (p90 9-52 ms,
+max 125 ms at load average 14-18 on two cores), and the lanes follow the stamps (`actual`'s
+imbalance moved by 1.9% with that 125 ms hop; the counterfactual lanes are chaotic in them: a
+sub-millisecond shift moves an arrival across a step boundary and changes which pool a round sees).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def _wait(pred: Any, timeout: float, what: str) -> None:
 
 @pytest.mark.integration
 @pytest.mark.timeout(240)
-def test_two_forwarding_tap_processes_give_the_lanes_of_one_tap(tmp_path: Path) -> None:
+def test_two_tap_processes_attached_to_give_the_lanes_of_one_tap(tmp_path: Path) -> None:
     workload = tmp_path / "trace.jsonl"
     saturated_workload(workload, limit=N, seed=3, divide=10, step_a=A, step_b=B_S)
     names = [f"d{g}" for g in range(G)]
@@ -79,58 +79,63 @@ def test_two_forwarding_tap_processes_give_the_lanes_of_one_tap(tmp_path: Path) 
             step_b=B_S,
             lag_s=lag,
         )
-        event_fed = {n: f"http://127.0.0.1:9/{n}" for n in names}  # S2 has no taps of its own
-        two = ServeConfig(
-            tap=TapConfig(
-                upstreams={},
-                workers=event_fed,
-                slots=B,
-                scrape_interval_s=0,
-                record=str(tmp_path / "two.ndjson"),
-            ),
-            step_a=A,
-            step_b=B_S,
-            lag_s=lag,
-        )
-        with ServeThread(one) as s1, ServeThread(two) as s2:
-            inner, api1, api2 = s1.ready["taps"], s1.ready["api"], s2.ready["api"]
+        with ServeThread(one) as s1:
+            inner, api1 = s1.ready["taps"], s1.ready["api"]
             outer: dict[str, str] = {}
+            dirs = []
             for i, pair in enumerate((names[:2], names[2:])):
-                args = ["tap", "--scrape-interval", "0", "--forward", api2 + "/v1/events"]
+                args = ["tap", "--name", f"tap{i}"]
                 for n in pair:
                     args += ["--upstream", f"{n}={inner[n]}"]
                 tap, ready = _start(args, tmp_path / f"tap{i}.log")
                 procs.append(tap)
                 outer.update(ready["taps"])
-            router_args = ["router", "--port", "0"]
-            for n in names:
-                router_args += ["--decode", f"{n}={outer[n]}"]
-            router, rready = _start(router_args, tmp_path / "router.log")
-            procs.append(router)
-            out = tmp_path / "load.json"
-            res = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "shadow",
-                    "load",
-                    str(workload),
-                    "--target",
-                    rready["url"],
-                    "--quiet",
-                    "--json",
-                    str(out),
-                ],
-                capture_output=True,
-                timeout=180,
+                dirs.append(ready["dir"])
+            two = ServeConfig(  # S2 has no taps of its own: it attaches to the two tap processes
+                tap=TapConfig(
+                    upstreams={n: inner[n] for n in names},
+                    slots=B,
+                    scrape_interval_s=0,
+                    record=str(tmp_path / "two.ndjson"),
+                    relay="process",
+                    attach=tuple(dirs),
+                ),
+                step_a=A,
+                step_b=B_S,
+                lag_s=lag,
             )
-            assert res.returncode == 0, res.stderr[-2000:]
-            summary = json.loads(out.read_text())
-            assert summary["requests"]["ok"] == N, summary["requests"]
-            _wait(lambda: _finished(api1) == N, 30, "serve S1 to see every finish")
-            _wait(lambda: _finished(api2) == N, 30, "serve S2 to receive every forwarded finish")
-            r1 = httpx.get(api1 + "/v1/report", params={"drain": 1}, timeout=120).json()
-            r2 = httpx.get(api2 + "/v1/report", params={"drain": 1}, timeout=120).json()
+            with ServeThread(two) as s2:
+                api2 = s2.ready["api"]
+                router_args = ["router", "--port", "0"]
+                for n in names:
+                    router_args += ["--decode", f"{n}={outer[n]}"]
+                router, rready = _start(router_args, tmp_path / "router.log")
+                procs.append(router)
+                out = tmp_path / "load.json"
+                res = subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "shadow",
+                        "load",
+                        str(workload),
+                        "--target",
+                        rready["url"],
+                        "--quiet",
+                        "--json",
+                        str(out),
+                    ],
+                    capture_output=True,
+                    timeout=180,
+                )
+                assert res.returncode == 0, res.stderr[-2000:]
+                summary = json.loads(out.read_text())
+                assert summary["requests"]["ok"] == N, summary["requests"]
+                _wait(lambda: _finished(api1) == N, 30, "serve S1 to see every finish")
+                _wait(lambda: _finished(api2) == N, 30, "serve S2 to mirror every finish from the tap "
+                                                        "processes")
+                r1 = httpx.get(api1 + "/v1/report", params={"drain": 1}, timeout=120).json()
+                r2 = httpx.get(api2 + "/v1/report", params={"drain": 1}, timeout=120).json()
     finally:
         for p in reversed(procs):
             _stop(p)

@@ -1,13 +1,18 @@
-"""The relay → analysis hand-off across processes: frames round-trip into the items the analyzer
-reads; a full hand-off drops and counts data but never an end; marks carry the relay's counters."""
+"""The relay → analysis hand-off: frames round-trip into the items the analyzer reads; a full
+hand-off drops and counts data but never an end; marks carry the relay's counters; what the relay
+keeps makes the snapshot an attaching analysis gets (nothing twice on a resume, everything not yet
+acknowledged on a fresh attach, `relay_lost` ends when the relay changes); acks release it."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+from typing import Any
 
 from shadow.mirror.channel import ChannelReader, ChannelSink
-from shadow.mirror.proxy import TapContext
+from shadow.mirror.proxy import END_RELAY_LOST, TapContext
+
+HELLO = {"relay_id": "r1", "boot_id": "b", "taps": []}
 
 
 def _ctx(rid: str) -> TapContext:
@@ -16,7 +21,7 @@ def _ctx(rid: str) -> TapContext:
 
 def _pump(
     sink: ChannelSink, reader: ChannelReader, rx: socket.socket
-) -> list[tuple[TapContext, int, float, object]]:
+) -> list[tuple[TapContext, int, float, Any]]:
     sink.flush()
     rx.setblocking(False)
     items = []
@@ -25,14 +30,21 @@ def _pump(
             chunk = rx.recv(1 << 20)
         except BlockingIOError:
             return items
+        if not chunk:
+            return items
         items += reader.feed(chunk)
+
+
+def _view(items: list[tuple[TapContext, int, float, Any]]) -> list[tuple[Any, ...]]:
+    return [(i[0].request_id, i[1], i[2], i[3]) for i in items]
 
 
 def test_round_trip_drops_ends_and_marks() -> None:
     async def main() -> None:
         tx, rx = socket.socketpair()
-        sink = ChannelSink(tx, maxsize=3)
-        reader = ChannelReader()
+        sink = ChannelSink(maxsize=3)
+        reader = ChannelReader(boot_id="b")
+        sink.attach(tx, HELLO)
         a, b = _ctx("a"), _ctx("b")
         assert sink.put((a, 0, 1.0, None))
         a.status, a.resp_headers = 200, {"content-type": "text/event-stream"}
@@ -45,7 +57,7 @@ def test_round_trip_drops_ends_and_marks() -> None:
         sink.put_end((b, -1, 1.4, "client_cancel"))  # never dropped, even when full
         sink.mark(7, {"taps": {"d0": {"requests": 2}}})
         items = _pump(sink, reader, rx)
-        assert [(i[0].request_id, i[1], i[2], i[3]) for i in items] == [
+        assert _view(items) == [
             ("a", 0, 1.0, None),
             ("a", 1, 1.1, b"data: x\n\n"),
             ("a", 2, 1.2, b"data: y\n\n"),
@@ -60,9 +72,9 @@ def test_round_trip_drops_ends_and_marks() -> None:
         assert (reader.offered, reader.dropped, reader.token) == (5, 1, 7)
         assert reader.offered == len(items) + reader.dropped  # the watermark identity at a mark
         assert reader.stats["taps"]["d0"]["requests"] == 2
-        # after a flush the hand-off has room again
+        assert reader.relay_id == "r1" and reader.snapshot_done and reader.offset == 0.0  # same boot
         a.seq = 3
-        assert sink.put((a, 3, 1.5, b"z"), 1)
+        assert sink.put((a, 3, 1.5, b"z"), 1)  # after a flush the hand-off has room again
         sink.put_end((a, -1, 1.6, "complete"))
         more = _pump(sink, reader, rx)
         assert [(i[1], i[0].seq) for i in more] == [(3, 3), (-1, 3)]
@@ -73,18 +85,128 @@ def test_round_trip_drops_ends_and_marks() -> None:
     asyncio.run(main())
 
 
-def test_a_gone_analysis_side_never_blocks_or_raises_in_the_relay() -> None:
+def test_a_gone_analysis_never_blocks_or_raises_in_the_relay_and_copies_are_kept() -> None:
     async def main() -> None:
         tx, rx = socket.socketpair()
         rx.close()
-        sink = ChannelSink(tx)
+        sink = ChannelSink()
+        sink.attach(tx, HELLO)
         c = _ctx("a")
         sink.put((c, 0, 1.0, None))
-        sink.flush()  # EPIPE: the sink breaks, counts, and keeps accepting calls
-        assert sink.broken
+        sink.flush()  # EPIPE: the analysis is detached; keeping goes on
+        assert not sink.attached
         assert not sink.put((c, 1, 1.1, b"x"), 1)
-        sink.put_end((c, -1, 1.2, "complete"))
-        assert sink.dropped == sink.offered == 3
+        assert sink.live == 1 and sink.detached_items == 1
+
+    asyncio.run(main())
+
+
+def _stream(sink: ChannelSink, ctx: TapContext, n: int, t0: float) -> None:
+    sink.put((ctx, 0, t0, None))
+    ctx.status, ctx.resp_headers = 200, {"content-type": "text/event-stream"}
+    for i in range(1, n + 1):
+        ctx.seq = i
+        sink.put((ctx, i, t0 + i, b"data: %d\n\n" % i), 10)
+
+
+def test_a_fresh_analysis_gets_every_kept_request_once_and_acks_release_them() -> None:
+    async def main() -> None:
+        sink = ChannelSink()
+        live, ended, acked = _ctx("live"), _ctx("ended"), _ctx("acked")
+        _stream(sink, acked, 1, 0.0)
+        sink.put_end((acked, -1, 2.0, "complete"))
+        sink.ack(sink.end_no)  # an earlier analysis processed and recorded it
+        _stream(sink, live, 2, 10.0)  # detached: kept, not sent
+        _stream(sink, ended, 1, 20.0)
+        sink.put_end((ended, -1, 22.0, "complete"))
+        assert sink.live == 1 and len(sink._kept) == 2
+        tx, rx = socket.socketpair()
+        reader = ChannelReader(boot_id="b")
+        assert sink.attach(tx, HELLO) == 2
+        items = _pump(sink, reader, rx)
+        assert _view(items) == [
+            ("live", 0, 10.0, None),
+            ("live", 1, 11.0, b"data: 1\n\n"),
+            ("live", 2, 12.0, b"data: 2\n\n"),
+            ("ended", 0, 20.0, None),
+            ("ended", 1, 21.0, b"data: 1\n\n"),
+            ("ended", -1, 22.0, "complete"),
+        ]
+        assert reader.snapshot_done and reader.snapshot["requests"] == 2 and reader.snapshot["live"] == 1
+        assert reader.end_seen == sink.end_no
+        live.seq = 3
+        sink.put((live, 3, 13.0, b"data: 3\n\n"), 10)  # then the live stream goes on
+        assert _view(_pump(sink, reader, rx)) == [("live", 3, 13.0, b"data: 3\n\n")]
+        sink.ack(reader.end_seen)
+        assert len(sink._kept) == 1 and sink.live == 1  # the ended one is released, the live one kept
         tx.close()
+        rx.close()
+
+    asyncio.run(main())
+
+
+def test_a_resume_skips_what_the_reader_has_and_another_relay_ends_what_was_open() -> None:
+    async def main() -> None:
+        sink = ChannelSink()
+        a, b = _ctx("a"), _ctx("b")
+        tx, rx = socket.socketpair()
+        reader = ChannelReader(boot_id="b")
+        sink.attach(tx, HELLO)
+        _stream(sink, a, 2, 0.0)
+        _stream(sink, b, 1, 5.0)
+        sink.put_end((b, -1, 7.0, "complete"))
+        first = _pump(sink, reader, rx)
+        assert len(first) == 6
+        tx.close()
+        rx.close()  # the connection broke; the relay kept everything (nothing was acked)
+        a.seq = 3
+        sink.put((a, 3, 3.0, b"data: 3\n\n"), 10)  # while detached
+        tx, rx = socket.socketpair()
+        sink.attach(tx, HELLO, resume_end=reader.end_seen)  # same relay: resume
+        again = _pump(sink, reader, rx)
+        assert _view(again) == [("a", 3, 3.0, b"data: 3\n\n")]  # only what it had not seen
+        assert reader.skipped == 3  # a's start and two chunks came again and were skipped
+        tx.close()
+        rx.close()
+        # another relay answers now (the first one died): what was open there is lost
+        other = ChannelSink()
+        tx, rx = socket.socketpair()
+        other.attach(tx, {**HELLO, "relay_id": "r2"})
+        lost = _pump(other, reader, rx)
+        assert [(i[0].request_id, i[1], i[3]) for i in lost] == [("a", -1, END_RELAY_LOST)]
+        assert reader.relay_id == "r2" and len(reader) == 0
+        tx.close()
+        rx.close()
+
+    asyncio.run(main())
+
+
+def test_bounds_of_what_is_kept_are_counted() -> None:
+    async def main() -> None:
+        sink = ChannelSink(retain_bytes=200, retain_ended=1)
+        a = _ctx("a")
+        _stream(sink, a, 20, 0.0)  # 20 chunks of ~30 bytes: only some fit
+        assert sink.unkept > 0 and sink.kept_bytes <= 200 + 400  # info/start frames always kept
+        for rid in ("e1", "e2"):
+            c = _ctx(rid)
+            sink.put((c, 0, 0.0, None))
+            sink.put_end((c, -1, 1.0, "complete"))
+        assert sink.missed == 1 and len(sink._ended) == 1  # the oldest unacknowledged end dropped
+
+    asyncio.run(main())
+
+
+def test_times_move_onto_this_hosts_clock_when_the_relay_is_on_another() -> None:
+    async def main() -> None:
+        sink = ChannelSink()
+        tx, rx = socket.socketpair()
+        reader = ChannelReader(boot_id="this-host")
+        sink.attach(tx, {**HELLO, "boot_id": "other-host"})
+        c = _ctx("a")
+        sink.put((c, 0, 100.0, None))
+        (item,) = _pump(sink, reader, rx)
+        assert reader.offset != 0.0 and item[2] == 100.0 + reader.offset
+        tx.close()
+        rx.close()
 
     asyncio.run(main())

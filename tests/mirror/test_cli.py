@@ -1,4 +1,6 @@
-"""`shadow tap` as a process: the ready line, the API, recording, clean stop on SIGTERM."""
+"""`shadow tap` as a process (the data plane): the ready line, its own /metrics and /health, an
+analysis attaching later and getting what happened before it came, a relay killed and replaced,
+the group's commands, clean stop on SIGTERM."""
 
 from __future__ import annotations
 
@@ -6,121 +8,158 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
+from shadow.base.procs import read_json_line, shadow_argv
+from shadow.mirror.rundir import RunDir
 from tests.mirror.stub_worker import ThreadServer, create_stub
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 
-def test_shadow_tap_process(tmp_path: Path) -> None:
+def _tap(*args: str) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    p = subprocess.Popen(shadow_argv("tap", *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return p, read_json_line(p, "shadow tap", 60)
+
+
+def _metric(text: str, line_start: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(line_start):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{line_start} not in /metrics")
+
+
+def _wait(cond: Any, what: str, timeout_s: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_shadow_tap_serves_alone_and_an_analysis_attaching_later_sees_what_it_relayed(
+    tmp_path: Path, state_dir: Path
+) -> None:
     rec = tmp_path / "events.ndjson"
     with ThreadServer(create_stub("d0", tokens=3)) as up:
-        p = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "shadow",
-                "tap",
-                "--upstream",
-                f"d0={up.url}",
-                "--scrape-interval",
-                "0.1",
-                "--record",
-                str(rec),
-                "--slots",
-                "8",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        p, ready = _tap("--upstream", f"d0={up.url}", "--name", "fleet")
+        serve = None
         try:
-            assert p.stdout is not None
-            ready = json.loads(p.stdout.readline())
-            assert set(ready) == {"taps", "api"} and ready["taps"]["d0"].startswith("http://127.0.0.1:")
+            assert set(ready) == {"taps", "metrics", "attach", "pid", "group", "dir"}
+            assert ready["group"] == "fleet" and ready["pid"] == p.pid
+            assert ready["dir"] == str(state_dir / "taps" / "fleet")
+            assert ready["taps"]["d0"].startswith("http://127.0.0.1:")
+            assert (os.stat(ready["dir"]).st_mode & 0o777) == 0o700  # request bodies go through here
             r = httpx.post(
                 ready["taps"]["d0"] + "/v1/completions",
                 json={"model": "m", "prompt": "x", "stream": True},
                 headers={"X-Request-Id": "cli-1"},
             )
             assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n")
-            # Wait on conditions, not a clock: the finish has been applied (the mirrored state says
-            # so), then two more scrape rounds, so the drift below was computed after the finish.
-            # The test's timeout bounds the wait.
-            scrapes_after = None
-            while True:
-                state = httpx.get(ready["api"] + "/v1/state").json()
-                scrapes = state["watermark"]["scrapes"]
-                if scrapes_after is None and state["workers"]["d0"]["finished"] == 1:
-                    scrapes_after = scrapes + 2
-                if scrapes_after is not None and scrapes >= scrapes_after:
-                    break
-                time.sleep(0.05)
-            assert state["workers"]["d0"] == {
-                "active": 0,
-                "kv_tokens": 0,
-                "finished": 1,
-                "cancelled": 0,
-                "reaped": 0,
-                "slots": 8,
-                "free_slots": 8,
-            }
-            assert state["drift"]["d0"] == 0
-            metrics = httpx.get(ready["api"] + "/metrics").text
-            assert 'shadow_mirror_requests_finished_total{worker="d0"} 1.0' in metrics
-            assert httpx.get(ready["api"] + "/v1/events/schema").json()["oneOf"]
+            assert httpx.get(ready["metrics"] + "/health").text == "ok\n"
+            text = httpx.get(ready["metrics"] + "/metrics").text
+            assert _metric(text, 'shadow_tap_requests_total{worker="d0"}') == 1
+            assert _metric(text, "shadow_tap_analysis_attached") == 0
+            assert _metric(text, "shadow_tap_kept_requests") == 1  # no analysis has it yet
+            # an analysis attaching now still gets that request (the relay kept it)
+            serve = subprocess.Popen(
+                shadow_argv(
+                    "serve",
+                    "--attach",
+                    ready["dir"],
+                    "--upstream",
+                    f"d0={up.url}",
+                    "--slots",
+                    "8",
+                    "--scrape-interval",
+                    "0.1",
+                    "--record",
+                    str(rec),
+                ),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            api = read_json_line(serve, "shadow serve", 60)["api"]
+            state = _wait(
+                lambda: (s := httpx.get(api + "/v1/state").json())["workers"]["d0"]["finished"] == 1 and s,
+                "the snapshot's request mirrored",
+            )
+            assert state["workers"]["d0"]["active"] == 0 and state["phantoms"] == 0
+            (att,) = state["attached"]
+            assert att["attached"] and att["snapshot"]["requests"] == 1 and att["relay_pid"] != p.pid
+            text = _wait(
+                lambda: (
+                    (t := httpx.get(ready["metrics"] + "/metrics").text)
+                    and _metric(t, "shadow_tap_kept_requests") == 0
+                    and t
+                ),
+                "the end acknowledged",
+            )
+            assert _metric(text, "shadow_tap_analysis_attached") == 1
+            serve.send_signal(signal.SIGTERM)
+            assert serve.wait(30) == 0
+            # the tap never noticed the analysis go away
+            r = httpx.post(ready["taps"]["d0"] + "/v1/completions", json={"model": "m", "prompt": "x"})
+            assert r.status_code == 200
         finally:
+            if serve is not None and serve.poll() is None:
+                serve.kill()
+                serve.wait(10)
             p.send_signal(signal.SIGTERM)
-            rc = p.wait(10)
+            rc = p.wait(30)
         assert rc == 0, p.stderr.read() if p.stderr else ""
+        assert not (state_dir / "taps" / "fleet" / "tap.json").exists()  # a clean stop leaves no record
     kinds = [json.loads(x)["type"] for x in rec.read_text().splitlines()]
     assert kinds == ["session", "request"]  # compact recording: a header, one line per request
 
 
 def test_bad_arguments_fail_cleanly() -> None:
+    p = subprocess.run(shadow_argv("tap", "--upstream", "nope"), capture_output=True, text=True, timeout=30)
+    assert p.returncode != 0 and "NAME=URL" in p.stderr + p.stdout
     p = subprocess.run(
-        [sys.executable, "-m", "shadow", "tap", "--upstream", "nope"],
+        shadow_argv("tap", "--upstream", "d0=http://127.0.0.1:9", "--attach-listen", "127.0.0.1:0"),
         capture_output=True,
         text=True,
         timeout=30,
     )
-    assert p.returncode != 0 and "NAME=URL" in p.stderr + p.stdout
+    assert p.returncode == 2 and "--attach-token" in p.stderr
 
 
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        out += [int(c) for c in (task / "children").read_text().split()]
-    return out
-
-
-def test_shadow_tap_exits_when_its_relay_process_dies() -> None:
-    """The taps relay in a child process; if it dies the taps are down, so `shadow tap` says so
-    and exits 1 instead of serving an API about traffic it no longer sees."""
+def test_a_killed_relay_is_replaced_on_the_same_sockets_and_the_group_answers_commands(
+    state_dir: Path,
+) -> None:
     with ThreadServer(create_stub("d0", tokens=3)) as up:
-        p = subprocess.Popen(
-            [sys.executable, "-m", "shadow", "tap", "--upstream", f"d0={up.url}", "--scrape-interval", "0"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        p, ready = _tap("--upstream", f"d0={up.url}")
         try:
-            assert p.stdout is not None
-            ready = json.loads(p.stdout.readline())
-            r = httpx.post(ready["taps"]["d0"] + "/v1/completions", json={"model": "m", "prompt": "x"})
-            assert r.status_code == 200  # relayed by the child
-            (relay,) = _children(p.pid)
+            rd = RunDir(state_dir, ready["group"])
+            relay = _wait(lambda: (rd.read() or {}).get("relay_pid"), "the relay's pid")
             os.kill(relay, signal.SIGKILL)
-            rc = p.wait(30)
+            fresh = _wait(
+                lambda: (r := (rd.read() or {}).get("relay_pid")) not in (None, relay) and r, "a new relay"
+            )
+            # the same URL, never refused: the listening socket stayed open in the supervisor
+            r = httpx.post(ready["taps"]["d0"] + "/v1/completions", json={"model": "m", "prompt": "x"})
+            assert r.status_code == 200
+            text = httpx.get(ready["metrics"] + "/metrics").text
+            assert _metric(text, "shadow_tap_relay_restarts_total") == 1
+            status = subprocess.run(
+                shadow_argv("tap", "--status"), capture_output=True, text=True, timeout=30
+            )
+            (doc,) = [json.loads(x) for x in status.stdout.splitlines()]
+            assert doc["ok"] and doc["relay_pid"] == fresh and doc["restarts"] == 1
+            stop = subprocess.run(shadow_argv("tap", "--stop"), capture_output=True, text=True, timeout=60)
+            assert stop.returncode == 0 and json.loads(stop.stdout)["ok"]
+            assert p.wait(30) == 0
         finally:
             if p.poll() is None:
                 p.kill()
                 p.wait(10)
-        assert rc == 1
-        assert p.stderr is not None and "relay process exited" in p.stderr.read()
+        assert p.stderr is not None and "restarting it" in p.stderr.read()

@@ -416,13 +416,16 @@ def test_inject_usage_gives_exact_counts_and_clients_see_what_they_asked_for() -
 
 
 def test_relay_process_serves_the_taps_and_the_analysis_thread_yields_to_it() -> None:
-    """relay="process": the taps' listeners are served by a child process (not this one), the
-    analysis thread here runs at the configured lower priority, and stopping ends the child."""
+    """relay="process": the taps' listeners are served by a tap group of their own (not this
+    process), the analysis thread here runs at the configured lower priority, and stopping the
+    service stops the group it started (`stop_taps`, the default when embedded)."""
     with ThreadServer(create_stub("d0", tokens=5)) as up:
         cfg = TapConfig({"d0": up.url}, scrape_interval_s=0, relay="process", analysis_nice=7)
         with TapThread(cfg) as t:
-            relay = t.svc.relay
-            assert relay is not None and relay.alive and relay.proc.pid != os.getpid()
+            group = t.svc.group
+            assert group is not None and group.proc is not None and group.proc.pid != os.getpid()
+            (att,) = t.svc.attachments
+            assert att.attached and att.relay["pid"] not in (os.getpid(), group.proc.pid)
             tid = t.svc.analysis.thread.native_id
             assert os.getpriority(os.PRIO_PROCESS, tid) == os.getpriority(os.PRIO_PROCESS, 0) + 7
             raw = asyncio.run(
@@ -437,4 +440,4 @@ def test_relay_process_serves_the_taps_and_the_analysis_thread_yields_to_it() ->
             assert raw.startswith(b"HTTP/1.1 200") and b"data: [DONE]" in raw
             assert t.wait_for(lambda: t.svc.state.workers["d0"].finished == 1)
             assert t.svc.taps[0].requests == 1  # the relay's counters, as of the sync settle() sent
-        assert relay.proc.poll() is not None  # stopped with the service
+        assert group.proc.poll() == 0  # stopped (drained) with the service

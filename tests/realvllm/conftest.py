@@ -90,7 +90,8 @@ def tier(engine_venv: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathF
     d0_port = free_port()
     serve = Child("shadow serve", shadow_argv(
         "serve", "--upstream", f"d0=http://127.0.0.1:{d0_port}", "--slots", "64",
-        "--events-token", EVENTS_TOKEN, "--scrape-interval", "0.5"), logs / "serve.log")
+        "--events-token", EVENTS_TOKEN, "--scrape-interval", "0.5",
+        "--state-dir", str(logs / "state"), "--stop-taps"), logs / "serve.log")  # outlives one test
     blackhole = socket.socket()
     blackhole.bind(("127.0.0.1", 0))
     blackhole.listen(64)  # accepted by the kernel, never answered: every post times out

@@ -70,13 +70,13 @@ class _Process:
 
 
 class Prometheus(_Process):
-    """deploy/prometheus/prometheus.yml with the `shadow` job's targets, the rule files (copied,
-    optionally with every `for:` set to `rule_for` and every `keep_firing_for:` to
+    """deploy/prometheus/prometheus.yml with the `shadow` (and `shadow-tap`) job's targets, the rule
+    files (copied, optionally with every `for:` set to `rule_for` and every `keep_firing_for:` to
     `keep_firing_for`) and the Alertmanager address templated."""
 
     def __init__(self, tmp: Path, targets: list[str], *, interval: str = "1s",
                  alertmanager: str | None = None, rule_for: str | None = None,
-                 keep_firing_for: str | None = None) -> None:
+                 keep_firing_for: str | None = None, tap_targets: list[str] | None = None) -> None:
         conf = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
         rules = tmp / "rules"
         rules.mkdir()
@@ -95,6 +95,13 @@ class Prometheus(_Process):
             conf["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [alertmanager]
         (job,) = [j for j in conf["scrape_configs"] if j["job_name"] == "shadow"]
         job["static_configs"][0]["targets"] = targets
+        # the data plane's job (`shadow tap --metrics-port`): scraped where given, else left out (a
+        # target nobody runs would be a tap that is down)
+        (tap_job,) = [j for j in conf["scrape_configs"] if j["job_name"] == "shadow-tap"]
+        if tap_targets:
+            tap_job["static_configs"][0]["targets"] = tap_targets
+        else:
+            conf["scrape_configs"].remove(tap_job)
         (tmp / "prometheus.yml").write_text(yaml.safe_dump(conf))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"

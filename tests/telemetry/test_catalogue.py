@@ -88,6 +88,7 @@ def test_active_routing_metrics_are_the_coordinated_table() -> None:
         "shadow_pool_starvation_guard_total": ("counter", ()),
         "shadow_router_placements_total": ("counter", ("worker", "policy")),
         "shadow_router_worker_up": ("gauge", ("worker",)),
+        "shadow_router_streams_cut_total": ("counter", ("leg", "reason")),
         "shadow_predictor_key_lookups_total": ("counter", ("result",)),
         "shadow_predictor_oracle_gap_ratio": ("gauge", ()),
         "shadow_cohort_requests_total": ("counter", ("cohort", "result")),

@@ -17,6 +17,7 @@ from shadow.base.families import DeclaredCollector, Family
 from shadow.fleet import metrics as fleet_metrics
 from shadow.live import metrics as live_metrics
 from shadow.mirror import metrics as mirror_metrics
+from shadow.mirror import relay_metrics
 from shadow.realvllm import probe_metrics
 from shadow.realvllm.probe_metrics import ProbeCollector
 from shadow.realvllm.stepsender import SenderCounts, StepSample
@@ -86,7 +87,7 @@ def _collectors() -> list[tuple[DeclaredCollector, tuple[Family, ...]]]:
                              listener_errors=0)
     queue = _Queue()
     analyzer = SimpleNamespace(chunks={}, legs={}, ends={}, inflight={}, gaps=0, output_counts={})
-    tap = SimpleNamespace(name="a", requests=0, connect_errors=0, rejected={}, connections=0)
+    tap = SimpleNamespace(name="a", requests=0, connect_errors=0, rejected={}, cut={}, connections=0)
     rec = SimpleNamespace(workers={"a": SimpleNamespace(drift_requests=0, drift_kv_ratio=None, draining=None,
                                                         load=None, last_ok=None, errors=0)})
     mc = mirror_metrics.MirrorCollector(mirror, analyzer=analyzer, queue=queue,  # type: ignore[arg-type]
@@ -97,6 +98,12 @@ def _collectors() -> list[tuple[DeclaredCollector, tuple[Family, ...]]]:
         "policy": "router", "degraded": {}, "calibration_error": None, "oracle_gap": None,
         "canary_fraction": 0.0, "canary_verdicts": {}, "canary_p": {}, "cohorts": {}})
     proxy = SimpleNamespace(prefill=SimpleNamespace(prefillers=[]), decode_names=[], errors={})
+    relay_tap = SimpleNamespace(name="a", requests=0, connect_errors=0, rejected={}, cut={}, connections=0,
+                                inflight=lambda: 0)
+    sink = SimpleNamespace(attached=None, attaches=0, dropped_total=0, kept_bytes=0, kept_requests=0,
+                           unkept=0, missed=0)
+    relay = SimpleNamespace(taps=[relay_tap], sink=sink, refused=0, spec=SimpleNamespace(restarts=0),
+                            started=0.0)
     clock = SimpleNamespace(steps=0, last_step_s=0.0, last_max_load=0, sum_spread=0,
                             step_hist=fleet_metrics.Hist(()))
     return [
@@ -107,10 +114,12 @@ def _collectors() -> list[tuple[DeclaredCollector, tuple[Family, ...]]]:
         (fleet_metrics.VllmCollector("m", lambda: [], 16, 1024), fleet_metrics.VLLM_FAMILIES),
         (fleet_metrics.StepCollector(lambda: clock, lambda: [], lambda s: 0),
          fleet_metrics.FLEET_FAMILIES),
+        (relay_metrics.RelayCollector(relay), relay_metrics.FAMILIES),
     ]
 
 
-@pytest.mark.parametrize("index", range(6), ids=["mirror", "live", "mode", "standin", "vllm", "fleet"])
+@pytest.mark.parametrize(
+    "index", range(7), ids=["mirror", "live", "mode", "standin", "vllm", "fleet", "relay"])
 def test_collectors_describe_what_they_collect_in_order(index: int) -> None:
     collector, families = _collectors()[index]
     described = [(m.name, m.type, m.documentation) for m in collector.describe()]
@@ -155,7 +164,8 @@ def test_one_probe_collector_exposes_every_engine_of_an_api_server_once() -> Non
 def test_catalogue_is_every_declaration_once() -> None:
     groups = (mirror_metrics.FAMILIES, listener_metrics.FAMILIES, procinfo.FAMILIES, live_metrics.FAMILIES,
               mode_metrics.FAMILIES, active_metrics.FAMILIES, standin.FAMILIES, fleet_metrics.FLEET_FAMILIES,
-              fleet_metrics.VLLM_FAMILIES, probe_metrics.FAMILIES)
+              fleet_metrics.VLLM_FAMILIES, probe_metrics.FAMILIES,
+              relay_metrics.FAMILIES)
     declared = [f for group in groups for f in group]
     assert sorted(e.family.name for e in CATALOGUE) == sorted(f.name for f in declared)
     assert all(CATALOGUE.get(f.name).family is f for f in declared)  # type: ignore[union-attr]

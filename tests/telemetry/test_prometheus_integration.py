@@ -6,6 +6,7 @@ returns data (for an alert, each metric its condition reads has data: a healthy 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -16,6 +17,8 @@ import pytest
 import yaml
 
 from shadow.app.catalogue import catalogue
+from shadow.base.procs import shadow_argv
+from tests.live.stack import Procs
 from tests.telemetry.promql import metric_names, substitute
 from tests.telemetry.servers import Prometheus
 from tests.telemetry.servers import wait_for as _wait
@@ -46,7 +49,14 @@ def _expressions() -> list[tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Prometheus, Stack]]:
-    with running_stack(serve=True, time_scale=1.0) as stack:
+    tmp = tmp_path_factory.mktemp("dataplane")
+    procs = Procs(tmp)
+    with contextlib.ExitStack() as stack_of, running_stack(serve=True, time_scale=1.0) as stack:
+        stack_of.callback(procs.close)
+        # a data plane of its own (`shadow tap`) in front of d0, for the `shadow-tap` job's families
+        _, tap = procs.start("tap", shadow_argv("tap", "--upstream", f"d0={stack.fleet.decode_urls[0]}",
+                                                "--state-dir", str(tmp), "--name", "d0"))
+        tap_target = str(tap["metrics"]).removeprefix("http://").rstrip("/").removesuffix("/metrics")
         send_traffic(list(stack.tap_urls.values()), per_url=8, max_tokens=60)
         # one rejected line (bad JSON) and one ignored event (an end for an unknown request), so the
         # error panels have series
@@ -57,7 +67,8 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Promethe
         d0 = stack.tap_urls["d0"]
         assert httpx.get(d0 + "/not-relayed", timeout=5).status_code >= 400
         stack.taps.wait_for(lambda: stack.taps.svc.state.live() == 0 and not len(stack.taps.svc.queue))
-        prom = Prometheus(tmp_path_factory.mktemp("prom"), [stack.api.removeprefix("http://")])
+        prom = Prometheus(tmp_path_factory.mktemp("prom"), [stack.api.removeprefix("http://")],
+                          tap_targets=[tap_target])
         try:
             _wait(prom.ready, 60, "prometheus ready")
             # enough samples for rate() over the substituted window: the counter seen in 3 scrapes
@@ -78,6 +89,8 @@ def test_prometheus_scrapes_the_shipped_job_with_the_fleet_label(scraped: tuple[
     prom, _ = scraped
     res = prom.query('up{job="shadow"}')["data"]["result"]
     assert res and res[0]["value"][1] == "1" and res[0]["metric"]["fleet"] == "default"
+    # and the data plane's own job (ShadowTapDown pages on its absence)
+    _wait(lambda: prom.query('up{job="shadow-tap"} == 1')["data"]["result"], 30, "the data plane scraped")
 
 
 def test_rules_loaded_and_healthy(scraped: tuple[Prometheus, Stack]) -> None:

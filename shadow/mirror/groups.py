@@ -1,0 +1,129 @@
+"""Tap groups an analysis starts for itself (`shadow serve --upstream ...`) or adopts after its own
+restart: a `shadow tap` process in a session of its own, found through the state directory.
+
+`ManagedGroup(state_dir, name, argv, digest).ensure()` adopts the group running under that name
+with the same configuration digest, else starts `argv` detached (stdin closed, output to
+`STATE_DIR/taps/NAME/tap.log`) and waits until its relay accepts; `stop()` drains and ends it.
+The group outlives the process that started it: nothing here ties their lifetimes; a group
+stopped cleanly leaves no directory behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from shadow.mirror.rundir import RunDir, pid_alive
+from shadow.mirror.supervisor import control
+
+LOG = "tap.log"
+
+
+class ManagedGroup:
+    """See module docstring."""
+
+    def __init__(self, state_dir: Path, name: str, argv: list[str], digest: str) -> None:
+        self.run_dir = RunDir(state_dir, name)
+        self.argv = argv
+        self.digest = digest
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.adopted = False
+
+    @property
+    def log_path(self) -> Path:
+        return self.run_dir.path / LOG
+
+    def running(self) -> dict[str, Any] | None:
+        """The running group's record (with a relay that accepts), or None."""
+        rec = self.run_dir.live_record()
+        if rec is None or not rec.get("relay_id"):
+            return None
+        return rec
+
+    def ensure(self, timeout_s: float = 60.0) -> dict[str, Any]:
+        """Adopt the running group or start it; its record. OSError with the log's tail on failure."""
+        rec = self.run_dir.live_record()
+        if rec is not None:
+            if rec.get("digest") != self.digest:
+                raise OSError(
+                    f"tap group {self.run_dir.name!r} runs with another configuration (pid "
+                    f"{rec.get('pid')}); stop it first: shadow tap --stop --name {self.run_dir.name}"
+                )
+            self.adopted = True
+            return self._wait(timeout_s)
+        self.run_dir.create()
+        log = os.fdopen(os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
+        try:
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                close_fds=True,
+            )
+        finally:
+            log.close()
+        return self._wait(timeout_s)
+
+    def _wait(self, timeout_s: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            rec = self.running()
+            if rec is not None:
+                return rec
+            if self.proc is not None and self.proc.poll() is not None:
+                raise OSError(
+                    f"the tap group {self.run_dir.name!r} exited (code {self.proc.returncode}) "
+                    f"before serving: {self.tail()}"
+                )
+            if time.monotonic() > deadline:
+                raise OSError(
+                    f"the tap group {self.run_dir.name!r} did not start serving within "
+                    f"{timeout_s:.0f} s: {self.tail()}"
+                )
+            time.sleep(0.02)
+
+    def tail(self, lines: int = 3) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return " | ".join(text.strip().splitlines()[-lines:]) or "(empty log)"
+
+    def poll(self) -> None:
+        """Reap the group's process if it was ours and has exited (no zombie left behind)."""
+        if self.proc is not None:
+            self.proc.poll()
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Drain and end the group (the supervisor's `stop`, else SIGTERM to its pid)."""
+        rec = self.run_dir.read() or {}
+        pid = int(rec.get("pid") or (self.proc.pid if self.proc is not None else 0))
+        try:
+            control(self.run_dir, "stop", timeout_s=5.0)
+        except OSError:
+            if pid and pid_alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is not None:
+                if self.proc.poll() is not None:
+                    break
+            elif not self.run_dir.locked_by_someone():
+                break
+            time.sleep(0.02)
+        else:
+            if self.proc is not None and self.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+            return
+        if self.proc is None or self.proc.returncode == 0:
+            self.run_dir.remove()  # stopped cleanly: nothing left to find (a failure keeps its log)

@@ -1,0 +1,426 @@
+"""The relay: the taps of one data-plane process on their own event loop, nothing else on it but
+the hand-off to an attached analysis and a small /metrics and /health endpoint.
+
+`Relay(spec, sockets)` serves listening sockets it is given (bound by its supervisor, systemd, or a
+predecessor): one per tap, the attach socket(s) an analysis connects to, and the admin socket.
+`await relay.run(ready)` serves until `drain()` (SIGTERM) has let the streams in flight finish or
+timed out; `ready(doc)` is called once everything accepts. One analysis is attached at a time: a
+new one replaces the previous (which is told so); an attach over TCP must present the token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import marshal
+import os
+import secrets
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from httptools import HttpParserError, HttpRequestParser
+from prometheus_client import CollectorRegistry, generate_latest
+
+from shadow.mirror.channel import T_CTL, ChannelSink, FrameReader
+from shadow.mirror.http1 import TapLimits
+from shadow.mirror.proxy import Tap
+from shadow.mirror.relay_metrics import RelayCollector
+
+STATS_INTERVAL_S = 0.25
+HELLO_TIMEOUT_S = 5.0
+MAX_CONTROL_FRAME = 64 << 10
+
+
+def boot_id() -> str:
+    """This kernel's boot id: two processes that share it share CLOCK_MONOTONIC."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+@dataclass
+class RelaySpec:
+    """What a relay serves: taps [{name, upstream, role}] and the hand-off's bounds."""
+
+    taps: list[dict[str, str]]
+    limits: dict[str, Any] = field(default_factory=dict)
+    max_body: int = 4 << 20
+    inject_usage: bool = False
+    queue_size: int = 65536
+    queue_bytes: int = 256 << 20
+    retain_bytes: int = 128 << 20
+    retain_ended: int = 100_000
+    loop: str = "auto"
+    attach_token: str | None = None  # required of an analysis attaching over TCP
+    group: str = ""
+    restarts: int = 0  # relays of this group started before this one after a crash
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RelaySpec:
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@dataclass
+class RelaySockets:
+    """Listening sockets a relay serves: `taps` by name, `attach` (unix and/or TCP), `admin`."""
+
+    taps: dict[str, socket.socket]
+    attach: list[socket.socket]
+    admin: socket.socket | None = None
+
+    def all(self) -> list[socket.socket]:
+        return [*self.taps.values(), *self.attach, *([self.admin] if self.admin is not None else [])]
+
+
+def tap_stats(taps: Iterable[Tap]) -> dict[str, Any]:
+    return {
+        "taps": {
+            t.name: {
+                "requests": t.requests,
+                "connect_errors": t.connect_errors,
+                "rejected": dict(t.rejected),
+                "cut": dict(t.cut),
+                "connections": t.connections,
+                "inflight": t.inflight(),
+            }
+            for t in taps
+        }
+    }
+
+
+class Relay:
+    """See module docstring."""
+
+    def __init__(self, spec: RelaySpec, sockets: RelaySockets) -> None:
+        self.spec = spec
+        self.sockets = sockets
+        self.relay_id = secrets.token_hex(6)
+        self.started = time.time()
+        self.sink = ChannelSink(
+            spec.queue_size, spec.queue_bytes, retain_bytes=spec.retain_bytes, retain_ended=spec.retain_ended
+        )
+        lim: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in spec.limits.items()}
+        limits = TapLimits(**lim)
+        self.taps = [
+            Tap(
+                t["name"],
+                t["upstream"],
+                self.sink,
+                max_body=spec.max_body,
+                inject_usage=spec.inject_usage,
+                limits=limits,
+            )
+            for t in spec.taps
+        ]
+        self.draining = False
+        self.replaced = 0  # analyses that a newer attach replaced
+        self.refused = 0  # attach attempts refused (bad hello, wrong token)
+        self._conn: socket.socket | None = None
+        self._servers: list[asyncio.AbstractServer] = []
+        self._attach_listeners: list[socket.socket] = []
+        self._done = asyncio.Event()
+        self._tasks: set[asyncio.Future[Any]] = set()
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(RelayCollector(self))
+
+    def hello(self) -> dict[str, Any]:
+        return {
+            "relay_id": self.relay_id,
+            "pid": os.getpid(),
+            "boot_id": boot_id(),
+            "group": self.spec.group,
+            "taps": [
+                {
+                    "name": t.name,
+                    "upstream": t.upstream,
+                    "url": t.url,
+                    "role": next(
+                        (d.get("role", "decode") for d in self.spec.taps if d["name"] == t.name), "decode"
+                    ),
+                }
+                for t in self.taps
+            ],
+        }
+
+    # -- serving -----------------------------------------------------------------------------------
+
+    async def run(
+        self, ready: Callable[[dict[str, Any]], None] | None = None, drain_timeout_s: float = 30.0
+    ) -> None:
+        """Serve until drained (see `drain`) or `stop()`."""
+        loop = asyncio.get_running_loop()
+        for tap in self.taps:
+            await tap.start(sock=self.sockets.taps[tap.name])
+        for s in self.sockets.attach:
+            s.setblocking(False)
+            loop.add_reader(s.fileno(), self._accept_attach, s)
+            self._attach_listeners.append(s)
+        if self.sockets.admin is not None:
+            self._servers.append(await loop.create_server(lambda: _AdminConn(self), sock=self.sockets.admin))
+        self._drain_timeout = drain_timeout_s
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signal.SIGTERM, self.drain)
+            loop.add_signal_handler(signal.SIGUSR1, self.stop)
+        if ready is not None:
+            ready({**self.hello(), "admin": self._admin_url()})
+        try:
+            while not self._done.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._done.wait(), STATS_INTERVAL_S)
+                self.mark()
+        finally:
+            await self._close()
+
+    def _admin_url(self) -> str:
+        a = self.sockets.admin
+        if a is None:
+            return ""
+        h, p = a.getsockname()[:2]
+        return f"http://[{h}]:{p}" if ":" in h else f"http://{h}:{p}"
+
+    def mark(self, token: int = 0) -> None:
+        self.sink.mark(token, {**tap_stats(self.taps), "pending_bytes": self.sink.bytes})
+
+    def drain(self) -> None:
+        """Stop accepting (the listening sockets stay open wherever else they are held: a successor
+        relay takes the next connections), tell the analysis, let the streams in flight finish."""
+        if self.draining:
+            self.stop()  # a second signal: now
+            return
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        for s in self._attach_listeners:
+            loop.remove_reader(s.fileno())
+            s.close()
+        self._attach_listeners.clear()
+        for srv in self._servers:
+            srv.close()
+        for t in self.taps:
+            t.begin_drain()
+        self.sink.send_notice({"draining": True, "relay_id": self.relay_id})
+        task = asyncio.ensure_future(self._drained())
+        self._tasks.add(task)
+
+    async def _drained(self) -> None:
+        await asyncio.gather(*(t.drained(self._drain_timeout) for t in self.taps))
+        self.stop()
+
+    def stop(self) -> None:
+        self._done.set()
+
+    async def _close(self) -> None:
+        loop = asyncio.get_running_loop()
+        for s in self._attach_listeners:
+            with contextlib.suppress(Exception):
+                loop.remove_reader(s.fileno())
+        for t in self.taps:
+            with contextlib.suppress(Exception):
+                await t.close()  # what is still in flight is cut (visibly: tap_shutdown)
+        self.mark()
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                loop.remove_reader(self._conn.fileno())
+        self.sink.close()
+        for srv in self._servers:
+            srv.close()
+
+    # -- the attached analysis ---------------------------------------------------------------------
+
+    def _accept_attach(self, listener: socket.socket) -> None:
+        try:
+            conn, _ = listener.accept()
+        except (BlockingIOError, InterruptedError, OSError):
+            return
+        tcp = listener.family != socket.AF_UNIX
+        task = asyncio.ensure_future(self._hello(conn, tcp))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _hello(self, conn: socket.socket, tcp: bool) -> None:
+        """Read the analysis's hello (bounded, with a deadline), check it, then attach it."""
+        loop = asyncio.get_running_loop()
+        conn.setblocking(False)
+        frames = FrameReader(MAX_CONTROL_FRAME)
+        got: list[tuple[int, bytes]] = []
+        try:
+            async with asyncio.timeout(HELLO_TIMEOUT_S):
+                while not got:
+                    data = await loop.sock_recv(conn, 65536)
+                    if not data:
+                        raise ConnectionError("closed before its hello")
+                    got = frames.feed(data)
+            kind, body = got.pop(0)
+            cmd, hello = marshal.loads(body) if kind == T_CTL else ("", None)
+            if cmd != "hello" or not isinstance(hello, dict):
+                raise ValueError("the first frame must be a hello")
+        except (TimeoutError, OSError, ValueError, EOFError, TypeError):
+            self.refused += 1
+            conn.close()
+            return
+        token = self.spec.attach_token
+        if tcp and (not token or not hmac.compare_digest(str(hello.get("token", "")), token)):
+            self.refused += 1
+            conn.close()
+            return
+        if self.draining:
+            conn.close()  # a successor takes attaches now
+            return
+        if self._conn is not None:
+            self.replaced += 1
+            self.sink.send_notice({"replaced": True})
+            self.sink.flush()
+            with contextlib.suppress(Exception):
+                loop.remove_reader(self._conn.fileno())
+        resume = hello.get("resume") or {}
+        resume_end = int(resume.get("end_seen", 0)) if resume.get("relay_id") == self.relay_id else 0
+        self.sink.attach(conn, self.hello(), resume_end)
+        self._conn = conn
+        self._ctl = frames
+        for kind, body in got:  # control frames that came with the hello
+            self._control(kind, body)
+        loop.add_reader(conn.fileno(), self._on_control, conn)
+
+    def _on_control(self, conn: socket.socket) -> None:
+        try:
+            data = conn.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            asyncio.get_running_loop().remove_reader(conn.fileno())
+            if self._conn is conn:
+                self._conn = None
+                self.sink.detach()
+            return
+        try:
+            for kind, body in self._ctl.feed(data):
+                self._control(kind, body)
+        except (ValueError, EOFError, TypeError):
+            asyncio.get_running_loop().remove_reader(conn.fileno())
+            self._conn = None
+            self.sink.detach()
+
+    def _control(self, kind: int, body: bytes) -> None:
+        if kind != T_CTL:
+            return
+        cmd, arg = marshal.loads(body)
+        if cmd == "sync":
+            self.mark(int(arg))
+        elif cmd == "ack":
+            self.sink.ack(int(arg))
+
+
+class _AdminConn(asyncio.Protocol):
+    """GET /metrics (Prometheus text) and GET /health on the admin socket; anything else 404."""
+
+    MAX_HEAD = 8 << 10
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+        self.parser = HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.url = b""
+        self.fed = 0
+        self.timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.timer = asyncio.get_running_loop().call_later(10.0, transport.close)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+
+    def data_received(self, data: bytes) -> None:
+        self.fed += len(data)
+        try:
+            if self.fed > self.MAX_HEAD:
+                raise HttpParserError("head too large")
+            self.parser.feed_data(data)
+        except HttpParserError:
+            self._answer(400, b"bad request\n", b"text/plain")
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_message_complete(self) -> None:
+        path = self.url.split(b"?", 1)[0]
+        method = self.parser.get_method()
+        if method not in (b"GET", b"HEAD"):
+            self._answer(405, b"method not allowed\n", b"text/plain")
+        elif path == b"/metrics":
+            self._answer(
+                200, generate_latest(self.relay.registry), b"text/plain; version=0.0.4; charset=utf-8"
+            )
+        elif path in (b"/health", b"/ready"):
+            ok = not self.relay.draining or path == b"/health"
+            self._answer(200 if ok else 503, b"ok\n" if ok else b"draining\n", b"text/plain")
+        else:
+            self._answer(404, b"not found\n", b"text/plain")
+
+    def _answer(self, status: int, body: bytes, ctype: bytes) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        reason = {
+            200: b"OK",
+            400: b"Bad Request",
+            404: b"Not Found",
+            405: b"Method Not Allowed",
+            503: b"Service Unavailable",
+        }[status]
+        self.transport.write(
+            b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
+            % (status, reason, ctype, len(body), body)
+        )
+        self.transport.close()
+
+
+def serve_relay(spec: RelaySpec, sockets: RelaySockets, ready_fd: int, drain_timeout_s: float) -> int:
+    """Run a relay in this process until it has drained; `ready_fd` gets one JSON line when it
+    accepts. SIGTERM drains (a second one ends it now), SIGUSR1 ends it now (open streams are cut,
+    visibly); SIGINT is the supervisor's to handle."""
+    from shadow.base.runtime import loop_runner, raise_fd_limit, tune_gc
+
+    raise_fd_limit()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def ready(doc: dict[str, Any]) -> None:
+        with contextlib.suppress(OSError):
+            os.write(ready_fd, json.dumps(doc).encode() + b"\n")
+            os.close(ready_fd)
+
+    relay = Relay(spec, sockets)
+    tune_gc()
+    loop_runner(spec.loop if spec.loop in ("asyncio", "uvloop") else "auto")(
+        relay.run(ready, drain_timeout_s)
+    )
+    return 0
+
+
+def main() -> None:
+    """A relay started by its supervisor in a fresh interpreter: spec and fd numbers on stdin."""
+    doc = json.loads(sys.stdin.readline())
+    fds = doc["fds"]
+    sockets = RelaySockets(
+        taps={n: socket.socket(fileno=fd) for n, fd in fds["taps"].items()},
+        attach=[socket.socket(fileno=fd) for fd in fds["attach"]],
+        admin=socket.socket(fileno=fds["admin"]) if fds.get("admin") is not None else None,
+    )
+    raise SystemExit(
+        serve_relay(
+            RelaySpec.from_dict(doc["spec"]), sockets, int(doc["ready_fd"]), float(doc["drain_timeout_s"])
+        )
+    )

@@ -1,0 +1,133 @@
+"""The data plane's own metrics (`shadow tap`'s /metrics on --metrics-port), declared here
+(`FAMILIES`): what a relay knows of itself, read at scrape time. Its being scrapable at all is
+what the tap-down page watches."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import Metric
+
+from shadow.base.families import DeclaredCollector, Family
+from shadow.mirror.proxy import CUT_REASONS, REJECT_REASONS
+
+W = ("worker",)
+REQUESTS = Family("shadow_tap_requests_total", "counter", "HTTP requests relayed by each tap.", "requests", W)
+CONNECT_ERRORS = Family(
+    "shadow_tap_upstream_connect_errors_total",
+    "counter",
+    "Failed connections to the tap's upstream.",
+    "errors",
+    W,
+)
+REJECTED = Family(
+    "shadow_tap_rejected_total",
+    "counter",
+    "Requests or connections a tap refused, by reason.",
+    "requests",
+    ("worker", "reason"),
+    {"reason": REJECT_REASONS},
+)
+CUT = Family(
+    "shadow_tap_streams_cut_total",
+    "counter",
+    "Responses a tap cut after their head (the client saw an SSE error event and an aborted body), "
+    "by reason.",
+    "requests",
+    ("worker", "reason"),
+    {"reason": CUT_REASONS},
+)
+CONNECTIONS = Family(
+    "shadow_tap_connections", "gauge", "Client connections open on each tap.", "connections", W
+)
+INFLIGHT = Family("shadow_tap_inflight", "gauge", "Requests in flight through each tap.", "requests", W)
+ATTACHED = Family("shadow_tap_analysis_attached", "gauge", "1 while an analysis is attached.", "analyses")
+ATTACHES = Family("shadow_tap_attaches_total", "counter", "Analyses that attached.", "analyses")
+HANDOFF_DROPPED = Family(
+    "shadow_tap_handoff_dropped_total",
+    "counter",
+    "Copies not handed to the attached analysis (hand-off full); kept for a later snapshot when they fit.",
+    "items",
+)
+KEPT_BYTES = Family("shadow_tap_kept_bytes", "gauge", "Bytes of copies kept for a snapshot.", "bytes")
+KEPT_REQUESTS = Family(
+    "shadow_tap_kept_requests",
+    "gauge",
+    "Requests whose copies are kept (live, or ended and not yet acknowledged by an analysis).",
+    "requests",
+)
+UNKEPT = Family(
+    "shadow_tap_unkept_total", "counter", "Copies not kept for a snapshot (--retain-bytes full).", "items"
+)
+MISSED = Family(
+    "shadow_tap_missed_total",
+    "counter",
+    "Ended requests no analysis saw before they were dropped from the kept copies (--retain-bytes, "
+    "--retain-ended).",
+    "requests",
+)
+ATTACH_REFUSED = Family(
+    "shadow_tap_attach_refused_total",
+    "counter",
+    "Attach attempts refused (no valid hello, a wrong token).",
+    "analyses",
+)
+RESTARTS = Family(
+    "shadow_tap_relay_restarts_total",
+    "counter",
+    "Relays of this group restarted after one died (the supervisor's count when this one started).",
+    "restarts",
+)
+STARTED = Family(
+    "shadow_tap_relay_start_time_seconds", "gauge", "When this relay started (Unix time).", "seconds"
+)
+
+FAMILIES = (
+    REQUESTS,
+    CONNECT_ERRORS,
+    REJECTED,
+    CUT,
+    CONNECTIONS,
+    INFLIGHT,
+    ATTACHED,
+    ATTACHES,
+    HANDOFF_DROPPED,
+    KEPT_BYTES,
+    KEPT_REQUESTS,
+    UNKEPT,
+    MISSED,
+    ATTACH_REFUSED,
+    RESTARTS,
+    STARTED,
+)
+
+
+class RelayCollector(DeclaredCollector):
+    """Reads a `Relay` (taps, hand-off, kept copies) at scrape time."""
+
+    families = FAMILIES
+
+    def __init__(self, relay: Any) -> None:
+        self.relay = relay
+
+    def collect(self) -> Iterator[Metric]:
+        r = self.relay
+        sink = r.sink
+        taps = r.taps
+        yield REQUESTS.sampled({t.name: t.requests for t in taps})
+        yield CONNECT_ERRORS.sampled({t.name: t.connect_errors for t in taps})
+        yield REJECTED.sampled({(t.name, k): t.rejected.get(k, 0) for t in taps for k in REJECT_REASONS})
+        yield CUT.sampled({(t.name, k): t.cut.get(k, 0) for t in taps for k in CUT_REASONS})
+        yield CONNECTIONS.sampled({t.name: t.connections for t in taps})
+        yield INFLIGHT.sampled({t.name: t.inflight() for t in taps})
+        yield ATTACHED.value(1.0 if sink.attached else 0.0)
+        yield ATTACHES.value(sink.attaches)
+        yield HANDOFF_DROPPED.value(sink.dropped_total)
+        yield KEPT_BYTES.value(sink.kept_bytes)
+        yield KEPT_REQUESTS.value(sink.kept_requests)
+        yield UNKEPT.value(sink.unkept)
+        yield MISSED.value(sink.missed)
+        yield ATTACH_REFUSED.value(r.refused)
+        yield RESTARTS.value(r.spec.restarts)
+        yield STARTED.value(r.started)

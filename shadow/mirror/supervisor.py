@@ -1,0 +1,454 @@
+"""The data-plane process of a tap group: it holds the listening sockets for the group's lifetime and
+keeps one relay (`shadow.mirror.relay`) serving them.
+
+- A relay that dies (a crash, `kill -9`) is replaced at once by a fork of this process (no new
+  interpreter to start): its streams are cut — the kernel closes their sockets mid-body — and
+  connections made meanwhile wait in the listening sockets' queues, which stay open here.
+- `reload` (SIGHUP, or the control socket): a new relay is started from the code now installed
+  (a fresh interpreter that inherits the listening sockets), and once it accepts, the old one
+  stops accepting and drains: nothing is refused and no stream is cut. Sockets are shared, never
+  re-bound (a closed SO_REUSEPORT listener would drop its accept queue).
+- `stop` (SIGTERM/SIGINT, or the control socket): the relay drains (up to the drain timeout), then
+  the process exits; a second signal ends the relay at once.
+
+The control socket (`ctl.sock` in the group's directory) takes one JSON line and answers one:
+`{"cmd": "status"|"reload"|"stop"}`. Nothing here touches request bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from shadow.mirror.relay import RelaySockets, RelaySpec
+from shadow.mirror.rundir import RunDir, unix_listen
+
+RESTART_BACKOFF_S = (0.0, 0.05, 0.1, 0.2, 0.5)  # after 1, 2, 3, 4, 5+ crashes within CRASH_WINDOW_S
+CRASH_WINDOW_S = 10.0
+READY_TIMEOUT_S = 120.0
+CONTROL_MAX = 4096
+
+
+def log(msg: str) -> None:
+    print(f"shadow tap: {msg}", file=sys.stderr, flush=True)
+
+
+class _Worker:
+    """One relay process: how it was started, its ready pipe, whether it drains."""
+
+    def __init__(
+        self, pid: int, ready_fd: int, how: str, proc: subprocess.Popen[bytes] | None = None
+    ) -> None:
+        self.pid = pid
+        self.ready_fd = ready_fd
+        self.how = how  # "fork" | "exec"
+        self.proc = proc
+        self.ready: dict[str, Any] | None = None
+        self.buf = b""
+        self.draining = False
+        self.started = time.monotonic()
+
+
+class Supervisor:
+    """See module docstring. `run()` blocks until the group stops; its exit code."""
+
+    def __init__(
+        self,
+        spec: RelaySpec,
+        sockets: RelaySockets,
+        *,
+        run_dir: RunDir | None,
+        drain_timeout_s: float = 30.0,
+        ready: Callable[[dict[str, Any]], None] | None = None,
+        argv_record: dict[str, Any] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.sockets = sockets
+        self.run_dir = run_dir
+        self.drain_timeout_s = drain_timeout_s
+        self.on_ready = ready
+        self.record_extra = argv_record or {}
+        self.workers: dict[int, _Worker] = {}
+        self.current: _Worker | None = None
+        self.pending: _Worker | None = None  # a reload's new relay, until it accepts
+        self.restarts = 0
+        self.crashes: list[float] = []
+        self.stopping = False
+        self.forced = False  # stopped by a second signal: streams may have been cut
+        self.stop_deadline = 0.0
+        self.announced = False
+        self.sel = selectors.DefaultSelector()
+        self._signals: list[int] = []
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._ctl: socket.socket | None = None
+        self._ctl_conns: dict[socket.socket, bytes] = {}
+        self._reload_waiters: list[socket.socket] = []
+        self._restart_at = 0.0
+
+    # -- the loop ------------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        for s in (self._wake_r, self._wake_w):
+            s.setblocking(False)
+        signal.set_wakeup_fd(self._wake_w.fileno())
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(sig, self._on_signal)
+        self.sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        if self.run_dir is not None:
+            self._ctl = unix_listen(self.run_dir.control)
+            self._ctl.setblocking(False)
+            self.sel.register(self._ctl, selectors.EVENT_READ, "ctl")
+        self.current = self._fork()
+        try:
+            while True:
+                for key, _ in self.sel.select(timeout=0.25):
+                    self._dispatch(key)
+                self._handle_signals()
+                self._reap()
+                if self.stopping:
+                    if not self.workers:
+                        return 1 if self.forced else 0
+                    if time.monotonic() > self.stop_deadline:
+                        for w in self.workers.values():
+                            with contextlib.suppress(ProcessLookupError):
+                                os.kill(w.pid, signal.SIGKILL)
+                elif self.current is None and time.monotonic() >= self._restart_at:
+                    self.current = self._fork()
+        finally:
+            self._shutdown()
+
+    def _dispatch(self, key: selectors.SelectorKey) -> None:
+        what = key.data
+        if what == "wake":
+            with contextlib.suppress(OSError):
+                while self._wake_r.recv(4096):
+                    pass
+        elif what == "ctl":
+            self._accept_ctl()
+        elif isinstance(what, _Worker):
+            self._read_ready(what)
+        elif isinstance(what, socket.socket):
+            self._read_ctl(what)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self._signals.append(signum)
+
+    def _handle_signals(self) -> None:
+        sigs, self._signals = self._signals, []
+        for sig in sigs:
+            if sig in (signal.SIGTERM, signal.SIGINT):
+                if self.stopping:
+                    log("second signal: ending the relay now")
+                    self.forced = True
+                    self._signal_all(signal.SIGUSR1)  # "now" (two quick SIGTERMs may arrive as one)
+                else:
+                    self.stop()
+            elif sig == signal.SIGHUP:
+                self.reload()
+
+    # -- relays --------------------------------------------------------------------------------------
+
+    def _spec(self) -> RelaySpec:
+        return RelaySpec.from_dict({**self.spec.to_dict(), "restarts": self.restarts})
+
+    def _fork(self) -> _Worker:
+        """A relay forked from this process (fast: nothing to import)."""
+        r, w = os.pipe()
+        spec = self._spec()
+        pid = os.fork()
+        if pid == 0:  # the relay
+            code = 1
+            try:
+                os.close(r)
+                signal.set_wakeup_fd(-1)
+                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+                    signal.signal(sig, signal.SIG_DFL)
+                self.sel.close()
+                for s in (self._wake_r, self._wake_w, self._ctl, *self._ctl_conns):
+                    if s is not None:
+                        s.close()
+                for wk in self.workers.values():
+                    with contextlib.suppress(OSError):
+                        os.close(wk.ready_fd)
+                from shadow.mirror.relay import serve_relay
+
+                code = serve_relay(spec, self.sockets, w, self.drain_timeout_s)
+            finally:
+                os._exit(code)
+        os.close(w)
+        worker = _Worker(pid, r, "fork")
+        self._track(worker)
+        return worker
+
+    def _exec(self) -> _Worker:
+        """A relay in a fresh interpreter running the code now installed (reload, upgrade)."""
+        r, w = os.pipe()
+        fds = {
+            "taps": {n: s.fileno() for n, s in self.sockets.taps.items()},
+            "attach": [s.fileno() for s in self.sockets.attach],
+            "admin": self.sockets.admin.fileno() if self.sockets.admin is not None else None,
+        }
+        boot = "from shadow.mirror.relay import main; main()"
+        proc = subprocess.Popen(
+            [sys.executable, "-c", boot],
+            stdin=subprocess.PIPE,
+            pass_fds=[w, *(s.fileno() for s in self.sockets.all())],
+            start_new_session=False,
+        )
+        assert proc.stdin is not None
+        proc.stdin.write(
+            json.dumps(
+                {
+                    "spec": self._spec().to_dict(),
+                    "fds": fds,
+                    "ready_fd": w,
+                    "drain_timeout_s": self.drain_timeout_s,
+                }
+            ).encode()
+            + b"\n"
+        )
+        proc.stdin.close()
+        os.close(w)
+        worker = _Worker(proc.pid, r, "exec", proc)
+        self._track(worker)
+        return worker
+
+    def _track(self, worker: _Worker) -> None:
+        os.set_blocking(worker.ready_fd, False)
+        self.workers[worker.pid] = worker
+        self.sel.register(worker.ready_fd, selectors.EVENT_READ, worker)
+
+    def _read_ready(self, worker: _Worker) -> None:
+        try:
+            data = os.read(worker.ready_fd, 65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._unwatch(worker)
+            return
+        worker.buf += data
+        if b"\n" not in worker.buf or worker.ready is not None:
+            return
+        line = worker.buf.split(b"\n", 1)[0]
+        try:
+            worker.ready = json.loads(line)
+        except ValueError:
+            worker.ready = {}
+        self._on_worker_ready(worker)
+
+    def _unwatch(self, worker: _Worker) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(worker.ready_fd)
+        with contextlib.suppress(OSError):
+            os.close(worker.ready_fd)
+        worker.ready_fd = -1
+
+    def _on_worker_ready(self, worker: _Worker) -> None:
+        if worker is self.pending:  # a reload's relay accepts: the old one drains
+            old, self.current, self.pending = self.current, worker, None
+            if old is not None:
+                old.draining = True
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(old.pid, signal.SIGTERM)
+            log(f"reloaded: relay pid {worker.pid} serves; pid {old.pid if old else '-'} drains its streams")
+            self._answer_reloads({"ok": True, "relay_pid": worker.pid})
+        self._write_record()
+        if not self.announced and worker is self.current and self.on_ready is not None:
+            self.announced = True
+            self.on_ready(self.status())
+
+    def _reap(self) -> None:
+        while self.workers:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            worker = self.workers.pop(pid, None)
+            if worker is None:
+                continue
+            if worker.proc is not None:
+                worker.proc.returncode = os.waitstatus_to_exitcode(status)
+            if worker.ready_fd >= 0:
+                self._unwatch(worker)
+            code = os.waitstatus_to_exitcode(status)
+            how = f"signal {-code}" if code < 0 else f"code {code}"
+            if worker is self.pending:
+                self.pending = None
+                log(
+                    f"reload failed: the new relay (pid {pid}) exited ({how}) before accepting; "
+                    f"pid {self.current.pid if self.current else '-'} still serves"
+                )
+                self._answer_reloads({"ok": False, "error": f"the new relay exited ({how}) before accepting"})
+            elif worker is self.current:
+                self.current = None
+                if not self.stopping:
+                    self._crashed(pid, how)
+            self._write_record()
+
+    def _crashed(self, pid: int, how: str) -> None:
+        now = time.monotonic()
+        self.crashes = [t for t in self.crashes if now - t < CRASH_WINDOW_S] + [now]
+        delay = RESTART_BACKOFF_S[min(len(self.crashes), len(RESTART_BACKOFF_S)) - 1]
+        self.restarts += 1
+        self._restart_at = now + delay
+        log(
+            f"relay pid {pid} exited ({how}): its streams were cut; restarting it"
+            + (f" in {delay:.2f} s" if delay else "")
+        )
+
+    def _signal_all(self, sig: int) -> None:
+        for w in self.workers.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(w.pid, sig)
+
+    # -- commands ------------------------------------------------------------------------------------
+
+    def reload(self) -> bool:
+        """Start a new relay from the installed code; the old one drains once it accepts."""
+        if self.stopping or self.pending is not None or self.current is None:
+            return False
+        self.pending = self._exec()
+        log(f"reload: starting relay pid {self.pending.pid}")
+        return True
+
+    def stop(self) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        self.stop_deadline = time.monotonic() + self.drain_timeout_s + 10.0
+        log(f"stopping: the relay drains its streams (up to {self.drain_timeout_s:g} s)")
+        self._signal_all(signal.SIGTERM)
+        self._answer_reloads({"ok": False, "error": "stopping"})
+
+    def status(self) -> dict[str, Any]:
+        cur = self.current
+        ready = cur.ready if cur is not None and cur.ready else {}
+        return {
+            "pid": os.getpid(),
+            "group": self.spec.group,
+            "relay_pid": cur.pid if cur is not None else None,
+            "relay_id": ready.get("relay_id"),
+            "taps": {t["name"]: t["url"] for t in ready.get("taps", [])},
+            "metrics": ready.get("admin", ""),
+            "attach": f"unix:{self.run_dir.attach}" if self.run_dir is not None else "",
+            "restarts": self.restarts,
+            "relays": len(self.workers),
+            "stopping": self.stopping,
+            **self.record_extra,
+        }
+
+    def _write_record(self) -> None:
+        if self.run_dir is not None and not self.stopping:
+            with contextlib.suppress(OSError):
+                self.run_dir.write(self.status())
+
+    def _accept_ctl(self) -> None:
+        assert self._ctl is not None
+        try:
+            conn, _ = self._ctl.accept()
+        except (BlockingIOError, InterruptedError, OSError):
+            return
+        conn.setblocking(False)
+        self._ctl_conns[conn] = b""
+        self.sel.register(conn, selectors.EVENT_READ, conn)
+
+    def _read_ctl(self, conn: socket.socket) -> None:
+        try:
+            data = conn.recv(CONTROL_MAX)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        buf = self._ctl_conns.get(conn, b"") + data
+        if not data or len(buf) > CONTROL_MAX:
+            self._close_ctl(conn)
+            return
+        self._ctl_conns[conn] = buf
+        if b"\n" not in buf:
+            return
+        self.sel.unregister(conn)
+        try:
+            cmd = json.loads(buf.split(b"\n", 1)[0]).get("cmd")
+        except (ValueError, AttributeError):
+            cmd = None
+        if cmd == "status":
+            self._reply(conn, {"ok": True, **self.status()})
+        elif cmd == "stop":
+            self._reply(conn, {"ok": True})
+            self.stop()
+        elif cmd == "reload":
+            if self.reload():
+                self._reload_waiters.append(conn)
+            else:
+                self._reply(
+                    conn, {"ok": False, "error": "a reload is under way" if self.pending else "not serving"}
+                )
+        else:
+            self._reply(conn, {"ok": False, "error": "unknown command (status, reload, stop)"})
+
+    def _reply(self, conn: socket.socket, doc: dict[str, Any]) -> None:
+        with contextlib.suppress(OSError):
+            conn.setblocking(True)
+            conn.settimeout(2.0)
+            conn.sendall(json.dumps(doc).encode() + b"\n")
+        self._ctl_conns.pop(conn, None)
+        with contextlib.suppress(OSError):
+            conn.close()
+
+    def _close_ctl(self, conn: socket.socket) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(conn)
+        self._ctl_conns.pop(conn, None)
+        conn.close()
+
+    def _answer_reloads(self, doc: dict[str, Any]) -> None:
+        waiters, self._reload_waiters = self._reload_waiters, []
+        for conn in waiters:
+            self._reply(conn, doc)
+
+    def _shutdown(self) -> None:
+        signal.set_wakeup_fd(-1)
+        for conn in list(self._ctl_conns):
+            with contextlib.suppress(OSError):
+                conn.close()
+        if self._ctl is not None:
+            self._ctl.close()
+        for s in self.sockets.all():
+            with contextlib.suppress(OSError):
+                s.close()
+        if self.run_dir is not None:
+            self.run_dir.clean()
+        self.sel.close()
+
+
+def control(run_dir: RunDir, cmd: str, timeout_s: float = 180.0) -> dict[str, Any]:
+    """Send one command to a running group's supervisor; its answer (OSError: nobody listens)."""
+    from shadow.mirror.rundir import unix_connect
+
+    sock = unix_connect(run_dir.control, timeout_s=timeout_s)
+    with sock:
+        sock.sendall(json.dumps({"cmd": cmd}).encode() + b"\n")
+        buf = b""
+        while b"\n" not in buf:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    try:
+        doc = json.loads(buf.split(b"\n", 1)[0])
+    except ValueError:
+        raise OSError(f"no answer from the tap group {run_dir.name!r} ({cmd})") from None
+    return doc if isinstance(doc, dict) else {"ok": False}
