@@ -22,6 +22,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "shadow.commands.load",
     "shadow.commands.tap",
     "shadow.commands.serve",
+    "shadow.commands.capture",
     "shadow.commands.fleet",
     "shadow.commands.router",
     "shadow.commands.dashboards",

@@ -17,6 +17,7 @@ def catalogue() -> Catalogue:
     """The catalogue, in the order docs/metrics.md lists it."""
     return Catalogue((
         Exported("tap", mirror_metrics.FAMILIES + listener_metrics.FAMILIES + procinfo.FAMILIES),
+        Exported("capture", mirror_metrics.CAPTURE_FAMILIES),
         Exported("dataplane", relay_metrics.FAMILIES),
         Exported("serve", live_metrics.FAMILIES),
         Exported("serve", mode_metrics.FAMILIES + active_metrics.FAMILIES, only="active"),

@@ -143,6 +143,8 @@ class ServeConfig:
         if not 0 < self.compare_window_s < 1e9:
             raise ValueError(f"--compare-window must be > 0 s, got {self.compare_window_s}")
         StepTimeModel(self.step_a, self.step_b)
+        if self.active is not None and self.tap.capture is not None:
+            raise ValueError("--active routes through taps; --capture only reads the traffic: not both")
 
     @property
     def workers(self) -> list[str]:

@@ -113,6 +113,9 @@ def attach_flags() -> tuple[Flag, ...]:
         flag("--relay", None, "'process' = the taps in a tap group of their own that outlives this process "
              "(default); 'thread' = in this process (the taps go down with it; for a single-process trial)",
              choices=("process", "thread"), default="process"),
+        flag("--capture", "capture", "passive mode: read the traffic to the --upstream/--prefill/--front "
+             "servers off this interface (needs root or CAP_NET_RAW) instead of relaying it; nothing in the "
+             "path", metavar="IFACE"),
         flag("--analysis-nice", "analysis_nice", "lower the analysis thread's priority by N (0-19; default "
              "0), so that a core shared with the relay serves the relay first (the analysis drops and counts "
              "instead)", default=0, **COUNT),
@@ -192,7 +195,7 @@ def tap_config_from_args(args: argparse.Namespace) -> TapConfig:
         idle_timeout_s=lim.idle_timeout_s,
         max_head=lim.max_head,
         key_secret=open_secret(key_location(args.key_file, args.state_dir, os.environ), log.warning),
-        relay=args.relay,
+        relay="thread" if args.capture else args.relay,
         attach=tuple(args.attach or ()),
     )
 

@@ -14,6 +14,7 @@ from prometheus_client.core import Metric
 from shadow.base.families import DeclaredCollector, Family
 from shadow.contracts.events import EVENT_TYPES
 from shadow.mirror.analyzer import OUTPUT_SOURCES, Analyzer
+from shadow.mirror.capture import Capture
 from shadow.mirror.dropqueue import DropQueue
 from shadow.mirror.emitter import Emitter
 from shadow.mirror.hub import SOURCES, Mirror
@@ -220,3 +221,45 @@ class MirrorCollector(DeclaredCollector):
                 {w: (now - x.last_ok if x.last_ok is not None else None) for w, x in rw.items()})
             yield SCRAPE_ERRORS.sampled({w: x.errors for w, x in rw.items()})
 
+
+CAPTURE_SEGMENTS = Family("shadow_capture_segments_total", "counter", "TCP segments read off the interface.",
+                          "segments")
+CAPTURE_REQUESTS = Family("shadow_capture_requests_total", "counter",
+                          "HTTP requests reassembled from the capture.", "requests")
+CAPTURE_BYTES = Family("shadow_capture_bytes_total", "counter", "TCP payload bytes reassembled, by "
+                                                                "direction.",
+                       "bytes", ("direction",), {"direction": ("to_server", "to_client")})
+CAPTURE_GAP_BYTES = Family("shadow_capture_gap_bytes_total", "counter",
+                           "TCP payload bytes never seen (reassembly gaps; the exchange they belong to is "
+                           "marked, never guessed).", "bytes")
+CAPTURE_SEEN = Family("shadow_capture_seen_ratio", "gauge", "Share of the connections' bytes the capture "
+                                                            "saw.",
+                      "ratio")
+CAPTURE_DROPS = Family("shadow_capture_kernel_drops_total", "counter",
+                       "Packets the kernel dropped because the capture read them too slowly.", "packets")
+CAPTURE_PARSE_ERRORS = Family("shadow_capture_parse_errors_total", "counter",
+                              "HTTP messages the capture could not parse.", "messages")
+CAPTURE_FLOWS = Family("shadow_capture_flows", "gauge", "Connections the capture follows now.", "connections")
+CAPTURE_FAMILIES = (CAPTURE_SEGMENTS, CAPTURE_REQUESTS, CAPTURE_BYTES, CAPTURE_GAP_BYTES, CAPTURE_SEEN,
+                    CAPTURE_DROPS, CAPTURE_PARSE_ERRORS, CAPTURE_FLOWS)
+
+
+class CaptureCollector(DeclaredCollector):
+    """Passive capture's counters: what it saw of the traffic and what it could not reassemble."""
+
+    families = CAPTURE_FAMILIES
+
+    def __init__(self, capture: Capture) -> None:
+        self.capture = capture
+
+    def collect(self) -> Iterator[Metric]:
+        c = self.capture
+        b = c.byte_counts()
+        yield CAPTURE_SEGMENTS.value(c.segments)
+        yield CAPTURE_REQUESTS.value(c.requests)
+        yield CAPTURE_BYTES.sampled({"to_server": b["to_server"], "to_client": b["to_client"]})
+        yield CAPTURE_GAP_BYTES.value(b["gap"])
+        yield CAPTURE_SEEN.value(c.seen_ratio())
+        yield CAPTURE_DROPS.value(c.kernel_drops)
+        yield CAPTURE_PARSE_ERRORS.value(c.parse_errors)
+        yield CAPTURE_FLOWS.value(len(c.flows))

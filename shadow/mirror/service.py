@@ -50,6 +50,7 @@ from shadow.mirror.analyzer import Analyzer
 from shadow.mirror.api import create_app
 from shadow.mirror.attach import Attachment
 from shadow.mirror.bounds import EventBounds
+from shadow.mirror.capture import Capture, capture_targets
 from shadow.mirror.channel import ChannelReader
 from shadow.mirror.dropqueue import DropQueue
 from shadow.mirror.emitter import Emitter
@@ -57,7 +58,7 @@ from shadow.mirror.groups import ManagedGroup
 from shadow.mirror.http1 import DEFAULT_ALLOW_PATHS, TapLimits
 from shadow.mirror.hub import Listener, Mirror
 from shadow.mirror.keys import KeySecret, state_dir
-from shadow.mirror.metrics import MirrorCollector
+from shadow.mirror.metrics import CaptureCollector, MirrorCollector
 from shadow.mirror.proxy import Tap, TapContext
 from shadow.mirror.reconcile import Reconciler
 from shadow.mirror.recording import CompactRecorder
@@ -136,6 +137,9 @@ class TapConfig:
     admin_port: int = 0  # a started group's /metrics and /health port (0: a free one)
     retain_bytes: int = 128 << 20  # a started group keeps this much of live requests for a snapshot
     retain_ended: int = 100_000
+    # passive capture: read the traffic to the configured servers off this interface (AF_PACKET,
+    # needs root) instead of relaying it; nothing is in the path
+    capture: str | None = None
 
 
 def _host_port(url: str) -> str:
@@ -177,6 +181,8 @@ class TapService:
             raise ValueError(f"--analysis-nice must be in 0..19, got {c.analysis_nice}")
         if c.attach and c.relay != "process":
             raise ValueError("attaching to tap groups needs relay='process'")
+        if c.capture is not None and (c.relay != "thread" or c.attach):
+            raise ValueError("--capture reads the traffic off an interface: no taps to run or attach to")
         self.registry = CollectorRegistry(auto_describe=True)
         self.processed = 0  # items the analysis has consumed (the watermark)
         self.attachments: list[Attachment] = []
@@ -232,8 +238,16 @@ class TapService:
             max_connections=c.max_connections,
             allow_paths=DEFAULT_ALLOW_PATHS + tuple(c.allow_paths),
         )
+        self.capture = (
+            Capture(c.capture, capture_targets({**c.upstreams, **c.prefill, **c.front}), self.queue,
+                    max_body=c.max_body)
+            if c.capture is not None and isinstance(self.queue, DropQueue)
+            else None
+        )
         self.taps: list[Tap] | list[RemoteTap] = (
-            [
+            []
+            if self.capture is not None
+            else [
                 Tap(n, u, self.queue, max_body=c.max_body, inject_usage=c.inject_usage, limits=self.limits)
                 for n, u in {**c.upstreams, **c.prefill, **c.front}.items()
             ]
@@ -269,6 +283,8 @@ class TapService:
             pages = RejectionLog("worker /metrics", lambda: [("scrape", rec.scrape_rejected)], log)
             self.refusals.append(pages)
         self.registry.register(ProcessInfo(__version__))
+        if self.capture is not None:
+            self.registry.register(CaptureCollector(self.capture))
         for collector in collectors:
             self.registry.register(collector)
         self.app = create_app(
@@ -348,6 +364,8 @@ class TapService:
                 for name, ln in self.listeners.items()
             },
         }
+        if self.capture is not None:
+            out["capture"] = self.capture.snapshot()
         if self.config.relay == "process":
             out["attached"] = [a.snapshot() for a in self.attachments]
             if self.group is not None:
@@ -431,6 +449,8 @@ class TapService:
             for i, tap in enumerate(self.taps):
                 assert isinstance(tap, Tap)
                 taps[tap.name] = await tap.start(c.host, c.port + 1 + i if c.port else 0)
+            if self.capture is not None:
+                self.capture.start()
         except BaseException:
             api_sock.close()
             for tap in self.taps:
@@ -441,6 +461,9 @@ class TapService:
         await asyncio.wrap_future(self.analysis.submit(self._start_analysis(api_sock)))
         h, p = api_sock.getsockname()[:2]
         self.api_url = f"http://{h}:{p}"
+        if self.capture is not None:
+            return {"api": self.api_url, "capture": {"interface": self.capture.interface,
+                                                     "targets": self.capture.snapshot()["targets"]}}
         return {"taps": taps, "api": self.api_url}
 
     def group_spec(self) -> tuple[list[str], str]:
@@ -623,6 +646,8 @@ class TapService:
         if self.config.relay == "process":
             await self._stop_attached()
             return
+        if self.capture is not None:
+            self.capture.stop()
         taps = cast(list[Tap], self.taps)
         for tap in taps:
             tap.begin_drain()

@@ -14,7 +14,8 @@ from shadow.base.families import Family, MetricType
 
 #: Exporters and what they are, as docs/metrics.md explains them.
 EXPORTERS: dict[str, str] = {
-    "tap": "the mirror, the analysis side of the taps (`shadow serve`)",
+    "tap": "the mirror, the analysis side of the taps (`shadow serve`, `shadow capture`)",
+    "capture": "passive capture, beside the mirror's families (`shadow capture`, `shadow serve --capture`)",
     "dataplane": "`shadow tap`, the data plane: its own /metrics on --metrics-port (scraped to page when a "
     "tap is down)",
     "serve": "the live lanes (`shadow serve`); `serve (--active)`: only when `shadow serve --active` "
@@ -62,6 +63,7 @@ LABELS: dict[str, str] = {
     "bound": "mean | low | high: a ratio and its 95% interval's bounds",
     "verdict": "better | no significant difference | worse | too few windows | not trustworthy (live "
     "comparisons); pass | fail | promoted (a canary step)",
+    "direction": "passive capture: to_server | to_client",
 }
 
 _HIST_SUFFIXES = ("_bucket", "_sum", "_count", "_created")

@@ -104,6 +104,8 @@ def _collectors() -> list[tuple[DeclaredCollector, tuple[Family, ...]]]:
                            unkept=0, missed=0)
     relay = SimpleNamespace(taps=[relay_tap], sink=sink, refused=0, spec=SimpleNamespace(restarts=0),
                             started=0.0)
+    capture = SimpleNamespace(byte_counts=lambda: {"to_server": 0, "to_client": 0, "gap": 0}, segments=0,
+                              requests=0, seen_ratio=lambda: 1.0, kernel_drops=0, parse_errors=0, flows={})
     clock = SimpleNamespace(steps=0, last_step_s=0.0, last_max_load=0, sum_spread=0,
                             step_hist=fleet_metrics.Hist(()))
     return [
@@ -115,11 +117,12 @@ def _collectors() -> list[tuple[DeclaredCollector, tuple[Family, ...]]]:
         (fleet_metrics.StepCollector(lambda: clock, lambda: [], lambda s: 0),
          fleet_metrics.FLEET_FAMILIES),
         (relay_metrics.RelayCollector(relay), relay_metrics.FAMILIES),
+        (mirror_metrics.CaptureCollector(capture), mirror_metrics.CAPTURE_FAMILIES),  # type: ignore[arg-type]
     ]
 
 
 @pytest.mark.parametrize(
-    "index", range(7), ids=["mirror", "live", "mode", "standin", "vllm", "fleet", "relay"])
+    "index", range(8), ids=["mirror", "live", "mode", "standin", "vllm", "fleet", "relay", "capture"])
 def test_collectors_describe_what_they_collect_in_order(index: int) -> None:
     collector, families = _collectors()[index]
     described = [(m.name, m.type, m.documentation) for m in collector.describe()]
@@ -165,7 +168,7 @@ def test_catalogue_is_every_declaration_once() -> None:
     groups = (mirror_metrics.FAMILIES, listener_metrics.FAMILIES, procinfo.FAMILIES, live_metrics.FAMILIES,
               mode_metrics.FAMILIES, active_metrics.FAMILIES, standin.FAMILIES, fleet_metrics.FLEET_FAMILIES,
               fleet_metrics.VLLM_FAMILIES, probe_metrics.FAMILIES,
-              relay_metrics.FAMILIES)
+              relay_metrics.FAMILIES, mirror_metrics.CAPTURE_FAMILIES)
     declared = [f for group in groups for f in group]
     assert sorted(e.family.name for e in CATALOGUE) == sorted(f.name for f in declared)
     assert all(CATALOGUE.get(f.name).family is f for f in declared)  # type: ignore[union-attr]
