@@ -10,8 +10,10 @@ run, then medians and the ratio):
     nice -n 10 python3 bench/bench_tap.py --pin --before 653b9e4 --thread --repeat 3
 
 653b9e4 is the relay before the hardening (hand-written framing, analysis inline on the relay
-loop); "after" is this checkout (`shadow tap` defaults to `--relay process`); `--thread` adds this
-checkout with `--relay thread` (analysis on a second thread of the relay's process).
+loop); "after" is this checkout: the data plane `shadow tap` (a supervisor and its relay) plus a
+mirror-only analysis attached to it, the same work the earlier `shadow tap` did in its relay and
+analysis processes (checkouts before the split run their own `shadow tap`); `--thread` adds this
+checkout with the taps on a thread of the analysis' process.
 
 Three processes: a barrier-stepped SSE upstream (streams dealt to 8 staggered groups, like DP
 workers; every step it writes one vLLM-format chunk stamped with CLOCK_MONOTONIC to each stream of
@@ -198,36 +200,70 @@ def _start_upstream(step_s: float, tokens: int, groups: int) -> tuple[mp.Process
     return p, q.get(timeout=10)
 
 
-def _start_tap(
-    upstream_port: int, record: str, extra: list[str], root: Path = ROOT
-) -> tuple[subprocess.Popen[str], dict]:  # type: ignore[type-arg]
+# The mirror-only analysis of the split layout (what `shadow tap` ran beside its relay before the
+# data plane became a process of its own): attached to the tap group, or with the taps in-process.
+_ANALYSIS_BOOT = """
+import asyncio, json, sys
+from shadow.mirror.service import TapConfig, TapService
+async def main():
+    svc = TapService(TapConfig(**json.loads(sys.argv[1])))
+    print(json.dumps(await svc.start()), flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+"""
+
+
+class _UnderTest:
+    """The tap (and its analysis) of one configuration: `pids` roots of the process trees whose CPU
+    counts, `ready` = {"taps": ..., "api": ...}, `stop()`."""
+
+    def __init__(self, procs: list[subprocess.Popen[str]], ready: dict) -> None:  # type: ignore[type-arg]
+        self.procs = procs
+        self.ready = ready
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            p.terminate()
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(10)
+
+
+def _popen(argv: list[str], root: Path) -> tuple[subprocess.Popen[str], dict]:  # type: ignore[type-arg]
     env = {**os.environ, "PYTHONPATH": str(root)}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            *(
-                ["-m", "cProfile", "-o", os.environ["BENCH_TAP_PROFILE"]]
-                if os.environ.get("BENCH_TAP_PROFILE")
-                else []
-            ),
-            "-m",
-            "shadow.commands.tap",
-            "--upstream",
-            f"u=http://127.0.0.1:{upstream_port}",
-            "--scrape-interval",
-            "0",
-            "--record",
-            record,
-            *extra,
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=root,
-        env=env,
-    )
+    profile = os.environ.get("BENCH_TAP_PROFILE")
+    prof = ["-m", "cProfile", "-o", profile] if profile else []
+    proc = subprocess.Popen([sys.executable, *prof, *argv], stdout=subprocess.PIPE, text=True, cwd=root,
+                            env=env)
     assert proc.stdout is not None
-    ready = json.loads(proc.stdout.readline())
-    return proc, ready
+    return proc, json.loads(proc.stdout.readline())
+
+
+def _start_tap(upstream_port: int, record: str, extra: list[str], root: Path, state: str) -> _UnderTest:
+    """Before the split (no shadow/mirror/relay.py): `shadow tap` ran the relay and the mirror's
+    analysis itself. After it: the data plane `shadow tap` plus a mirror-only analysis attached to
+    it (`--relay thread` in `extra`: one process, the taps in it)."""
+    up = f"http://127.0.0.1:{upstream_port}"
+    if not (root / "shadow" / "mirror" / "relay.py").exists():
+        proc, ready = _popen(["-m", "shadow.commands.tap", "--upstream", f"u={up}", "--scrape-interval", "0",
+                              "--record", record, *extra], root)
+        return _UnderTest([proc], ready)
+    cfg = {"upstreams": {"u": up}, "scrape_interval_s": 0, "record": record, "relay": "process"}
+    if "--relay" in extra and extra[extra.index("--relay") + 1] == "thread":
+        cfg["relay"] = "thread"
+        proc, ready = _popen(["-c", _ANALYSIS_BOOT, json.dumps(cfg)], root)
+        return _UnderTest([proc], ready)
+    tap, tready = _popen(["-m", "shadow", "tap", "--upstream", f"u={up}", "--state-dir", state,
+                          "--name", "bench", *extra], root)
+    cfg["attach"] = [tready["dir"]]
+    analysis, ready = _popen(["-c", _ANALYSIS_BOOT, json.dumps(cfg)], root)
+    return _UnderTest([tap, analysis], ready)
 
 
 def _wait_analysis(api: str, rec: str, n: int, limit_s: float = 30.0) -> None:
@@ -269,11 +305,20 @@ def _tree_cpu_s(pid: int) -> tuple[float, float]:
     return u, s
 
 
-def _pin(args: argparse.Namespace, tap_pid: int, up_pid: int) -> None:
+def _trees_cpu_s(pids: list[int]) -> tuple[float, float]:
+    """(user, system) CPU seconds of several process trees."""
+    u = s = 0.0
+    for pid in pids:
+        a, b = _tree_cpu_s(pid)
+        u, s = u + a, s + b
+    return u, s
+
+
+def _pin(args: argparse.Namespace, tap_pids: list[int], up_pid: int) -> None:
     """--pin: every thread of the tap's processes on CPU 1; upstream and the clients on CPU 0."""
     if not (args.pin and hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= 2):
         return
-    for p in _tree(tap_pid):
+    for p in [q for pid in tap_pids for q in _tree(pid)]:
         for task in Path(f"/proc/{p}/task").glob("*"):
             with contextlib.suppress(OSError):
                 os.sched_setaffinity(int(task.name), {1})
@@ -290,16 +335,15 @@ def _phase1(args: argparse.Namespace, root: Path, extra: list[str]) -> dict[str,
     tokens = max(2, int(args.seconds / (args.step_ms / 1000)))
     up, up_port = _start_upstream(args.step_ms / 1000, tokens, args.groups)
     with tempfile.TemporaryDirectory() as td:
-        tap, ready = _start_tap(up_port, os.path.join(td, "p1.ndjson"), args.tap_args.split() + extra, root)
-        _pin(args, tap.pid, up.pid or 0)
-        tap_port = int(ready["taps"]["u"].rsplit(":", 1)[1])
+        tap = _start_tap(up_port, os.path.join(td, "p1.ndjson"), args.tap_args.split() + extra, root, td)
+        _pin(args, tap.pids, up.pid or 0)
+        tap_port = int(tap.ready["taps"]["u"].rsplit(":", 1)[1])
         try:
             direct: list[int] = []
             via: list[int] = []
             frames = asyncio.run(_run_streams(up_port, 2 * args.streams, direct, "d", tap_port, via))
         finally:
-            tap.terminate()
-            tap.wait(10)
+            tap.stop()
             up.terminate()
     rate = args.streams / (args.step_ms / 1000)
     print(
@@ -320,21 +364,21 @@ def _phase2(args: argparse.Namespace, root: Path, extra: list[str]) -> dict[str,
     up, up_port = _start_upstream(args.max_step_ms / 1000, tokens2, 1)
     with tempfile.TemporaryDirectory() as td:
         rec = os.path.join(td, "p2.ndjson")
-        tap, ready = _start_tap(up_port, rec, args.tap_args.split() + extra, root)
-        _pin(args, tap.pid, up.pid or 0)
+        tap = _start_tap(up_port, rec, args.tap_args.split() + extra, root, td)
+        ready = tap.ready
+        _pin(args, tap.pids, up.pid or 0)
         tap_port = int(ready["taps"]["u"].rsplit(":", 1)[1])
         try:
-            c0 = _tree_cpu_s(tap.pid)
+            c0 = _trees_cpu_s(tap.pids)
             t0 = time.monotonic()
             frames = asyncio.run(_run_streams(tap_port, args.max_streams, None, "x"))
             wall = time.monotonic() - t0
             _wait_analysis(ready["api"], rec, args.max_streams)
-            c1 = _tree_cpu_s(tap.pid)
+            c1 = _trees_cpu_s(tap.pids)
             metrics = httpx.get(ready["api"] + "/metrics").text
             state = httpx.get(ready["api"] + "/v1/state").json()
         finally:
-            tap.terminate()
-            tap.wait(10)
+            tap.stop()
             up.terminate()
         # the recording: one `request` line per ended request (compact format), or `finish` events
         recs = [json.loads(line) for line in Path(rec).read_text().splitlines() if line.strip()]

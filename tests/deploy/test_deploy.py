@@ -1,6 +1,7 @@
 """deploy/: the kustomize overlay builds, validates offline against Kubernetes schemas, the generated
 PrometheusRule and dashboard ConfigMaps match alerts/ and dashboards/, the bare-metal Prometheus and
-Alertmanager configs check, and systemd accepts the hardened unit.
+Alertmanager configs check, and systemd accepts the hardened units (the analysis, and the data plane's
+socket and service).
 
 Not checked offline: the ServiceMonitor and PrometheusRule against their CRD schemas (none ship
 with kubernetes-validate); the PrometheusRule's groups are checked with promtool instead, and the
@@ -62,7 +63,7 @@ def test_overlay_builds_every_object(built: list[dict[str, Any]]) -> None:
 
 def test_core_objects_validate_strictly_against_kubernetes_schemas(built: list[dict[str, Any]]) -> None:
     core = [d for d in built if not d["apiVersion"].startswith("monitoring.coreos.com/")]
-    assert len(core) == len(built) - 2
+    assert len(core) == len(built) - 3  # two ServiceMonitors and the PrometheusRule
     for doc in core:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
@@ -97,6 +98,18 @@ def test_sidecar_is_native_nonroot_readonly(built: list[dict[str, Any]]) -> None
     pol = _one(built, "NetworkPolicy", "shadow")
     allowed = {p["port"] for rule in pol["spec"]["ingress"] for p in rule["ports"]}
     assert "shadow-api" in allowed and "http" in allowed  # the router's own port stays reachable
+    # the data plane: a native sidecar of its own, on the same state volume, scraped as `shadow-tap`
+    (tap,) = [c for c in spec["initContainers"] if c["name"] == "shadow-tap"]
+    assert tap["restartPolicy"] == "Always" and tap["args"][0] == "tap" and "readinessProbe" not in tap
+    assert tap["image"] == side["image"] and tap["securityContext"] == sc
+    shared = {m["name"] for m in tap["volumeMounts"]} & {m["name"] for m in side["volumeMounts"]}
+    assert shared == {"shadow-state"}
+    assert "--attach=/var/lib/shadow/taps/router" in side["args"] and "--name=router" in tap["args"]
+    tap_svc = _one(built, "Service", "shadow-tap")
+    assert {p["targetPort"] for p in tap_svc["spec"]["ports"]} <= {p["name"] for p in tap["ports"]}
+    tap_mon = _one(built, "ServiceMonitor", "shadow-tap")
+    assert tap_mon["spec"]["selector"]["matchLabels"].items() <= tap_svc["metadata"]["labels"].items()
+    assert "tap-metrics" in allowed and "shadow-front" in {p["name"] for p in tap["ports"]}
 
 
 def _image_tag() -> str:
@@ -167,11 +180,11 @@ def test_the_systemd_unit_keeps_the_prompt_key_in_its_state_directory() -> None:
     from shadow.commands.serve import resolve_args
     from shadow.mirror.keys import KEY_FILE_NAME, key_location
 
-    unit = (ROOT / "deploy" / "systemd" / "shadow-sidecar.service").read_text().splitlines()
+    unit = (ROOT / "deploy" / "systemd" / "shadow-serve.service").read_text().splitlines()
     assert {"StateDirectory=shadow", "ProtectSystem=strict", "ProtectHome=yes", "DynamicUser=yes"} <= set(
         unit)
     env = {"HOME": "/", "STATE_DIRECTORY": "/var/lib/shadow"}  # as systemd sets them for this unit
-    for line in (ROOT / "deploy" / "systemd" / "shadow-sidecar.default").read_text().splitlines():
+    for line in (ROOT / "deploy" / "systemd" / "shadow-serve.default").read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             k, _, v = line.partition("=")
             env[k] = shlex.split(v)[0] if v.startswith('"') else v
@@ -224,22 +237,50 @@ def test_bare_metal_prometheus_and_alertmanager_configs_check(tmp_path: Path) ->
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-def test_systemd_unit_verifies_and_is_hardened(tmp_path: Path) -> None:
+def _verify(text: str, unit: Path, *also: Path) -> None:
+    """`systemd-analyze verify` accepts the unit (binary path pointed at this environment's shadow,
+    since verify checks that ExecStart is executable) and `security` rates it under 2.0."""
     shadow = find_executable("shadow")
     assert shadow, "the shadow console script is neither beside the interpreter nor on PATH"
-    text = (ROOT / "deploy" / "systemd" / "shadow-sidecar.service").read_text()
-    assert "ExecStart=/opt/shadow/venv/bin/shadow serve" in text
-    assert not any(line.startswith(("BindsTo=", "Requires=")) for line in text.splitlines())
-    # the unit as shipped, with its binary path pointed at this environment's shadow (verify checks
-    # that ExecStart is executable)
-    unit = tmp_path / "shadow-sidecar.service"
     unit.write_text(text.replace("/opt/shadow/venv/bin/shadow", shadow))
     analyze = _tool("systemd-analyze", "systemd")
-    res = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True)
+    res = subprocess.run([analyze, "verify", str(unit), *map(str, also)], capture_output=True, text=True)
     assert res.returncode == 0 and not res.stderr.strip(), res.stderr
     res = subprocess.run([analyze, "security", "--offline=true", "--threshold=20", str(unit)],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr
+
+
+def test_systemd_units_verify_and_are_hardened(tmp_path: Path) -> None:
+    """shadow-serve (the analysis) never requires the taps or the router; shadow-tap@ (the data
+    plane) runs on its socket unit's socket, restarts always, reloads (the upgrade) with SIGHUP."""
+    systemd = ROOT / "deploy" / "systemd"
+    serve = (systemd / "shadow-serve.service").read_text()
+    assert "ExecStart=/opt/shadow/venv/bin/shadow serve" in serve and "Restart=always" in serve
+    assert not any(line.startswith(("BindsTo=", "Requires=")) for line in serve.splitlines())
+    _verify(serve, tmp_path / "shadow-serve.service")
+    tap = (systemd / "shadow-tap@.service").read_text()
+    assert "ExecStart=/opt/shadow/venv/bin/shadow tap --name %i" in tap and "Restart=always" in tap
+    assert "ExecReload=/bin/kill -HUP $MAINPID" in tap
+    sock = (systemd / "shadow-tap@.socket").read_text()
+    assert "FileDescriptorName=%i" in sock and "Service=shadow-tap@%i.service" in sock
+    (tmp_path / "shadow-tap@.socket").write_text(sock)
+    (tmp_path / "shadow-tap@.service").write_text(tap)
+    _verify(tap, tmp_path / "shadow-tap@d0.service", tmp_path / "shadow-tap@d0.socket")
+
+
+def test_the_systemd_tap_defaults_configure_shadow_tap() -> None:
+    import shlex
+
+    from shadow.cli import build_parser
+    from shadow.commands.tap import config_from_args
+
+    line = next(x for x in (ROOT / "deploy" / "systemd" / "shadow-tap.default").read_text().splitlines()
+                if x.startswith("SHADOW_TAP_ARGS="))
+    argv = ["tap", "--name", "d0", *shlex.split(shlex.split(line.partition("=")[2])[0])]
+    config = config_from_args(build_parser().parse_args(argv))
+    config.validate()
+    assert list(config.upstreams) == ["d0"] and config.group_name() == "d0" and config.metrics_port == 9409
 
 
 def _serve_config_of(argv: list[str], environ: dict[str, str]) -> Any:
@@ -275,15 +316,16 @@ def test_the_systemd_defaults_configure_shadow_serve(monkeypatch: pytest.MonkeyP
     import shlex
 
     env: dict[str, str] = {}
-    for line in (ROOT / "deploy" / "systemd" / "shadow-sidecar.default").read_text().splitlines():
+    for line in (ROOT / "deploy" / "systemd" / "shadow-serve.default").read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             k, _, v = line.partition("=")
             env[k] = shlex.split(v)[0] if v.startswith('"') else v
     for k, v in env.items():
         monkeypatch.setenv(k, v)  # as systemd's EnvironmentFile= sets them
     config = _serve_config_of(["serve", *shlex.split(env.pop("SHADOW_ARGS"))], env)
-    assert config.tap.port == 9400 and set(config.tap.workers) == {"d0", "d1"}
-    assert config.tap.events_token == env["SHADOW_EVENTS_TOKEN"]
+    assert config.tap.port == 9400 and set(config.tap.upstreams) == {"d0", "d1"}
+    assert config.tap.attach == ("/var/lib/shadow/taps/d0", "/var/lib/shadow/taps/d1")  # the taps' units
+    assert config.tap.relay == "process" and config.tap.events_token == env["SHADOW_EVENTS_TOKEN"]
 
 
 # --- active routing overlay, and the ports the real sidecar listens on ---------------------------
@@ -387,8 +429,9 @@ def _free_run(n: int) -> int:
     raise AssertionError("no run of free ports")
 
 
-def _listening(argv: list[str], tmp: Path, env: dict[str, str]) -> dict[str, Any]:
-    """Start the real `shadow <argv>` (loopback, a free port run), return its ready line, stop it."""
+def _listening(argv: list[str], tmp: Path, env: dict[str, str], base: int | None = None) -> dict[str, Any]:
+    """Start the real `shadow <argv>` (loopback, a free port run or `base`), return its ready line,
+    stop it."""
     import json
     import os
     import sys
@@ -396,8 +439,8 @@ def _listening(argv: list[str], tmp: Path, env: dict[str, str]) -> dict[str, Any
     shadow = find_executable("shadow")
     assert shadow, "the shadow console script is missing"
     last = ""
-    for _ in range(5):  # a port of the run may be taken between the probe and the bind: try another
-        base = _free_run(8)
+    for _ in range(5 if base is None else 1):  # a port of the run may be taken meanwhile: try another
+        base = base or _free_run(8)
         moved = ("--host=", "--port=", "--active-host=", "--active-port=")
         args = [a for a in argv if not a.startswith(moved)]
         # reconciliation off (the example addresses are never contacted); --active refuses that
@@ -435,32 +478,74 @@ def _port(url: str) -> int:
     return int(url.rsplit(":", 1)[1].split("/")[0])
 
 
+def _tap_container(spec: dict[str, Any]) -> dict[str, Any]:
+    (tap,) = [c for c in spec["initContainers"] if c["name"] == "shadow-tap"]
+    return tap
+
+
 @pytest.mark.parametrize("overlay", ["example", "active"])
 def test_the_real_sidecar_listens_on_the_declared_container_ports(overlay: str, tmp_path: Path) -> None:
-    """Run `shadow serve` with the overlay's own args (only hosts and ports moved to a free loopback
-    run): clients' port `shadow-front` is the front tap (example) or shadow's proxy (active), the
-    API is `shadow-api`; in the active overlay the router's worker URLs are the decode taps and
-    shadow-mode requests reach the router through the front tap, which the router's port is."""
+    """Run the data plane (`shadow tap`) and the analysis (`shadow serve`, attached to it through the
+    shared state directory) with the overlay's own args (only hosts and ports moved to a free
+    loopback run): clients' port `shadow-front` is the front tap (example) or shadow's proxy
+    (active), the API is `shadow-api`, the data plane's /metrics `tap-metrics`; in the active overlay
+    the router's worker URLs are the decode taps and shadow-mode requests reach the router through
+    the front tap."""
+    import json
+    import os
+
     if overlay == "active":
         _needs_active()
     docs = _build(K8S / "overlays" / overlay)
     spec, side = _sidecar(docs)
-    ports = {p["name"]: p["containerPort"] for p in side["ports"]}
-    # tokens as the Secrets set them; paths (the state directory) moved under tmp_path
+    tap = _tap_container(spec)
+    ports = {p["name"]: p["containerPort"] for c in (side, tap) for p in c["ports"]}
     token = "an-admin-token-of-32-characters!"
-    env = {e["name"]: str(tmp_path / e["value"].lstrip("/")) if "value" in e else token for e in side["env"]}
-    ready = _listening(_local_argv(side["args"], docs, tmp_path), tmp_path, env)
-    offset = ready["base"] - ports["shadow-api"]
+
+    def env_of(c: dict[str, Any]) -> dict[str, str]:  # tokens as the Secrets set them, paths under tmp
+        return {e["name"]: str(tmp_path / e["value"].lstrip("/")) if "value" in e else token
+                for e in c["env"]}
+
+    shadow = find_executable("shadow")
+    assert shadow, "the shadow console script is missing"
+    for _ in range(5):  # a port of the run may be taken between the probe and the bind: try another
+        base = _free_run(12)
+        offset = base - ports["shadow-api"]
+        moved = ("--host=", "--port=", "--metrics-port=")
+        targs = [a for a in tap["args"] if not a.startswith(moved)] + [
+            "--host=127.0.0.1", f"--port={9401 + offset}", f"--metrics-port={ports['tap-metrics'] + offset}"]
+        proc = subprocess.Popen([shadow, *targs], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, **env_of(tap)}, cwd=tmp_path)
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            if not line.strip():
+                continue
+            tready = json.loads(line)
+            sargs = [a.replace("/var/lib/shadow", str(tmp_path / "var/lib/shadow"))
+                     for a in _local_argv(side["args"], docs, tmp_path)]
+            ready = _listening(sargs, tmp_path, env_of(side), base=base)
+        finally:
+            proc.terminate()
+            try:
+                proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+        break
+    else:
+        raise AssertionError("no free port run for the tap")
     assert _port(ready["api"]) == ports["shadow-api"] + offset
+    assert _port(tready["metrics"]) == ports["tap-metrics"] + offset
+    assert ready["taps"] == tready["taps"]  # the analysis names the taps it attached to
     if overlay == "example":
         assert _port(ready["taps"]["router"]) == ports["shadow-front"] + offset
     else:
         (flag,) = [a for a in side["args"] if a.startswith("--active-port=")]
         assert int(flag.split("=")[1]) == ports["shadow-front"]  # clients reach the proxy
-        assert _port(ready["active"]) == ready["base"] + 7  # ... which listens where told
-        # the front tap is internal (proxy -> front tap -> router), not a declared container port
-        assert _port(ready["taps"]["router"]) - offset not in ports.values()
-    if overlay == "active":
+        assert _port(ready["active"]) == base + 7  # ... which listens where told
+        # the front tap is internal (proxy -> front tap -> router), under its own name
+        assert _port(ready["taps"]["router"]) == ports["tap-front"] + offset
         (router,) = [c for c in spec["containers"] if c["name"] == "router"]
         urls = router["args"][router["args"].index("--worker-urls") + 1:]
         taps = {_port(ready["taps"][n]) - offset for n in ("d0", "d1")}
