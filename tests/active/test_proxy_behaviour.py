@@ -145,6 +145,8 @@ def test_no_retry_once_bytes_reached_the_client() -> None:
             (err,) = _error_events(got)  # then an error event in vLLM's shape, never [DONE]
             assert err["type"] == "InternalServerError" and "upstream_broke" in err["message"]
             assert b"[DONE]" not in got and proxy.cut[("decode", "upstream_broke")] == 1
+            cut = metric(proxy, "shadow_router_streams_cut_total", leg="decode", reason="upstream_broke")
+            assert cut == 1  # on /metrics too
             assert len(dec.calls) == 1
             await until(
                 lambda: (
@@ -491,6 +493,8 @@ def test_a_router_stream_cut_in_shadow_mode_reaches_the_client_as_an_error() -> 
             assert got.startswith(sse("t", 0)) and b"[DONE]" not in got
             assert "upstream_broke" in _error_events(got)[0]["message"]
             assert proxy.cut[("router", "upstream_broke")] == 1
+            cut = metric(proxy, "shadow_router_streams_cut_total", leg="router", reason="upstream_broke")
+            assert cut == 1  # on /metrics too
             await until(lambda: metric(proxy, "shadow_router_requests_total", mode="shadow", policy="router",
                                        outcome="upstream_error") == 1, what="the broken stream counted")
         await router.stop()
