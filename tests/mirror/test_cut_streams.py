@@ -8,12 +8,14 @@ import asyncio
 import json
 import socket
 import struct
+import subprocess
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
+from shadow.base.procs import read_json_line, shadow_argv
 from shadow.mirror.dropqueue import DropQueue
 from shadow.mirror.proxy import END_UPSTREAM_CUT, Tap
 
@@ -167,5 +169,38 @@ def test_tap_shutdown_cuts_open_streams_visibly() -> None:
         srv.close()
         assert not clean and b"tap_shutdown" in body and body.startswith(_event(0))
         assert tap.cut["tap_shutdown"] == 1
+
+    asyncio.run(go())
+
+
+def test_a_cut_through_the_data_plane_raises_in_the_openai_client_and_is_counted_on_its_metrics() -> None:
+    """The same through `shadow tap` (the data plane process): the client raises, and the cut is on
+    the data plane's own /metrics by reason."""
+
+    async def go() -> None:
+        srv = await _upstream("reset", events=4)
+        port = srv.sockets[0].getsockname()[1]
+        proc = subprocess.Popen(shadow_argv("tap", "--name", "d0", "--upstream", f"d0=http://127.0.0.1:{port}"),
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            ready = read_json_line(proc, "tap", 60)
+            client = openai.AsyncOpenAI(base_url=ready["taps"]["d0"] + "/v1", api_key="x", max_retries=0)
+            got: list[Any] = []
+            with pytest.raises(openai.APIError):
+                stream = await client.completions.create(model="m", prompt="p", stream=True)
+                async for chunk in stream:
+                    got.append(chunk)
+            assert len(got) == 4
+            await client.close()
+            async with httpx.AsyncClient() as h:
+                text = (await h.get(ready["metrics"] + "/metrics", timeout=10)).text
+            line = 'shadow_tap_streams_cut_total{reason="upstream_reset",worker="d0"} 1.0'
+            assert line in text.splitlines(), [x for x in text.splitlines() if "streams_cut" in x]
+        finally:
+            proc.terminate()
+            proc.wait(60)
+            if proc.stdout is not None:
+                proc.stdout.close()
+            srv.close()
 
     asyncio.run(go())
