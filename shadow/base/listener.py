@@ -62,7 +62,7 @@ class ListenerLimits:
     body_timeout_s: float = 10.0  # longest silence inside a request body (408 or close)
     idle_timeout_s: float = 30.0  # keep-alive connection without a request (closed)
     max_connections: int = 1024  # beyond: the oldest idle connection is closed, else 503
-    evict_grace_s: float = 1.0  # a new connection not yet read from is not evicted this long
+    evict_grace_s: float = 0.05  # a new connection not yet read from is not evicted this long
     max_body: int = 16 << 20  # request body bytes (413 beyond)
     max_buffer: int = 256 << 10  # body bytes waiting for the app before reading pauses
     max_pipelined: int = 16  # requests parsed ahead of the one being answered (reading pauses)
