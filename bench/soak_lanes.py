@@ -1,0 +1,155 @@
+"""Time-compressed soak of the live lanes: hours of a fleet's events, lane lag and RSS per hour.
+
+    python bench/soak_lanes.py --load 1.2 --hours 6      # overload (the router's bounded queue sheds)
+    python bench/soak_lanes.py --load 0.8 --hours 6
+
+Protocol: a synthetic "real" fleet of G decode workers × B slots steps every `--step-ms` (one token
+per running request per step), behind a JSQ-bytes router with per-worker FIFO queues and a
+bounded queue at the door (arrivals refused while N × G wait: they never reach the lanes).
+Arrivals are Poisson at ρ × G·B / (mean output × step), paper-azure lengths with outputs ÷
+`--divide` (time compression: a request lives seconds, not a minute). The fleet emits what a
+mirror sees: Arrive + Route when a request is placed, a cumulative Token every `--token-every`
+tokens, Finish at its end. `LiveLanes` (actual + `--policies`) take every event and advance to
+the live clock after each step, as `shadow serve` does, in event time (no sleeping): an hour of
+fleet time runs in seconds to minutes. Per row (every `--row-minutes` of fleet time, default an
+hour): the largest lane lag seen and each lane's lag at the row's end (how far the lanes run
+behind the newest event, event-time seconds), the requests held in the lanes' table, and the
+process's resident memory (VmRSS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import random
+import time
+
+from shadow.contracts.events import Arrive, Event, Finish, Route, Token
+from shadow.core.stepmodel import StepTimeModel
+from shadow.live.lanes import LiveLanes
+from shadow.traces import resolve
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1e3
+    return 0.0
+
+
+class Fleet:
+    """The "real" fleet and its router (see module docstring)."""
+
+    def __init__(self, g: int, b: int, step_s: float, rho: float, divide: int, queue: int, seed: int,
+                 token_every: int) -> None:
+        trace = resolve("paper-azure", seed=seed, limit=20_000)
+        self.lengths = [(r.prompt_tokens, max(1, r.output_tokens // divide)) for r in trace.requests]
+        mean_out = sum(o for _, o in self.lengths) / len(self.lengths)
+        self.rate = rho * g * b / (mean_out * step_s)
+        self.g, self.b, self.step_s, self.every = g, b, step_s, token_every
+        self.cap = queue * g if queue > 0 else float("inf")
+        self.rng = random.Random(seed)
+        self.t = 1000.0
+        self.next_arrival = self.t + self.rng.expovariate(self.rate)
+        self.n = 0
+        self.queues: list[collections.deque[list[object]]] = [collections.deque() for _ in range(g)]
+        self.running: list[list[list[object]]] = [[] for _ in range(g)]
+        self.outstanding = [0] * g
+        self.shed = 0
+        self.arrived = 0
+
+    def step(self) -> list[Event]:
+        out: list[Event] = []
+        self.t += self.step_s
+        t = self.t
+        while self.next_arrival <= t:
+            self.arrived += 1
+            if sum(len(q) for q in self.queues) >= self.cap:
+                self.shed += 1
+            else:
+                s, o = self.lengths[self.n % len(self.lengths)]
+                rid = f"r{self.n}"
+                self.n += 1
+                w = min(range(self.g), key=lambda i: (self.outstanding[i], i))
+                self.outstanding[w] += s
+                self.queues[w].append([rid, s, o, 0])
+                out += [Arrive(rid, self.next_arrival, s), Route(rid, self.next_arrival, f"d{w}", s)]
+            self.next_arrival += self.rng.expovariate(self.rate)
+        for w in range(self.g):
+            run, q = self.running[w], self.queues[w]
+            while q and len(run) < self.b:
+                run.append(q.popleft())
+            keep = []
+            for r in run:
+                r[3] = gen = int(r[3]) + 1  # type: ignore[call-overload]
+                if gen >= int(r[2]):  # type: ignore[call-overload]
+                    out.append(Finish(str(r[0]), t, "stop", gen))
+                    self.outstanding[w] -= int(r[1])  # type: ignore[call-overload]
+                else:
+                    if gen == 1 or gen % self.every == 0:
+                        out.append(Token(str(r[0]), t, gen))
+                    keep.append(r)
+            self.running[w] = keep
+        return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--load", type=float, default=1.2, help="ρ against the fleet's capacity (default 1.2)")
+    ap.add_argument("--hours", type=float, default=6.0, help="simulated hours (default 6)")
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--slots", type=int, default=16)
+    ap.add_argument("--step-ms", type=float, default=60.0)
+    ap.add_argument("--divide", type=int, default=10, help="outputs ÷ this (default 10)")
+    ap.add_argument("--queue", type=int, default=6,
+                    help="router's bound: N × G waiting (default 6; 0: unbounded queues)")
+    ap.add_argument("--token-every", type=int, default=8, help="a Token event every N tokens (default 8)")
+    ap.add_argument("--policies", default="jsq-bytes,br0")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--row-minutes", type=float, default=60.0, help="a row every N simulated minutes")
+    ap.add_argument("--json", metavar="OUT", help="write the per-hour rows as JSON")
+    args = ap.parse_args()
+    step_s = args.step_ms / 1e3
+    fleet = Fleet(args.workers, args.slots, step_s, args.load, args.divide, args.queue, args.seed,
+                  args.token_every)
+    live = LiveLanes(workers=[f"d{g}" for g in range(args.workers)], slots=args.slots,
+                     policies=[p for p in args.policies.split(",") if p],
+                     step=StepTimeModel(a=1e-12, b=step_s), lag_s=2.0, queue_size=10_000_000,
+                     clock=lambda: fleet.t)
+    hour_steps = round(60 * args.row_minutes / step_s)
+    rows = []
+    worst = 0.0
+    t0 = time.process_time()
+    last_publish = 0.0
+    for k in range(1, round(args.hours * 3600 / step_s) + 1):
+        for ev in fleet.step():
+            live.listener(ev)
+        live.process_now()
+        live.driver.advance_to(live.live_now())
+        d = live.driver
+        worst = max(worst, max(d.lag(lane) for lane in d.lanes))
+        if fleet.t - last_publish >= 60.0:
+            live._publish()
+            last_publish = fleet.t
+        if k % hour_steps == 0:
+            live._publish()
+            rep = live.report()
+            row = {"minute": round(k * step_s / 60, 1), "max_lag_s": round(worst, 2),
+                   "lag_s": {lb: round(v["lag_s"], 2) for lb, v in rep["lanes"].items()},
+                   "finished": {lb: v["requests_finished"] for lb, v in rep["lanes"].items()},
+                   "open_requests": rep["requests"]["open"], "rss_mb": round(rss_mb(), 1),
+                   "shed": fleet.shed, "arrived": fleet.arrived, "cpu_s": round(time.process_time() - t0, 1)}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            worst = 0.0
+    print(f"ρ={args.load:g}: G={args.workers} B={args.slots} step {args.step_ms:g} ms, outputs ÷ "
+          f"{args.divide}, lanes actual,{args.policies}; {args.hours:g} simulated hours")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"args": vars(args), "rows": rows}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
