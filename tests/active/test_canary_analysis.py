@@ -34,6 +34,7 @@ from shadow.core.routers import Router
 from shadow.core.snapshot import FleetSnapshot
 from shadow.fleet import FleetConfig
 from shadow.mirror.service import TapConfig
+from tests.active.test_decision_exception import RaisingRouter
 from tests.alerts.test_alertmanager_integration import Traffic
 from tests.harness import FleetThread, ServeThread
 from tests.telemetry.active_stack import ADMIN_TOKEN, _free_run, _Proc
@@ -48,36 +49,13 @@ CANARY = CanaryConfig(steps=STEPS, min_requests=40, min_step_s=20.0, max_step_s=
                       min_batches=4, baseline_batches=4)
 
 
-class AllOnRankZero:
+class AllOnRankZero(RaisingRouter):
     """A pool router that only ever places on decode rank 0 (a made-worse policy)."""
-
-    name = "br0"
-    binds_at_arrival = False
-    predictor = None
-
-    def __init__(self) -> None:
-        self.pool: list[Hashable] = []
-
-    def on_arrive(self, request_id: Hashable, prompt_tokens: int, now: float,
-                  predicted_steps: float | None = None) -> None:
-        self.pool.append(request_id)
-
-    def on_finish(self, request_id: Hashable, output_tokens: int, key: Hashable | None = None) -> None:
-        return None
 
     def decide(self, fleet: FleetSnapshot, now: float) -> list[tuple[Hashable, int]]:
         n = max(0, fleet.free_slots[0])
         picked, self.pool = self.pool[:n], self.pool[n:]
         return [(rid, 0) for rid in picked]
-
-    def waiting(self) -> int:
-        return len(self.pool)
-
-    def forget(self, request_id: Hashable) -> bool:
-        if request_id in self.pool:
-            self.pool.remove(request_id)
-            return True
-        return False
 
 
 @contextmanager
