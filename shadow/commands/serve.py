@@ -523,6 +523,7 @@ def run(args: argparse.Namespace) -> int:
     def body() -> None:
         resolved = resolve_args(given(args), os.environ)
         config = config_from_args(resolved)
+        config.validate()  # a bad value is one line, before the start-up line
         start_logging(PROG, resolved)
         serve_app.run(config)
 
