@@ -1,10 +1,12 @@
 """The real-engine tier: real vLLM CPU servers, started once per test run and concurrently, on free
 loopback ports, shared by the tests of this folder (all marked `vllm`).
 
-What runs (4 servers of the tiny model, ~24 CPU-s each to start, ~1.5 GiB each):
+What runs (4 servers of the tiny model, one of them with two engines, ~24 CPU-s each to start, ~1.5 GiB each):
 - `probe`: one decode server whose step probe posts to a real `shadow serve` (events token), with a
   tap of that serve in front of it;
-- `drop`: one decode server whose probe has a queue of 1 and posts to a socket that never answers;
+- `drop`: one decode server with two DP engines (`--data-parallel-size 2`, one core each) whose
+  probe has a queue of 1 and posts to a socket that never answers; the same serve has a tap (`dp`)
+  in front of it;
 - `pd`: `shadow fleet --engine vllm --prefill 1 --decode 1` as a command (P/D pair; NixlConnector
   when NIXL imports, ExampleConnector otherwise).
 
@@ -59,6 +61,7 @@ class Tier:
     serve: Child
     api: str
     tap: str
+    dp_tap: str
     probe: VllmFleet
     drop: VllmFleet
     blackhole: socket.socket
@@ -87,10 +90,10 @@ def tiny_model(engine_venv: Path) -> Path:
 @pytest.fixture(scope="session")
 def tier(engine_venv: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tier]:
     logs = tmp_path_factory.mktemp("vllm-tier")
-    d0_port = free_port()
+    d0_port, dp_port = free_port(), free_port()
     serve = Child("shadow serve", shadow_argv(
-        "serve", "--upstream", f"d0=http://127.0.0.1:{d0_port}", "--slots", "64",
-        "--events-token", EVENTS_TOKEN, "--scrape-interval", "0.5",
+        "serve", "--upstream", f"d0=http://127.0.0.1:{d0_port}", "--upstream", f"dp=http://127.0.0.1:{dp_port}",
+        "--slots", "64", "--events-token", EVENTS_TOKEN, "--scrape-interval", "0.5",
         "--state-dir", str(logs / "state"), "--stop-taps"), logs / "serve.log")  # outlives one test
     blackhole = socket.socket()
     blackhole.bind(("127.0.0.1", 0))
@@ -101,7 +104,8 @@ def tier(engine_venv: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathF
         decode=1, model_path=tiny_model, ports=(d0_port,), cores=(0,), probe_url=serve.ready["api"],
         probe_token=EVENTS_TOKEN, log_dir=logs / "probe"), log=quiet)
     drop = VllmFleet(VllmFleetConfig(
-        decode=1, model_path=tiny_model, cores=(1,), probe_url=hole, log_dir=logs / "drop",
+        decode=1, data_parallel=2, model_path=tiny_model, ports=(dp_port,), cores=(1, 0), probe_url=hole,
+        log_dir=logs / "drop",
         env=(("SHADOW_PROBE_QUEUE", "1"),)), log=quiet)
     for f in (probe, drop):
         f.log_dir.mkdir(parents=True, exist_ok=True)
@@ -133,7 +137,7 @@ def tier(engine_venv: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathF
         if errors:
             raise errors[0]
         yield Tier(engine_venv, tiny_model, logs, serve, serve.ready["api"], serve.ready["taps"]["d0"],
-                   probe, drop, blackhole, pd, pd_ready)
+                   serve.ready["taps"]["dp"], probe, drop, blackhole, pd, pd_ready)
     finally:
         for t in threads:
             t.join()
