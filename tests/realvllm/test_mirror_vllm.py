@@ -9,11 +9,13 @@ import concurrent.futures as cf
 import json
 import shutil
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from shadow.realvllm.launcher import repo_root
 from tests.realvllm.conftest import MODEL_NAME, Tier
 from tests.realvllm.helpers import metric, raw_stream, sse_payloads, wait_for
 
@@ -47,7 +49,19 @@ def _events_after(api: str, seq: int) -> list[dict[str, Any]]:
     return [json.loads(line) for line in r.text.splitlines()]
 
 
+def _engine_shadow(venv: Path) -> Path:
+    """Where the engine venv imports shadow from (its probe runs that code)."""
+    code = "import os, shadow; print(os.path.dirname(os.path.realpath(shadow.__file__)))"
+    done = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True,
+                          timeout=120, check=True)
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
 def test_a_dp_servers_page_has_the_probe_family_once_with_both_engines(tier: Tier) -> None:
+    here = (repo_root() / "shadow").resolve()
+    assert _engine_shadow(tier.venv) == here, (
+        f"the engine venv {tier.venv} runs shadow's probe from {_engine_shadow(tier.venv)}, not from {here}: "
+        f"the probe under test is not the one in vLLM (scripts/install-vllm.sh {tier.venv} points it here)")
     url = tier.drop.decode_urls[0]
     body = {"model": MODEL_NAME, "prompt": "dp engines", "max_tokens": 16, "ignore_eos": True,
             "temperature": 0, "stream": True}
