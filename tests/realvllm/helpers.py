@@ -61,3 +61,14 @@ def metric(url: str, name: str, **labels: str) -> float:
         if n == name and all((k, val) in lab for k, val in labels.items()):
             total += v
     return total
+
+
+def latest_seq(api: str) -> int:
+    """The sequence number of the newest event a shadow event API holds (paging through them)."""
+    seq = 0
+    while True:
+        r = httpx.get(f"{api}/v1/events", params={"after": seq, "limit": 100000}, timeout=10, trust_env=False)
+        last = int(r.headers["X-Last-Seq"])
+        if last <= seq:
+            return seq
+        seq = last

@@ -15,19 +15,20 @@ import openai
 from shadow.realvllm.launcher import VllmFleet, VllmFleetConfig
 from tests.active.procs import shadow_process
 from tests.active.test_fallback_e2e import last, mode, scrapes, wait_for
+from tests.active.test_fallback_proxy import Traffic as ClosedLoop
 from tests.realvllm.conftest import MODEL_NAME, Tier
 
 
-class Traffic:
+class Traffic(ClosedLoop):
     """`streams` concurrent openai streams in a closed loop until stopped; a request counts as ok
-    when its usage says exactly max_tokens, and is filed by whether it started after `mark`."""
+    when its usage says exactly max_tokens (a real engine merges tokens into fewer chunks), filed
+    by whether it started after `after` was set."""
 
     def __init__(self, url: str, streams: int = 6, max_tokens: int = 12) -> None:
-        self.url, self.streams, self.max_tokens = url, streams, max_tokens
-        self.ok = self.failed = self.ok_after = self.failed_after = 0
+        super().__init__(url, streams)
+        self.max_tokens = max_tokens
+        self.ok = self.ok_after = self.failed_after = 0
         self.after = threading.Event()
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
 
     async def _run(self) -> None:
         client = openai.AsyncOpenAI(base_url=self.url + "/v1", api_key="x", max_retries=0, timeout=120)
@@ -53,14 +54,6 @@ class Traffic:
 
         await asyncio.gather(*(loop(i) for i in range(self.streams)))
         await client.close()
-
-    def __enter__(self) -> Traffic:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(300)
 
 
 def test_a_killed_real_rank_trips_worker_down_and_the_traffic_moves_to_the_other(tier: Tier) -> None:

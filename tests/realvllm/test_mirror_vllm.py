@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from shadow.realvllm.launcher import repo_root
 from tests.realvllm.conftest import MODEL_NAME, Tier
-from tests.realvllm.helpers import metric, raw_stream, sse_payloads, wait_for
+from tests.realvllm.helpers import latest_seq, metric, raw_stream, sse_payloads, wait_for
 
 
 def _state(api: str) -> dict[str, Any]:
@@ -32,16 +32,6 @@ def _finished(api: str, worker: str) -> int:
 def _report(api: str) -> dict[str, Any]:
     report: dict[str, Any] = httpx.get(f"{api}/v1/report", timeout=60, trust_env=False).json()
     return report
-
-
-def _latest_seq(api: str) -> int:
-    seq = 0
-    while True:
-        r = httpx.get(f"{api}/v1/events", params={"after": seq, "limit": 100000}, timeout=10, trust_env=False)
-        last = int(r.headers["X-Last-Seq"])
-        if last <= seq:
-            return seq
-        seq = last
 
 
 def _events_after(api: str, seq: int) -> list[dict[str, Any]]:
@@ -86,7 +76,7 @@ def test_tokens_without_usage_are_exact_and_a_dp_server_reconciles_to_zero(tier:
     from max_tokens, not from the chunks (which vLLM merges under load); the page's two engines
     are read and summed; at quiescence the drift is 0 and nothing is left draining."""
     api, n, max_tokens = tier.api, 16, 48
-    seq = _latest_seq(api)
+    seq = latest_seq(api)
     before = _finished(api, "dp")
     counts_before = _report(api)["output_counts"]["by_source"]
     engine_done = metric(tier.drop.decode_urls[0], "vllm:request_success_total")

@@ -11,7 +11,7 @@ import jsonschema
 
 from shadow.contracts.events import load_schema
 from tests.realvllm.conftest import MODEL_NAME, Tier
-from tests.realvllm.helpers import completion_tokens, metric, raw_stream, wait_for
+from tests.realvllm.helpers import completion_tokens, latest_seq, metric, raw_stream, wait_for
 
 
 def _body(i: int, max_tokens: int) -> dict[str, object]:
@@ -24,18 +24,8 @@ def _steps_after(api: str, seq: int) -> list[dict[str, object]]:
     return [e for e in map(json.loads, r.text.splitlines()) if e["type"] == "step"]
 
 
-def _latest_seq(api: str) -> int:
-    seq = 0
-    while True:
-        r = httpx.get(f"{api}/v1/events", params={"after": seq, "limit": 100000}, timeout=10, trust_env=False)
-        last = int(r.headers["X-Last-Seq"])
-        if last <= seq:
-            return seq
-        seq = last
-
-
 def test_every_engine_step_arrives_as_a_valid_step_event(tier: Tier) -> None:
-    seq = _latest_seq(tier.api)
+    seq = latest_seq(tier.api)
     sent_before = metric(tier.probe.decode_urls[0], "shadow_probe_steps_total", outcome="sent")
     n, max_tokens = 8, 24
     with cf.ThreadPoolExecutor(n) as ex:
