@@ -1,0 +1,38 @@
+"""`shadow demo --fleet vllm`: the live loop on two real vLLM servers, end to end (its own servers:
+the demo starts and stops them itself)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.timeout(1500)
+def test_demo_on_real_engines_names_them_and_its_mirror_and_step_model_hold(engine_venv: Path,
+                                                                             tmp_path: Path) -> None:
+    report = tmp_path / "r.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "shadow", "demo", "--fleet", "vllm", "--vllm-venv", str(engine_venv),
+         "--headless", "--duration", "25", "--report-json", str(report), "--record",
+         str(tmp_path / "r.ndjson.gz")],
+        capture_output=True, text=True, timeout=1400,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(report.read_text())
+    demo = doc["demo"]
+    assert demo["fleet"]["engine"].startswith("vllm 0.32.0"), demo["fleet"]
+    assert demo["fleet"]["model"]["name"] and demo["fleet"]["workers"] == 2
+    assert demo["requests"] > 0 and demo["requests_failed"] == 0, demo
+    assert demo["decisions"]["agree"] and demo["decisions"]["phantoms"] == 0, demo["decisions"]
+    assert demo["drift_at_end"]["zero"], demo["drift_at_end"]
+    sm = doc["step_model"]
+    assert sm["samples_from"].startswith("the engine probe"), sm
+    assert sm["r2"] is None or 0 <= sm["r2"] <= 1
+    assert "R²=" in proc.stdout and "from the engine probe" in proc.stdout
+    assert sm["sse_check"]["trusted"] is not None and sm["sse_check"]["reason"], sm["sse_check"]
+    assert doc["output_counts"]["by_source"].get("chunks", 0) == 0  # shadow load asks for usage
+    assert "the mirror recovered every decode decision" in proc.stdout
