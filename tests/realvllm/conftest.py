@@ -123,7 +123,15 @@ def tier(engine_venv: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathF
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=start, args=(f,)) for f in (probe, drop)]
+    def start_after(first: threading.Thread, f: VllmFleet) -> None:
+        # The DP server's coordinator must report within vLLM's fixed 120 s of its start: started
+        # while three other servers import vLLM on a loaded 2-core machine, it missed that
+        # window; after the probe server is up it competes with the P/D pair only.
+        first.join()
+        start(f)
+
+    first = threading.Thread(target=start, args=(probe,))
+    threads = [first, threading.Thread(target=start_after, args=(first, drop))]
     for t in threads:
         t.start()
     pd_ready: dict[str, Any] = {}

@@ -4,6 +4,7 @@ the demo starts and stops them itself)."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,13 +16,17 @@ import pytest
 def test_demo_on_real_engines_names_them_and_its_mirror_and_step_model_hold(engine_venv: Path,
                                                                              tmp_path: Path) -> None:
     report = tmp_path / "r.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "shadow", "demo", "--fleet", "vllm", "--vllm-venv", str(engine_venv),
-         "--headless", "--duration", "25", "--report-json", str(report), "--record",
-         str(tmp_path / "r.ndjson.gz")],
-        capture_output=True, text=True, timeout=1400,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    argv = [sys.executable, "-m", "shadow", "demo", "--fleet", "vllm", "--vllm-venv", str(engine_venv),
+            "--headless", "--duration", "25", "--report-json", str(report), "--record",
+            str(tmp_path / "r.ndjson.gz")]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as demo:
+        try:
+            out, err = demo.communicate(timeout=1400)
+        finally:
+            if demo.poll() is None:  # interrupted or timed out: SIGTERM stops its servers, then it exits
+                demo.send_signal(signal.SIGTERM)
+                demo.communicate(timeout=120)
+    assert demo.returncode == 0, out[-3000:] + err[-3000:]
     doc = json.loads(report.read_text())
     demo = doc["demo"]
     assert demo["fleet"]["engine"].startswith("vllm 0.32.0"), demo["fleet"]
@@ -32,7 +37,7 @@ def test_demo_on_real_engines_names_them_and_its_mirror_and_step_model_hold(engi
     sm = doc["step_model"]
     assert sm["samples_from"].startswith("the engine probe"), sm
     assert sm["r2"] is None or 0 <= sm["r2"] <= 1
-    assert "R²=" in proc.stdout and "from the engine probe" in proc.stdout
+    assert "R²=" in out and "from the engine probe" in out
     assert sm["sse_check"]["trusted"] is not None and sm["sse_check"]["reason"], sm["sse_check"]
     assert doc["output_counts"]["by_source"].get("chunks", 0) == 0  # shadow load asks for usage
-    assert "the mirror recovered every decode decision" in proc.stdout
+    assert "the mirror recovered every decode decision" in out
