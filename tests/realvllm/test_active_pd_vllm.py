@@ -19,7 +19,8 @@ def test_fifty_streams_through_the_active_proxy_in_front_of_a_real_pd_pair(tier:
     (p_url,), (d_url,) = tier.pd_ready["prefill"], tier.pd_ready["decode"]
     serve = Child("shadow serve --active", shadow_argv(
         "serve", "--upstream", f"d0={d_url}", "--prefill", f"p0={p_url}", "--slots", "64",
-        "--active", "--active-policy", "jsq", "--mode", "active", "--pin-mode", "--admin-token", "tier-admin",
+        "--active", "--active-policy", "jsq-bytes", "--mode", "active", "--pin-mode", "--admin-token",
+        "tier-admin-token-0123456789",
         "--scrape-interval", "0.5", "--oracle-interval", "0"), tier.logs / "serve-active.log")
     try:
         url = str(serve.ready["active"])

@@ -62,7 +62,7 @@ def test_a_killed_real_rank_trips_worker_down_and_the_traffic_moves_to_the_other
     victim.log_dir.mkdir(parents=True, exist_ok=True)
     victim.start()
     try:
-        args = ["serve", "--active", "--active-policy", "jsq", "--mode", "active", "--slots", "64",
+        args = ["serve", "--active", "--active-policy", "jsq-bytes", "--mode", "active", "--slots", "64",
                 "--scrape-interval", "0.5", "--mode-check-interval", "0.05", "--holddown", "300",
                 "--holddown-max", "600", "--trip-upstream-min-calls", "100000", "--oracle-interval", "0",
                 "--upstream", f"d0={tier.probe.decode_urls[0]}", "--upstream", f"d1={victim.decode_urls[0]}"]
