@@ -251,7 +251,10 @@ class VllmFleet:
         if kv is not None:
             argv += ["--kv-transfer-config", kv]
         if role == "decode" and cfg.data_parallel > 1:
-            argv += ["--data-parallel-size", str(cfg.data_parallel)]
+            # One API server for all the engines (vLLM 0.32 defaults to one per engine, and then
+            # serves /metrics from its multiprocess registry: the load gauges come out empty and
+            # no collector of a stat logger, shadow's probe among them, is on the page).
+            argv += ["--data-parallel-size", str(cfg.data_parallel), "--api-server-count", "1"]
         return argv + list(cfg.extra_args)
 
     def plan(self) -> list[Server]:
