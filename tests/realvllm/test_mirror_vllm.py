@@ -39,19 +39,23 @@ def _events_after(api: str, seq: int) -> list[dict[str, Any]]:
     return [json.loads(line) for line in r.text.splitlines()]
 
 
-def _engine_shadow(venv: Path) -> Path:
-    """Where the engine venv imports shadow from (its probe runs that code)."""
-    code = "import os, shadow; print(os.path.dirname(os.path.realpath(shadow.__file__)))"
+PROBE_MODULES = ("probe.py", "probe_metrics.py", "stepsender.py")
+
+
+def _engine_probe_source(venv: Path) -> dict[str, bytes]:
+    """The probe's modules as the engine venv imports them (vLLM runs that code)."""
+    code = "import os, shadow.realvllm as r; print(os.path.dirname(os.path.realpath(r.__file__)))"
     done = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True,
                           timeout=120, check=True)
-    return Path(done.stdout.strip().splitlines()[-1])
+    where = Path(done.stdout.strip().splitlines()[-1])
+    return {m: (where / m).read_bytes() for m in PROBE_MODULES}
 
 
 def test_a_dp_servers_page_has_the_probe_family_once_with_both_engines(tier: Tier) -> None:
-    here = (repo_root() / "shadow").resolve()
-    assert _engine_shadow(tier.venv) == here, (
-        f"the engine venv {tier.venv} runs shadow's probe from {_engine_shadow(tier.venv)}, not from {here}: "
-        f"the probe under test is not the one in vLLM (scripts/install-vllm.sh {tier.venv} points it here)")
+    here = repo_root() / "shadow" / "realvllm"
+    assert _engine_probe_source(tier.venv) == {m: (here / m).read_bytes() for m in PROBE_MODULES}, (
+        f"the engine venv {tier.venv} runs another version of shadow's probe than {here}: the probe under "
+        f"test is not the one in vLLM (scripts/install-vllm.sh {tier.venv} points it at this tree)")
     url = tier.drop.decode_urls[0]
     body = {"model": MODEL_NAME, "prompt": "dp engines", "max_tokens": 16, "ignore_eos": True,
             "temperature": 0, "stream": True}
