@@ -1,5 +1,6 @@
 """Fallback on a killed real rank: `shadow serve --active` routes plain requests over two real vLLM
-decode servers (the tier's probe server and one started here); the one started here is killed
+decode servers (the tier's DP server and one started here; not the probe server, whose steps
+the probe tests count); the one started here is killed
 (SIGKILL to its whole process group) under `openai` traffic; the controller trips `worker_down`
 within 3 scrapes of its /metrics refusing connections, and every request sent after the trip
 completes with exactly its max_tokens (routed to the rank that is up)."""
@@ -65,7 +66,7 @@ def test_a_killed_real_rank_trips_worker_down_and_the_traffic_moves_to_the_other
         args = ["serve", "--active", "--active-policy", "jsq-bytes", "--mode", "active", "--slots", "64",
                 "--scrape-interval", "0.5", "--mode-check-interval", "0.05", "--holddown", "300",
                 "--holddown-max", "600", "--trip-upstream-min-calls", "100000", "--oracle-interval", "0",
-                "--upstream", f"d0={tier.probe.decode_urls[0]}", "--upstream", f"d1={victim.decode_urls[0]}"]
+                "--upstream", f"d0={tier.drop.decode_urls[0]}", "--upstream", f"d1={victim.decode_urls[0]}"]
         with shadow_process(args, timeout=120) as (_, ready):
             api, proxy = ready["api"], ready["active"]
             wait_for(lambda: mode(api)["current"] == "active" and scrapes(api) >= 2, "active, scraped", 120)

@@ -71,7 +71,10 @@ def test_a_dp_servers_page_has_the_probe_family_once_with_both_engines(tier: Tie
     assert promtool, "promtool (Debian's prometheus package, installed by scripts/test.sh) is needed"
     checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True,
                              timeout=60, check=False)
-    assert checked.returncode == 0, checked.stdout[-2000:] + checked.stderr[-2000:]
+    # promtool exits 3 for lint advice (vLLM's names have ':'), 1 when the page does not parse (a
+    # family exposed twice: "second HELP line"); only the first is acceptable
+    said = checked.stdout + checked.stderr
+    assert checked.returncode in (0, 3) and "error while linting" not in said.lower(), said[-2000:]
 
 
 def test_tokens_without_usage_are_exact_and_a_dp_server_reconciles_to_zero(tier: Tier) -> None:
