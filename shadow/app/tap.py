@@ -24,7 +24,7 @@ from shadow.base.net import bind_listen
 from shadow.base.runtime import raise_fd_limit
 from shadow.mirror.http1 import TapLimits
 from shadow.mirror.keys import state_dir
-from shadow.mirror.relay import RelaySockets, RelaySpec
+from shadow.mirror.relay import RelayBounds, RelaySockets, RelaySpec
 from shadow.mirror.rundir import RunDir, digest, groups, unix_listen
 from shadow.mirror.supervisor import Supervisor, control
 
@@ -33,7 +33,7 @@ SD_LISTEN_FDS_START = 3
 
 
 @dataclass
-class TapGroupConfig:
+class TapGroupConfig(RelayBounds):
     """What `shadow tap` is told: taps {name: upstream URL} by role, where to listen, the bounds."""
 
     upstreams: dict[str, str]
@@ -47,13 +47,6 @@ class TapGroupConfig:
     attach_listen: str | None = None
     attach_token: str | None = None
     digest: str | None = None
-    max_body: int = 4 << 20
-    inject_usage: bool = False
-    queue_size: int = 65536
-    queue_bytes: int = 256 << 20
-    retain_bytes: int = 128 << 20
-    retain_ended: int = 100_000
-    loop: str = "auto"
     limits: TapLimits = field(default_factory=TapLimits)
     drain_timeout_s: float = 30.0
 
@@ -107,13 +100,7 @@ class TapGroupConfig:
         return RelaySpec(
             taps=self.taps(),
             limits={k: getattr(lim, k) for k in lim.__dataclass_fields__},
-            max_body=self.max_body,
-            inject_usage=self.inject_usage,
-            queue_size=self.queue_size,
-            queue_bytes=self.queue_bytes,
-            retain_bytes=self.retain_bytes,
-            retain_ended=self.retain_ended,
-            loop=self.loop,
+            **self.bounds(),
             attach_token=self.attach_token,
             group=self.group_name(),
         )

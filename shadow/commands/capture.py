@@ -20,6 +20,7 @@ from typing import Any
 
 from shadow.app import capture as capture_app
 from shadow.commands._flags import Flag, add_flags, fields, flag
+from shadow.commands._help import add_command, run_alone
 from shadow.commands._service import run_reporting
 from shadow.commands.serve import mirror_flags
 from shadow.commands.tap import pairs
@@ -27,6 +28,7 @@ from shadow.mirror.keys import key_location, open_secret
 from shadow.mirror.service import TapConfig
 
 PROG = "shadow capture"
+SUMMARY = "mirror the router's traffic passively, off an interface"
 log = logging.getLogger("shadow.capture")
 
 EPILOG = """examples:
@@ -68,15 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "capture",
-        help="mirror the router's traffic passively, off an interface",
-        description=__doc__,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_arguments(p)
-    p.set_defaults(func=run)
+    add_command(subparsers, "capture", SUMMARY, __doc__, EPILOG, run, add_arguments)
 
 
 def config_from_args(args: argparse.Namespace) -> TapConfig:
@@ -100,9 +94,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return run_alone(PROG, __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

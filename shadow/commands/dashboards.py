@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from shadow.base.extras import missing_extra
+from shadow.commands._help import add_command
 
 EXAMPLES = """\
 examples:
@@ -21,14 +22,10 @@ examples:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "dashboards",
-        help="build Grafana dashboards from code, or push them to Grafana",
-        description="Build the Grafana dashboards from code (needs the extra shadow[dashboards]) "
-        "and the files generated with them, or publish them idempotently by uid.",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_command(
+        sub, "dashboards", "build Grafana dashboards from code, or push them to Grafana",
+        "Build the Grafana dashboards from code (needs the extra shadow[dashboards]) and the files "
+        "generated with them, or publish them idempotently by uid.", EXAMPLES)
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
     b = verbs.add_parser(
         "build",

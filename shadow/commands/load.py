@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from shadow.commands._help import add_command
+
 DESCRIPTION = """\
 Replay a request trace (or a labelled synthetic workload) against any OpenAI-compatible
 endpoint (vLLM, vllm-router, SGLang, shadow's simulated fleet...), with the official openai
@@ -31,13 +33,8 @@ examples:
 
 def register(subparsers: Any) -> None:
     """Add the `load` sub-command."""
-    p = subparsers.add_parser(
-        "load",
-        help="replay a trace against an OpenAI-compatible endpoint (load generator)",
-        description=DESCRIPTION,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    summary = "replay a trace against an OpenAI-compatible endpoint (load generator)"
+    p = add_command(subparsers, "load", summary, DESCRIPTION, EPILOG)
     p.add_argument("trace", metavar="TRACE|WORKLOAD", help="trace file path or synthetic workload name")
     p.add_argument(
         "--target", required=True, metavar="URL", help="server base URL; /v1 is appended if absent"

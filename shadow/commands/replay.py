@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from shadow.base.extras import missing_extra
+from shadow.commands._help import add_command
 from shadow.commands._replay_args import (
     Given,
     add_br_args,
@@ -26,6 +27,11 @@ from shadow.replay.experiment import DEFAULT_POLICIES, ReplayReport, ReplaySetup
 from shadow.replay.render import render_report
 from shadow.traces import Trace, TraceError, resolve
 
+SUMMARY = "replay a trace through BR-0/BR-H and the baselines (offline)"
+DESCRIPTION = (
+    "Replay a trace through the fleet engine: one lane per policy, same arrivals, and print average "
+    "max−min spread, I(k), barrier idle, throughput, TPOT, TTFT and decision time."
+)
 EPILOG = """examples:
   shadow replay paper-azure --load 1.05                  # the paper's comparison, near saturation
   shadow replay data/traces/conversation_trace.jsonl --load 1.05 --json out.json --plot loads.png
@@ -44,14 +50,7 @@ from it is printed as a what-if. Older recordings (and `shadow tap`'s) take the 
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "replay",
-        help="replay a trace through BR-0/BR-H and the baselines (offline)",
-        description="Replay a trace through the fleet engine: one lane per policy, same arrivals, "
-        "and print average max−min spread, I(k), barrier idle, throughput, TPOT, TTFT and decision time.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_command(sub, "replay", SUMMARY, DESCRIPTION, EPILOG, run)
     add_workload_args(p)
     add_fleet_args(p)
     p.add_argument(
@@ -66,7 +65,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--plot", metavar="OUT.png",
                    help="draw per-worker KV-load trajectories per policy (needs shadow[plot])")
     add_protocol_args(p, default=False)
-    p.set_defaults(func=run)
 
 
 def load_workload(spec: str, seed: int, limit: int | None) -> Trace:

@@ -10,12 +10,18 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from shadow.commands._help import add_command
 from shadow.commands._replay_args import add_br_args, add_fleet_args, add_workload_args, setup_from
 from shadow.commands.sweep_protocol import add_protocol_args
 from shadow.replay.render import pct
 from shadow.replay.sweep import SweepRow, run_sweep
 from shadow.traces import TraceError, resolve
 
+SUMMARY = "BR-0/BR-H gain over the best baseline across G, load and (β, γ)"
+DESCRIPTION = (
+    "Replay a workload over a grid and print, per cell, each BR lane's spread reduction and "
+    "throughput gain against the best baseline of that cell."
+)
 EPILOG = """examples:
   shadow sweep paper-azure --workers 8 --loads 1.05                    # steady-state protocol, 3 seeds
   shadow sweep paper-azure --workers 4,8,16,32,64 --loads 0.6,0.8,0.95,1.05,1.2 --jobs 2 --json out.json
@@ -65,14 +71,7 @@ def _ints(text: str) -> list[int]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "sweep",
-        help="BR-0/BR-H gain over the best baseline across G, load and (β, γ)",
-        description="Replay a workload over a grid and print, per cell, each BR lane's spread reduction "
-        "and throughput gain against the best baseline of that cell.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_command(sub, "sweep", SUMMARY, DESCRIPTION, EPILOG, run)
     add_workload_args(p)
     add_fleet_args(p, workers=False)
     p.add_argument(
@@ -97,7 +96,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         metavar="ADDRESS",
         help="run the cells as Ray tasks (see below); --jobs is then unused (default: local processes)",
     )
-    p.set_defaults(func=run)
 
 
 PROTOCOL_POLICIES = "rr,p2c,jsq,jsq-bytes,least-tokens,br0,brh:survival,bra"

@@ -38,10 +38,12 @@ from typing import Any
 from shadow.app import tap as tap_app
 from shadow.base.runtime import LOOPS
 from shadow.commands._flags import Flag, add_flags, fields, flag
+from shadow.commands._help import add_command, run_alone
 from shadow.commands._service import add_log_arguments, run_reporting, start_logging
 from shadow.mirror.http1 import DEFAULT_ALLOW_PATHS, TapLimits
 
 PROG = "shadow tap"
+SUMMARY = "the data plane: in-path taps, in a process that outlives the analysis"
 log = logging.getLogger("shadow.tap")
 
 
@@ -161,15 +163,7 @@ EPILOG = """examples:
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "tap",
-        help="the data plane: in-path taps, in a process that outlives the analysis",
-        description=__doc__,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_arguments(p)
-    p.set_defaults(func=run)
+    add_command(subparsers, "tap", SUMMARY, __doc__, EPILOG, run, add_arguments)
 
 
 def limits_from_args(args: argparse.Namespace) -> TapLimits:
@@ -220,9 +214,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return run_alone(PROG, __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

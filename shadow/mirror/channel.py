@@ -222,10 +222,7 @@ class ChannelSink:
         sock = self.sock
         if sock is None:
             return
-        if self._writing and self._loop is not None:
-            with contextlib.suppress(Exception):
-                self._loop.remove_writer(sock.fileno())
-        self._writing = False
+        self._unwatch(sock)
         self.sock = None
         self._out.clear()
         self._n = 0
@@ -359,21 +356,21 @@ class ChannelSink:
                     self._loop = loop
                     loop.add_writer(sock.fileno(), self.flush)
                 return
-        if self._writing:
-            self._writing = False
-            if self._loop is not None:
-                with contextlib.suppress(Exception):
-                    self._loop.remove_writer(sock.fileno())
+        self._unwatch(sock)
+
+    def _unwatch(self, sock: socket.socket) -> None:
+        """Stop waiting for `sock` to be writable (when waiting)."""
+        if self._writing and self._loop is not None:
+            with contextlib.suppress(Exception):
+                self._loop.remove_writer(sock.fileno())
+        self._writing = False
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Last words: write everything pending (blocking, up to `timeout_s`), then close."""
         sock = self.sock
         if sock is None:
             return
-        if self._writing and self._loop is not None:
-            with contextlib.suppress(Exception):
-                self._loop.remove_writer(sock.fileno())
-        self._writing = False
+        self._unwatch(sock)
         with contextlib.suppress(OSError):
             sock.settimeout(timeout_s)
             for e in self._out:

@@ -47,12 +47,11 @@ def boot_id() -> str:
         return ""
 
 
-@dataclass
-class RelaySpec:
-    """What a relay serves: taps [{name, upstream, role}] and the hand-off's bounds."""
+@dataclass(kw_only=True)
+class RelayBounds:
+    """How a relay copies and hands off: body copy cap, usage injection, the hand-off's and the
+    kept copies' bounds, the event loop; what `shadow tap` is told and its relays are given."""
 
-    taps: list[dict[str, str]]
-    limits: dict[str, Any] = field(default_factory=dict)
     max_body: int = 4 << 20
     inject_usage: bool = False
     queue_size: int = 65536
@@ -60,6 +59,18 @@ class RelaySpec:
     retain_bytes: int = 128 << 20
     retain_ended: int = 100_000
     loop: str = "auto"
+
+    def bounds(self) -> dict[str, Any]:
+        """These fields by name (to build another `RelayBounds` from this one)."""
+        return {k: getattr(self, k) for k in RelayBounds.__dataclass_fields__}
+
+
+@dataclass
+class RelaySpec(RelayBounds):
+    """What a relay serves: taps [{name, upstream, role}] and the hand-off's bounds."""
+
+    taps: list[dict[str, str]]
+    limits: dict[str, Any] = field(default_factory=dict)
     attach_token: str | None = None  # required of an analysis attaching over TCP
     group: str = ""
     restarts: int = 0  # relays of this group started before this one after a crash
