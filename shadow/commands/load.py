@@ -30,6 +30,9 @@ examples:
   shadow load traces/conv.csv --target http://router:8000 --concurrency 64 --chat --json out.json
   shadow load paper-templates --target http://127.0.0.1:8000 --request-id-prefix run7-"""
 
+#: The options that fill the `LoadOptions` field of their own name.
+SAME_NAME = ("model", "api_key", "chat", "stream", "concurrency", "limit", "request_id_prefix", "ignore_eos")
+
 
 def register(subparsers: Any) -> None:
     """Add the `load` sub-command."""
@@ -185,16 +188,9 @@ def run(args: argparse.Namespace) -> int:
         scale = args.rate / base
     try:
         options = LoadOptions(
-            model=args.model,
-            api_key=args.api_key,
-            chat=args.chat,
-            stream=args.stream,
-            concurrency=args.concurrency,
+            **{k: getattr(args, k) for k in SAME_NAME},
             time_scale=scale,
-            limit=args.limit,
             headers=_headers(args.header),
-            request_id_prefix=args.request_id_prefix,
-            ignore_eos=args.ignore_eos,
             request_timeout_s=args.timeout,
             prompt_builder=PromptBuilder(seed=args.seed, chat_overhead=args.chat_overhead),
         )

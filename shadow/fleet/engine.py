@@ -14,10 +14,13 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from shadow.fleet.config import FleetConfig
 from shadow.fleet.faults import FaultState
 from shadow.fleet.metrics import EngineStats
 
 WAITING, RUNNING, FINISHED = 0, 1, 2
+#: The fields of a `FleetConfig` that size each decode rank.
+RANK_SIZE = ("slots", "kv_capacity_tokens", "block_size", "max_model_len")
 
 
 class EngineDown(RuntimeError):
@@ -159,6 +162,13 @@ class DecodeEngine:
         self.last_step_end = 0.0
         self.up = True
         self._stats = EngineStats(max_model_len)
+
+    @classmethod
+    def sized(
+        cls, label: str, config: FleetConfig, faults: FaultState, on_work: Callable[[], None]
+    ) -> DecodeEngine:
+        """A rank sized by `config` (its `RANK_SIZE` fields)."""
+        return cls(label, faults=faults, on_work=on_work, **{k: getattr(config, k) for k in RANK_SIZE})
 
     # -- MetricsSource ---------------------------------------------------------------------------
     @property

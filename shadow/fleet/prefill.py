@@ -31,15 +31,7 @@ class PrefillEngine:
         self.current: Seq | None = None
         self.up = True
         self._wake = asyncio.Event()
-        self.local = DecodeEngine(
-            "0",
-            slots=config.slots,
-            kv_capacity_tokens=config.kv_capacity_tokens,
-            block_size=config.block_size,
-            max_model_len=config.max_model_len,
-            faults=faults,
-            on_work=self._poke_local,
-        )
+        self.local = DecodeEngine.sized("0", config, faults, self._poke_local)
         self.local_clock = StepClock(
             [self.local], config.step_model, time_scale=config.time_scale, prefill_c1=config.prefill_c1
         )

@@ -518,15 +518,7 @@ class DecodeServer(BaseServer):
         on_work: Callable[[], None],
     ) -> None:
         super().__init__(index, config, port, directory, apply_faults)
-        self.engine = DecodeEngine(
-            str(index),
-            slots=config.slots,
-            kv_capacity_tokens=config.kv_capacity_tokens,
-            block_size=config.block_size,
-            max_model_len=config.max_model_len,
-            faults=self.faults,
-            on_work=on_work,
-        )
+        self.engine = DecodeEngine.sized(str(index), config, self.faults, on_work)
         self._on_work = on_work
         self.clock: StepClock | None = None
 
