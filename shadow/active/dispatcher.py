@@ -4,7 +4,6 @@ until a routing round places them on a decode worker."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import time
@@ -17,6 +16,7 @@ import numpy as np
 
 from shadow.active.ledger import Ledger, LoadSource
 from shadow.active.metrics import ActiveMetrics
+from shadow.base.runtime import cancel_task
 from shadow.contracts.modes import ModeSource
 from shadow.core.balanceroute import BalanceRoute
 from shadow.core.fscore import BR0Scorer
@@ -122,11 +122,8 @@ class Dispatcher:
             self._tick = asyncio.get_running_loop().create_task(self._ticker())
 
     async def stop(self) -> None:
-        if self._tick is not None:
-            self._tick.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._tick
-            self._tick = None
+        await cancel_task(self._tick)
+        self._tick = None
         for t in list(self.waiting.values()):
             if not t.future.done():
                 t.future.cancel()

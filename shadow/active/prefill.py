@@ -9,12 +9,12 @@ at or above `pause_at` and resumes below `resume_at` (hysteresis); when every pr
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from shadow.active.metrics import ActiveMetrics
+from shadow.base.runtime import cancel_task
 from shadow.vllm.metrics import MetricsScraper
 
 log = logging.getLogger("shadow.active")
@@ -143,11 +143,8 @@ class KvPoller:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_task(self._task)
+        self._task = None
         if self._scraper is not None:
             await self._scraper.aclose()
             self._scraper = None

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
 from shadow.active.proxy import ActiveConfig, ActiveProxy
-from shadow.base.families import DeclaredCollector, Family
+from shadow.base.families import Family, SourceCollector
 from shadow.contracts.modes import StaticModeSource
 from shadow.core.policies import REGISTRY, lookup
 
@@ -77,16 +77,13 @@ ERRORS = Family("shadow_router_errors_total", "counter", "requests answered with
 FAMILIES = (PICKED, SCORE, ERRORS)
 
 
-class StandInCollector(DeclaredCollector):
+class StandInCollector(SourceCollector[ActiveProxy]):
     """The stand-in's own families, read from the proxy's state at scrape time (same loop)."""
 
     families = FAMILIES
 
-    def __init__(self, proxy: ActiveProxy) -> None:
-        self.proxy = proxy
-
     def collect(self) -> Iterator[Metric]:
-        p = self.proxy
+        p = self.source
         picked = {("prefill", pf.name): pf.picked for pf in p.prefill.prefillers}
         score = {("prefill", pf.name): pf.outstanding for pf in p.prefill.prefillers}
         for g, name in enumerate(p.decode_names):

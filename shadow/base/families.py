@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import ClassVar, Literal, TypeVar
+from typing import ClassVar, Generic, Literal, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 MetricType = Literal["counter", "gauge", "histogram"]
 #: Label values of one sample: one string for one label, a tuple for several, () for none.
 LabelKey = TypeVar("LabelKey", bound=str | tuple[str, ...])
+Source = TypeVar("Source")
 
 
 @dataclass(frozen=True)
@@ -124,3 +125,10 @@ class DeclaredCollector(Collector):
 
     def describe(self) -> Iterable[Metric]:
         return [f.family() for f in self.families]
+
+
+class SourceCollector(DeclaredCollector, Generic[Source]):
+    """A declared collector that reads one `source` (its state and counters) at each scrape."""
+
+    def __init__(self, source: Source) -> None:
+        self.source = source

@@ -380,17 +380,13 @@ class _Conn(asyncio.Protocol):
 
     def close(self) -> None:
         """Close now (an idle connection, or one whose response is over)."""
-        self.closed = True
-        self._disarm()
-        self.server.idle.pop(self, None)
+        self._done()
         if self.transport is not None:
             self.transport.close()
 
     def abort(self) -> None:
         """Reset the connection: what was sent so far is all the client gets (a visible cut)."""
-        self.closed = True
-        self._disarm()
-        self.server.idle.pop(self, None)
+        self._done()
         if self.transport is not None:
             self.transport.abort()
 
@@ -399,6 +395,10 @@ class _Conn(asyncio.Protocol):
         if self.transport is not None and not self.closed:
             self.transport.write(raw)
             self.transport.close()
+        self._done()
+
+    def _done(self) -> None:
+        """Nothing more is read or answered here: closed, no deadline, not idle."""
         self.closed = True
         self._disarm()
         self.server.idle.pop(self, None)

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 
 from prometheus_client.core import Metric
 
-from shadow.base.families import DeclaredCollector, Family
+from shadow.base.families import Family, SourceCollector
 from shadow.base.listener import REJECT_REASONS, AsgiListener
 
 L = ("listener",)
@@ -24,17 +24,14 @@ LISTENER_CONNECTIONS = Family("shadow_listener_connections", "gauge",
 FAMILIES = (LISTENER_REQUESTS, LISTENER_REJECTED, LISTENER_CONNECTIONS)
 
 
-class ListenerCollector(DeclaredCollector):
-    """The counters of `listeners` (name -> listener; read at each collection, so listeners added
+class ListenerCollector(SourceCollector[Mapping[str, AsgiListener]]):
+    """The counters of its listeners (name -> listener; read at each collection, so listeners added
     later are exported too)."""
 
     families = FAMILIES
 
-    def __init__(self, listeners: Mapping[str, AsgiListener]) -> None:
-        self.listeners = listeners
-
     def collect(self) -> Iterable[Metric]:
-        ls = dict(self.listeners)
+        ls = dict(self.source)
         yield LISTENER_REQUESTS.sampled({n: ln.requests for n, ln in ls.items()})
         rejected = {(n, k): v for n, ln in ls.items() for k, v in list(ln.rejected.items())}
         yield LISTENER_REJECTED.sampled(rejected)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 
 
 def bind_listen(host: str, port: int, backlog: int = 1024) -> socket.socket:
@@ -22,3 +23,14 @@ def bind_listen(host: str, port: int, backlog: int = 1024) -> socket.socket:
         raise OSError(exc.errno, f"cannot listen on {where}: {exc.strerror or exc}") from None
     sock.setblocking(False)
     return sock
+
+
+def read_now(read: Callable[[], bytes]) -> bytes | None:
+    """What a non-blocking `read()` gives now: None when nothing has arrived yet, b"" at the end of
+    the stream or on an error, else the bytes."""
+    try:
+        return read()
+    except (BlockingIOError, InterruptedError):
+        return None
+    except OSError:
+        return b""

@@ -45,3 +45,12 @@ def raise_fd_limit() -> None:
             resource.setrlimit(
                 resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard)
             )
+
+
+async def cancel_task(task: asyncio.Task[Any] | None) -> None:
+    """Cancel `task` (when there is one) and wait until it has ended."""
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

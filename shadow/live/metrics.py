@@ -12,7 +12,7 @@ from typing import Any
 
 from prometheus_client.core import Metric
 
-from shadow.base.families import DeclaredCollector, Family
+from shadow.base.families import Family, SourceCollector
 from shadow.engine.windows import FIGURES
 from shadow.live.confidence import VERDICTS
 from shadow.live.lanes import DECISION_BUCKETS, LiveLanes
@@ -88,16 +88,13 @@ FAMILIES = (
 )
 
 
-class LiveCollector(DeclaredCollector):
+class LiveCollector(SourceCollector[LiveLanes]):
     """See module docstring."""
 
     families = FAMILIES
 
-    def __init__(self, live: LiveLanes) -> None:
-        self.live = live
-
     def collect(self) -> Iterator[Metric]:
-        rep = self.live.report()
+        rep = self.source.report()
         lanes: dict[str, Any] = rep.get("lanes", {})
         for fam, key in _PER_LANE:
             yield fam.sampled({label: _float(v.get(key)) for label, v in lanes.items()})

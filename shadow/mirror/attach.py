@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from shadow.base.net import read_now
 from shadow.mirror.channel import T_CTL, ChannelReader, frame
 from shadow.mirror.proxy import TapContext
 from shadow.mirror.rundir import ATTACH, unix_connect
@@ -190,12 +191,9 @@ class Attachment:
         asyncio.get_running_loop().add_reader(sock.fileno(), self._readable, c)
 
     def _readable(self, c: _Conn) -> None:
-        try:
-            data = c.sock.recv(1 << 20)
-        except (BlockingIOError, InterruptedError):
+        data = read_now(lambda: c.sock.recv(1 << 20))
+        if data is None:
             return
-        except OSError:
-            data = b""
         if not data:
             self._closed(c)
             return

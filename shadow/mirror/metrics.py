@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client.core import Metric
 
-from shadow.base.families import DeclaredCollector, Family
+from shadow.base.families import DeclaredCollector, Family, SourceCollector
 from shadow.contracts.events import EVENT_TYPES
 from shadow.mirror.analyzer import OUTPUT_SOURCES, Analyzer
 from shadow.mirror.capture import Capture
@@ -244,16 +244,13 @@ CAPTURE_FAMILIES = (CAPTURE_SEGMENTS, CAPTURE_REQUESTS, CAPTURE_BYTES, CAPTURE_G
                     CAPTURE_DROPS, CAPTURE_PARSE_ERRORS, CAPTURE_FLOWS)
 
 
-class CaptureCollector(DeclaredCollector):
+class CaptureCollector(SourceCollector[Capture]):
     """Passive capture's counters: what it saw of the traffic and what it could not reassemble."""
 
     families = CAPTURE_FAMILIES
 
-    def __init__(self, capture: Capture) -> None:
-        self.capture = capture
-
     def collect(self) -> Iterator[Metric]:
-        c = self.capture
+        c = self.source
         b = c.byte_counts()
         yield CAPTURE_SEGMENTS.value(c.segments)
         yield CAPTURE_REQUESTS.value(c.requests)

@@ -28,6 +28,7 @@ from typing import Any
 from httptools import HttpParserError, HttpRequestParser
 from prometheus_client import CollectorRegistry, generate_latest
 
+from shadow.base.net import read_now
 from shadow.mirror.channel import T_CTL, ChannelSink, FrameReader
 from shadow.mirror.http1 import TapLimits
 from shadow.mirror.proxy import Tap
@@ -304,12 +305,9 @@ class Relay:
         loop.add_reader(conn.fileno(), self._on_control, conn)
 
     def _on_control(self, conn: socket.socket) -> None:
-        try:
-            data = conn.recv(65536)
-        except (BlockingIOError, InterruptedError):
+        data = read_now(lambda: conn.recv(65536))
+        if data is None:
             return
-        except OSError:
-            data = b""
         if not data:
             asyncio.get_running_loop().remove_reader(conn.fileno())
             if self._conn is conn:

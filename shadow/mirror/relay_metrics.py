@@ -9,7 +9,7 @@ from typing import Any
 
 from prometheus_client.core import Metric
 
-from shadow.base.families import DeclaredCollector, Family
+from shadow.base.families import Family, SourceCollector
 from shadow.mirror.proxy import CUT_REASONS, REJECT_REASONS
 
 W = ("worker",)
@@ -103,16 +103,13 @@ FAMILIES = (
 )
 
 
-class RelayCollector(DeclaredCollector):
+class RelayCollector(SourceCollector[Any]):
     """Reads a `Relay` (taps, hand-off, kept copies) at scrape time."""
 
     families = FAMILIES
 
-    def __init__(self, relay: Any) -> None:
-        self.relay = relay
-
     def collect(self) -> Iterator[Metric]:
-        r = self.relay
+        r = self.source
         sink = r.sink
         taps = r.taps
         yield REQUESTS.sampled({t.name: t.requests for t in taps})

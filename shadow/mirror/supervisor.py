@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from shadow.base.net import read_now
 from shadow.mirror.relay import RelaySockets, RelaySpec
 from shadow.mirror.rundir import RunDir, unix_listen
 
@@ -228,12 +229,9 @@ class Supervisor:
         self.sel.register(worker.ready_fd, selectors.EVENT_READ, worker)
 
     def _read_ready(self, worker: _Worker) -> None:
-        try:
-            data = os.read(worker.ready_fd, 65536)
-        except (BlockingIOError, InterruptedError):
+        data = read_now(lambda: os.read(worker.ready_fd, 65536))
+        if data is None:
             return
-        except OSError:
-            data = b""
         if not data:
             self._unwatch(worker)
             return
@@ -366,12 +364,9 @@ class Supervisor:
         self.sel.register(conn, selectors.EVENT_READ, conn)
 
     def _read_ctl(self, conn: socket.socket) -> None:
-        try:
-            data = conn.recv(CONTROL_MAX)
-        except (BlockingIOError, InterruptedError):
+        data = read_now(lambda: conn.recv(CONTROL_MAX))
+        if data is None:
             return
-        except OSError:
-            data = b""
         buf = self._ctl_conns.get(conn, b"") + data
         if not data or len(buf) > CONTROL_MAX:
             self._close_ctl(conn)
