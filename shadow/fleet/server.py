@@ -85,6 +85,35 @@ class _Emitter:
         return not ended
 
 
+Abort = Callable[[str], None]  # ends a request in its engine, with the reason
+
+
+def _identity(req: GenRequest, rid: str) -> dict[str, Any]:
+    """What names a response, streamed or not: its API (chat or not), id, time, model, prompt size."""
+    return {"chat": req.chat, "rid": rid, "created": int(time.time()), "model": req.model,
+            "prompt_tokens": req.prompt_tokens}
+
+
+class _Client:
+    """The client of one generation, watched: `gone` once it disconnected (the request is then
+    aborted); `release()` stops watching and aborts the request if it has not finished."""
+
+    def __init__(self, receive: Receive, seq: Seq, abort: Abort) -> None:
+        self.gone = False
+        self._seq = seq
+        self._abort = abort
+        self._watcher = asyncio.create_task(watch_disconnect(receive, self._disconnected))
+
+    def _disconnected(self) -> None:
+        self.gone = True
+        self._abort("abort")
+
+    def release(self) -> None:
+        self._watcher.cancel()
+        if not self._seq.finished:
+            self._abort("abort")
+
+
 class BaseServer:
     """Routing, side endpoints and the generation path common to every server of the fleet."""
 
@@ -327,42 +356,22 @@ class BaseServer:
             await self._respond(send, receive, seq, req, rid, abort, hdrs)
 
     async def _respond(
-        self,
-        send: Send,
-        receive: Receive,
-        seq: Seq,
-        req: GenRequest,
-        rid: str,
-        abort: Callable[[str], None],
-        hdrs: Headers,
+        self, send: Send, receive: Receive, seq: Seq, req: GenRequest, rid: str, abort: Abort, hdrs: Headers
     ) -> None:
         seq.wake_each_token = False
-        gone = False
-
-        def on_gone() -> None:
-            nonlocal gone
-            gone = True
-            abort("abort")
-
-        watcher = asyncio.create_task(watch_disconnect(receive, on_gone))
+        client = _Client(receive, seq, abort)
         try:
             while not seq.finished:
                 await seq.wait_beyond(seq.generated)
         finally:
-            watcher.cancel()
-            if not seq.finished:
-                abort("abort")
-        if gone or not self.up:
+            client.release()
+        if client.gone or not self.up:
             return
         if seq.finish_reason == "error":
             await send_json(send, 500, ApiError(500, "Internal server error").body(), hdrs)
             return
         body = full_response(
-            chat=req.chat,
-            rid=rid,
-            created=int(time.time()),
-            model=req.model,
-            prompt_tokens=req.prompt_tokens,
+            **_identity(req, rid),
             completion_tokens=seq.generated,
             finish=seq.finish_reason or "abort",
             kv_params=seq.kv_params,
@@ -376,16 +385,12 @@ class BaseServer:
         seq: Seq,
         req: GenRequest,
         rid: str,
-        abort: Callable[[str], None],
+        abort: Abort,
         faults: StreamFaults,
         hdrs: Headers,
     ) -> None:
         fmt = StreamFormat(
-            chat=req.chat,
-            rid=rid,
-            created=int(time.time()),
-            model=req.model,
-            prompt_tokens=req.prompt_tokens,
+            **_identity(req, rid),
             include_usage=req.include_usage,
             continuous_usage=req.continuous_usage,
         )
@@ -396,14 +401,7 @@ class BaseServer:
                 "headers": [(b"content-type", SSE_CONTENT_TYPE), *hdrs],
             }
         )
-        gone = False
-
-        def on_gone() -> None:
-            nonlocal gone
-            gone = True
-            abort("abort")
-
-        watcher = asyncio.create_task(watch_disconnect(receive, on_gone))
+        client = _Client(receive, seq, abort)
         out = _Emitter(send, faults)
         drop, dup = faults.drop_every, faults.dup_every
         try:
@@ -411,7 +409,7 @@ class BaseServer:
             role_pending = req.chat
             while True:
                 await seq.wait_beyond(seen)
-                if gone or not self.up:
+                if client.gone or not self.up:
                     return
                 gen, done, reason = seq.generated, seq.finished, seq.finish_reason
                 natural = done and reason in ("stop", "length")
@@ -446,9 +444,7 @@ class BaseServer:
                     abort("error")
                     return
         finally:
-            watcher.cancel()
-            if not seq.finished:
-                abort("abort")
+            client.release()
 
     # -- shared helpers --------------------------------------------------------------------------
     def submit_local(
