@@ -80,11 +80,17 @@ class Child:
 
     def tail(self, lines: int = 5) -> str:
         """The last lines of the child's log (for error messages)."""
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.strip().splitlines()[-lines:])
+        last = log_tail(self.log_path, lines)
+        return "" if last is None else "\n".join(last)
+
+
+def log_tail(path: Path, lines: int) -> list[str] | None:
+    """The last `lines` lines of the log at `path`, None when it cannot be read."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    return text.strip().splitlines()[-lines:]
 
 
 def shadow_argv(*args: str) -> list[str]:

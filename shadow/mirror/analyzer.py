@@ -24,6 +24,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from shadow.base.ordered import expire
 from shadow.contracts.events import Arrive, Cancel, Finish, FinishReason, Route, Token
 from shadow.mirror.hub import Mirror
 from shadow.mirror.keys import KeySecret
@@ -252,19 +253,10 @@ class Analyzer:
     def tick(self, now: float) -> None:
         """Expire P/D pairing records whose decode leg never came, and old retry counters."""
         limit = now - self.pair_ttl_s
-        legs = self._decode_legs
-        while legs:
-            rid, (_, started) = next(iter(legs.items()))
-            if started >= limit:
-                break
-            del legs[rid]
-        pairs = self._pairs
-        while pairs:
-            p = next(iter(pairs.values()))
-            if p.t_arrive >= limit:
-                break
-            pairs.popitem(last=False)
-            self.mirror.count_drop("unpaired_prefill")
+        expire(self._decode_legs, limit, lambda leg: leg[1])
+        unpaired = expire(self._pairs, limit, lambda p: p.t_arrive)
+        if unpaired:
+            self.mirror.count_drop("unpaired_prefill", unpaired)
 
     # -- one request -----------------------------------------------------------------------------
 

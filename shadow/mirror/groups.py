@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from shadow.base.procs import log_tail
 from shadow.mirror.rundir import RunDir, pid_alive
 from shadow.mirror.supervisor import control
 
@@ -90,11 +91,8 @@ class ManagedGroup:
             time.sleep(0.02)
 
     def tail(self, lines: int = 3) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return " | ".join(text.strip().splitlines()[-lines:]) or "(empty log)"
+        last = log_tail(self.log_path, lines)
+        return "(no log)" if last is None else " | ".join(last) or "(empty log)"
 
     def poll(self) -> None:
         """Reap the group's process if it was ours and has exited (no zombie left behind)."""

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from shadow.base.ordered import expire
 from shadow.contracts.events import Arrive, Cancel, Event, Finish, Route, Step, Token
 from shadow.contracts.requests import RequestRecord
 
@@ -216,13 +217,7 @@ class MirrorState:
 
     def _forget(self, now: float) -> None:
         """Drop tombstones older than the tombstone TTL (oldest first)."""
-        limit = now - self.tombstone_ttl_s
-        tomb = self._tomb
-        while tomb:
-            rid, (_, ended) = next(iter(tomb.items()))
-            if ended >= limit:
-                break
-            del tomb[rid]
+        expire(self._tomb, now - self.tombstone_ttl_s, lambda t: t[1])
 
     # -- time ----------------------------------------------------------------------------------
 

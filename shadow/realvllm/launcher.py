@@ -29,6 +29,8 @@ from typing import IO, Any
 
 import httpx
 
+from shadow.base.procs import log_tail
+
 ENV_VENV = "SHADOW_VLLM_VENV"
 DEFAULT_KV_BYTES = 128 << 20
 CONNECTORS = ("auto", "nixl", "example", "none")
@@ -147,11 +149,8 @@ class Server:
                                      stdin=subprocess.DEVNULL, env=self.env, process_group=0)
 
     def tail(self, lines: int = 25) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.strip().splitlines()[-lines:])
+        last = log_tail(self.log_path, lines)
+        return "(no log)" if last is None else "\n".join(last)
 
     def signal_group(self, sig: int) -> bool:
         """Send `sig` to the server's process group; False when no process of it is left."""
