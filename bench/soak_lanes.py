@@ -109,6 +109,8 @@ def main() -> None:
     ap.add_argument("--policies", default="jsq-bytes,br0")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--row-minutes", type=float, default=60.0, help="a row every N simulated minutes")
+    ap.add_argument("--rolling", type=float, default=0.0, metavar="W",
+                    help="re-seed the lanes from the mirrored fleet every W s of lane time (0: off)")
     ap.add_argument("--json", metavar="OUT", help="write the per-hour rows as JSON")
     args = ap.parse_args()
     step_s = args.step_ms / 1e3
@@ -117,7 +119,7 @@ def main() -> None:
     live = LiveLanes(workers=[f"d{g}" for g in range(args.workers)], slots=args.slots,
                      policies=[p for p in args.policies.split(",") if p],
                      step=StepTimeModel(a=1e-12, b=step_s), lag_s=2.0, queue_size=10_000_000,
-                     clock=lambda: fleet.t)
+                     rolling_s=args.rolling or None, clock=lambda: fleet.t)
     hour_steps = round(60 * args.row_minutes / step_s)
     rows = []
     worst = 0.0

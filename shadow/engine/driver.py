@@ -3,8 +3,10 @@
 At each step boundary, after the jobs due there are offered: waiting requests past the admission
 timeout are shed, observers are told a step is about to be tried, and the lane stops if its clock
 reached `stop_at`; then one step runs (`checked_step`) and observers are told it ran. An idle lane
-jumps to the next ready time. The offline drivers, the live driver and the measurement protocol
-all drive lanes through it and only observe.
+jumps to the next ready time. With a rolling window W, `on_boundary(lane, n)` is called once per
+boundary n·W (n >= 1, in order) as the lane's clock reaches it: after the step that crossed it
+(observers told), or on an idle jump over it, which stops there. The offline drivers, the live
+driver and the measurement protocol all drive lanes through it and only observe.
 """
 
 from __future__ import annotations
@@ -29,6 +31,14 @@ class Observer:
     def stepped(self, lane: Lane) -> None:
         """A step of `lane` ran."""
 
+    def boundary(self, lane: Lane, n: int) -> None:
+        """A rolling `lane` reached boundary n (lane time n·W): window n−1 is over (before any
+        re-seed at n)."""
+
+    def cut(self, lane: Lane, at: float) -> None:
+        """`lane` left its current window unfinished: it jumps to the boundary at lane time `at`
+        (a rolling lane too far behind, re-seeded there next)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Admission:
@@ -52,8 +62,15 @@ class LaneDriver:
         observers: Sequence[Observer] = (),
         stop_at: float = math.inf,
         budget: Callable[[], float] | None = None,
+        window_s: float | None = None,
+        on_boundary: Callable[[Lane, int], None] | None = None,
     ) -> None:
+        if (window_s is None) != (on_boundary is None):
+            raise ValueError("a rolling window needs its boundary hook, and the hook its window")
         self.lane = lane
+        self.window_s = window_s
+        self.on_boundary = on_boundary
+        self.next_boundary = 1  # the index of the next boundary (lane time next_boundary · W)
         self.admission = admission or Admission()
         self.observers = list(observers)
         self.stop_at = stop_at
@@ -66,11 +83,14 @@ class LaneDriver:
         return self.tokens if self._budget is None else self._budget()
 
     def offer(self, job: Job, ready: float) -> bool:
-        """Run the lane up to `ready`, then offer `job` (or refuse it: bounded queue). False, and
-        nothing offered, when the lane stopped or is held by an unknown end first."""
+        """Run the lane up to `ready`, then offer `job` (or refuse it: bounded queue; or skip it: a
+        re-seed on the way put it in). False, and nothing offered, when the lane stopped or is held
+        by an unknown end first."""
         lane = self.lane
         if not self.advance(ready):
             return False
+        if job.request_id in lane.seeded:
+            return True  # a re-seed on the way put it in the lane already
         cap = self.admission.queue_cap
         if cap is not None and lane.waiting >= cap:
             lane.refuse()
@@ -99,8 +119,39 @@ class LaneDriver:
             if not t > lane.now:
                 label = lane.spec.label
                 raise RuntimeError(f"lane {label}: idle at t={lane.now} with a job ready at {t} not offered")
-            lane.now = t
+            at = self._boundary_at()
+            if at <= t:
+                lane.now = at
+                self._roll()
+            else:
+                lane.now = t
         return True
+
+    def _boundary_at(self) -> float:
+        return math.inf if self.window_s is None else self.next_boundary * self.window_s
+
+    def jump(self, n: int) -> list[int]:
+        """Cut the lane's current window and take it to boundary `n` (> the next one's index is
+        allowed): observers told `cut`, then the hook runs for boundary n. Returns the boundaries
+        skipped on the way (their hook is not called)."""
+        if self.window_s is None or n < self.next_boundary:
+            return []
+        skipped = list(range(self.next_boundary, n))
+        for o in self.observers:
+            o.cut(self.lane, n * self.window_s)
+        self.next_boundary = n
+        self.lane.now = max(self.lane.now, n * self.window_s)
+        self._roll()
+        return skipped
+
+    def _roll(self) -> None:
+        """The lane's clock reached the next boundary: tell the hook (it may re-seed the lane)."""
+        assert self.on_boundary is not None
+        n = self.next_boundary
+        self.next_boundary += 1
+        for o in self.observers:
+            o.boundary(self.lane, n)
+        self.on_boundary(self.lane, n)
 
     def run_out(self) -> None:
         """Step while steps run (until the lane is idle, held or stopped)."""
@@ -138,4 +189,6 @@ class LaneDriver:
         if ran and self.observers:
             for o in self.observers:
                 o.stepped(lane)
+        if ran and lane.now >= self._boundary_at():
+            self._roll()
         return ran

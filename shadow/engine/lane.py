@@ -110,6 +110,10 @@ class Lane:
         self._watch_seq = 0
         self._started_now: list[tuple[int, Job]] = []
         self._first_token: dict[Hashable, float] = {}
+        self._seeded_age: dict[Hashable, int] = {}  # seeded running requests: tokens before the seed
+        self.seeded: frozenset[Hashable] = frozenset()  # request ids the last `reseed` put in the lane
+        self.reseeds = 0
+        self.seed_overflow = 0  # seeded running requests beyond a worker's slots (offered anew)
         self._pool_ready: dict[Hashable, float] = {}
         self._inflight: set[Hashable] = set()  # offered, not finished nor shed: offered twice is refused
         self._record_all = config.trajectory_points > 0
@@ -230,6 +234,57 @@ class Lane:
                     shed += 1
         self.totals.shed += shed
         return shed
+
+    def reseed(
+        self, at: float, running: Sequence[tuple[int, Job, int]], waiting: Sequence[tuple[Job, float]]
+    ) -> list[Hashable]:
+        """Replace the lane's in-flight state by a fleet's, at lane time `at` (a rolling window's start).
+
+        Every request in the lane (running, queued, pooled) is dropped, unfinished and uncounted;
+        `running` (worker, job, tokens generated so far >= 1) start where they are (KV load prompt +
+        tokens, their end as before: from the job offline, from `ends` live); `waiting` (job, ready
+        time) are offered anew, in order. A worker seeded beyond its slots offers the rest anew
+        (counted in `seed_overflow`). Returns the request ids dropped; `seeded` holds those put in.
+        """
+        dropped = list(self._inflight)
+        router = self.router
+        if isinstance(router, PoolRouter):
+            router.pool.pop_arrived_before(math.inf)
+        elif router.waiting():
+            for rid in dropped:
+                router.forget(rid)
+        g, b = self.config.workers, self.config.slots
+        self.queues = [deque() for _ in range(g)]
+        self.queued_tokens = [0.0] * g
+        self.loads = [0.0] * g
+        self.running = [0] * g
+        self.running_prompt = [0.0] * g
+        self._free_slots = [list(range((w + 1) * b - 1, w * b - 1, -1)) for w in range(g)]
+        self.slot_active[:] = False
+        self._slot_key = [None] * (g * b)
+        self._calendar = {}
+        self._watch = []
+        self._started_now = []
+        self._first_token = {}
+        self._seeded_age = {}
+        self._pool_ready = {}
+        self._inflight = set()
+        self._last_refresh = -(10**9)
+        self.stalled = False
+        self.now = at
+        self.reseeds += 1
+        again: list[tuple[Job, float]] = []
+        for w, job, age in running:
+            if age < 1 or not self._free_slots[w]:
+                self.seed_overflow += age >= 1
+                again.append((job, at))
+                continue
+            self._inflight.add(job.request_id)
+            self._start(w, job, at, age)
+        for job, ready in [*again, *waiting]:
+            self.offer(job, ready)
+        self.seeded = frozenset(self._inflight)
+        return dropped
 
     # -- stepping ---------------------------------------------------------------------------
 
@@ -371,36 +426,42 @@ class Lane:
         self._slot_ref[idx] = self.k
         self._last_refresh = self.k
 
-    def _start(self, g: int, job: Job, ready_s: float) -> None:
+    def _start(self, g: int, job: Job, ready_s: float, age: int = 0) -> None:
+        """Start `job` on worker `g`; `age` > 0: a seeded request that already generated `age` tokens."""
         slot = self._free_slots[g].pop()
+        start = self.k - age
         self.slot_active[slot] = True
         self.slot_prompt[slot] = job.prompt_tokens
-        self.slot_start[slot] = self.k
+        self.slot_start[slot] = start
         self._slot_key[slot] = job.prompt_key
         if self.predictor is not None:
             steps = self._newcomer_steps(job)
             self._slot_steps[slot] = self.config.br.horizon if steps is None else steps
             self._slot_ref[slot] = self.k
-        self.loads[g] += job.prompt_tokens
+        self.loads[g] += job.prompt_tokens + age
         self.running_prompt[g] += job.prompt_tokens
         self.running[g] += 1
         if self.ends is None:
-            self.slot_output[slot] = job.output_tokens
-            self._calendar.setdefault(self.k + job.output_tokens - 1, []).append(
-                (g, slot, job, job.output_tokens)
-            )
+            self._book(g, slot, job, start, max(job.output_tokens, age + 1))
         else:
             gen, final = self.ends.end_of(job.request_id)
             if final is not None:
-                out = max(final, gen, 1)
-                self.slot_output[slot] = out
-                self._calendar.setdefault(self.k + out - 1, []).append((g, slot, job, out))
+                self._book(g, slot, job, start, max(final, gen, age + 1, 1))
             else:
                 self.slot_output[slot] = gen
                 self._watch_seq += 1
-                heapq.heappush(self._watch, (self.k + gen - 2, self._watch_seq, g, slot, job))
+                heapq.heappush(self._watch, (start + gen - 2, self._watch_seq, g, slot, job))
+        if age:
+            self._first_token[job.request_id] = self.now
+            self._seeded_age[job.request_id] = age
+            return
         self._started_now.append((g, job))
         self.totals.wait_s.append(self.now - ready_s)
+
+    def _book(self, g: int, slot: int, job: Job, start: int, out: int) -> None:
+        """Book the finish of a request started at step `start` with `out` output tokens."""
+        self.slot_output[slot] = out
+        self._calendar.setdefault(start + out - 1, []).append((g, slot, job, out))
 
     def _finish(self, g: int, slot: int, job: Job, out: int, end: float) -> None:
         self.loads[g] -= job.prompt_tokens + out
@@ -414,9 +475,13 @@ class Lane:
         tt.last_finish_s = max(tt.last_finish_s, end)
         self._inflight.remove(job.request_id)
         first = self._first_token.pop(job.request_id)
-        tt.ttft_s.append(first - job.arrival_s)
-        if out >= 2:
-            tt.tpot_s.append((end - first) / (out - 1))
+        age = self._seeded_age.pop(job.request_id, 0)
+        if age:  # seeded: no first token in this window; TPOT over its tokens since the seed
+            tt.tpot_s.append((end - first) / (out - age))
+        else:
+            tt.ttft_s.append(first - job.arrival_s)
+            if out >= 2:
+                tt.tpot_s.append((end - first) / (out - 1))
         self.router.on_finish(job.request_id, out, job.prompt_key)
         if self.on_done is not None:
             self.on_done(job.request_id)

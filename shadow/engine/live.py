@@ -4,9 +4,10 @@ lanes never see the future."""
 from __future__ import annotations
 
 import heapq
-from collections import deque
-from collections.abc import Hashable, Sequence
+from collections import Counter, deque
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from shadow.contracts.events import Cancel, Event, Finish, Route, Step, Token
 from shadow.contracts.requests import RequestRecord
@@ -14,6 +15,7 @@ from shadow.engine.config import EngineConfig, LaneSpec
 from shadow.engine.driver import LaneDriver, Observer
 from shadow.engine.jobs import Job
 from shadow.engine.lane import Clock, Lane, LaneTotals
+from shadow.engine.rolling import Seed, Seeded, check_window
 from shadow.engine.summary import LogHistogram
 
 ACTUAL = "actual"
@@ -30,6 +32,7 @@ class _Live(RequestRecord):
     lanes_done: int = 0
     t_token: float = -1.0  # event time of the last token advance (SSE gap estimate)
     running: bool = False  # first token seen: holds KV on its worker (mirrored load)
+    seq: int = -1  # its place in the release sequence (released: >= 0)
 
 
 def _streaming_totals() -> LaneTotals:
@@ -53,6 +56,13 @@ class LiveDriver:
     `run_offline` does on the recorded session (the consistency the tests check). Memory: requests
     leave the table once every lane has finished them; samples are bounded (`LogHistogram`).
     Pure: time arrives in events and arguments; `clock` only times decisions.
+
+    Rolling (`rolling_s` = W): at every boundary n·W of lane time each lane is re-seeded
+    (`Lane.reseed`) from the mirrored fleet at event time origin + n·W (`rolling.Seed`, taken as
+    the first event at or after it is applied, or when the horizon passes it), so a lane's drift
+    from reality, its lag and what it holds stay bounded by one window. New seeds wait in
+    `new_seeds` for the caller (a recorder). A replay passes the recorded `seeds` (and their
+    `origin`) instead: the lanes start each window from the same state as they did live.
     """
 
     def __init__(
@@ -65,6 +75,10 @@ class LiveDriver:
         lag_s: float = 2.0,
         actual: bool = True,
         max_requests: int = 1_000_000,
+        rolling_s: float | None = None,
+        seeds: Mapping[int, Seed] | None = None,
+        origin: float | None = None,
+        max_lag_s: float | None = None,
     ) -> None:
         if config.workers != len(workers):
             raise ValueError(f"config has {config.workers} workers but {len(workers)} are named")
@@ -75,6 +89,24 @@ class LiveDriver:
         self.index = {name: g for g, name in enumerate(workers)}
         self.lag_s = lag_s
         self.max_requests = max_requests
+        self.rolling_s = check_window(rolling_s)
+        # rolling: a lane further behind than this is re-seeded at the latest boundary (default W)
+        self.max_lag_s = (None if self.rolling_s is None
+                          else self.rolling_s if max_lag_s is None else max_lag_s)
+        if self.max_lag_s is not None and not self.max_lag_s > 0:
+            raise ValueError(f"max lag must be > 0 s, got {max_lag_s!r}")
+        if seeds is not None and self.rolling_s is None:
+            raise ValueError("recorded seeds need the rolling window they were taken with")
+        self._given = dict(seeds) if seeds is not None else None
+        self._seeds: dict[int, Seed] = {}  # taken (or given), not yet used by every lane
+        self._seed_uses: Counter[int] = Counter()
+        self._pinned: Counter[str] = Counter()  # requests in a seed some lane has still to use
+        self._next_seed = 1
+        self._snap_until = float("-inf")  # event time up to which the table is the fleet's state
+        self.new_seeds: list[Seed] = []
+        self.reseeds = 0
+        self.seed_unknown_worker = 0
+        self.cuts: dict[str, int] = {}  # per lane: windows cut short (re-seeded ahead: too far behind)
         self._reqs: dict[str, _Live] = {}
         self._assign: dict[Hashable, int] = {}
         all_specs = ([LaneSpec("forced", name=ACTUAL)] if actual else []) + list(specs)
@@ -88,13 +120,21 @@ class LiveDriver:
             lane.totals = _streaming_totals()
             lane.on_done = self._lane_done
             self.lanes.append(lane)
-            self._drivers.append(LaneDriver(lane, budget=self._budget))
+            i = len(self._drivers)
+            self._drivers.append(
+                LaneDriver(lane, budget=partial(self._lane_budget, i), window_s=self.rolling_s,
+                           on_boundary=None if self.rolling_s is None else self._reseed)
+            )
         self._pending: list[tuple[float, int, str]] = []  # (arrival, tie, id) releasable, not released
         self._tie = 0
         self._released: deque[Job] = deque()
         self._base = 0  # index of _released[0] in the release sequence
         self._cursor = [0] * len(self.lanes)
-        self.origin: float | None = None  # event time of lane time 0
+        self._budget_offset = [0] * len(self.lanes)
+        self.origin: float | None = origin  # event time of lane time 0
+        if self._given is not None:
+            for seed in self._given.values():
+                self._pinned.update(r.request_id for r in seed.requests)
         self.last_release = float("-inf")
         self.now = float("-inf")  # latest event time seen
         self.horizon = float("-inf")
@@ -115,14 +155,14 @@ class LiveDriver:
         self.gap_samples: list[float] = []
         self.step_samples: list[tuple[float, float, str | None]] = []  # (t, duration, worker)
 
+    def _lane_budget(self, i: int) -> float:
+        return self._step_budget + self._budget_offset[i]
+
     def observe(self, observer: Observer, label: str | None = None) -> None:
         """Tell `observer` what the lane called `label` does (every lane when None)."""
         for driver in self._drivers:
             if label is None or driver.lane.spec.label == label:
                 driver.observers.append(observer)
-
-    def _budget(self) -> float:
-        return self._step_budget
 
     # -- events ------------------------------------------------------------------------------
 
@@ -137,6 +177,8 @@ class LiveDriver:
 
     def apply(self, ev: Event) -> None:
         """Fold one event into the request table (never raises on odd input; counts it)."""
+        if self.rolling_s is not None and self._given is None and self.origin is not None:
+            self._take_seeds(ev.t)
         if ev.t > self.now:
             self.now = ev.t
         if isinstance(ev, Token):
@@ -231,9 +273,136 @@ class LiveDriver:
         if r is None:
             return
         r.lanes_done += 1
-        if r.lanes_done >= len(self.lanes):
+        self._forget(rid, r)
+
+    def _forget(self, rid: str, r: _Live) -> None:
+        """Out of the table once every lane is done with it and no seed still to be used holds it."""
+        if r.lanes_done >= len(self.lanes) and not self._pinned.get(rid):
             del self._reqs[rid]
             self._assign.pop(rid, None)
+
+    # -- rolling -----------------------------------------------------------------------------
+
+    def run_lanes_to(self, lane_t: float) -> None:
+        """A replay's end: every lane idle or running up to lane time `lane_t` (as far as known)."""
+        for i, driver in enumerate(self._drivers):
+            if self._offer_released(i, driver):
+                driver.advance(lane_t)
+
+    def know(self, seeded: Seeded, output_tokens: int) -> None:
+        """A replay of one window: a request its seed holds that arrived before the window, with
+        its recorded output length (it enters the lanes only through the seed)."""
+        if seeded.request_id not in self._reqs:
+            self._reqs[seeded.request_id] = _Live(
+                seeded.worker, seeded.prompt, seeded.key, output_tokens, arrival=seeded.arrival,
+                final=output_tokens, queued=True)
+
+    def _take_seeds(self, upto: float) -> None:
+        """Take the seeds of every boundary at or before event time `upto` not taken yet: the
+        table as it is now (the events before the boundary) is the fleet at the boundary."""
+        assert self.rolling_s is not None and self.origin is not None
+        while upto >= self.origin + self._next_seed * self.rolling_s:
+            n = self._next_seed
+            self._next_seed += 1
+            reqs = tuple(sorted(
+                (Seeded(rid, r.worker, r.arrival, r.prompt, r.generated if r.running else 0, r.key)
+                 for rid, r in self._reqs.items()
+                 if r.queued and r.final is None and r.worker is not None and r.prompt is not None
+                 and r.arrival is not None),
+                key=lambda s: (s.arrival, s.request_id),
+            ))
+            seed = Seed(n, self.origin + n * self.rolling_s, self.origin, self.rolling_s, reqs,
+                        self._step_budget)
+            self._seeds[n] = seed
+            self._pinned.update(r.request_id for r in reqs)
+            self.new_seeds.append(seed)
+
+    def _seed(self, n: int) -> Seed | None:
+        if self._given is not None:
+            seed = self._given.pop(n, None)
+            if seed is not None:
+                self._seeds[n] = seed
+            return self._seeds.get(n)
+        if n not in self._seeds and self.origin is not None and n >= self._next_seed:
+            self._take_seeds(min(self._snap_until, self.origin + n * (self.rolling_s or 0.0)))
+        return self._seeds.get(n)
+
+    def _catch_up(self, i: int, driver: LaneDriver, lane_t: float) -> None:
+        """Lane `i` is too far behind: cut its window and re-seed it at the latest boundary the
+        horizon reached (its figures for the cut window are marked, never compared)."""
+        assert self.rolling_s is not None
+        n = int(lane_t // self.rolling_s)
+        if n < driver.next_boundary:
+            return  # no boundary ahead of it yet: it is behind within one window
+        label = driver.lane.spec.label
+        self.cuts[label] = self.cuts.get(label, 0) + 1
+        for m in driver.jump(n):
+            self._used(m)
+        # released jobs it never took that arrived before the boundary: ended before it, not seeded
+        lane, at = driver.lane, n * self.rolling_s
+        released, cur = self._released, self._cursor[i]
+        while cur - self._base < len(released) and released[cur - self._base].arrival_s < at:
+            rid = released[cur - self._base].request_id
+            if rid not in lane.seeded:
+                self._lane_done(rid)
+            cur += 1
+        self._cursor[i] = cur
+        if self._offer_released(i, driver):
+            driver.advance(lane_t)
+
+    def _reseed(self, lane: Lane, n: int) -> None:
+        """Lane `lane` reached boundary n: start it again from seed n (none: it goes on as it is)."""
+        i = self.lanes.index(lane)
+        seed = self._seed(n)
+        if seed is not None and self.origin is not None:
+            running: list[tuple[int, Job, int]] = []
+            waiting: list[tuple[Job, float]] = []
+            for s in seed.requests:
+                g = self.index.get(s.worker)
+                if g is None:
+                    self.seed_unknown_worker += 1
+                    continue
+                r = self._reqs.get(s.request_id)
+                if r is None:  # a replay: in flight when the recording ended (its end never known)
+                    r = self._reqs[s.request_id] = _Live(s.worker, s.prompt, s.key, s.generated,
+                                                         arrival=s.arrival, queued=True,
+                                                         running=s.generated >= 1)
+                self._assign[s.request_id] = g
+                job = Job(s.request_id, s.arrival - self.origin, max(1, s.prompt), 1, s.key)
+                if s.generated >= 1:
+                    running.append((g, job, s.generated))
+                else:
+                    waiting.append((job, job.arrival_s))
+            dropped = lane.reseed(n * seed.window_s, running, waiting)
+            self.reseeds += 1
+            seeded = lane.seeded
+            for rid in dropped:
+                if rid not in seeded:
+                    self._lane_done(rid)
+            cursor = self._cursor[i]
+            done = set(dropped)
+            for rid in seeded:
+                r = self._reqs.get(str(rid))
+                if rid not in done and r is not None and 0 <= r.seq < cursor:
+                    r.lanes_done -= 1  # the lane had finished it: it holds it again
+            # steps in this window: bounded by the tokens seen since the seed was taken
+            self._budget_offset[i] = lane.k - seed.budget
+        self._used(n)
+
+    def _used(self, n: int) -> None:
+        """One more lane is past boundary n: its seed goes once every lane is."""
+        self._seed_uses[n] += 1
+        if self._seed_uses[n] >= len(self.lanes):
+            del self._seed_uses[n]
+            used = self._seeds.pop(n, None)
+            if used is not None:
+                for s in used.requests:
+                    self._pinned[s.request_id] -= 1
+                    if self._pinned[s.request_id] <= 0:
+                        del self._pinned[s.request_id]
+                        r = self._reqs.get(s.request_id)
+                        if r is not None and r.released:
+                            self._forget(s.request_id, r)
 
     # -- time --------------------------------------------------------------------------------
 
@@ -251,6 +420,7 @@ class LiveDriver:
                 self.late += 1
             self.last_release = max(self.last_release, arrival)
             r.released = True
+            r.seq = self._base + len(self._released)
             self._assign[rid] = self.index[r.worker]
             self._released.append(Job(rid, arrival - self.origin, max(1, r.prompt), 1, r.key))
             self.released += 1
@@ -266,6 +436,8 @@ class LiveDriver:
 
     def _advance(self, horizon: float, drain: bool) -> None:
         self.horizon = max(self.horizon, horizon)
+        # the table is the fleet's state up to the horizon (+ lag) when no later event came
+        self._snap_until = max(self._snap_until, self.now if drain else horizon + self.lag_s)
         self._release(horizon)
         if self.origin is None:
             return
@@ -277,6 +449,8 @@ class LiveDriver:
                     driver.run_out()
                 else:
                     driver.advance(lane_t)
+            if not drain and self.max_lag_s is not None and self.lag(driver.lane) > self.max_lag_s:
+                self._catch_up(i, driver, lane_t)
         low = min(self._cursor)
         while self._base < low:
             self._released.popleft()
@@ -288,8 +462,13 @@ class LiveDriver:
         released, base = self._released, self._base
         cur = self._cursor[i]
         try:
+            lane = driver.lane
             while cur - base < len(released):
                 job = released[cur - base]
+                if job.request_id in lane.seeded:
+                    cur += 1  # released after the boundary whose seed put it in the lane
+                    continue
+                self._cursor[i] = cur  # a re-seed while advancing to the job reads it
                 if not driver.offer(job, job.arrival_s):
                     return False
                 cur += 1

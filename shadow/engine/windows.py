@@ -44,6 +44,7 @@ class WindowTotals:
     sum_imbalance: float
     sum_max: float
     tokens: int
+    cut: bool = False  # left unfinished (a rolling lane re-seeded ahead): never compared
 
     def figure(self, name: str, step: StepTimeModel, workers: int) -> float | None:
         """`name` (one of FIGURES) over this window; None without steps."""
@@ -119,17 +120,30 @@ class Windows(Observer):
         if k > self.passed[i]:
             self._close(i, lane, k)
 
-    def _close(self, i: int, lane: Lane, k: int) -> None:
+    def boundary(self, lane: Lane, n: int) -> None:
+        i = self._index.get(id(lane))
+        if i is not None and n > self.passed[i]:
+            self._close(i, lane, n)
+
+    def cut(self, lane: Lane, at: float) -> None:
+        i = self._index.get(id(lane))
+        if i is None:
+            return
+        k = int(at // self.window_s)
+        if k > self.passed[i]:
+            self._close(i, lane, k, cut=True)
+
+    def _close(self, i: int, lane: Lane, k: int, cut: bool = False) -> None:
         """Book the totals since the last boundary as window `passed[i]`; windows the lane jumped
-        over (idle) are booked empty."""
+        over (idle; or `cut`: re-seeded ahead, all marked cut) are booked empty."""
         t = lane.totals
         w0, steps0, spread0, imb0, max0, tok0 = self._mark[i]
         self.done[i].append(
             WindowTotals(w0, t.steps - steps0, t.sum_spread - spread0, t.sum_imbalance - imb0,
-                         t.sum_max - max0, t.tokens - tok0)
+                         t.sum_max - max0, t.tokens - tok0, cut)
         )
         for j in range(w0 + 1, k):
-            self.done[i].append(WindowTotals(j, 0, 0.0, 0.0, 0.0, 0))
+            self.done[i].append(WindowTotals(j, 0, 0.0, 0.0, 0.0, 0, cut))
         self._mark[i] = (k, t.steps, t.sum_spread, t.sum_imbalance, t.sum_max, t.tokens)
         self.passed[i] = k
 
@@ -153,6 +167,9 @@ class Windows(Observer):
             skipped = 0
             for r in ref:
                 w = mine.get(r.index)
+                if r.cut or (w is not None and w.cut):
+                    skipped += 1
+                    continue
                 a = r.figure(name, step, workers)
                 b = w.figure(name, step, workers) if w is not None else None
                 if a is None or b is None:
