@@ -20,13 +20,12 @@ process's resident memory (VmRSS).
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import random
 import time
 
-from shadow.contracts.events import Arrive, Event, Finish, Route, Token
 from shadow.core.stepmodel import StepTimeModel
+from shadow.fleet.events import ROUTES, EventFleet
 from shadow.live.lanes import LiveLanes
 from shadow.traces import resolve
 
@@ -39,60 +38,15 @@ def rss_mb() -> float:
     return 0.0
 
 
-class Fleet:
+def make_fleet(g: int, b: int, step_s: float, rho: float, divide: int, queue: int, seed: int,
+               token_every: int, route: str) -> EventFleet:
     """The "real" fleet and its router (see module docstring)."""
-
-    def __init__(self, g: int, b: int, step_s: float, rho: float, divide: int, queue: int, seed: int,
-                 token_every: int) -> None:
-        trace = resolve("paper-azure", seed=seed, limit=20_000)
-        self.lengths = [(r.prompt_tokens, max(1, r.output_tokens // divide)) for r in trace.requests]
-        mean_out = sum(o for _, o in self.lengths) / len(self.lengths)
-        self.rate = rho * g * b / (mean_out * step_s)
-        self.g, self.b, self.step_s, self.every = g, b, step_s, token_every
-        self.cap = queue * g if queue > 0 else float("inf")
-        self.rng = random.Random(seed)
-        self.t = 1000.0
-        self.next_arrival = self.t + self.rng.expovariate(self.rate)
-        self.n = 0
-        self.queues: list[collections.deque[list[object]]] = [collections.deque() for _ in range(g)]
-        self.running: list[list[list[object]]] = [[] for _ in range(g)]
-        self.outstanding = [0] * g
-        self.shed = 0
-        self.arrived = 0
-
-    def step(self) -> list[Event]:
-        out: list[Event] = []
-        self.t += self.step_s
-        t = self.t
-        while self.next_arrival <= t:
-            self.arrived += 1
-            if sum(len(q) for q in self.queues) >= self.cap:
-                self.shed += 1
-            else:
-                s, o = self.lengths[self.n % len(self.lengths)]
-                rid = f"r{self.n}"
-                self.n += 1
-                w = min(range(self.g), key=lambda i: (self.outstanding[i], i))
-                self.outstanding[w] += s
-                self.queues[w].append([rid, s, o, 0])
-                out += [Arrive(rid, self.next_arrival, s), Route(rid, self.next_arrival, f"d{w}", s)]
-            self.next_arrival += self.rng.expovariate(self.rate)
-        for w in range(self.g):
-            run, q = self.running[w], self.queues[w]
-            while q and len(run) < self.b:
-                run.append(q.popleft())
-            keep = []
-            for r in run:
-                r[3] = gen = int(r[3]) + 1  # type: ignore[call-overload]
-                if gen >= int(r[2]):  # type: ignore[call-overload]
-                    out.append(Finish(str(r[0]), t, "stop", gen))
-                    self.outstanding[w] -= int(r[1])  # type: ignore[call-overload]
-                else:
-                    if gen == 1 or gen % self.every == 0:
-                        out.append(Token(str(r[0]), t, gen))
-                    keep.append(r)
-            self.running[w] = keep
-        return out
+    trace = resolve("paper-azure", seed=seed, limit=20_000)
+    lengths = [(r.prompt_tokens, max(1, r.output_tokens // divide)) for r in trace.requests]
+    mean_out = sum(o for _, o in lengths) / len(lengths)
+    rate = rho * g * b / (mean_out * step_s)
+    return EventFleet(g, b, step_s, rate, lengths, random.Random(seed), route=route,
+                      queue_cap=queue * g if queue > 0 else None, token_every=token_every)
 
 
 def main() -> None:
@@ -107,6 +61,8 @@ def main() -> None:
                     help="router's bound: N × G waiting (default 6; 0: unbounded queues)")
     ap.add_argument("--token-every", type=int, default=8, help="a Token event every N tokens (default 8)")
     ap.add_argument("--policies", default="jsq-bytes,br0")
+    ap.add_argument("--router", default="jsq-bytes", choices=ROUTES,
+                    help="the real router (default jsq-bytes)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--row-minutes", type=float, default=60.0, help="a row every N simulated minutes")
     ap.add_argument("--rolling", type=float, default=0.0, metavar="W",
@@ -114,8 +70,8 @@ def main() -> None:
     ap.add_argument("--json", metavar="OUT", help="write the per-hour rows as JSON")
     args = ap.parse_args()
     step_s = args.step_ms / 1e3
-    fleet = Fleet(args.workers, args.slots, step_s, args.load, args.divide, args.queue, args.seed,
-                  args.token_every)
+    fleet = make_fleet(args.workers, args.slots, step_s, args.load, args.divide, args.queue, args.seed,
+                       args.token_every, args.router)
     live = LiveLanes(workers=[f"d{g}" for g in range(args.workers)], slots=args.slots,
                      policies=[p for p in args.policies.split(",") if p],
                      step=StepTimeModel(a=1e-12, b=step_s), lag_s=2.0, queue_size=10_000_000,

@@ -73,6 +73,7 @@ class DemoOptions:
     start_timeout_s: float = 300.0  # a child's start (imports included) on a busy host
     catch_up_s: float = 5.0  # the fleet keeps its model's timeline up to this far behind (busy host)
     compare_window_s: float | None = None  # lanes vs actual, per window (None: duration / 6, 1–10 s)
+    rolling: bool = False  # serve --rolling: lanes re-seeded from the mirrored fleet every window
 
     @property
     def window_s(self) -> float:
@@ -222,7 +223,8 @@ class Demo:
                       "--scrape-interval", "1", "--compare-window", str(o.window_s),
                       # the tap group serve starts is the demo's too: kept in its work directory, stopped
                       # with it
-                      "--state-dir", str(self.workdir / "state"), "--stop-taps"]
+                      "--state-dir", str(self.workdir / "state"), "--stop-taps",
+                      *(["--rolling"] if o.rolling else [])]
         if o.fleet == "vllm":
             decode, prefill = self._start_vllm(say, serve_args)
         else:
@@ -443,15 +445,20 @@ def lanes_table(report: dict[str, Any]) -> Table:
 
     spread / I(k): average max−min and Σ(max−L) KV tokens per step; idle: barrier-idle fraction;
     tok/s from the step model (TPOT is in the report); done: requests finished; agree: share of the router's
-    decisions this policy would have made identically."""
+    decisions this policy would have made identically; with rolling lanes, `last W` is the spread over
+    the last complete window (re-seeded from the mirrored fleet) and `lag` how far the lane runs behind."""
     lanes: dict[str, Any] = report.get("lanes", {})
     actual = lanes.get("actual", {}).get("avg_spread_tokens")
     title = "live lanes (same traffic; actual = the router's real placements)"
     table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1),
                   collapse_padding=True)
     compared = report.get("comparison", {}).get("lanes", {})
-    for col in ("lane", "spread", "vs actual", "95% CI", "verdict", "I(k)", "idle", "tok/s", "steps", "done",
-                "agree"):
+    rolling = report.get("rolling", {}).get("window_s")
+    cols = ["lane", "spread", "vs actual", "95% CI", "verdict", "I(k)", "idle", "tok/s", "steps", "done",
+            "agree"]
+    if rolling:
+        cols[2:2] = [f"last {rolling:g} s", "lag"]
+    for col in cols:
         table.add_column(col, justify="left" if col in ("lane", "verdict") else "right", no_wrap=True)
     for label, f in lanes.items():
         iv = compared.get(label, {}).get("spread", {})
@@ -463,7 +470,9 @@ def lanes_table(report: dict[str, Any]) -> Table:
         else:
             ratio = f"{spread / actual:.2f}× higher"
         ci = "–" if iv.get("low") is None else f"{iv['low']:.2f}–{iv['high']:.2f}×"
-        table.add_row(label, _num(spread, ",.0f"), ratio, ci, iv.get("verdict", "–"),
+        window = [_num(f.get("window_avg_spread_tokens"), ",.0f"), _num(f.get("lag_s"), ".1f") + " s"]
+        table.add_row(label, _num(spread, ",.0f"), *(window if rolling else []), ratio, ci,
+                      iv.get("verdict", "–"),
                       _num(f.get("avg_imbalance_tokens"), ",.0f"),
                       _num(f.get("barrier_idle_fraction"), ".1f", 100) + "%",
                       _num(f.get("throughput_tokens_per_s"), ",.0f"), str(f.get("steps", "–")),

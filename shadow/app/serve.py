@@ -118,6 +118,7 @@ class ServeConfig:
     live_queue_size: int = 200_000
     step_window_s: float = 0.5
     compare_window_s: float = 60.0  # lanes vs actual: one ratio per window, an interval over windows
+    rolling: bool = False  # re-seed every lane from the mirrored fleet at every compare window boundary
     br: BRParams = field(default_factory=BRParams)
     mode_config: ModeConfig | None = None  # the mode controller (active routing); None: none
     active: ActiveSettings | None = None  # --active: the front listener is shadow's own proxy
@@ -172,7 +173,8 @@ class ServeService:
         self.live = LiveLanes(
             workers=config.workers, slots=config.tap.slots, policies=config.policies, lag_s=config.lag_s,
             step=step, step_source=config.step_source, br=config.br, queue_size=config.live_queue_size,
-            window_s=config.step_window_s, compare_window_s=config.compare_window_s, clock=clock,
+            window_s=config.step_window_s, compare_window_s=config.compare_window_s,
+            rolling_s=config.compare_window_s if config.rolling else None, clock=clock,
         )
         mc = config.mode_config
         if mc is not None:  # only an active proxy carries out canary, active and fallback
@@ -205,6 +207,8 @@ class ServeService:
             tap_config = dataclasses.replace(tap_config, record_lanes=self.lane_settings().to_json())
         self.tap = TapService(tap_config, clock=clock, listeners=listeners, collectors=collectors,
                               routers=routers)
+        if self.tap.recorder is not None:  # the recording carries the seeds: a replay starts windows alike
+            self.live.seed_sink = self.tap.recorder.seed
         self.health = (
             HealthPoll(
                 HealthReader(self.tap.reconciler, self.live, self.mode_control.calibration),
@@ -239,7 +243,7 @@ class ServeService:
         return LaneSettings(
             policies=tuple(c.policies), step=live.step, slots=live.slots,
             step_source="default" if default else "configured", lag_s=c.lag_s, br=live.config.br,
-            seed=live.config.seed,
+            seed=live.config.seed, rolling_s=live.rolling_s,
         )
 
     def _elector(self, config: ServeConfig) -> LeaderElector | None:

@@ -112,6 +112,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--time-scale", type=_positive_float, default=D.time_scale, metavar="X",
                    help="fleet wall seconds per model second (0.5 = twice as fast; more CPU)")
     p.add_argument("--seed", type=int, default=D.seed, help="seed of the synthetic workload")
+    p.add_argument("--rolling", action="store_true",
+                   help="rolling counterfactual (serve --rolling): every lane re-seeded from the mirrored "
+                   "fleet at each comparison window; the table adds each lane's last-window spread")
     p.add_argument("--offline", action="store_true",
                    help="print the offline comparison instead (paper-azure replayed through every "
                    "policy at G=8, B=64, ρ=1.1; no processes)")
@@ -141,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         drain_timeout_s=base.drain_timeout_s,
         model_size=args.model_size, vllm_venv=args.vllm_venv,
         duration_s=args.duration, requests=args.requests, router=args.router,
-        router_policy=args.router_policy, seed=args.seed, record=args.record,
+        router_policy=args.router_policy, seed=args.seed, record=args.record, rolling=args.rolling,
         report_json=args.report_json, headless=args.headless,
         log_level=args.log_level, log_format=args.log_format,
     )

@@ -25,6 +25,7 @@ from shadow.commands.sweep_protocol import add_protocol_args, run_protocol
 from shadow.core.policies import lane_names
 from shadow.replay.experiment import DEFAULT_POLICIES, ReplayReport, ReplaySetup, as_recorded, run_replay
 from shadow.replay.render import render_report
+from shadow.replay.rolled import render_rolled, run_rolled
 from shadow.traces import Trace, TraceError, resolve
 
 SUMMARY = "replay a trace through BR-0/BR-H and the baselines (offline)"
@@ -61,6 +62,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "predicted policy alone takes survival) (default: all but bra; a recorded session: its live lanes)",
     )
     add_br_args(p)
+    p.add_argument("--rolling-window", dest="rolling_window", type=int, metavar="N", default=None,
+                   help="a session recorded with rolling lanes (serve --rolling): replay window N alone, "
+                   "from the fleet state it started from live (default: every window in turn)")
     p.add_argument("--json", metavar="OUT", help="write the figures as JSON to OUT")
     p.add_argument("--plot", metavar="OUT.png",
                    help="draw per-worker KV-load trajectories per policy (needs shadow[plot])")
@@ -115,6 +119,25 @@ def recorded_setup(
     return setup, what_if
 
 
+def _rolled(trace: Trace, setup: ReplaySetup, args: argparse.Namespace, what_if: list[str] | None,
+            console: Console, err: Console) -> int:
+    """A session recorded with rolling lanes: each window from its recorded seed."""
+    if args.plot:
+        raise ValueError("--plot draws whole runs: not for a rolling recording")
+    n = len(trace.seeds)
+    n_only = args.rolling_window
+    how = f"replaying window {n_only} alone" if n_only is not None else "replaying each in turn"
+    err.print(f"rolling lanes: {n} windows recorded with their seeds; {how}")
+    report = run_rolled(trace, setup, args.rolling_window)
+    if args.json:
+        doc = report.to_json()
+        doc["config"]["what_if"] = what_if
+        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+        err.print(f"wrote {args.json}")
+    render_rolled(report, console)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     if args.steady:
         return run_protocol(args, args.policies, "replay")
@@ -132,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
             setup = replace(setup, trajectory_points=1500)
         trace = load_workload(args.trace, args.seed, args.limit)
         setup, what_if = recorded_setup(trace, setup, given(args), err)
+        if trace.seeds or args.rolling_window is not None:
+            return _rolled(trace, setup, args, what_if, console, err)
         report = replay_with_progress(trace, setup, err)
     except (TraceError, ValueError) as exc:
         print(f"shadow replay: {exc}", file=sys.stderr)

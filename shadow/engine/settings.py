@@ -14,6 +14,7 @@ from typing import Any
 from shadow.core.params import BRParams
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import LaneSpec
+from shadow.engine.rolling import check_window
 
 STEP_SOURCES = ("configured", "default")
 
@@ -31,6 +32,7 @@ class LaneSettings:
     lag_s: float = 0.0
     br: BRParams = field(default_factory=BRParams)
     seed: int = 0
+    rolling_s: float | None = None  # re-seeded from the mirrored fleet every this many seconds
 
     def __post_init__(self) -> None:
         if not self.policies:
@@ -45,9 +47,10 @@ class LaneSettings:
             raise ValueError(f"lag must be a finite number >= 0, got {self.lag_s!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        check_window(self.rolling_s)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "policies": list(self.policies),
             "step": {"a_s_per_token": self.step.a, "b_s": self.step.b, "source": self.step_source},
             "slots": self.slots,
@@ -55,6 +58,9 @@ class LaneSettings:
             "br": asdict(self.br),
             "seed": self.seed,
         }
+        if self.rolling_s is not None:
+            out["rolling_s"] = self.rolling_s
+        return out
 
     @classmethod
     def from_json(cls, obj: object) -> LaneSettings:
@@ -71,6 +77,9 @@ class LaneSettings:
             for name, v in (("step a", a), ("step b", b), ("lag_s", obj.get("lag_s", 0.0))):
                 if isinstance(v, bool) or not isinstance(v, int | float):
                     raise ValueError(f"{name} must be a number")
+            rolling = obj.get("rolling_s")
+            if rolling is not None and (isinstance(rolling, bool) or not isinstance(rolling, int | float)):
+                raise ValueError("rolling_s must be a number")
             br = obj.get("br", {})
             if not isinstance(br, Mapping):
                 raise ValueError("br must be an object")
@@ -82,6 +91,7 @@ class LaneSettings:
                 lag_s=float(obj.get("lag_s", 0.0)),
                 br=BRParams.from_mapping(dict(br)),
                 seed=obj.get("seed", 0),
+                rolling_s=None if rolling is None else float(rolling),
             )
         except KeyError as err:
             raise ValueError(f"lanes: missing field {err}") from None
@@ -106,4 +116,8 @@ class LaneSettings:
             out.append("BR parameters " + ", ".join(changed))
         if other.seed != self.seed:
             out.append(f"seed {other.seed} (recorded {self.seed})")
+        if other.rolling_s != self.rolling_s:
+            def w(x: float | None) -> str:
+                return "off" if x is None else f"{x:g} s"
+            out.append(f"rolling window {w(other.rolling_s)} (recorded {w(self.rolling_s)})")
         return out

@@ -15,10 +15,11 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.driver import Observer
-from shadow.engine.lane import Lane
+from shadow.engine.lane import Lane, LaneTotals
 
 FIGURES = ("spread", "imbalance", "idle", "throughput")
 MIN_WINDOWS = 3  # fewer: an interval is not given (t with one degree of freedom is 12.7 s/√n wide)
@@ -60,6 +61,37 @@ class WindowTotals:
         if name == "idle":
             return step.a * self.sum_imbalance / (workers * busy)
         return self.tokens / busy
+
+    def figures(self, step: StepTimeModel, workers: int) -> dict[str, Any]:
+        """This window as reports give it (the per-window twins of `lane_figures`)."""
+        return {
+            "index": self.index,
+            "steps": self.steps,
+            "avg_spread_tokens": self.figure("spread", step, workers),
+            "avg_imbalance_tokens": self.figure("imbalance", step, workers),
+            "barrier_idle_fraction": self.figure("idle", step, workers),
+            "throughput_tokens_per_s": self.figure("throughput", step, workers),
+            "cut": self.cut,
+        }
+
+
+def lane_figures(t: LaneTotals, step: StepTimeModel, workers: int) -> dict[str, Any]:
+    """A lane's cumulative figures under `step` (re-priced from its sums): spread, I(k), barrier
+    idle, throughput and TPOT over every step it ran."""
+    steps = max(t.steps, 1)
+    busy = step.a * t.sum_max + step.b * t.steps
+    return {
+        "steps": t.steps,
+        "requests_finished": t.finished,
+        "avg_spread_tokens": t.sum_spread / steps,
+        "avg_imbalance_tokens": t.sum_imbalance / steps,
+        "sum_spread_token_steps": t.sum_spread,
+        "sum_imbalance_token_steps": t.sum_imbalance,
+        "barrier_idle_fraction": step.a * t.sum_imbalance / (workers * busy) if busy > 0 else 0.0,
+        "throughput_tokens_per_s": t.tokens / busy if busy > 0 else 0.0,
+        "tpot_s": busy / t.steps if t.steps else None,
+        "tokens": t.tokens,
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +188,17 @@ class Windows(Observer):
         """The complete windows of lane `label` still kept, oldest first."""
         n = self.complete
         return [w for w in self.done[self.labels.index(label)] if w.index < n]
+
+    def recent(self, label: str, n: int) -> list[WindowTotals]:
+        """The last (up to) `n` complete windows of lane `label`, oldest first."""
+        c = self.complete
+        out: list[WindowTotals] = []
+        for w in reversed(self.done[self.labels.index(label)]):
+            if len(out) >= n:
+                break
+            if w.index < c:
+                out.append(w)
+        return out[::-1]
 
     def compare(self, label: str, reference: str, step: StepTimeModel, workers: int) -> dict[str, Interval]:
         """Per figure: lane `label` against `reference`, window by window (ratio > 1: `label` better)."""

@@ -19,13 +19,15 @@ from shadow.engine.driver import Observer
 from shadow.engine.jobs import Job
 from shadow.engine.lane import Lane
 from shadow.engine.live import ACTUAL, LiveDriver
+from shadow.engine.rolling import Seed
 from shadow.engine.summary import LogHistogram, percentile
-from shadow.engine.windows import Windows
+from shadow.engine.windows import Windows, lane_figures
 from shadow.live.confidence import comparison, trust_problems
 from shadow.live.stepfit import STEP_BUCKETS, StepEstimator
 
 DECISION_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1)
 DEFAULT_POLICIES = ("jsq-bytes", "br0", "brh:survival")
+RECENT_WINDOWS = 30  # per lane in the report's `windows`
 
 
 class _ActualLane(Observer):
@@ -78,6 +80,7 @@ class LiveLanes:
         window_s: float = 0.5,
         fit_window: int = 600,
         compare_window_s: float = 60.0,
+        rolling_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not workers:
@@ -91,8 +94,12 @@ class LiveLanes:
             workers=len(workers), slots=slots, step=self.step, br=br or BRParams(), seed=seed
         )
         self.specs = [LaneSpec.parse(p) for p in policies]
-        self.driver = LiveDriver(self.config, self.specs, self.workers, time.perf_counter, lag_s=lag_s)
-        self.windows = Windows(self.driver.lanes, compare_window_s)  # lane figures per window
+        self.seed_sink: Callable[[Seed], None] | None = None  # told every seed taken (a recorder)
+        self.driver = LiveDriver(self.config, self.specs, self.workers, time.perf_counter, lag_s=lag_s,
+                                 rolling_s=rolling_s)
+        # lane figures per window; rolling: the windows are the re-seeded ones
+        self.rolling_s = self.driver.rolling_s
+        self.windows = Windows(self.driver.lanes, self.rolling_s or compare_window_s)
         self.driver.observe(self.windows)
         self._comparison: tuple[Any, dict[str, Any]] = ((), {})
         self.clock = clock
@@ -219,6 +226,11 @@ class LiveLanes:
             if n % 512 == 0:
                 self._observe()
         self.processed += n
+        if d.new_seeds:
+            seeds, d.new_seeds = d.new_seeds, []
+            if self.seed_sink is not None:
+                for seed in seeds:
+                    self.seed_sink(seed)
         if n:
             self._observe()
             if d.now > before:
@@ -385,31 +397,30 @@ class LiveLanes:
         fit = self.fit.result()
         model = fit.model(self.step)  # the fitted model when the fit is good
         good = model is not self.step
-        a, b = model.a, model.b
         g = len(self.workers)
         lanes: dict[str, Any] = {}
+        recent: dict[str, list[dict[str, Any]]] = {}
         for lane in d.lanes:
             t = lane.totals
-            steps = max(t.steps, 1)
-            busy = a * t.sum_max + b * t.steps
             loads = lane.loads
             queued = lane.queued_tokens
             label = lane.spec.label
+            recent[label] = [w.figures(model, g) for w in self.windows.recent(label, RECENT_WINDOWS)]
+            last = recent[label][-1] if recent[label] else {}
             lanes[label] = {
                 "policy": lane.spec.policy,
-                "steps": t.steps,
-                "requests_finished": t.finished,
-                "avg_spread_tokens": t.sum_spread / steps,
-                "avg_imbalance_tokens": t.sum_imbalance / steps,
-                "sum_spread_token_steps": t.sum_spread,
-                "sum_imbalance_token_steps": t.sum_imbalance,
-                "barrier_idle_fraction": a * t.sum_imbalance / (g * busy) if busy > 0 else 0.0,
-                "throughput_tokens_per_s": t.tokens / busy if busy > 0 else 0.0,
-                "tpot_s": busy / t.steps if t.steps else None,
-                "tokens": t.tokens,
+                **lane_figures(t, model, g),
                 "spread_tokens": max(loads) - min(loads),
                 "imbalance_tokens": len(loads) * max(loads) - sum(loads),
                 "lookahead_stalls": t.stalls,
+                # the last complete window (rolling: from its seed), beside the cumulative figures
+                "window_index": last.get("index"),
+                "window_avg_spread_tokens": last.get("avg_spread_tokens"),
+                "window_avg_imbalance_tokens": last.get("avg_imbalance_tokens"),
+                "window_barrier_idle_fraction": last.get("barrier_idle_fraction"),
+                "window_throughput_tokens_per_s": last.get("throughput_tokens_per_s"),
+                "reseeds": lane.reseeds,
+                "windows_cut": d.cuts.get(label, 0),
                 "lag_s": d.lag(lane),
                 "waiting": lane.waiting,
                 "worker_loads": {w: loads[i] + queued[i] for i, w in enumerate(self.workers)},
@@ -518,4 +529,17 @@ class LiveLanes:
             "cpu_s": self.busy_s,
             "warnings": warnings,
             "comparison": self._comparison[1],
+            "rolling": {
+                "window_s": self.rolling_s,
+                "max_lag_s": d.max_lag_s,
+                "windows_complete": self.windows.complete,
+                "reseeds": d.reseeds,
+                "seed_unknown_worker": d.seed_unknown_worker,
+                "meaning": "every lane re-seeded from the mirrored fleet at each boundary of "
+                f"{self.rolling_s:g} s: a window's figures say what each policy would have done from "
+                "the same starting state; cumulative figures sum the windows"
+                if self.rolling_s is not None else
+                "off: each lane runs on from its own state since the start (lag can grow under overload)",
+            },
+            "windows": {"window_s": self.windows.window_s, "lanes": recent},
         }

@@ -39,6 +39,19 @@ FINISHED = Family("shadow_lane_requests_finished_total", "counter",
 STALLS = Family("shadow_lane_lookahead_stalls_total", "counter",
                 "Steps held because a running request's end was not yet known.", "steps", L)
 LAG = Family("shadow_lane_lag_seconds", "gauge", "How far the lane runs behind the live clock.", "seconds", L)
+W_SPREAD = Family("shadow_lane_window_spread_tokens", "gauge",
+                  "Average max-min KV load over the last complete window (rolling: from its seed).",
+                  "tokens", L)
+W_IMBALANCE = Family("shadow_lane_window_imbalance_tokens", "gauge",
+                     "Average I(k) over the last complete window.", "tokens", L)
+W_IDLE = Family("shadow_lane_window_barrier_idle_ratio", "gauge",
+                "Barrier-idle fraction over the last complete window.", "ratio", L)
+W_THROUGHPUT = Family("shadow_lane_window_throughput_tokens_per_second", "gauge",
+                      "Estimated decode throughput over the last complete window.", "tokens/s", L)
+RESEEDS = Family("shadow_lane_reseeds_total", "counter",
+                 "Times the lane was re-seeded from the mirrored fleet (rolling windows).", "reseeds", L)
+CUTS = Family("shadow_lane_windows_cut_total", "counter",
+              "Rolling windows the lane left unfinished: too far behind, re-seeded ahead.", "windows", L)
 AGREEMENTS = Family("shadow_lane_agreements_total", "counter",
                     "Router decisions this lane's policy would have made identically.", "decisions", L)
 DECISIONS = Family("shadow_lane_decisions_total", "counter",
@@ -78,6 +91,9 @@ _PER_LANE = (
     (BARRIER_IDLE, "barrier_idle_fraction"), (THROUGHPUT, "throughput_tokens_per_s"), (TPOT, "tpot_s"),
     (FINISHED, "requests_finished"), (STALLS, "lookahead_stalls"), (LAG, "lag_s"),
     (AGREEMENTS, "agreements"), (DECISIONS, "decisions"),
+    (W_SPREAD, "window_avg_spread_tokens"), (W_IMBALANCE, "window_avg_imbalance_tokens"),
+    (W_IDLE, "window_barrier_idle_fraction"), (W_THROUGHPUT, "window_throughput_tokens_per_s"),
+    (RESEEDS, "reseeds"), (CUTS, "windows_cut"),
 )
 #: The step model's gauges with the report's step_model key each.
 _STEP_MODEL = ((MODEL_A, "a_s_per_token"), (MODEL_B, "b_s"), (MODEL_R2, "r2"), (MODEL_SAMPLES, "samples"))

@@ -10,7 +10,10 @@ part starts with the header, so each part replays on its own):
   "prompt_key", "end", "t_end"}` — one line when a request ends (folded from its events by
   `shadow.engine.feed.RequestFolder`, exactly as an event-by-event recording is replayed);
 - `{"type": "steps", "worker", "t", "n", "sum_s", "min_s", "max_s"}` — measured decode steps
-  aggregated per worker every `step_every_s` seconds.
+  aggregated per worker every `step_every_s` seconds;
+- `{"type": "seed", "window", "t", "origin", "window_s", "requests"}` — with rolling lanes, the
+  mirrored fleet each window started from (`shadow.engine.rolling.Seed`), given by the lanes'
+  thread through `seed()` (thread-safe), written at the next flush.
 `shadow replay FILE` reads it (and the older one-event-per-line recordings). Memory: requests
 in flight (bounded by `max_open`, oldest dropped and counted) and a bounded write buffer.
 """
@@ -20,11 +23,13 @@ from __future__ import annotations
 import gzip
 import json
 import os
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from shadow.contracts.events import Event, Step
 from shadow.engine.feed import Recorded, RequestFolder
+from shadow.engine.rolling import Seed
 
 VERSION = 2
 
@@ -76,6 +81,7 @@ class CompactRecorder:
         self.folder = RequestFolder(max_open=max_open)
         self._steps: dict[str | None, list[float]] = {}  # worker -> [t0, n, sum, min, max]
         self._lines: list[str] = []
+        self._seeds: deque[Seed] = deque()  # from the lanes' thread (deque appends are atomic)
         self._fh: IO[str] | None = None
         self._bytes = 0
         self.parts = 0
@@ -113,6 +119,10 @@ class CompactRecorder:
         if rec is None:
             return  # dropped by the folder's rules (counted there)
         self._add(request_line(rec, reason, t_end))
+
+    def seed(self, seed: Seed) -> None:
+        """A rolling window's seed, from any thread; written with the next flush."""
+        self._seeds.append(seed)
 
     def _add(self, obj: dict[str, Any]) -> None:
         if len(self._lines) >= self.max_buffered:
@@ -156,6 +166,8 @@ class CompactRecorder:
         self.written += len(lines)
 
     def flush(self) -> None:
+        while self._seeds:
+            self._add(self._seeds.popleft().to_json())
         if not self._lines or self._fh is None:
             return
         lines, self._lines = self._lines, []

@@ -120,7 +120,8 @@ def as_recorded(
         policies=setup.policies if "policies" in given else recorded.policies,
         seed=setup.seed if "seed" in given else recorded.seed,
     )
-    now = LaneSettings(policies=out.policies, step=out.step, slots=out.slots, br=out.br, seed=out.seed)
+    now = LaneSettings(policies=out.policies, step=out.step, slots=out.slots, br=out.br, seed=out.seed,
+                       rolling_s=recorded.rolling_s)
     return out, recorded.differences(now)
 
 

@@ -5,7 +5,8 @@ the configured workers, one `request` line per ended request, `steps` aggregates
 events (`shadow.contracts.events.to_dict`, the older one-event-per-line form). Requests carry the
 decode worker the real router chose, so a replay adds the `actual` lane; the header's workers
 all count as workers, traffic or not, and its `lanes` (when `shadow serve` wrote it) say what the
-live lanes ran with. Incomplete requests are dropped and counted in the trace
+live lanes ran with; `seed` lines (rolling lanes) the state each window started from. Incomplete
+requests are dropped and counted in the trace
 notes; an invalid line is a one-line TraceError. Gzipped files and rotated parts read the same.
 """
 
@@ -16,11 +17,12 @@ from typing import Any
 
 from shadow.contracts.events import EVENT_TYPES, Event, from_dict
 from shadow.engine.feed import Recorded, recorded_requests
+from shadow.engine.rolling import Seed
 from shadow.engine.settings import LaneSettings
 from shadow.traces.model import Trace, TraceError, TraceRequest
 from shadow.traces.parsing import json_objects, open_text
 
-RECORD_TYPES = ("session", "request", "steps")
+RECORD_TYPES = ("session", "request", "steps", "seed")
 
 
 def _request(obj: dict[str, Any]) -> Recorded:
@@ -47,6 +49,7 @@ def load_events(path: str | os.PathLike[str], *, limit: int | None = None) -> Tr
     compact: list[Recorded] = []
     workers: list[str] | None = None
     settings: LaneSettings | None = None
+    seeds: dict[int, Seed] = {}
     with open_text(name) as handle:
         for line, obj in json_objects(handle, name):
             kind = obj.get("type")
@@ -70,6 +73,9 @@ def load_events(path: str | os.PathLike[str], *, limit: int | None = None) -> Tr
                         if settings is not None and got != settings:
                             raise ValueError("session: lanes differ from an earlier header's")
                         settings = got
+                elif kind == "seed":
+                    seed = Seed.from_json(obj)
+                    seeds[seed.window] = seed
                 elif kind != "steps":
                     raise ValueError(f"unknown record type {kind!r}")
             except (KeyError, ValueError, TypeError) as err:
@@ -104,4 +110,6 @@ def load_events(path: str | os.PathLike[str], *, limit: int | None = None) -> Tr
         notes=notes,
         workers=tuple(workers) if workers else None,
         lane_settings=settings,
+        seeds=seeds,
+        recorded=tuple(recs) if seeds else (),
     )

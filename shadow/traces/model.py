@@ -4,15 +4,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from shadow.engine.feed import Recorded
+from shadow.engine.rolling import Seed
 from shadow.engine.settings import LaneSettings
 
 
@@ -95,6 +98,10 @@ class Trace:
     workers: tuple[str, ...] | None = None
     # a recorded session of `shadow serve`: what its live lanes ran with (None: not recorded)
     lane_settings: LaneSettings | None = None
+    # ... with rolling lanes: each window's seed (by window) and the requests as recorded (ids,
+    # event-time placements), which a replay needs to start every window from its seed
+    seeds: Mapping[int, Seed] = dataclasses.field(default_factory=dict)
+    recorded: tuple[Recorded, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.requests, tuple):

@@ -9,99 +9,17 @@ window alone from its seed).
 
 from __future__ import annotations
 
-import collections
-import random
-
 import pytest
 
-from shadow.contracts.events import Arrive, Event, Finish, Route, Token
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec
 from shadow.engine.feed import recorded_requests
 from shadow.engine.jobs import Job
 from shadow.engine.lane import Lane
-from shadow.engine.live import LiveDriver
 from shadow.engine.rolled import replay_rolling
 from shadow.engine.rolling import Seed
 from shadow.engine.windows import Windows
-
-STEP = 0.05
-
-
-def clock() -> float:
-    return 0.0
-
-
-class Fleet:
-    """G workers × B slots stepping every STEP s; `route` picks a worker (a real router); Poisson
-    arrivals at `rate`/s, outputs 2..`out`; a Token every `every` tokens, Finish at the end."""
-
-    def __init__(self, g: int, b: int, rate: float, out: int, every: int, seed: int, route: str) -> None:
-        self.g, self.b, self.every, self.route = g, b, every, route
-        self.rng = random.Random(seed)
-        self.rate, self.out = rate, out
-        self.t = 100.0
-        self.next_arrival = self.t + self.rng.expovariate(rate)
-        self.n = 0
-        self.queues: list[collections.deque[list[int | str]]] = [collections.deque() for _ in range(g)]
-        self.running: list[list[list[int | str]]] = [[] for _ in range(g)]
-        self.arrivals = True
-
-    def step(self) -> list[Event]:
-        out: list[Event] = []
-        self.t += STEP
-        while self.arrivals and self.next_arrival <= self.t:
-            rid, s, o = f"r{self.n}", self.rng.randint(50, 400), self.rng.randint(2, self.out)
-            self.n += 1
-            load = [len(q) + len(r) for q, r in zip(self.queues, self.running, strict=True)]
-            w = 0 if self.route == "first" else min(range(self.g), key=lambda i: (load[i], i))
-            self.queues[w].append([rid, s, o, 0])
-            out += [Arrive(rid, self.next_arrival, s), Route(rid, self.next_arrival, f"d{w}", s)]
-            self.next_arrival += self.rng.expovariate(self.rate)
-        for w in range(self.g):
-            run, q = self.running[w], self.queues[w]
-            while q and len(run) < self.b:
-                run.append(q.popleft())
-            keep = []
-            for r in run:
-                r[3] = gen = int(r[3]) + 1
-                if gen >= int(r[2]):
-                    out.append(Finish(str(r[0]), self.t, "stop", gen))
-                else:
-                    if gen == 1 or gen % self.every == 0:
-                        out.append(Token(str(r[0]), self.t, gen))
-                    keep.append(r)
-            self.running[w] = keep
-        return out
-
-    def busy(self) -> bool:
-        return any(self.queues) or any(self.running)
-
-
-def live_session(fleet: Fleet, seconds: float, specs: list[LaneSpec], *, rolling: float | None,
-                 lag: float = 1.0) -> tuple[LiveDriver, Windows, list[Event], float]:
-    """Drive live lanes beside `fleet` for `seconds` of arrivals (then it drains); returns the
-    driver, its windows, every event, and the largest lag seen."""
-    config = EngineConfig(workers=fleet.g, slots=fleet.b, step=StepTimeModel(a=1e-9, b=STEP))
-    driver = LiveDriver(config, specs, [f"d{g}" for g in range(fleet.g)], clock, lag_s=lag,
-                        rolling_s=rolling)
-    windows = Windows(driver.lanes, rolling or 5.0)
-    driver.observe(windows)
-    events: list[Event] = []
-    worst = 0.0
-    end = fleet.t + seconds
-    while fleet.t < end or fleet.busy():
-        if fleet.t >= end:
-            fleet.arrivals = False
-        batch = fleet.step()
-        events += batch
-        for ev in batch:
-            driver.apply(ev)
-        driver.advance_to(fleet.t)
-        worst = max(worst, *(driver.lag(lane) for lane in driver.lanes))
-    driver.drain()
-    return driver, windows, events, worst
-
+from tests.engine.rolling_fleet import clock, fleet, live_session
 
 SPECS = [LaneSpec("jsq-bytes"), LaneSpec("br0"), LaneSpec("brh", "survival")]
 
@@ -134,7 +52,6 @@ def test_reseed_replaces_the_lane_state() -> None:
 def test_seeded_lanes_hold_the_mirrored_state() -> None:
     """Right after each boundary every lane's running KV per worker is the seed's (prompt + tokens
     mirrored so far of the requests with a token), whatever the lane did before."""
-    fleet = Fleet(3, 4, rate=14.0, out=40, every=3, seed=1, route="jsq")
     seen: list[tuple[str, list[float], list[float]]] = []
     original = Lane.reseed
 
@@ -150,7 +67,8 @@ def test_seeded_lanes_hold_the_mirrored_state() -> None:
     mp = pytest.MonkeyPatch()
     mp.setattr(Lane, "reseed", spy)
     try:
-        driver, _, _, _ = live_session(fleet, 40.0, SPECS, rolling=5.0)
+        driver, _, _, _ = live_session(fleet(3, 4, rate=14.0, out=40, every=3, seed=1, route="jsq"), 40.0,
+                                       SPECS, rolling=5.0)
     finally:
         mp.undo()
     assert driver.reseeds >= 4 * 6  # four lanes, every 5 s boundary of the 40 s
@@ -166,10 +84,10 @@ def test_rolling_bounds_the_lag() -> None:
     grows with the real queue; re-seeded every 5 s (and cut when more than 5 s behind) it stays
     within the window's bound."""
     specs = [LaneSpec("jsq-bytes")]
-    _, _, _, grows = live_session(Fleet(2, 2, rate=8.0, out=12, every=2, seed=3, route="first"), 90.0,
+    _, _, _, grows = live_session(fleet(2, 2, rate=8.0, out=12, every=2, seed=3, route="first"), 90.0,
                                   specs, rolling=None)
     driver, windows, _, bounded = live_session(
-        Fleet(2, 2, rate=8.0, out=12, every=2, seed=3, route="first"), 90.0, specs, rolling=5.0)
+        fleet(2, 2, rate=8.0, out=12, every=2, seed=3, route="first"), 90.0, specs, rolling=5.0)
     assert grows > 20.0
     assert bounded <= 5.0 + 5.0 + 1.0 + 0.5  # max lag + one window + the lag itself + one step
     assert driver.cuts.get("jsq-bytes", 0) >= 1
@@ -195,8 +113,8 @@ def test_replay_gives_every_window_the_live_figures() -> None:
     """Live lanes at ρ above capacity (real queues) with lag and ends learned late; the recording
     (requests as ended, seeds as taken) replayed offline: every window's totals are the live ones,
     in one pass for all lanes, and one window alone from its seed for the history-free ones."""
-    fleet = Fleet(3, 4, rate=16.0, out=40, every=4, seed=7, route="jsq")
-    driver, windows, events, _ = live_session(fleet, 60.0, SPECS, rolling=5.0)
+    driver, windows, events, _ = live_session(fleet(3, 4, rate=16.0, out=40, every=4, seed=7, route="jsq"),
+                                              60.0, SPECS, rolling=5.0)
     seeds = {s.window: Seed.from_json(s.to_json()) for s in driver.new_seeds}  # as a recording has them
     assert len(seeds) >= 11 and any(r.generated == 0 for s in seeds.values() for r in s.requests)
     folded = recorded_requests(events)
