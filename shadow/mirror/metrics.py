@@ -20,6 +20,7 @@ from shadow.mirror.emitter import Emitter
 from shadow.mirror.hub import SOURCES, Mirror
 from shadow.mirror.proxy import CUT_REASONS, Tap
 from shadow.mirror.reconcile import Reconciler
+from shadow.mirror.relay_metrics import TapFamilies
 from shadow.mirror.relayview import RemoteQueue, RemoteTap
 
 W = ("worker",)
@@ -88,6 +89,7 @@ TAP_CUT = Family(
     "reason.", "requests", ("worker", "reason"), {"reason": CUT_REASONS})
 TAP_CONNECTIONS = Family("shadow_mirror_tap_connections", "gauge",
                          "Client connections open on each tap.", "connections", W)
+TAPS = TapFamilies(TAP_REQUESTS, CONNECT_ERRORS, TAP_REJECTED, TAP_CUT, TAP_CONNECTIONS)
 QUEUE_BYTES = Family("shadow_mirror_queue_bytes", "gauge",
                      "Payload bytes waiting in the tap-to-analysis queue.", "bytes")
 FORWARD_SENT = Family("shadow_mirror_forward_sent_total", "counter",
@@ -196,12 +198,7 @@ class MirrorCollector(DeclaredCollector):
             yield LEGS_INFLIGHT.sampled(a.inflight)
             yield STREAM_GAPS.value(a.gaps)
         if self.taps:
-            yield TAP_REQUESTS.sampled({t.name: t.requests for t in self.taps})
-            yield CONNECT_ERRORS.sampled({t.name: t.connect_errors for t in self.taps})
-            yield TAP_REJECTED.sampled(
-                {(t.name, k): v for t in self.taps for k, v in list(t.rejected.items())})
-            yield TAP_CUT.sampled({(t.name, k): v for t in self.taps for k, v in list(t.cut.items())})
-            yield TAP_CONNECTIONS.sampled({t.name: t.connections for t in self.taps})
+            yield from TAPS.collect(self.taps)
         if self.queue is not None:
             yield QUEUE_BYTES.value(self.queue.bytes)
         em = self.emitter  # zeros without --forward

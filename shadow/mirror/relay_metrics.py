@@ -4,15 +4,39 @@ what the tap-down page watches."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.core import Metric
 
 from shadow.base.families import Family, SourceCollector
-from shadow.mirror.proxy import CUT_REASONS, REJECT_REASONS
+from shadow.mirror.proxy import CUT_REASONS, REJECT_REASONS, Tap
+from shadow.mirror.relayview import RemoteTap
 
 W = ("worker",)
+
+
+@dataclass(frozen=True)
+class TapFamilies:
+    """The per-tap counters' families as one exporter names them: the data plane's `shadow_tap_*`
+    (here) or the analysis' `shadow_mirror_*` (`mirror.metrics`)."""
+
+    requests: Family
+    connect_errors: Family
+    rejected: Family
+    cut: Family
+    connections: Family
+
+    def collect(self, taps: Collection[Tap | RemoteTap]) -> Iterator[Metric]:
+        """One sample per tap (and per reason) of each family."""
+        yield self.requests.sampled({t.name: t.requests for t in taps})
+        yield self.connect_errors.sampled({t.name: t.connect_errors for t in taps})
+        yield self.rejected.sampled({(t.name, k): v for t in taps for k, v in list(t.rejected.items())})
+        yield self.cut.sampled({(t.name, k): v for t in taps for k, v in list(t.cut.items())})
+        yield self.connections.sampled({t.name: t.connections for t in taps})
+
+
 REQUESTS = Family("shadow_tap_requests_total", "counter", "HTTP requests relayed by each tap.", "requests", W)
 CONNECT_ERRORS = Family(
     "shadow_tap_upstream_connect_errors_total",
@@ -82,6 +106,7 @@ RESTARTS = Family(
 STARTED = Family(
     "shadow_tap_relay_start_time_seconds", "gauge", "When this relay started (Unix time).", "seconds"
 )
+TAPS = TapFamilies(REQUESTS, CONNECT_ERRORS, REJECTED, CUT, CONNECTIONS)
 
 FAMILIES = (
     REQUESTS,
@@ -112,11 +137,7 @@ class RelayCollector(SourceCollector[Any]):
         r = self.source
         sink = r.sink
         taps = r.taps
-        yield REQUESTS.sampled({t.name: t.requests for t in taps})
-        yield CONNECT_ERRORS.sampled({t.name: t.connect_errors for t in taps})
-        yield REJECTED.sampled({(t.name, k): t.rejected.get(k, 0) for t in taps for k in REJECT_REASONS})
-        yield CUT.sampled({(t.name, k): t.cut.get(k, 0) for t in taps for k in CUT_REASONS})
-        yield CONNECTIONS.sampled({t.name: t.connections for t in taps})
+        yield from TAPS.collect(taps)
         yield INFLIGHT.sampled({t.name: t.inflight() for t in taps})
         yield ATTACHED.value(1.0 if sink.attached else 0.0)
         yield ATTACHES.value(sink.attaches)
