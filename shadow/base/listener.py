@@ -29,6 +29,7 @@ from typing import Any, Literal, cast
 
 from httptools import HttpParserError, HttpRequestParser
 
+from shadow.base.front import Conn, Front, unambiguous
 from shadow.base.net import bind_listen
 
 log = logging.getLogger("shadow.listener")
@@ -314,30 +315,21 @@ class _Cycle:
             conn.close()
 
 
-class _Conn(asyncio.Protocol):
+class _Conn(Conn):
     """One client connection: parses requests, runs their cycles in order, enforces the limits."""
 
     def __init__(self, server: AsgiListener) -> None:
+        super().__init__()
         self.server = server
-        self.transport: asyncio.Transport | None = None
         self.parser = HttpRequestParser(self)
         self.cycles: deque[_Cycle] = deque()  # cycles[0] runs; the rest are pipelined behind it
         self.parsing: _Cycle | None = None
-        self.closed = False
         self.http11 = True
         self.write_paused = False
         self._drained: asyncio.Event | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_kind = ""
-        self._pauses: set[str] = set()
-        self._in_head = False
-        self._head_fed = 0
-        self._url: list[bytes] = []
-        self._hdrs: list[tuple[bytes, bytes]] = []
         self._reject: tuple[bytes, str] | None = None
         self.client: tuple[str, int] | None = None
         self.local: tuple[str, int] | None = None
-        self._buffered = 0  # request body bytes waiting for the app
         self.born = 0.0  # loop time of connection_made
         self.read_from = False  # bytes arrived (else it may be one of a burst not read yet)
 
@@ -346,17 +338,9 @@ class _Conn(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         srv = self.server
-        if len(srv.conns) >= srv.limits.max_connections:
-            victim = srv.evictable()
-            if victim is not None:
-                srv.count("evicted_idle")
-                victim.close()
-            else:
-                srv.count("busy")
-                self.closed = True
-                self.transport.write(_BUSY)
-                self.transport.close()
-                return
+        full = len(srv.conns) >= srv.limits.max_connections
+        if full and not self._make_room(srv.evictable(), srv.count, _BUSY):
+            return
         peer = transport.get_extra_info("peername")
         sock = transport.get_extra_info("sockname")
         self.client = (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) else None
@@ -364,14 +348,10 @@ class _Conn(asyncio.Protocol):
         srv.conns.add(self)
         srv.idle[self] = None
         self.born = asyncio.get_running_loop().time()
-        self._arm("header", srv.limits.header_timeout_s)
+        self.arm("header", srv.limits.header_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self._disarm()
-        srv = self.server
-        srv.conns.discard(self)
-        srv.idle.pop(self, None)
+        self._lost(self.server.conns, self.server.idle)
         for c in self.cycles:
             c.disconnected = True
             c.more.set()
@@ -400,7 +380,7 @@ class _Conn(asyncio.Protocol):
     def _done(self) -> None:
         """Nothing more is read or answered here: closed, no deadline, not idle."""
         self.closed = True
-        self._disarm()
+        self.disarm()
         self.server.idle.pop(self, None)
 
     def pause_writing(self) -> None:
@@ -418,32 +398,10 @@ class _Conn(asyncio.Protocol):
                 self._drained = asyncio.Event()
             await self._drained.wait()
 
-    def _pause(self, why: str) -> None:
-        if not self._pauses and self.transport is not None:
-            self.transport.pause_reading()
-        self._pauses.add(why)
+    def _evict(self) -> None:
+        self.close()
 
-    def _resume(self, why: str) -> None:
-        if why in self._pauses:
-            self._pauses.discard(why)
-            if not self._pauses and self.transport is not None and not self.closed:
-                self.transport.resume_reading()
-
-    def _arm(self, kind: str, seconds: float) -> None:
-        self._disarm()
-        self._timer_kind = kind
-        self._timer = asyncio.get_running_loop().call_later(seconds, self._expired)
-
-    def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._timer_kind = ""
-
-    def _expired(self) -> None:
-        kind, self._timer, self._timer_kind = self._timer_kind, None, ""
-        if self.closed:
-            return
+    def _deadline(self, kind: str) -> None:
         srv = self.server
         if kind == "idle":
             srv.count("idle_timeout")
@@ -474,9 +432,9 @@ class _Conn(asyncio.Protocol):
             return
         limits = self.server.limits
         if self._timer_kind == "idle":
-            self._arm("header", limits.header_timeout_s)
+            self.arm("header", limits.header_timeout_s)
         elif self.parsing is not None and not self._in_head:
-            self._arm("body", limits.body_timeout_s)
+            self.arm("body", limits.body_timeout_s)
         if self._in_head or self.parsing is None:
             self._head_fed += len(data)
         try:
@@ -495,14 +453,6 @@ class _Conn(asyncio.Protocol):
         self._reject = (raw, reason)
         raise HttpParserError(reason)
 
-    def on_message_begin(self) -> None:
-        self._in_head = True
-        self._url = []
-        self._hdrs = []
-
-    def on_url(self, url: bytes) -> None:
-        self._url.append(url)
-
     def on_header(self, name: bytes, value: bytes) -> None:
         if not self._in_head:
             return  # trailers are dropped
@@ -511,8 +461,7 @@ class _Conn(asyncio.Protocol):
         self._hdrs.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
-        self._in_head = False
-        self._head_fed = 0
+        self._head_ended()
         p = self.parser
         srv = self.server
         hdrs = self._hdrs
@@ -521,9 +470,7 @@ class _Conn(asyncio.Protocol):
             self._raise(_BAD_REQUEST, "bad_framing")
         method = p.get_method().decode("ascii")
         te = [v for n, v in hdrs if n == b"transfer-encoding"]
-        if te and (len(te) > 1 or te[0].strip().lower() != b"chunked"):
-            self._raise(_BAD_REQUEST, "bad_framing")
-        if sum(1 for n, _ in hdrs if n == b"host") > 1:
+        if not unambiguous(te, sum(1 for n, _ in hdrs if n == b"host")):
             self._raise(_BAD_REQUEST, "bad_framing")
         if method == "CONNECT" or p.should_upgrade():
             self._raise(_NO_UPGRADE, "upgrade")
@@ -562,9 +509,9 @@ class _Conn(asyncio.Protocol):
         elif len(self.cycles) > srv.limits.max_pipelined:
             self._pause("pipeline")
         if has_body:
-            self._arm("body", srv.limits.body_timeout_s)
+            self.arm("body", srv.limits.body_timeout_s)
         elif self._timer_kind == "header":
-            self._disarm()
+            self.disarm()
 
     def on_body(self, body: bytes) -> None:
         c = self.parsing
@@ -577,14 +524,13 @@ class _Conn(asyncio.Protocol):
             return  # nobody reads it any more
         c.body.append(body)
         c.buffered += len(body)
-        self.server_buffered(len(body))
+        self._hold(len(body), self.server.limits.max_buffer)
         c.more.set()
 
     def on_message_complete(self) -> None:
         c = self.parsing
         self.parsing = None
-        if self._timer_kind == "body":
-            self._disarm()
+        self._body_ended()
         if c is None:
             return
         c.complete = True
@@ -592,21 +538,15 @@ class _Conn(asyncio.Protocol):
 
     # -- flow ------------------------------------------------------------------------------------
 
-    def server_buffered(self, n: int) -> None:
-        self._buffered += n
-        if self._buffered > self.server.limits.max_buffer:
-            self._pause("body")
-
     def body_taken(self, n: int) -> None:
-        self._buffered -= n
-        if self._buffered <= self.server.limits.max_buffer // 2:
-            self._resume("body")
+        """The app took `n` body bytes."""
+        self._release(n, self.server.limits.max_buffer)
 
     def _start(self, cycle: _Cycle) -> None:
         srv = self.server
         srv.idle.pop(self, None)
         if self._timer_kind in ("idle", "header"):
-            self._disarm()
+            self.disarm()
         srv.requests += 1
         task = asyncio.get_running_loop().create_task(cycle.run(srv.app))
         srv.tasks.add(task)
@@ -616,24 +556,24 @@ class _Conn(asyncio.Protocol):
         if self.cycles and self.cycles[0] is cycle:
             self.cycles.popleft()
         srv = self.server
-        self._buffered -= cycle.buffered
+        self.buffered -= cycle.buffered
         cycle.buffered = 0
         cycle.body.clear()
         if not (cycle.keep_alive and cycle.complete and not srv.draining and not self.closed):
             self.close()  # (a body still arriving is not read to its end: the connection goes)
             return
         self._resume("pipeline")
-        self._resume("body")
+        self._resume("buffer")
         if self.cycles:
             self._start(self.cycles[0])
         elif self._in_head:  # the next request's head is arriving
-            self._arm("header", srv.limits.header_timeout_s)
+            self.arm("header", srv.limits.header_timeout_s)
         else:
             srv.idle[self] = None
-            self._arm("idle", srv.limits.idle_timeout_s)
+            self.arm("idle", srv.limits.idle_timeout_s)
 
 
-class AsgiListener:
+class AsgiListener(Front):
     """`await start()` listens on host:port (0: a free port) and returns the base URL;
     `begin_drain()` stops accepting and closes idle connections (busy ones close after their
     response); `await drained(t)` waits until no request is in flight; `await stop(grace_s)` does
@@ -651,21 +591,19 @@ class AsgiListener:
         lifespan: Literal["on", "off"] = "on",
         name: str = "shadow",
     ) -> None:
+        super().__init__(REJECT_REASONS)
         self.app = app
         self.host, self.port = host, port
         self.limits = limits or ListenerLimits()
         self.limits.validate()
         self.lifespan = lifespan
         self.name = name
-        self.rejected: dict[str, int] = dict.fromkeys(REJECT_REASONS, 0)
         self.requests = 0
         self.conns: set[_Conn] = set()
         self.idle: dict[_Conn, None] = {}  # connections without a request, oldest first
         self.tasks: set[asyncio.Task[None]] = set()
         self.state: dict[str, Any] = {}  # the lifespan state, copied into every request scope
         self.date = _Date()
-        self.draining = False
-        self._server: asyncio.AbstractServer | None = None
         self._life: _Lifespan | None = None
         self._logged_at = float("-inf")
         self._unlogged = 0
@@ -707,9 +645,6 @@ class AsgiListener:
         self._logged_at, self._unlogged = now, 0
         log.error("%s: %s%s", self.name, message, more, exc_info=exc_info)
 
-    def count(self, reason: str) -> None:
-        self.rejected[reason] = self.rejected.get(reason, 0) + 1
-
     async def start(self, sock: socket.socket | None = None) -> str:
         """Listen (on `sock` when given, else a new socket on host:port; OSError names it)."""
         if self._server is not None:
@@ -729,21 +664,9 @@ class AsgiListener:
 
     def begin_drain(self) -> None:
         """Stop accepting; close idle connections; busy ones close after their response."""
-        self.draining = True
-        if self._server is not None:
-            self._server.close()
+        self._stop_accepting()
         for c in list(self.idle):
             c.close()
-
-    async def drained(self, timeout_s: float) -> bool:
-        """Wait until no request is in flight (True) or `timeout_s` passes (False)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while self.inflight():
-            if loop.time() >= deadline:
-                return False
-            await asyncio.sleep(0.02)
-        return True
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """Drain for up to `grace_s`, then cut what is left (counted as `drain_cut`) and end the
@@ -758,9 +681,7 @@ class AsgiListener:
 
     async def crash(self) -> None:
         """Stop listening and reset every open connection now."""
-        self.draining = True
-        if self._server is not None:
-            self._server.close()
+        self._stop_accepting()
         self._cut_all(count=False)
         await self._finish()
 

@@ -31,6 +31,7 @@ from typing import Any, Protocol, cast
 
 from httptools import HttpParserError, HttpRequestParser, HttpResponseParser
 
+from shadow.base.front import Conn, Front, unambiguous
 from shadow.mirror.http1 import (
     BAD_GATEWAY,
     BAD_REQUEST,
@@ -151,7 +152,7 @@ class TapContext:
         self.end_no = 0  # ChannelSink: the number of this request's end (0: not ended)
 
 
-class Tap:
+class Tap(Front):
     """One listener in front of one upstream; `await start()` binds, `await close()` stops.
 
     `begin_drain()` stops accepting and lets in-flight requests finish (`await drained(t)`).
@@ -174,6 +175,7 @@ class Tap:
         u = urllib.parse.urlsplit(upstream)
         if u.scheme != "http" or not u.hostname:
             raise ValueError(f"upstream {upstream!r}: only http://host:port is supported")
+        super().__init__(REJECT_REASONS)
         self.name = name
         self.upstream = upstream
         self.up_host = u.hostname
@@ -185,15 +187,12 @@ class Tap:
         self.inject_usage = inject_usage
         self.limits = limits or TapLimits()
         self._pool: list[tuple[_UpstreamConn, float]] = []
-        self._server: asyncio.AbstractServer | None = None
         self._clients: set[_ClientConn] = set()
         self._idle: dict[_ClientConn, None] = {}  # connections without a request in flight, oldest first
         self._tasks: set[asyncio.Future[None]] = set()
         self.connect_errors = 0
         self.requests = 0
-        self.rejected: dict[str, int] = dict.fromkeys(REJECT_REASONS, 0)
         self.cut: dict[str, int] = dict.fromkeys(CUT_REASONS, 0)
-        self.draining = False
         self.host = ""
         self.port = 0
 
@@ -223,21 +222,10 @@ class Tap:
 
     def begin_drain(self) -> None:
         """Stop accepting; close idle connections; in-flight ones close after their response."""
-        self.draining = True
-        if self._server is not None:
-            self._server.close()
+        self._stop_accepting()
         for c in list(self._idle):
             if c.active is None and not c.reqs and c.transport is not None:
                 c.transport.close()
-
-    async def drained(self, timeout_s: float) -> bool:
-        """Wait until no request is in flight (True) or `timeout_s` passes (False)."""
-        deadline = time.monotonic() + timeout_s
-        while self.inflight():
-            if time.monotonic() >= deadline:
-                return False
-            await asyncio.sleep(0.02)
-        return True
 
     async def close(self) -> None:
         """Stop now: responses still being relayed are cut (`tap_shutdown`), the rest closed."""
@@ -256,9 +244,6 @@ class Tap:
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 5)
-
-    def count(self, reason: str) -> None:
-        self.rejected[reason] = self.rejected.get(reason, 0) + 1
 
     # -- pool ------------------------------------------------------------------------------------
 
@@ -347,27 +332,18 @@ class _Req:
         self.ctx: TapContext
 
 
-class _ClientConn(asyncio.Protocol):
+class _ClientConn(Conn):
     """The router-facing side of one TCP connection."""
 
     def __init__(self, tap: Tap) -> None:
+        super().__init__()
         self.tap = tap
-        self.transport: asyncio.Transport | None = None
         self.parser = HttpRequestParser(self)
         self.reqs: deque[_Req] = deque()  # parsed requests; reqs[0] is `active` once started
         self.active: _Req | None = None
-        self.closed = False
         self.write_paused = False
         self.http11 = True
-        self.buffered = 0
-        self._pauses: set[str] = set()
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_kind = ""
         self._broken: bytes | None = None  # a reject to send once the active response is done
-        self._in_head = False
-        self._head_fed = 0
-        self._url: list[bytes] = []
-        self._hdrs: list[tuple[bytes, bytes]] = []
         self._parsing: _Req | None = None
 
     # -- connection ------------------------------------------------------------------------------
@@ -375,17 +351,9 @@ class _ClientConn(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # (uvloop's transports are not subclasses)
         tap = self.tap
-        if len(tap._clients) >= tap.limits.max_connections:
-            if tap._idle:
-                victim = next(iter(tap._idle))
-                tap.count("evicted_idle")
-                victim._drop()
-            else:
-                tap.count("busy")
-                self.closed = True
-                self.transport.write(BUSY)
-                self.transport.close()
-                return
+        full = len(tap._clients) >= tap.limits.max_connections
+        if full and not self._make_room(next(iter(tap._idle), None), tap.count, BUSY):
+            return
         tap._clients.add(self)
         tap._idle[self] = None
         self.arm("header", tap.limits.header_timeout_s)
@@ -397,23 +365,10 @@ class _ClientConn(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
-    def arm(self, kind: str, seconds: float) -> None:
-        self.disarm()
-        self._timer_kind = kind
-        self._timer = asyncio.get_running_loop().call_later(seconds, self._expired)
+    def _evict(self) -> None:
+        self._drop()
 
-    def disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-            self._timer_kind = ""
-
-    def _expired(self) -> None:
-        kind = self._timer_kind
-        self._timer = None
-        self._timer_kind = ""
-        if self.closed:
-            return
+    def _deadline(self, kind: str) -> None:
         if kind == "body":  # the request body stalled: the request is abandoned upstream too
             if self._parsing is not None:
                 self._reject(_Reject(TIMEOUT, "body_timeout"))
@@ -426,17 +381,6 @@ class _ClientConn(asyncio.Protocol):
         else:
             self.tap.count("idle_timeout")
             self._drop()
-
-    def _pause(self, why: str) -> None:
-        if not self._pauses and self.transport is not None:
-            self.transport.pause_reading()
-        self._pauses.add(why)
-
-    def _resume(self, why: str) -> None:
-        if why in self._pauses:
-            self._pauses.discard(why)
-            if not self._pauses and self.transport is not None and not self.closed:
-                self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
         if self._broken is not None or self.closed:
@@ -498,14 +442,6 @@ class _ClientConn(asyncio.Protocol):
 
     # -- request parser callbacks ----------------------------------------------------------------
 
-    def on_message_begin(self) -> None:
-        self._in_head = True
-        self._url = []
-        self._hdrs = []
-
-    def on_url(self, url: bytes) -> None:
-        self._url.append(url)
-
     def on_header(self, name: bytes, value: bytes) -> None:
         if not self._in_head:
             return  # request trailers are dropped
@@ -514,8 +450,7 @@ class _ClientConn(asyncio.Protocol):
         self._hdrs.append((name, value))
 
     def on_headers_complete(self) -> None:
-        self._in_head = False
-        self._head_fed = 0
+        self._head_ended()
         tap = self.tap
         p = self.parser
         hdrs = self._hdrs
@@ -524,9 +459,7 @@ class _ClientConn(asyncio.Protocol):
         if p.get_http_version() not in ("1.1", "1.0"):
             self._raise(_Reject(BAD_REQUEST, "bad_framing"))
         te = [v for n, v in hdrs if n.lower() == b"transfer-encoding"]
-        if te and (len(te) > 1 or te[0].strip().lower() != b"chunked"):
-            self._raise(_Reject(BAD_REQUEST, "bad_framing"))  # only plain `chunked` is unambiguous
-        if sum(1 for n, _ in hdrs if n.lower() == b"host") > 1:
+        if not unambiguous(te, sum(1 for n, _ in hdrs if n.lower() == b"host")):
             self._raise(_Reject(BAD_REQUEST, "bad_framing"))
         conn = connection_tokens(hdrs)
         if method == b"CONNECT" or (b"upgrade" in conn and any(n.lower() == b"upgrade" for n, _ in hdrs)):
@@ -583,8 +516,7 @@ class _ClientConn(asyncio.Protocol):
         req = self._parsing
         self._parsing = None
         self._in_head = False
-        if self._timer_kind == "body":
-            self.disarm()
+        self._body_ended()
         if req is None:
             return
         req.complete = True
@@ -635,9 +567,7 @@ class _ClientConn(asyncio.Protocol):
 
     def released(self, n: int) -> None:
         """`n` held request bytes were written upstream."""
-        self.buffered -= n
-        if self.buffered <= self.tap.limits.max_buffer // 2:
-            self._resume("buffer")
+        self._release(n, self.tap.limits.max_buffer)
 
     # -- dispatch --------------------------------------------------------------------------------
 
@@ -704,11 +634,8 @@ class _ClientConn(asyncio.Protocol):
         self.arm("idle", self.tap.limits.idle_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self.disarm()
         tap = self.tap
-        tap._clients.discard(self)
-        tap._idle.pop(self, None)
+        self._lost(tap._clients, tap._idle)
         req = self.active
         self.active = None
         self.reqs.clear()

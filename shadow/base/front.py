@@ -1,0 +1,149 @@
+"""What shadow's two HTTP/1.1 fronts (the listener in `base.listener`, the tap in `mirror.proxy`)
+share: a front's refusal counts and draining; a connection's reads paused for named reasons, its
+one deadline, its held bytes, the connection cap, and the request head as llhttp delivers it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+
+def unambiguous(te: list[bytes], hosts: int) -> bool:
+    """A request head frames its body one way only: no Transfer-Encoding or a plain `chunked`
+    (`te`: its Transfer-Encoding values), and at most one Host header (`hosts`)."""
+    return not (te and (len(te) > 1 or te[0].strip().lower() != b"chunked")) and hosts <= 1
+
+
+class Front:
+    """A listening front: `rejected[reason]` counts refusals; `draining` once it stopped accepting."""
+
+    def __init__(self, reasons: tuple[str, ...]) -> None:
+        self.rejected: dict[str, int] = dict.fromkeys(reasons, 0)
+        self.draining = False
+        self._server: asyncio.AbstractServer | None = None
+
+    def count(self, reason: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+
+    def inflight(self) -> int:
+        """Requests in flight (the front's own count)."""
+        raise NotImplementedError
+
+    def _stop_accepting(self) -> None:
+        self.draining = True
+        if self._server is not None:
+            self._server.close()
+
+    async def drained(self, timeout_s: float) -> bool:
+        """Wait until no request is in flight (True) or `timeout_s` passes (False)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.inflight():
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
+
+class Conn(asyncio.Protocol):
+    """One client connection of a front. Reading pauses while any reason to pause holds (`_pause`,
+    `_resume`), and for "buffer" while more than a cap of bytes are held (`_hold`, `_release`:
+    resumes at half the cap). One deadline at a time (`arm(kind, s)`: `_deadline(kind)` runs when it
+    passes, unless the connection closed first). `on_message_begin` / `on_url` collect the head."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.buffered = 0  # request bytes held (not yet taken by the app, or not yet sent upstream)
+        self._pauses: set[str] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_kind = ""
+        self._in_head = False
+        self._head_fed = 0
+        self._url: list[bytes] = []
+        self._hdrs: list[tuple[bytes, bytes]] = []
+
+    def _pause(self, why: str) -> None:
+        if not self._pauses and self.transport is not None:
+            self.transport.pause_reading()
+        self._pauses.add(why)
+
+    def _resume(self, why: str) -> None:
+        if why in self._pauses:
+            self._pauses.discard(why)
+            if not self._pauses and self.transport is not None and not self.closed:
+                self.transport.resume_reading()
+
+    def _hold(self, n: int, cap: int) -> None:
+        self.buffered += n
+        if self.buffered > cap:
+            self._pause("buffer")
+
+    def _release(self, n: int, cap: int) -> None:
+        self.buffered -= n
+        if self.buffered <= cap // 2:
+            self._resume("buffer")
+
+    def arm(self, kind: str, seconds: float) -> None:
+        self.disarm()
+        self._timer_kind = kind
+        self._timer = asyncio.get_running_loop().call_later(seconds, self._expired)
+
+    def disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_kind = ""
+
+    def _expired(self) -> None:
+        kind, self._timer, self._timer_kind = self._timer_kind, None, ""
+        if not self.closed:
+            self._deadline(kind)
+
+    def _lost(self, conns: set[Any], idle: dict[Any, None]) -> None:
+        """The peer is gone: closed, no deadline, neither open (`conns`) nor idle in its front."""
+        self.closed = True
+        self.disarm()
+        conns.discard(self)
+        idle.pop(self, None)
+
+    def _head_ended(self) -> None:
+        """The request head is complete (what follows is its body)."""
+        self._in_head = False
+        self._head_fed = 0
+
+    def _body_ended(self) -> None:
+        """The request body is complete: its silence deadline is off."""
+        if self._timer_kind == "body":
+            self.disarm()
+
+    def _deadline(self, kind: str) -> None:
+        """The deadline `kind` passed on an open connection."""
+        raise NotImplementedError
+
+    def _make_room(self, victim: Conn | None, count: Callable[[str], None], busy: bytes) -> bool:
+        """At the connection cap: close `victim` (an idle connection) to make room (True), else
+        answer `busy` and close this one (False)."""
+        if victim is not None:
+            count("evicted_idle")
+            victim._evict()
+            return True
+        count("busy")
+        self.closed = True
+        if self.transport is not None:
+            self.transport.write(busy)
+            self.transport.close()
+        return False
+
+    def _evict(self) -> None:
+        """Close this idle connection to make room for a new one."""
+        raise NotImplementedError
+
+    def on_message_begin(self) -> None:
+        self._in_head = True
+        self._url = []
+        self._hdrs = []
+
+    def on_url(self, url: bytes) -> None:
+        self._url.append(url)
