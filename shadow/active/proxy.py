@@ -52,7 +52,15 @@ from shadow.contracts.modes import ModeSource, StaticModeSource
 from shadow.core.params import BRParams
 from shadow.core.routers import Router
 from shadow.mirror.analyzer import estimate_prompt_tokens
-from shadow.telemetry.tracing import RoutingSpans, exemplar, http_server_span, http_status, inject
+from shadow.telemetry.httpspans import (
+    client_failed,
+    client_status,
+    http_client_span,
+    http_server_span,
+    http_status,
+    inject_span,
+)
+from shadow.telemetry.tracing import RoutingSpans, exemplar
 from shadow.vllm.errors import stream_error_event
 from shadow.vllm.sse import DEFAULT_MAX_FRAME, EventSplitter, event_data
 
@@ -210,6 +218,7 @@ class _Flow:
     dispatched_at: float = 0.0
     prompt_tokens: int = 0
     kv_from: str = ""  # the prefiller holding this request's KV until a decode pulls it
+    call: trace.Span | None = None  # the decode call's CLIENT span while its answer streams
 
 
 class ActiveProxy:
@@ -374,11 +383,28 @@ class ActiveProxy:
             headers=headers,
         )
 
-    def _headers(self, rid: str) -> dict[str, str]:
+    def _headers(self, rid: str, call: trace.Span) -> dict[str, str]:
+        """An upstream call's headers; its `traceparent` names the call's CLIENT span `call`."""
         h = {"X-Request-Id": rid, "Content-Type": "application/json"}
         if self.config.api_key:
             h["Authorization"] = f"Bearer {self.config.api_key}"
-        return inject(h)
+        return inject_span(call, h)
+
+    async def _send(self, call: trace.Span, client: httpx.AsyncClient, req: httpx.Request,
+                    gone: asyncio.Future[Any] | None, stream: bool = False) -> httpx.Response:
+        """`req` sent (raced against `gone`) in its CLIENT span `call`, which records the answer's
+        status or the failure; it ends here unless a `stream`ed answer follows (its reader ends it)."""
+        try:
+            aw = send(client, req, stream=stream)
+            r: httpx.Response = await (_race(aw, gone) if gone is not None else aw)
+        except BaseException as exc:
+            client_failed(call, exc)
+            call.end()
+            raise
+        client_status(call, r.status_code)
+        if not stream:
+            call.end()
+        return r
 
     def _count(self, mode: str, policy: str, outcome: str, status: int | None = None,
                ttft_s: float | None = None, tpot_s: float | None = None) -> None:
@@ -571,11 +597,12 @@ class ActiveProxy:
         if "max_completion_tokens" in leg:
             leg["max_completion_tokens"] = 1
         client = self._client(p.url)
+        call = http_client_span(self.tracer, "POST", p.url + flow.path, p.name, "prefill")
         req = client.build_request(
-            "POST", p.url + flow.path, content=orjson.dumps(leg), headers=self._headers(flow.rid)
+            "POST", p.url + flow.path, content=orjson.dumps(leg), headers=self._headers(flow.rid, call)
         )
         try:
-            r = await _race(send(client, req), gone)
+            r = await self._send(call, client, req, gone)
         except (Unsent, httpx.HTTPError) as exc:
             self._upstream_failed(p.name, "prefill")
             p.down = True
@@ -656,9 +683,12 @@ class ActiveProxy:
             body["kv_transfer_params"] = kv
             payload = orjson.dumps(body)
         client = self._client(url)
-        req = client.build_request("POST", url + flow.path, content=payload, headers=self._headers(flow.rid))
+        call = http_client_span(self.tracer, "POST", url + flow.path, name, "decode")
+        req = client.build_request("POST", url + flow.path, content=payload,
+                                   headers=self._headers(flow.rid, call))
         try:
-            upstream: httpx.Response = await _race(send(client, req, stream=True), gone)
+            upstream = await self._send(call, client, req, gone, stream=True)
+            flow.call = call
         except Unsent as u:  # the worker never got the whole request: try again, same KV handle
             self._decode_over(flow, None)
             self.ledger.unreachable(g, self.clock())  # (elsewhere, while it stays down)
@@ -708,6 +738,9 @@ class ActiveProxy:
         )
 
     def _decode_over(self, flow: _Flow, output_tokens: int | None) -> None:
+        call, flow.call = flow.call, None
+        if call is not None:  # the decode call is over: its CLIENT span ends
+            call.end()
         self.dispatcher.released(flow.rid, output_tokens)
         if flow.worker >= 0:
             self.metrics.inflight.labels("decode", self.decode_names[flow.worker]).set(
@@ -837,6 +870,8 @@ class ActiveProxy:
         except httpx.HTTPError as exc:
             outcome = "upstream_error"
             cut_reason = "upstream_broke"
+            if flow.call is not None:
+                client_failed(flow.call, exc)
             if flow.worker >= 0:
                 self._upstream_failed(self.decode_names[flow.worker], "decode")
             log.warning("decode stream %s broke: %s", flow.rid, type(exc).__name__)
@@ -870,17 +905,20 @@ class ActiveProxy:
         url = self.router_url + request.url.path
         if request.url.query:
             url += "?" + request.url.query
-        headers = [(k, v) for k, v in request.headers.items()
-                   if k.lower() not in HOP_BY_HOP and k.lower() not in TRACE_HEADERS]
-        headers += inject({}).items()
+        passed = [(k, v) for k, v in request.headers.items()
+                  if k.lower() not in HOP_BY_HOP and k.lower() not in TRACE_HEADERS]
         client = self._client(self.router_url)
         t0 = time.perf_counter()
         bucket = prompt_bucket(len(raw) // 4)  # not parsed in shadow mode: bytes / 4 as tokens
         upstream: httpx.Response | None = None
+        call: trace.Span = trace.INVALID_SPAN
         for attempt in range(self.config.retries + 1):
+            call = http_client_span(self.tracer, "POST", url, "router", "router")
+            headers = passed + list(inject_span(call, {}).items())
             try:
-                upstream = await send(
-                    client, client.build_request("POST", url, content=raw, headers=headers), stream=True
+                upstream = await self._send(
+                    call, client, client.build_request("POST", url, content=raw, headers=headers), None,
+                    stream=True,
                 )
                 break
             except Unsent:  # the router never got the whole request: safe to send again
@@ -923,14 +961,16 @@ class ActiveProxy:
                     yield chunk
                 status = upstream.status_code
                 outcome = "ok" if status < 400 else "rejected" if client_fault(status) else "upstream_error"
-            except httpx.HTTPError:
+            except httpx.HTTPError as exc:
                 outcome = "upstream_error"
                 broke = True
+                client_failed(call, exc)
                 self._upstream_failed("router", "router")
             finally:
                 if outcome == "client_cancel" and _stream_done(tail):
                     outcome = "ok"
                 await upstream.aclose()
+                call.end()
                 self.metrics.inflight.labels("router", "router").dec()
                 t_end = time.perf_counter()
                 tpot = None

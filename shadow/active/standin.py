@@ -22,6 +22,7 @@ from shadow.active.proxy import ActiveConfig, ActiveProxy
 from shadow.base.families import Family, SourceCollector
 from shadow.contracts.modes import StaticModeSource
 from shadow.core.policies import REGISTRY, lookup
+from shadow.telemetry.tracing import RoutingSpans
 
 #: `shadow router --policy`: the binding rules active mode runs, by name or alias.
 POLICIES: tuple[str, ...] = tuple(
@@ -94,9 +95,11 @@ class StandInCollector(SourceCollector[ActiveProxy]):
         yield ERRORS.sampled(dict(sorted(p.errors.items())))
 
 
-def router_proxy(config: RouterConfig, registry: CollectorRegistry | None = None) -> ActiveProxy:
-    """The stand-in router as an (unstarted) ActiveProxy; its `.app` is the ASGI app."""
+def router_proxy(config: RouterConfig, registry: CollectorRegistry | None = None,
+                 spans: RoutingSpans | None = None) -> ActiveProxy:
+    """The stand-in router as an (unstarted) ActiveProxy; its `.app` is the ASGI app; `spans`:
+    where its requests' spans go (default: nowhere; a `traceparent` is passed on as it came)."""
     modes = StaticModeSource("active", config.decode_policy())
-    proxy = ActiveProxy(config.active_config(), modes=modes, registry=registry)
+    proxy = ActiveProxy(config.active_config(), modes=modes, registry=registry, spans=spans)
     proxy.registry.register(StandInCollector(proxy))
     return proxy

@@ -51,6 +51,7 @@ from shadow.live.metrics import LiveCollector
 from shadow.live.stepfit import SOURCES
 from shadow.mirror.hub import Listener
 from shadow.mirror.service import TapConfig, TapService
+from shadow.telemetry.httpspans import TapSpans
 from shadow.telemetry.tracing import MirrorSpans, RoutingSpans, get_tracer, otlp_provider
 
 Job = Callable[[], Coroutine[Any, Any, None]]
@@ -206,7 +207,7 @@ class ServeService:
         if tap_config.record:
             tap_config = dataclasses.replace(tap_config, record_lanes=self.lane_settings().to_json())
         self.tap = TapService(tap_config, clock=clock, listeners=listeners, collectors=collectors,
-                              routers=routers)
+                              routers=routers, spans=TapSpans(tracer) if tracer is not None else None)
         if self.tap.recorder is not None:  # the recording carries the seeds: a replay starts windows alike
             self.live.seed_sink = self.tap.recorder.seed
         self.health = (

@@ -22,7 +22,7 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from shadow.base.ordered import expire
 from shadow.contracts.events import Arrive, Cancel, Finish, FinishReason, Route, Token
@@ -184,8 +184,17 @@ def _is_llm_path(path: str) -> bool:
     return p.endswith(_LLM_PATHS)
 
 
+class RequestSpans(Protocol):
+    """Told when a tap's generation request starts and ends (tracing: telemetry's `TapSpans`)."""
+
+    def started(self, ctx: TapContext, role: str) -> None: ...
+
+    def ended(self, ctx: TapContext, t: float, reason: str, worker: str | None) -> None: ...
+
+
 class Analyzer:
-    """Per-request analysis of tap traffic; `process(batch)`, driven by the tap service."""
+    """Per-request analysis of tap traffic; `process(batch)`, driven by the tap service. `spans`
+    hears of every generation request's start and end (role: prefill, decode or front)."""
 
     def __init__(
         self,
@@ -201,8 +210,10 @@ class Analyzer:
         front_taps: Iterable[str] = (),
         worker_by_addr: Mapping[str, str] | None = None,
         prompt_key_fn: Callable[[dict[str, Any]], str | None] | None = None,
+        spans: RequestSpans | None = None,
     ) -> None:
         self.mirror = mirror
+        self.spans = spans
         self.prompt_key = prompt_key_fn if prompt_key_fn is not None else KeySecret().prompt_key
         self.prefill_taps = frozenset(prefill_taps)
         self.front_taps = frozenset(front_taps)
@@ -240,6 +251,8 @@ class Analyzer:
                 leg = ctx.an
                 if leg is None:
                     leg = self._start(ctx)
+                    if self.spans is not None and leg.role != ROLE_OTHER:
+                        self._span_start(ctx, leg)
                 if seq > 0:
                     self._data(ctx, leg, seq, t, payload)
                 elif seq < 0:
@@ -248,7 +261,24 @@ class Analyzer:
                 mirror.count_error("analysis")
                 if seq < 0:
                     self._end_anyway(ctx, t)
+            if seq < 0 and self.spans is not None:
+                self._span_end(ctx, t, payload)
         self._flush_tokens()
+
+    def _span_start(self, ctx: TapContext, leg: _Leg) -> None:
+        assert self.spans is not None
+        try:
+            self.spans.started(ctx, "front" if ctx.tap in self.front_taps else leg.role)
+        except Exception:
+            self.mirror.count_error("tracing")
+
+    def _span_end(self, ctx: TapContext, t: float, reason: Any) -> None:
+        assert self.spans is not None
+        leg = ctx.an
+        try:
+            self.spans.ended(ctx, t, str(reason), leg.worker if isinstance(leg, _Leg) else None)
+        except Exception:
+            self.mirror.count_error("tracing")
 
     def tick(self, now: float) -> None:
         """Expire P/D pairing records whose decode leg never came, and old retry counters."""

@@ -20,6 +20,7 @@ from typing import Any
 
 from httptools import HttpParserError, HttpRequestParser, HttpResponseParser
 
+from shadow.mirror.http1 import head_ids
 from shadow.mirror.packets import FIN, RST, SYN, PacketSocket, Segment
 from shadow.mirror.proxy import (
     END_CLIENT_CANCEL,
@@ -143,16 +144,17 @@ class _RequestSide:
             self.hdrs.append((name, value))
 
     def on_headers_complete(self) -> None:
-        rid = next((v for n, v in self.hdrs if n.lower() == b"x-request-id"), None)
+        rid, traceparent = head_ids(self.hdrs)
         method = self.flow.req_parser.get_method() if self.flow.req_parser is not None else b"GET"
         self.ctx = TapContext(
             self.flow.name,
             method.decode("latin-1"),
             self.url.decode("latin-1"),
-            rid.decode("latin-1") if rid else None,
+            rid,
             None,
             0,
             self.t0,
+            traceparent,
         )
 
     def on_body(self, body: bytes) -> None:

@@ -19,6 +19,7 @@ counters and answer sync requests, in stream order.
 
 Frame: `<B type><I length><body>`. Data (the hot path) is packed with struct; rare frames (hello,
 request info, ends, marks, control) with marshal (only str, bytes, int, float, None, tuples, dicts).
+A request's W3C `traceparent` travels in its info frame (`TRACEPARENT_KEY`), for the analysis's spans.
 Control frames (analysis → relay): `("hello", {...})`, `("sync", token)`, `("ack", end_no)`.
 """
 
@@ -77,7 +78,14 @@ class FrameReader:
         return out
 
 
+# The request's traceparent rides in the info frame's header dict under a name no HTTP header can
+# have (':' is not a token character): an analysis from before it reads the same ten fields.
+TRACEPARENT_KEY = ":traceparent"
+
+
 def _info(ctx: TapContext) -> tuple[Any, ...]:
+    tp = ctx.traceparent
+    rh = ctx.resp_headers if tp is None else {**ctx.resp_headers, TRACEPARENT_KEY: tp}
     return (
         ctx.cid,
         ctx.tap,
@@ -88,7 +96,7 @@ def _info(ctx: TapContext) -> tuple[Any, ...]:
         ctx.body_len,
         ctx.t_start,
         ctx.status,
-        ctx.resp_headers,
+        rh,
     )
 
 
@@ -488,10 +496,12 @@ class ChannelReader:
                 items.append((ctx, 0, self._at(t + off, floor), None))
             elif kind == T_INFO:
                 (cid, tap, method, path, rid, rbody, blen, t0, status, rh) = marshal.loads(body)
+                tp = rh.pop(TRACEPARENT_KEY, None)
                 known = self._ctxs.get(cid)
                 if known is None:
                     known = self._ctxs[cid] = TapContext(tap, method, path, rid, rbody, blen,
-                                                         self._at(t0 + off, floor))
+                                                         self._at(t0 + off, floor),
+                                                         tp if isinstance(tp, str) else None)
                 known.status = status
                 known.resp_headers = rh
             elif kind == T_END:

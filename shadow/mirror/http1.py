@@ -114,3 +114,21 @@ def kept_headers(
     conn.discard(b"content-length")
     conn.discard(b"host")
     return [n + b": " + v for n, v in headers if (k := n.lower()) not in drop and k not in conn]
+
+
+MAX_TRACEPARENT = 128  # a W3C traceparent is 55 characters (version 00); longer values are not kept
+
+
+def head_ids(headers: list[tuple[bytes, bytes]]) -> tuple[str | None, str | None]:
+    """The request's `X-Request-Id` and W3C `traceparent` (the first of each, as sent; a traceparent
+    over MAX_TRACEPARENT is None): what the analysis reads of a request head besides its line."""
+    rid: bytes | None = None
+    tp: bytes | None = None
+    for n, v in headers:
+        k = n.lower()
+        if rid is None and k == b"x-request-id":
+            rid = v
+        elif tp is None and k == b"traceparent":
+            tp = v.strip()
+    return (rid.decode("latin-1") if rid else None,
+            tp.decode("latin-1") if tp and len(tp) <= MAX_TRACEPARENT else None)

@@ -44,6 +44,7 @@ from shadow.mirror.http1 import (
     TIMEOUT,
     TapLimits,
     connection_tokens,
+    head_ids,
     kept_headers,
     path_allowed,
 )
@@ -120,6 +121,7 @@ class TapContext:
         "status",
         "t_start",
         "tap",
+        "traceparent",
     )
 
     def __init__(
@@ -131,6 +133,7 @@ class TapContext:
         body: bytes | None,
         body_len: int,
         t_start: float,
+        traceparent: str | None = None,
     ) -> None:
         self.tap = tap
         self.method = method
@@ -139,6 +142,7 @@ class TapContext:
         self.body = body  # None when larger than the analysis limit
         self.body_len = body_len
         self.t_start = t_start
+        self.traceparent = traceparent  # the W3C traceparent the request came with (as sent)
         self.status = 0
         self.resp_headers: dict[str, str] = {}
         self.seq = 0
@@ -472,15 +476,16 @@ class _ClientConn(Conn):
         self.http11 = p.get_http_version() == "1.1"
         req = _Req(method, target, kept_headers(hdrs), bool(p.should_keep_alive()))
         req.chunked = bool(te)
-        rid = next((v for n, v in hdrs if n.lower() == b"x-request-id"), None)
+        rid, traceparent = head_ids(hdrs)
         req.ctx = TapContext(
             tap.name,
             method.decode("latin-1"),
             target.decode("latin-1"),
-            rid.decode("latin-1") if rid else None,
+            rid,
             None,
             0,
             time.monotonic(),
+            traceparent,
         )
         has_body = req.chunked or any(n.lower() == b"content-length" and v.strip() != b"0" for n, v in hdrs)
         if tap.inject_usage and method == b"POST" and has_body:

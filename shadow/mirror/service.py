@@ -46,7 +46,7 @@ from shadow.base.listener_metrics import ListenerCollector
 from shadow.base.loopthread import LoopThread
 from shadow.base.net import bind_listen
 from shadow.base.procinfo import ProcessInfo
-from shadow.mirror.analyzer import Analyzer
+from shadow.mirror.analyzer import Analyzer, RequestSpans
 from shadow.mirror.api import create_app
 from shadow.mirror.attach import Attachment
 from shadow.mirror.bounds import EventBounds
@@ -163,9 +163,11 @@ class TapService:
         listeners: Sequence[Listener] = (),
         collectors: Sequence[Collector] = (),
         routers: Sequence[APIRouter] = (),
+        spans: RequestSpans | None = None,
     ) -> None:
         """`listeners` are told of every mirrored event (after the --forward emitter), `collectors`
-        join the mirror's on /metrics, `routers` add routes to the API."""
+        join the mirror's on /metrics, `routers` add routes to the API, `spans` hears of every
+        relayed generation request's start and end (the taps' spans)."""
         c = config
         names = [*c.upstreams, *c.prefill, *c.front, *c.workers]
         dup = {n for n in names if names.count(n) > 1}
@@ -230,6 +232,7 @@ class TapService:
             front_taps=c.front,
             worker_by_addr={_host_port(u): n for n, u in decode_workers.items()},
             prompt_key_fn=self.keys.prompt_key,
+            spans=spans,
         )
         self.limits = TapLimits(
             max_head=c.max_head,

@@ -35,6 +35,12 @@ ROUND_BYPASS = "shadow.round.bypass"
 POOL_WAIT_SECONDS = "shadow.pool.wait_seconds"
 ADMISSION_SCORE = "shadow.admission.score"  # BR-0 F-score of the placement over the round's loads
 WORKER_LOAD = "shadow.worker.load_tokens"  # the chosen worker's KV-token load before the placement
+# the active proxy's upstream calls (CLIENT spans) and the taps' relayed requests (SERVER spans)
+UPSTREAM_WORKER = "shadow.upstream.worker"  # the prefiller, decode worker or router called
+UPSTREAM_LEG = "shadow.upstream.leg"  # prefill, decode, router
+TAP_NAME = "shadow.tap.name"
+TAP_ROLE = "shadow.tap.role"  # prefill, decode, front (a tap in front of the router)
+TAP_END = "shadow.tap.end"  # how the tap saw it end: complete, client_cancel, upstream_cut, ...
 
 # gen_ai.* (OpenTelemetry GenAI semantic conventions, development status)
 GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"

@@ -18,6 +18,9 @@ dispatch rounds and admissions and the mode controller's transitions.
 - `otlp_provider(environ)`: the provider when an OTLP endpoint is configured, else None;
   `trace_mirror(listeners, environ)` attaches mirrored-request spans to a mirror (returns the provider to
   shut down). `shadow serve` gives its `MirrorSpans` and `RoutingSpans` to what they trace.
+
+HTTP spans (the proxy's SERVER and CLIENT spans, the taps' SERVER spans) and W3C propagation are in
+`shadow.telemetry.httpspans`.
 """
 
 from __future__ import annotations
@@ -42,7 +45,6 @@ from opentelemetry.sdk.trace.sampling import (
     Sampler,
     TraceIdRatioBased,
 )
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from shadow.contracts.events import Arrive, Cancel, Event, Finish, Route, Token
 from shadow.core.fscore import BR0Scorer
@@ -365,38 +367,6 @@ class RoutingSpans:
         ):
             if inside is not None:
                 inside()
-
-
-W3C = TraceContextTextMapPropagator()
-
-
-def http_server_span(tracer: trace.Tracer, headers: Mapping[str, str], method: str, route: str,
-                     path: str, scheme: str, host: str | None, port: int | None) -> trace.Span:
-    """A SERVER span for one HTTP request, child of the W3C `traceparent` in `headers` (when valid),
-    named and attributed by OpenTelemetry's HTTP semantic conventions (`{method} {route}`)."""
-    attributes: dict[str, str | int] = {"http.request.method": method, "http.route": route, "url.path": path,
-                                  "url.scheme": scheme, "network.protocol.version": "1.1"}
-    if host:
-        attributes["server.address"] = host
-    if port:
-        attributes["server.port"] = port
-    return tracer.start_span(f"{method} {route}", context=W3C.extract(headers), kind=trace.SpanKind.SERVER,
-                             attributes=attributes)
-
-
-def http_status(span: trace.Span, status: int) -> None:
-    """`http.response.status_code`; a 5xx answer marks the server span as an error (`error.type`)."""
-    span.set_attribute("http.response.status_code", status)
-    if status >= 500:
-        span.set_attribute("error.type", str(status))
-        span.set_status(trace.Status(trace.StatusCode.ERROR))
-
-
-def inject(headers: dict[str, str]) -> dict[str, str]:
-    """`headers` with the current span context as `traceparent` (and `tracestate`): the callee's
-    parent is the current span (or, with tracing off, the caller's own parent as it came)."""
-    W3C.inject(headers)
-    return headers
 
 
 def exemplar() -> dict[str, str] | None:

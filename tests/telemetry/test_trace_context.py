@@ -1,13 +1,12 @@
 """W3C Trace Context through the active proxy: a client's `traceparent` becomes the parent of the
-proxy's SERVER span (HTTP semantic conventions), and every upstream call (prefill, decode, the
-router in shadow mode) carries a `traceparent` whose parent is that span; latency histograms carry
-the sampled span as an OpenMetrics exemplar; the OTEL_* exporter variables pick the exporter."""
+proxy's SERVER span (HTTP semantic conventions), every upstream call (prefill, decode, the router in
+shadow mode) is a CLIENT span, its child, and carries a `traceparent` naming that CLIENT span;
+latency histograms carry the sampled span as an OpenMetrics exemplar; the OTEL_* exporter variables
+pick the exporter. The whole chain across real processes: tests/telemetry/test_joined_traces.py."""
 
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
-from typing import Any
 
 import httpx
 import orjson
@@ -22,7 +21,9 @@ from prometheus_client.openmetrics.exposition import generate_latest as openmetr
 from shadow.active.proxy import ActiveConfig, ActiveProxy
 from shadow.base.listener import AsgiListener
 from shadow.contracts.modes import StaticModeSource
-from shadow.telemetry.tracing import RoutingSpans, inject, make_provider, otlp_provider
+from shadow.telemetry import attrs as keys
+from shadow.telemetry.httpspans import inject
+from shadow.telemetry.tracing import RoutingSpans, make_provider, otlp_provider
 from tests.active.stubs import DONE, Step, Stub, sse
 
 SERVER, CLIENT = 2, 3  # OTLP's SpanKind numbers
@@ -86,13 +87,24 @@ def test_one_trace_from_the_client_through_the_proxy_to_the_workers(mode: str) -
     assert attrs["http.request.method"] == "POST" and attrs["http.route"] == "/v1/completions"
     assert attrs["url.path"] == "/v1/completions" and attrs["http.response.status_code"] == 200
     assert attrs["server.address"] == "127.0.0.1" and attrs["server.port"] > 0
-    ours = format(server.context.span_id, "016x")
-    upstream = [pre, dec] if mode == "active" else [dec]
-    for stub in upstream:
+    calls = {format(s.context.span_id, "016x"): s for s in spans
+             if s.kind == trace.SpanKind.CLIENT and s.name == "POST"}
+    upstream = {"prefill": pre, "decode": dec} if mode == "active" else {"router": dec}
+    assert sorted(c.attributes[keys.UPSTREAM_LEG] for c in calls.values()) == sorted(upstream)
+    for leg, stub in upstream.items():
         headers, _ = stub.calls[0]
-        # the worker's (or router's) parent is shadow's span, in the client's trace: the client's
-        # own traceparent did not pass unchanged
-        assert _parent(headers["traceparent"]) == (trace_id, ours), (stub.role, headers["traceparent"])
+        # the worker's (or router's) parent is shadow's CLIENT span for that call, in the client's
+        # trace, and that span is the SERVER span's child: the client's own traceparent did not pass
+        tid, parent = _parent(headers["traceparent"])
+        assert tid == trace_id and parent in calls, (leg, headers["traceparent"])
+        call = calls[parent]
+        assert call.parent is not None and call.parent.span_id == server.context.span_id
+        got = dict(call.attributes or {})
+        assert got[keys.UPSTREAM_LEG] == leg and got["http.request.method"] == "POST"
+        assert got["url.full"] == stub.url + "/v1/completions"
+        assert got["server.address"] == "127.0.0.1" and got["server.port"] == int(stub.url.rsplit(":", 1)[1])
+        assert got["http.response.status_code"] == 200 and call.status.is_ok
+        assert call.end_time is not None and call.end_time <= server.end_time
     if mode == "active":
         rounds = [s for s in spans if s.name == "shadow.route.round"]
         assert rounds, [s.name for s in spans]
@@ -120,62 +132,3 @@ def test_otel_variables_choose_the_exporter() -> None:
     processor = provider._active_span_processor._span_processors[0]
     assert processor.span_exporter._endpoint == "http://127.0.0.1:9/v1/traces"
     provider.shutdown()
-
-
-@pytest.mark.integration
-def test_an_openai_client_trace_joins_shadow_serve_active_at_an_otlp_receiver(tmp_path: Path) -> None:
-    """The real `shadow serve --active` process, configured by OTEL_* variables only, and the openai
-    client sending under a span of its own (exported to the same loopback OTLP receiver): the
-    proxy's SERVER span arrives in the client's trace, as the child of the client's span."""
-    from openai import OpenAI
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-    from tests.telemetry.active_stack import active_stack
-    from tests.telemetry.servers import OtlpReceiver, wait_for
-
-    rx = OtlpReceiver()
-    try:
-        env = {"OTEL_SDK_DISABLED": "false", "OTEL_TRACES_EXPORTER": "otlp",
-               "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_EXPORTER_OTLP_ENDPOINT": rx.endpoint,
-               "OTEL_SERVICE_NAME": "shadow-under-test", "OTEL_TRACES_SAMPLER": "parentbased_always_on",
-               "OTEL_BSP_SCHEDULE_DELAY": "200"}
-        with active_stack(tmp_path, mode="active", env=env) as stack:
-            provider = TracerProvider(resource=Resource.create({"service.name": "test-client"}))
-            exporter = OTLPSpanExporter(endpoint=rx.endpoint + "/v1/traces")
-            provider.add_span_processor(BatchSpanProcessor(exporter))
-            client = OpenAI(base_url=stack.front + "/v1", api_key="unused", max_retries=0, timeout=60)
-            model = client.models.list().data[0].id
-            tracer = provider.get_tracer("client")
-            with tracer.start_as_current_span("chat", kind=trace.SpanKind.CLIENT) as span:
-                out = client.chat.completions.create(
-                    model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
-                    extra_headers=inject({}))
-                ids = span.get_span_context()
-            assert out.choices[0].message.content is not None
-            provider.shutdown()
-            trace_id = ids.trace_id.to_bytes(16, "big")
-
-            def joined() -> list[tuple[dict[str, str], Any]] | None:
-                got = [(res, s) for res, s in rx.spans() if s.trace_id == trace_id]
-                kinds = {(res["service.name"], s.kind) for res, s in got}
-                return got if {("test-client", CLIENT), ("shadow-under-test", SERVER)} <= kinds else None
-
-            spans = wait_for(joined, 60, "the client's and shadow's spans in one trace")
-            # the API's /metrics in OpenMetrics names the request's trace on its latency buckets
-            page = httpx.get(stack.api + "/metrics", timeout=10,
-                             headers={"Accept": "application/openmetrics-text; version=1.0.0"})
-            assert page.headers["content-type"].startswith("application/openmetrics-text")
-            hex_id = format(ids.trace_id, "032x")
-            assert any(x.startswith("shadow_router_completion_seconds_bucket") and f'trace_id="{hex_id}"' in x
-                       for x in page.text.splitlines()), page.text[-1500:]
-            plain = httpx.get(stack.api + "/metrics", timeout=10)
-            assert plain.headers["content-type"].startswith("text/plain") and "trace_id" not in plain.text
-    finally:
-        rx.close()
-    (server,) = [s for res, s in spans if res["service.name"] == "shadow-under-test" and s.kind == SERVER]
-    assert server.name == "POST /v1/chat/completions"
-    assert server.parent_span_id == ids.span_id.to_bytes(8, "big")
-    got = {a.key: a.value for a in server.attributes}
-    assert got["http.response.status_code"].int_value == 200
