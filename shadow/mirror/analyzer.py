@@ -275,8 +275,10 @@ class Analyzer:
     def _span_end(self, ctx: TapContext, t: float, reason: Any) -> None:
         assert self.spans is not None
         leg = ctx.an
+        if not isinstance(leg, _Leg) or leg.role == ROLE_OTHER:
+            return
         try:
-            self.spans.ended(ctx, t, str(reason), leg.worker if isinstance(leg, _Leg) else None)
+            self.spans.ended(ctx, t, str(reason), leg.worker)
         except Exception:
             self.mirror.count_error("tracing")
 

@@ -210,3 +210,58 @@ def test_times_move_onto_this_hosts_clock_when_the_relay_is_on_another() -> None
         rx.close()
 
     asyncio.run(main())
+
+
+TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def test_the_traceparent_reaches_the_analysis_in_the_ten_field_info_frame() -> None:
+    """The request head's traceparent arrives with the request (and stays out of the response
+    headers the analysis reads); the info frame keeps its ten fields, so an analysis from before
+    the traceparent was carried decodes it unchanged (it sees one more header, named unlike any)."""
+    import marshal
+
+    from shadow.mirror.channel import T_INFO, TRACEPARENT_KEY, FrameReader
+
+    async def main() -> None:
+        tx, rx = socket.socketpair()
+        sink = ChannelSink()
+        reader = ChannelReader(boot_id="b")
+        sink.attach(tx, HELLO)
+        a = TapContext("d0", "POST", "/v1/completions", "a", b"{}", 2, 1.5, TP)
+        b = _ctx("b")  # no traceparent
+        sink.put((a, 0, 1.0, None))
+        sink.put((b, 0, 1.0, None))
+        a.status, a.resp_headers = 200, {"content-type": "text/event-stream"}
+        sink.put_end((a, -1, 1.2, "complete"))  # the second info frame (with the answer's head)
+        sink.put_end((b, -1, 1.2, "complete"))
+        items = _pump(sink, reader, rx)
+        got = {i[0].request_id: i[0] for i in items}
+        assert got["a"].traceparent == TP and got["b"].traceparent is None
+        assert got["a"].resp_headers == {"content-type": "text/event-stream"}
+        assert a.resp_headers == {"content-type": "text/event-stream"}  # the relay's own is untouched
+        # the frames as an older reader unpacks them
+        infos = [marshal.loads(body) for kind, body in FrameReader().feed(b"".join(a.kept or []))
+                 if kind == T_INFO]
+        assert len(infos) == 2 and all(len(f) == 10 for f in infos)
+        assert all(f[9][TRACEPARENT_KEY] == TP for f in infos) and infos[1][9]["content-type"]
+        tx.close()
+        rx.close()
+
+    asyncio.run(main())
+
+
+def test_a_snapshot_carries_the_traceparent_to_an_analysis_attaching_later() -> None:
+    async def main() -> None:
+        sink = ChannelSink()
+        live = TapContext("d0", "POST", "/v1/completions", "live", b"{}", 2, 1.5, TP)
+        sink.put((live, 0, 1.0, None))  # no analysis attached: only kept
+        tx, rx = socket.socketpair()
+        reader = ChannelReader(boot_id="b")
+        assert sink.attach(tx, HELLO) == 1
+        (item,) = _pump(sink, reader, rx)
+        assert item[0].request_id == "live" and item[0].traceparent == TP
+        tx.close()
+        rx.close()
+
+    asyncio.run(main())

@@ -275,3 +275,31 @@ def test_pooled_connection_the_worker_closed_is_not_reused() -> None:
         assert len(seen) == 3 and tap.rejected.get("not_resent", 0) == 0
 
     asyncio.run(_with_tap(handler, client))
+
+
+def test_the_request_heads_traceparent_is_relayed_unchanged_and_handed_to_the_analysis() -> None:
+    tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, seen: list[bytes]) -> None:
+        seen.append(await _read_request(r))
+        w.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+        await w.drain()
+
+    async def client(tap: Tap, q: DropQueue, seen: list[bytes]) -> None:
+        req = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Request-Id: r9\r\n"
+               f"TraceParent: {tp}\r\nContent-Length: 2\r\n\r\n{{}}").encode()
+        out = await _talk(tap, req)
+        assert out.startswith(b"HTTP/1.1 200") and f"TraceParent: {tp}\r\n".encode() in seen[0]
+        ctx, seq, _, _ = (await q.get_batch(10, timeout=5))[0]
+        assert seq == 0 and (ctx.request_id, ctx.traceparent) == ("r9", tp)
+        # without one (or with one no W3C value can be), the analysis gets None
+        await _talk(tap, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                         b"traceparent: " + b"0" * 200 + b"\r\nContent-Length: 2\r\n\r\n{}")
+        second = []
+        for _ in range(20):  # until the second request's start is among them (each wait <= 5 s)
+            second += [c for c, s, _, _ in await q.get_batch(100, timeout=5) if s == 0]
+            if second:
+                break
+        assert [(c.request_id, c.traceparent) for c in second] == [(None, None)]
+
+    asyncio.run(_with_tap(handler, client))

@@ -52,9 +52,22 @@ def require_active(proxy: bool = True) -> None:
                     "mode controller); this test runs once they are on main")
 
 
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out for port 0 (ip_local_port_range; 32768 by default)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def _free_run(n: int) -> int:
+    """A run of n+1 free loopback ports, below the ephemeral range when there is room: a port found
+    free can still be taken before its process binds it, and the processes started with port 0 (of
+    this test and of others running beside it) take theirs from the ephemeral range."""
+    low = _ephemeral_low()
+    lo, hi = (10000, low) if low - n > 10000 else (20000, 60000)
     for _ in range(200):
-        base = random.randrange(20000, 60000 - n)
+        base = random.randrange(lo, hi - n)
         socks: list[socket.socket] = []
         try:
             for p in range(base, base + n + 1):
@@ -97,8 +110,16 @@ class _Proc:
 
 
 @dataclass
+class FleetProcess:
+    """A `shadow fleet` process's URLs (from its ready line)."""
+
+    prefill_urls: list[str]
+    decode_urls: list[str]
+
+
+@dataclass
 class ActiveStack:
-    fleet: FleetThread
+    fleet: FleetThread | FleetProcess
     serve: dict[str, Any]  # shadow serve's ready line
     router_url: str
 
@@ -120,21 +141,24 @@ class ActiveStack:
 @contextmanager
 def active_stack(tmp: Path, *, prefill: int = 1, decode: int = 2, slots: int = 8, mode: str = "canary",
                  policy: str = "br0", proxy: bool = True,
-                 extra: tuple[str, ...] = (), env: dict[str, str] | None = None) -> Iterator[ActiveStack]:
+                 extra: tuple[str, ...] = (), env: dict[str, str] | None = None,
+                 processes_env: dict[str, str] | None = None) -> Iterator[ActiveStack]:
     """Fleet + `shadow router` + `shadow serve --active` (canary: half the requests routed by shadow);
     without `proxy`, `shadow serve` with the mode controller only (clients reach the router through
     the front tap; the mode, its admin API and its metrics work, nothing routes actively). `env`:
-    more environment of `shadow serve` (tracing is off unless it says otherwise)."""
+    more environment of `shadow serve` (tracing is off unless it says otherwise). `processes_env`:
+    the fleet runs as a `shadow fleet` process too, and it and `shadow router` get this environment
+    (else the fleet is a thread of the test and the router's tracing is off)."""
     require_active(proxy)
     shadow = find_executable("shadow")
     assert shadow, "the shadow console script is missing"
-    cfg = FleetConfig(prefill=prefill, decode=decode, slots=slots, base_port=0, time_scale=1.0)
-    with FleetThread(cfg) as fleet:
+    with _fleet(tmp, shadow, prefill, decode, slots, processes_env) as fleet:
         base = _free_run(2 + decode + prefill)
         dtaps = [f"d{g}=http://127.0.0.1:{base + 1 + g}" for g in range(decode)]
         ptaps = [f"p{i}=http://127.0.0.1:{base + 1 + decode + i}" for i in range(prefill)]
         router = _Proc([shadow, "router", "--port", "0", *[x for t in dtaps for x in ("--decode", t)],
-                        *[x for t in ptaps for x in ("--prefill", t)]], tmp / "router.log")
+                        *[x for t in ptaps for x in ("--prefill", t)]], tmp / "router.log",
+                       env=processes_env if processes_env is not None else {"OTEL_SDK_DISABLED": "true"})
         procs = [router]
         try:
             args = [shadow, "serve", "--port", str(base), "--front", f"router={router.ready['url']}",
@@ -155,3 +179,20 @@ def active_stack(tmp: Path, *, prefill: int = 1, decode: int = 2, slots: int = 8
         finally:
             for p in reversed(procs):
                 p.close()
+
+
+@contextmanager
+def _fleet(tmp: Path, shadow: str, prefill: int, decode: int, slots: int,
+           env: dict[str, str] | None) -> Iterator[FleetThread | FleetProcess]:
+    """The simulated fleet: a thread of the test, or (`env` given) a `shadow fleet` process."""
+    if env is None:
+        cfg = FleetConfig(prefill=prefill, decode=decode, slots=slots, base_port=0, time_scale=1.0)
+        with FleetThread(cfg) as fleet:
+            yield fleet
+        return
+    proc = _Proc([shadow, "fleet", "--prefill", str(prefill), "--decode", str(decode), "--slots", str(slots),
+                  "--port", "0"], tmp / "fleet.log", env=env)
+    try:
+        yield FleetProcess(list(proc.ready["prefill"]), list(proc.ready["decode"]))
+    finally:
+        proc.close()

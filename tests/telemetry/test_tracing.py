@@ -256,7 +256,8 @@ def test_trace_mirror_exports_over_otlp_http_configured_by_otel_variables() -> N
 @pytest.mark.integration
 def test_shadow_serve_exports_spans_when_otel_variables_say_so() -> None:
     """`shadow serve` as a process, configured only by OTEL_* variables, sends one span per
-    mirrored request to an OTLP/HTTP receiver; SIGTERM flushes what is left."""
+    mirrored request and one per request a tap relayed to an OTLP/HTTP receiver; SIGTERM flushes
+    what is left."""
     from tests.telemetry.servers import OtlpReceiver, traced_serve_process, wait_for
     from tests.telemetry.stack import send_traffic
 
@@ -265,12 +266,16 @@ def test_shadow_serve_exports_spans_when_otel_variables_say_so() -> None:
         env = {"OTEL_TRACES_SAMPLER_ARG": "1", "OTEL_SERVICE_NAME": "shadow-serve-test"}
         with traced_serve_process(rx, [], env, slots=8) as ready:
             send_traffic(list(ready["taps"].values()), per_url=2, max_tokens=5)
-            wait_for(lambda: len(rx.spans()) >= 4, 30, "4 spans at the OTLP receiver")
+            wait_for(lambda: len(rx.spans()) >= 8, 30, "8 spans at the OTLP receiver")
     finally:
         rx.close()
-    spans = rx.spans()
-    assert len(spans) == 4
-    assert {res["service.name"] for res, _ in spans} == {"shadow-serve-test"}
-    workers = sorted({a.key: a.value for a in s.attributes}[attrs.ACTUAL_WORKER].string_value
-                     for _, s in spans)
+    everything = rx.spans()
+    assert len(everything) == 8
+    assert {res["service.name"] for res, _ in everything} == {"shadow-serve-test"}
+    spans = [s for _, s in everything if s.name == "shadow.mirror.request"]
+    taps = [s for _, s in everything if s.name == "POST /v1/completions"]
+    assert len(spans) == len(taps) == 4
+    workers = sorted({a.key: a.value for a in s.attributes}[attrs.ACTUAL_WORKER].string_value for s in spans)
     assert workers == ["d0", "d0", "d1", "d1"]
+    tapped = sorted({a.key: a.value for a in s.attributes}[attrs.TAP_NAME].string_value for s in taps)
+    assert tapped == ["d0", "d0", "d1", "d1"] and all(s.kind == 2 and not s.parent_span_id for s in taps)

@@ -1,0 +1,230 @@
+"""One trace from an `openai` client through shadow's real processes, read back at a loopback OTLP
+receiver (an HTTP server decoding OTLP/HTTP protobuf `POST /v1/traces`): the client's span, the
+active proxy's SERVER span, its CLIENT span per upstream call, and the taps' spans, each the child
+of the `traceparent` its tap received — in active mode (proxy → taps → fleet) and in shadow mode
+(proxy → front tap → router → taps → fleet, the router traced too). Every process is configured by
+the standard OTEL_* variables only; no span carries the prompt's text."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from opentelemetry import trace
+
+from shadow.telemetry import attrs
+from shadow.telemetry.httpspans import inject
+from tests.telemetry.active_stack import ActiveStack, active_stack
+from tests.telemetry.servers import OtlpReceiver, wait_for
+
+pytestmark = pytest.mark.integration
+
+SERVER, CLIENT = 2, 3  # OTLP's SpanKind numbers
+SHADOW, ROUTER, TEST = "shadow-under-test", "router-under-test", "test-client"
+MARKER = "quokka-marker-prompt"  # the prompt's text: in no span
+
+
+def _env(rx: OtlpReceiver, service: str) -> dict[str, str]:
+    return {"OTEL_SDK_DISABLED": "false", "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_EXPORTER_OTLP_ENDPOINT": rx.endpoint,
+            "OTEL_SERVICE_NAME": service, "OTEL_TRACES_SAMPLER": "parentbased_always_on",
+            "OTEL_BSP_SCHEDULE_DELAY": "200"}
+
+
+class Got:
+    """One received span: its service, ids as hex, kind, name and attributes."""
+
+    def __init__(self, service: str, span: Any) -> None:
+        self.service = service
+        self.span = span
+        self.id = span.span_id.hex()
+        self.parent = span.parent_span_id.hex()
+        self.kind = span.kind
+        self.name = span.name
+        self.attrs = {a.key: getattr(a.value, a.value.WhichOneof("value")) for a in span.attributes}
+
+    def __repr__(self) -> str:
+        return f"<{self.service} {self.kind} {self.name} {self.id}<-{self.parent} {self.attrs}>"
+
+
+def _traced_call(stack: ActiveStack, rx: OtlpReceiver) -> tuple[bytes, str]:
+    """A streamed chat completion by the openai client under a CLIENT span of the test's own
+    provider (exported to `rx`), its `traceparent` sent as a header; returns (trace id, span id)."""
+    from openai import OpenAI
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider(resource=Resource.create({"service.name": TEST}))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=rx.endpoint + "/v1/traces")))
+    try:
+        client = OpenAI(base_url=stack.front + "/v1", api_key="unused", max_retries=0, timeout=60)
+        model = client.models.list().data[0].id
+        with provider.get_tracer("client").start_as_current_span("chat", kind=trace.SpanKind.CLIENT) as span:
+            stream = client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": f"{MARKER} say hi"}], max_tokens=5,
+                stream=True, extra_headers=inject({}))
+            pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
+            ids = span.get_span_context()
+        assert "".join(pieces), pieces
+    finally:
+        provider.shutdown()  # the client span is exported
+    return ids.trace_id.to_bytes(16, "big"), format(ids.span_id, "016x")
+
+
+def _in_trace(rx: OtlpReceiver, trace_id: bytes) -> list[Got]:
+    return [Got(res.get("service.name", ""), s) for res, s in rx.spans() if s.trace_id == trace_id]
+
+
+def _wait(rx: OtlpReceiver, trace_id: bytes, done: Callable[[list[Got]], bool], what: str) -> list[Got]:
+    def ready() -> list[Got] | None:
+        got = _in_trace(rx, trace_id)
+        return got if done(got) else None
+
+    try:
+        spans: list[Got] = wait_for(ready, 60, what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the trace holds {_in_trace(rx, trace_id)}") from None
+    return spans
+
+
+def _one(spans: list[Got], **want: Any) -> Got:
+    """The one span with these fields (`service`, `kind`, `name`) and attributes (`attr_<key>` with
+    dots as '__'; None: no such attribute)."""
+    def fits(s: Got) -> bool:
+        for k, v in want.items():
+            if k.startswith("attr_"):
+                if s.attrs.get(k[5:].replace("__", ".")) != v:
+                    return False
+            elif getattr(s, k) != v:
+                return False
+        return True
+
+    found = [s for s in spans if fits(s)]
+    assert len(found) == 1, (want, spans)
+    return found[0]
+
+
+def _tap_span(spans: list[Got], role: str) -> Got:
+    return _one(spans, service=SHADOW, kind=SERVER, name="POST /v1/chat/completions",
+                attr_shadow__tap__role=role)
+
+
+def _no_prompt_text(rx: OtlpReceiver) -> None:
+    for res, s in rx.spans():
+        for a in s.attributes:
+            assert MARKER not in str(a.value), (res, s.name, a.key)
+
+
+def _check_tap(tap: Got, parent: Got, stack: ActiveStack) -> None:
+    """A tap's span: its parent is `parent` (the CLIENT span that called it), HTTP attributes, and
+    its tap's URL is what the caller called."""
+    assert tap.parent == parent.id, (tap, parent)
+    name = tap.attrs[attrs.TAP_NAME]
+    assert parent.attrs["url.full"] == stack.serve["taps"][name] + "/v1/chat/completions", (tap, parent)
+    assert tap.attrs["http.request.method"] == "POST" and tap.attrs["http.route"] == "/v1/chat/completions"
+    assert tap.attrs["http.response.status_code"] == 200 and tap.attrs[attrs.TAP_END] == "complete"
+    # the tap's times (its relay's monotonic clock, moved to epoch by the analysis) fall within its
+    # caller's call: it got the request head after the call began, it ended about when the call did
+    t0, t1 = tap.span.start_time_unix_nano, tap.span.end_time_unix_nano
+    c0, c1 = parent.span.start_time_unix_nano, parent.span.end_time_unix_nano
+    assert c0 - 5_000_000 <= t0 < t1 <= c1 + 1_000_000_000, (t0 - c0, t1 - c1)
+
+
+def test_active_mode_client_proxy_calls_and_taps_in_one_trace(tmp_path: Path) -> None:
+    rx = OtlpReceiver()
+    try:
+        traced = {"env": _env(rx, SHADOW), "processes_env": _env(rx, ROUTER)}
+        with active_stack(tmp_path, mode="active", **traced) as stack:
+            trace_id, client_id = _traced_call(stack, rx)
+
+            def whole(got: list[Got]) -> bool:
+                taps = {s.attrs.get(attrs.TAP_ROLE) for s in got if s.kind == SERVER}
+                legs = {s.attrs.get(attrs.UPSTREAM_LEG) for s in got if s.kind == CLIENT}
+                return {"prefill", "decode"} <= taps and {"prefill", "decode"} <= legs and any(
+                    s.service == TEST for s in got)
+
+            spans = _wait(rx, trace_id, whole, "client, proxy, calls and tap spans in one trace")
+            hex_id = trace_id.hex()
+            page = httpx.get(stack.api + "/metrics", timeout=10,
+                             headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    finally:
+        rx.close()
+    client = _one(spans, service=TEST, kind=CLIENT, name="chat")
+    assert client.id == client_id
+    server = _one(spans, service=SHADOW, kind=SERVER, name="POST /v1/chat/completions",
+                  attr_http__route="/v1/chat/completions", attr_url__path="/v1/chat/completions",
+                  attr_shadow__tap__role=None)
+    assert server.parent == client.id
+    assert server.attrs["http.response.status_code"] == 200
+    prefill_call = _one(spans, service=SHADOW, kind=CLIENT, attr_shadow__upstream__leg="prefill")
+    decode_call = _one(spans, service=SHADOW, kind=CLIENT, attr_shadow__upstream__leg="decode")
+    for call in (prefill_call, decode_call):
+        assert call.parent == server.id and call.name == "POST"
+        assert call.attrs["http.response.status_code"] == 200 and call.attrs["server.address"] == "127.0.0.1"
+        assert call.span.end_time_unix_nano <= server.span.end_time_unix_nano
+    prefill_tap, decode_tap = _tap_span(spans, "prefill"), _tap_span(spans, "decode")
+    _check_tap(prefill_tap, prefill_call, stack)
+    _check_tap(decode_tap, decode_call, stack)
+    worker = decode_call.attrs[attrs.UPSTREAM_WORKER]
+    assert decode_tap.attrs[attrs.TAP_NAME] == worker and decode_tap.attrs[attrs.ACTUAL_WORKER] == worker
+    assert prefill_tap.attrs[attrs.TAP_NAME] == prefill_call.attrs[attrs.UPSTREAM_WORKER]
+    # both legs went with the proxy's request id: the taps' spans name it by the same hash, the one
+    # the proxy's admission span has
+    h = decode_tap.attrs[attrs.REQUEST_ID_HASH]
+    assert prefill_tap.attrs[attrs.REQUEST_ID_HASH] == h and len(h) == 16
+    everything = [Got(r.get("service.name", ""), s) for r, s in rx.spans()]
+    admissions = [s for s in everything
+                  if s.name == "shadow.route.admission" and s.attrs.get(attrs.REQUEST_ID_HASH) == h]
+    assert len(admissions) == 1, admissions
+    _no_prompt_text(rx)
+    # the API's /metrics in OpenMetrics names the request's trace on its latency buckets
+    assert page.headers["content-type"].startswith("application/openmetrics-text")
+    assert any(x.startswith("shadow_router_completion_seconds_bucket") and f'trace_id="{hex_id}"' in x
+               for x in page.text.splitlines()), page.text[-1500:]
+
+
+def test_shadow_mode_taps_join_the_proxy_and_the_router(tmp_path: Path) -> None:
+    rx = OtlpReceiver()
+    try:
+        traced = {"env": _env(rx, SHADOW), "processes_env": _env(rx, ROUTER)}
+        with active_stack(tmp_path, mode="shadow", **traced) as stack:
+            trace_id, client_id = _traced_call(stack, rx)
+
+            def whole(got: list[Got]) -> bool:
+                taps = {s.attrs.get(attrs.TAP_ROLE) for s in got if s.kind == SERVER}
+                legs = {(s.service, s.attrs.get(attrs.UPSTREAM_LEG)) for s in got if s.kind == CLIENT}
+                return {"front", "prefill", "decode"} <= taps and {
+                    (SHADOW, "router"), (ROUTER, "prefill"), (ROUTER, "decode")} <= legs and any(
+                    s.service == TEST for s in got)
+
+            spans = _wait(rx, trace_id, whole, "client, proxy, router and tap spans in one trace")
+    finally:
+        rx.close()
+    client = _one(spans, service=TEST, kind=CLIENT, name="chat")
+    assert client.id == client_id
+    server = _one(spans, service=SHADOW, kind=SERVER, name="POST /v1/chat/completions",
+                  attr_url__path="/v1/chat/completions", attr_url__scheme="http", attr_shadow__tap__role=None)
+    assert server.parent == client.id
+    to_router = _one(spans, service=SHADOW, kind=CLIENT, attr_shadow__upstream__leg="router")
+    assert to_router.parent == server.id and to_router.attrs["http.response.status_code"] == 200
+    # the front tap relays the proxy's traceparent unchanged: its span and the router's are both
+    # children of the proxy's call to the router
+    front = _tap_span(spans, "front")
+    _check_tap(front, to_router, stack)
+    router = _one(spans, service=ROUTER, kind=SERVER, name="POST /v1/chat/completions")
+    assert router.parent == to_router.id
+    # the router's calls to the workers' taps: each tap's span is the child of the router's call
+    for role in ("prefill", "decode"):
+        call = _one(spans, service=ROUTER, kind=CLIENT, attr_shadow__upstream__leg=role)
+        assert call.parent == router.id
+        tap = _tap_span(spans, role)
+        _check_tap(tap, call, stack)
+        assert tap.attrs[attrs.TAP_NAME] == call.attrs[attrs.UPSTREAM_WORKER]
+    assert _tap_span(spans, "decode").attrs[attrs.REQUEST_ID_HASH] == _tap_span(
+        spans, "prefill").attrs[attrs.REQUEST_ID_HASH]
+    _no_prompt_text(rx)
