@@ -41,6 +41,7 @@ class Got:
         self.service = service
         self.span = span
         self.id = span.span_id.hex()
+        self.trace = span.trace_id.hex()
         self.parent = span.parent_span_id.hex()
         self.kind = span.kind
         self.name = span.name
@@ -120,12 +121,12 @@ def _no_prompt_text(rx: OtlpReceiver) -> None:
             assert MARKER not in str(a.value), (res, s.name, a.key)
 
 
-def _check_tap(tap: Got, parent: Got, stack: ActiveStack) -> None:
+def _check_tap(tap: Got, parent: Got, taps: dict[str, str]) -> None:
     """A tap's span: its parent is `parent` (the CLIENT span that called it), HTTP attributes, and
     its tap's URL is what the caller called."""
     assert tap.parent == parent.id, (tap, parent)
     name = tap.attrs[attrs.TAP_NAME]
-    assert parent.attrs["url.full"] == stack.serve["taps"][name] + "/v1/chat/completions", (tap, parent)
+    assert parent.attrs["url.full"] == taps[name] + "/v1/chat/completions", (tap, parent)
     assert tap.attrs["http.request.method"] == "POST" and tap.attrs["http.route"] == "/v1/chat/completions"
     assert tap.attrs["http.response.status_code"] == 200 and tap.attrs[attrs.TAP_END] == "complete"
     # the tap's times (its relay's monotonic clock, moved to epoch by the analysis) fall within its
@@ -135,27 +136,47 @@ def _check_tap(tap: Got, parent: Got, stack: ActiveStack) -> None:
     assert c0 - 5_000_000 <= t0 < t1 <= c1 + 1_000_000_000, (t0 - c0, t1 - c1)
 
 
-def test_active_mode_client_proxy_calls_and_taps_in_one_trace(tmp_path: Path) -> None:
+class Trace:
+    """What one traced call through a stack left: the spans of its trace, the client's span, the
+    taps' URLs, every span received and the API's /metrics in OpenMetrics."""
+
+    def __init__(self, spans: list[Got], client: Got, taps: dict[str, str], rx: OtlpReceiver,
+                 metrics: httpx.Response) -> None:
+        self.spans, self.client, self.taps, self.metrics = spans, client, taps, metrics
+        self.everything = [Got(r.get("service.name", ""), s) for r, s in rx.spans()]
+
+
+def _through(tmp_path: Path, mode: str, roles: set[str], legs: set[tuple[str, str]]) -> Trace:
+    """One traced call through `active_stack(mode=...)` (shadow serve and the router exporting to a
+    loopback receiver), waited on until its trace holds the client's span, a tap span of each of
+    `roles` and a CLIENT span of each (service, leg) in `legs`; no span may hold the prompt's text."""
     rx = OtlpReceiver()
     try:
         traced = {"env": _env(rx, SHADOW), "processes_env": _env(rx, ROUTER)}
-        with active_stack(tmp_path, mode="active", **traced) as stack:
+        with active_stack(tmp_path, mode=mode, **traced) as stack:
             trace_id, client_id = _traced_call(stack, rx)
 
             def whole(got: list[Got]) -> bool:
                 taps = {s.attrs.get(attrs.TAP_ROLE) for s in got if s.kind == SERVER}
-                legs = {s.attrs.get(attrs.UPSTREAM_LEG) for s in got if s.kind == CLIENT}
-                return {"prefill", "decode"} <= taps and {"prefill", "decode"} <= legs and any(
-                    s.service == TEST for s in got)
+                calls = {(s.service, s.attrs.get(attrs.UPSTREAM_LEG)) for s in got if s.kind == CLIENT}
+                return roles <= taps and legs <= calls and any(s.service == TEST for s in got)
 
-            spans = _wait(rx, trace_id, whole, "client, proxy, calls and tap spans in one trace")
-            hex_id = trace_id.hex()
-            page = httpx.get(stack.api + "/metrics", timeout=10,
-                             headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+            spans = _wait(rx, trace_id, whole, f"client, proxy, {sorted(legs)} calls and {sorted(roles)} "
+                                                "tap spans in one trace")
+            metrics = httpx.get(stack.api + "/metrics", timeout=10,
+                                headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+            taps = dict(stack.serve["taps"])
+        _no_prompt_text(rx)
+        client = _one(spans, service=TEST, kind=CLIENT, name="chat")
+        assert client.id == client_id
+        return Trace(spans, client, taps, rx, metrics)
     finally:
         rx.close()
-    client = _one(spans, service=TEST, kind=CLIENT, name="chat")
-    assert client.id == client_id
+
+
+def test_active_mode_client_proxy_calls_and_taps_in_one_trace(tmp_path: Path) -> None:
+    got = _through(tmp_path, "active", {"prefill", "decode"}, {(SHADOW, "prefill"), (SHADOW, "decode")})
+    spans, client = got.spans, got.client
     server = _one(spans, service=SHADOW, kind=SERVER, name="POST /v1/chat/completions",
                   attr_http__route="/v1/chat/completions", attr_url__path="/v1/chat/completions",
                   attr_shadow__tap__role=None)
@@ -168,8 +189,8 @@ def test_active_mode_client_proxy_calls_and_taps_in_one_trace(tmp_path: Path) ->
         assert call.attrs["http.response.status_code"] == 200 and call.attrs["server.address"] == "127.0.0.1"
         assert call.span.end_time_unix_nano <= server.span.end_time_unix_nano
     prefill_tap, decode_tap = _tap_span(spans, "prefill"), _tap_span(spans, "decode")
-    _check_tap(prefill_tap, prefill_call, stack)
-    _check_tap(decode_tap, decode_call, stack)
+    _check_tap(prefill_tap, prefill_call, got.taps)
+    _check_tap(decode_tap, decode_call, got.taps)
     worker = decode_call.attrs[attrs.UPSTREAM_WORKER]
     assert decode_tap.attrs[attrs.TAP_NAME] == worker and decode_tap.attrs[attrs.ACTUAL_WORKER] == worker
     assert prefill_tap.attrs[attrs.TAP_NAME] == prefill_call.attrs[attrs.UPSTREAM_WORKER]
@@ -177,36 +198,20 @@ def test_active_mode_client_proxy_calls_and_taps_in_one_trace(tmp_path: Path) ->
     # the proxy's admission span has
     h = decode_tap.attrs[attrs.REQUEST_ID_HASH]
     assert prefill_tap.attrs[attrs.REQUEST_ID_HASH] == h and len(h) == 16
-    everything = [Got(r.get("service.name", ""), s) for r, s in rx.spans()]
-    admissions = [s for s in everything
+    admissions = [s for s in got.everything
                   if s.name == "shadow.route.admission" and s.attrs.get(attrs.REQUEST_ID_HASH) == h]
     assert len(admissions) == 1, admissions
-    _no_prompt_text(rx)
     # the API's /metrics in OpenMetrics names the request's trace on its latency buckets
+    page = got.metrics
     assert page.headers["content-type"].startswith("application/openmetrics-text")
-    assert any(x.startswith("shadow_router_completion_seconds_bucket") and f'trace_id="{hex_id}"' in x
+    assert any(x.startswith("shadow_router_completion_seconds_bucket") and f'trace_id="{server.trace}"' in x
                for x in page.text.splitlines()), page.text[-1500:]
 
 
 def test_shadow_mode_taps_join_the_proxy_and_the_router(tmp_path: Path) -> None:
-    rx = OtlpReceiver()
-    try:
-        traced = {"env": _env(rx, SHADOW), "processes_env": _env(rx, ROUTER)}
-        with active_stack(tmp_path, mode="shadow", **traced) as stack:
-            trace_id, client_id = _traced_call(stack, rx)
-
-            def whole(got: list[Got]) -> bool:
-                taps = {s.attrs.get(attrs.TAP_ROLE) for s in got if s.kind == SERVER}
-                legs = {(s.service, s.attrs.get(attrs.UPSTREAM_LEG)) for s in got if s.kind == CLIENT}
-                return {"front", "prefill", "decode"} <= taps and {
-                    (SHADOW, "router"), (ROUTER, "prefill"), (ROUTER, "decode")} <= legs and any(
-                    s.service == TEST for s in got)
-
-            spans = _wait(rx, trace_id, whole, "client, proxy, router and tap spans in one trace")
-    finally:
-        rx.close()
-    client = _one(spans, service=TEST, kind=CLIENT, name="chat")
-    assert client.id == client_id
+    got = _through(tmp_path, "shadow", {"front", "prefill", "decode"},
+                   {(SHADOW, "router"), (ROUTER, "prefill"), (ROUTER, "decode")})
+    spans, client = got.spans, got.client
     server = _one(spans, service=SHADOW, kind=SERVER, name="POST /v1/chat/completions",
                   attr_url__path="/v1/chat/completions", attr_url__scheme="http", attr_shadow__tap__role=None)
     assert server.parent == client.id
@@ -215,7 +220,7 @@ def test_shadow_mode_taps_join_the_proxy_and_the_router(tmp_path: Path) -> None:
     # the front tap relays the proxy's traceparent unchanged: its span and the router's are both
     # children of the proxy's call to the router
     front = _tap_span(spans, "front")
-    _check_tap(front, to_router, stack)
+    _check_tap(front, to_router, got.taps)
     router = _one(spans, service=ROUTER, kind=SERVER, name="POST /v1/chat/completions")
     assert router.parent == to_router.id
     # the router's calls to the workers' taps: each tap's span is the child of the router's call
@@ -223,8 +228,7 @@ def test_shadow_mode_taps_join_the_proxy_and_the_router(tmp_path: Path) -> None:
         call = _one(spans, service=ROUTER, kind=CLIENT, attr_shadow__upstream__leg=role)
         assert call.parent == router.id
         tap = _tap_span(spans, role)
-        _check_tap(tap, call, stack)
+        _check_tap(tap, call, got.taps)
         assert tap.attrs[attrs.TAP_NAME] == call.attrs[attrs.UPSTREAM_WORKER]
     assert _tap_span(spans, "decode").attrs[attrs.REQUEST_ID_HASH] == _tap_span(
         spans, "prefill").attrs[attrs.REQUEST_ID_HASH]
-    _no_prompt_text(rx)
