@@ -93,32 +93,28 @@ def add_fleet_args(p: argparse.ArgumentParser, workers: bool = True) -> None:
     )
 
 
-def add_br_args(p: argparse.ArgumentParser) -> None:
+def _br_rows() -> tuple[tuple[str, str, type, object, str], ...]:
+    """BalanceRoute's options: the flag, the `BRParams` field it fills, its type, default and help."""
     d = BRParams()
-    g = p.add_argument_group("BalanceRoute parameters")
-    rows: tuple[tuple[str, type, object, str], ...] = (
-        ("--horizon", int, d.horizon, f"BR-H look-ahead H in steps (default {d.horizon})"),
-        ("--alpha", float, d.alpha, f"BR-H fill reward α (default {d.alpha})"),
-        ("--beta", float, d.beta, f"BR-H overflow penalty β > α (default {d.beta})"),
-        ("--gamma", float, d.gamma, f"BR-H discount γ (default {d.gamma})"),
-        ("--r-max", int, d.r_max, f"Stage-2 window R_max, 1–16 (default {d.r_max})"),
-        ("--s-greedy", int, None, "Stage 1 runs while total free slots exceed this (default G)"),
-        ("--age", float, d.age_s, f"pool aging threshold in seconds (default {d.age_s})"),
+    return (
+        ("--horizon", "horizon", int, d.horizon, f"BR-H look-ahead H in steps (default {d.horizon})"),
+        ("--alpha", "alpha", float, d.alpha, f"BR-H fill reward α (default {d.alpha})"),
+        ("--beta", "beta", float, d.beta, f"BR-H overflow penalty β > α (default {d.beta})"),
+        ("--gamma", "gamma", float, d.gamma, f"BR-H discount γ (default {d.gamma})"),
+        ("--r-max", "r_max", int, d.r_max, f"Stage-2 window R_max, 1–16 (default {d.r_max})"),
+        ("--s-greedy", "s_greedy", int, None, "Stage 1 runs while total free slots exceed this (default G)"),
+        ("--age", "age_s", float, d.age_s, f"pool aging threshold in seconds (default {d.age_s})"),
     )
-    for name, kind, default, text in rows:
+
+
+def add_br_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("BalanceRoute parameters")
+    for name, _, kind, default, text in _br_rows():
         g.add_argument(name, type=kind, action=Given, default=default, help=text)
 
 
 def br_params(args: argparse.Namespace) -> BRParams:
-    return BRParams(
-        horizon=args.horizon,
-        alpha=args.alpha,
-        beta=args.beta,
-        gamma=args.gamma,
-        r_max=args.r_max,
-        s_greedy=args.s_greedy,
-        age_s=args.age,
-    )
+    return BRParams(**{fills: getattr(args, name[2:].replace("-", "_")) for name, fills, *_ in _br_rows()})
 
 
 def setup_from(args: argparse.Namespace, policies: str | None, workers: int | None = None) -> ReplaySetup:
