@@ -130,5 +130,9 @@ def head_ids(headers: list[tuple[bytes, bytes]]) -> tuple[str | None, str | None
             rid = v
         elif tp is None and k == b"traceparent":
             tp = v.strip()
+        else:
+            continue
+        if rid is not None and tp is not None:
+            break
     return (rid.decode("latin-1") if rid else None,
             tp.decode("latin-1") if tp and len(tp) <= MAX_TRACEPARENT else None)

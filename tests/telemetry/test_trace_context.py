@@ -37,14 +37,16 @@ def _parent(traceparent: str) -> tuple[str, str]:
     return trace_id, span_id
 
 
-async def _through(mode: str) -> tuple[InMemorySpanExporter, Stub, Stub, ActiveProxy, str]:
-    """One streamed request through a proxy in `mode` with a client span around it; returns the
-    spans, the prefill and decode (or router) stubs, the proxy and the client span's traceparent."""
+async def _through(mode: str, script: list[Step] | None = None,
+                   whole: bool = True) -> tuple[InMemorySpanExporter, Stub, Stub, ActiveProxy, str]:
+    """One streamed request through a proxy in `mode` with a client span around it (the decode or
+    router stub answers by `script`; `whole`: the client got the whole stream); returns the spans,
+    the prefill and decode (or router) stubs, the proxy and the client span's traceparent."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider(sampler=ALWAYS_ON)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     pre = Stub([], role="prefill")
-    dec = Stub([Step(events=[sse("a", 0), sse("b", 1), sse("c", 2, "stop"), DONE])])
+    dec = Stub(script or [Step(events=[sse("a", 0), sse("b", 1), sse("c", 2, "stop"), DONE])])
     await pre.start()
     await dec.start()
     routed = mode != "shadow"
@@ -60,12 +62,18 @@ async def _through(mode: str) -> tuple[InMemorySpanExporter, Stub, Stub, ActiveP
         with client.start_as_current_span("client call", kind=trace.SpanKind.CLIENT):
             headers = inject({})
             async with httpx.AsyncClient() as c:
-                r = await c.post(url + "/v1/completions", content=orjson.dumps(BODY),
-                                 headers={**headers, "content-type": "application/json"})
-        assert r.status_code == 200 and r.content.endswith(DONE)
-        for _ in range(200):  # the server span ends with the stream's last byte
-            if any(s.kind == trace.SpanKind.SERVER for s in exporter.get_finished_spans()):
-                break
+                try:
+                    r = await c.post(url + "/v1/completions", content=orjson.dumps(BODY),
+                                     headers={**headers, "content-type": "application/json"})
+                    assert r.status_code == 200 and r.content.endswith(DONE)
+                except httpx.RemoteProtocolError:  # a cut stream's body never ends
+                    assert not whole
+                else:
+                    assert whole
+        deadline = asyncio.get_running_loop().time() + 30
+        # the server span ends with the stream's last byte
+        while not any(s.kind == trace.SpanKind.SERVER for s in exporter.get_finished_spans()):
+            assert asyncio.get_running_loop().time() < deadline, "no SERVER span ended in 30 s"
             await asyncio.sleep(0.01)
     finally:
         await server.stop(grace_s=1.0)
@@ -132,3 +140,24 @@ def test_otel_variables_choose_the_exporter() -> None:
     processor = provider._active_span_processor._span_processors[0]
     assert processor.span_exporter._endpoint == "http://127.0.0.1:9/v1/traces"
     provider.shutdown()
+
+
+def test_failed_calls_are_error_spans_and_every_call_span_ends() -> None:
+    """A decode answering 503 (retried) and then a stream cut mid-way: two CLIENT spans, the first
+    with `error.type` 503, the second with the exception's class; both ended, in the client's trace."""
+    script = [Step(status=503, body=b'{"error": "busy"}'), Step(events=[sse("a", 0), sse("b", 1)], cut=True)]
+    exporter, _, dec, _, sent = asyncio.run(_through("active", script, whole=False))
+    trace_id, _ = _parent(sent)
+    spans = exporter.get_finished_spans()
+    (server,) = [s for s in spans if s.kind == trace.SpanKind.SERVER]
+    calls = sorted((s for s in spans if s.kind == trace.SpanKind.CLIENT and s.name == "POST"
+                    and s.attributes[keys.UPSTREAM_LEG] == "decode"), key=lambda s: s.start_time)
+    assert len(calls) == len(dec.calls) == 2
+    busy, broke = calls
+    assert busy.attributes["http.response.status_code"] == 503 and busy.attributes["error.type"] == "503"
+    assert busy.status.status_code == trace.StatusCode.ERROR
+    assert broke.attributes["http.response.status_code"] == 200
+    assert broke.status.status_code == trace.StatusCode.ERROR
+    assert broke.attributes["error.type"] not in ("", "200") and broke.attributes["error.type"][0].isupper()
+    for c in calls:
+        assert format(c.context.trace_id, "032x") == trace_id and c.parent.span_id == server.context.span_id
