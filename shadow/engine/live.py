@@ -62,7 +62,9 @@ class LiveDriver:
     the first event at or after it is applied, or when the horizon passes it), so a lane's drift
     from reality, its lag and what it holds stay bounded by one window. New seeds wait in
     `new_seeds` for the caller (a recorder). A replay passes the recorded `seeds` (and their
-    `origin`) instead: the lanes start each window from the same state as they did live.
+    `origin`) instead: the lanes start each window from the same state as they did live. A lane
+    more than `max_lag_s` (default W) behind its horizon is cut: re-seeded at the latest boundary
+    the horizon passed (`cuts`), so its lag stays within lag_s + max(max_lag_s, W).
     """
 
     def __init__(
@@ -90,7 +92,8 @@ class LiveDriver:
         self.lag_s = lag_s
         self.max_requests = max_requests
         self.rolling_s = check_window(rolling_s)
-        # rolling: a lane further behind than this is re-seeded at the latest boundary (default W)
+        # rolling: a lane further behind its horizon (now − lag) than this is re-seeded at the latest
+        # boundary the horizon passed (default W): its lag stays within lag_s + max(max_lag_s, W)
         self.max_lag_s = (None if self.rolling_s is None
                           else self.rolling_s if max_lag_s is None else max_lag_s)
         if self.max_lag_s is not None and not self.max_lag_s > 0:
@@ -449,7 +452,7 @@ class LiveDriver:
                     driver.run_out()
                 else:
                     driver.advance(lane_t)
-            if not drain and self.max_lag_s is not None and self.lag(driver.lane) > self.max_lag_s:
+            if not drain and self.max_lag_s is not None and lane_t - driver.lane.now > self.max_lag_s:
                 self._catch_up(i, driver, lane_t)
         low = min(self._cursor)
         while self._base < low:

@@ -126,3 +126,39 @@ def test_ctrl_c_or_sigterm_stops_everything(tmp_path: Path, signum: signal.Signa
     for url in (api.group(1) + "/metrics", router.group(1) + "/health"):
         with pytest.raises(httpx.ConnectError):
             httpx.get(url, timeout=5)
+
+
+@pytest.mark.timeout(300)
+def test_headless_demo_with_rolling_lanes(tmp_path: Path) -> None:
+    """`shadow demo --rolling`: the lanes re-seeded every window, the report's per-window figures,
+    and the printed replay command giving every complete uncut window the live figures."""
+    doc, proc, _ = _demo(tmp_path, "--rolling")
+    _check_structure(doc, "shadow router")
+    rolling = doc["rolling"]
+    assert rolling["window_s"] == doc["comparison"]["window_s"] and rolling["reseeds"] > 0
+    assert "last " in proc.stdout  # the table's last-window column
+    printed = re.search(r"`(shadow replay [^`]+)`", proc.stderr)
+    assert printed is not None, proc.stderr[-2000:]
+    out = tmp_path / "replay.json"
+    replay = subprocess.run([sys.executable, "-m", *shlex.split(printed.group(1)), "--json", str(out)],
+                            capture_output=True, text=True, timeout=120)
+    assert replay.returncode == 0, replay.stderr[-2000:]
+    assert "what-if" not in replay.stderr and "rolling lanes" in replay.stderr
+    lanes = json.loads(out.read_text())["lanes"]
+    assert set(lanes) == LANES
+    compared = 0
+    for label in LANES:
+        replayed = {w["index"]: w for w in lanes[label]["windows"]}
+        for w in doc["windows"]["lanes"][label]:
+            if w["cut"] or w["index"] not in replayed:
+                continue
+            r = replayed[w["index"]]
+            # spread and I(k) do not depend on the step model (the live one may be the fitted model)
+            assert (r["steps"], r["avg_spread_tokens"], r["avg_imbalance_tokens"]) == (
+                w["steps"], w["avg_spread_tokens"], w["avg_imbalance_tokens"]), (label, w["index"])
+            compared += 1
+        live = doc["lanes"][label]
+        if live["windows_cut"] == 0:
+            spread = lanes[label]["avg_spread_tokens"]
+            assert spread == pytest.approx(live["avg_spread_tokens"], rel=0.01), label
+    assert compared >= len(LANES) * 3
