@@ -114,6 +114,9 @@ class Lane:
         self.seeded: frozenset[Hashable] = frozenset()  # request ids the last `reseed` put in the lane
         self.reseeds = 0
         self.seed_overflow = 0  # seeded running requests beyond a worker's slots (offered anew)
+        # requests the lane had finished that a re-seed put back (their second finish is not counted)
+        self.again: set[Hashable] = set()
+        self.dropped_unfinished = 0  # dropped at a re-seed, not put back, never finished here
         self._pool_ready: dict[Hashable, float] = {}
         self._inflight: set[Hashable] = set()  # offered, not finished nor shed: offered twice is refused
         self._record_all = config.trajectory_points > 0
@@ -284,6 +287,12 @@ class Lane:
         for job, ready in [*again, *waiting]:
             self.offer(job, ready)
         self.seeded = frozenset(self._inflight)
+        for rid in dropped:
+            if rid not in self.seeded:
+                if rid in self.again:
+                    self.again.discard(rid)
+                else:
+                    self.dropped_unfinished += 1
         return dropped
 
     # -- stepping ---------------------------------------------------------------------------
@@ -471,7 +480,10 @@ class Lane:
         self._slot_key[slot] = None
         self._free_slots[g].append(slot)
         tt = self.totals
-        tt.finished += 1
+        if job.request_id in self.again:  # finished here before a re-seed put it back: counted once
+            self.again.discard(job.request_id)
+        else:
+            tt.finished += 1
         tt.last_finish_s = max(tt.last_finish_s, end)
         self._inflight.remove(job.request_id)
         first = self._first_token.pop(job.request_id)

@@ -388,6 +388,7 @@ class LiveDriver:
                 r = self._reqs.get(str(rid))
                 if rid not in done and r is not None and 0 <= r.seq < cursor:
                     r.lanes_done -= 1  # the lane had finished it: it holds it again
+                    lane.again.add(rid)
             # steps in this window: bounded by the tokens seen since the seed was taken
             self._budget_offset[i] = lane.k - seed.budget
         self._used(n)

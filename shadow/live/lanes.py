@@ -420,6 +420,8 @@ class LiveLanes:
                 "window_barrier_idle_fraction": last.get("barrier_idle_fraction"),
                 "window_throughput_tokens_per_s": last.get("throughput_tokens_per_s"),
                 "reseeds": lane.reseeds,
+                # rolling: requests a re-seed took out before they finished here (reality ended them)
+                "requests_dropped": lane.dropped_unfinished,
                 "windows_cut": d.cuts.get(label, 0),
                 "lag_s": d.lag(lane),
                 "waiting": lane.waiting,

@@ -117,6 +117,9 @@ def test_replay_gives_every_window_the_live_figures() -> None:
                                               60.0, SPECS, rolling=5.0)
     seeds = {s.window: Seed.from_json(s.to_json()) for s in driver.new_seeds}  # as a recording has them
     assert len(seeds) >= 11 and any(r.generated == 0 for s in seeds.values() for r in s.requests)
+    for lane in driver.lanes:  # every request finished in the lane once, or was taken out by a re-seed
+        assert lane.totals.finished + lane.dropped_unfinished == driver.released, lane.spec.label
+    assert driver.open_requests() == 0
     folded = recorded_requests(events)
     assert not folded.dropped
     config = driver.config
