@@ -17,56 +17,54 @@ FinishReason = Literal["stop", "length", "abort", "error", "cut", "reaped", "oth
 
 
 @dataclass(frozen=True, slots=True)
-class Arrive:
+class RequestEvent:
+    """What every event of one request has: its id and its time."""
+
+    request_id: str
+    t: float
+
+
+@dataclass(frozen=True, slots=True)
+class Arrive(RequestEvent):
     """A request reached the router (before any decode placement)."""
 
     kind: ClassVar[str] = "arrive"
-    request_id: str
-    t: float
     prompt_tokens: int | None = None
     prompt_key: str | None = None
     max_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
-class Route:
+class Route(RequestEvent):
     """The router placed the request's decode on `worker`."""
 
     kind: ClassVar[str] = "route"
-    request_id: str
-    t: float
     worker: str
     prompt_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
-class Token:
+class Token(RequestEvent):
     """The request's stream advanced to `generated` output tokens in total (cumulative)."""
 
     kind: ClassVar[str] = "token"
-    request_id: str
-    t: float
     generated: int
 
 
 @dataclass(frozen=True, slots=True)
-class Finish:
+class Finish(RequestEvent):
     """The request ended on its worker (normally, or by error / cut / reaping)."""
 
     kind: ClassVar[str] = "finish"
-    request_id: str
-    t: float
     reason: FinishReason = "stop"
     generated: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
-class Cancel:
+class Cancel(RequestEvent):
     """The client went away before the request finished."""
 
     kind: ClassVar[str] = "cancel"
-    request_id: str
-    t: float
 
 
 @dataclass(frozen=True, slots=True)

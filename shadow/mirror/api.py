@@ -81,7 +81,7 @@ def parse_event(obj: Any, max_id_len: int = DEFAULT_MAX_ID_LEN) -> Event:
         raise ValueError("arrive: prompt_key must be a string")
     if isinstance(ev, Step) and ev.worker is not None and not isinstance(ev.worker, str):
         raise ValueError("step: worker must be a string")
-    for name in ev.__slots__:
+    for name in ev.__match_args__:
         v = getattr(ev, name)
         if isinstance(v, bool) or v is None:
             continue

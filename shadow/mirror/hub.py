@@ -26,7 +26,7 @@ Listener = Callable[[Event], None]  # told of every applied event, on the analys
 def event_dict(ev: Event) -> dict[str, Any]:
     """Same result as `shadow.contracts.events.to_dict`, without dataclasses.asdict's deep copy."""
     out: dict[str, Any] = {"type": ev.kind}
-    for name in ev.__slots__:
+    for name in ev.__match_args__:  # every field, in order (a request event's id and time first)
         v = getattr(ev, name)
         if v is not None:
             out[name] = v
@@ -148,7 +148,7 @@ class Mirror:
         """Number the event, keep it in `recent`, record it, and hand it to every listener."""
         self.seq += 1
         recent = self.recent
-        size = 64 + sum(len(v) for v in (getattr(ev, n) for n in ev.__slots__) if isinstance(v, str))
+        size = 64 + sum(len(v) for v in (getattr(ev, n) for n in ev.__match_args__) if isinstance(v, str))
         if len(recent) == recent.maxlen:
             self._ring_used -= self._ring_sizes.popleft()
         recent.append((self.seq, ev))
