@@ -59,9 +59,9 @@ class ListenerLimits:
 
     max_head: int = 64 << 10  # request line + headers, bytes (431 beyond)
     max_headers: int = 128  # header lines (431 beyond)
-    header_timeout_s: float = 10.0  # a request head must arrive within this (408 + close)
+    header_timeout_s: float = 10.0  # a head begun must be complete within this (408 + close)
     body_timeout_s: float = 10.0  # longest silence inside a request body (408 or close)
-    idle_timeout_s: float = 30.0  # keep-alive connection without a request (closed)
+    idle_timeout_s: float = 30.0  # connection without a request: new or kept alive (closed)
     max_connections: int = 1024  # beyond: the oldest idle connection is closed, else 503
     evict_grace_s: float = 0.05  # a new connection not yet read from is not evicted this long
     max_body: int = 16 << 20  # request body bytes (413 beyond)
@@ -348,7 +348,7 @@ class _Conn(Conn):
         srv.conns.add(self)
         srv.idle[self] = None
         self.born = asyncio.get_running_loop().time()
-        self.arm("header", srv.limits.header_timeout_s)
+        self.arm("idle", srv.limits.idle_timeout_s)  # no byte yet: idle (closed), never a 408
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost(self.server.conns, self.server.idle)

@@ -94,9 +94,10 @@ def data_plane_flags() -> tuple[Flag, ...]:
              "finish (default 30)", type=float, default=30.0, metavar="S"),
         flag("--max-connections", None, "client connections per tap; beyond it the oldest idle one is "
              "closed, else 503 (default 4096)", type=int, default=4096),
-        flag("--header-timeout", None, "request head deadline (default 10)", type=float, default=10.0,
-             metavar="S"),
-        flag("--idle-timeout", None, "idle keep-alive close (default 60)", type=float, default=60.0,
+        flag("--header-timeout", None, "a request head begun must be complete within this, else 408 "
+             "(default 10)", type=float, default=10.0, metavar="S"),
+        flag("--idle-timeout", None, "a connection without a request, new or kept alive, is closed "
+             "after this, with no answer (default 60)", type=float, default=60.0,
              metavar="S"),
         flag("--max-head", None, "request head size cap, 431 beyond (65536)", type=int, default=64 << 10,
              metavar="BYTES"),

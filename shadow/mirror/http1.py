@@ -40,8 +40,8 @@ class TapLimits:
 
     max_head: int = 64 << 10  # request line + headers, bytes (431 beyond)
     max_headers: int = 128  # header lines per message (431 beyond)
-    header_timeout_s: float = 10.0  # a request head must arrive within this (408 + close)
-    idle_timeout_s: float = 60.0  # keep-alive connection with no request (closed)
+    header_timeout_s: float = 10.0  # a head begun must be complete within this (408 + close)
+    idle_timeout_s: float = 60.0  # connection without a request: new or kept alive (closed)
     max_connections: int = 4096  # client connections; beyond it the oldest idle one is closed, else 503
     max_buffer: int = 256 << 10  # request bytes held (upstream not writable, pipelined) before reading pauses
     # Pooled upstream connections idle longer are not reused. Servers (vLLM/uvicorn) close idle

@@ -360,7 +360,9 @@ class _ClientConn(Conn):
             return
         tap._clients.add(self)
         tap._idle[self] = None
-        self.arm("header", tap.limits.header_timeout_s)
+        # no byte yet: idle, not a late head. A client's pool may open a connection it does not use
+        # at once (hyper does); a 408 on it would meet the request the client sends on it then.
+        self.arm("idle", tap.limits.idle_timeout_s)
 
     def _drop(self) -> None:
         self.tap._clients.discard(self)

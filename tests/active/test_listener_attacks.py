@@ -215,3 +215,37 @@ def test_a_client_in_an_accept_burst_beyond_the_cap_is_read_not_evicted() -> Non
             s.close()
         loop.call(ln.stop(grace_s=0))
         loop.stop()
+
+
+def _late_head_is_408_and_the_silent_connection_still_serves(addr: tuple[str, int], path: str = "/") -> bytes:
+    """A connection opened and left silent (as a client's pool opens one it uses later), then a
+    partial head on a second connection until its 408 (the header deadline has passed for both),
+    then a request on the first: the answer it gets."""
+    silent = socket.create_connection(addr, timeout=30)
+    try:
+        late = socket.create_connection(addr, timeout=30)
+        late.sendall(b"GET %s HTTP/1.1\r\nHost: x\r\n" % path.encode())
+        assert late.recv(65536).startswith(b"HTTP/1.1 408 ")
+        late.close()
+        silent.sendall(b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path.encode())
+        return silent.recv(65536)
+    finally:
+        silent.close()
+
+
+def test_a_connection_that_has_sent_nothing_is_idle_not_a_late_head() -> None:
+    """Before, a new connection got 408 after the header deadline though it had sent no byte: a
+    request the client sent on it then (hyper's pool keeps connections it opened for a race it
+    lost) read the 408 as its answer. Now it is idle: closed after the idle timeout, unanswered."""
+    loop = LoopThread("listener-test")
+    loop.start()
+    ln = AsgiListener(_ok_app, lifespan="off", limits=ListenerLimits(header_timeout_s=0.2, idle_timeout_s=60))
+    try:
+        addr = _addr(loop.call(ln.start()))
+        reply = _late_head_is_408_and_the_silent_connection_still_serves(addr)
+        assert reply.startswith(b"HTTP/1.1 200 "), reply[:200]
+        counts = loop.call(_counts(ln))
+        assert counts["header_timeout"] == 1, counts
+    finally:
+        loop.call(ln.stop(grace_s=0))
+        loop.stop()

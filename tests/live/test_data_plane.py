@@ -148,7 +148,7 @@ def test_a_planned_tap_reload_refuses_nothing_and_cuts_nothing(
     prober = threading.Thread(
         target=_connects, args=(int(ready["taps"]["d0"].rsplit(":", 1)[1]), stop, counts)
     )
-    with Streams(url, 120, tokens=60) as streams:
+    with Streams(url, 200, tokens=60) as streams:
         wait(lambda: streams.done >= 10, "streams flowing", 120)
         prober.start()
         reload = subprocess.run(
@@ -160,7 +160,7 @@ def test_a_planned_tap_reload_refuses_nothing_and_cuts_nothing(
         wait(lambda: streams.done >= 60, "streams after the reload", 180)
         stop.set()
         prober.join(30)
-    assert streams.results.count("ok") == 120, [r for r in streams.results if r != "ok"][:5]
+    assert streams.results.count("ok") == 200, [r for r in streams.results if r != "ok"][:5]
     assert counts["refused"] == 0 and counts["error"] == 0 and counts["bad"] == 0, counts
     assert counts["ok"] > 0
     # the old relay drained and exited; the analysis followed the new one
