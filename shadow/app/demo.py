@@ -497,12 +497,28 @@ def status_lines(demo: Demo, report: dict[str, Any], elapsed_s: float) -> Text:
                 f"b={_num(sm.get('b_s'), '.3g')} s, R²={_num(sm.get('r2'), '.3f')}, "
                 f"{sm.get('samples', 0)} samples{_step_sources(sm)}   "
                 f"({truth}: a={o.step_a * o.time_scale:.3g}, b={o.step_b * o.time_scale:.3g})\n")
+    text.append(clock_line(sm) + "\n")
     err = _num(fid.get("load_rel_error"), ".1%")
     text.append(f"twin fidelity: load error {err} (actual lane vs mirror)\n")
     for w in report.get("warnings", []):
         text.append(f"warning: {w}\n", style="yellow")
     text.append(f"metrics: {demo.api}/metrics   report: {demo.api}/v1/report", style="dim")
     return text
+
+
+def clock_line(sm: dict[str, Any]) -> str:
+    """The lanes' clock in one line: the model in use, its source, each worker's step, and whether
+    the linear model holds (the report's step_model)."""
+    clock = sm.get("clock") or {}
+    workers = clock.get("workers") or {}
+    steps = ", ".join(
+        f"{name} {1e3 * w['b_s']:.1f} ms" if w.get("model") == "mean step" else
+        f"{name} {1e3 * w['b_s']:.1f} ms + {w['a_s_per_token']:.2g} s/token" if w.get("model") == "linear fit"
+        else f"{name} configured" for name, w in workers.items())
+    holds = {True: "linear model holds", False: "linear model does NOT hold",
+             None: "linear fit not decided"}[sm.get("linear_model_holds")]
+    return (f"lane clock: {sm.get('model_in_use', '–')} from {sm.get('model_source', '–')}"
+            f"{' (' + steps + ')' if steps else ''}; {holds}")
 
 
 def _step_sources(sm: dict[str, Any]) -> str:

@@ -114,6 +114,7 @@ class ServeConfig:
     policies: tuple[str, ...] = DEFAULT_POLICIES
     lag_s: float = 2.0
     step_source: str = "auto"
+    lane_clock: str = "measured"  # or "configured": the lanes step on --step-a/--step-b only
     step_a: float = DEFAULT_A_S_PER_TOKEN
     step_b: float = DEFAULT_B_S
     live_queue_size: int = 200_000
@@ -136,6 +137,8 @@ class ServeConfig:
             raise ValueError(f"--lag must be in [0, 3600] s, got {self.lag_s}")
         if self.step_source not in SOURCES:
             raise ValueError(f"--step-source must be one of {', '.join(SOURCES)}, got {self.step_source!r}")
+        if self.lane_clock not in ("measured", "configured"):
+            raise ValueError(f"--lane-clock must be measured or configured, got {self.lane_clock!r}")
         if self.live_queue_size < 1:
             raise ValueError(f"--live-queue-size must be >= 1, got {self.live_queue_size}")
         if not self.step_window_s > 0:
@@ -173,8 +176,9 @@ class ServeService:
         step = StepTimeModel(config.step_a, config.step_b)
         self.live = LiveLanes(
             workers=config.workers, slots=config.tap.slots, policies=config.policies, lag_s=config.lag_s,
-            step=step, step_source=config.step_source, br=config.br, queue_size=config.live_queue_size,
-            window_s=config.step_window_s, compare_window_s=config.compare_window_s,
+            step=step, step_source=config.step_source, lane_clock=config.lane_clock, br=config.br,
+            queue_size=config.live_queue_size, window_s=config.step_window_s,
+            compare_window_s=config.compare_window_s,
             rolling_s=config.compare_window_s if config.rolling else None, clock=clock,
         )
         mc = config.mode_config

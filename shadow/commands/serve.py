@@ -78,6 +78,10 @@ LANE_FLAGS = (
     flag("--step-source", "step_source", "measured step times: worker `step` events, SSE inter-chunk gaps, "
          "or auto (events when reported, else SSE) (default auto)",
          choices=("auto", "events", "sse"), default="auto"),
+    flag("--lane-clock", "lane_clock", "the clock the lanes step on: measured (per-worker step models and "
+         "barrier groups from the workers' measured steps; the configured model until measured) or "
+         "configured (--step-a/--step-b, one fleet-wide barrier) (default measured)",
+         choices=("measured", "configured"), default="measured"),
     flag("--step-a", "step_a",
          f"step model the lanes simulate: seconds per KV token of max load (default {DEFAULT_A_S_PER_TOKEN})",
          type=float, default=DEFAULT_A_S_PER_TOKEN),

@@ -1,7 +1,8 @@
-"""Engine configuration: fleet shape, step model, prefill stage, lanes."""
+"""Engine configuration: fleet shape, step model and barrier groups, prefill stage, lanes."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from shadow.core.bra import BRAParams
@@ -27,8 +28,42 @@ class PrefillConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class LaneClock:
+    """How decode workers step: `groups` partitions the workers into barrier groups (a group steps
+    in lockstep; its step lasts max over its members of τ_g = a_g·L_g + b_g; groups step
+    independently), with `models` per worker (None: the config's fleet-wide `step` for all)."""
+
+    groups: tuple[tuple[int, ...], ...]
+    models: tuple[StepTimeModel, ...] | None = None
+
+    @classmethod
+    def barrier(cls, workers: int, models: Sequence[StepTimeModel] | None = None) -> LaneClock:
+        """One barrier over every worker (the paper's DP fleet)."""
+        return cls((tuple(range(workers)),), None if models is None else tuple(models))
+
+    @classmethod
+    def independent(cls, workers: int, models: Sequence[StepTimeModel] | None = None) -> LaneClock:
+        """No barrier: every worker steps on its own (independent servers)."""
+        return cls(tuple((g,) for g in range(workers)), None if models is None else tuple(models))
+
+    def check(self, workers: int) -> None:
+        """ValueError unless `groups` partitions range(workers) and `models` has one per worker."""
+        seen = sorted(g for group in self.groups for g in group)
+        if seen != list(range(workers)) or any(not group for group in self.groups):
+            raise ValueError(f"barrier groups {self.groups} must partition the {workers} workers")
+        if self.models is not None and len(self.models) != workers:
+            raise ValueError(f"{len(self.models)} step models for {workers} workers")
+
+    @property
+    def shared(self) -> bool:
+        """True when one barrier spans every worker."""
+        return len(self.groups) == 1
+
+
+@dataclass(frozen=True, slots=True)
 class EngineConfig:
-    """G decode workers with B slots each, stepping under T = a·max L + b."""
+    """G decode workers with B slots each, stepping under T = a·max L + b (`clock`: barrier groups
+    and per-worker models instead; None is one barrier over all workers with `step`)."""
 
     workers: int = 8
     slots: int = 64
@@ -39,8 +74,11 @@ class EngineConfig:
     refresh_steps: int = 16
     seed: int = 0
     trajectory_points: int = 0  # >0: keep about this many per-step load samples for plots
+    clock: LaneClock | None = None
 
     def __post_init__(self) -> None:
+        if self.clock is not None:
+            self.clock.check(self.workers)
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
         if self.slots < 1:

@@ -103,7 +103,8 @@ class LaneDriver:
         return True
 
     def advance(self, t: float) -> bool:
-        """Step until the lane's clock reaches `t` (an idle lane jumps there). False when it stopped
+        """Step until the lane's clock reaches `t` (an idle lane, or one whose next step starts
+        after `t`, jumps there). False when it stopped
         or is held (live: a running request's end not known yet). RuntimeError, naming the lane,
         for an idle lane whose `t` is not later than its clock (a NaN time)."""
         lane = self.lane
@@ -112,7 +113,7 @@ class LaneDriver:
         while not lane.now >= t:
             if not self._boundary():
                 return False
-            if self._step():
+            if self._step(t):
                 continue
             if lane.stalled:
                 return False
@@ -183,9 +184,9 @@ class LaneDriver:
             return False
         return True
 
-    def _step(self) -> bool:
+    def _step(self, until: float = math.inf) -> bool:
         lane = self.lane
-        ran = checked_step(lane, self.tokens if self._budget is None else self._budget())
+        ran = checked_step(lane, self.tokens if self._budget is None else self._budget(), until)
         if ran and self.observers:
             for o in self.observers:
                 o.stepped(lane)

@@ -1,11 +1,15 @@
-"""One lane: a barrier-synchronised DP decode fleet routed by one policy, stepped one decode step at a time.
+"""One lane: a DP decode fleet routed by one policy, stepped one decode step of one barrier group at a time.
 
-Per step k: admissions (engine FIFO queues for policies that bind at arrival; a BalanceRoute
-round over the pool otherwise), then every running request emits one token — its KV load
-s + (k − k0) grows by one — and requests that reach their output length free their slot at the
-end of the step. The step lasts T(k) = a·max_g L_g(k) + b. Loads are kept per worker and updated
-incrementally, so a step costs O(G + admissions + finishes) Python work; BR-H adds a vectorised
-projection over the G·B slot arrays when it routes.
+The workers form barrier groups (`EngineConfig.clock`; default one group: the paper's
+barrier-synchronised DP fleet). Per step k of a group: admissions (engine FIFO queues for policies
+that bind at arrival; a BalanceRoute round over the pool otherwise), then every running request of
+the group emits one token — its KV load s + (k − k0) grows by one — and requests that reach their
+output length free their slot at the end of the step. The step lasts max over the group's workers
+of τ_g = a_g·L_g(k) + b_g (one fleet-wide model: T(k) = a·max_g L_g(k) + b). Groups step on their
+own clocks; the lane steps whichever group's next step starts first, and a request a pool router
+places on a worker in the middle of its group's step waits at that worker until the step ends.
+Loads are kept per worker and updated incrementally, so a step costs O(G + admissions + finishes)
+Python work; BR-H adds a vectorised projection over the G·B slot arrays when it routes.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from shadow.core.predictors import Predictor, contribution
 from shadow.core.routers import PoolRouter, Router
 from shadow.core.snapshot import STAY_BASIS, FleetSnapshot, Projection
 from shadow.core.stay import StayBasis, predicted_basis
-from shadow.engine.config import EngineConfig, LaneSpec
+from shadow.core.stepmodel import StepTimeModel
+from shadow.engine.config import EngineConfig, LaneClock, LaneSpec
 from shadow.engine.jobs import Job
 from shadow.engine.summary import SampleSink
 
@@ -56,6 +61,7 @@ class LaneTotals:
     sum_spread: float = 0.0
     sum_imbalance: float = 0.0
     sum_idle_s: float = 0.0  # Σ a·I(k): worker-seconds spent waiting at the barrier
+    worker_time_s: float = 0.0  # Σ over steps of the step time × the workers stepping it
     sum_max: float = 0.0  # Σ max_g L_g(k): re-prices the steps under another step model
     tokens: int = 0
     finished: int = 0
@@ -101,14 +107,23 @@ class Lane:
         self.queues: list[deque[tuple[Job, float]]] = [deque() for _ in range(g)]
         self.totals = LaneTotals()
         self._free_slots: list[list[int]] = [list(range((w + 1) * b - 1, w * b - 1, -1)) for w in range(g)]
-        self._calendar: dict[int, list[tuple[int, int, Job, int]]] = {}
+        # Barrier groups (see set_clock): per group its members, step count, next step's start,
+        # running requests, finishes booked by its step index, and requests started for its next step.
+        self._groups: list[tuple[int, ...]] = [tuple(range(g))]
+        self._group_of: list[int] = [0] * g
+        self._models: tuple[StepTimeModel, ...] | None = None
+        self._gk: list[int] = [0]
+        self._gnow: list[float] = [0.0]
+        self._grun: list[int] = [0]
+        self._calendars: list[dict[int, list[tuple[int, int, Job, int]]]] = [{}]
         self.ends = ends
         self.on_done: Callable[[Hashable], None] | None = None  # called as each request finishes
         self.stalled = False
-        # live: (last step known not to end it, tie, worker, slot, job) of requests whose end is open
-        self._watch: list[tuple[int, int, int, int, Job]] = []
+        # live, per group: (last step known not to end it, tie, worker, slot, job) of requests whose
+        # end is open
+        self._watches: list[list[tuple[int, int, int, int, Job]]] = [[]]
         self._watch_seq = 0
-        self._started_now: list[tuple[int, Job]] = []
+        self._started: list[list[tuple[int, Job]]] = [[]]
         self._first_token: dict[Hashable, float] = {}
         self._seeded_age: dict[Hashable, int] = {}  # seeded running requests: tokens before the seed
         self.seeded: frozenset[Hashable] = frozenset()  # request ids the last `reseed` put in the lane
@@ -130,7 +145,10 @@ class Lane:
         self._slot_ref = np.zeros(n, dtype=np.int64)
         self._slot_key: list[Hashable | None] = [None] * n
         self._slot_worker = np.repeat(np.arange(g, dtype=np.int64), b)
+        self._slot_group = np.zeros(n, dtype=np.int64)
         self._last_refresh = -(10**9)
+        if config.clock is not None:
+            self.set_clock(config.clock)
         # Policy.
         if spec.policy == "forced" and forced is None:
             raise ValueError("a forced lane needs its assignments")
@@ -247,7 +265,8 @@ class Lane:
         `running` (worker, job, tokens generated so far >= 1) start where they are (KV load prompt +
         tokens, their end as before: from the job offline, from `ends` live); `waiting` (job, ready
         time) are offered anew, in order. A worker seeded beyond its slots offers the rest anew
-        (counted in `seed_overflow`). Returns the request ids dropped; `seeded` holds those put in.
+        (counted in `seed_overflow`). Every barrier group starts its next step at `at`. Returns the
+        request ids dropped; `seeded` holds those put in.
         """
         dropped = list(self._inflight)
         router = self.router
@@ -265,9 +284,12 @@ class Lane:
         self._free_slots = [list(range((w + 1) * b - 1, w * b - 1, -1)) for w in range(g)]
         self.slot_active[:] = False
         self._slot_key = [None] * (g * b)
-        self._calendar = {}
-        self._watch = []
-        self._started_now = []
+        n_groups = len(self._groups)
+        self._calendars = [{} for _ in range(n_groups)]
+        self._watches = [[] for _ in range(n_groups)]
+        self._started = [[] for _ in range(n_groups)]
+        self._grun = [0] * n_groups
+        self._gnow = [at] * n_groups
         self._first_token = {}
         self._seeded_age = {}
         self._pool_ready = {}
@@ -305,13 +327,24 @@ class Lane:
     def waiting(self) -> int:
         return self.router.waiting() + sum(len(q) for q in self.queues)
 
-    def step(self) -> bool:
-        """Run one decode step; False (and no time passes) when nothing is running after admissions,
-        or (live, `stalled` set) when a running request's end at this step is not yet known."""
+    def step(self, until: float = math.inf) -> bool:
+        """Run one decode step of the group whose next step starts first; False (and no time passes)
+        when nothing is running after admissions, when that step would start after `until` (only
+        with several barrier groups), or (live, `stalled` set) when a running request's end at this
+        step is not yet known."""
         self._admit()
-        if not any(self.running):
+        c = self._next_group()
+        if c is None:
             return False
-        if self._watch and self._unknown_end():
+        if self._gnow[c] > self.now:  # several groups: the next boundary is later
+            if self._gnow[c] > until:
+                return False
+            self.now = self._gnow[c]
+            self._admit()
+            c = self._next_group()
+            assert c is not None
+        watch = self._watches[c]
+        if watch and self._unknown_end(c):
             if not self.stalled:
                 self.totals.stalls += 1
             self.stalled = True
@@ -320,45 +353,87 @@ class Lane:
         loads = self.loads
         mx, mn, tot = max(loads), min(loads), sum(loads)
         imb = len(loads) * mx - tot
-        model = self.config.step
-        t_step = model.a * mx + model.b
+        members = self._groups[c]
+        shared = len(members) == len(loads)
+        models = self._models
+        if models is None:
+            model = self.config.step
+            if shared:
+                t_step = model.a * mx + model.b
+                idle = model.a * imb
+            else:
+                gmx = max(loads[g] for g in members)
+                t_step = model.a * gmx + model.b
+                idle = model.a * (len(members) * gmx - sum(loads[g] for g in members))
+        else:
+            taus = [models[g].a * loads[g] + models[g].b for g in members]
+            t_step = max(taus)
+            idle = len(taus) * t_step - sum(taus)
         tt = self.totals
         tt.steps += 1
         tt.busy_time_s += t_step
+        tt.worker_time_s += len(members) * t_step
         tt.sum_spread += mx - mn
         tt.sum_imbalance += imb
-        tt.sum_idle_s += model.a * imb
+        tt.sum_idle_s += idle
         tt.sum_max += mx
         if self._record_all:
             tt.trajectory_t.append(self.now)
             tt.trajectory_loads.append(list(loads))
         end = self.now + t_step
-        for _, job in self._started_now:
+        started = self._started[c]
+        for _, job in started:
             self._first_token[job.request_id] = end
-        self._started_now.clear()
+        started.clear()
         running = self.running
-        for g in range(len(loads)):
-            loads[g] += running[g]
-        tt.tokens += sum(running)
-        for g, slot, job, out in self._calendar.pop(self.k, ()):
+        if shared:
+            for g in range(len(loads)):
+                loads[g] += running[g]
+            tt.tokens += sum(running)
+        else:
+            for g in members:
+                loads[g] += running[g]
+                tt.tokens += running[g]
+        k = self._gk[c]
+        for g, slot, job, out in self._calendars[c].pop(k, ()):
             self._finish(g, slot, job, out, end)
-        self.now = end
+        self._gk[c] = k + 1
+        self._gnow[c] = end
         self.k += 1
+        if shared:
+            self.now = end
+        else:  # the next boundary of a group with work, or the end of this step if none has any
+            nxt = self._next_group()
+            self.now = max(self.now, end if nxt is None else self._gnow[nxt])
         return True
 
+    def _next_group(self) -> int | None:
+        """The group with work (running, or waiting at its workers) whose next step starts first."""
+        if len(self._groups) == 1:
+            return 0 if self._grun[0] or any(self.queues) else None
+        best: int | None = None
+        queues, gnow = self.queues, self._gnow
+        for c, members in enumerate(self._groups):
+            if (self._grun[c] or any(queues[g] for g in members)) and (best is None or gnow[c] < gnow[best]):
+                best = c
+        return best
+
+    def _free(self, g: int) -> bool:
+        """True when worker g's group is at a step boundary (not in the middle of a step)."""
+        return self._gnow[self._group_of[g]] <= self.now
+
     def _admit(self) -> None:
-        if self.router.binds_at_arrival:
-            for g, queue in enumerate(self.queues):
-                while queue and self.running[g] < self.config.slots:
+        b = self.config.slots
+        for g, queue in enumerate(self.queues):
+            if queue and self.running[g] < b and self._free(g):
+                while queue and self.running[g] < b:
                     job, ready = queue.popleft()
                     self.queued_tokens[g] -= job.prompt_tokens
                     self._start(g, job, ready)
-            return
         router = self.router
-        if not router.waiting():
+        if router.binds_at_arrival or not router.waiting():
             return
-        b = self.config.slots
-        free = [b - r for r in self.running]
+        free = [b - r - len(q) for r, q in zip(self.running, self.queues, strict=True)]
         if not any(free):
             return
         t0 = self.clock()
@@ -366,12 +441,17 @@ class Lane:
         self.totals.decision_s.append(self.clock() - t0)
         for entry, g in decisions:
             assert isinstance(entry, Job)
-            self._start(g, entry, self._ready_of(entry))
+            ready = self._ready_of(entry)
+            if self._free(g):
+                self._start(g, entry, ready)
+            else:  # its worker is in the middle of a step: it starts at the step's end
+                self.queues[g].append((entry, ready))
+                self.queued_tokens[g] += entry.prompt_tokens
 
-    def _unknown_end(self) -> bool:
-        """Live: resolve the open ends this step needs; True when one is still unknown (hold)."""
+    def _unknown_end(self, c: int) -> bool:
+        """Live: resolve the open ends group `c`'s step needs; True when one is still unknown (hold)."""
         assert self.ends is not None
-        watch, k = self._watch, self.k
+        watch, k = self._watches[c], self._gk[c]
         # Each open end is looked at once at most: it is resolved, re-filed under a step >= k, or
         # holds the step. The loop is bounded by that count rather than left open-ended.
         for _ in range(len(watch)):
@@ -383,13 +463,67 @@ class Lane:
             if final is not None:
                 heapq.heappop(watch)
                 done = max(start + max(final, gen, 1) - 1, k)
-                self._calendar.setdefault(done, []).append((g, slot, job, done - start + 1))
+                self._calendars[c].setdefault(done, []).append((g, slot, job, done - start + 1))
                 self.slot_output[slot] = done - start + 1
             elif start + gen - 2 >= k:
                 heapq.heapreplace(watch, (start + gen - 2, n, g, slot, job))
             else:
                 return True
         return False
+
+    # -- clock -------------------------------------------------------------------------------
+
+    def set_clock(self, clock: LaneClock) -> None:
+        """Step from now on under `clock` (barrier groups, per-worker models). Regrouping keeps every
+        request's progress: a merged group starts its next step when its slowest member ends its
+        current one; a split group's workers start theirs where the group would have."""
+        g_count = self.config.workers
+        clock.check(g_count)
+        self._models = clock.models
+        groups = [tuple(group) for group in clock.groups]
+        if groups == self._groups:
+            return
+        old_of, old_k, old_now = self._group_of, self._gk, self._gnow
+        worker_k = [old_k[old_of[g]] for g in range(g_count)]
+        new_of = [0] * g_count
+        for c, members in enumerate(groups):
+            for g in members:
+                new_of[g] = c
+        new_k = [max(worker_k[g] for g in members) for members in groups]
+        delta = [new_k[new_of[g]] - worker_k[g] for g in range(g_count)]  # steps added per worker
+        calendars: list[dict[int, list[tuple[int, int, Job, int]]]] = [{} for _ in groups]
+        for cal in self._calendars:
+            for k, entries in cal.items():
+                for entry in entries:
+                    w = entry[0]
+                    calendars[new_of[w]].setdefault(k + delta[w], []).append(entry)
+        watches: list[list[tuple[int, int, int, int, Job]]] = [[] for _ in groups]
+        for watch in self._watches:
+            for k, n, w, slot, job in watch:
+                watches[new_of[w]].append((k + delta[w], n, w, slot, job))
+        for watch in watches:
+            heapq.heapify(watch)
+        started: list[list[tuple[int, Job]]] = [[] for _ in groups]
+        for jobs in self._started:
+            for w, job in jobs:
+                started[new_of[w]].append((w, job))
+        shift = np.asarray(delta, dtype=np.int64)[self._slot_worker]
+        self.slot_start += shift
+        self._slot_ref += shift
+        self._groups, self._group_of, self._gk = groups, new_of, new_k
+        self._gnow = [max(old_now[old_of[g]] for g in members) for members in groups]
+        self._grun = [sum(self.running[g] for g in members) for members in groups]
+        self._calendars, self._watches, self._started = calendars, watches, started
+        self._slot_group = np.asarray(new_of, dtype=np.int64)[self._slot_worker]
+
+    def slot_steps(self) -> npt.NDArray[np.int64]:
+        """Per slot: the step count of its worker's group (a slot's age is this − slot_start)."""
+        return np.asarray(self._gk, dtype=np.int64)[self._slot_group]
+
+    @property
+    def clock_groups(self) -> list[tuple[int, ...]]:
+        """The barrier groups the lane steps (worker indices)."""
+        return list(self._groups)
 
     def _ready_of(self, job: Job) -> float:
         return self._pool_ready.pop(job.request_id, self.now)
@@ -398,11 +532,12 @@ class Lane:
         """BR-H's active requests: (worker, load, predicted steps left), predictions refreshed
         every `refresh_steps` steps (needs a predictor)."""
         idx = np.flatnonzero(self.slot_active)
-        age = self.k - self.slot_start[idx]
+        ks = self._ks(idx)
+        age = ks - self.slot_start[idx]
         if self.k - self._last_refresh >= self.config.refresh_steps:
-            self._refresh_predictions(idx, age)
+            self._refresh_predictions(idx, age, ks)
         w = self.slot_prompt[idx] + age
-        c = np.maximum(self._slot_steps[idx] - (self.k - self._slot_ref[idx]), 0.0)
+        c = np.maximum(self._slot_steps[idx] - (ks - self._slot_ref[idx]), 0.0)
         return self._slot_worker[idx], w, c
 
     def stay_basis(self, kind: str = "stay") -> StayBasis | None:
@@ -411,7 +546,7 @@ class Lane:
         if self.predictor is None or self.predictor.name == "oracle":
             return None
         idx = np.flatnonzero(self.slot_active)
-        age = self.k - self.slot_start[idx]
+        age = self._ks(idx) - self.slot_start[idx]
         keys = [self._slot_key[i] for i in idx.tolist()]
         return predicted_basis(
             kind,
@@ -425,20 +560,32 @@ class Lane:
             remaining=self.slot_output[idx] - age,
         )
 
-    def _refresh_predictions(self, idx: npt.NDArray[np.int64], age: npt.NDArray[np.int64]) -> None:
+    def _ks(self, idx: npt.NDArray[np.int64]) -> npt.NDArray[np.int64] | int:
+        """The step count of each slot's group (one group: the lane's step count)."""
+        if len(self._gk) == 1:
+            return self._gk[0]
+        return np.asarray(self._gk, dtype=np.int64)[self._slot_group[idx]]
+
+    def _refresh_predictions(
+        self, idx: npt.NDArray[np.int64], age: npt.NDArray[np.int64], ks: npt.NDArray[np.int64] | int
+    ) -> None:
         assert self.predictor is not None
         h = self.config.br.horizon
         keys = [self._slot_key[i] for i in idx.tolist()]
         remaining = self.slot_output[idx] - age
         p, mu = self.predictor.predict(age, h, keys=keys, remaining=remaining)
         self._slot_steps[idx] = contribution(p, mu, h)
-        self._slot_ref[idx] = self.k
+        self._slot_ref[idx] = ks
         self._last_refresh = self.k
 
     def _start(self, g: int, job: Job, ready_s: float, age: int = 0) -> None:
         """Start `job` on worker `g`; `age` > 0: a seeded request that already generated `age` tokens."""
+        c = self._group_of[g]
+        k = self._gk[c]
+        if self._gnow[c] < self.now:  # an idle group starts when its work arrives
+            self._gnow[c] = self.now
         slot = self._free_slots[g].pop()
-        start = self.k - age
+        start = k - age
         self.slot_active[slot] = True
         self.slot_prompt[slot] = job.prompt_tokens
         self.slot_start[slot] = start
@@ -446,10 +593,11 @@ class Lane:
         if self.predictor is not None:
             steps = self._newcomer_steps(job)
             self._slot_steps[slot] = self.config.br.horizon if steps is None else steps
-            self._slot_ref[slot] = self.k
+            self._slot_ref[slot] = k
         self.loads[g] += job.prompt_tokens + age
         self.running_prompt[g] += job.prompt_tokens
         self.running[g] += 1
+        self._grun[c] += 1
         if self.ends is None:
             self._book(g, slot, job, start, max(job.output_tokens, age + 1))
         else:
@@ -459,23 +607,24 @@ class Lane:
             else:
                 self.slot_output[slot] = gen
                 self._watch_seq += 1
-                heapq.heappush(self._watch, (start + gen - 2, self._watch_seq, g, slot, job))
+                heapq.heappush(self._watches[c], (start + gen - 2, self._watch_seq, g, slot, job))
         if age:
             self._first_token[job.request_id] = self.now
             self._seeded_age[job.request_id] = age
             return
-        self._started_now.append((g, job))
+        self._started[c].append((g, job))
         self.totals.wait_s.append(self.now - ready_s)
 
     def _book(self, g: int, slot: int, job: Job, start: int, out: int) -> None:
-        """Book the finish of a request started at step `start` with `out` output tokens."""
+        """Book the finish of a request started at step `start` (of its group) with `out` output tokens."""
         self.slot_output[slot] = out
-        self._calendar.setdefault(start + out - 1, []).append((g, slot, job, out))
+        self._calendars[self._group_of[g]].setdefault(start + out - 1, []).append((g, slot, job, out))
 
     def _finish(self, g: int, slot: int, job: Job, out: int, end: float) -> None:
         self.loads[g] -= job.prompt_tokens + out
         self.running_prompt[g] -= job.prompt_tokens
         self.running[g] -= 1
+        self._grun[self._group_of[g]] -= 1
         self.slot_active[slot] = False
         self._slot_key[slot] = None
         self._free_slots[g].append(slot)
@@ -499,8 +648,8 @@ class Lane:
             self.on_done(job.request_id)
 
 
-def checked_step(lane: Lane, budget: float = math.inf) -> bool:
-    """`lane.step()` for the drivers' loops, which would spin forever on an engine bug instead.
+def checked_step(lane: Lane, budget: float = math.inf, until: float = math.inf) -> bool:
+    """`lane.step(until)` for the drivers' loops, which would spin forever on an engine bug instead.
 
     Raises RuntimeError when the step count did not move by exactly one step that ran (none when
     it did not run), or when more than `budget` steps ran: each step that runs emits at least one
@@ -508,7 +657,7 @@ def checked_step(lane: Lane, budget: float = math.inf) -> bool:
     seen plus one per released request).
     """
     k = lane.k
-    ran = lane.step()
+    ran = lane.step(until)
     if lane.k != k + ran:
         raise RuntimeError(
             f"lane {lane.spec.label}: step {k} {'ran' if ran else 'did not run'} but the step count is now"

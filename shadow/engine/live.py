@@ -11,7 +11,7 @@ from functools import partial
 
 from shadow.contracts.events import Cancel, Event, Finish, Route, Step, Token
 from shadow.contracts.requests import RequestRecord
-from shadow.engine.config import EngineConfig, LaneSpec
+from shadow.engine.config import EngineConfig, LaneClock, LaneSpec
 from shadow.engine.driver import LaneDriver, Observer
 from shadow.engine.jobs import Job
 from shadow.engine.lane import Clock, Lane, LaneTotals
@@ -157,6 +157,11 @@ class LiveDriver:
         # per-step observations for the step-time estimate (filled here, read by the caller)
         self.gap_samples: list[float] = []
         self.step_samples: list[tuple[float, float, str | None]] = []  # (t, duration, worker)
+        # ... and per worker: (worker, t, step period, source) of step events naming a known
+        # worker (the period: the time since its previous busy step when reported, else the
+        # duration); (worker, t, gap per token, tokens) of token advances
+        self.worker_steps: list[tuple[int, float, float, str | None]] = []
+        self.worker_gaps: list[tuple[int, float, float, int]] = []
 
     def _lane_budget(self, i: int) -> float:
         return self._step_budget + self._budget_offset[i]
@@ -189,6 +194,10 @@ class LiveDriver:
             return
         if isinstance(ev, Step):
             self.step_samples.append((ev.t, ev.duration_s, ev.worker))
+            w = None if ev.worker is None else self.index.get(ev.worker)
+            if w is not None:
+                period = ev.interval_s if ev.interval_s is not None else ev.duration_s
+                self.worker_steps.append((w, ev.t, period, ev.source))
             return
         rid = ev.request_id
         if isinstance(ev, Route) and ev.worker not in self.index:
@@ -229,6 +238,8 @@ class LiveDriver:
             # stream's chunks per analysis batch, and a chunk is alone in its batch when the gaps
             # around it are long (one-token gaps only: step mean +14-24% at load average 15-19).
             self.gap_samples.extend([(ev.t - r.t_token) / dg] * dg)
+            if r.worker is not None:
+                self.worker_gaps.append((self.index[r.worker], ev.t, (ev.t - r.t_token) / dg, dg))
         r.t_token = ev.t
         r.generated = ev.generated
         if r.worker is not None:
@@ -481,6 +492,11 @@ class LiveDriver:
             self._cursor[i] = cur
 
     # -- views -------------------------------------------------------------------------------
+
+    def set_clock(self, clock: LaneClock) -> None:
+        """Step every lane on `clock` from now on (see `Lane.set_clock`)."""
+        for lane in self.lanes:
+            lane.set_clock(clock)
 
     def lag(self, lane: Lane) -> float:
         """How far `lane` runs behind the newest event time (seconds)."""

@@ -53,7 +53,7 @@ def lane_result(lane: Lane, requests: int, points: int) -> LaneResult:
     t = lane.totals
     steps = max(t.steps, 1)
     makespan = max(t.last_finish_s - (t.first_arrival_s if t.finished else 0.0), 0.0)
-    total_worker_time = lane.config.workers * t.busy_time_s
+    total_worker_time = t.worker_time_s
     traj_t, traj_l = t.trajectory_t, t.trajectory_loads
     if points and len(traj_t) > points:
         stride = -(-len(traj_t) // points)

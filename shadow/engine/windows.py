@@ -46,15 +46,22 @@ class WindowTotals:
     sum_max: float
     tokens: int
     cut: bool = False  # left unfinished (a rolling lane re-seeded ahead): never compared
+    idle_s: float = 0.0  # the lane's own barrier idle (worker-seconds) and stepping time
+    worker_s: float = 0.0
 
-    def figure(self, name: str, step: StepTimeModel, workers: int) -> float | None:
-        """`name` (one of FIGURES) over this window; None without steps."""
+    def figure(self, name: str, step: StepTimeModel | None, workers: int) -> float | None:
+        """`name` (one of FIGURES) over this window, priced under `step` (None: on the lane's own
+        clock, the step times it stepped); None without steps."""
         if self.steps <= 0:
             return None
         if name == "spread":
             return self.sum_spread / self.steps
         if name == "imbalance":
             return self.sum_imbalance / self.steps
+        if step is None:
+            if self.worker_s <= 0:
+                return None
+            return self.idle_s / self.worker_s if name == "idle" else workers * self.tokens / self.worker_s
         busy = step.a * self.sum_max + step.b * self.steps
         if busy <= 0:
             return None
@@ -62,7 +69,7 @@ class WindowTotals:
             return step.a * self.sum_imbalance / (workers * busy)
         return self.tokens / busy
 
-    def figures(self, step: StepTimeModel, workers: int) -> dict[str, Any]:
+    def figures(self, step: StepTimeModel | None, workers: int) -> dict[str, Any]:
         """This window as reports give it (the per-window twins of `lane_figures`)."""
         return {
             "index": self.index,
@@ -75,11 +82,20 @@ class WindowTotals:
         }
 
 
-def lane_figures(t: LaneTotals, step: StepTimeModel, workers: int) -> dict[str, Any]:
-    """A lane's cumulative figures under `step` (re-priced from its sums): spread, I(k), barrier
-    idle, throughput and TPOT over every step it ran."""
+def lane_figures(t: LaneTotals, step: StepTimeModel | None, workers: int) -> dict[str, Any]:
+    """A lane's cumulative figures under `step` (re-priced from its sums; None: on the lane's own
+    clock, the step times it stepped): spread, I(k), barrier idle, throughput and TPOT over every
+    step it ran. On its own clock, throughput is tokens per second of stepping over the fleet
+    (G · tokens / the workers' stepping time: tokens / busy under one barrier)."""
     steps = max(t.steps, 1)
-    busy = step.a * t.sum_max + step.b * t.steps
+    if step is None:
+        busy, work = t.busy_time_s, t.worker_time_s
+        idle = t.sum_idle_s / work if work > 0 else 0.0
+        throughput = workers * t.tokens / work if work > 0 else 0.0
+    else:
+        busy = step.a * t.sum_max + step.b * t.steps
+        idle = step.a * t.sum_imbalance / (workers * busy) if busy > 0 else 0.0
+        throughput = t.tokens / busy if busy > 0 else 0.0
     return {
         "steps": t.steps,
         "requests_finished": t.finished,
@@ -87,8 +103,8 @@ def lane_figures(t: LaneTotals, step: StepTimeModel, workers: int) -> dict[str, 
         "avg_imbalance_tokens": t.sum_imbalance / steps,
         "sum_spread_token_steps": t.sum_spread,
         "sum_imbalance_token_steps": t.sum_imbalance,
-        "barrier_idle_fraction": step.a * t.sum_imbalance / (workers * busy) if busy > 0 else 0.0,
-        "throughput_tokens_per_s": t.tokens / busy if busy > 0 else 0.0,
+        "barrier_idle_fraction": idle,
+        "throughput_tokens_per_s": throughput,
         "tpot_s": busy / t.steps if t.steps else None,
         "tokens": t.tokens,
     }
@@ -140,7 +156,8 @@ class Windows(Observer):
         self.window_s = window_s
         self.labels = [lane.spec.label for lane in lanes]
         self._index = {id(lane): i for i, lane in enumerate(lanes)}
-        self._mark: list[tuple[int, int, float, float, float, int]] = [(0, 0, 0.0, 0.0, 0.0, 0)] * len(lanes)
+        self._mark: list[tuple[int, int, float, float, float, int, float, float]] = [
+            (0, 0, 0.0, 0.0, 0.0, 0, 0.0, 0.0)] * len(lanes)
         self.done: list[deque[WindowTotals]] = [deque(maxlen=keep) for _ in lanes]
         self.passed = [0] * len(lanes)  # windows each lane has passed the end of
 
@@ -169,14 +186,15 @@ class Windows(Observer):
         """Book the totals since the last boundary as window `passed[i]`; windows the lane jumped
         over (idle; or `cut`: re-seeded ahead, all marked cut) are booked empty."""
         t = lane.totals
-        w0, steps0, spread0, imb0, max0, tok0 = self._mark[i]
+        w0, steps0, spread0, imb0, max0, tok0, idle0, work0 = self._mark[i]
         self.done[i].append(
             WindowTotals(w0, t.steps - steps0, t.sum_spread - spread0, t.sum_imbalance - imb0,
-                         t.sum_max - max0, t.tokens - tok0, cut)
+                         t.sum_max - max0, t.tokens - tok0, cut, t.sum_idle_s - idle0, t.worker_time_s - work0)
         )
         for j in range(w0 + 1, k):
             self.done[i].append(WindowTotals(j, 0, 0.0, 0.0, 0.0, 0, cut))
-        self._mark[i] = (k, t.steps, t.sum_spread, t.sum_imbalance, t.sum_max, t.tokens)
+        self._mark[i] = (k, t.steps, t.sum_spread, t.sum_imbalance, t.sum_max, t.tokens, t.sum_idle_s,
+                         t.worker_time_s)
         self.passed[i] = k
 
     @property
@@ -200,8 +218,11 @@ class Windows(Observer):
                 out.append(w)
         return out[::-1]
 
-    def compare(self, label: str, reference: str, step: StepTimeModel, workers: int) -> dict[str, Interval]:
-        """Per figure: lane `label` against `reference`, window by window (ratio > 1: `label` better)."""
+    def compare(
+        self, label: str, reference: str, step: StepTimeModel | None, workers: int
+    ) -> dict[str, Interval]:
+        """Per figure: lane `label` against `reference`, window by window (ratio > 1: `label` better);
+        `step` None: each lane on its own clock."""
         mine = {w.index: w for w in self.series(label)}
         ref = self.series(reference)
         out: dict[str, Interval] = {}

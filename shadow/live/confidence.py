@@ -43,8 +43,11 @@ def trust_problems(
     return out
 
 
-def comparison(windows: Windows, step: StepTimeModel, workers: int, problems: list[str]) -> dict[str, Any]:
-    """The `comparison` block of the live report (see module docstring)."""
+def comparison(
+    windows: Windows, step: StepTimeModel | None, workers: int, problems: list[str]
+) -> dict[str, Any]:
+    """The `comparison` block of the live report (see module docstring); `step` None: the lanes'
+    figures on their own clock (the measured one)."""
     lanes: dict[str, Any] = {}
     if REFERENCE in windows.labels:
         for label in windows.labels:

@@ -13,7 +13,7 @@ from shadow.core.params import BRParams
 from shadow.core.policies import RouterOptions, make_router
 from shadow.core.pool import Pool
 from shadow.core.routers import PoolRouter, Router
-from shadow.core.stepmodel import SlidingFit, StepTimeModel
+from shadow.core.stepmodel import FitResult, SlidingFit, StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec
 from shadow.engine.driver import Observer
 from shadow.engine.jobs import Job
@@ -24,6 +24,7 @@ from shadow.engine.summary import LogHistogram, percentile
 from shadow.engine.windows import Windows, lane_figures
 from shadow.live.confidence import comparison, trust_problems
 from shadow.live.stepfit import STEP_BUCKETS, StepEstimator
+from shadow.live.workerclock import WorkerClock, WorkerModel
 
 DECISION_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1)
 DEFAULT_POLICIES = ("jsq-bytes", "br0", "brh:survival")
@@ -72,6 +73,7 @@ class LiveLanes:
         lag_s: float = 2.0,
         step: StepTimeModel | None = None,
         step_source: str = "auto",
+        lane_clock: str = "measured",
         br: BRParams | None = None,
         seed: int = 0,
         queue_size: int = 200_000,
@@ -85,6 +87,9 @@ class LiveLanes:
     ) -> None:
         if not workers:
             raise ValueError("live lanes need at least one decode worker")
+        if lane_clock not in ("measured", "configured"):
+            raise ValueError(f"lane clock must be measured or configured, got {lane_clock!r}")
+        self.measured_clock = lane_clock == "measured"
         if queue_size < 1:
             raise ValueError(f"queue size must be >= 1, got {queue_size}")
         self.workers = list(workers)
@@ -112,6 +117,11 @@ class LiveLanes:
         self.dropped: dict[str, int] = {"queue_full": 0, "error": 0}
         self.estimator = StepEstimator(window_s=window_s, source=step_source)
         self.fit = SlidingFit(fit_window)
+        # the lanes' clock: per-worker step models and barrier groups from the measured steps
+        self.worker_clock = WorkerClock(len(workers), self.step, fit_window=fit_window)
+        self.lane_clock, self._worker_models = self.worker_clock.clock(None)
+        if self.measured_clock:
+            self.driver.set_clock(self.lane_clock)
         self.step_hist: dict[str, list[int]] = {s: [0] * (len(STEP_BUCKETS) + 1) for s in ("events", "sse")}
         self.step_sum: dict[str, float] = {"events": 0.0, "sse": 0.0}
         self.step_count: dict[str, int] = {"events": 0, "sse": 0}
@@ -250,6 +260,16 @@ class LiveLanes:
         if d.gap_samples:
             est.add_gaps(d.gap_samples)
             d.gap_samples = []
+        wc = self.worker_clock
+        wc.add_loads(d.mirror_loads)
+        if d.worker_steps and self.estimator.source != "sse":
+            for g, t, period, source in d.worker_steps:
+                wc.add_step(g, t, period, source)
+        d.worker_steps = []
+        if d.worker_gaps and self.estimator.source != "events":
+            for g, t, gap, count in d.worker_gaps:
+                wc.add_gap(g, t, gap, count)
+        d.worker_gaps = []
         if d.step_samples:
             durations = [s[1] for s in d.step_samples]
             est.add_steps(durations)
@@ -282,6 +302,25 @@ class LiveLanes:
                 self.fit.add(x, robust_step)
                 self._model_check[0] += w * mean_step
                 self._model_check[1] += w * self.step.step_time(x)
+            wc.close(self.lane_clock)
+            self._set_clock()
+
+    def _fleet_model(self) -> StepTimeModel | None:
+        """Under a fleet-wide barrier: the fleet's fit when good, else its measured per-step mean."""
+        fit = self.fit.result()
+        model = fit.model(self.step)
+        if model is not self.step:
+            return model
+        mean = self._measured_mean()
+        return StepTimeModel(0.0, mean) if mean is not None and fit.samples >= 4 else None
+
+    def _set_clock(self) -> None:
+        """Step the lanes on the clock the measured steps give (see `shadow.live.workerclock`);
+        with the configured clock, only describe it."""
+        clock, self._worker_models = self.worker_clock.clock(self._fleet_model())
+        if self.measured_clock and clock != self.lane_clock:
+            self.lane_clock = clock
+            self.driver.set_clock(clock)
 
     def _hist(self, source: str, x: float) -> None:
         h = self.step_hist[source]
@@ -392,12 +431,31 @@ class LiveLanes:
             return what if not by["sse"] else f"{what} and SSE inter-chunk gaps"
         return "SSE inter-chunk gaps" if by["sse"] else None
 
+    def _clock_view(self) -> tuple[str, str, FitResult, list[tuple[str, WorkerModel]]]:
+        """The clock in use: its model in words, its samples' source (probe / sse / configured /
+        events, '+' joined when workers differ), the fit it stands on (fleet-wide under one barrier;
+        else the worst worker's), and the workers whose linear fit does not hold."""
+        per = self._worker_models
+        choice = self.worker_clock.choice
+        fleet = self.fit.result()
+        if not self.measured_clock:
+            return "fleet-wide barrier (--lane-clock configured)", "configured", fleet, []
+        sources = sorted({m.source for m in per})
+        if choice.groups is not None and len(choice.groups) == 1:
+            return "fleet-wide barrier", "+".join(sorted(set(sources) - {"configured"}) or sources), fleet, []
+        poor = [(self.workers[g], m) for g, m in enumerate(per) if m.fit.quality == "poor"]
+        rank = {"poor": 0, "insufficient": 1, "good": 2}
+        worst = min((m.fit for m in per), key=lambda f: (rank[f.quality], f.r2 if f.r2 is not None else -1.0))
+        if choice.groups is None:
+            what = "fleet-wide barrier (undecided: " + choice.reason + ")"
+            return what, "+".join(sources), worst if any(m.kind != "configured" for m in per) else fleet, poor
+        return choice.model, "+".join(sources), worst, poor
+
     def _publish(self) -> None:
         d = self.driver
         fit = self.fit.result()
-        model = fit.model(self.step)  # the fitted model when the fit is good
-        good = model is not self.step
         g = len(self.workers)
+        clock_model, clock_source, clock_fit, poor = self._clock_view()
         lanes: dict[str, Any] = {}
         recent: dict[str, list[dict[str, Any]]] = {}
         for lane in d.lanes:
@@ -405,11 +463,11 @@ class LiveLanes:
             loads = lane.loads
             queued = lane.queued_tokens
             label = lane.spec.label
-            recent[label] = [w.figures(model, g) for w in self.windows.recent(label, RECENT_WINDOWS)]
+            recent[label] = [w.figures(None, g) for w in self.windows.recent(label, RECENT_WINDOWS)]
             last = recent[label][-1] if recent[label] else {}
             lanes[label] = {
                 "policy": lane.spec.policy,
-                **lane_figures(t, model, g),
+                **lane_figures(t, None, g),  # on the lanes' own (measured) clock
                 "spread_tokens": max(loads) - min(loads),
                 "imbalance_tokens": len(loads) * max(loads) - sum(loads),
                 "lookahead_stalls": t.stalls,
@@ -442,20 +500,34 @@ class LiveLanes:
                 "decision_sum_s": t.decision_s.total if isinstance(t.decision_s, LogHistogram) else 0.0,
             }
         warnings: list[str] = []
-        if fit.quality == "poor":
+        fleet_wide = clock_model.startswith("fleet-wide")
+        on_configured = clock_source == "configured"
+        uses = (f"the lanes step on the configured model a={self.step.a:g} s/token, b={self.step.b:g} s"
+                if on_configured else "the lanes step on the measured mean step")
+        if fleet_wide and fit.quality == "poor":
             warnings.append(
                 f"the linear step model T = a·max L + b does not hold for these workers (R²={_r(fit.r2, 3)} "
-                f"over {fit.samples} samples from {self._samples_from()}): barrier idle, throughput and "
-                f"TPOT use the configured model a={self.step.a:g} s/token, b={self.step.b:g} s"
+                f"over {fit.samples} samples from {self._samples_from()}): {uses}, which does not follow "
+                "the load"
             )
-        elif fit.quality != "good":
+        elif fleet_wide and fit.quality != "good":
             warnings.append(
-                f"step model fit is {fit.quality} (R²={_r(fit.r2, 3)}, {fit.samples} samples): barrier idle, "
-                f"throughput and TPOT use the configured model a={self.step.a:g} s/token, b={self.step.b:g} s"
+                f"step model fit is {fit.quality} (R²={_r(fit.r2, 3)}, {fit.samples} samples): {uses}"
+            )
+        if poor:
+            names = ", ".join(
+                f"{name} (R²={_r(m.fit.r2, 3)} over {m.fit.samples} samples from "
+                f"{'the engine probe' if m.source == 'probe' else m.source}; mean step "
+                f"{1e3 * (m.mean_step_s or 0.0):.2f} ms)" for name, m in poor)
+            warnings.append(
+                f"the linear step model τ = a·L + b does not hold per worker for {names}: "
+                f"{'their lanes step' if len(poor) > 1 else 'its lane steps'} on the measured mean step, "
+                "which does not follow the load"
             )
         measured, modelled = self._model_check
         mean_step = self._measured_mean()
-        if modelled > 0 and abs(measured / modelled - 1.0) > 0.05:
+        vs_clock = self.worker_clock.measured_vs_clock()
+        if on_configured and modelled > 0 and abs(measured / modelled - 1.0) > 0.05:
             ms = f" (mean {1e3 * mean_step:.2f} ms per step)" if mean_step is not None else ""
             warnings.append(
                 f"measured steps{ms} are {100 * (measured / modelled - 1):+.0f}% against the configured "
@@ -467,10 +539,11 @@ class LiveLanes:
         # Load-weighted: Σ|lane − mirror| / Σ mirror over all snapshots and workers (a near-empty
         # fleet's snapshot weighs as little as its load); the unweighted mean is reported beside it.
         fid = self.fidelity_abs / self.fidelity_tot if self.fidelity_tot > 0 else None
-        problems = trust_problems(fit, fid, measured / modelled if modelled > 0 else None, self.dropped_total)
-        key = (self.windows.complete, model, tuple(problems))
+        drift = (measured / modelled if modelled > 0 else None) if on_configured else vs_clock
+        problems = trust_problems(clock_fit, fid, drift, self.dropped_total)
+        key = (self.windows.complete, tuple(problems))
         if self._comparison[0] != key:
-            self._comparison = (key, comparison(self.windows, model, g, problems))
+            self._comparison = (key, comparison(self.windows, None, g, problems))
         self._snapshot = {
             "lanes": lanes,
             "step_model": {
@@ -485,10 +558,23 @@ class LiveLanes:
                 "samples_from": self._samples_from(),
                 "step_event_sources": dict(self.step_sources),
                 "configured": {"a_s_per_token": self.step.a, "b_s": self.step.b},
-                "figures_use": "fitted" if good else "configured",
-                # False: enough samples, and a·max L + b does not explain them (see the warning)
-                "linear_model_holds": {"good": True, "poor": False}.get(fit.quality),
+                # the clock the lanes step on: its model, where its samples came from
+                "model_in_use": clock_model,
+                "model_source": clock_source,
+                "figures_use": "configured" if on_configured else "measured",
+                # False: enough samples, and the model in use (a·max L + b fleet-wide, a_g·L_g + b_g
+                # per worker) does not explain them (see the warning)
+                "linear_model_holds": False if poor else {"good": True, "poor": False}.get(clock_fit.quality),
+                "clock": {
+                    **self.worker_clock.describe(self.workers, self._worker_models),
+                    # what each worker's lane steps on now (under one barrier: the fleet's model)
+                    "lane_models": {
+                        name: {"a_s_per_token": m.a, "b_s": m.b}
+                        for name, m in zip(self.workers, self.lane_clock.models or (), strict=False)
+                    },
+                },
                 "measured_vs_configured": (measured / modelled) if modelled > 0 else None,
+                "measured_vs_clock": vs_clock,
                 # per step: worker-reported steps averaged; SSE windows (equal length, one median
                 # each) weighted by the steps they hold (harmonic mean)
                 "measured_step_mean_s": self._step_means(),

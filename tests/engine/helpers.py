@@ -18,7 +18,7 @@ def loads_from_slots(lane: Lane) -> list[float]:
     """Per-worker loads recomputed from the lane's slot arrays (Σ s_i + generated_i), to check its
     incremental loads against."""
     act = lane.slot_active
-    w = lane.slot_prompt[act] + (lane.k - lane.slot_start[act])
+    w = lane.slot_prompt[act] + (lane.slot_steps()[act] - lane.slot_start[act])
     sums = np.bincount(lane._slot_worker[act], weights=w, minlength=lane.config.workers)
     return [float(x) for x in sums.tolist()]
 

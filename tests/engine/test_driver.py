@@ -4,6 +4,7 @@ observers are told and when."""
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -99,7 +100,7 @@ def test_an_idle_lane_with_a_nan_ready_time_is_an_error_naming_it() -> None:
 
 def test_drain_refuses_a_lane_with_jobs_left_and_nothing_running() -> None:
     class Stuck(Lane):
-        def step(self) -> bool:
+        def step(self, until: float = math.inf) -> bool:
             return False
 
     lane = Stuck(LaneSpec("rr"), EngineConfig(workers=1, slots=1, step=UNIT), time.perf_counter)

@@ -33,18 +33,18 @@ class _Fused(Lane):
 
     calls = 0
 
-    def step(self) -> bool:
+    def step(self, until: float = math.inf) -> bool:
         self.calls += 1
         if self.calls > FUSE:
             raise AssertionError(f"lane {self.spec.label}: driver still stepping after {FUSE} steps")
-        return super().step()
+        return super().step(until)
 
 
 class _Frozen(_Fused):
     """Claims every step ran, but neither the step count nor the clock moves (a no-progress bug)."""
 
-    def step(self) -> bool:
-        super().step()  # count the call (the fuse) and run it,
+    def step(self, until: float = math.inf) -> bool:
+        super().step(until)  # count the call (the fuse) and run it,
         self.k -= 1 if self.k > 0 else 0  # then undo the step count
         return True
 
@@ -52,8 +52,8 @@ class _Frozen(_Fused):
 class _Leaping(_Fused):
     """Steps run, but the step count jumps by two."""
 
-    def step(self) -> bool:
-        ran = super().step()
+    def step(self, until: float = math.inf) -> bool:
+        ran = super().step(until)
         self.k += 1
         return ran
 
@@ -61,9 +61,9 @@ class _Leaping(_Fused):
 class _Endless(_Fused):
     """Requests never finish: every booked finish is dropped (steps keep running)."""
 
-    def step(self) -> bool:
-        self._calendar.clear()
-        return super().step()
+    def step(self, until: float = math.inf) -> bool:
+        self._calendars[0].clear()
+        return super().step(until)
 
 
 def _lane(cls: type[_Fused] = _Fused, policy: str = "rr", workers: int = 1, slots: int = 2) -> _Fused:
@@ -210,18 +210,18 @@ def _live(step_bug: type[Lane]) -> tuple[LiveDriver, list[int]]:
     calls = [0] * len(d.lanes)
     for i, lane in enumerate(d.lanes):
 
-        def step(lane: Lane = lane, i: int = i) -> bool:
+        def step(until: float = math.inf, lane: Lane = lane, i: int = i) -> bool:
             calls[i] += 1
             if calls[i] > FUSE:
                 raise AssertionError(f"lane {lane.spec.label}: driver still stepping after {FUSE} steps")
-            return step_bug.step(lane)
+            return step_bug.step(lane, until)
 
         lane.step = step  # type: ignore[method-assign]
     return d, calls
 
 
-def _frozen_step(lane: Lane) -> bool:
-    Lane.step(lane)
+def _frozen_step(lane: Lane, until: float = math.inf) -> bool:
+    Lane.step(lane, until)
     lane.k -= 1 if lane.k > 0 else 0
     return True
 
@@ -266,9 +266,9 @@ def test_the_live_driver_runs_correct_lanes_to_the_end_within_the_fuse() -> None
     assert d.open_requests() == 0
 
 
-def _endless_step(lane: Lane) -> bool:
-    lane._calendar.clear()  # every booked finish dropped
-    return Lane.step(lane)
+def _endless_step(lane: Lane, until: float = math.inf) -> bool:
+    lane._calendars[0].clear()  # every booked finish dropped
+    return Lane.step(lane, until)
 
 
 class _EndlessLive(Lane):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -79,10 +80,10 @@ class SnapshotLane(Lane):
 
     snapshots: list[list[float]]
 
-    def step(self) -> bool:
+    def step(self, until: float = math.inf) -> bool:
         self._admit()  # what step() does first; a second call admits nothing more
         snap = loads_from_slots(self)
-        ran = super().step()
+        ran = super().step(until)
         if ran:
             self.snapshots.append(snap)
         return ran

@@ -5,6 +5,7 @@ pool lane hears each newcomer's predicted stay."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -101,7 +102,7 @@ class _Idle(Lane):
 
     calls = 0
 
-    def step(self) -> bool:
+    def step(self, until: float = math.inf) -> bool:
         self.calls += 1
         assert self.calls < 100, "driver kept stepping an idle lane"
         return False

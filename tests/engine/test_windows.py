@@ -39,7 +39,7 @@ def test_windows_add_up_to_the_lane_totals_and_a_lane_equals_its_twin() -> None:
         kept = windows.done[i]
         assert [w.index for w in kept] == list(range(windows.passed[i]))
         # the windows telescope: together they are the lane's totals at its last boundary
-        _, steps, spread, _, _, tokens = windows._mark[i]
+        _, steps, spread, _, _, tokens, _, _ = windows._mark[i]
         assert 0 < steps <= lane.totals.steps
         assert sum(w.steps for w in kept) == steps and sum(w.tokens for w in kept) == tokens
         assert sum(w.sum_spread for w in kept) == pytest.approx(spread)

@@ -139,7 +139,9 @@ def test_live_lanes_beside_vllm_router_match_the_fleet_and_the_replay(tmp_path: 
         decode = {f"d{g}": u for g, u in enumerate(urls["decode"])}
         prefill = {f"p{i}": u for i, u in enumerate(urls["prefill"])}
         tap = TapConfig(decode, prefill=prefill, slots=B, record=str(record), scrape_interval_s=0)
-        config = ServeConfig(tap=tap, policies=POLICIES, step_a=A, step_b=B_S, lag_s=2.0)
+        # the lanes on the fleet's own model (as the replay below): their consistency is checked here
+        config = ServeConfig(tap=tap, policies=POLICIES, step_a=A, step_b=B_S, lag_s=2.0,
+                             lane_clock="configured")
         with ServeThread(config) as serve:
             taps, api = serve.ready["taps"], serve.ready["api"]
             port, mport = _free_port(), _free_port()

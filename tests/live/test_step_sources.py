@@ -75,3 +75,64 @@ def test_the_sse_estimate_is_checked_against_the_probe_of_the_same_windows() -> 
     none = _lanes([Arrive("r", 0.0, 50), Route("r", 0.0, "d0", 50)]
                   + [Token("r", 0.01 * i, i) for i in range(1, 100)])["sse_check"]
     assert none["trusted"] is None and "no worker-reported steps" in none["reason"]
+
+
+def _two_servers(fast: float, slow: float, seconds: float = 12.0, *, shared: bool = False) -> LiveLanes:
+    """Two workers with one stream each, their probes reporting steps `fast` and `slow` s apart
+    (independent servers), or both on the slow one's step ends (`shared`: one barrier)."""
+    live = LiveLanes(workers=["d0", "d1"], slots=8, policies=["br0"], lag_s=0.0, window_s=0.5)
+    events: list[Event] = []
+    for g in range(2):
+        events += [Arrive(f"r{g}", 0.0, 100), Route(f"r{g}", 0.0, f"d{g}", 100)]
+    for g, period in enumerate((slow, slow) if shared else (fast, slow)):
+        t, n = 0.0013 * g * (not shared), 0
+        while t < seconds:
+            t += period
+            n += 1
+            events += [Step(t, 0.8 * period, worker=f"d{g}", source="probe", interval_s=period),
+                       Token(f"r{g}", t, n)]
+    events.sort(key=lambda e: e.t)
+    for i in range(0, len(events), 50):
+        for ev in events[i:i + 50]:
+            live.listener(ev)
+        live.process_now()
+    live._publish()
+    return live
+
+
+def test_independent_servers_get_a_clock_each_from_the_probe() -> None:
+    """The issue's two real servers, 3.9 vs 18.9 ms: no shared barrier, each worker's lane clock is
+    its own measured step period (the probe's interval between busy steps), said in the report."""
+    live = _two_servers(0.0039, 0.0189, seconds=30.0)
+    sm = live.report()["step_model"]
+    clock = sm["clock"]
+    assert sm["model_in_use"] == "per worker" and clock["groups"] == [["d0"], ["d1"]], clock
+    assert sm["model_source"] == "probe" and sm["figures_use"] == "measured"
+    w0, w1 = clock["workers"]["d0"], clock["workers"]["d1"]
+    assert w0["source"] == w1["source"] == "probe"
+    assert w0["mean_step_s"] == pytest.approx(0.0039, rel=0.01)
+    assert w1["mean_step_s"] == pytest.approx(0.0189, rel=0.01)
+    # the loads do not drive these steps: the linear fit cannot hold, the mean step is the clock
+    assert w0["model"] == "mean step" and w0["a_s_per_token"] == 0
+    assert w0["b_s"] == pytest.approx(0.0039, rel=0.01)
+    assert live.lane_clock.groups == ((0,), (1,))
+    assert [m.b for m in live.lane_clock.models or ()] == pytest.approx([0.0039, 0.0189], rel=0.01)
+    # the recent windows' steps against the clock the lanes stepped on in them
+    assert sm["measured_vs_clock"] == pytest.approx(1.0, abs=0.05)
+
+
+def test_ranks_behind_one_barrier_share_the_fleet_wide_model() -> None:
+    live = _two_servers(0.0189, 0.0189, shared=True)
+    sm = live.report()["step_model"]
+    assert sm["model_in_use"] == "fleet-wide barrier" and sm["clock"]["groups"] == [["d0", "d1"]], sm["clock"]
+    assert live.lane_clock.groups == ((0, 1),)
+    assert sm["clock"]["coincidence"]["d0~d1"] == pytest.approx(1.0)
+
+
+def test_the_configured_lane_clock_is_kept_when_asked() -> None:
+    live = LiveLanes(workers=["d0", "d1"], slots=8, policies=["br0"], lane_clock="configured")
+    sm = live.report()["step_model"]
+    assert sm["model_in_use"].endswith("(--lane-clock configured)") and sm["model_source"] == "configured"
+    assert sm["figures_use"] == "configured"
+    with pytest.raises(ValueError, match="lane clock"):
+        LiveLanes(workers=["d0"], slots=8, lane_clock="guessed")

@@ -36,6 +36,17 @@ def test_demo_on_real_engines_names_them_and_its_mirror_and_step_model_hold(engi
     assert demo["drift_at_end"]["zero"], demo["drift_at_end"]
     sm = doc["step_model"]
     assert sm["samples_from"].startswith("the engine probe"), sm
+    # two independent servers: a step model per worker from the probe, the lanes on that clock
+    clock = sm["clock"]
+    assert sm["model_in_use"] == "per worker" and clock["groups"] == [["d0"], ["d1"]], clock
+    assert sm["model_source"] == "probe" and sm["figures_use"] == "measured", sm
+    for name, w in clock["workers"].items():
+        assert w["source"] == "probe" and w["model"] in ("mean step", "linear fit"), (name, w)
+        assert w["steps"] > 0 and w["mean_step_s"] > 0, (name, w)
+        assert clock["lane_models"][name]["b_s"] > 0
+    assert "lane clock: per worker from probe" in out
+    print(json.dumps({"clock": clock, "linear_model_holds": sm["linear_model_holds"],
+                      "warnings": doc.get("warnings")}))
     assert sm["r2"] is None or 0 <= sm["r2"] <= 1
     assert "R²=" in out and "from the engine probe" in out
     assert sm["sse_check"]["trusted"] is not None and sm["sse_check"]["reason"], sm["sse_check"]

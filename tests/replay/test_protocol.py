@@ -76,9 +76,9 @@ def test_bounded_queue_rejects_arrivals_and_never_holds_more_than_its_bound() ->
         seen: list[int] = []
         step = lane.step
 
-        def watch(step=step, lane=lane, seen=seen) -> bool:  # type: ignore[no-untyped-def]
+        def watch(until=math.inf, step=step, lane=lane, seen=seen) -> bool:  # type: ignore[no-untyped-def]
             seen.append(lane.waiting)
-            return step()
+            return step(until)
 
         lane.step = watch  # type: ignore[method-assign]
         fig = drive(lane, jobs, 0.0, 5.0, None, queue_cap=6)
