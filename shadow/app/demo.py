@@ -235,7 +235,9 @@ class Demo:
             decode = {f"d{g}": u for g, u in enumerate(fleet.ready["decode"])}
             self.fleet_state_url = fleet.ready["decode"][0] + "/fleet/state"
             prefill = {f"p{i}": u for i, u in enumerate(fleet.ready["prefill"])}
-            serve_args += ["--port", "0"]
+            # the simulated fleet's step model is known (the one it runs): the lanes step on it, so
+            # that `shadow replay` of the recording gives the same lanes; real engines: the measured clock
+            serve_args += ["--port", "0", "--lane-clock", "configured"]
             say(f"fleet: {o.prefill} prefill + {o.workers} decode ranks × {o.slots} slots, step = "
                 f"({o.step_a:g}·max L + {o.step_b:g}) s × {o.time_scale:g}")
         self.decode_names = list(decode)

@@ -30,7 +30,7 @@ def _session(path: Path) -> LiveLanes:
     real = fleet(3, 4, rate=15.0, out=40, every=4, seed=11, route="jsq-bytes")
     workers = [f"d{g}" for g in range(3)]
     live = LiveLanes(workers=workers, slots=4, policies=POLICIES, step=StepTimeModel(a=1e-9, b=STEP),
-                     lag_s=1.0, rolling_s=W, clock=lambda: real.t)
+                     lag_s=1.0, rolling_s=W, clock=lambda: real.t, lane_clock="configured")
     settings = LaneSettings(policies=POLICIES, step=live.step, slots=4, lag_s=1.0, rolling_s=W)
     rec = CompactRecorder(str(path), workers=workers, slots=4, lanes=settings.to_json())
     live.seed_sink = rec.seed

@@ -49,7 +49,8 @@ def _config(lag: float = 3600.0) -> ServeConfig:
     # a whole session (minutes of event time from t=1000) is posted at once: the event-time bound
     # is opened wide here (a live feed's times stay within a minute of the receiver's clock)
     tap = TapConfig(upstreams={}, workers=workers, slots=B, scrape_interval_s=0, event_skew_s=1e12)
-    return ServeConfig(tap=tap, lag_s=lag)
+    # the lanes on the configured model: the same lanes however the events were batched
+    return ServeConfig(tap=tap, lag_s=lag, lane_clock="configured")
 
 
 async def _post(api: str, parts: list[list[Event]]) -> None:

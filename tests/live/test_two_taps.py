@@ -78,6 +78,7 @@ def test_two_tap_processes_attached_to_give_the_lanes_of_one_tap(tmp_path: Path)
             step_a=A,
             step_b=B_S,
             lag_s=lag,
+            lane_clock="configured",  # the same lanes from both: on the configured model
         )
         with ServeThread(one) as s1:
             inner, api1 = s1.ready["taps"], s1.ready["api"]
@@ -103,6 +104,7 @@ def test_two_tap_processes_attached_to_give_the_lanes_of_one_tap(tmp_path: Path)
                 step_a=A,
                 step_b=B_S,
                 lag_s=lag,
+                lane_clock="configured",
             )
             with ServeThread(two) as s2:
                 api2 = s2.ready["api"]
