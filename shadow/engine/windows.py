@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from shadow.core.stepmodel import StepTimeModel
@@ -46,8 +46,10 @@ class WindowTotals:
     sum_max: float
     tokens: int
     cut: bool = False  # left unfinished (a rolling lane re-seeded ahead): never compared
-    idle_s: float = 0.0  # the lane's own barrier idle (worker-seconds) and stepping time
-    worker_s: float = 0.0
+    # the lane's own barrier idle (worker-seconds) and stepping time: sums of step times, whose
+    # rounding depends on where the running sum started (equality compares the counts above)
+    idle_s: float = field(default=0.0, compare=False)
+    worker_s: float = field(default=0.0, compare=False)
 
     def figure(self, name: str, step: StepTimeModel | None, workers: int) -> float | None:
         """`name` (one of FIGURES) over this window, priced under `step` (None: on the lane's own
@@ -189,7 +191,8 @@ class Windows(Observer):
         w0, steps0, spread0, imb0, max0, tok0, idle0, work0 = self._mark[i]
         self.done[i].append(
             WindowTotals(w0, t.steps - steps0, t.sum_spread - spread0, t.sum_imbalance - imb0,
-                         t.sum_max - max0, t.tokens - tok0, cut, t.sum_idle_s - idle0, t.worker_time_s - work0)
+                         t.sum_max - max0, t.tokens - tok0, cut, t.sum_idle_s - idle0,
+                         t.worker_time_s - work0)
         )
         for j in range(w0 + 1, k):
             self.done[i].append(WindowTotals(j, 0, 0.0, 0.0, 0.0, 0, cut))
