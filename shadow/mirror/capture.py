@@ -36,6 +36,26 @@ _METHODS = (b"GET ", b"POST ", b"PUT ", b"HEAD ", b"DELETE ", b"OPTIONS ", b"PAT
 _KEPT_HEADERS = ("content-type", "content-length", "transfer-encoding")
 
 
+class _Side:
+    """One direction's parser (None while waiting for the next message to start) and whether a gap
+    cut the message it was in (`lost`)."""
+
+    __slots__ = ("lost", "parser")
+
+    def __init__(self, parser: HttpRequestParser | HttpResponseParser) -> None:
+        self.parser: HttpRequestParser | HttpResponseParser | None = parser
+        self.lost = False
+
+    def gap(self) -> None:
+        """Bytes are missing: what follows is skipped up to the next message's start."""
+        self.lost = True
+        self.parser = None
+
+    def start(self, parser: HttpRequestParser | HttpResponseParser) -> None:
+        self.parser = parser
+        self.lost = False
+
+
 class _Flow:
     """One TCP connection to a target: both directions, their parsers, requests awaiting answers."""
 
@@ -47,10 +67,8 @@ class _Flow:
         self.last = t
         self.t = t  # the time of the segment being parsed
         self.waiting: deque[TapContext] = deque()  # requests sent, answer not complete
-        self.req_parser: HttpRequestParser | None = HttpRequestParser(_RequestSide(self))
-        self.resp_parser: HttpResponseParser | None = HttpResponseParser(_ResponseSide(self))
-        self.req_lost = False  # a gap in the request direction: skip to the next request line
-        self.resp_lost = False
+        self.req = _Side(HttpRequestParser(_RequestSide(self)))
+        self.resp = _Side(HttpResponseParser(_ResponseSide(self)))
         self.closed = 0  # directions that ended
         self.client_fin = False  # the client closed first (a request left unanswered was cancelled)
 
@@ -59,45 +77,43 @@ class _Flow:
     def request_bytes(self, pieces: list[bytes | None]) -> None:
         for piece in pieces:
             if piece is GAP:
-                self.req_lost = True
-                self.req_parser = None
+                self.req.gap()
                 self.cap.request_gaps += 1
                 continue
             assert piece is not None
-            if self.req_parser is None:
+            if self.req.parser is None:
                 if not piece.startswith(_METHODS):
                     continue  # still inside a message the capture lost the start of
-                self.req_parser = HttpRequestParser(_RequestSide(self))
-                self.req_lost = False
-            try:
-                self.req_parser.feed_data(piece)
-            except HttpParserError:
-                self.cap.parse_errors += 1
-                self.req_parser = None
+                self.req.start(HttpRequestParser(_RequestSide(self)))
+            if not self._parsed(self.req, piece):
+                self.req.parser = None
 
     def response_bytes(self, pieces: list[bytes | None]) -> None:
         for piece in pieces:
             if piece is GAP:
-                self.resp_lost = True
-                self.resp_parser = None
+                self.resp.gap()
                 self.cap.response_gaps += 1
                 if self.waiting:
                     self.waiting[0].seq += 1  # the analysis sees a gap in this answer's copy
                 continue
             assert piece is not None
-            if self.resp_parser is None:
+            if self.resp.parser is None:
                 if not piece.startswith(b"HTTP/1."):
                     continue
-                if self.resp_lost and self.waiting:  # a new answer: the one with the hole ended
+                if self.resp.lost and self.waiting:  # a new answer: the one with the hole ended
                     self.end(self.waiting.popleft(), END_COMPLETE)
-                self.resp_parser = HttpResponseParser(_ResponseSide(self))
-                self.resp_lost = False
-            try:
-                self.resp_parser.feed_data(piece)
-            except HttpParserError:
-                self.cap.parse_errors += 1
-                self.resp_parser = None
-                self.resp_lost = True
+                self.resp.start(HttpResponseParser(_ResponseSide(self)))
+            if not self._parsed(self.resp, piece):
+                self.resp.gap()  # the rest of this answer is not followed
+
+    def _parsed(self, side: _Side, piece: bytes) -> bool:
+        """Feed `piece` to the side's parser; False (counted) when the parser refuses it."""
+        try:
+            side.parser.feed_data(piece)  # type: ignore[union-attr]
+        except HttpParserError:
+            self.cap.parse_errors += 1
+            return False
+        return True
 
     def end(self, ctx: TapContext, reason: str) -> None:
         if not ctx.ended:
@@ -145,7 +161,8 @@ class _RequestSide:
 
     def on_headers_complete(self) -> None:
         rid, traceparent = head_ids(self.hdrs)
-        method = self.flow.req_parser.get_method() if self.flow.req_parser is not None else b"GET"
+        parser = self.flow.req.parser
+        method = parser.get_method() if isinstance(parser, HttpRequestParser) else b"GET"
         self.ctx = TapContext(
             self.flow.name,
             method.decode("latin-1"),
@@ -196,8 +213,8 @@ class _ResponseSide:
 
     def on_headers_complete(self) -> None:
         flow = self.flow
-        parser = flow.resp_parser
-        status = parser.get_status_code() if parser is not None else 0
+        parser = flow.resp.parser
+        status = parser.get_status_code() if isinstance(parser, HttpResponseParser) else 0
         self.interim = 100 <= status < 200
         if self.interim or not flow.waiting:
             return
@@ -211,7 +228,7 @@ class _ResponseSide:
         if ctx.method == "HEAD":  # no body follows (llhttp cannot be told): the answer ends here
             flow.waiting.popleft()
             flow.end(ctx, END_COMPLETE)
-            flow.resp_parser = None
+            flow.resp.parser = None
 
     def on_body(self, body: bytes) -> None:
         flow = self.flow
