@@ -83,6 +83,31 @@ def _panels(lay: Layout) -> None:
                "Requests in flight from the proxy to each upstream, by leg and worker.",
                "short", q(level("shadow_router_inflight", "leg, worker", agg="sum"), "{{leg}} {{worker}}")),
             w=8)
+    lay.add(ts("Streams cut",
+               "Client streams the proxy cut after their first byte (an SSE error event, then an aborted "
+               "body, so the client sees the failure), by leg and reason, counted over the window.",
+               "short", q(rate("shadow_router_streams_cut_total", "leg, reason", fn="increase"),
+                          "{{leg}} {{reason}}")), w=12)
+    lay.add(ts("Requests by cohort and result",
+               "Finished requests per second as their clients saw them: shadow (routed by shadow's policy) "
+               "and router (passed to the existing router), ok or failed (not the client's own 4xx).",
+               "reqps", q(rate("shadow_cohort_requests_total", "cohort, result"), "{{cohort}} {{result}}")),
+            w=12)
+    lay.row("Canary analysis")
+    lay.add(ts("Canary step",
+               "Fraction of requests the canary under analysis routes by shadow's policy (0: no canary "
+               "under analysis).",
+               "percentunit", q(level("shadow_canary_step_fraction", "instance"), "{{instance}}"), max_=1),
+            w=8)
+    lay.add(ts("Canary verdicts",
+               "Verdicts of the canary's steps (pass: on to the next step; fail: back to shadow; promoted: "
+               "active), counted over the window.",
+               "short", q(rate("shadow_canary_verdicts_total", "verdict", fn="increase"), "{{verdict}}")),
+            w=8)
+    lay.add(ts("Canary p-values",
+               "One-sided p-value of the last verdict's test that the canary is worse, by metric (Fisher's "
+               "exact test on errors, Mann-Whitney U on TTFT, TPOT and spread); low means worse.",
+               "none", q(level("shadow_canary_p_value", "metric", agg="min"), "{{metric}}"), max_=1), w=8)
     lay.row("Decode workers")
     lay.add(ts("Placements per decode worker",
                "Requests placed on each decode worker per second, by policy (rr in fallback).",
