@@ -39,15 +39,19 @@ FINISHED = Family("shadow_lane_requests_finished_total", "counter",
 STALLS = Family("shadow_lane_lookahead_stalls_total", "counter",
                 "Steps held because a running request's end was not yet known.", "steps", L)
 LAG = Family("shadow_lane_lag_seconds", "gauge", "How far the lane runs behind the live clock.", "seconds", L)
-W_SPREAD = Family("shadow_lane_window_spread_tokens", "gauge",
-                  "Average max-min KV load over the last complete window (rolling: from its seed).",
-                  "tokens", L)
-W_IMBALANCE = Family("shadow_lane_window_imbalance_tokens", "gauge",
-                     "Average I(k) over the last complete window.", "tokens", L)
-W_IDLE = Family("shadow_lane_window_barrier_idle_ratio", "gauge",
-                "Barrier-idle fraction over the last complete window.", "ratio", L)
-W_THROUGHPUT = Family("shadow_lane_window_throughput_tokens_per_second", "gauge",
-                      "Estimated decode throughput over the last complete window.", "tokens/s", L)
+
+
+def _windowed(figure: Family, help: str) -> Family:
+    """The gauge of a lane figure over the last complete window (`shadow_lane_window_*`, same unit)."""
+    name = figure.name.replace("shadow_lane_", "shadow_lane_window_", 1)
+    return Family(name, "gauge", help, figure.unit, L)
+
+
+W_SPREAD = _windowed(SPREAD, "Average max-min KV load over the last complete window (rolling: from its "
+                              "seed).")
+W_IMBALANCE = _windowed(IMBALANCE, "Average I(k) over the last complete window.")
+W_IDLE = _windowed(BARRIER_IDLE, "Barrier-idle fraction over the last complete window.")
+W_THROUGHPUT = _windowed(THROUGHPUT, "Estimated decode throughput over the last complete window.")
 RESEEDS = Family("shadow_lane_reseeds_total", "counter",
                  "Times the lane was re-seeded from the mirrored fleet (rolling windows).", "reseeds", L)
 CUTS = Family("shadow_lane_windows_cut_total", "counter",
