@@ -66,6 +66,7 @@ class _Leg:
     __slots__ = (
         "body",
         "body_lost",
+        "ended_as",
         "estimate",
         "gaps",
         "last_seq",
@@ -97,6 +98,7 @@ class _Leg:
         self.prompt_known = False
         self.estimate: int | None = None  # prompt tokens read from the request body (plain mode)
         self.gaps = 0
+        self.ended_as = ""  # the end as judged (a client that left after the stream's end: complete)
 
 
 class _Pair:
@@ -185,7 +187,8 @@ def _is_llm_path(path: str) -> bool:
 
 
 class RequestSpans(Protocol):
-    """Told when a tap's generation request starts and ends (tracing: telemetry's `TapSpans`)."""
+    """Told when a tap's generation request starts and ends (tracing: telemetry's `TapSpans`); the
+    end's reason as the analysis judged it (a client that left after the stream's end: complete)."""
 
     def started(self, ctx: TapContext, role: str) -> None: ...
 
@@ -278,7 +281,7 @@ class Analyzer:
         if not isinstance(leg, _Leg) or leg.role == ROLE_OTHER:
             return
         try:
-            self.spans.ended(ctx, t, str(reason), leg.worker)
+            self.spans.ended(ctx, t, leg.ended_as or str(reason), leg.worker)
         except Exception:
             self.mirror.count_error("tracing")
 
@@ -496,6 +499,7 @@ class Analyzer:
             p.done or p.finish_reason is not None
         ):
             reason = END_COMPLETE  # the client (or the relay) left after the stream's end: it was whole
+        leg.ended_as = reason
         if reason == END_CLIENT_CANCEL:
             emit(Cancel(mid, t), "tap", now)
             return

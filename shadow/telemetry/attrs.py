@@ -40,7 +40,7 @@ UPSTREAM_WORKER = "shadow.upstream.worker"  # the prefiller, decode worker or ro
 UPSTREAM_LEG = "shadow.upstream.leg"  # prefill, decode, router
 TAP_NAME = "shadow.tap.name"
 TAP_ROLE = "shadow.tap.role"  # prefill, decode, front (a tap in front of the router)
-TAP_END = "shadow.tap.end"  # how the tap saw it end: complete, client_cancel, upstream_cut, ...
+TAP_END = "shadow.tap.end"  # the end as the analysis judged it: complete, client_cancel, upstream_cut
 
 # gen_ai.* (OpenTelemetry GenAI semantic conventions, development status)
 GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"

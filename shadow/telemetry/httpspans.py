@@ -159,7 +159,8 @@ class TapSpans:
             self.evicted += 1
 
     def ended(self, ctx: TapRequest, t: float, reason: str, worker: str | None) -> None:
-        """`ctx` ended at `t` for `reason` (the tap's end reasons) on decode `worker` (if known)."""
+        """`ctx` ended at `t` for `reason` (the tap's end reasons, as the analysis judged the end) on
+        decode `worker` (if known)."""
         span = self.open.pop(ctx, None)
         if span is None:
             return

@@ -131,9 +131,10 @@ def _check_tap(tap: Got, parent: Got, taps: dict[str, str]) -> None:
     assert tap.attrs["http.response.status_code"] == 200 and tap.attrs[attrs.TAP_END] == "complete"
     # the tap's times (its relay's monotonic clock, moved to epoch by the analysis) fall within its
     # caller's call: it got the request head after the call began, it ended about when the call did
+    # (its end is when its relay saw the caller close, a moment after the call's end on a busy host)
     t0, t1 = tap.span.start_time_unix_nano, tap.span.end_time_unix_nano
     c0, c1 = parent.span.start_time_unix_nano, parent.span.end_time_unix_nano
-    assert c0 - 5_000_000 <= t0 < t1 <= c1 + 1_000_000_000, (t0 - c0, t1 - c1)
+    assert c0 - 5_000_000 <= t0 < t1 <= c1 + 5_000_000_000, (t0 - c0, t1 - c1)
 
 
 class Trace:

@@ -193,3 +193,18 @@ def test_a_front_taps_span_role_and_a_failing_span_maker_leave_the_mirror_alone(
     assert rec.calls == [("start", "f", "front"), ("end", "f", "complete", None)]
     assert an.mirror.errors == {"tracing": 1}
     assert an.mirror.events == {("tap", "arrive"): 1, ("tap", "finish"): 1}  # still mirrored
+
+
+def test_a_client_that_left_after_the_streams_end_ended_it_complete() -> None:
+    """The span's end is the analysis's judgement, as the mirror's: a client (or the proxy before
+    it) that closed after `[DONE]` had the whole stream."""
+    rec = _Recorder()
+    an = _analyzer(rec)
+    whole, cut = _ctx(rid="w"), _ctx(rid="c")
+    for c in (whole, cut):
+        c.status, c.resp_headers = 200, {"content-type": "text/event-stream"}
+    chunk = b'data: {"choices": [{"index": 0, "text": "x", "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n'
+    an.process([(whole, 0, 99.5, None), (whole, 1, 99.6, chunk), (whole, -1, 99.7, "client_cancel"),
+                (cut, 0, 99.5, None), (cut, 1, 99.6, chunk[:20]), (cut, -1, 99.7, "client_cancel")])
+    assert [c for c in rec.calls if c[0] == "end"] == [("end", "w", "complete", "d1"),
+                                                     ("end", "c", "client_cancel", "d1")]
