@@ -24,7 +24,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 
@@ -59,17 +59,13 @@ class WorkerReconcile:
     done_base: float | None = None  # engine-finished − mirror-ended at the last quiet scrape
     kv_capacity_tokens: float | None = None
 
+    #: The drift figures, as /v1/state names them.
+    DRIFT: ClassVar[tuple[str, ...]] = ("drift_requests", "drift_kv_ratio", "draining", "kv_capacity_tokens")
+
     def as_dict(self, now: float) -> dict[str, Any]:
-        d: dict[str, Any] = {
-            "url": self.url,
-            "errors": self.errors,
-            "last_error": self.last_error,
-            "age_s": None if self.last_ok is None else round(now - self.last_ok, 3),
-            "drift_requests": self.drift_requests,
-            "drift_kv_ratio": self.drift_kv_ratio,
-            "draining": self.draining,
-            "kv_capacity_tokens": self.kv_capacity_tokens,
-        }
+        d: dict[str, Any] = {"url": self.url, "errors": self.errors, "last_error": self.last_error,
+                             "age_s": None if self.last_ok is None else round(now - self.last_ok, 3)}
+        d.update((k, getattr(self, k)) for k in self.DRIFT)
         if self.engine is not None:
             d["engine"] = self.engine
         if self.load is not None:

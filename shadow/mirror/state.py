@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from shadow.base.ordered import expire
 from shadow.contracts.events import Arrive, Cancel, Event, Finish, Route, Step, Token
@@ -48,6 +48,9 @@ class WorkerCounts:
     reaped: int = 0
     slots: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    #: The counters, as /v1/state names them.
+    COUNTS: ClassVar[tuple[str, ...]] = ("active", "kv_tokens", "finished", "cancelled", "reaped")
 
 
 class MirrorState:
@@ -270,13 +273,7 @@ class MirrorState:
         """JSON-ready view served at /v1/state."""
         workers: dict[str, Any] = {}
         for name, wc in self.workers.items():
-            d: dict[str, Any] = {
-                "active": wc.active,
-                "kv_tokens": wc.kv_tokens,
-                "finished": wc.finished,
-                "cancelled": wc.cancelled,
-                "reaped": wc.reaped,
-            }
+            d: dict[str, Any] = {k: getattr(wc, k) for k in WorkerCounts.COUNTS}
             if wc.slots is not None:
                 d["slots"] = wc.slots
                 d["free_slots"] = max(0, wc.slots - wc.active)
