@@ -4,7 +4,7 @@ lanes never see the future."""
 from __future__ import annotations
 
 import heapq
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -15,7 +15,7 @@ from shadow.engine.config import EngineConfig, LaneClock, LaneSpec
 from shadow.engine.driver import LaneDriver, Observer
 from shadow.engine.jobs import Job
 from shadow.engine.lane import Clock, Lane, LaneTotals
-from shadow.engine.rolling import Seed, Seeded, check_window
+from shadow.engine.rolling import Seed, SeedBook, Seeded, check_window
 from shadow.engine.summary import LogHistogram
 
 ACTUAL = "actual"
@@ -61,7 +61,7 @@ class LiveDriver:
     (`Lane.reseed`) from the mirrored fleet at event time origin + n·W (`rolling.Seed`, taken as
     the first event at or after it is applied, or when the horizon passes it), so a lane's drift
     from reality, its lag and what it holds stay bounded by one window. New seeds wait in
-    `new_seeds` for the caller (a recorder). A replay passes the recorded `seeds` (and their
+    `seeds.new` for the caller (a recorder). A replay passes the recorded `seeds` (and their
     `origin`) instead: the lanes start each window from the same state as they did live. A lane
     more than `max_lag_s` (default W) behind its horizon is cut: re-seeded at the latest boundary
     the horizon passed (`cuts`), so its lag stays within lag_s + max(max_lag_s, W).
@@ -100,13 +100,7 @@ class LiveDriver:
             raise ValueError(f"max lag must be > 0 s, got {max_lag_s!r}")
         if seeds is not None and self.rolling_s is None:
             raise ValueError("recorded seeds need the rolling window they were taken with")
-        self._given = dict(seeds) if seeds is not None else None
-        self._seeds: dict[int, Seed] = {}  # taken (or given), not yet used by every lane
-        self._seed_uses: Counter[int] = Counter()
-        self._pinned: Counter[str] = Counter()  # requests in a seed some lane has still to use
-        self._next_seed = 1
         self._snap_until = float("-inf")  # event time up to which the table is the fleet's state
-        self.new_seeds: list[Seed] = []
         self.reseeds = 0
         self.seed_unknown_worker = 0
         self.cuts: dict[str, int] = {}  # per lane: windows cut short (re-seeded ahead: too far behind)
@@ -135,9 +129,7 @@ class LiveDriver:
         self._cursor = [0] * len(self.lanes)
         self._budget_offset = [0] * len(self.lanes)
         self.origin: float | None = origin  # event time of lane time 0
-        if self._given is not None:
-            for seed in self._given.values():
-                self._pinned.update(r.request_id for r in seed.requests)
+        self.seeds = SeedBook(self.rolling_s or 1.0, len(self.lanes), seeds)
         self.last_release = float("-inf")
         self.now = float("-inf")  # latest event time seen
         self.horizon = float("-inf")
@@ -185,7 +177,7 @@ class LiveDriver:
 
     def apply(self, ev: Event) -> None:
         """Fold one event into the request table (never raises on odd input; counts it)."""
-        if self.rolling_s is not None and self._given is None and self.origin is not None:
+        if self.rolling_s is not None and self.origin is not None:
             self._take_seeds(ev.t)
         if ev.t > self.now:
             self.now = ev.t
@@ -291,7 +283,7 @@ class LiveDriver:
 
     def _forget(self, rid: str, r: _Live) -> None:
         """Out of the table once every lane is done with it and no seed still to be used holds it."""
-        if r.lanes_done >= len(self.lanes) and not self._pinned.get(rid):
+        if r.lanes_done >= len(self.lanes) and not self.seeds.holds(rid):
             del self._reqs[rid]
             self._assign.pop(rid, None)
 
@@ -315,9 +307,7 @@ class LiveDriver:
         """Take the seeds of every boundary at or before event time `upto` not taken yet: the
         table as it is now (the events before the boundary) is the fleet at the boundary."""
         assert self.rolling_s is not None and self.origin is not None
-        while upto >= self.origin + self._next_seed * self.rolling_s:
-            n = self._next_seed
-            self._next_seed += 1
+        for n in self.seeds.due(self.origin, upto):
             reqs = tuple(sorted(
                 (Seeded(rid, r.worker, r.arrival, r.prompt, r.generated if r.running else 0, r.key)
                  for rid, r in self._reqs.items()
@@ -325,21 +315,13 @@ class LiveDriver:
                  and r.arrival is not None),
                 key=lambda s: (s.arrival, s.request_id),
             ))
-            seed = Seed(n, self.origin + n * self.rolling_s, self.origin, self.rolling_s, reqs,
-                        self._step_budget)
-            self._seeds[n] = seed
-            self._pinned.update(r.request_id for r in reqs)
-            self.new_seeds.append(seed)
+            self.seeds.add(Seed(n, self.origin + n * self.rolling_s, self.origin, self.rolling_s, reqs,
+                                self._step_budget))
 
     def _seed(self, n: int) -> Seed | None:
-        if self._given is not None:
-            seed = self._given.pop(n, None)
-            if seed is not None:
-                self._seeds[n] = seed
-            return self._seeds.get(n)
-        if n not in self._seeds and self.origin is not None and n >= self._next_seed:
+        if self.origin is not None and n >= self.seeds.next:
             self._take_seeds(min(self._snap_until, self.origin + n * (self.rolling_s or 0.0)))
-        return self._seeds.get(n)
+        return self.seeds.get(n)
 
     def _catch_up(self, i: int, driver: LaneDriver, lane_t: float) -> None:
         """Lane `i` is too far behind: cut its window and re-seed it at the latest boundary the
@@ -406,18 +388,10 @@ class LiveDriver:
 
     def _used(self, n: int) -> None:
         """One more lane is past boundary n: its seed goes once every lane is."""
-        self._seed_uses[n] += 1
-        if self._seed_uses[n] >= len(self.lanes):
-            del self._seed_uses[n]
-            used = self._seeds.pop(n, None)
-            if used is not None:
-                for s in used.requests:
-                    self._pinned[s.request_id] -= 1
-                    if self._pinned[s.request_id] <= 0:
-                        del self._pinned[s.request_id]
-                        r = self._reqs.get(s.request_id)
-                        if r is not None and r.released:
-                            self._forget(s.request_id, r)
+        for rid in self.seeds.used(n):
+            r = self._reqs.get(rid)
+            if r is not None and r.released:
+                self._forget(rid, r)
 
     # -- time --------------------------------------------------------------------------------
 

@@ -11,7 +11,8 @@ tokens generated so far (0: placed, waiting at its worker for a slot). Recording
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,3 +79,57 @@ def check_window(window_s: float | None) -> float | None:
     if not (math.isfinite(window_s) and window_s > 0):
         raise ValueError(f"rolling window must be > 0 s, got {window_s!r}")
     return float(window_s)
+
+
+class SeedBook:
+    """A rolling driver's seeds: taken (live) or given (a replay), each kept until every one of
+    `lanes` lanes has used it; the requests a kept seed holds are pinned (the driver keeps them).
+
+    `due(origin, upto)` names the boundaries at or before event time `upto` whose seed is still to
+    be taken, in order; `add` keeps one (and lists it in `new` for the caller); `get(n)` is seed n
+    if any; `used(n)` counts one lane past boundary n and returns the requests no seed pins any more.
+    """
+
+    def __init__(self, window_s: float, lanes: int, given: Mapping[int, Seed] | None = None) -> None:
+        self.window_s = window_s
+        self.lanes = lanes
+        self.given = dict(given) if given is not None else None
+        self.seeds: dict[int, Seed] = {}
+        self.uses: Counter[int] = Counter()
+        self.pinned: Counter[str] = Counter()
+        self.next = 1  # the next boundary whose seed is to be taken
+        self.new: list[Seed] = []
+        for seed in (self.given or {}).values():
+            self.pinned.update(r.request_id for r in seed.requests)
+
+    def due(self, origin: float, upto: float) -> Iterator[int]:
+        while self.given is None and upto >= origin + self.next * self.window_s:
+            self.next += 1
+            yield self.next - 1
+
+    def add(self, seed: Seed) -> None:
+        self.seeds[seed.window] = seed
+        self.pinned.update(r.request_id for r in seed.requests)
+        self.new.append(seed)
+
+    def get(self, n: int) -> Seed | None:
+        if self.given is not None and n in self.given:
+            self.seeds[n] = self.given.pop(n)
+        return self.seeds.get(n)
+
+    def holds(self, request_id: str) -> bool:
+        return self.pinned.get(request_id, 0) > 0
+
+    def used(self, n: int) -> list[str]:
+        self.uses[n] += 1
+        if self.uses[n] < self.lanes:
+            return []
+        del self.uses[n]
+        seed = self.seeds.pop(n, None)
+        freed: list[str] = []
+        for r in seed.requests if seed is not None else ():
+            self.pinned[r.request_id] -= 1
+            if self.pinned[r.request_id] <= 0:
+                del self.pinned[r.request_id]
+                freed.append(r.request_id)
+        return freed

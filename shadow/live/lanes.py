@@ -236,8 +236,8 @@ class LiveLanes:
             if n % 512 == 0:
                 self._observe()
         self.processed += n
-        if d.new_seeds:
-            seeds, d.new_seeds = d.new_seeds, []
+        if d.seeds.new:
+            seeds, d.seeds.new = d.seeds.new, []
             if self.seed_sink is not None:
                 for seed in seeds:
                     self.seed_sink(seed)

@@ -115,7 +115,7 @@ def test_replay_gives_every_window_the_live_figures() -> None:
     in one pass for all lanes, and one window alone from its seed for the history-free ones."""
     driver, windows, events, _ = live_session(fleet(3, 4, rate=16.0, out=40, every=4, seed=7, route="jsq"),
                                               60.0, SPECS, rolling=5.0)
-    seeds = {s.window: Seed.from_json(s.to_json()) for s in driver.new_seeds}  # as a recording has them
+    seeds = {s.window: Seed.from_json(s.to_json()) for s in driver.seeds.new}  # as a recording has them
     assert len(seeds) >= 11 and any(r.generated == 0 for s in seeds.values() for r in s.requests)
     for lane in driver.lanes:  # every request finished in the lane once, or was taken out by a re-seed
         assert lane.totals.finished + lane.dropped_unfinished == driver.released, lane.spec.label
