@@ -3,6 +3,8 @@ registry `ActiveMetrics` is given; closed label sets from `shadow.contracts` and
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry
 
 from shadow.base.families import Family
@@ -118,3 +120,13 @@ class ActiveMetrics:
             self.retries.labels(leg)
         self.pool_requests.set(0)
         self.pool_oldest.set(0)
+        for leg in STREAMS_CUT.closed("leg"):
+            for reason in STREAMS_CUT.closed("reason"):
+                self.streams_cut.labels(leg, reason)
+
+    def know_workers(self, decode: Iterable[str], prefill: Iterable[str]) -> None:
+        """Start each worker's error series at 0, so that `rate()` and `increase()` see its first
+        errors (a series born at its first value shows no increase)."""
+        for leg, names in (("decode", decode), ("prefill", prefill)):
+            for name in names:
+                self.upstream_errors.labels(leg, name)

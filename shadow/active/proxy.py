@@ -244,6 +244,7 @@ class ActiveProxy:
         self.modes: ModeSource = modes or StaticModeSource("active", "br0")
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = ActiveMetrics(self.registry)
+        self.metrics.know_workers(config.decode, config.prefill)
         self.clock = clock
         self.decode_names = list(config.decode)
         self.decode_urls = [u.rstrip("/") for u in config.decode.values()]

@@ -129,6 +129,13 @@ def test_drift_and_dead_rank_alerts_reach_the_webhook(tmp_path: Path) -> None:
         hook.close()
 
 
+#: Families with no sample in this layout, each for its reason (the canary's p-values are the figures
+#: of its verdicts, which tests/active/test_canary_analysis.py reads in /v1/report).
+NO_DATA_HERE = {
+    "shadow_canary_p_value": "exported after a canary step's analysis; this stack's canary has no steps",
+}
+
+
 def _active_expressions() -> list[tuple[str, str]]:
     """(where, expr) of every dashboard target and alert rule that reads an active-routing metric."""
     from tests.telemetry.test_prometheus_integration import _expressions
@@ -259,7 +266,8 @@ def test_active_fallback_trips_and_active_expressions_return_data(tmp_path: Path
                          "automatic fallback after the crash")
                 trips = prom.query("sum by (reason) (shadow_fallback_trips_total)")["data"]["result"]
                 assert trips and all(float(t["value"][1]) >= 1 for t in trips), trips
-                wait_for(lambda: prom.query("sum(rate(shadow_router_upstream_errors_total[30s])) > 0")
+                # (increase over 2 minutes: the trip can take longer than 30 s to see on a loaded host)
+                wait_for(lambda: prom.query("sum(increase(shadow_router_upstream_errors_total[2m])) > 0")
                          ["data"]["result"], 60, "upstream errors scraped")
 
                 # every expression reading an active-routing metric parses and returns data
@@ -275,7 +283,7 @@ def test_active_fallback_trips_and_active_expressions_return_data(tmp_path: Path
                         gone = {n for n in names if not prom.query(f"count({n})")["data"]["result"]}
                         if gone:
                             missing.append(f"{where}: no data for {sorted(gone)}")
-                    elif not body["data"]["result"]:
+                    elif not body["data"]["result"] and not set(metric_names(text)) <= set(NO_DATA_HERE):
                         missing.append(f"{where}: no data for {text}")
                 assert missing == [], "\n".join(missing)
             finally:
