@@ -3,19 +3,23 @@
 
 A canary runs at `steps[0]` of the request ids, then each next step, then everything (active).
 A step ends when it has run `min_step_s` and both cohorts (shadow-routed = the canary, router-routed
-= the control, same fleet, same time) have `min_requests` finished requests since it began. The
-canary is worse, and ends in shadow with the reason, when on any metric it is worse by a one-sided
-test at level `alpha` AND by more than its margin (so a tiny, significant difference does not stop
-it, and a large one by chance does not either):
-- error rate: Fisher's exact test on failed/ok counts; margin `error_margin` (absolute);
-- TTFT, TPOT: Mann-Whitney U on the requests' values; margin `latency_margin` on the P50 ratio;
+= the control, same fleet, same time) have `min_requests` finished requests since it began. It
+passes only when, on every judged metric, the canary is shown no worse than the control within that
+metric's stated margin; else the canary ends in shadow with the reason:
+- TTFT, TPOT: a non-inferiority test, one-sided Mann-Whitney U of H0 "the canary's values exceed
+  (1 + margin) × the control's" (the control's scaled by `ttft_margin`, `tpot_margin`), rejected at
+  `alpha`: the burden of proof is on the canary, so too few or too noisy samples fail it too;
+- error rate: worse only when Fisher's exact test says so at `alpha` AND the rates differ by more
+  than `error_margin` (absolute): a non-inferiority bound on a rate near 0 would need about
+  3 / margin requests a cohort (the rule of three), and the client_errors fallback trip watches
+  the same failures over its own window;
 - the fleet's spread (max − min mirrored KV tokens over workers, sampled each check) is reported,
   not judged: Mann-Whitney U on means of batches of `spread_batch` samples (batches, because
   consecutive samples are correlated), the step against the shadow-mode baseline just before the
   canary (its last `baseline_batches` batches). The spread is the fleet's, not a cohort's, so this
   is a before/after comparison, and it is confounded: a control canary of the router's own rule
   (JSQ) raised it 25–63 % in tests/active/test_canary_analysis.py's setup. With
-  `spread_blocks=True` it fails a step as the others do (margin `spread_margin`).
+  `spread_blocks=True` it fails a step when worse by the test AND by more than `spread_margin`.
 A step that does not get enough requests within `max_step_s` ends the canary too.
 """
 
@@ -43,7 +47,8 @@ class CanaryConfig:
     max_step_s: float = 900.0
     alpha: float = 0.05
     error_margin: float = 0.01
-    latency_margin: float = 0.10
+    ttft_margin: float = 0.25
+    tpot_margin: float = 0.10
     spread_margin: float = 0.10
     spread_batch: int = 20
     min_batches: int = 4
@@ -62,7 +67,7 @@ class CanaryConfig:
                              f"{self.max_step_s}")
         if not 0 < self.alpha < 1:
             raise ValueError(f"canary alpha must be in (0, 1), got {self.alpha}")
-        if min(self.error_margin, self.latency_margin, self.spread_margin) < 0:
+        if min(self.error_margin, self.ttft_margin, self.tpot_margin, self.spread_margin) < 0:
             raise ValueError("canary margins must be >= 0")
 
 
@@ -100,6 +105,27 @@ def _batch_means(samples: Sequence[float], size: int) -> list[float]:
 
 def _r(v: float | None, digits: int = 4) -> float | None:
     return None if v is None else round(v, digits)
+
+
+def _noninferior(name: str, xs: Sequence[float], ys: Sequence[float], margin: float,
+                 alpha: float) -> tuple[dict[str, Any], str]:
+    """(figures, reason it fails or "") of the non-inferiority test of canary values `xs` against
+    control values `ys` (latencies: smaller is better) within `margin` on the ratio."""
+    mx, my = p50(xs)[0], p50(ys)[0]
+    fig: dict[str, Any] = {"canary": _r(mx), "router": _r(my), "n": [len(xs), len(ys)], "margin": margin,
+                           "test": "mann_whitney_u_noninferiority"}
+    label = name.upper()
+    if len(xs) < 2 or len(ys) < 2 or mx is None or my is None:
+        fig.update(p=None, note="too few values")
+        return fig, f"{label} not tested: too few values ({len(xs)} canary, {len(ys)} router)"
+    fig["ratio"] = _r(mx / my, 3) if my > 0 else None
+    _, p = mann_whitney_greater([(1 + margin) * v for v in ys], xs)
+    _, fig["p_worse"] = mann_whitney_greater(xs, ys)
+    fig["p"] = p
+    if p < alpha:
+        return fig, ""
+    return fig, (f"{label} not shown within {margin:.0%} of the router's: P50 {mx * 1e3:.0f} vs "
+                 f"{my * 1e3:.0f} ms (non-inferiority Mann-Whitney p={p:.3g})")
 
 
 class CanaryAnalysis:
@@ -161,21 +187,13 @@ class CanaryAnalysis:
         figures["error_rate"] = {"canary": _r(rc), "router": _r(rr), "test": "fisher_exact_greater", "p": p}
         if p < c.alpha and rc - rr > c.error_margin:
             worse.append(f"error rate {rc:.1%} vs {rr:.1%} (Fisher p={p:.3g})")
-        for name, attr in (("ttft", "ttft_s"), ("tpot", "tpot_s")):
+        for name, attr, margin in (("ttft", "ttft_s", c.ttft_margin), ("tpot", "tpot_s", c.tpot_margin)):
             xs = [v for o in canary if not o.failed and (v := getattr(o, attr)) is not None]
             ys = [v for o in router if not o.failed and (v := getattr(o, attr)) is not None]
-            mx, my = p50(xs)[0], p50(ys)[0]
-            fig: dict[str, Any] = {"canary": _r(mx), "router": _r(my), "n": [len(xs), len(ys)],
-                                   "test": "mann_whitney_u_greater"}
-            if len(xs) < 2 or len(ys) < 2 or mx is None or my is None:
-                fig.update(p=None, note="too few values")
-            else:
-                _, p = mann_whitney_greater(xs, ys)
-                fig["p"] = p
-                if p < c.alpha and mx > (1 + c.latency_margin) * my:
-                    worse.append(f"{name.upper()} P50 {mx * 1e3:.0f} vs {my * 1e3:.0f} ms "
-                                 f"(Mann-Whitney p={p:.3g})")
+            fig, why = _noninferior(name, xs, ys, margin, c.alpha)
             figures[name] = fig
+            if why:
+                worse.append(why)
         recent = list(spread_base)[-c.spread_batch * c.baseline_batches:]
         bs, bb = _batch_means(spread_step, c.spread_batch), _batch_means(recent, c.spread_batch)
         sfig: dict[str, Any] = {"canary": _r(sum(bs) / len(bs) if bs else None, 1),
@@ -217,6 +235,8 @@ class CanaryAnalysis:
             "outcome": self.outcome,
             "alpha": self.config.alpha,
             "min_requests": self.config.min_requests,
+            "margins": {"error_rate": self.config.error_margin, "ttft": self.config.ttft_margin,
+                        "tpot": self.config.tpot_margin},
             "verdicts": [{"step": v.step, "fraction": v.fraction, "verdict": v.verdict, "reason": v.reason,
                           "figures": v.figures} for v in self.verdicts],
         }

@@ -6,9 +6,14 @@ aggregates (outstanding requests and forwarded tokens for the JSQ rule, transfer
 `snapshot(source)` merges it with a `LoadSource` (the mirror's reconciled running requests, or
 nothing for a proxy without a mirror): a leg the source has not seen yet counts as *virtual*
 load on its worker; a leg that ended at the proxy but is still live in the source is taken out
-again, so a freed slot is usable at once. A worker that is down — the source cannot reach it, or
-the proxy could not reach it within the last `down_hold_s` — has no free slot (unless every
-worker is down: then the view is as if none were).
+again, so a freed slot is usable at once. A worker running more than its slots (+ `ahead`) with
+requests someone else placed (the router in canary, round-robin in fallback) has a queue that
+takes every slot it frees, so waiting in the pool would only let later requests overtake: it shows
+one free slot a round, not capped by KV transfers (vLLM pulls a queued request's KV once it
+schedules it), and the pool's requests join the queue one by one, each on the loads as they are
+then. A worker that is down — the source cannot
+reach it, or the proxy could not reach it within the last `down_hold_s` — has no free slot
+(unless every worker is down: then the view is as if none were).
 """
 
 from __future__ import annotations
@@ -225,7 +230,8 @@ class Ledger:
             act[leg.worker] = max(0, act[leg.worker] - 1)
         room = self.slots + self.ahead
         free = [
-            max(0, min(room - a, self.transfer_cap - t)) for a, t in zip(act, self.transfers, strict=True)
+            1 if a > room and a > own else max(0, min(room - a, self.transfer_cap - t))
+            for a, t, own in zip(act, self.transfers, self.outstanding, strict=True)
         ]
         since = now - self.down_hold_s
         down = {g for g, t in enumerate(self.unreachable_at) if t > since}

@@ -50,10 +50,11 @@ CANARY_FRACTION = Family("shadow_canary_step_fraction", "gauge",
 CANARY_VERDICTS = Family("shadow_canary_verdicts_total", "counter", "Canary step verdicts, by verdict",
                          "verdicts", ("verdict",), {"verdict": VERDICTS})
 CANARY_P = Family("shadow_canary_p_value", "gauge",
-                  "One-sided p-value of the last canary verdict's test that the canary is worse, by metric",
+                  "One-sided p-value of the last canary verdict's test, by metric",
                   "ratio", ("metric",), {"metric": METRICS},
-                  note="Fisher's exact test for error_rate, Mann-Whitney U for ttft, tpot and spread (batch "
-                  "means); absent when not tested.")
+                  note="ttft, tpot: non-inferiority Mann-Whitney U (small: shown within the margin; a step "
+                  "passes below --canary-alpha); error_rate: Fisher's exact and spread: Mann-Whitney U on "
+                  "batch means (small: worse); absent when not tested.")
 
 #: Every family `ModeCollector` yields, in that order.
 FAMILIES = (MODE, TRANSITIONS, PINNED, FALLBACK, TRIPS, HOLDDOWN, POLICY, DEGRADED, CALIBRATION, LOOKUPS,

@@ -467,7 +467,7 @@ class ActiveProxy:
             self._count(mode, policy, "rejected", 413)
             return self._error(413, f"request body over {self.config.max_body_bytes} bytes", "too_large")
         if mode == "shadow" and self.router_url is not None:
-            return await self._passthrough(request, raw, rid)
+            return await self._passthrough(request, raw, rid, t0)
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -900,8 +900,9 @@ class ActiveProxy:
             raise _StreamCut
 
     # -- shadow mode -------------------------------------------------------------------------
-    async def _passthrough(self, request: Request, raw: bytes, rid: str) -> Response:
-        """The request to the existing router, unchanged; its answer relayed as it comes."""
+    async def _passthrough(self, request: Request, raw: bytes, rid: str, t0: float) -> Response:
+        """The request to the existing router, unchanged; its answer relayed as it comes. Its TTFT,
+        TPOT and completion time count from `t0`, its arrival, as the active path's do."""
         assert self.router_url is not None
         url = self.router_url + request.url.path
         if request.url.query:
@@ -909,7 +910,6 @@ class ActiveProxy:
         passed = [(k, v) for k, v in request.headers.items()
                   if k.lower() not in HOP_BY_HOP and k.lower() not in TRACE_HEADERS]
         client = self._client(self.router_url)
-        t0 = time.perf_counter()
         bucket = prompt_bucket(len(raw) // 4)  # not parsed in shadow mode: bytes / 4 as tokens
         upstream: httpx.Response | None = None
         call: trace.Span = trace.INVALID_SPAN

@@ -281,12 +281,15 @@ CANARY_FLAGS = (
     flag("--canary-min-step", "min_step_s", "shortest step (default 30)", default=30.0, **SECONDS),
     flag("--canary-max-step", "max_step_s", "a step without enough requests by then ends the canary "
          "(default 900)", default=900.0, **SECONDS),
-    flag("--canary-alpha", "alpha", "level of the one-sided tests (Fisher's exact for errors, Mann-Whitney "
-         "U for TTFT and TPOT; the fleet's spread is reported, not judged) (default 0.05)", default=0.05,
-         **FRACTION),
+    flag("--canary-alpha", "alpha", "level of the one-sided tests (non-inferiority Mann-Whitney U for TTFT "
+         "and TPOT, Fisher's exact for errors; the fleet's spread is reported, not judged) (default 0.05)",
+         default=0.05, **FRACTION),
     flag("--canary-error-margin", "error_margin", "error rate the canary may exceed the router's by "
          "(absolute, default 0.01)", default=0.01, **FRACTION),
-    flag("--canary-latency-margin", "latency_margin", "TTFT/TPOT P50 ratio over 1 the canary may show "
+    flag("--canary-ttft-margin", "ttft_margin", "a step passes only when the canary's TTFT is shown below "
+         "(1 + this) x the router's (non-inferiority margin, default 0.25)", type=float, default=0.25,
+         metavar="RATIO"),
+    flag("--canary-tpot-margin", "tpot_margin", "... and its TPOT below (1 + this) x the router's "
          "(default 0.1)", type=float, default=0.10, metavar="RATIO"),
 )
 

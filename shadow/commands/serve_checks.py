@@ -85,7 +85,8 @@ NUMBERS: tuple[tuple[str, Rule, str], ...] = (
     ("canary_max_step", positive, "> 0 s"),
     ("canary_alpha", open_unit, "in (0, 1)"),
     ("canary_error_margin", non_negative, ">= 0"),
-    ("canary_latency_margin", non_negative, ">= 0"),
+    ("canary_ttft_margin", non_negative, ">= 0"),
+    ("canary_tpot_margin", non_negative, ">= 0"),
     ("kv_resume", open_fraction, "a fraction in (0, 1]"),
 )
 

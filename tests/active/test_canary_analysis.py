@@ -37,7 +37,7 @@ from shadow.mirror.service import TapConfig
 from tests.active.test_decision_exception import RaisingRouter
 from tests.alerts.test_alertmanager_integration import Traffic
 from tests.harness import FleetThread, ServeThread
-from tests.telemetry.active_stack import ADMIN_TOKEN, _free_run, _Proc
+from tests.telemetry.active_stack import ADMIN_TOKEN, _free_run, _Proc, active_stack
 from tests.telemetry.servers import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -45,6 +45,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 STEPS = (0.1, 0.25, 0.5)
 # checks every 0.05 s: spread batches of 100 checks (5 s, longer than a request, so batches are
 # nearly independent), the baseline its last 8 batches (40 s of shadow mode before the canary)
+TIME_SCALE = 2.0  # fleet steps of ~40 ms: the model's time, not the proxies', sets the latencies
 CANARY = CanaryConfig(steps=STEPS, min_requests=40, min_step_s=20.0, max_step_s=240.0, spread_batch=100,
                       min_batches=4, baseline_batches=4)
 
@@ -138,3 +139,34 @@ def test_a_made_worse_policy_is_stopped_with_the_reason(tmp_path: Path) -> None:
         assert {"error_rate", "ttft", "tpot", "spread"} <= set(f) and f["ttft"]["p"] is not None
     assert 'shadow_canary_verdicts_total{verdict="fail"} 1.0' in metrics
     assert 'shadow_mode{mode="shadow"} 1.0' in metrics
+
+
+def test_a_br0_canary_at_saturation_is_promoted_step_by_step(tmp_path: Path) -> None:
+    """BR-0 (its pool rounds, as it runs in active) against the router's JSQ: each step shows it
+    within the margins (TTFT 25 %, TPOT 10 %) and promotes it, the last to active."""
+    extra = ("--canary-steps", ",".join(map(str, STEPS)), "--canary-min-requests", "40",
+             "--canary-min-step", "20", "--canary-max-step", "240", "--mode-check-interval", "0.05",
+             "--oracle-interval", "0")
+    with active_stack(tmp_path, mode="shadow", policy="br0", extra=extra, time_scale=TIME_SCALE) as stack:
+        report = run_canary(stack.api, stack.front)
+        metrics = httpx.get(stack.api + "/metrics", timeout=10).text
+    canary = report["canary"]
+    verdicts = canary["verdicts"]
+    assert [(v["fraction"], v["verdict"]) for v in verdicts] == [
+        (0.1, "pass"), (0.25, "pass"), (0.5, "promoted")], verdicts
+    assert canary["outcome"] == "promoted" and canary["margins"] == {"error_rate": 0.01, "ttft": 0.25,
+                                                                     "tpot": 0.1}
+    for v in verdicts:  # shown no worse, on enough requests of both cohorts
+        f = v["figures"]
+        assert f["requests"]["canary"] >= 40 and f["requests"]["router"] >= 40, f
+        for m in ("ttft", "tpot"):
+            assert f[m]["test"] == "mann_whitney_u_noninferiority" and f[m]["p"] < 0.05, f[m]
+        assert f["error_rate"]["canary"] == 0.0 and f["spread"]["canary"] is not None, f
+    assert report["configured"] == "active" and report["trips"] == {}
+    assert [t["reason"] for t in report["transitions"][-3:]] == ["canary_step", "canary_step",
+                                                                 "canary_promoted"]
+    assert report["transitions"][-1]["to"] == "active"
+    assert 'shadow_canary_verdicts_total{verdict="promoted"} 1.0' in metrics
+    assert 'shadow_canary_verdicts_total{verdict="pass"} 2.0' in metrics
+    assert 'shadow_mode{mode="active"} 1.0' in metrics
+    print("".join(f"\n{t['detail']}" for t in report["transitions"][-3:]))
