@@ -142,7 +142,8 @@ class ActiveStack:
 def active_stack(tmp: Path, *, prefill: int = 1, decode: int = 2, slots: int = 8, mode: str = "canary",
                  policy: str = "br0", proxy: bool = True,
                  extra: tuple[str, ...] = (), env: dict[str, str] | None = None,
-                 processes_env: dict[str, str] | None = None, time_scale: float = 1.0) -> Iterator[ActiveStack]:
+                 processes_env: dict[str, str] | None = None,
+                 time_scale: float = 1.0) -> Iterator[ActiveStack]:
     """Fleet + `shadow router` + `shadow serve --active` (canary: half the requests routed by shadow);
     without `proxy`, `shadow serve` with the mode controller only (clients reach the router through
     the front tap; the mode, its admin API and its metrics work, nothing routes actively). `env`:
