@@ -41,12 +41,15 @@ EPILOG = """examples:
 
   shadow replay session.ndjson.gz                       # a `shadow serve --record` session, as it ran live
   shadow replay session.ndjson.gz --step-a 2e-7          # ... what if the step model were different
+  shadow replay rolling.ndjson.gz --rolling-window 12    # `serve --rolling`: window 12 alone, from its seed
 
 Throughput and latencies come from the step model T = a·max L + b (set --step-a/--step-b to
 your fleet's fit). brh:oracle knows true output lengths: an offline upper bound, never deployable.
 A session recorded by `shadow serve` carries what its live lanes ran with (policies, step model,
 slots, BR parameters, seed): without flags the replay runs exactly that; each flag that departs
-from it is printed as a what-if. Older recordings (and `shadow tap`'s) take the flags and defaults.
+from it is printed as a what-if. A session of `shadow serve --rolling` also carries each window's
+starting state (its seed): the replay starts every window from it, as the live lanes did, and prints
+cumulative and per-window figures. Older recordings (and `shadow tap`'s) take the flags and defaults.
 """
 
 

@@ -93,8 +93,8 @@ LANE_FLAGS = (
          **SECONDS),
     flag("--rolling", "rolling", "rolling counterfactual: at every --compare-window boundary each lane is "
          "re-seeded from the mirrored fleet (what each policy would have done over the next window from "
-         "the same state), so lag and memory stay bounded under overload; a lane more than one window "
-         "behind is re-seeded ahead (its window cut) (default off)", action="store_true"),
+         "the same state); a lane more than one window behind is re-seeded ahead (its window cut), so "
+         "lag stays within --lag + one window under any overload (default off)", action="store_true"),
     flag("--step-window", "step_window_s", "window of one measured step-time sample (default 0.5)",
          default=0.5, **SECONDS),
     flag("--live-queue-size", "live_queue_size", "events waiting for the lanes; beyond it events are "
