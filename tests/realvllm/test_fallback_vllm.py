@@ -66,6 +66,9 @@ def test_a_killed_real_rank_trips_worker_down_and_the_traffic_moves_to_the_other
         args = ["serve", "--active", "--active-policy", "jsq-bytes", "--mode", "active", "--slots", "64",
                 "--scrape-interval", "0.5", "--mode-check-interval", "0.05", "--holddown", "300",
                 "--holddown-max", "600", "--trip-upstream-min-calls", "100000", "--oracle-interval", "0",
+                # worker_down is under test: the client-felt trips (the cut streams of the killed
+                # rank) would otherwise race it, and win on a loaded host (.ci/run)
+                "--trip-client-min-requests", "100000", "--trip-slo-min-requests", "100000",
                 "--upstream", f"d0={tier.drop.decode_urls[0]}", "--upstream", f"d1={victim.decode_urls[0]}"]
         with shadow_process(args, timeout=120) as (_, ready):
             api, proxy = ready["api"], ready["active"]
