@@ -163,14 +163,17 @@ class _Client(asyncio.Protocol):
 
 
 async def _run_streams(
-    port: int, n: int, lat: list[int] | None, rid_prefix: str, port2: int = 0, lat2: list[int] | None = None
+    port: int, n: int, lat: list[int] | None, rid_prefix: str, port2: int = 0, lat2: list[int] | None = None,
+    tokens: int = 100000,
 ) -> int:
-    """n streams to `port`; with `port2`, every other stream goes there instead (recorded in lat2),
-    so both paths share the same upstream steps and the same machine noise."""
+    """n streams of `tokens` to `port` (the upstream ends each after its chunks, for length, so a
+    request asks for exactly that many: the mirror takes max_tokens as the count of a stream that
+    ended for length); with `port2`, every other stream goes there instead (recorded in lat2), so
+    both paths share the same upstream steps and the same machine noise."""
     loop = asyncio.get_running_loop()
     futs = []
     trs = []
-    body = b'{"model":"m","prompt":"p","stream":true,"max_tokens":100000}'
+    body = b'{"model":"m","prompt":"p","stream":true,"max_tokens":%d}' % tokens
     for i in range(n):
         fut = loop.create_future()
         p, lt = (port2, lat2) if port2 and i % 2 else (port, lat)
@@ -341,7 +344,7 @@ def _phase1(args: argparse.Namespace, root: Path, extra: list[str]) -> dict[str,
         try:
             direct: list[int] = []
             via: list[int] = []
-            frames = asyncio.run(_run_streams(up_port, 2 * args.streams, direct, "d", tap_port, via))
+            frames = asyncio.run(_run_streams(up_port, 2 * args.streams, direct, "d", tap_port, via, tokens))
         finally:
             tap.stop()
             up.terminate()
@@ -371,7 +374,7 @@ def _phase2(args: argparse.Namespace, root: Path, extra: list[str]) -> dict[str,
         try:
             c0 = _trees_cpu_s(tap.pids)
             t0 = time.monotonic()
-            frames = asyncio.run(_run_streams(tap_port, args.max_streams, None, "x"))
+            frames = asyncio.run(_run_streams(tap_port, args.max_streams, None, "x", tokens=tokens2))
             wall = time.monotonic() - t0
             _wait_analysis(ready["api"], rec, args.max_streams)
             c1 = _trees_cpu_s(tap.pids)
