@@ -248,7 +248,7 @@ class ServeService:
         return LaneSettings(
             policies=tuple(c.policies), step=live.step, slots=live.slots,
             step_source="default" if default else "configured", lag_s=c.lag_s, br=live.config.br,
-            seed=live.config.seed, rolling_s=live.rolling_s,
+            seed=live.config.seed, rolling_s=live.rolling_s, clock=c.lane_clock,
         )
 
     def _elector(self, config: ServeConfig) -> LeaderElector | None:

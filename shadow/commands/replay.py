@@ -117,6 +117,11 @@ def recorded_setup(
     err.print(f"replaying as the live lanes ran: {','.join(recorded.policies)}; step model "
               f"a={recorded.step.a:g} s/token, b={recorded.step.b:g} s ({recorded.step_source}); "
               f"{recorded.slots} slots")
+    if recorded.clock == "measured":
+        err.print("[yellow]note: the live lanes stepped on the measured clock (per-worker step models "
+                  "fitted live, /v1/report's clock block), which a recording does not carry yet: this "
+                  "replay runs on the step model above and its figures may differ from the live lanes' "
+                  "(record with `shadow serve --lane-clock configured` for a replay that reproduces them)[/]")
     for line in what_if:
         err.print(f"[yellow]what-if: {line}[/]")
     return setup, what_if

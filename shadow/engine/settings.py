@@ -17,6 +17,9 @@ from shadow.engine.config import LaneSpec
 from shadow.engine.rolling import check_window
 
 STEP_SOURCES = ("configured", "default")
+#: The clock the live lanes stepped on: `configured` (the step model above) or `measured` (per-worker
+#: step models fitted live, which a recording does not carry yet: a replay cannot reproduce them).
+CLOCKS = ("configured", "measured")
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +36,7 @@ class LaneSettings:
     br: BRParams = field(default_factory=BRParams)
     seed: int = 0
     rolling_s: float | None = None  # re-seeded from the mirrored fleet every this many seconds
+    clock: str = "configured"  # one of CLOCKS
 
     def __post_init__(self) -> None:
         if not self.policies:
@@ -48,6 +52,8 @@ class LaneSettings:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         check_window(self.rolling_s)
+        if self.clock not in CLOCKS:
+            raise ValueError(f"clock must be one of {CLOCKS}, got {self.clock!r}")
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -60,6 +66,8 @@ class LaneSettings:
         }
         if self.rolling_s is not None:
             out["rolling_s"] = self.rolling_s
+        if self.clock != "configured":
+            out["clock"] = self.clock
         return out
 
     @classmethod
@@ -92,6 +100,7 @@ class LaneSettings:
                 br=BRParams.from_mapping(dict(br)),
                 seed=obj.get("seed", 0),
                 rolling_s=None if rolling is None else float(rolling),
+                clock=obj.get("clock", "configured"),
             )
         except KeyError as err:
             raise ValueError(f"lanes: missing field {err}") from None

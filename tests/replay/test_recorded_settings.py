@@ -87,3 +87,18 @@ def test_an_older_recording_replays_with_a_note(tmp_path: Path, capsys: pytest.C
     assert main(["replay", str(rec), "--policies", "jsq-bytes", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["config"]["what_if"] is None
     assert "does not say what its lanes ran with" in capsys.readouterr().err
+
+
+def test_lanes_on_the_measured_clock_replay_with_a_note_that_they_may_differ(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    measured = LaneSettings(policies=("br0",), step=StepTimeModel(4e-7, 0.02), slots=16, clock="measured")
+    rec = _recording(tmp_path / "m.ndjson", measured.to_json())
+    assert load_trace(rec).lane_settings == measured
+    assert main(["replay", str(rec), "--json", str(tmp_path / "r.json")]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "stepped on the measured clock" in err and "may differ" in err
+    # a configured clock (the default) says nothing of it, and its header has no clock field
+    assert "clock" not in SETTINGS.to_json()
+    with pytest.raises(ValueError, match="clock must be one of"):
+        LaneSettings(policies=("br0",), step=StepTimeModel(4e-7, 0.02), slots=16, clock="wall")
