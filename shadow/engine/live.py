@@ -229,9 +229,13 @@ class LiveDriver:
             # stream), each the gap's share. Not only one-token advances: a busy tap coalesces a
             # stream's chunks per analysis batch, and a chunk is alone in its batch when the gaps
             # around it are long (one-token gaps only: step mean +14-24% at load average 15-19).
-            self.gap_samples.extend([(ev.t - r.t_token) / dg] * dg)
+            gap = (ev.t - r.t_token) / dg
+            if dg == 1:
+                self.gap_samples.append(gap)
+            else:
+                self.gap_samples.extend([gap] * dg)
             if r.worker is not None:
-                self.worker_gaps.append((self.index[r.worker], ev.t, (ev.t - r.t_token) / dg, dg))
+                self.worker_gaps.append((self.index[r.worker], ev.t, gap, dg))
         r.t_token = ev.t
         r.generated = ev.generated
         if r.worker is not None:

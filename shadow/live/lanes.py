@@ -267,8 +267,7 @@ class LiveLanes:
                 wc.add_step(g, t, period, source)
         d.worker_steps = []
         if d.worker_gaps and self.estimator.source != "events":
-            for g, t, gap, count in d.worker_gaps:
-                wc.add_gap(g, t, gap, count)
+            wc.add_gaps(d.worker_gaps)
         d.worker_gaps = []
         if d.step_samples:
             durations = [s[1] for s in d.step_samples]

@@ -14,7 +14,7 @@ its members' models.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,14 +93,24 @@ class WorkerClock:
 
     def add_gap(self, g: int, t: float, gap: float, count: int) -> None:
         """Worker `g`'s stream advanced `count` tokens at `t`, `gap` seconds per token."""
-        if not gap > 0:
-            return
-        w = self.w[g]
-        w.gaps.extend([gap] * count)
-        ends = w.ends["sse"]
-        if not ends or t - ends[-1] >= 0.1 * gap:  # another stream's chunk of the same step: once
-            ends.append(t)
-            w.durations["sse"].append(gap)
+        self.add_gaps(((g, t, gap, count),))
+
+    def add_gaps(self, samples: Iterable[tuple[int, float, float, int]]) -> None:
+        """`add_gap` for each (g, t, gap, count), in one loop (one sample per token event: the
+        live lanes' hottest path at full occupancy)."""
+        ws = self.w
+        for g, t, gap, count in samples:
+            if not gap > 0:
+                continue
+            w = ws[g]
+            if count == 1:
+                w.gaps.append(gap)
+            else:
+                w.gaps.extend([gap] * count)
+            ends = w.ends["sse"]
+            if not ends or t - ends[-1] >= 0.1 * gap:  # another stream's chunk of the same step: once
+                ends.append(t)
+                w.durations["sse"].append(gap)
 
     def add_loads(self, loads: Sequence[float]) -> None:
         for w, x in zip(self.w, loads, strict=True):
