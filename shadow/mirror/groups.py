@@ -70,7 +70,26 @@ class ManagedGroup:
             )
         finally:
             log.close()
-        return self._wait(timeout_s)
+        try:
+            return self._wait(timeout_s)
+        except OSError:
+            self._abandon()
+            raise
+
+    def _abandon(self) -> None:
+        """End a group this process started that did not come up (its whole process group: the
+        supervisor and any relay), so that a failed start leaves nothing running; its log stays."""
+        p = self.proc
+        if p is None or p.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(5)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(5)
 
     def _wait(self, timeout_s: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s
