@@ -48,3 +48,16 @@ def split_response(raw: bytes) -> tuple[int, dict[str, str], bytes]:
             continue
         headers[k] = v.strip()
     return status, headers, body
+
+
+def dechunk(body: bytes) -> tuple[bytes, bool]:
+    """A chunked body's payload (the bytes after the head) and whether it ended with the
+    terminating zero-length chunk."""
+    out, rest = b"", body
+    while rest:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            return out, True
+        out, rest = out + rest[:size], rest[size + 2:]
+    return out, False

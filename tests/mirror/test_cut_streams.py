@@ -18,6 +18,7 @@ import pytest
 from shadow.base.procs import read_json_line, shadow_argv
 from shadow.mirror.dropqueue import DropQueue
 from shadow.mirror.proxy import END_UPSTREAM_CUT, Tap
+from tests.mirror.helpers import dechunk
 
 SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 
@@ -74,16 +75,8 @@ async def _raw(tap: Tap) -> bytes:
 
 
 def _dechunk(raw: bytes) -> tuple[bytes, bool]:
-    """(the body, whether it ended with the terminating zero-length chunk)."""
-    rest = raw.split(b"\r\n\r\n", 1)[1]
-    body = b""
-    while rest:
-        size_line, _, rest = rest.partition(b"\r\n")
-        size = int(size_line, 16)
-        if size == 0:
-            return body, True
-        body, rest = body + rest[:size], rest[size + 2:]
-    return body, False
+    """(the body of a whole response, whether it ended with the terminating zero-length chunk)."""
+    return dechunk(raw.split(b"\r\n\r\n", 1)[1])
 
 
 @pytest.mark.parametrize(("how", "reason"), [

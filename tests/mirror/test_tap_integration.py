@@ -18,7 +18,7 @@ from shadow.contracts.events import Cancel, Finish, Route
 from shadow.mirror.proxy import TapContext
 from shadow.mirror.service import TapConfig
 from tests.harness import TapThread
-from tests.mirror.helpers import http_post, raw_request, split_response
+from tests.mirror.helpers import dechunk, http_post, raw_request, split_response
 from tests.mirror.stub_worker import ThreadServer, create_stub
 
 pytestmark = pytest.mark.integration
@@ -123,20 +123,6 @@ def _metric(t: TapThread, name: str, labels: dict[str, str] | None = None) -> fl
     return t.sync(lambda: t.svc.registry.get_sample_value(name, labels or {})) or 0.0
 
 
-def _dechunk(body: bytes) -> tuple[bytes, bool]:
-    """The payload of a chunked body and whether it ended with the terminating chunk."""
-    out, rest = [], body
-    while rest:
-        size, _, rest = rest.partition(b"\r\n")
-        n = int(size.split(b";")[0], 16)
-        if n == 0:
-            return b"".join(out), rest == b"\r\n"
-        out.append(rest[:n])
-        assert rest[n:n + 2] == b"\r\n", rest[:n + 2]
-        rest = rest[n + 2:]
-    return b"".join(out), False
-
-
 def _same(direct: tuple[int, dict[str, str], bytes], via: tuple[int, dict[str, str], bytes]) -> bool:
     """The same status, headers and body bytes; of a chunked body the same payload, ended alike:
     the tap writes a chunk per read of the upstream's body, so where a read ends inside one of the
@@ -144,7 +130,7 @@ def _same(direct: tuple[int, dict[str, str], bytes], via: tuple[int, dict[str, s
     if direct[:2] != via[:2]:
         return False
     if direct[1].get("transfer-encoding") == "chunked":
-        return _dechunk(direct[2]) == _dechunk(via[2])
+        return dechunk(direct[2]) == dechunk(via[2])
     return direct[2] == via[2]
 
 
