@@ -1,9 +1,13 @@
 """A canary whose policy rejects what clients send, end to end: `shadow serve --active` in canary
-(half the request ids routed by BR-0) at saturation with a Prompt Pool TTL too short for a request
-waiting for a slot (shadow's own 503s), behind the real Prometheus (shipped rules, `for:` 1s) and
-Alertmanager. Nothing in shadow's internals fails: no decision error, no worker down, no upstream error. The
-client-felt trigger trips fallback on the rejections (reason client_errors, within its window),
-and ShadowFallbackActive reaches the webhook."""
+at saturation with a Prompt Pool TTL too short for a request waiting for a slot (shadow's own
+503s), behind the real Prometheus (shipped rules, `for:` 1s) and Alertmanager. The canary takes
+every request id (`--canary-fraction 1`): beside a router cohort the pool's requests join the
+queues the router's requests build at the workers (the ledger shows an over-full worker one free
+slot a round), so they never wait in the pool long enough for its TTL to bite (at 0.5 and 0.9,
+6 and 9 rejections in 2 minutes, far below the trip's 20 %). Nothing in shadow's internals
+fails: no decision error, no worker down, no upstream error. The client-felt trigger trips fallback
+on the rejections (reason client_errors, within its window), and ShadowFallbackActive reaches the
+webhook."""
 
 from __future__ import annotations
 
@@ -45,7 +49,8 @@ def test_a_rejecting_canary_trips_client_errors_and_the_alert_fires(tmp_path: Pa
     am = Alertmanager(tmp_path / "am", hook.url)
     try:
         wait_for(am.ready, 60, "alertmanager ready")
-        extra = ("--pool-ttl", "0.001", "--trip-client-window", "30", "--trip-client-min-requests", "20")
+        extra = ("--pool-ttl", "0.001", "--canary-fraction", "1", "--trip-client-window", "30",
+                 "--trip-client-min-requests", "20")
         with ExitStack() as stack_ctx:
             stack = _started(stack_ctx, tmp_path, extra)
             prom = Prometheus(tmp_path / "prom", [stack.api.removeprefix("http://")],
