@@ -30,8 +30,10 @@ from typing import IO, Any
 import httpx
 
 from shadow.base.procs import log_tail
+from shadow.realvllm.nixlpace import ENV as NIXL_PACE_ENV
 
 ENV_VENV = "SHADOW_VLLM_VENV"
+NIXL_PROGRESS_DELAY_US = 1000  # NIXL's progress thread's sleep between polls in the servers
 DEFAULT_KV_BYTES = 128 << 20
 CONNECTORS = ("auto", "nixl", "example", "none")
 INSTALL_HINT = "install the engine tier with scripts/install-vllm.sh (or set SHADOW_VLLM_VENV to its venv)"
@@ -231,6 +233,8 @@ class VllmFleet:
         env.update(dict(cfg.env))
         if self.connector == "nixl":
             env.update({"UCX_NET_DEVICES": "lo", "UCX_TLS": "tcp,self,sm",
+                        # NIXL's progress thread would spin a core per server (shadow.realvllm.nixlpace)
+                        NIXL_PACE_ENV: str(NIXL_PROGRESS_DELAY_US),
                         "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
                         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())})
         return env

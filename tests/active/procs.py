@@ -30,7 +30,14 @@ def shadow_process(
         preexec_fn=limit if nofile is not None else None,
     )
     try:
-        yield proc, read_json_line(proc, " ".join(args[:1]), timeout)
+        try:
+            ready = read_json_line(proc, " ".join(args[:1]), timeout)
+        except RuntimeError as exc:  # say why: the process's own last words
+            if proc.poll() is None:
+                proc.kill()
+            assert proc.stderr is not None
+            raise RuntimeError(f"{exc}; its stderr ends: {proc.stderr.read()[-3000:]}") from None
+        yield proc, ready
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
