@@ -8,9 +8,13 @@ import json
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shadow.commands._help import add_command
+
+if TYPE_CHECKING:
+    from shadow.contracts.traces import TraceLike
+    from shadow.loadgen import LoadOptions, LoadReport, ProgressSink
 
 DESCRIPTION = """\
 Replay a request trace (or a labelled synthetic workload) against any OpenAI-compatible
@@ -127,7 +131,9 @@ def _headers(items: list[str]) -> dict[str, str]:
     return out
 
 
-async def _run_with_sigint(trace: Any, target: str, options: Any, progress: Any) -> Any:
+async def _run_with_sigint(
+    trace: TraceLike, target: str, options: LoadOptions, progress: ProgressSink
+) -> LoadReport:
     """Run the load; the first Ctrl-C stops it gracefully (summary of what finished), a second aborts."""
     from shadow.loadgen import run_load
 

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -101,15 +102,38 @@ def _run(args: list[str], urls: list[str], sig: signal.Signals, hold: Hold) -> t
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
-def test_serve_drains_the_proxy_and_the_taps(sig: signal.Signals) -> None:
+@pytest.mark.parametrize("shape", ["group", "stop-taps", "thread"])
+def test_serve_drains_the_proxy_and_the_taps(sig: signal.Signals, shape: str, tmp_path: Path) -> None:
+    """The proxy's streams finish within --drain-timeout. The taps' streams finish whatever the
+    shape: a tap group of its own (the default) is not serve's to stop and goes on serving after
+    serve exits; with --stop-taps serve then stops it, and the group drains them; taps on a thread
+    of serve (--relay thread) drain with the proxy."""
     hold = Hold()
+    extra = {"group": [], "stop-taps": ["--stop-taps"], "thread": ["--relay", "thread"]}[shape]
+    state = ["--state-dir", str(tmp_path)]
     with RawUpstream(hold.script) as up:
         args = ["serve", "--upstream", f"d0={up.url}", "--slots", "16", "--scrape-interval", "3600",
-                "--policies", "br0", "--active", "--mode", "active", "--pin-mode", "--drain-timeout", "60"]
-        results, code, err = _run(args, [lambda r: r["active"], lambda r: r["taps"]["d0"]], sig, hold)
-    assert results == ["complete"] * (2 * STREAMS), (results, err[-2000:])
-    assert code == 0, err[-2000:]
-    assert f"{sig.name}: draining (up to 60 s" in err
+                "--policies", "br0", "--active", "--mode", "active", "--pin-mode", "--drain-timeout", "60",
+                *state, *extra]
+        taps: dict[str, str] = {}
+        try:
+            tap_url = lambda r: taps.setdefault("d0", r["taps"]["d0"])  # noqa: E731
+            results, code, err = _run(args, [lambda r: r["active"], tap_url], sig, hold)
+            assert results == ["complete"] * (2 * STREAMS), (results, err[-2000:])
+            assert code == 0, err[-2000:]
+            assert f"{sig.name}: draining (up to 60 s" in err
+            status = subprocess.run(shadow_argv("tap", "--status", "--all", *state), capture_output=True,
+                                    text=True, timeout=60)
+            if shape == "group":  # the data plane outlived the analysis: it still relays
+                assert status.returncode == 0 and '"relay_id"' in status.stdout, status
+                hold.signalled = time.monotonic() - HOLD_S  # a new stream is held no longer
+                after: list[str] = []
+                _stream(taps["d0"], after)
+                assert after == ["complete"], after
+            else:  # nothing of serve's is left running
+                assert '"relay_id"' not in status.stdout, status
+        finally:
+            subprocess.run(shadow_argv("tap", "--stop", "--all", *state), capture_output=True, timeout=120)
 
 
 def test_tap_drains_on_sigterm() -> None:

@@ -19,8 +19,10 @@ from typing import Any
 import httpx
 import pytest
 
+from shadow.telemetry.dashboards._kit import ANNOTATIONS
 from tests.alerts.test_alertmanager_integration import Traffic
 from tests.telemetry.active_stack import active_stack, require_active
+from tests.telemetry.promql import substitute
 from tests.telemetry.servers import Alertmanager, Prometheus, Webhook, wait_for
 
 pytestmark = pytest.mark.integration
@@ -75,6 +77,11 @@ def test_a_rejecting_canary_trips_client_errors_and_the_alert_fires(tmp_path: Pa
                 assert trips and float(trips[0]["value"][1]) >= 1
                 rejected = prom.query('shadow_cohort_requests_total{cohort="shadow",result="failed"}')
                 assert rejected["data"]["result"]
+                # the dashboards mark the first trip of its reason (a series born at 1)
+                mark = substitute(next(expr for name, _, expr in ANNOTATIONS if name == "Fallback trips"))
+                trip_marks = wait_for(lambda: prom.query(mark)["data"]["result"], 60,
+                                      "the Fallback trips annotation")
+                assert {r["metric"]["reason"] for r in trip_marks} >= {"client_errors"}, trip_marks
             finally:
                 traffic.stop()
                 prom.close()

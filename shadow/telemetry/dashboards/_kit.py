@@ -213,12 +213,18 @@ class Layout:
         return self.next_id - 1
 
 
+def _moments(counter: str, by: str) -> str:
+    """Samples where `counter` went up in the last minute, its first count included: a series is
+    born at 1 when its first event happens (labels are exported once seen), which `changes()`
+    alone never sees."""
+    now = f"{counter}{sel()}"
+    return f"sum by ({by}) ((changes({now}[1m]) > 0) or ({now} unless {now} offset 1m))"
+
+
 #: Annotations on every dashboard: (name, colour, the expression whose samples mark the moments).
 ANNOTATIONS = (
-    ("Mode changes", "blue",
-     f"sum by (mode, reason) (changes(shadow_mode_transitions_total{sel()}[1m])) > 0"),
-    ("Fallback trips", "red",
-     f"sum by (reason) (changes(shadow_fallback_trips_total{sel()}[1m])) > 0"),
+    ("Mode changes", "blue", _moments("shadow_mode_transitions_total", "mode, reason")),
+    ("Fallback trips", "red", _moments("shadow_fallback_trips_total", "reason")),
 )
 
 
