@@ -116,8 +116,10 @@ class Prometheus(_Process):
         except httpx.HTTPError:
             return False
 
-    def query(self, expr: str) -> dict[str, Any]:
-        r = httpx.get(self.url + "/api/v1/query", params={"query": expr}, timeout=10)
+    def query(self, expr: str, at: float | None = None) -> dict[str, Any]:
+        """An instant query, now or `at` (Unix time)."""
+        params: dict[str, Any] = {"query": expr} if at is None else {"query": expr, "time": at}
+        r = httpx.get(self.url + "/api/v1/query", params=params, timeout=10)
         body: dict[str, Any] = r.json()
         return body
 
