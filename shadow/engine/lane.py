@@ -37,6 +37,38 @@ from shadow.engine.summary import SampleSink
 Clock = Callable[[], float]
 
 
+class _Outstanding(Sequence[int]):
+    """Requests sent to each worker and not finished (running + queued), counted when read: a
+    snapshot's derived lists cost nothing for the policies that never read them (valid while the
+    lane does not move, as the snapshot itself)."""
+
+    __slots__ = ("queues", "running")
+
+    def __init__(self, running: list[int], queues: list[deque[tuple[Job, float]]]) -> None:
+        self.running, self.queues = running, queues
+
+    def __len__(self) -> int:
+        return len(self.running)
+
+    def __getitem__(self, g: int) -> int:  # type: ignore[override]  # worker indices only
+        return self.running[g] + len(self.queues[g])
+
+
+class _Added(Sequence[float]):
+    """`a[g] + b[g]` per worker, added when read (as `_Outstanding`)."""
+
+    __slots__ = ("a", "b")
+
+    def __init__(self, a: list[float], b: list[float]) -> None:
+        self.a, self.b = a, b
+
+    def __len__(self) -> int:
+        return len(self.a)
+
+    def __getitem__(self, g: int) -> float:  # type: ignore[override]  # worker indices only
+        return self.a[g] + self.b[g]
+
+
 class EndSource(Protocol):
     """Live driver: what is known of a request's real output so far.
 
@@ -208,9 +240,9 @@ class Lane:
         return FleetSnapshot(
             loads=self.loads,
             free_slots=[b - r for r in self.running] if free_slots is None else free_slots,
-            outstanding=[r + len(q) for r, q in zip(self.running, self.queues, strict=True)],
+            outstanding=_Outstanding(self.running, self.queues),
             # prompt tokens of requests sent and not finished: queued prompts + running prompts
-            outstanding_tokens=[q + p for q, p in zip(queued, self.running_prompt, strict=True)],
+            outstanding_tokens=_Added(queued, self.running_prompt),
             queued_tokens=queued,
             prompt_loads=self.running_prompt,
             projection=None if self.predictor is None else self.projection,
@@ -424,14 +456,14 @@ class Lane:
 
     def _admit(self) -> None:
         b = self.config.slots
-        for g, queue in enumerate(self.queues):
+        for g, queue in enumerate(self.queues) if any(self.queues) else ():
             if queue and self.running[g] < b and self._free(g):
                 while queue and self.running[g] < b:
                     job, ready = queue.popleft()
                     self.queued_tokens[g] -= job.prompt_tokens
                     self._start(g, job, ready)
         router = self.router
-        if router.binds_at_arrival or not router.waiting():
+        if router.binds_at_arrival or not router.waiting() or min(self.running) >= b:
             return
         free = [b - r - len(q) for r, q in zip(self.running, self.queues, strict=True)]
         if not any(free):
