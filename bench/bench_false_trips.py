@@ -95,7 +95,8 @@ class Clients:
             want = rng.randint(20, 200)
             try:
                 stream = client.completions.create(model="sim-llm", prompt=prompt, max_tokens=want,
-                                                   stream=True, stream_options={"include_usage": True})
+                                                   stream=True, stream_options={"include_usage": True},
+                                                   extra_body={"ignore_eos": True})
                 got = 0
                 finish = None
                 for chunk in stream:
