@@ -30,6 +30,7 @@ NOT_ALWAYS_INSTALLED = {
     "transformers": "transformers",
     "tokenizers": "tokenizers",
     "ray": "ray",
+    "nixl": "nixl",
 }
 
 

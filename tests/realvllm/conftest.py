@@ -45,12 +45,15 @@ MODEL_NAME = "sim-llm"  # the simulated fleet's name: clients are interchangeabl
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests that need the engine (the `engine_venv` fixture, directly or through `tier`) are
-    marked `vllm` and `integration`; the unit tests beside them are not."""
+    marked `vllm` and `integration`; the unit tests beside them are not. A test marked
+    `stops_tier` ends a server the others share, so it runs after all of them."""
     for item in items:
         if "engine_venv" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.vllm)
             item.add_marker(pytest.mark.integration)
             item.add_marker(pytest.mark.timeout(1200))  # the first one waits for 4 servers to start
+    last = [item for item in items if item.get_closest_marker("stops_tier")]
+    items[:] = [item for item in items if not item.get_closest_marker("stops_tier")] + last
 
 
 @dataclass

@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import httpx
+import pytest
 
 from shadow.base.procs import shadow_argv
 from shadow.realvllm.launcher import nixl_available, processes
@@ -100,6 +101,7 @@ def test_a_failed_start_names_the_server_and_leaves_nothing(engine_venv: Path, t
     assert holders(log) == []
 
 
+@pytest.mark.stops_tier  # the P/D pair is shared (test_nixlpace, test_active_pd_vllm): this runs last
 def test_sigterm_stops_every_server_process(tier: Tier) -> None:
     logs = sorted((tier.logs / "pd").glob("*.log"))
     assert [p.name for p in logs] == ["decode-0.log", "prefill-0.log"]
