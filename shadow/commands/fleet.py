@@ -105,6 +105,14 @@ def register(subparsers: Any) -> None:
         help="inject a fault, e.g. decode/0:stall_s=2@5, decode/1:cut_after=10, "
         "prefill/0:http_status=503 (keys: see shadow.fleet.faults)",
     )
+    p.add_argument(
+        "--otlp-traces-endpoint",
+        default=None,
+        metavar="URL",
+        help="export one `llm_request` span per request, the child of its traceparent, to this OTLP "
+        "endpoint (vLLM's flag: grpc unless OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf, then "
+        "the URL ends in /v1/traces); with --engine vllm it is passed to each server",
+    )
     fleet_vllm.add_arguments(p)
     add_log_arguments(p)
     p.set_defaults(func=run)
@@ -141,6 +149,6 @@ def run(args: argparse.Namespace) -> int:
     def body() -> None:
         config = config_from_args(args)
         start_logging("shadow fleet", args)
-        fleet_app.run(config)
+        fleet_app.run(config, args.otlp_traces_endpoint)
 
     return run_reporting("shadow fleet", body)

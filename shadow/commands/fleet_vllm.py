@@ -71,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
             venv=Path(args.vllm_venv) if args.vllm_venv else None,
             log_dir=Path(args.log_dir) if args.log_dir else None, start_timeout_s=args.start_timeout,
             ports=_ports(args),
+            extra_args=(("--otlp-traces-endpoint", args.otlp_traces_endpoint)
+                        if args.otlp_traces_endpoint else ()),
         )
         fleet = VllmFleet(config)
     except (ValueError, FileNotFoundError) as exc:

@@ -13,7 +13,9 @@ Servers (one port each; `shadow fleet` prints their URLs as one JSON line):
 Endpoints: POST /v1/completions, /v1/chat/completions (vLLM 0.33 SSE and JSON, see `sse`);
 GET /health, /v1/models, /metrics (vLLM names plus `shadow_fleet_*` step ground truth), /load,
 /get_load, /version, /fleet/state; GET/POST /fleet/faults (see `faults`). `X-Request-Id` is
-used in response ids and echoed. Token and output-length rules: see `tokens`.
+used in response ids and echoed. Token and output-length rules: see `tokens`. Given a tracer
+(`shadow fleet --otlp-traces-endpoint URL`), each finished request makes vLLM's `llm_request`
+SERVER span, the child of its `traceparent` (see `tracing`).
 
 Start it with `Fleet` (async context manager):
 

@@ -11,21 +11,26 @@ import asyncio
 from types import TracebackType
 from typing import Any, TypeVar
 
+from opentelemetry import trace
+
 from shadow.fleet.asgi import quiet_stream_cuts
 from shadow.fleet.clock import StepClock
 from shadow.fleet.config import FleetConfig
 from shadow.fleet.faults import FaultSpec, Target, validate_settings
 from shadow.fleet.pd import KvDirectory
 from shadow.fleet.server import BaseServer, DecodeServer, DpFrontServer, PrefillServer
+from shadow.fleet.tracing import RequestSpans
 
 T = TypeVar("T")
 
 
 class Fleet:
-    """The whole simulated fleet; start with `async with` or `start()`/`stop()`."""
+    """The whole simulated fleet; start with `async with` or `start()`/`stop()`. `tracer`: every
+    server makes vLLM's `llm_request` span per finished request with it (None: no spans)."""
 
-    def __init__(self, config: FleetConfig) -> None:
+    def __init__(self, config: FleetConfig, tracer: trace.Tracer | None = None) -> None:
         self.config = config
+        self.spans = RequestSpans(tracer) if tracer is not None else None
         self.directory = KvDirectory()
         self.prefill_servers: list[PrefillServer] = []
         self.decode_servers: list[DecodeServer] = []
@@ -98,6 +103,8 @@ class Fleet:
             self.dp_server = DpFrontServer(
                 cfg, cfg.dp_front_port(), self.directory, self.apply_faults, self.decode_servers
             )
+        for s in self.servers():
+            s.spans = self.spans
         try:
             for s in self.servers():
                 await s.listener.start()

@@ -2,8 +2,9 @@
 error semantics: `ApiError` carries the status and the `{"error": {message, type, param, code}}`.
 
 Defaults as vLLM 0.33: completions `max_tokens` 16; chat `max_completion_tokens`/`max_tokens`
-default to the rest of the context (max_model_len − prompt). Only n = 1 and single prompts are
-supported (anything else is a 400 that says so).
+default to the rest of the context (max_model_len − prompt); `temperature` and `top_p` are read
+(numbers; default 1.0, vLLM's) but change nothing. Only n = 1 and single prompts are supported
+(anything else is a 400 that says so).
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ class GenRequest:
     include_usage: bool
     continuous_usage: bool
     kv_params: dict[str, Any] | None
+    temperature: float = 1.0  # as asked (sampling is not simulated: only the request's spans show it)
+    top_p: float = 1.0
 
     @property
     def remote_prefill(self) -> bool:
@@ -91,6 +94,15 @@ def _int(body: dict[str, Any], key: str) -> int | None:
     if isinstance(v, bool) or not isinstance(v, int):
         raise ApiError(400, f"{key} must be an integer, got {v!r}", key)
     return v
+
+
+def _float(body: dict[str, Any], key: str, default: float) -> float:
+    v = body.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ApiError(400, f"{key} must be a number, got {v!r}", key)
+    return float(v)
 
 
 def parse_request(raw: bytes, *, chat: bool, config: FleetConfig) -> GenRequest:
@@ -181,4 +193,6 @@ def parse_request(raw: bytes, *, chat: bool, config: FleetConfig) -> GenRequest:
         include_usage=include_usage,
         continuous_usage=continuous,
         kv_params=kv,
+        temperature=_float(body, "temperature", 1.0),
+        top_p=_float(body, "top_p", 1.0),
     )

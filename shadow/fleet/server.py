@@ -3,8 +3,9 @@ serving all decode ranks. Each serves vLLM's OpenAI endpoints, `/health`, `/v1/m
 `/metrics` (own registry), `/load`, `/version`, plus `/fleet/faults` (GET/POST) and `/fleet/state`.
 
 Generation path: bounded body read (413) → HTTP fault (4xx/5xx) → validation (400/404) →
-KV-handle claim for decode legs (400) → submit to the engine → SSE stream or JSON. A client
-disconnect aborts the request; a crash drops connections without a clean end.
+KV-handle claim for decode legs (400) → submit to the engine → SSE stream or JSON → the request's
+`llm_request` span when the fleet traces (`spans`, see `tracing`). A client disconnect aborts the
+request; a crash drops connections without a clean end.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from shadow.fleet.openai_api import ApiError, GenRequest, parse_request
 from shadow.fleet.pd import HandleError, KvDirectory, KvStore
 from shadow.fleet.prefill import PrefillEngine
 from shadow.fleet.sse import DONE, SSE_CONTENT_TYPE, StreamFormat, full_response, stream_error_event
+from shadow.fleet.tracing import RequestSpans
 
 METRICS_CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 GENERATE_PATHS = {"/v1/completions": False, "/v1/chat/completions": True}
@@ -130,6 +132,7 @@ class BaseServer:
         self.listener = AppServer(self, config.host, port, lifespan="off", keep_alive_s=5.0)
         self.created = int(time.time())
         self.up = True
+        self.spans: RequestSpans | None = None  # vLLM's request spans (None: the fleet does not trace)
         self._tasks: set[asyncio.Task[Any]] = set()
         self.registry = make_registry(
             VllmCollector(config.model, self.metric_sources, config.block_size, config.kv_capacity_tokens),
@@ -343,6 +346,8 @@ class BaseServer:
             await send_json(send, status, err.body(), hdrs)
             return
         now = asyncio.get_running_loop().time()
+        spans = self.spans
+        arrival = spans.arrived(scope) if spans is not None else None
         rid = ("chatcmpl-" if chat else "cmpl-") + base
         try:
             req = parse_request(raw, chat=chat, config=cfg)
@@ -350,10 +355,14 @@ class BaseServer:
         except ApiError as exc:
             await send_json(send, exc.status, exc.body(), hdrs)
             return
-        if req.stream:
-            await self._stream(send, receive, seq, req, rid, abort, self.faults.stream, hdrs)
-        else:
-            await self._respond(send, receive, seq, req, rid, abort, hdrs)
+        try:
+            if req.stream:
+                await self._stream(send, receive, seq, req, rid, abort, self.faults.stream, hdrs)
+            else:
+                await self._respond(send, receive, seq, req, rid, abort, hdrs)
+        finally:
+            if spans is not None and arrival is not None:
+                spans.finished(arrival, req, seq, rid)
 
     async def _respond(
         self, send: Send, receive: Receive, seq: Seq, req: GenRequest, rid: str, abort: Abort, hdrs: Headers

@@ -142,19 +142,22 @@ class ActiveStack:
 def active_stack(tmp: Path, *, prefill: int = 1, decode: int = 2, slots: int = 8, mode: str = "canary",
                  policy: str = "br0", proxy: bool = True,
                  extra: tuple[str, ...] = (), env: dict[str, str] | None = None,
-                 processes_env: dict[str, str] | None = None,
+                 processes_env: dict[str, str] | None = None, fleet_args: tuple[str, ...] = (),
+                 fleet_env: dict[str, str] | None = None,
                  time_scale: float = 1.0) -> Iterator[ActiveStack]:
     """Fleet + `shadow router` + `shadow serve --active` (canary: half the requests routed by shadow);
     without `proxy`, `shadow serve` with the mode controller only (clients reach the router through
     the front tap; the mode, its admin API and its metrics work, nothing routes actively). `env`:
     more environment of `shadow serve` (tracing is off unless it says otherwise). `processes_env`:
     the fleet runs as a `shadow fleet` process too, and it and `shadow router` get this environment
-    (else the fleet is a thread of the test and the router's tracing is off). `time_scale`: the
+    (else the fleet is a thread of the test and the router's tracing is off); `fleet_args` and
+    `fleet_env`: more options and environment of that `shadow fleet` process. `time_scale`: the
     fleet's (2.0: steps twice as long)."""
     require_active(proxy)
     shadow = find_executable("shadow")
     assert shadow, "the shadow console script is missing"
-    with _fleet(tmp, shadow, prefill, decode, slots, processes_env, time_scale) as fleet:
+    fenv = None if processes_env is None else {**processes_env, **(fleet_env or {})}
+    with _fleet(tmp, shadow, prefill, decode, slots, fenv, time_scale, fleet_args) as fleet:
         base = _free_run(2 + decode + prefill)
         dtaps = [f"d{g}=http://127.0.0.1:{base + 1 + g}" for g in range(decode)]
         ptaps = [f"p{i}=http://127.0.0.1:{base + 1 + decode + i}" for i in range(prefill)]
@@ -185,15 +188,17 @@ def active_stack(tmp: Path, *, prefill: int = 1, decode: int = 2, slots: int = 8
 
 @contextmanager
 def _fleet(tmp: Path, shadow: str, prefill: int, decode: int, slots: int,
-           env: dict[str, str] | None, time_scale: float = 1.0) -> Iterator[FleetThread | FleetProcess]:
-    """The simulated fleet: a thread of the test, or (`env` given) a `shadow fleet` process."""
+           env: dict[str, str] | None, time_scale: float = 1.0,
+           args: tuple[str, ...] = ()) -> Iterator[FleetThread | FleetProcess]:
+    """The simulated fleet: a thread of the test, or (`env` given) a `shadow fleet` process (with
+    `args` more options)."""
     if env is None:
         cfg = FleetConfig(prefill=prefill, decode=decode, slots=slots, base_port=0, time_scale=time_scale)
         with FleetThread(cfg) as fleet:
             yield fleet
         return
     proc = _Proc([shadow, "fleet", "--prefill", str(prefill), "--decode", str(decode), "--slots", str(slots),
-                  "--port", "0", "--time-scale", str(time_scale)], tmp / "fleet.log", env=env)
+                  "--port", "0", "--time-scale", str(time_scale), *args], tmp / "fleet.log", env=env)
     try:
         yield FleetProcess(list(proc.ready["prefill"]), list(proc.ready["decode"]))
     finally:
