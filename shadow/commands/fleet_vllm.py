@@ -35,6 +35,13 @@ def add_arguments(p: Any) -> None:
     g.add_argument("--data-parallel", type=int, default=1, metavar="N",
                    help="DP engines per decode server (vLLM's --data-parallel-size, one core each; "
                    "its /metrics labels each engine; default 1)")
+    g.add_argument("--dp-ports", action="store_true",
+                   help="with --data-parallel N: one API server (port, core, decode worker of the ready "
+                   "line) per DP rank, vLLM's external-LB mode; the ranks stay one DP group")
+    g.add_argument("--moe-dp-collectives", action="store_true",
+                   help="add the CPU collectives vLLM 0.32 lacks for an MoE model under DP (all_gatherv, "
+                   "reduce_scatterv; without them --model-size moe --data-parallel 2 dies on its first "
+                   "forward pass)")
     g.add_argument("--kv-bytes", type=int, default=128 << 20, metavar="BYTES",
                    help="KV cache per server (default 128 MiB: 131k tokens of the tiny model)")
     g.add_argument("--connector", choices=("auto", "nixl", "example"), default="auto",
@@ -65,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
             decode=args.decode, prefill=args.prefill if args.prefill is not None else 0, host=args.host,
             served_model_name=args.model, model_size=args.model_size, model_seed=args.model_seed,
             model_path=Path(args.model_path) if args.model_path else None,
-            data_parallel=args.data_parallel, max_num_seqs=args.slots,
+            data_parallel=args.data_parallel, dp_ports=args.dp_ports,
+            moe_dp_collectives=args.moe_dp_collectives, max_num_seqs=args.slots,
             max_model_len=min(args.max_model_len, 2048), kv_bytes=args.kv_bytes,
             connector=args.connector, probe_url=args.probe_url, probe_token=args.probe_token,
             venv=Path(args.vllm_venv) if args.vllm_venv else None,
@@ -90,9 +98,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _ports(args: argparse.Namespace) -> tuple[int, ...] | None:
-    """--port BASE (given, non-zero): prefill i on BASE+i, decode g on BASE+100+g (as the simulated fleet)."""
+    """--port BASE (given, non-zero): prefill i on BASE+i, decode g on BASE+100+g (as the simulated fleet;
+    with --dp-ports, decode worker k, rank r of server k // N, on BASE+100+k)."""
     if not args.port:
         return None
     base = int(args.port)
     prefill = args.prefill if args.prefill is not None else 0
-    return tuple([base + i for i in range(prefill)] + [base + 100 + g for g in range(args.decode)])
+    per = args.data_parallel if args.dp_ports else 1
+    return tuple([base + i for i in range(prefill)] + [base + 100 + k for k in range(args.decode * per)])

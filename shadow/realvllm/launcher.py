@@ -8,6 +8,13 @@ when one does not come up, stops them all and raises `StartError` naming it with
 
     with VllmFleet(VllmFleetConfig(decode=2)) as fleet:
         fleet.ready_line()   # {"prefill": [], "decode": ["http://127.0.0.1:PORT", ...]}
+
+With `data_parallel=N, dp_ports=True` a decode server's N DP ranks each get an API server of their
+own (vLLM's external-LB mode: `--data-parallel-rank r --data-parallel-size-local 1`, one process
+group, core and port per rank, the ranks of one server still one DP group, stepping together for an
+MoE model), and each rank is a decode worker of the ready line (`d0`, `d1`, ... in order).
+`moe_dp_collectives` adds the collectives vLLM 0.32's CPU backend lacks for MoE under DP
+(`shadow.realvllm.cpumoe`).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from typing import IO, Any
 import httpx
 
 from shadow.base.procs import log_tail
+from shadow.realvllm.cpumoe import write_site_hook
 from shadow.realvllm.nixlpace import ENV as NIXL_PACE_ENV
 
 ENV_VENV = "SHADOW_VLLM_VENV"
@@ -74,6 +82,27 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def free_port_run(n: int, host: str = "127.0.0.1", tries: int = 200) -> int:
+    """The first of `n` consecutive ports that were all free a moment ago."""
+    for _ in range(tries):
+        base = free_port(host)
+        if base + n > 65535:
+            continue
+        socks: list[socket.socket] = []
+        try:
+            for p in range(base, base + n):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                socks.append(s)
+                s.bind((host, p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise OSError(f"no run of {n} free ports found on {host}")
+
+
 def ensure_model(venv: Path, size: str, seed: int, models_dir: Path | None = None) -> Path:
     """The model directory for (size, seed), built by the engine venv's builder if not cached."""
     argv = [str(venv / "bin" / "python"), "-m", "shadow.realvllm.model", "--size", size, "--seed", str(seed)]
@@ -98,6 +127,8 @@ class VllmFleetConfig:
     model_seed: int = 0
     models_dir: Path | None = None
     data_parallel: int = 1  # DP engines per decode server (--data-parallel-size; one core each)
+    dp_ports: bool = False  # one API server (port, decode worker) per DP rank: external-LB mode
+    moe_dp_collectives: bool = False  # add the CPU collectives an MoE model needs under DP (cpumoe)
     max_num_seqs: int = 64
     max_model_len: int = 2048
     kv_bytes: int = DEFAULT_KV_BYTES
@@ -122,9 +153,17 @@ class VllmFleetConfig:
             raise ValueError(f"connector must be one of {', '.join(CONNECTORS)}")
         if self.host not in ("127.0.0.1", "localhost"):
             raise ValueError("real vLLM servers bind loopback only (their admin surface has no token)")
-        if self.ports is not None and len(self.ports) != self.prefill + self.decode:
-            n = self.prefill + self.decode
-            raise ValueError(f"ports: need {n} (prefill first), got {len(self.ports)}")
+        if self.dp_ports and self.data_parallel < 2:
+            raise ValueError("dp_ports needs data_parallel >= 2 (one API server per DP rank)")
+        if self.ports is not None and len(self.ports) != self.prefill + self.decode * self.ranks_per_port:
+            n = self.prefill + self.decode * self.ranks_per_port
+            raise ValueError(f"ports: need {n} (prefill first, then each decode API server), "
+                             f"got {len(self.ports)}")
+
+    @property
+    def ranks_per_port(self) -> int:
+        """API servers per decode server: its DP ranks with dp_ports, else 1."""
+        return self.data_parallel if self.dp_ports else 1
 
 
 @dataclass
@@ -239,7 +278,8 @@ class VllmFleet:
                         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())})
         return env
 
-    def _argv(self, model: Path, port: int, role: str) -> list[str]:
+    def _argv(self, model: Path, port: int, role: str, rank: tuple[int, int] | None = None) -> list[str]:
+        """The server's command; `rank` = (DP rank, DP RPC port) of one external-LB rank server."""
         cfg = self.config
         argv = [str(self.venv / "bin" / "vllm"), "serve", str(model),
                 "--served-model-name", cfg.served_model_name, "--host", "127.0.0.1", "--port", str(port),
@@ -253,7 +293,14 @@ class VllmFleet:
         kv = self._kv_config(role)
         if kv is not None:
             argv += ["--kv-transfer-config", kv]
-        if role == "decode" and cfg.data_parallel > 1:
+        if rank is not None:
+            # vLLM's external-LB DP (what --data-parallel-multi-port-external-lb's supervisor runs,
+            # but one process per rank here: the supervisor hands every rank the same
+            # VLLM_CPU_OMP_THREADS_BIND and both engines bound to core 0).
+            argv += ["--data-parallel-size", str(cfg.data_parallel), "--data-parallel-rank", str(rank[0]),
+                     "--data-parallel-size-local", "1", "--data-parallel-address", "127.0.0.1",
+                     "--data-parallel-rpc-port", str(rank[1])]
+        elif role == "decode" and cfg.data_parallel > 1:
             # One API server for all the engines (vLLM 0.32 defaults to one per engine, and then
             # serves /metrics from its multiprocess registry: the load gauges come out empty and
             # no collector of a stat logger, shadow's probe among them, is on the page).
@@ -271,18 +318,49 @@ class VllmFleet:
         roles = [("prefill", i, f"p{i}") for i in range(cfg.prefill)]
         roles += [("decode", g, f"d{g}") for g in range(cfg.decode)]
         slot = 0
-        for n, (role, i, worker) in enumerate(roles):
-            port = cfg.ports[n] if cfg.ports else free_port()
+        ports = list(cfg.ports) if cfg.ports else None
+        for role, i, worker in roles:
             width = cfg.data_parallel if role == "decode" else 1
             mine = [cores[(slot + k) % len(cores)] for k in range(width)]
             slot += width
+            if role == "decode" and cfg.dp_ports:
+                servers += self._rank_servers(i, mine, ports)
+                continue
+            port = ports.pop(0) if ports else free_port()
             servers.append(Server(
                 name=f"{role}/{i}", worker=worker, port=port, core=mine[0],
                 argv=self._argv(self.model_path, port, role),
-                env=self._env("|".join(map(str, mine)), worker),
+                env=self._with_collectives(self._env("|".join(map(str, mine)), worker))
+                if role == "decode" and width > 1 else self._env("|".join(map(str, mine)), worker),
                 log_path=self.log_dir / f"{role}-{i}.log",
             ))
         return servers
+
+    def _with_collectives(self, env: dict[str, str]) -> dict[str, str]:
+        """`env` with shadow.realvllm.cpumoe's import hook on PYTHONPATH when moe_dp_collectives."""
+        if not self.config.moe_dp_collectives:
+            return env
+        hook = write_site_hook(self.log_dir / "pyhook")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(hook), env.get("PYTHONPATH")) if p)
+        return env
+
+    def _rank_servers(self, g: int, cores: list[int], ports: list[int] | None) -> list[Server]:
+        """Decode server g as one API server per DP rank (dp_ports): rank r on cores[r], worker
+        d{g*N+r}; the ranks share one DP RPC port (rank 0's front end hosts the coordinator)."""
+        assert self.model_path is not None
+        n = self.config.data_parallel
+        rpc = free_port()
+        out = []
+        for r in range(n):
+            port = ports.pop(0) if ports else free_port()
+            worker = f"d{g * n + r}"
+            env = self._with_collectives(self._env(str(cores[r]), worker))
+            out.append(Server(
+                name=f"decode/{g}.{r}", worker=worker, port=port, core=cores[r],
+                argv=self._argv(self.model_path, port, "decode", (r, rpc)), env=env,
+                log_path=self.log_dir / f"decode-{g}-rank{r}.log",
+            ))
+        return out
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:

@@ -1,0 +1,245 @@
+"""BR-0 vs JSQ on the DP ranks of one real MoE vLLM server (issue 21, item 7): the engine's own
+step times and throughput per routing policy, the ranks stepping in lockstep.
+
+    python bench/bench_moe_dp.py                              # 160 requests, 24 streams, 8 slots a rank
+    python bench/bench_moe_dp.py --order jsq-bytes,br0,br0,jsq-bytes --requests 200
+
+What runs: the `moe` model (tiny Mixtral, 4 experts, top-2) under `--data-parallel-size 2`, one API
+server per DP rank (vLLM's external-LB mode: `VllmFleetConfig(dp_ports=True)`), rank r on core r,
+with the CPU collectives vLLM 0.32 lacks for MoE under DP added (`shadow.realvllm.cpumoe`). In every
+MoE layer of every step the ranks all-gather their tokens and reduce-scatter the result, and an
+idle rank runs dummy batches while the other has work: a rank waits for the slower one at every
+layer. Each rank's step probe posts to `shadow serve` (a fixed API port, so a restarted serve gets
+them again). Per run: a fresh `shadow serve --active --mode active --pin-mode --active-policy P`
+with the two ranks as decode workers d0 and d1, then `shadow load` of the SAME seeded trace
+(`--requests` requests at t=0, prompts of 20-60 words, output lengths drawn 75 % short 16-96 and
+25 % long 256-640, ignore_eos) through its proxy with `--concurrency` streams (above one rank's
+`--slots`). The probe's step events (read back from serve's `GET /v1/events`) give the engines' own
+step time (vLLM's iteration elapsed: dispatch of the forward to the end of sampling, the
+collectives' waits included), the generated tokens and the running counts after each step.
+
+Printed per run and per policy (runs of one policy pooled): requests ok/failed, step time
+mean/p50/p99 (both ranks' busy steps), decode throughput (the probe's generated tokens, and the
+client's, over the load's own wall time), how many of the client's tokens the probe's steps carry
+(steps lost between serve restarts show here), the mean |running(rank 0) - running(rank 1)| at
+every busy step of either rank (the other rank's count after its latest step), and the wall time;
+then the br0/jsq-bytes ratios (`jsq` in `--active-policy` means jsq-bytes, the vllm-ascend proxy's
+rule). Order the runs to counter drift (default jsq, br0, br0, jsq).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from shadow.base.procs import Child, shadow_argv
+from shadow.realvllm.launcher import VllmFleet, VllmFleetConfig, free_port_run
+
+TOKEN = "bench-moe-dp-token"
+WORKERS = ("d0", "d1")
+
+
+def write_trace(path: Path, n: int, seed: int) -> dict[str, Any]:
+    """The seeded workload as a generic CSV trace (all arrivals at 0: the concurrency paces them)."""
+    rng = random.Random(seed)
+    rows, outs = [], []
+    for i in range(n):
+        prompt = rng.randint(20, 60)
+        out = rng.randint(256, 640) if rng.random() < 0.25 else rng.randint(16, 96)
+        outs.append(out)
+        rows.append(f"0.0,{prompt},{out},k{seed}-{i}")
+    path.write_text("arrival_s,prompt_tokens,output_tokens,prompt_key\n" + "\n".join(rows) + "\n")
+    return {"requests": n, "output_tokens": sum(outs), "long": sum(o >= 256 for o in outs)}
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q / 100 * len(s)))] if s else float("nan")
+
+
+@dataclass
+class Run:
+    policy: str
+    ok: int = 0
+    failed: int = 0
+    wall_s: float = 0.0
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    load: dict[str, Any] = field(default_factory=dict)
+
+    def durations(self) -> list[float]:
+        return [s["duration_s"] for s in self.steps if s.get("tokens", 0) > 0]
+
+    def tokens(self) -> int:
+        return sum(int(s.get("tokens", 0)) for s in self.steps)
+
+    def busy_steps(self, engine: int) -> int:
+        return sum(1 for s in self.steps if s.get("engine") == engine and s.get("tokens", 0) > 0)
+
+    def client_tokens(self) -> int:
+        return int(self.load["tokens"]["output"]) if self.load else 0
+
+    def spread(self) -> float:
+        """Mean |running(rank 0) - running(rank 1)| at each busy step of either rank (the other
+        rank's count as of its latest step; 0 before its first)."""
+        last = {0: 0, 1: 0}
+        gaps = []
+        for s in sorted(self.steps, key=lambda s: s["t"]):
+            e = int(s.get("engine", 0))
+            last[e] = int(s.get("running", 0))
+            if s.get("tokens", 0) > 0:
+                gaps.append(abs(last[0] - last[1]))
+        return statistics.fmean(gaps) if gaps else float("nan")
+
+
+def read_steps(api: str, after: int, t0: float, t1: float) -> tuple[list[dict[str, Any]], int]:
+    """The step events serve has seen after cursor `after` with t in [t0, t1]; the new cursor."""
+    out: list[dict[str, Any]] = []
+    with httpx.Client(timeout=30, trust_env=False) as c:
+        while True:
+            r = c.get(f"{api}/v1/events", params={"after": after, "limit": 100_000})
+            r.raise_for_status()
+            last = int(r.headers.get("X-Last-Seq", after))
+            for line in r.text.splitlines():
+                ev = json.loads(line)
+                if ev.get("type") == "step" and t0 <= ev["t"] <= t1:
+                    out.append(ev)
+            if last == after:
+                return out, last
+            after = last
+
+
+def one_run(policy: str, urls: list[str], port: int, trace: Path, args: argparse.Namespace,
+            logs: Path, k: int) -> Run:
+    argv = ["serve", "--port", str(port), "--slots", str(args.slots), "--events-token", TOKEN,
+            "--active", "--mode", "active", "--pin-mode", "--active-policy", policy, "--policies", "br0",
+            "--scrape-interval", "0.5", "--ring-bytes", str(512 << 20),
+            "--state-dir", str(logs / f"state-{k}"), "--stop-taps"]
+    for w, u in zip(WORKERS, urls, strict=True):
+        argv += ["--upstream", f"{w}={u}"]
+    serve = Child(f"shadow serve ({policy})", shadow_argv(*argv), logs / f"serve-{k}-{policy}.log",
+                  timeout_s=120)
+    run = Run(policy)
+    try:
+        api, active = serve.ready["api"], serve.ready["active"]
+        _, cursor = read_steps(api, 0, 0, 0)
+        out = logs / f"load-{k}-{policy}.json"
+        t0 = time.monotonic()
+        done = subprocess.run(
+            shadow_argv("load", str(trace), "--target", active, "--model", "sim-llm",
+                        "--seed", str(args.seed), "--concurrency", str(args.concurrency),
+                        "--json", str(out), "--quiet"),
+            capture_output=True, text=True, check=False, timeout=3600)
+        t1 = time.monotonic()
+        if not out.exists():
+            raise RuntimeError(f"shadow load wrote no summary (exit {done.returncode}): "
+                               f"{done.stderr[-2000:]}")
+        run.load = json.loads(out.read_text())
+        run.wall_s = float(run.load["wall_s"])  # the load's own: first request sent to last one done
+        req = run.load["requests"]
+        run.ok = int(req["ok"])
+        run.failed = int(req["failed"]) + int(req["not_sent"]) + int(req["output_mismatch"])
+        time.sleep(args.settle)  # the probe posts every 100 ms: let the last steps arrive
+        run.steps, _ = read_steps(api, cursor, t0, t1 + args.settle)
+    finally:
+        serve.stop()
+    return run
+
+
+def summary(runs: list[Run]) -> dict[str, float]:
+    durs = [d for r in runs for d in r.durations()]
+    wall = sum(r.wall_s for r in runs)
+    return {
+        "runs": len(runs), "ok": sum(r.ok for r in runs), "failed": sum(r.failed for r in runs),
+        "steps": len(durs), "step_mean_ms": statistics.fmean(durs) * 1e3 if durs else float("nan"),
+        "step_p50_ms": pct(durs, 50) * 1e3, "step_p99_ms": pct(durs, 99) * 1e3,
+        "tokens": sum(r.tokens() for r in runs), "tokens_per_s": sum(r.tokens() for r in runs) / wall,
+        "client_tokens_per_s": sum(r.client_tokens() for r in runs) / wall,
+        "probe_coverage": sum(r.tokens() for r in runs) / max(1, sum(r.client_tokens() for r in runs)),
+        "steps_rank0": sum(r.busy_steps(0) for r in runs), "steps_rank1": sum(r.busy_steps(1) for r in runs),
+        "spread": statistics.fmean(r.spread() for r in runs), "wall_s": wall / len(runs),
+    }
+
+
+def row(name: str, s: dict[str, float]) -> str:
+    return (f"| {name} | {s['ok']:.0f}/{s['failed']:.0f} | {s['steps_rank0']:.0f}+{s['steps_rank1']:.0f} | "
+            f"{s['step_mean_ms']:.2f} | {s['step_p50_ms']:.2f} | {s['step_p99_ms']:.2f} | "
+            f"{s['tokens_per_s']:.0f} ({s['client_tokens_per_s']:.0f}) | {s['probe_coverage']:.3f} | "
+            f"{s['spread']:.2f} | {s['wall_s']:.1f} |")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=160)
+    ap.add_argument("--concurrency", type=int, default=24)
+    ap.add_argument("--slots", type=int, default=8, help="max_num_seqs of each rank (= serve --slots)")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--order", default="jsq-bytes,br0,br0,jsq-bytes")
+    ap.add_argument("--settle", type=float, default=2.0)
+    ap.add_argument("--warmup", type=int, default=8, help="requests straight to each rank first")
+    args = ap.parse_args()
+    order = args.order.split(",")
+
+    logs = Path(f"/tmp/shadow-bench-moe-dp-{int(time.time())}")
+    logs.mkdir(parents=True)
+    trace = logs / "workload.csv"
+    shape = write_trace(trace, args.requests, args.seed)
+    port = free_port_run(1 + len(WORKERS))  # serve's API, then its two taps: the same every run
+    fleet = VllmFleet(VllmFleetConfig(
+        decode=1, data_parallel=2, dp_ports=True, moe_dp_collectives=True, model_size="moe",
+        max_num_seqs=args.slots, cores=(0, 1), probe_url=f"http://127.0.0.1:{port}", probe_token=TOKEN,
+        log_dir=logs / "vllm"))
+    (logs / "vllm").mkdir()
+    print(f"logs in {logs}; workload {shape}; load average {os.getloadavg()}", file=sys.stderr, flush=True)
+    runs: list[Run] = []
+    try:
+        fleet.start()
+        urls = fleet.decode_urls
+        with httpx.Client(timeout=120, trust_env=False) as c:  # first forward passes, both ranks
+            for u in urls:
+                for _ in range(args.warmup):
+                    body = {"model": "sim-llm", "prompt": "warm up", "max_tokens": 8, "ignore_eos": True}
+                    c.post(f"{u}/v1/completions", json=body).raise_for_status()
+        for k, policy in enumerate(order):
+            r = one_run(policy, urls, port, trace, args, logs, k)
+            runs.append(r)
+            print(f"run {k} {policy}: ok {r.ok} failed {r.failed}, {len(r.durations())} steps, "
+                  f"wall {r.wall_s:.1f} s, spread {r.spread():.2f}, {r.tokens()} probe tokens of "
+                  f"{r.client_tokens()}, "
+                  f"load average {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
+    finally:
+        fleet.stop()
+    header = ("| policy | ok/failed | busy steps rank 0+1 | step mean ms | p50 ms | p99 ms | "
+              "decode tokens/s probe (client) | probe/client tokens | mean running spread | "
+              "wall s (per run) |"
+              "\n|---|---|---|---|---|---|---|---|---|---|")
+    print(header)
+    for k, r in enumerate(runs):
+        print(row(f"run {k} {r.policy}", summary([r])))
+    pooled = {p: summary([r for r in runs if r.policy == p]) for p in dict.fromkeys(order)}
+    for p, s in pooled.items():
+        print(row(f"**{p}** (pooled)", s))
+    if "br0" in pooled and "jsq-bytes" in pooled:
+        b, j = pooled["br0"], pooled["jsq-bytes"]
+        print(f"\nbr0/jsq-bytes: step mean {b['step_mean_ms'] / j['step_mean_ms']:.3f}, "
+              f"step p99 {b['step_p99_ms'] / j['step_p99_ms']:.3f}, "
+              f"throughput {b['tokens_per_s'] / j['tokens_per_s']:.3f}, "
+              f"spread {b['spread'] / j['spread']:.3f}, wall {b['wall_s'] / j['wall_s']:.3f}")
+    print(json.dumps({"workload": shape, "args": vars(args), "pooled": pooled,
+                      "runs": [{"policy": r.policy, **summary([r])} for r in runs],
+                      "load_summaries": [r.load for r in runs]}, default=str))
+    return 0 if all(r.failed == 0 for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
