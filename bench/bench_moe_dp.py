@@ -44,7 +44,7 @@ from typing import Any
 import httpx
 
 from shadow.base.procs import Child, shadow_argv
-from shadow.realvllm.launcher import VllmFleet, VllmFleetConfig, free_port_run
+from shadow.realvllm.launcher import VllmFleet, VllmFleetConfig, free_port_run, group_members
 
 TOKEN = "bench-moe-dp-token"
 WORKERS = ("d0", "d1")
@@ -119,6 +119,55 @@ def read_steps(api: str, after: int, t0: float, t1: float) -> tuple[list[dict[st
             after = last
 
 
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds (user + system) of the live processes of process group `pgid`."""
+    ticks = 0
+    for pid in group_members(pgid):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def lockstep_check(fleet: VllmFleet, tokens: int = 300) -> dict[str, float]:
+    """CPU of rank 1's process group while one request runs on rank 0 alone, and while idle for
+    as long: a rank with no request of its own that still burns CPU is stepping dummy batches
+    with the other (vLLM's DPEngineCoreProc keeps every rank's loop running while any has work)."""
+    r0, r1 = fleet.servers[0], fleet.servers[1]
+    assert r0.proc is not None and r1.proc is not None
+    body = {"model": "sim-llm", "prompt": "lockstep", "max_tokens": tokens, "ignore_eos": True}
+    with httpx.Client(timeout=300, trust_env=False) as c:
+        a, t0 = group_cpu_s(r1.proc.pid), time.monotonic()
+        c.post(f"{r0.url}/v1/completions", json=body).raise_for_status()
+        busy, wall = group_cpu_s(r1.proc.pid) - a, time.monotonic() - t0
+    time.sleep(2.0)  # past the wave's end (the ranks agree to pause at most 16 steps later)
+    a = group_cpu_s(r1.proc.pid)
+    time.sleep(wall)  # the same span with nothing to do anywhere
+    idle = group_cpu_s(r1.proc.pid) - a
+    return {"rank0_request_s": wall, "rank1_cpu_s_during_it": busy, "rank1_cpu_s_idle_same_span": idle}
+
+
+def probe_reaches(api: str, urls: list[str], timeout_s: float = 60.0) -> int:
+    """Run a short request on each rank until serve has step events of both engines (the probes'
+    senders post again after the restart); the event cursor after them."""
+    body = {"model": "sim-llm", "prompt": "probe", "max_tokens": 4, "ignore_eos": True}
+    seen: set[int] = set()
+    cursor = 0
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=60, trust_env=False) as c:
+        while seen != {0, 1}:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"serve saw steps of engines {sorted(seen)} only within {timeout_s:.0f} s")
+            for u in urls:
+                c.post(f"{u}/v1/completions", json=body).raise_for_status()
+            time.sleep(0.5)  # the probe posts every 100 ms
+            steps, cursor = read_steps(api, cursor, 0, float("inf"))
+            seen |= {int(ev.get("engine", -1)) for ev in steps}
+    return cursor
+
+
 def one_run(policy: str, urls: list[str], port: int, trace: Path, args: argparse.Namespace,
             logs: Path, k: int) -> Run:
     argv = ["serve", "--port", str(port), "--slots", str(args.slots), "--events-token", TOKEN,
@@ -132,7 +181,7 @@ def one_run(policy: str, urls: list[str], port: int, trace: Path, args: argparse
     run = Run(policy)
     try:
         api, active = serve.ready["api"], serve.ready["active"]
-        _, cursor = read_steps(api, 0, 0, 0)
+        cursor = probe_reaches(api, urls)
         out = logs / f"load-{k}-{policy}.json"
         t0 = time.monotonic()
         done = subprocess.run(
@@ -202,6 +251,7 @@ def main() -> int:
     (logs / "vllm").mkdir()
     print(f"logs in {logs}; workload {shape}; load average {os.getloadavg()}", file=sys.stderr, flush=True)
     runs: list[Run] = []
+    lock: dict[str, float] = {}
     try:
         fleet.start()
         urls = fleet.decode_urls
@@ -210,6 +260,8 @@ def main() -> int:
                 for _ in range(args.warmup):
                     body = {"model": "sim-llm", "prompt": "warm up", "max_tokens": 8, "ignore_eos": True}
                     c.post(f"{u}/v1/completions", json=body).raise_for_status()
+        lock = lockstep_check(fleet)
+        print(f"lockstep: {lock}", file=sys.stderr, flush=True)
         for k, policy in enumerate(order):
             r = one_run(policy, urls, port, trace, args, logs, k)
             runs.append(r)
@@ -235,7 +287,10 @@ def main() -> int:
               f"step p99 {b['step_p99_ms'] / j['step_p99_ms']:.3f}, "
               f"throughput {b['tokens_per_s'] / j['tokens_per_s']:.3f}, "
               f"spread {b['spread'] / j['spread']:.3f}, wall {b['wall_s'] / j['wall_s']:.3f}")
-    print(json.dumps({"workload": shape, "args": vars(args), "pooled": pooled,
+    print(f"\nlockstep check (one 300-token request on rank 0 alone): rank 1's CPU "
+          f"{lock['rank1_cpu_s_during_it']:.2f} s during its {lock['rank0_request_s']:.2f} s, "
+          f"{lock['rank1_cpu_s_idle_same_span']:.2f} s idle for as long")
+    print(json.dumps({"workload": shape, "args": vars(args), "pooled": pooled, "lockstep": lock,
                       "runs": [{"policy": r.policy, **summary([r])} for r in runs],
                       "load_summaries": [r.load for r in runs]}, default=str))
     return 0 if all(r.failed == 0 for r in runs) else 1
