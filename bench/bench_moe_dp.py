@@ -83,6 +83,16 @@ class Run:
     def tokens(self) -> int:
         return sum(int(s.get("tokens", 0)) for s in self.steps)
 
+    def by_max_running(self) -> list[tuple[int, float]]:
+        """(max of the ranks' running counts, step duration) at each busy step of either rank."""
+        last = {0: 0, 1: 0}
+        out = []
+        for s in sorted(self.steps, key=lambda s: s["t"]):
+            last[int(s.get("engine", 0))] = int(s.get("running", 0))
+            if s.get("tokens", 0) > 0:
+                out.append((max(last.values()), float(s["duration_s"])))
+        return out
+
     def busy_steps(self, engine: int) -> int:
         return sum(1 for s in self.steps if s.get("engine") == engine and s.get("tokens", 0) > 0)
 
@@ -287,6 +297,12 @@ def main() -> int:
               f"step p99 {b['step_p99_ms'] / j['step_p99_ms']:.3f}, "
               f"throughput {b['tokens_per_s'] / j['tokens_per_s']:.3f}, "
               f"spread {b['spread'] / j['spread']:.3f}, wall {b['wall_s'] / j['wall_s']:.3f}")
+    pairs = [p for r in runs for p in r.by_max_running()]
+    print("\nstep time by the larger rank's running count (all runs): "
+          + ", ".join(f"{lo}-{hi}: {statistics.fmean(d for m, d in pairs if lo <= m <= hi) * 1e3:.2f} ms "
+                      f"({sum(1 for m, _ in pairs if lo <= m <= hi)})"
+                      for lo, hi in ((1, 2), (3, 4), (5, 8), (9, 12), (13, 1000))
+                      if any(lo <= m <= hi for m, _ in pairs)))
     print(f"\nlockstep check (one 300-token request on rank 0 alone): rank 1's CPU "
           f"{lock['rank1_cpu_s_during_it']:.2f} s during its {lock['rank0_request_s']:.2f} s, "
           f"{lock['rank1_cpu_s_idle_same_span']:.2f} s idle for as long")
