@@ -32,7 +32,7 @@ from shadow.commands import tap as tap_cmd
 from shadow.commands._flags import Flag, add_flags, fields, flag
 from shadow.commands._layered import explicit_only, given, origin, resolve
 from shadow.commands._service import add_log_arguments, run_reporting, start_logging
-from shadow.commands.serve_checks import check_start_values
+from shadow.commands.serve_checks import canary_steps, check_start_values
 from shadow.core.policies import ACTIVE, active_names, active_policy, lane_names
 from shadow.core.stepmodel import DEFAULT_A_S_PER_TOKEN, DEFAULT_B_S
 from shadow.live.lanes import DEFAULT_POLICIES
@@ -294,16 +294,6 @@ CANARY_FLAGS = (
 )
 
 
-def canary_steps(text: str | None) -> tuple[float, ...]:
-    """--canary-steps as fractions (ValueError naming the flag)."""
-    if not text:
-        return ()
-    try:
-        return tuple(float(x) for x in str(text).split(",") if x.strip())
-    except ValueError:
-        raise ValueError(f"--canary-steps must be comma-separated fractions, got {text!r}") from None
-
-
 def add_mode_arguments(p: argparse.ArgumentParser) -> None:
     """The mode controller's flags: modes, the admin API, automatic fallback."""
     g = p.add_argument_group(
@@ -369,7 +359,7 @@ def mode_config_from_args(args: argparse.Namespace) -> ModeConfig | None:
     guards.validate()
     clients = ClientConfig(**fields(args, CLIENT_FLAGS))
     clients.validate()
-    canary = CanaryConfig(steps=canary_steps(args.canary_steps), **fields(args, CANARY_FLAGS))
+    canary = CanaryConfig(steps=canary_steps(args), **fields(args, CANARY_FLAGS))
     try:
         canary.validate()
     except ValueError as exc:

@@ -1,14 +1,19 @@
 """`shadow serve`'s start-up values checked before anything starts: a bad one is a ValueError of
-one line naming the flag and where its value came from (the command exits 2 on it)."""
+one line naming the flag and where its value came from (the command exits 2 on it). Numbers,
+ports, the addresses (NAME=URL, URL, tcp://HOST:PORT), --canary-steps and --policies."""
 
 from __future__ import annotations
 
 import argparse
 import math
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
+from shadow.active.canary import CanaryConfig
+from shadow.app.serve import check_policies
 from shadow.commands._layered import origin
 from shadow.contracts.modes import MODES
+from shadow.mirror.attach import parse_address
 
 NO_ACTIVE = ("without --active the existing router routes every request, so only mode shadow can be "
              "carried out")
@@ -46,6 +51,28 @@ def at_least_one(v: float) -> bool:
 
 def at_least_two(v: float) -> bool:
     return v >= 2
+
+
+def finite(v: float) -> bool:
+    return math.isfinite(v)
+
+
+def port(v: float) -> bool:
+    return 0 <= v <= 65535
+
+
+def niceness(v: float) -> bool:
+    return 0 <= v <= 19
+
+
+def rotation_size(v: float) -> bool:
+    return v >= 4096  # the recording's smallest rotation size (shadow.mirror.recording)
+
+
+def lease_seconds(v: float) -> bool:
+    """etcd grants a lease of at least its minimum TTL (ceil(1.5 election timeouts): 2 s at its
+    defaults) whatever is asked, and takes whole seconds."""
+    return math.isfinite(v) and v >= 2 and v == int(v)
 
 
 #: (option dest, rule, what the rule asks) for the numbers: seconds, fractions and counts.
@@ -88,7 +115,33 @@ NUMBERS: tuple[tuple[str, Rule, str], ...] = (
     ("canary_ttft_margin", non_negative, ">= 0"),
     ("canary_tpot_margin", non_negative, ">= 0"),
     ("kv_resume", open_fraction, "a fraction in (0, 1]"),
+    ("degrade_calibration", open_fraction, "a fraction in (0, 1]"),
+    ("degrade_oracle_gap", positive, "> 0"),
+    ("degrade_net_gain", finite, "a finite number"),
+    ("active_max_connections", at_least_one, ">= 1"),
+    ("api_max_connections", at_least_one, ">= 1"),
+    ("lease_ttl", lease_seconds, "a whole number of seconds >= 2 (etcd's minimum lease at its defaults)"),
+    ("step_a", non_negative, ">= 0 s"),
+    ("step_b", non_negative, ">= 0 s"),
+    ("step_window", positive, "> 0 s"),
+    ("analysis_nice", niceness, "in 0..19"),
+    ("max_body", at_least_one, ">= 1"),
+    ("max_head", at_least_one, ">= 1"),
+    ("queue_bytes", at_least_one, ">= 1"),
+    ("retain_bytes", non_negative, ">= 0"),
+    ("retain_ended", non_negative, ">= 0"),
+    ("ring_bytes", non_negative, ">= 0"),
+    ("max_id_len", at_least_one, ">= 1"),
+    ("max_live", at_least_one, ">= 1"),
+    ("record_max_bytes", rotation_size, ">= 4096 bytes"),
+    ("port", port, "a port in 0..65535 (0 = a free one)"),
+    ("active_port", port, "a port in 0..65535 (0 = a free one)"),
+    ("tap_metrics_port", port, "a port in 0..65535 (0 = a free one)"),
 )
+
+#: The options naming upstreams as NAME=URL (repeatable), and those holding one URL.
+PAIRS = ("upstream", "prefill", "front", "worker", "metrics_of")
+URLS = ("forward", "lease_etcd")
 
 
 def _flag(dest: str) -> str:
@@ -101,6 +154,66 @@ def _named(args: argparse.Namespace, dest: str) -> str:
     return _flag(dest) if where == "flag" else f"{_flag(dest)} (from {where})"
 
 
+def _url_fault(url: str) -> str | None:
+    """What keeps a client from connecting to `url` by its port (None: nothing)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # a broken [IPv6] host
+        return str(exc)
+    try:
+        got = parts.port
+    except ValueError:  # out of 0..65535, or not a number
+        got = 0
+    return "the port must be in 1..65535" if got == 0 else None
+
+
+def check_addresses(args: argparse.Namespace) -> None:
+    """ValueError naming the first NAME=URL, URL or --attach address shadow serve cannot use (a
+    name may name one upstream of one kind; --metrics-of names them again)."""
+    named: dict[str, str] = {}
+    for dest in PAIRS:
+        names = named if dest != "metrics_of" else {}
+        for value in getattr(args, dest, None) or ():
+            name, sep, url = str(value).partition("=")
+            if not sep or not name or not url:
+                raise ValueError(f"{_named(args, dest)} must be NAME=URL, got {value!r}")
+            if name in names:
+                again = "given twice" if names[name] == dest else f"also given by {_flag(names[name])}"
+                raise ValueError(f"{_named(args, dest)} name {name!r} {again}")
+            names[name] = dest
+            fault = _url_fault(url)
+            if fault is not None:
+                raise ValueError(f"{_named(args, dest)} {value!r}: {fault}")
+    for dest in URLS:
+        value = getattr(args, dest, None)
+        fault = _url_fault(str(value)) if value else None
+        if fault is not None:
+            raise ValueError(f"{_named(args, dest)} {value!r}: {fault}")
+    for value in getattr(args, "attach", None) or ():
+        kind, where = parse_address(str(value))
+        if kind == "tcp" and not 1 <= where[1] <= 65535:
+            raise ValueError(f"{_named(args, 'attach')} {value!r}: the port must be in 1..65535")
+
+
+def canary_steps(args: argparse.Namespace) -> tuple[float, ...]:
+    """--canary-steps as fractions (ValueError naming the flag: not numbers, or not increasing
+    fractions in (0, 1))."""
+    text = getattr(args, "canary_steps", None)
+    if not text:
+        return ()
+    try:
+        steps = tuple(float(x) for x in str(text).split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"{_named(args, 'canary_steps')} must be comma-separated fractions, got {text!r}"
+                         ) from None
+    try:
+        CanaryConfig(steps=steps).validate()
+    except ValueError:
+        raise ValueError(f"{_named(args, 'canary_steps')} must be increasing fractions in (0, 1), got "
+                         f"{text!r}") from None
+    return steps
+
+
 def check_start_values(args: argparse.Namespace) -> None:
     """ValueError naming the first flag whose value shadow serve cannot run with."""
     for dest, ok, asks in NUMBERS:
@@ -109,6 +222,14 @@ def check_start_values(args: argparse.Namespace) -> None:
             continue
         if not ok(float(v)):
             raise ValueError(f"{_named(args, dest)} must be {asks}, got {v}")
+    check_addresses(args)
+    canary_steps(args)
+    policies = getattr(args, "policies", None)
+    if policies is not None:
+        try:
+            check_policies(tuple(p.strip() for p in str(policies).split(",") if p.strip()))
+        except ValueError as exc:
+            raise ValueError(f"{_named(args, 'policies')}: {exc}") from None
     active = bool(getattr(args, "active", False))
     mode = getattr(args, "mode", None)
     if mode is not None:
@@ -124,6 +245,10 @@ def check_start_values(args: argparse.Namespace) -> None:
     if holddown is not None and cap is not None and cap < holddown:
         raise ValueError(
             f"{_named(args, 'holddown_max')} {cap} is below {_named(args, 'holddown')} {holddown}")
+    least, most = getattr(args, "canary_min_step", None), getattr(args, "canary_max_step", None)
+    if least is not None and most is not None and most < least:
+        raise ValueError(f"{_named(args, 'canary_max_step')} {most} is below "
+                         f"{_named(args, 'canary_min_step')} {least}")
     pause, resume = getattr(args, "kv_pause", None), getattr(args, "kv_resume", None)
     if pause is not None and resume is not None and resume > pause:
         raise ValueError(f"{_named(args, 'kv_resume')} {resume} is above {_named(args, 'kv_pause')} {pause}")

@@ -19,6 +19,7 @@ from shadow.active.flagfile import FlagFileWatcher
 from shadow.active.modes import ModeConfig, ModeController, ModeSetting, ModeUnavailable
 from shadow.base.procs import shadow_argv
 from tests.active.procs import shadow_process
+from tests.harness import stop_tap_groups
 
 TOKEN = "honest-flags-admin-token-0123"
 SERVE = ["serve", "--worker", "d0=http://127.0.0.1:9", "--slots", "4", "--scrape-interval", "0",
@@ -184,3 +185,83 @@ def test_the_start_source_is_labelled_truthfully(explicit: dict[str, Any], env: 
     assert mc is not None and mc.source == label
     first = ModeController(mc).snapshot()["transitions"][0]
     assert first["reason"] == label and detail in first["detail"], first
+
+
+ACTIVE = ["--active", "--scrape-interval", "1"]
+FRONT = ["--front", "r=http://127.0.0.1:9", "--relay", "thread"]
+LEASE = [*ACTIVE, *FRONT, "--lease-etcd", "http://127.0.0.1:9"]
+
+#: (extra flags, environment, what the one line on stderr says) of `shadow serve` started for real.
+BAD_START_PROCESS = [
+    ([*LEASE, "--lease-ttl", "1.5"], {}, "--lease-ttl must be a whole number of seconds >= 2"),
+    ([*LEASE, "--lease-ttl", "1"], {}, "--lease-ttl must be a whole number of seconds >= 2"),
+    ([*LEASE, "--lease-ttl", "inf"], {}, "--lease-ttl must be a whole number of seconds >= 2"),
+    (LEASE, {"SHADOW_SERVE_LEASE_TTL": "1"},
+     "--lease-ttl (from env SHADOW_SERVE_LEASE_TTL) must be a whole number of seconds >= 2"),
+    ([*ACTIVE, "--degrade-calibration", "0"], {},
+     "--degrade-calibration must be a fraction in (0, 1], got 0.0"),
+    ([*ACTIVE, "--degrade-oracle-gap", "0"], {}, "--degrade-oracle-gap must be > 0, got 0.0"),
+    ([*ACTIVE, "--degrade-net-gain", "nan"], {}, "--degrade-net-gain must be a finite number, got nan"),
+    ([*ACTIVE, "--active-max-connections", "0"], {}, "--active-max-connections must be >= 1, got 0"),
+    ([*ACTIVE, "--canary-steps", "0.5,0.2"], {}, "--canary-steps must be increasing fractions in (0, 1), "
+     "got '0.5,0.2'"),
+    ([*ACTIVE, "--canary-steps", "0"], {}, "--canary-steps must be increasing fractions in (0, 1), got '0'"),
+    ([*ACTIVE, "--canary-steps", "1.5"], {}, "--canary-steps must be increasing fractions in (0, 1)"),
+    (["--canary-steps", "abc"], {}, "--canary-steps must be comma-separated fractions, got 'abc'"),
+    ([*ACTIVE, "--canary-min-step", "60", "--canary-max-step", "30"], {},
+     "--canary-max-step 30.0 is below --canary-min-step 60.0"),
+    (["--port", "70000"], {}, "--port must be a port in 0..65535 (0 = a free one), got 70000"),
+    (["--port", "-1"], {}, "--port must be a port in 0..65535 (0 = a free one), got -1"),
+    ([*ACTIVE, "--active-port", "70000"], {}, "--active-port must be a port in 0..65535"),
+    (["--tap-metrics-port", "70000"], {}, "--tap-metrics-port must be a port in 0..65535"),
+    (["--worker", "d1=http://127.0.0.1:70000"], {},
+     "--worker 'd1=http://127.0.0.1:70000': the port must be in 1..65535"),
+    (["--upstream", "u0=http://127.0.0.1:70000", "--relay", "thread"], {},
+     "--upstream 'u0=http://127.0.0.1:70000': the port must be in 1..65535"),
+    (["--prefill", "p0=http://127.0.0.1:-1", "--relay", "thread"], {},
+     "--prefill 'p0=http://127.0.0.1:-1': the port must be in 1..65535"),
+    (["--front", "r=http://127.0.0.1:70000", "--relay", "thread"], {},
+     "--front 'r=http://127.0.0.1:70000': the port must be in 1..65535"),
+    (["--metrics-of", "d0=http://127.0.0.1:70000"], {},
+     "--metrics-of 'd0=http://127.0.0.1:70000': the port must be in 1..65535"),
+    (["--forward", "http://127.0.0.1:70000"], {}, "--forward 'http://127.0.0.1:70000': the port must be in "
+     "1..65535"),
+    ([*ACTIVE, *FRONT, "--lease-etcd", "http://127.0.0.1:70000"], {},
+     "--lease-etcd 'http://127.0.0.1:70000': the port must be in 1..65535"),
+    (["--attach", "tcp://127.0.0.1:70000"], {}, "--attach 'tcp://127.0.0.1:70000': the port must be in "
+     "1..65535"),
+    (["--worker", "d1"], {}, "--worker must be NAME=URL, got 'd1'"),
+    (["--worker", "d0=http://127.0.0.1:8"], {}, "--worker name 'd0' given twice"),
+    (["--policies", "br0,nope"], {}, "--policies: unknown policy 'nope'"),
+    (["--step-a", "-1"], {}, "--step-a must be >= 0 s, got -1.0"),
+    (["--step-b", "nan"], {}, "--step-b must be >= 0 s, got nan"),
+    (["--step-window", "inf"], {}, "--step-window must be > 0 s, got inf"),
+    (["--analysis-nice", "20"], {}, "--analysis-nice must be in 0..19, got 20"),
+    (["--max-body", "0"], {}, "--max-body must be >= 1, got 0"),
+    (["--max-head", "0"], {}, "--max-head must be >= 1, got 0"),
+    (["--api-max-connections", "0"], {}, "--api-max-connections must be >= 1, got 0"),
+    (["--queue-bytes", "0"], {}, "--queue-bytes must be >= 1, got 0"),
+    (["--retain-bytes", "-1"], {}, "--retain-bytes must be >= 0, got -1"),
+    (["--retain-ended", "-1"], {}, "--retain-ended must be >= 0, got -1"),
+    (["--ring-bytes", "-1"], {}, "--ring-bytes must be >= 0, got -1"),
+    (["--max-id-len", "0"], {}, "--max-id-len must be >= 1, got 0"),
+    (["--max-live", "0"], {}, "--max-live must be >= 1, got 0"),
+    (["--record-max-bytes", "100"], {}, "--record-max-bytes must be >= 4096 bytes, got 100"),
+]
+
+#: How long a `shadow serve` that is refused may take to exit (a deadline, not a speed limit).
+REFUSED_WITHIN_S = 120.0
+
+
+@pytest.mark.parametrize(("extra", "env", "message"), BAD_START_PROCESS)
+def test_the_real_command_refuses_every_bad_start_up_value_with_exit_2_and_one_line_naming_its_flag(
+        extra: list[str], env: dict[str, str], message: str, tmp_path: Path) -> None:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("SHADOW_SERVE_")}
+    try:
+        res = subprocess.run(shadow_argv(*SERVE, "--state-dir", str(tmp_path), *extra), capture_output=True,
+                             text=True, timeout=REFUSED_WITHIN_S, env={**environ, **env})
+    finally:
+        stop_tap_groups(tmp_path)  # none was started (nothing starts before the checks), if one was
+    lines = res.stderr.strip().splitlines()
+    assert (res.returncode, res.stdout, len(lines)) == (2, "", 1), res.stderr[-2000:]
+    assert lines[0].startswith("shadow serve: ") and message in lines[0], lines[0]
