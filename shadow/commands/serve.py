@@ -185,7 +185,9 @@ def add_mirror_arguments(p: argparse.ArgumentParser) -> None:
 def tap_config_from_args(args: argparse.Namespace) -> TapConfig:
     """The mirror's configuration (taps, attachments, bounds) from serve's options."""
     if not args.upstream and not args.front and not getattr(args, "worker", None):
-        raise SystemExit(f"{PROG}: give --upstream NAME=URL (in-path taps) or --front NAME=URL (front mode)")
+        print(f"{PROG}: give --upstream NAME=URL (in-path taps) or --front NAME=URL (front mode)",
+              file=sys.stderr)
+        raise SystemExit(2)  # a usage error, as argparse's
     lim = tap_cmd.limits_from_args(args)
     return TapConfig(
         **fields(args, tap_cmd.data_plane_flags()),

@@ -179,7 +179,9 @@ def limits_from_args(args: argparse.Namespace) -> TapLimits:
 
 def config_from_args(args: argparse.Namespace) -> tap_app.TapGroupConfig:
     if not args.upstream and not args.front and not args.prefill:
-        raise SystemExit(f"{PROG}: give --upstream NAME=URL (in-path taps) or --front NAME=URL (front mode)")
+        print(f"{PROG}: give --upstream NAME=URL (in-path taps) or --front NAME=URL (front mode)",
+              file=sys.stderr)
+        raise SystemExit(2)  # a usage error, as argparse's
     return tap_app.TapGroupConfig(
         **fields(args, data_plane_flags()),
         **fields(args, group_flags()),

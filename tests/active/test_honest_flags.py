@@ -265,3 +265,14 @@ def test_the_real_command_refuses_every_bad_start_up_value_with_exit_2_and_one_l
     lines = res.stderr.strip().splitlines()
     assert (res.returncode, res.stdout, len(lines)) == (2, "", 1), res.stderr[-2000:]
     assert lines[0].startswith("shadow serve: ") and message in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("command", ["serve", "tap"])
+def test_a_command_given_no_worker_to_tap_is_a_usage_error_naming_the_flags(command: str,
+                                                                            tmp_path: Path) -> None:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("SHADOW_SERVE_", "SHADOW_TAP_"))}
+    res = subprocess.run(shadow_argv(command, "--state-dir", str(tmp_path)), capture_output=True, text=True,
+                         timeout=REFUSED_WITHIN_S, env=environ)
+    lines = res.stderr.strip().splitlines()
+    assert (res.returncode, res.stdout, len(lines)) == (2, "", 1), res.stderr[-2000:]
+    assert lines[0].startswith(f"shadow {command}: give --upstream NAME=URL"), lines[0]
