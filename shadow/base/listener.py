@@ -10,7 +10,8 @@ with the app's Content-Length, else one whole body gets one, else chunked; the a
 sent as given, plus `date` when it has none (no `server` header). A response the app leaves
 unfinished (it returns, or raises, after its head) or the drain deadline cuts is cut on the wire
 too: the connection closes without the body's end (no final chunk, or short of its length).
-Pipelined requests are answered in order, one at a time.
+Pipelined requests are answered in order, one at a time; nothing after a request that ends its
+connection is read, and a request refused (400, 408) before its app began never reaches the app.
 """
 
 from __future__ import annotations
@@ -147,6 +148,7 @@ class _Cycle:
         "method",
         "more",
         "received",
+        "refused",
         "response_complete",
         "scope",
         "sent_out",
@@ -166,6 +168,7 @@ class _Cycle:
         self.complete = False  # the whole request body was received
         self.delivered = False  # ... and handed to the app
         self.disconnected = False
+        self.refused = False  # the listener refused it (its framing, a deadline): answered already
         self.started = False
         self.head_pending = True
         self.status = 200
@@ -291,6 +294,8 @@ class _Cycle:
     async def run(self, app: ASGIApp) -> None:
         conn = self.conn
         srv = conn.server
+        if self.refused:
+            return  # refused before the app began (bytes in the same read): the app never sees it
         try:
             await app(self.scope, self.receive, self.send)
         except asyncio.CancelledError:
@@ -420,7 +425,7 @@ class _Conn(Conn):
             self.abort()
         else:
             for c in self.cycles:
-                c.disconnected = True
+                c.disconnected = c.refused = True
                 c.more.set()
             self.fail(raw)
 
@@ -440,6 +445,8 @@ class _Conn(Conn):
         try:
             self.parser.feed_data(data)
         except HttpParserError:
+            if "done" in self._pauses:
+                return  # bytes after a request that ends the connection: never processed (RFC 9112 9.6)
             rej, self._reject = self._reject, None
             raw, reason = rej if rej is not None else (_BAD_REQUEST, "bad_framing")
             self.server.count(reason)
@@ -535,6 +542,8 @@ class _Conn(Conn):
             return
         c.complete = True
         c.more.set()
+        if not c.keep_alive:
+            self._pause("done")  # it is answered, then the connection closes: nothing more is read
 
     # -- flow ------------------------------------------------------------------------------------
 

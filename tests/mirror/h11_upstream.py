@@ -1,5 +1,5 @@
 """A real uvicorn server with the h11 protocol that records every request it frames (method, path,
-body length, peer port), for differential tests of the tap's framing and for attack tests."""
+body length and bytes, peer port), for differential tests of the fronts' framing and attack tests."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ class Seen:
     path: str
     body_len: int
     peer_port: int
+    body: bytes = b""
 
 
 @dataclass
@@ -38,26 +39,27 @@ def recording_app(rec: Recorder) -> Any:
             rec.started += 1
             rec.inflight += 1
         try:
-            n = 0
+            parts: list[bytes] = []
             while True:
                 msg = await receive()
                 if msg["type"] == "http.disconnect":
                     break
-                n += len(msg.get("body", b""))
+                parts.append(msg.get("body", b""))
                 if not msg.get("more_body"):
                     break
+            body = b"".join(parts)
             peer = scope.get("client") or ("", 0)
             with rec.lock:
-                rec.seen.append(Seen(scope["method"], scope["path"], n, int(peer[1])))
-            body = b"ok " + scope["path"].encode()
+                rec.seen.append(Seen(scope["method"], scope["path"], len(body), int(peer[1]), body))
+            answer = b"ok " + scope["path"].encode()
             await send(
                 {
                     "type": "http.response.start",
                     "status": 200,
-                    "headers": [(b"content-type", b"text/plain"), (b"content-length", b"%d" % len(body))],
+                    "headers": [(b"content-type", b"text/plain"), (b"content-length", b"%d" % len(answer))],
                 }
             )
-            await send({"type": "http.response.body", "body": body})
+            await send({"type": "http.response.body", "body": answer})
         finally:
             with rec.lock:
                 rec.inflight -= 1
