@@ -74,7 +74,8 @@ WORKER_UP = Family("shadow_router_worker_up", "gauge",
 STARVATION = Family("shadow_pool_starvation_guard_total", "counter",
                     "pool entries dispatched by the age (starvation) guard", "requests")
 #: Why the proxy cut a stream it had started relaying (`upstream_broke`: the upstream's body broke
-#: off; a recomputed stream with `no_continuation` possible or whose `continuation_failed`).
+#: off, or it relayed the upstream's error event and the client left on it before the break came;
+#: a recomputed stream with `no_continuation` possible or whose `continuation_failed`).
 CUT_REASONS = ("upstream_broke", "no_continuation", "continuation_failed")
 STREAMS_CUT = Family("shadow_router_streams_cut_total", "counter",
                      "client streams cut after their first byte (an SSE error event, then an aborted body), "

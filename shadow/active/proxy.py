@@ -23,6 +23,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Callable
@@ -94,6 +95,8 @@ HOP_BY_HOP = frozenset(
 MAX_ABORTED = 4096  # abandoned KV handles remembered per prefiller
 MAX_RESUME_BYTES = 4 << 20  # stream bytes kept per request for a recompute continuation
 DONE_TAIL = 32  # bytes of a relayed stream kept to see its end marker
+#: The head of an SSE data field carrying an error object (vLLM's, a tap's or a router's cut event).
+_ERROR_DATA = re.compile(rb'data:\s*\{\s*"error"\s*:')
 GATEWAY_DOWN = (502, 504)  # a decode worker's tap could not reach it: the worker is down
 
 
@@ -671,6 +674,18 @@ class ActiveProxy:
         self.metrics.upstream_errors.labels(leg, worker).inc()
         self.modes.on_upstream(worker, leg, False)
 
+    def _failed_by_event(self, outcome: str, leg: str, worker: int) -> str:
+        """A relayed stream that carried an SSE error event failed upstream, whether the client then
+        left (it raises on the event, often before the break behind it reaches the proxy: counted
+        as the cut it is) or the stream ended: `upstream_error`, and the upstream is told failed."""
+        if outcome not in ("ok", "client_cancel"):
+            return outcome
+        self._upstream_failed(self.decode_names[worker] if worker >= 0 else "router", leg)
+        if outcome == "client_cancel":
+            self.cut[(leg, "upstream_broke")] += 1
+            self.metrics.streams_cut.labels(leg, "upstream_broke").inc()
+        return "upstream_error"
+
     async def _decode_leg(
         self, flow: _Flow, kv: dict[str, Any] | None, gone: asyncio.Future[Any]
     ) -> httpx.Response:
@@ -794,6 +809,7 @@ class ActiveProxy:
         an event over `max_event_bytes` is forwarded as it comes); continue a recomputed stream."""
         outcome = "client_cancel"
         cut_reason = ""  # why the stream ended early, if it did
+        errored = False  # an error event was relayed: the upstream failed the request
         events = 0
         t_first = 0.0
         tail = b""  # the last bytes sent to the client
@@ -824,6 +840,7 @@ class ActiveProxy:
                         sent.append(piece)
                         if whole and _is_chunk(piece):
                             events += 1
+                            errored = errored or _ERROR_DATA.search(piece, 0, 64) is not None
                     self.oversized_events += split.oversized
                     split.oversized = 0
                     if sent:
@@ -879,7 +896,9 @@ class ActiveProxy:
         finally:
             if outcome == "client_cancel" and _stream_done(tail):
                 outcome = "ok"  # the client left after the end marker: the stream was complete
-            elif outcome == "upstream_error":
+            if errored and outcome != "upstream_error":
+                outcome = self._failed_by_event(outcome, "decode", flow.worker)
+            if outcome == "upstream_error":
                 self.errors["decode_stream"] += 1
             self._resume_bytes -= kept_bytes
             await upstream.aclose()
@@ -947,6 +966,7 @@ class ActiveProxy:
             outcome = "client_cancel"
             first = True
             broke = False
+            errored = False  # an error event was relayed: the router failed the request
             tail = b""  # the last bytes relayed: a client leaving after `data: [DONE]` had it all
             events, t_first = 0, 0.0  # SSE data events relayed (a line start can only be one)
             try:
@@ -958,6 +978,8 @@ class ActiveProxy:
                     if sse:
                         at_line = chunk.startswith(b"data:") and tail[-1:] in (b"", b"\n")
                         events += chunk.count(b"\ndata:") + at_line
+                        if not errored and (b'"error"' in chunk or b'"error"' in tail[-6:] + chunk[:6]):
+                            errored = _ERROR_DATA.search(tail + chunk) is not None
                     tail = (tail + chunk)[-DONE_TAIL:]
                     yield chunk
                 status = upstream.status_code
@@ -970,6 +992,8 @@ class ActiveProxy:
             finally:
                 if outcome == "client_cancel" and _stream_done(tail):
                     outcome = "ok"
+                if errored and outcome != "upstream_error":
+                    outcome = self._failed_by_event(outcome, "router", -1)
                 await upstream.aclose()
                 call.end()
                 self.metrics.inflight.labels("router", "router").dec()

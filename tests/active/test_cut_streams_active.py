@@ -7,8 +7,8 @@ proxy routes), leg `router` in mode shadow (it passes the request to the --front
 The upstream is cut while both streams of a case are open, after their first events: a scripted
 upstream resets its sockets (RST) or closes them without the terminating chunk (FIN), or a real
 `shadow fleet` process is killed with SIGKILL (in mode shadow behind a real `shadow router`). One
-stream is read as bytes to its end (always a counted cut); the openai client's is counted as a cut
-or, when it left on the first relayed error event before the proxy read the break, client_cancel.
+stream is read as bytes to its end; the openai client leaves at the first relayed error event,
+often before the break behind it reaches the proxy: both are counted cuts (upstream_error).
 """
 
 from __future__ import annotations
@@ -185,14 +185,13 @@ def test_an_upstream_killed_mid_stream_raises_in_the_openai_client_and_is_counte
         assert f"shadow proxy: the {leg} stream was cut (upstream_broke)".encode() in raw.got, raw.got[-600:]
         assert b"[DONE]" not in raw.got and b'"finish_reason":"' not in raw.got.replace(b" ", b"")
 
-        # The raw reader reads on to the break: its stream is always a counted cut. The openai
-        # client leaves at the first SSE error event (the tap's, or the router's in mode shadow)
-        # relayed ahead of the break, and the proxy counts that cut only if it read the break
-        # before it saw the client go, else the stream ends as client_cancel (a race: under load
-        # the shadow/sigkill case lost it 4 times in 6).
+        # The raw reader reads on to the break. The openai client leaves at the first SSE error
+        # event (the tap's, or the router's in mode shadow) relayed ahead of the break, often
+        # before the proxy reads the break (under load the shadow/sigkill case did 4 times in 6):
+        # the error event it relayed makes that stream a counted cut too, never a client_cancel.
         def settled() -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], float]] | None:
             ended, cut = outcomes(api), cuts(api)
-            done = sum(ended.values()) >= 2 and cut[(leg, "upstream_broke")] >= 1
+            done = sum(ended.values()) >= 2 and cut[(leg, "upstream_broke")] >= 2
             return (ended, cut) if done and sum(cut.values()) == ended.get((mode, "upstream_error")) else None
 
         try:
@@ -200,6 +199,5 @@ def test_an_upstream_killed_mid_stream_raises_in_the_openai_client_and_is_counte
         except AssertionError as exc:  # say how the proxy ended them instead
             raise AssertionError(f"{exc}: cut {cuts(api)}, ended {outcomes(api)}") from None
         assert sum(ended.values()) == 2, ended
-        assert set(ended) <= {(mode, "upstream_error"), (mode, "client_cancel")}, ended
-        assert ended.get((mode, "client_cancel"), 0) <= 1, ended  # only the openai client left early
+        assert set(ended) == {(mode, "upstream_error")}, ended
         assert cut[(leg, "upstream_broke")] == ended[(mode, "upstream_error")] == sum(cut.values()), cut
