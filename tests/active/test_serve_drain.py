@@ -129,7 +129,8 @@ def test_serve_drains_the_proxy_and_the_taps(sig: signal.Signals, shape: str, tm
                 hold.signalled = time.monotonic() - HOLD_S  # a new stream is held no longer
                 after: list[str] = []
                 _stream(taps["d0"], after)
-                assert after == ["complete"], after
+                logs = "".join(p.read_text(errors="replace")[-3000:] for p in tmp_path.glob("taps/*/tap.log"))
+                assert after == ["complete"], (after, logs)  # the group's log says what the relay did
             else:  # nothing of serve's is left running
                 assert '"relay_id"' not in status.stdout, status
         finally:
