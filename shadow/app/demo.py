@@ -608,8 +608,13 @@ def run_demo(opts: DemoOptions, console: Console, err: Console) -> int:
         Path(opts.report_json).write_text(json.dumps(final, indent=2) + "\n")
         err.print(f"wrote {opts.report_json}")
     if opts.record:
-        err.print(f"recorded the session to {opts.record}: `{replay_command(opts.record)}` replays it "
-                  f"offline as the lanes ran (the recording says how)")
+        if opts.fleet == "vllm":  # the lanes stepped on the measured clock, which no recording carries
+            err.print(f"recorded the session to {opts.record}: `{replay_command(opts.record)}` replays its "
+                      f"requests offline on the configured step model, not on the clock the live lanes "
+                      f"measured from the engines, so its figures may differ from these (it says so)")
+        else:
+            err.print(f"recorded the session to {opts.record}: `{replay_command(opts.record)}` replays it "
+                      f"offline as the lanes ran (the recording says how)")
     console.print(lanes_table(final))
     console.print(status_lines(demo, final, opts.duration_s))
     if demo.load is not None and demo.load.summary.failed:

@@ -114,7 +114,9 @@ def recorded_setup(
                       f"b={setup.step.b:g} s, {setup.slots} slots")
         return setup, None
     setup, what_if = as_recorded(setup, recorded, flags)
-    err.print(f"replaying as the live lanes ran: {','.join(recorded.policies)}; step model "
+    head = ("replaying the live lanes' settings (not their measured clock)" if recorded.clock == "measured"
+            else "replaying as the live lanes ran")
+    err.print(f"{head}: {','.join(recorded.policies)}; step model "
               f"a={recorded.step.a:g} s/token, b={recorded.step.b:g} s ({recorded.step_source}); "
               f"{recorded.slots} slots")
     if recorded.clock == "measured":

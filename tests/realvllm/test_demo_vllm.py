@@ -27,6 +27,10 @@ def test_demo_on_real_engines_names_them_and_its_mirror_and_step_model_hold(engi
                 demo.send_signal(signal.SIGTERM)
                 demo.communicate(timeout=120)
     assert demo.returncode == 0, out[-3000:] + err[-3000:]
+    # the lanes stepped on the measured clock, which the recording does not carry: the demo says its
+    # replay will not reproduce them (it said "as the lanes ran")
+    said = " ".join(err.split())
+    assert "not on the clock the live lanes measured" in said and "as the lanes ran" not in said, said[-2000:]
     doc = json.loads(report.read_text())
     demo = doc["demo"]
     assert demo["fleet"]["engine"].startswith("vllm 0.32.0"), demo["fleet"]

@@ -98,6 +98,7 @@ def test_lanes_on_the_measured_clock_replay_with_a_note_that_they_may_differ(
     assert main(["replay", str(rec), "--json", str(tmp_path / "r.json")]) == 0
     err = " ".join(capsys.readouterr().err.split())
     assert "stepped on the measured clock" in err and "may differ" in err
+    assert "as the live lanes ran" not in err and "not their measured clock" in err
     # a configured clock (the default) says nothing of it, and its header has no clock field
     assert "clock" not in SETTINGS.to_json()
     with pytest.raises(ValueError, match="clock must be one of"):
