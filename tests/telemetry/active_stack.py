@@ -115,6 +115,7 @@ class FleetProcess:
 
     prefill_urls: list[str]
     decode_urls: list[str]
+    pid: int | None = None  # the `shadow fleet` process (to signal it)
 
 
 @dataclass
@@ -200,6 +201,6 @@ def _fleet(tmp: Path, shadow: str, prefill: int, decode: int, slots: int,
     proc = _Proc([shadow, "fleet", "--prefill", str(prefill), "--decode", str(decode), "--slots", str(slots),
                   "--port", "0", "--time-scale", str(time_scale), *args], tmp / "fleet.log", env=env)
     try:
-        yield FleetProcess(list(proc.ready["prefill"]), list(proc.ready["decode"]))
+        yield FleetProcess(list(proc.ready["prefill"]), list(proc.ready["decode"]), proc.proc.pid)
     finally:
         proc.close()
