@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -80,6 +81,27 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def quiet_port(host: str = "127.0.0.1", tries: int = 200) -> int:
+    """A free port below the kernel's ephemeral range, for a server that binds it long after it is
+    chosen (NIXL's side channel, after the model loads): a port from bind(0) is in that range, where
+    any outgoing connection may take it meanwhile (a tier P/D start failed so: address in use)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as fh:
+            low = int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    for _ in range(tries):
+        port = rng.randrange(10000, max(10001, low))
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        return port
+    return free_port(host)
 
 
 def free_port_run(n: int, host: str = "127.0.0.1", tries: int = 200) -> int:
@@ -275,7 +297,7 @@ class VllmFleet:
                         # NIXL's progress thread would spin a core per server (shadow.realvllm.nixlpace)
                         NIXL_PACE_ENV: str(NIXL_PROGRESS_DELAY_US),
                         "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
-                        "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())})
+                        "VLLM_NIXL_SIDE_CHANNEL_PORT": str(quiet_port())})
         return env
 
     def _argv(self, model: Path, port: int, role: str, rank: tuple[int, int] | None = None) -> list[str]:

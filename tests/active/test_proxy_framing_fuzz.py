@@ -51,7 +51,8 @@ HIDDEN = b"GET /v1/models HTTP/1.1\r\nHost: hidden\r\n\r\n"  # (no real request 
 CANNED_400 = b"malformed or ambiguous HTTP/1.1 request"  # the listener's framing refusal
 # Short, so a connection left waiting ends soon; long enough that a loaded machine still writes a
 # whole example (its pieces go out back to back) within them.
-LIMITS = ListenerLimits(header_timeout_s=1.5, body_timeout_s=1.5, idle_timeout_s=1.5)
+# 5 s: at 1.5 s a piece of an example sent late on a loaded host (load ~10) hit the deadline
+LIMITS = ListenerLimits(header_timeout_s=5.0, body_timeout_s=5.0, idle_timeout_s=5.0)
 
 Record = tuple[str, str, bytes]  # (method, path, body) as the upstream framed it
 
