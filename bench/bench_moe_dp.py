@@ -14,9 +14,10 @@ them again). Per run: a fresh `shadow serve --active --mode active --pin-mode --
 with the two ranks as decode workers d0 and d1, then `shadow load` of the SAME seeded trace
 (`--requests` requests at t=0, prompts of 20-60 words, output lengths drawn 75 % short 16-96 and
 25 % long 256-640, ignore_eos) through its proxy with `--concurrency` streams (above one rank's
-`--slots`). The probe's step events (read back from serve's `GET /v1/events`) give the engines' own
-step time (vLLM's iteration elapsed: dispatch of the forward to the end of sampling, the
-collectives' waits included), the generated tokens and the running counts after each step.
+`--slots`). The probe's step events (read from serve's `GET /v1/events` every 0.2 s during the
+run) give the engines' own step time (vLLM's iteration elapsed: dispatch of the forward to the
+end of sampling, the collectives' waits included), the generated tokens and the running counts
+after each step.
 
 Printed per run and per policy (runs of one policy pooled): requests ok/failed, step time
 mean/p50/p99 (both ranks' busy steps), decode throughput (the probe's generated tokens, and the
@@ -36,6 +37,7 @@ import random
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +78,7 @@ class Run:
     wall_s: float = 0.0
     steps: list[dict[str, Any]] = field(default_factory=list)
     load: dict[str, Any] = field(default_factory=dict)
+    lost_events: int = 0  # events of serve's ring not read in time (any kind)
 
     def durations(self) -> list[float]:
         return [s["duration_s"] for s in self.steps if s.get("tokens", 0) > 0]
@@ -112,21 +115,56 @@ class Run:
         return statistics.fmean(gaps) if gaps else float("nan")
 
 
-def read_steps(api: str, after: int, t0: float, t1: float) -> tuple[list[dict[str, Any]], int]:
-    """The step events serve has seen after cursor `after` with t in [t0, t1]; the new cursor."""
+def read_steps(api: str, after: int) -> tuple[list[dict[str, Any]], int, int]:
+    """The step events serve still has after cursor `after`; the new cursor; how many events of
+    any kind left serve's ring (the last 10,000) before they were read."""
     out: list[dict[str, Any]] = []
+    lost = 0
     with httpx.Client(timeout=30, trust_env=False) as c:
         while True:
             r = c.get(f"{api}/v1/events", params={"after": after, "limit": 100_000})
             r.raise_for_status()
             last = int(r.headers.get("X-Last-Seq", after))
-            for line in r.text.splitlines():
-                ev = json.loads(line)
-                if ev.get("type") == "step" and t0 <= ev["t"] <= t1:
-                    out.append(ev)
+            lines = r.text.splitlines()
+            if len(lines) < 100_000:
+                lost += max(0, last - after - len(lines))
+            out += [ev for ev in map(json.loads, lines) if ev.get("type") == "step"]
             if last == after:
-                return out, last
+                return out, last, lost
             after = last
+
+
+class StepReader(threading.Thread):
+    """Reads serve's step events every 0.2 s while a run goes: its ring keeps the last 10,000
+    events, which the taps' token events would otherwise push the steps out of."""
+
+    def __init__(self, api: str, after: int) -> None:
+        super().__init__(daemon=True)
+        self.api, self.after = api, after
+        self.steps: list[dict[str, Any]] = []
+        self.lost = 0
+        self.error: BaseException | None = None
+        self._stop_event = threading.Event()
+
+    def poll(self) -> None:
+        steps, self.after, lost = read_steps(self.api, self.after)
+        self.steps += steps
+        self.lost += lost
+
+    def run(self) -> None:
+        try:
+            while not self._stop_event.wait(0.2):
+                self.poll()
+        except BaseException as exc:  # reported by finish()
+            self.error = exc
+
+    def finish(self) -> list[dict[str, Any]]:
+        self._stop_event.set()
+        self.join()
+        if self.error is not None:
+            raise RuntimeError(f"reading serve's events failed: {self.error}")
+        self.poll()
+        return self.steps
 
 
 def group_cpu_s(pgid: int) -> float:
@@ -173,7 +211,7 @@ def probe_reaches(api: str, urls: list[str], timeout_s: float = 60.0) -> int:
             for u in urls:
                 c.post(f"{u}/v1/completions", json=body).raise_for_status()
             time.sleep(0.5)  # the probe posts every 100 ms
-            steps, cursor = read_steps(api, cursor, 0, float("inf"))
+            steps, cursor, _ = read_steps(api, cursor)
             seen |= {int(ev.get("engine", -1)) for ev in steps}
     return cursor
 
@@ -191,7 +229,8 @@ def one_run(policy: str, urls: list[str], port: int, trace: Path, args: argparse
     run = Run(policy)
     try:
         api, active = serve.ready["api"], serve.ready["active"]
-        cursor = probe_reaches(api, urls)
+        reader = StepReader(api, probe_reaches(api, urls))
+        reader.start()
         out = logs / f"load-{k}-{policy}.json"
         t0 = time.monotonic()
         done = subprocess.run(
@@ -209,7 +248,8 @@ def one_run(policy: str, urls: list[str], port: int, trace: Path, args: argparse
         run.ok = int(req["ok"])
         run.failed = int(req["failed"]) + int(req["not_sent"]) + int(req["output_mismatch"])
         time.sleep(args.settle)  # the probe posts every 100 ms: let the last steps arrive
-        run.steps, _ = read_steps(api, cursor, t0, t1 + args.settle)
+        run.steps = [ev for ev in reader.finish() if t0 <= ev["t"] <= t1 + args.settle]
+        run.lost_events = reader.lost
     finally:
         serve.stop()
     return run
@@ -227,6 +267,7 @@ def summary(runs: list[Run]) -> dict[str, float]:
         "probe_coverage": sum(r.tokens() for r in runs) / max(1, sum(r.client_tokens() for r in runs)),
         "steps_rank0": sum(r.busy_steps(0) for r in runs), "steps_rank1": sum(r.busy_steps(1) for r in runs),
         "spread": statistics.fmean(r.spread() for r in runs), "wall_s": wall / len(runs),
+        "events_missed": sum(r.lost_events for r in runs),
     }
 
 
@@ -277,7 +318,7 @@ def main() -> int:
             runs.append(r)
             print(f"run {k} {policy}: ok {r.ok} failed {r.failed}, {len(r.durations())} steps, "
                   f"wall {r.wall_s:.1f} s, spread {r.spread():.2f}, {r.tokens()} probe tokens of "
-                  f"{r.client_tokens()}, "
+                  f"{r.client_tokens()} ({r.lost_events} events missed), "
                   f"load average {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
     finally:
         fleet.stop()
