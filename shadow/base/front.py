@@ -1,6 +1,7 @@
 """What shadow's two HTTP/1.1 fronts (the listener in `base.listener`, the tap in `mirror.proxy`)
 share: a front's refusal counts and draining; a connection's reads paused for named reasons, its
-one deadline, its held bytes, the connection cap, and the request head as llhttp delivers it."""
+one deadline, its held bytes, the connection cap, the staged close after a last response, and the
+request head as llhttp delivers it."""
 
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ class Conn(asyncio.Protocol):
         self._pauses: set[str] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_kind = ""
+        self._linger_left = 0  # bytes still dropped while lingering (`_linger`)
         self._in_head = False
         self._head_fed = 0
         self._url: list[bytes] = []
@@ -98,8 +100,47 @@ class Conn(asyncio.Protocol):
 
     def _expired(self) -> None:
         kind, self._timer, self._timer_kind = self._timer_kind, None, ""
-        if not self.closed:
+        if kind == "linger":
+            self._linger_cut()
+        elif not self.closed:
             self._deadline(kind)
+
+    def _linger(self, seconds: float, max_bytes: int, idle: dict[Any, None]) -> None:
+        """End the connection after its last response without losing that response: what was
+        written is sent, then a FIN; what the client still sends is read and dropped until it
+        closes, or `seconds` pass, or more than `max_bytes` came (`_linger_cut`; 0 s: a plain
+        close). RFC 9112 §9.6: a plain close
+        with request bytes unread makes the kernel send a reset, and the reset can destroy the
+        response in flight (seen: requests pipelined after a `Connection: close` one lost that
+        one's answer). While it lingers the connection is idle in its front (`idle`): the first to
+        go when the cap needs room."""
+        t = self.transport
+        self.closed = True
+        self.disarm()
+        if t is None or t.is_closing():
+            return
+        if seconds <= 0 or not t.can_write_eof():
+            t.close()
+            return
+        t.write_eof()  # (after what is buffered has been sent)
+        idle[self] = None
+        self._pauses.clear()
+        self._linger_left = max_bytes
+        t.resume_reading()
+        self.arm("linger", seconds)
+
+    def _lingered(self, n: int) -> None:
+        """`n` bytes came on a closed connection: dropped; beyond the linger budget it is cut."""
+        if self._timer_kind == "linger":
+            self._linger_left -= n
+            if self._linger_left < 0:
+                self.disarm()
+                self._linger_cut()
+
+    def _linger_cut(self) -> None:
+        """The client neither closed nor stopped sending within the linger time: close now."""
+        if self.transport is not None:
+            self.transport.close()
 
     def _lost(self, conns: set[Any], idle: dict[Any, None]) -> None:
         """The peer is gone: closed, no deadline, neither open (`conns`) nor idle in its front."""

@@ -51,6 +51,7 @@ REJECT_REASONS = (
     "app_error",
     "app_cut",
     "drain_cut",
+    "linger_cut",
 )
 
 
@@ -68,11 +69,17 @@ class ListenerLimits:
     max_body: int = 16 << 20  # request body bytes (413 beyond)
     max_buffer: int = 256 << 10  # body bytes waiting for the app before reading pauses
     max_pipelined: int = 16  # requests parsed ahead of the one being answered (reading pauses)
+    linger_s: float = 5.0  # after a last response: read and drop what the client still sends (0: off)
+    linger_bytes: int = 1 << 20  # ... this many at most (beyond: closed at once)
 
     def validate(self) -> None:
         """ValueError with a one-line reason for a value out of range."""
         if not self.evict_grace_s >= 0:
             raise ValueError("listener evict grace must be >= 0 s")
+        if not self.linger_s >= 0:
+            raise ValueError("listener linger must be >= 0 s")
+        if self.linger_bytes < 0:
+            raise ValueError("listener linger bytes must be >= 0")
         for name in ("header_timeout_s", "body_timeout_s", "idle_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"listener {name.removesuffix('_s').replace('_', ' ')} must be > 0 s")
@@ -317,7 +324,7 @@ class _Cycle:
             conn.fail(_APP_ERROR)
         else:  # a response the app ends early on purpose (a stream cut upstream; it said why):
             srv.count("app_cut")  # what it sent reaches the client, the body never ends
-            conn.close()
+            conn.close_staged()
 
 
 class _Conn(Conn):
@@ -364,10 +371,24 @@ class _Conn(Conn):
             self._drained.set()
 
     def close(self) -> None:
-        """Close now (an idle connection, or one whose response is over)."""
+        """Close now (an idle connection: no request bytes are waiting)."""
         self._done()
         if self.transport is not None:
             self.transport.close()
+
+    def close_staged(self) -> None:
+        """Close after the last response (staged: `Conn._linger`); nothing more is answered."""
+        self._done()
+        for c in self.cycles:  # requests pipelined behind it: never answered
+            c.disconnected = True
+            c.more.set()
+        self.cycles.clear()
+        lim = self.server.limits
+        self._linger(lim.linger_s, lim.linger_bytes, self.server.idle)
+
+    def _linger_cut(self) -> None:
+        self.server.count("linger_cut")
+        super()._linger_cut()
 
     def abort(self) -> None:
         """Reset the connection: what was sent so far is all the client gets (a visible cut)."""
@@ -376,11 +397,12 @@ class _Conn(Conn):
             self.transport.abort()
 
     def fail(self, raw: bytes) -> None:
-        """Answer with a canned error and close."""
+        """Answer with a canned error and close (staged)."""
         if self.transport is not None and not self.closed:
             self.transport.write(raw)
-            self.transport.close()
-        self._done()
+            self.close_staged()
+        else:
+            self._done()
 
     def _done(self) -> None:
         """Nothing more is read or answered here: closed, no deadline, not idle."""
@@ -434,6 +456,7 @@ class _Conn(Conn):
     def data_received(self, data: bytes) -> None:
         self.read_from = True
         if self.closed:
+            self._lingered(len(data))
             return
         limits = self.server.limits
         if self._timer_kind == "idle":
@@ -569,7 +592,7 @@ class _Conn(Conn):
         cycle.buffered = 0
         cycle.body.clear()
         if not (cycle.keep_alive and cycle.complete and not srv.draining and not self.closed):
-            self.close()  # (a body still arriving is not read to its end: the connection goes)
+            self.close_staged()  # (a body still arriving is not read to its end: the connection goes)
             return
         self._resume("pipeline")
         self._resume("buffer")

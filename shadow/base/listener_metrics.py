@@ -16,7 +16,7 @@ LISTENER_REJECTED = Family(
     "shadow_listener_rejected_total", "counter",
     "Requests or connections a listener (api, active) refused or cut, by reason (bad_framing, "
     "head_too_large, header_timeout, body_timeout, body_too_large, idle_timeout, upgrade, busy, "
-    "evicted_idle, app_error, app_cut, drain_cut).", "requests", ("listener", "reason"),
+    "evicted_idle, app_error, app_cut, drain_cut, linger_cut).", "requests", ("listener", "reason"),
     values={"reason": REJECT_REASONS})
 LISTENER_CONNECTIONS = Family("shadow_listener_connections", "gauge",
                               "Client connections open on each listener.", "connections", L)

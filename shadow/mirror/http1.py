@@ -50,6 +50,8 @@ class TapLimits:
     # second later — so the margin is 3 s, not 1 s (seen: a POST on a connection the worker had just
     # closed, answered 502 not-resent, ~1 in 400 decode legs of `shadow demo` under load 11 on 2 cores).
     pool_idle_s: float = 2.0
+    linger_s: float = 5.0  # after a last response: read and drop what the client still sends (0: off)
+    linger_bytes: int = 1 << 20  # ... this many at most (beyond: closed at once)
     allow_paths: tuple[str, ...] = DEFAULT_ALLOW_PATHS
 
 

@@ -82,7 +82,7 @@ TAP_REJECTED = Family(
     "shadow_mirror_tap_rejected_total", "counter",
     "Requests or connections a tap refused or cut, by reason (bad_framing, head_too_large, "
     "header_timeout, body_timeout, idle_timeout, path_not_allowed, upgrade, busy, evicted_idle, "
-    "not_resent, bad_upstream_response).", "requests", ("worker", "reason"))
+    "not_resent, bad_upstream_response, linger_cut).", "requests", ("worker", "reason"))
 TAP_CUT = Family(
     "shadow_mirror_tap_streams_cut_total", "counter",
     "Responses a tap cut after their head (the client got an SSE error event and an aborted body), by "

@@ -71,6 +71,7 @@ REJECT_REASONS = (
     "evicted_idle",
     "not_resent",
     "bad_upstream_response",
+    "linger_cut",
 )
 
 # Why a tap cut a response it had started relaying (`Tap.cut`, a bounded label set): the upstream
@@ -389,7 +390,10 @@ class _ClientConn(Conn):
             self._drop()
 
     def data_received(self, data: bytes) -> None:
-        if self._broken is not None or self.closed:
+        if self.closed:
+            self._lingered(len(data))
+            return
+        if self._broken is not None:
             return
         if self._timer_kind == "idle":
             self.arm("header", self.tap.limits.header_timeout_s)
@@ -406,6 +410,8 @@ class _ClientConn(Conn):
         except HttpParserError:
             rej = self._pending_reject
             self._pending_reject = None
+            if "done" in self._pauses:
+                return  # bytes after a request that ends the connection: never processed (RFC 9112 9.6)
             self._reject(rej if rej is not None else _Reject(BAD_REQUEST, "bad_framing"))
             return
         if self._in_head and self._head_fed > self.tap.limits.max_head:
@@ -438,9 +444,7 @@ class _ClientConn(Conn):
                 up.close()
             self.tap._end(req.ctx, END_CLIENT_CANCEL)
             if head_sent:
-                self.closed = True
-                if self.transport is not None:
-                    self.transport.close()
+                self._close_staged()
             else:
                 self._fail(rej.response)
         else:
@@ -612,11 +616,36 @@ class _ClientConn(Conn):
         up.begin(self, req, reused=False)
 
     def _fail(self, raw: bytes) -> None:
+        """Answer `raw` (a canned error) and end the connection."""
         if self.transport is not None and not self.closed:
             self.transport.write(raw)
-            self.transport.close()
-        self.closed = True
-        self.disarm()
+        self._close_staged()
+
+    def _close_staged(self) -> None:
+        """Close after the last response (staged: `Conn._linger`); nothing more is relayed."""
+        if self.closed:
+            return
+        self._abandon()
+        self.tap._idle.pop(self, None)
+        lim = self.tap.limits
+        self._linger(lim.linger_s, lim.linger_bytes, self.tap._idle)
+
+    def _abandon(self) -> None:
+        """No request of this connection goes on: the one in flight ends (client_cancel unless its
+        end was told already) and lets its upstream go; those parsed behind it are dropped."""
+        req, self.active = self.active, None
+        self.reqs.clear()
+        if req is not None:
+            self.tap._end(req.ctx, END_CLIENT_CANCEL)
+            up = req.up
+            if up is not None:
+                up.client = None
+                up.req = None
+                up.close()
+
+    def _linger_cut(self) -> None:
+        self.tap.count("linger_cut")
+        super()._linger_cut()
 
     def response_done(self, close_after: bool) -> None:
         """Called by the upstream side once the whole response was relayed."""
@@ -630,9 +659,7 @@ class _ClientConn(Conn):
             self._fail(self._broken)
             return
         if close_after or (req is not None and not req.keep_alive) or self.tap.draining:
-            self.closed = True
-            if self.transport is not None:
-                self.transport.close()
+            self._close_staged()
             return
         if self.reqs:
             self._start(self.reqs[0])
@@ -641,18 +668,8 @@ class _ClientConn(Conn):
         self.arm("idle", self.tap.limits.idle_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        tap = self.tap
-        self._lost(tap._clients, tap._idle)
-        req = self.active
-        self.active = None
-        self.reqs.clear()
-        if req is not None:
-            tap._end(req.ctx, END_CLIENT_CANCEL)
-            up = req.up
-            if up is not None:
-                up.client = None
-                up.req = None
-                up.close()
+        self._lost(self.tap._clients, self.tap._idle)
+        self._abandon()
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -927,16 +944,13 @@ class _UpstreamConn(asyncio.Protocol):
             client._fail(BAD_GATEWAY)
             return
         self.tap.cut[reason] = self.tap.cut.get(reason, 0) + 1
-        client.closed = True
         tr = client.transport
-        if tr is None:
-            return
-        if self.rechunk and self.sse and client.http11:
+        if tr is not None and self.rechunk and self.sse and client.http11:
             event = stream_error_event(f"shadow tap {self.tap.name}: the upstream stream was cut ({reason})")
             if self.tail and self.tail != b"\n\n":
                 event = b"\n\n" + event  # end the event the upstream left open first
             tr.write(b"%x\r\n%b\r\n" % (len(event), event))
-        tr.close()  # flushes what was written, then FIN: the chunked body never ends
+        client._close_staged()  # what was written is sent, then FIN: the chunked body never ends
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.alive = False
