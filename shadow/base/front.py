@@ -109,11 +109,10 @@ class Conn(asyncio.Protocol):
         """End the connection after its last response without losing that response: what was
         written is sent, then a FIN; what the client still sends is read and dropped until it
         closes, or `seconds` pass, or more than `max_bytes` came (`_linger_cut`; 0 s: a plain
-        close). RFC 9112 §9.6: a plain close
-        with request bytes unread makes the kernel send a reset, and the reset can destroy the
-        response in flight (seen: requests pipelined after a `Connection: close` one lost that
-        one's answer). While it lingers the connection is idle in its front (`idle`): the first to
-        go when the cap needs room."""
+        close). RFC 9112 §9.6: a plain close with request bytes unread makes the kernel send a
+        reset, and the reset can destroy the response in flight (seen: requests pipelined after a
+        `Connection: close` one lost that one's answer). While it lingers the connection is idle in
+        its front (`idle`): the first to go when the cap needs room."""
         t = self.transport
         self.closed = True
         self.disarm()

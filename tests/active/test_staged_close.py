@@ -19,7 +19,6 @@ import fcntl
 import socket
 import termios
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -33,21 +32,13 @@ from shadow.mirror.dropqueue import DropQueue
 from shadow.mirror.http1 import TapLimits
 from shadow.mirror.proxy import Tap
 from tests.active.raw_upstream import Exchange, RawUpstream
+from tests.active.test_proxy_framing_fuzz import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 REQUEST = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}"
 BEHIND = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n" * 40  # pipelined behind it: never answered
 ANSWER = b"the whole answer"
-
-
-def wait_for(pred: Callable[[], bool], timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.005)
-    return bool(pred())
 
 
 def unread(transports: list[Any]) -> int:
@@ -124,8 +115,7 @@ def listener(linger_s: float, linger_bytes: int = 1 << 20) -> Iterator[Front]:
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         entered.set()
-        while not release.is_set():
-            await asyncio.sleep(0.005)
+        await asyncio.to_thread(release.wait, 60)
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-length", b"%d" % len(ANSWER))]})
         await send({"type": "http.response.body", "body": ANSWER})
@@ -148,8 +138,7 @@ def tap(linger_s: float, linger_bytes: int = 1 << 20) -> Iterator[Front]:
 
     async def answer(ex: Exchange) -> None:
         entered.set()
-        while not release.is_set():
-            await asyncio.sleep(0.005)
+        await asyncio.to_thread(release.wait, 60)
         await ex.send(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
                       % (len(ANSWER), ANSWER))
 
