@@ -15,6 +15,7 @@ Configuration, later sources winning: defaults < YAML file (--config, env SHADOW
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import socket
@@ -438,7 +439,10 @@ LEASE_FLAGS = (
          default="/shadow/leader"),
     flag("--lease-ttl", "ttl_s", "lease TTL in whole seconds (>= 2: etcd's minimum); renewed every TTL/3, "
          "and a replica stops routing TTL/4 before its lease can lapse (default 2)", default=2.0, **SECONDS),
-    flag("--replica-id", "holder", "this replica's name in the lease (default HOSTNAME-PID)", metavar="NAME"),
+    flag("--replica-id", "holder", "this replica's name, in the lease and at the tap groups it attaches to: "
+         "replicas attach side by side, each getting every copy, and one of the same name replaces its "
+         "predecessor (default HOSTNAME-PID with --lease-etcd; else none: a new serve replaces the old)",
+         metavar="NAME"),
 )
 
 
@@ -511,6 +515,10 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     tap = tap_config_from_args(args)
     policies = tuple(p.strip() for p in str(args.policies).split(",") if p.strip())
     check_policies(policies)
+    lease = lease_settings(args)
+    name = lease.holder if lease is not None else getattr(args, "replica_id", None)
+    if name:  # replicas attach to the same tap groups side by side, each under its name
+        tap = dataclasses.replace(tap, analysis_name=name)
     return ServeConfig(
         tap=tap,
         policies=policies,
@@ -518,7 +526,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         mode_config=mode_config_from_args(args),
         active=active_settings(args),
         drain_timeout_s=args.drain_timeout,
-        lease=lease_settings(args),
+        lease=lease,
     )
 
 

@@ -8,7 +8,8 @@ it reconnects (backoff up to 1 s): the same relay resumes where this reader was 
 twice); another relay (the old one died) first ends every request still open as `relay_lost`, as
 does a relay that stays unreachable for `lost_after_s`. A draining relay (reload) is read to its
 end while a second connection attaches to its successor. A relay that says another analysis
-replaced this one is not reconnected to. Acks tell the relay which ends are processed and recorded.
+replaced this one (attached under the same `name`) is not reconnected to. Acks tell the relay
+which ends are processed and recorded.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class Attachment:
         on_items: Callable[[ChannelReader, Items], None],
         *,
         token: str | None = None,
+        name: str = "",
         boot_id: str = "",
         lost_after_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
@@ -79,6 +81,7 @@ class Attachment:
         self.kind, self.where = parse_address(address)
         self.on_items = on_items
         self.token = token
+        self.name = name  # attached under: the relay replaces one of the same name, keeps others
         self.boot_id = boot_id
         self.lost_after_s = lost_after_s
         self.clock = clock
@@ -175,7 +178,8 @@ class Attachment:
             sock = await loop.run_in_executor(None, socket.create_connection, self.where, 2.0)
         sock.setblocking(False)
         r = self.reader
-        hello = {"token": self.token or "", "resume": {"relay_id": r.relay_id, "end_seen": r.end_seen}}
+        hello = {"token": self.token or "", "name": self.name,
+                 "resume": {"relay_id": r.relay_id, "end_seen": r.end_seen}}
         try:
             await loop.sock_sendall(sock, frame(T_CTL, ("hello", hello)))
         except OSError:

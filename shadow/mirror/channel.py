@@ -5,9 +5,12 @@ also *kept* with its request until the analysis has acknowledged the request's e
 `retain_bytes` and `retain_ended`; what does not fit is counted), so that an analysis attaching
 later — a restart after `kill -9` included — gets a snapshot: a hello, then every kept request's
 frames in the order they started (live ones and ended ones not yet acknowledged), a snapshot mark,
-then the live frames. Nothing is waited on: frames for the attached analysis go to a bounded
-pending buffer written to a non-blocking socket once per loop iteration; when it is full `put`
-drops and counts (the analysis sees a seq gap), `put_end` never drops. Without an analysis the
+then the live frames. Several analyses may attach at once, each under its name (replicas of
+`shadow serve` behind the same taps): each gets every frame, and an ended request is kept until
+every attached analysis has acknowledged it; an analysis attaching under a name already attached
+replaces that one. Nothing is waited on: frames for each analysis go to its own bounded pending
+buffer written to a non-blocking socket once per loop iteration; when it is full `put` drops for
+that analysis and counts (it sees a seq gap), `put_end` never drops. Without an analysis the
 frames are only kept.
 
 Analysis side, `ChannelReader`: `feed(bytes)` decodes frames back into the `(ctx, seq, t, payload)`
@@ -42,6 +45,7 @@ _DATA_FIXED = _DATA.size - _HDR.size
 _START = struct.Struct("<BIId")  # type, length, cid, t
 _START_LEN = _START.size - _HDR.size
 _SEND_MAX = 256 << 10
+GONE_GRACE_S = 60.0  # what a detached analysis had not acknowledged is kept this long for its return
 T_INFO, T_DATA, T_START, T_END, T_MARK, T_CTL, T_HELLO = 1, 2, 3, 4, 5, 6, 7
 MAX_FRAME = 1 << 30
 PROTOCOL = 1
@@ -100,10 +104,30 @@ def _info(ctx: TapContext) -> tuple[Any, ...]:
     )
 
 
+class _Analysis:
+    """One attached analysis: its socket, the frames pending for it, what was offered to and dropped
+    for it since it attached, and the last end it acknowledged."""
+
+    __slots__ = ("acked", "bytes", "dropped", "n", "name", "offered", "out", "scheduled", "sock", "writing")
+
+    def __init__(self, name: str, sock: socket.socket, acked: int) -> None:
+        self.name = name
+        self.sock = sock
+        self.out: deque[list[Any]] = deque()  # [frame bytes, items in it, payload bytes in it]
+        self.n = 0  # items pending (not yet handed to the socket)
+        self.bytes = 0  # payload bytes pending
+        self.offered = 0
+        self.dropped = 0
+        self.acked = acked
+        self.scheduled = False
+        self.writing = False  # waiting for the socket to be writable (it was full)
+
+
 class ChannelSink:
-    """Relay side (see module docstring). `attach(sock, hello)` starts a snapshot to a new analysis,
-    `detach()` forgets it; `ack(end_no)` releases kept requests; `mark(token, stats)` sends the
-    relay's counters in order."""
+    """Relay side (see module docstring). `attach(sock, hello, name=...)` starts a snapshot to an
+    analysis (one of that name is replaced; others go on), `detach(name)` forgets one; `ack(end_no,
+    name)` releases kept requests every attached analysis has; `mark(token, stats)` sends the relay's
+    counters in order."""
 
     def __init__(
         self,
@@ -115,43 +139,48 @@ class ChannelSink:
     ) -> None:
         if maxsize < 1:
             raise ValueError("maxsize must be >= 1")
-        self.sock: socket.socket | None = None
-        self.maxsize = maxsize
-        self.max_bytes = max_bytes
+        self.maxsize = maxsize  # items pending per analysis
+        self.max_bytes = max_bytes  # payload bytes pending per analysis
         self.retain_bytes = retain_bytes
         self.retain_ended = retain_ended
-        self._out: deque[list[Any]] = deque()  # [frame bytes, items in it, payload bytes in it]
-        self._n = 0  # items pending (not yet handed to the socket)
-        self.bytes = 0  # payload bytes pending
-        self.offered = 0  # items offered while an analysis was attached (since it attached)
-        self.dropped = 0  # of those, refused because the hand-off was full
-        self.dropped_total = 0  # refused, over every attach (a counter)
+        self._subs: dict[str, _Analysis] = {}  # attached analyses by name
+        self._gone: dict[str, tuple[int, float]] = {}  # detached ones: (acked, when), for GONE_GRACE_S
+        self.dropped_total = 0  # refused because an analysis's hand-off was full (a counter)
         self.put_total = 0
         self._kept: dict[int, TapContext] = {}  # cid -> request whose frames are kept, in start order
         self._ended: deque[tuple[int, int]] = deque()  # (end_no, cid) of ended kept requests
         self.kept_bytes = 0
         self.unkept = 0  # data frames not kept (retain_bytes full): a later snapshot has a gap there
-        self.missed = 0  # ended requests dropped before any analysis acknowledged them
+        self.missed = 0  # ended requests dropped before every analysis acknowledged them
         self.end_no = 0  # ends numbered in the order they happened
         self.acked = 0
         self.attaches = 0
         self.detached_items = 0  # items offered with no analysis attached (kept, not sent)
         self._next_cid = 1
-        self._scheduled = False
-        self._writing = False  # waiting for the socket to be writable (it was full)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def __len__(self) -> int:
-        return self._n
+        return sum(a.n for a in self._subs.values())
 
     @property
-    def attached(self) -> bool:
-        return self.sock is not None
+    def pending_bytes(self) -> int:
+        """Payload bytes pending, over every attached analysis."""
+        return sum(a.bytes for a in self._subs.values())
+
+    @property
+    def attached(self) -> int:
+        """Analyses attached now."""
+        return len(self._subs)
+
+    @property
+    def analyses(self) -> list[str]:
+        """Names of the attached analyses."""
+        return list(self._subs)
 
     @property
     def broken(self) -> bool:
         """No analysis to send to (frames are only kept)."""
-        return self.sock is None
+        return not self._subs
 
     @property
     def kept_requests(self) -> int:
@@ -187,7 +216,7 @@ class ChannelSink:
             ctx.kept_bytes = 0
 
     def _evict_ended(self, room: int = 0) -> None:
-        """Drop the oldest ended requests no analysis acknowledged, past the caps (counted)."""
+        """Drop the oldest ended requests not yet acknowledged by all, past the caps (counted)."""
         ended = self._ended
         while ended and (
             len(ended) > self.retain_ended or (room and self.kept_bytes + room > self.retain_bytes)
@@ -196,60 +225,75 @@ class ChannelSink:
             self._forget(cid)
             self.missed += 1
 
-    def ack(self, end_no: int) -> None:
-        """The attached analysis has processed (and recorded) every end up to `end_no`."""
+    def ack(self, end_no: int, name: str | None = None) -> None:
+        """Analysis `name` has processed (and recorded) every end up to `end_no`; what every attached
+        analysis has is released (with none attached, or no name: up to `end_no`)."""
+        sub = self._subs.get(name) if name is not None else None
+        if sub is not None:
+            sub.acked = max(sub.acked, end_no)
+        self._release(end_no if sub is None and name is None else None)
+
+    def _release(self, upto: int | None = None) -> None:
+        if upto is None:
+            if not self._subs:
+                return
+            now = time.monotonic()
+            for name, (_, when) in list(self._gone.items()):
+                if now - when > GONE_GRACE_S:
+                    del self._gone[name]
+            upto = min([a.acked for a in self._subs.values()] + [a for a, _ in self._gone.values()])
         ended = self._ended
-        while ended and ended[0][0] <= end_no:
+        while ended and ended[0][0] <= upto:
             self._forget(ended.popleft()[1])
-        self.acked = max(self.acked, end_no)
+        self.acked = max(self.acked, upto)
 
-    # -- the attached analysis -------------------------------------------------------------------
+    # -- the attached analyses -------------------------------------------------------------------
 
-    def attach(self, sock: socket.socket, hello: dict[str, Any], resume_end: int = 0) -> int:
-        """Send to `sock` from now on: a hello, every kept request's frames (those ended at or before
-        `resume_end` are skipped: that analysis has them), a snapshot mark. Returns the requests sent."""
-        self.detach()
+    def attach(self, sock: socket.socket, hello: dict[str, Any], resume_end: int = 0, name: str = "") -> int:
+        """Send to `sock` from now on as analysis `name` (replacing one of that name): a hello, every
+        kept request's frames (those ended at or before `resume_end` are skipped: that analysis has
+        them), a snapshot mark. Returns the requests sent."""
+        self.detach(name)
+        self._gone.pop(name, None)
         sock.setblocking(False)
-        self.sock = sock
+        sub = self._subs[name] = _Analysis(name, sock, resume_end)
         self.attaches += 1
-        self.offered = self.dropped = 0
-        self._append(frame(T_HELLO, {**hello, "v": PROTOCOL, "mono": time.monotonic()}))
+        self._append(sub, frame(T_HELLO, {**hello, "v": PROTOCOL, "mono": time.monotonic()}))
         sent = 0
         for ctx in self._kept.values():
             if (ctx.end_no and ctx.end_no <= resume_end) or not ctx.kept:
                 continue
-            self._append(b"".join(ctx.kept))
+            self._append(sub, b"".join(ctx.kept))
             sent += 1
-        self._append(frame(T_MARK, {"token": 0, "offered": 0, "dropped": 0,
-                                    "snapshot": {"requests": sent, "live": self.live, "unkept": self.unkept,
-                                                 "missed": self.missed}}))
+        snap = {"requests": sent, "live": self.live, "unkept": self.unkept, "missed": self.missed}
+        self._append(sub, frame(T_MARK, {"token": 0, "offered": 0, "dropped": 0, "snapshot": snap}))
         return sent
 
-    def detach(self) -> None:
-        """Forget the attached analysis (its pending frames too); keeping goes on."""
-        sock = self.sock
-        if sock is None:
-            return
-        self._unwatch(sock)
-        self.sock = None
-        self._out.clear()
-        self._n = 0
-        self.bytes = 0
-        with contextlib.suppress(OSError):
-            sock.close()
+    def detach(self, name: str | None = None) -> None:
+        """Forget analysis `name` (every one when None) and its pending frames; keeping goes on. What
+        it had not acknowledged stays kept for its return (up to GONE_GRACE_S, within the caps)."""
+        for sub in self._to(name):
+            self._unwatch(sub)
+            del self._subs[sub.name]
+            self._gone[sub.name] = (sub.acked, time.monotonic())
+            sub.out.clear()
+            sub.n = sub.bytes = 0
+            with contextlib.suppress(OSError):
+                sub.sock.close()
+        self._release()
 
     # -- frames ------------------------------------------------------------------------------------
 
-    def _append(self, b: bytes, items: int = 0, nbytes: int = 0) -> None:
-        self._out.append([b, items, nbytes])
-        self._n += items
-        self.bytes += nbytes
-        if not self._scheduled and not self._writing:
-            self._scheduled = True
+    def _append(self, sub: _Analysis, b: bytes, items: int = 0, nbytes: int = 0) -> None:
+        sub.out.append([b, items, nbytes])
+        sub.n += items
+        sub.bytes += nbytes
+        if not sub.scheduled and not sub.writing:
+            sub.scheduled = True
             loop = self._loop
             if loop is None:
                 loop = self._loop = asyncio.get_running_loop()
-            loop.call_soon(self.flush)  # once per loop iteration, whatever was put in it
+            loop.call_soon(self._flush, sub)  # once per loop iteration, whatever was put in it
 
     def _info_frame(self, ctx: TapContext) -> bytes:
         """The request's static info (and response head once known), ahead of its items."""
@@ -264,7 +308,8 @@ class ChannelSink:
         return b
 
     def put(self, item: tuple[TapContext, int, float, Any], nbytes: int = 0) -> bool:
-        """Keep an item and hand it to the attached analysis; False (and counted) when not sent."""
+        """Keep an item and hand it to every attached analysis; False when one (or none) got it, each
+        refusal counted."""
         self.put_total += 1
         ctx, seq, t, payload = item
         info = self._info_frame(ctx) if ctx.sent < 2 and (ctx.sent == 0 or ctx.status) else None
@@ -274,20 +319,21 @@ class ChannelSink:
         else:
             b = _DATA.pack(T_DATA, _DATA_FIXED + len(payload), ctx.cid, seq, t) + payload
             self._keep(ctx, b, False)
-        if self.sock is None:
+        if not self._subs:
             self.detached_items += 1
             return False
-        self.offered += 1
-        if self._n >= self.maxsize or self.bytes + nbytes > self.max_bytes:
-            self.dropped += 1
-            self.dropped_total += 1
+        ok = True
+        for sub in self._subs.values():
+            sub.offered += 1
             if info is not None:
-                self._append(info)
-            return False
-        if info is not None:
-            self._append(info)
-        self._append(b, 1, nbytes)
-        return True
+                self._append(sub, info)
+            if sub.n >= self.maxsize or sub.bytes + nbytes > self.max_bytes:
+                sub.dropped += 1
+                self.dropped_total += 1
+                ok = False
+            else:
+                self._append(sub, b, 1, nbytes)
+        return ok
 
     def put_end(self, item: tuple[TapContext, int, float, Any]) -> None:
         """Keep and hand over an end marker; never dropped while an analysis is attached."""
@@ -299,36 +345,51 @@ class ChannelSink:
         self._keep(ctx, b, True)
         self._ended.append((ctx.end_no, ctx.cid))
         self._evict_ended()
-        if self.sock is None:
+        if not self._subs:
             self.detached_items += 1
             return
-        self.offered += 1
-        if info is not None:
-            self._append(info)
-        self._append(b, 1)
+        for sub in self._subs.values():
+            sub.offered += 1
+            if info is not None:
+                self._append(sub, info)
+            self._append(sub, b, 1)
 
-    def send(self, kind: int, obj: Any) -> None:
-        """A frame outside any request (a mark, a notice) to the attached analysis, if any."""
-        if self.sock is not None:
-            self._append(frame(kind, obj))
+    def _to(self, name: str | None) -> list[_Analysis]:
+        sub = self._subs.get(name) if name is not None else None
+        return list(self._subs.values()) if name is None else [sub] if sub is not None else []
 
-    def send_notice(self, notice: dict[str, Any]) -> None:
-        """Tell the attached analysis something about this relay (draining, replaced), in order."""
-        self.send(T_MARK, {"token": 0, "offered": self.offered, "dropped": self.dropped, "notice": notice})
+    def send(self, kind: int, obj: Any, to: str | None = None) -> None:
+        """A frame outside any request to analysis `to`, or to every one."""
+        for sub in self._to(to):
+            self._append(sub, frame(kind, obj))
 
-    def mark(self, token: int, stats: dict[str, Any]) -> None:
-        """A mark frame: the counters now, in stream order after everything offered before it."""
-        self.send(T_MARK, {"token": token, "offered": self.offered, "dropped": self.dropped, **stats})
+    def send_notice(self, notice: dict[str, Any], to: str | None = None) -> None:
+        """Tell the attached analyses (or `to`) something about this relay (draining, replaced), in order."""
+        for sub in self._to(to):
+            self._append(sub, frame(T_MARK, {"token": 0, "offered": sub.offered, "dropped": sub.dropped,
+                                             "notice": notice}))
+
+    def mark(self, token: int, stats: dict[str, Any], to: str | None = None) -> None:
+        """A mark frame: the counters now (the analysis's own hand-off: offered, dropped, pending
+        bytes), in stream order after everything offered before it (to analysis `to` only: the
+        answer to its sync)."""
+        for sub in self._to(to):
+            self._append(sub, frame(T_MARK, {"token": token, "offered": sub.offered, "dropped": sub.dropped,
+                                             **stats, "pending_bytes": sub.bytes}))
 
     def flush(self) -> None:
+        """Write what is pending to every attached analysis (see `_flush`)."""
+        for sub in list(self._subs.values()):
+            self._flush(sub)
+
+    def _flush(self, sub: _Analysis) -> None:
         """Write what is pending without blocking (at most 256 KB per send); when the socket is
         full, the rest waits for it to be writable; a broken socket detaches the analysis."""
-        self._scheduled = False
-        out = self._out
-        sock = self.sock
-        if sock is None:
-            out.clear()
-            return
+        sub.scheduled = False
+        if self._subs.get(sub.name) is not sub:
+            return  # detached or replaced meanwhile
+        out = sub.out
+        sock = sub.sock
         while out:
             take: list[bytes] = []
             size = 0
@@ -343,7 +404,7 @@ class ChannelSink:
             except (BlockingIOError, InterruptedError):
                 n = 0
             except OSError:
-                self.detach()
+                self.detach(sub.name)
                 return
             full = n < len(data)
             while n > 0:  # retire what went out
@@ -351,42 +412,41 @@ class ChannelSink:
                 size = len(e[0])
                 if n >= size:
                     out.popleft()
-                    self._n -= e[1]
-                    self.bytes -= e[2]
+                    sub.n -= e[1]
+                    sub.bytes -= e[2]
                     n -= size
                 else:
                     e[0] = e[0][n:]
                     n = 0
             if full:
-                if not self._writing:
-                    self._writing = True
+                if not sub.writing:
+                    sub.writing = True
                     loop = self._loop or asyncio.get_running_loop()
                     self._loop = loop
-                    loop.add_writer(sock.fileno(), self.flush)
+                    loop.add_writer(sock.fileno(), self._flush, sub)
                 return
-        self._unwatch(sock)
+        self._unwatch(sub)
 
-    def _unwatch(self, sock: socket.socket) -> None:
-        """Stop waiting for `sock` to be writable (when waiting)."""
-        if self._writing and self._loop is not None:
+    def _unwatch(self, sub: _Analysis) -> None:
+        """Stop waiting for `sub`'s socket to be writable (when waiting)."""
+        if sub.writing and self._loop is not None:
             with contextlib.suppress(Exception):
-                self._loop.remove_writer(sock.fileno())
-        self._writing = False
+                self._loop.remove_writer(sub.sock.fileno())
+        sub.writing = False
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Last words: write everything pending (blocking, up to `timeout_s`), then close."""
-        sock = self.sock
-        if sock is None:
-            return
-        self._unwatch(sock)
-        with contextlib.suppress(OSError):
-            sock.settimeout(timeout_s)
-            for e in self._out:
-                sock.sendall(e[0])
-        self._out.clear()
-        self.sock = None
-        with contextlib.suppress(OSError):
-            sock.close()
+        """Last words: write everything pending to each analysis (blocking, up to `timeout_s`
+        each), then close."""
+        for sub in list(self._subs.values()):
+            self._unwatch(sub)
+            with contextlib.suppress(OSError):
+                sub.sock.settimeout(timeout_s)
+                for e in sub.out:
+                    sub.sock.sendall(e[0])
+            sub.out.clear()
+            with contextlib.suppress(OSError):
+                sub.sock.close()
+        self._subs.clear()
 
 
 class ChannelReader:

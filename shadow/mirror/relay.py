@@ -4,8 +4,10 @@ the hand-off to an attached analysis and a small /metrics and /health endpoint.
 `Relay(spec, sockets)` serves listening sockets it is given (bound by its supervisor, systemd, or a
 predecessor): one per tap, the attach socket(s) an analysis connects to, and the admin socket.
 `await relay.run(ready)` serves until `drain()` (SIGTERM) has let the streams in flight finish or
-timed out; `ready(doc)` is called once everything accepts. One analysis is attached at a time: a
-new one replaces the previous (which is told so); an attach over TCP must present the token.
+timed out; `ready(doc)` is called once everything accepts. Analyses attach by name (their hello's
+`name`; replicas of `shadow serve` behind the same taps each give theirs): up to MAX_ANALYSES at
+once, each getting every copy; a new one under a name already attached replaces that one (which is
+told so); an attach over TCP must present the token.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from shadow.mirror.relay_metrics import RelayCollector
 STATS_INTERVAL_S = 0.25
 HELLO_TIMEOUT_S = 5.0
 MAX_CONTROL_FRAME = 64 << 10
+MAX_ANALYSES = 8  # analyses attached at once (by name); more are refused and counted
+MAX_NAME = 128
 
 
 def boot_id() -> str:
@@ -139,7 +143,7 @@ class Relay:
         self.draining = False
         self.replaced = 0  # analyses that a newer attach replaced
         self.refused = 0  # attach attempts refused (bad hello, wrong token)
-        self._conn: socket.socket | None = None
+        self._conns: dict[str, socket.socket] = {}  # the attached analyses' sockets, by name
         self._servers: list[asyncio.AbstractServer] = []
         self._attach_listeners: list[socket.socket] = []
         self._done = asyncio.Event()
@@ -202,8 +206,8 @@ class Relay:
         h, p = a.getsockname()[:2]
         return f"http://[{h}]:{p}" if ":" in h else f"http://{h}:{p}"
 
-    def mark(self, token: int = 0) -> None:
-        self.sink.mark(token, {**tap_stats(self.taps), "pending_bytes": self.sink.bytes})
+    def mark(self, token: int = 0, to: str | None = None) -> None:
+        self.sink.mark(token, tap_stats(self.taps), to)
 
     def drain(self) -> None:
         """Stop accepting (the listening sockets stay open wherever else they are held: a successor
@@ -241,9 +245,9 @@ class Relay:
             with contextlib.suppress(Exception):
                 await t.close()  # what is still in flight is cut (visibly: tap_shutdown)
         self.mark()
-        if self._conn is not None:
+        for conn in self._conns.values():
             with contextlib.suppress(Exception):
-                loop.remove_reader(self._conn.fileno())
+                loop.remove_reader(conn.fileno())
         self.sink.close()
         for srv in self._servers:
             srv.close()
@@ -289,47 +293,53 @@ class Relay:
         if self.draining:
             conn.close()  # a successor takes attaches now
             return
-        if self._conn is not None:
+        name = hello.get("name", "")
+        if not isinstance(name, str) or len(name) > MAX_NAME or (
+            name not in self._conns and len(self._conns) >= MAX_ANALYSES
+        ):
+            self.refused += 1
+            conn.close()
+            return
+        old = self._conns.pop(name, None)
+        if old is not None:
             self.replaced += 1
-            self.sink.send_notice({"replaced": True})
+            self.sink.send_notice({"replaced": True}, to=name)
             self.sink.flush()
             with contextlib.suppress(Exception):
-                loop.remove_reader(self._conn.fileno())
+                loop.remove_reader(old.fileno())
         resume = hello.get("resume") or {}
         resume_end = int(resume.get("end_seen", 0)) if resume.get("relay_id") == self.relay_id else 0
-        self.sink.attach(conn, self.hello(), resume_end)
-        self._conn = conn
-        self._ctl = frames
+        self.sink.attach(conn, self.hello(), resume_end, name=name)
+        self._conns[name] = conn
         for kind, body in got:  # control frames that came with the hello
-            self._control(kind, body)
-        loop.add_reader(conn.fileno(), self._on_control, conn)
+            self._control(name, kind, body)
+        loop.add_reader(conn.fileno(), self._on_control, name, conn, frames)
 
-    def _on_control(self, conn: socket.socket) -> None:
+    def _on_control(self, name: str, conn: socket.socket, frames: FrameReader) -> None:
         data = read_now(lambda: conn.recv(65536))
         if data is None:
             return
-        if not data:
-            asyncio.get_running_loop().remove_reader(conn.fileno())
-            if self._conn is conn:
-                self._conn = None
-                self.sink.detach()
-            return
         try:
-            for kind, body in self._ctl.feed(data):
-                self._control(kind, body)
+            if data:
+                for kind, body in frames.feed(data):
+                    if self._conns.get(name) is conn:
+                        self._control(name, kind, body)
+                return
         except (ValueError, EOFError, TypeError):
-            asyncio.get_running_loop().remove_reader(conn.fileno())
-            self._conn = None
-            self.sink.detach()
+            pass
+        asyncio.get_running_loop().remove_reader(conn.fileno())  # closed, or a bad frame
+        if self._conns.get(name) is conn:
+            del self._conns[name]
+            self.sink.detach(name)
 
-    def _control(self, kind: int, body: bytes) -> None:
+    def _control(self, name: str, kind: int, body: bytes) -> None:
         if kind != T_CTL:
             return
         cmd, arg = marshal.loads(body)
         if cmd == "sync":
-            self.mark(int(arg))
+            self.mark(int(arg), to=name)
         elif cmd == "ack":
-            self.sink.ack(int(arg))
+            self.sink.ack(int(arg), name)
 
 
 class _AdminConn(asyncio.Protocol):

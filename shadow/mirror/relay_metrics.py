@@ -66,7 +66,8 @@ CONNECTIONS = Family(
     "shadow_tap_connections", "gauge", "Client connections open on each tap.", "connections", W
 )
 INFLIGHT = Family("shadow_tap_inflight", "gauge", "Requests in flight through each tap.", "requests", W)
-ATTACHED = Family("shadow_tap_analysis_attached", "gauge", "1 while an analysis is attached.", "analyses")
+ATTACHED = Family("shadow_tap_analysis_attached", "gauge",
+                  "Analyses attached now (replicas each attach; 0: copies are only kept).", "analyses")
 ATTACHES = Family("shadow_tap_attaches_total", "counter", "Analyses that attached.", "analyses")
 HANDOFF_DROPPED = Family(
     "shadow_tap_handoff_dropped_total",
@@ -94,7 +95,7 @@ MISSED = Family(
 ATTACH_REFUSED = Family(
     "shadow_tap_attach_refused_total",
     "counter",
-    "Attach attempts refused (no valid hello, a wrong token).",
+    "Attach attempts refused (no valid hello, a wrong token, 8 analyses already attached).",
     "analyses",
 )
 RESTARTS = Family(
@@ -139,7 +140,7 @@ class RelayCollector(SourceCollector[Any]):
         taps = r.taps
         yield from TAPS.collect(taps)
         yield INFLIGHT.sampled({t.name: t.inflight() for t in taps})
-        yield ATTACHED.value(1.0 if sink.attached else 0.0)
+        yield ATTACHED.value(float(sink.attached or 0))
         yield ATTACHES.value(sink.attaches)
         yield HANDOFF_DROPPED.value(sink.dropped_total)
         yield KEPT_BYTES.value(sink.kept_bytes)

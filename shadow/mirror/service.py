@@ -130,6 +130,9 @@ class TapConfig:
     # none = start (or adopt) one group for the configured taps in STATE_DIR/taps/
     attach: tuple[str, ...] = ()
     attach_token: str | None = None  # presented to relays attached over TCP
+    # the name this analysis attaches under: one of the same name replaces it, others attach beside
+    # it (replicas behind the same taps each give theirs); "" = the default, anonymous one
+    analysis_name: str = ""
     state_dir: str | None = None  # where groups are found (default: as for the prompt key)
     group: str | None = None  # the started group's name (default serve-<configuration digest>)
     stop_taps: bool = True  # stop() also stops a group this service started (the CLI: False)
@@ -537,6 +540,7 @@ class TapService:
         me = boot_id()
         for address in addresses:
             self.attachments.append(Attachment(address, self._on_items, token=c.attach_token, boot_id=me,
+                                               name=c.analysis_name,
                                                clock=self.clock, check=self._check_hello,
                                                oldest_s=max(1.0, c.event_skew_s - 5.0)))
         self.analysis.start()

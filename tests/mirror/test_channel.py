@@ -1,13 +1,18 @@
 """The relay → analysis hand-off: frames round-trip into the items the analyzer reads; a full
 hand-off drops and counts data but never an end; marks carry the relay's counters; what the relay
 keeps makes the snapshot an attaching analysis gets (nothing twice on a resume, everything not yet
-acknowledged on a fresh attach, `relay_lost` ends when the relay changes); acks release it."""
+acknowledged on a fresh attach, `relay_lost` ends when the relay changes); acks release it. Several
+analyses attach side by side by name (replicas behind the same taps): each gets every frame, and
+what is kept is released only once every one of them has it."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from typing import Any
+
+import pytest
 
 from shadow.mirror.channel import ChannelReader, ChannelSink
 from shadow.mirror.proxy import END_RELAY_LOST, TapContext
@@ -177,6 +182,89 @@ def test_a_resume_skips_what_the_reader_has_and_another_relay_ends_what_was_open
         assert reader.relay_id == "r2" and len(reader) == 0
         tx.close()
         rx.close()
+
+    asyncio.run(main())
+
+
+def test_two_named_analyses_each_get_every_frame_and_their_own_marks() -> None:
+    async def main() -> None:
+        sink = ChannelSink(maxsize=4)
+        (ta, ra), (tb, rb) = socket.socketpair(), socket.socketpair()
+        reader_a, reader_b = ChannelReader(boot_id="b"), ChannelReader(boot_id="b")
+        sink.attach(ta, HELLO, name="replica-a")
+        c = _ctx("one")
+        _stream(sink, c, 2, 0.0)  # before b attaches: b gets it in its snapshot
+        sink.attach(tb, HELLO, name="replica-b")
+        assert sink.attached == 2 and sorted(sink.analyses) == ["replica-a", "replica-b"]
+        c.seq = 3
+        sink.put((c, 3, 3.0, b"data: 3\n\n"), 10)
+        sink.put_end((c, -1, 4.0, "complete"))
+        sink.mark(5, {"taps": {}}, to="replica-b")  # the answer to b's sync: b's only
+        want = [("one", 0, 0.0, None), ("one", 1, 1.0, b"data: 1\n\n"), ("one", 2, 2.0, b"data: 2\n\n"),
+                ("one", 3, 3.0, b"data: 3\n\n"), ("one", -1, 4.0, "complete")]
+        assert _view(_pump(sink, reader_a, ra)) == want
+        assert _view(_pump(sink, reader_b, rb)) == want
+        assert (reader_a.token, reader_b.token) == (0, 5)
+        assert reader_b.offered == 2  # b's counters count what was offered to b since it attached
+        # a full hand-off drops for the analysis that is behind, not for the other one: b stops
+        # reading (its socket's buffer is filled), a goes on
+        tb.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                tb.send(bytes(65536))
+        d = _ctx("two")
+        sink.put((d, 0, 5.0, None))
+        _pump(sink, reader_a, ra)
+        for i in range(1, 6):
+            d.seq = i
+            sink.put((d, i, 5.0 + i, b"x"), 1)
+            _pump(sink, reader_a, ra)
+        _pump(sink, reader_a, ra)
+        assert sink.dropped_total == 2 and reader_a.dropped == 0 and len(reader_a) == 1
+        for s in (ta, ra, tb, rb):
+            s.close()
+
+    asyncio.run(main())
+
+
+def test_what_one_analysis_has_not_acknowledged_stays_kept_and_a_name_replaces_its_own() -> None:
+    async def main() -> None:
+        sink = ChannelSink()
+        (ta, ra), (tb, rb) = socket.socketpair(), socket.socketpair()
+        reader_a, reader_b = ChannelReader(boot_id="b"), ChannelReader(boot_id="b")
+        sink.attach(ta, HELLO, name="a")
+        sink.attach(tb, HELLO, name="b")
+        c = _ctx("done")
+        _stream(sink, c, 1, 0.0)
+        sink.put_end((c, -1, 2.0, "complete"))
+        _pump(sink, reader_a, ra)
+        _pump(sink, reader_b, rb)
+        sink.ack(reader_a.end_seen, "a")
+        assert sink.kept_requests == 1  # b has not acknowledged it yet
+        sink.ack(reader_b.end_seen, "b")
+        assert sink.kept_requests == 0
+        # b goes away with an end unacknowledged: it stays kept for b's return, a's ack notwithstanding
+        e = _ctx("open-for-b")
+        _stream(sink, e, 1, 3.0)
+        _pump(sink, reader_b, rb)
+        sink.detach("b")
+        assert sink.attached == 1
+        sink.put_end((e, -1, 4.0, "complete"))
+        _pump(sink, reader_a, ra)
+        sink.ack(reader_a.end_seen, "a")
+        assert sink.kept_requests == 1
+        tb2, rb2 = socket.socketpair()
+        sink.attach(tb2, HELLO, resume_end=reader_b.end_seen, name="b")  # b resumes: its end arrives
+        assert [(i[0].request_id, i[1]) for i in _pump(sink, reader_b, rb2)] == [("open-for-b", -1)]
+        assert len(reader_b) == 0  # nothing left open in b's mirror: no phantom
+        # an analysis attaching under a name already attached replaces that one only
+        ta2, ra2 = socket.socketpair()
+        sink.attach(ta2, HELLO, name="a")
+        assert sink.attached == 2 and sink.attaches == 4
+        with pytest.raises(OSError):  # the replaced socket is closed by the sink
+            ta.send(b"x")
+        for s in (ra, tb, rb, rb2, ta2, ra2, tb2):
+            s.close()
 
     asyncio.run(main())
 

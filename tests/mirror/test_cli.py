@@ -1,12 +1,14 @@
 """`shadow tap` as a process (the data plane): the ready line, its own /metrics and /health, an
-analysis attaching later and getting what happened before it came, a relay killed and replaced,
-the group's commands, clean stop on SIGTERM."""
+analysis attaching later and getting what happened before it came, two analyses attached side by
+side under their names (replicas behind the same taps), a relay killed and replaced, the group's
+commands, clean stop on SIGTERM."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -16,7 +18,8 @@ import httpx
 import pytest
 
 from shadow.base.procs import read_json_line, shadow_argv
-from shadow.mirror.rundir import RunDir
+from shadow.mirror.channel import T_CTL, frame
+from shadow.mirror.rundir import RunDir, unix_connect
 from tests.mirror.stub_worker import ThreadServer, create_stub
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -131,6 +134,85 @@ def test_bad_arguments_fail_cleanly() -> None:
         timeout=30,
     )
     assert p.returncode == 2 and "--attach-token" in p.stderr
+
+
+def _serve_attached(group_dir: str, upstream: str, *extra: str) -> tuple[subprocess.Popen[str], str]:
+    p = subprocess.Popen(shadow_argv("serve", "--attach", group_dir, "--upstream", f"d0={upstream}",
+                                     "--slots", "8", "--scrape-interval", "0", *extra),
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    return p, str(read_json_line(p, "shadow serve", 60)["api"])
+
+
+def _finished(api: str) -> int:
+    return int(httpx.get(api + "/v1/state").json()["workers"]["d0"]["finished"])
+
+
+def _hello(path: Path, name: Any) -> tuple[socket.socket, bytes]:
+    """Attach by hand under `name`: the connection (held: it stays attached) and what the relay
+    sent first (b"" = refused)."""
+    sock = unix_connect(path)
+    sock.settimeout(30)
+    sock.sendall(frame(T_CTL, ("hello", {"name": name})))
+    return sock, sock.recv(1 << 16)
+
+
+def test_replicas_attach_side_by_side_each_sees_everything_and_a_name_replaces_only_its_own(
+    state_dir: Path,
+) -> None:
+    with ThreadServer(create_stub("d0", tokens=3)) as up:
+        p, ready = _tap("--upstream", f"d0={up.url}", "--name", "shared")
+        procs: list[subprocess.Popen[str]] = []
+        try:
+            apis = {}
+            for name in ("x", "y"):
+                proc, apis[name] = _serve_attached(ready["dir"], up.url, "--replica-id", name)
+                procs.append(proc)
+            for i in range(3):
+                r = httpx.post(ready["taps"]["d0"] + "/v1/completions", json={"model": "m", "prompt": str(i)})
+                assert r.status_code == 200
+            for api in apis.values():  # each replica's mirror has every request, the other's too
+                _wait(lambda api=api: httpx.get(api + "/v1/state").json()["workers"]["d0"]["finished"] == 3,
+                      f"{api} to mirror all 3 requests")
+            text = _wait(lambda: ((t := httpx.get(ready["metrics"] + "/metrics").text)
+                                  and _metric(t, "shadow_tap_kept_requests") == 0 and t),
+                         "both analyses to acknowledge every end")
+            assert _metric(text, "shadow_tap_analysis_attached") == 2
+            assert _metric(text, "shadow_tap_attaches_total") == 2
+            # a serve under x's name replaces x (a restart), not y
+            proc, api_x2 = _serve_attached(ready["dir"], up.url, "--replica-id", "x")
+            procs.append(proc)
+            text = _wait(lambda: ((t := httpx.get(ready["metrics"] + "/metrics").text)
+                                  and _metric(t, "shadow_tap_attaches_total") == 3 and t), "the third attach")
+            assert _metric(text, "shadow_tap_analysis_attached") == 2
+            r = httpx.post(ready["taps"]["d0"] + "/v1/completions", json={"model": "m", "prompt": "after"})
+            assert r.status_code == 200
+            # (the new x started after every end was acknowledged: it has only the new request)
+            for api, n in ((apis["y"], 4), (api_x2, 1)):
+                _wait(lambda api=api, n=n: _finished(api) == n, f"{api} to see the request after")
+            x_state = httpx.get(apis["x"] + "/v1/state").json()
+            assert x_state["workers"]["d0"]["finished"] == 3 and x_state["attached"][0]["replaced"]
+            # at most 8 analyses at once: 2 attached + 6 by hand; the next name is refused and counted,
+            # as is a name that is not a string
+            attach = Path(ready["dir"]) / "attach.sock"
+            metrics = ready["metrics"] + "/metrics"
+            refused = _metric(httpx.get(metrics).text, "shadow_tap_attach_refused_total")
+            held = [_hello(attach, f"n{i}") for i in range(6)]
+            assert all(first for _, first in held)
+            _wait(lambda: _metric(httpx.get(metrics).text, "shadow_tap_analysis_attached") == 8, "8 attached")
+            for name in ("n6", 7):
+                sock, first = _hello(attach, name)
+                sock.close()
+                assert first == b"", name
+            assert _metric(httpx.get(metrics).text, "shadow_tap_attach_refused_total") == refused + 2
+            for sock, _ in held:
+                sock.close()
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+                    proc.wait(30)
+            p.send_signal(signal.SIGTERM)
+            p.wait(30)
 
 
 def test_a_killed_relay_is_replaced_on_the_same_sockets_and_the_group_answers_commands(
