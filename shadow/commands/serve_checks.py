@@ -14,6 +14,7 @@ from shadow.app.serve import check_policies
 from shadow.commands._layered import origin
 from shadow.contracts.modes import MODES
 from shadow.mirror.attach import parse_address
+from shadow.mirror.relay import MAX_NAME
 
 NO_ACTIVE = ("without --active the existing router routes every request, so only mode shadow can be "
              "carried out")
@@ -252,3 +253,7 @@ def check_start_values(args: argparse.Namespace) -> None:
     pause, resume = getattr(args, "kv_pause", None), getattr(args, "kv_resume", None)
     if pause is not None and resume is not None and resume > pause:
         raise ValueError(f"{_named(args, 'kv_resume')} {resume} is above {_named(args, 'kv_pause')} {pause}")
+    rid = getattr(args, "replica_id", None)
+    if rid is not None and not (0 < len(rid) <= MAX_NAME and rid.isprintable() and rid.strip() == rid):
+        raise ValueError(f"{_named(args, 'replica_id')} must be 1 to {MAX_NAME} printable characters without "
+                         f"surrounding spaces, got {rid[:99]!r}")

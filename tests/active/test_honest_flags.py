@@ -134,6 +134,9 @@ BAD_START = [
     (["--pool-ttl", "0"], {}, "--pool-ttl must be > 0 s"),
     (["--kv-pause", "0.5", "--kv-resume", "0.7"], {}, "--kv-resume 0.7 is above --kv-pause 0.5"),
     (["--oracle-interval", "-1"], {}, "--oracle-interval must be >= 0 s"),
+    (["--replica-id", "r" * 129], {}, "--replica-id must be 1 to 128 printable characters"),
+    (["--replica-id", ""], {}, "--replica-id must be 1 to 128 printable characters"),
+    (["--replica-id", "a\nb"], {}, "--replica-id must be 1 to 128 printable characters"),
 ]
 
 
