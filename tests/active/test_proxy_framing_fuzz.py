@@ -453,14 +453,17 @@ class FuzzRig:
     rec: Recorder
     loop: LoopThread
     listener: AsgiListener
+    up: H11Server
 
     @property
     def url(self) -> str:
         return self.listener.url
 
     def quiet(self) -> bool:
-        """No request running on the listener, none at the upstream."""
-        return self.loop.sync(lambda: len(self.listener.tasks)) == 0 and self.rec.inflight == 0
+        """No request running on the listener, none at the upstream, and none on its way there (a
+        request forwarded before its client's connection ended, still unread by the upstream)."""
+        return (self.loop.sync(lambda: len(self.listener.tasks)) == 0 and self.rec.inflight == 0
+                and self.up.settled())
 
 
 @pytest.fixture(scope="module")
@@ -473,7 +476,7 @@ def fuzz_rig() -> Iterator[FuzzRig]:
                           name="shadow router")
         loop.call(ln.start())
         try:
-            yield FuzzRig(rec, loop, ln)
+            yield FuzzRig(rec, loop, ln, up)
         finally:
             loop.call(ln.stop(1.0))
             loop.stop()

@@ -12,12 +12,9 @@ sequence ends in a reset at the client: the cause is shown, not assumed.
 
 from __future__ import annotations
 
-import array
 import asyncio
 import contextlib
-import fcntl
 import socket
-import termios
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -33,28 +30,13 @@ from shadow.mirror.http1 import TapLimits
 from shadow.mirror.proxy import Tap
 from tests.active.raw_upstream import Exchange, RawUpstream
 from tests.active.test_proxy_framing_fuzz import wait_for
+from tests.mirror.h11_upstream import unread
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 REQUEST = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}"
 BEHIND = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n" * 40  # pipelined behind it: never answered
 ANSWER = b"the whole answer"
-
-
-def unread(transports: list[Any]) -> int:
-    """Bytes waiting unread in the kernel for the front's sockets (FIONREAD)."""
-    n = 0
-    for t in transports:
-        sock = t.get_extra_info("socket") if t is not None else None
-        if sock is None:
-            continue
-        buf = array.array("i", [0])
-        try:
-            fcntl.ioctl(sock.fileno(), termios.FIONREAD, buf)
-        except OSError:
-            continue
-        n += buf[0]
-    return n
 
 
 @dataclass

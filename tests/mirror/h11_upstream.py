@@ -3,7 +3,10 @@ body length and bytes, peer port), for differential tests of the fronts' framing
 
 from __future__ import annotations
 
+import array
+import fcntl
 import socket
+import termios
 import threading
 import time
 from dataclasses import dataclass, field
@@ -67,6 +70,22 @@ def recording_app(rec: Recorder) -> Any:
     return app
 
 
+def unread(transports: list[Any]) -> int:
+    """Bytes waiting unread in the kernel for these transports' sockets (FIONREAD)."""
+    n = 0
+    for t in transports:
+        sock = t.get_extra_info("socket") if t is not None else None
+        if sock is None:
+            continue
+        buf = array.array("i", [0])
+        try:
+            fcntl.ioctl(sock.fileno(), termios.FIONREAD, buf)
+        except OSError:
+            continue
+        n += buf[0]
+    return n
+
+
 class H11Server:
     """uvicorn (http="h11") on a free loopback port in a daemon thread."""
 
@@ -90,6 +109,20 @@ class H11Server:
     def connections(self) -> int:
         """Connections the server still holds open."""
         return len(self.server.server_state.connections)
+
+    def settled(self) -> bool:
+        """Nothing sent to this server is still to be handled: no app running, and no connection
+        with bytes unread in its socket (what a peer wrote and then walked away from is read, framed
+        and handed to the app in one callback, so a request on its way shows in one or the other).
+        Read from another thread: a set changing under the copy reads as not settled."""
+        state = self.server.server_state
+        try:
+            if state.tasks:
+                return False
+            conns = list(state.connections)
+        except RuntimeError:
+            return False
+        return unread([getattr(c, "transport", None) for c in conns]) == 0
 
     def __enter__(self) -> H11Server:
         self.thread.start()
