@@ -8,7 +8,7 @@ router). Both attach to the same tap group, so the standby's mirror is hot: befo
 holds every stream on the fleet, the leader's included (and the leader's holds the router's).
 Under 100 streams, A is killed with SIGKILL (its process group: proxy and analysis; the taps live on):
 - B holds the lease within 2 x the lease TTL of the kill, and the next request it gets is routed by
-  it (the gate is read per request);
+  it (the gate is read per request); requests sent to B in the gap are passed to the router, served;
 - the streams on A fail visibly (no `[DONE]`), none is retried or duplicated (each request's tokens
   arrive at most once, on one stream);
 - the fleet, B's pool and B's mirror end at 0;
@@ -186,6 +186,18 @@ def _the_leader_dies(a: Replica, b: Replica, decode: list[str], tap_metrics: str
     assert last_a["leader"] and last_a["role"] == "leader"
     kill_wall = time.time()
     a.kill()
+    # requests to b in the gap (one after another until b leads): passed to the router, served
+    gap: list[Stream] = []
+    leads = threading.Event()
+
+    def in_the_gap() -> None:
+        while not leads.is_set():
+            s = Stream(b.front, 4)
+            gap.append(s)
+            s.run()
+
+    gapper = threading.Thread(target=in_the_gap, daemon=True)
+    gapper.start()
     wait_for(lambda: _metric(httpx.get(tap_metrics + "/metrics", timeout=5).text,
                              "shadow_tap_analysis_attached") == 1, 30, "the taps to see a's analysis gone")
 
@@ -193,6 +205,10 @@ def _the_leader_dies(a: Replica, b: Replica, decode: list[str], tap_metrics: str
     # by b (the gate is read per request)
     wait_for(lambda: b.leader()["leader"], 30, "b to lead", step=0.05)
     t_lead_seen = time.time()
+    leads.set()
+    gapper.join(60)
+    assert gap and all(s.done and s.tokens == 4 for s in gap), [(s.tokens, s.error) for s in gap
+                                                                 if not s.done]
     before = _routed_count(b)
     probe = Stream(b.front, 4)
     probe.run()
@@ -206,7 +222,8 @@ def _the_leader_dies(a: Replica, b: Replica, decode: list[str], tap_metrics: str
         print(f"b's lease flapped {len(b_lead) - 1} time(s) after the takeover: {b.leader()}")
     took_lease = b_lead[0]["t"] - kill_wall
     print(f"\ntakeover: b leads {took_lease:.2f} s after the kill (seen by polling at "
-          f"{t_lead_seen - kill_wall:.2f} s; TTL {TTL:g} s); the next request was routed by b")
+          f"{t_lead_seen - kill_wall:.2f} s; TTL {TTL:g} s); the next request was routed by b; "
+          f"{len(gap)} requests sent to b in the gap, all served")
     # b routes every request that arrives once it holds the lease (the gate is read per
     # request); the probes, one after another, bound when the first one was sent
     assert took_lease <= 2 * TTL, took_lease
