@@ -365,9 +365,14 @@ class Lane:
         with several barrier groups), or (live, `stalled` set) when a running request's end at this
         step is not yet known."""
         self._admit()
-        c = self._next_group()
-        if c is None:
-            return False
+        if len(self._grun) == 1:  # one barrier group (the usual case): it has work or nothing has
+            if not self._grun[0] and not any(self.queues):
+                return False
+            c = 0
+        else:
+            c = self._next_group()
+            if c is None:
+                return False
         if self._gnow[c] > self.now:  # several groups: the next boundary is later
             if self._gnow[c] > until:
                 return False
@@ -384,9 +389,11 @@ class Lane:
         self.stalled = False
         loads = self.loads
         mx, mn, tot = max(loads), min(loads), sum(loads)
-        imb = len(loads) * mx - tot
+        n_workers = len(loads)
+        imb = n_workers * mx - tot
         members = self._groups[c]
-        shared = len(members) == len(loads)
+        n_members = len(members)
+        shared = n_members == n_workers
         models = self._models
         if models is None:
             model = self.config.step
@@ -396,7 +403,7 @@ class Lane:
             else:
                 gmx = max(loads[g] for g in members)
                 t_step = model.a * gmx + model.b
-                idle = model.a * (len(members) * gmx - sum(loads[g] for g in members))
+                idle = model.a * (n_members * gmx - sum(loads[g] for g in members))
         else:
             taus = [models[g].a * loads[g] + models[g].b for g in members]
             t_step = max(taus)
@@ -404,7 +411,7 @@ class Lane:
         tt = self.totals
         tt.steps += 1
         tt.busy_time_s += t_step
-        tt.worker_time_s += len(members) * t_step
+        tt.worker_time_s += n_members * t_step
         tt.sum_spread += mx - mn
         tt.sum_imbalance += imb
         tt.sum_idle_s += idle
@@ -419,7 +426,7 @@ class Lane:
         started.clear()
         running = self.running
         if shared:
-            for g in range(len(loads)):
+            for g in range(n_workers):
                 loads[g] += running[g]
             tt.tokens += sum(running)
         else:
@@ -456,18 +463,23 @@ class Lane:
 
     def _admit(self) -> None:
         b = self.config.slots
-        for g, queue in enumerate(self.queues) if any(self.queues) else ():
-            if queue and self.running[g] < b and self._free(g):
-                while queue and self.running[g] < b:
+        queues, running = self.queues, self.running
+        queued = any(queues)
+        for g, queue in enumerate(queues) if queued else ():
+            if queue and running[g] < b and self._free(g):
+                while queue and running[g] < b:
                     job, ready = queue.popleft()
                     self.queued_tokens[g] -= job.prompt_tokens
                     self._start(g, job, ready)
         router = self.router
-        if router.binds_at_arrival or not router.waiting() or min(self.running) >= b:
+        if router.binds_at_arrival or not router.waiting() or min(running) >= b:
             return
-        free = [b - r - len(q) for r, q in zip(self.running, self.queues, strict=True)]
-        if not any(free):
-            return
+        if queued:
+            free = [b - r - len(q) for r, q in zip(running, queues, strict=True)]
+            if not any(free):
+                return
+        else:
+            free = [b - r for r in running]  # at least one > 0 (min(running) < b)
         t0 = self.clock()
         decisions = router.decide(self.snapshot(free), self.now)
         self.totals.decision_s.append(self.clock() - t0)
