@@ -365,21 +365,22 @@ class Lane:
         with several barrier groups), or (live, `stalled` set) when a running request's end at this
         step is not yet known."""
         self._admit()
+        nxt: int | None
         if len(self._grun) == 1:  # one barrier group (the usual case): it has work or nothing has
-            if not self._grun[0] and not any(self.queues):
-                return False
-            c = 0
+            nxt = 0 if self._grun[0] or any(self.queues) else None
         else:
-            c = self._next_group()
-            if c is None:
-                return False
+            nxt = self._next_group()
+        if nxt is None:
+            return False
+        c = nxt
         if self._gnow[c] > self.now:  # several groups: the next boundary is later
             if self._gnow[c] > until:
                 return False
             self.now = self._gnow[c]
             self._admit()
-            c = self._next_group()
-            assert c is not None
+            nxt = self._next_group()
+            assert nxt is not None
+            c = nxt
         watch = self._watches[c]
         if watch and self._unknown_end(c):
             if not self.stalled:
