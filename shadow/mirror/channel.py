@@ -35,6 +35,7 @@ import socket
 import struct
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from shadow.mirror.proxy import END_RELAY_LOST, TapContext
@@ -158,6 +159,9 @@ class ChannelSink:
         self.detached_items = 0  # items offered with no analysis attached (kept, not sent)
         self._next_cid = 1
         self._loop: asyncio.AbstractEventLoop | None = None
+        # told (name, socket) when an analysis is detached, before its socket is closed: whoever
+        # watches that socket for control frames stops watching it first
+        self.on_detach: Callable[[str, socket.socket], None] | None = None
 
     def __len__(self) -> int:
         return sum(a.n for a in self._subs.values())
@@ -278,6 +282,8 @@ class ChannelSink:
             self._gone[sub.name] = (sub.acked, time.monotonic())
             sub.out.clear()
             sub.n = sub.bytes = 0
+            if self.on_detach is not None:
+                self.on_detach(sub.name, sub.sock)
             with contextlib.suppress(OSError):
                 sub.sock.close()
         self._release()

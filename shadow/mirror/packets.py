@@ -132,7 +132,10 @@ class PacketSocket:
         self.interface = interface
         self.loopback = _is_loopback(interface)
         try:
-            sock = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(ETH_P_ALL))
+            # protocol 0: a packet socket made with ETH_P_ALL receives from every interface at
+            # once, unfiltered, until its filter is attached; with 0 it receives nothing until the
+            # bind below (interface and ETH_P_ALL), by then filtered
+            sock = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, 0)
         except PermissionError:
             raise PermissionError(
                 errno.EPERM,

@@ -127,6 +127,7 @@ class Relay:
         self.sink = ChannelSink(
             spec.queue_size, spec.queue_bytes, retain_bytes=spec.retain_bytes, retain_ended=spec.retain_ended
         )
+        self.sink.on_detach = self._detached
         lim: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in spec.limits.items()}
         limits = TapLimits(**lim)
         self.taps = [
@@ -245,9 +246,8 @@ class Relay:
             with contextlib.suppress(Exception):
                 await t.close()  # what is still in flight is cut (visibly: tap_shutdown)
         self.mark()
-        for conn in self._conns.values():
-            with contextlib.suppress(Exception):
-                loop.remove_reader(conn.fileno())
+        for conn in list(self._conns.values()):
+            self._unwatch(conn)
         self.sink.close()
         for srv in self._servers:
             srv.close()
@@ -300,13 +300,11 @@ class Relay:
             self.refused += 1
             conn.close()
             return
-        old = self._conns.pop(name, None)
+        old = self._conns.get(name)
         if old is not None:
             self.replaced += 1
             self.sink.send_notice({"replaced": True}, to=name)
-            self.sink.flush()
-            with contextlib.suppress(Exception):
-                loop.remove_reader(old.fileno())
+            self.sink.flush()  # (attach below detaches it: its hook forgets the connection)
         resume = hello.get("resume") or {}
         resume_end = int(resume.get("end_seen", 0)) if resume.get("relay_id") == self.relay_id else 0
         self.sink.attach(conn, self.hello(), resume_end, name=name)
@@ -327,10 +325,23 @@ class Relay:
                 return
         except (ValueError, EOFError, TypeError):
             pass
-        asyncio.get_running_loop().remove_reader(conn.fileno())  # closed, or a bad frame
+        self._unwatch(conn)  # closed, or a bad frame
+        if self._conns.get(name) is conn:
+            self.sink.detach(name)  # (its hook forgets the connection)
+
+    def _detached(self, name: str, conn: socket.socket) -> None:
+        """The sink detached analysis `name` (its socket broke, or it was replaced or ended): stop
+        reading its control frames before the sink closes the socket (a closed socket left watched
+        would wake the loop for ever)."""
+        self._unwatch(conn)
         if self._conns.get(name) is conn:
             del self._conns[name]
-            self.sink.detach(name)
+
+    def _unwatch(self, conn: socket.socket) -> None:
+        fd = conn.fileno()
+        if fd >= 0:
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_reader(fd)
 
     def _control(self, name: str, kind: int, body: bytes) -> None:
         if kind != T_CTL:

@@ -11,6 +11,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -186,6 +187,18 @@ def test_capture_beside_the_taps_sees_the_same_decisions_and_tokens_and_can_die_
         procs.close()
 
 
+NOISE = """
+import socket
+srv = socket.create_server(("127.0.0.1", 0))
+c = socket.create_connection(srv.getsockname())
+a, _ = srv.accept()
+print("ready", flush=True)
+while True:
+    c.sendall(b"noise")
+    a.recv(64)
+"""
+
+
 @pytest.mark.skipif(not ROOT, reason="a packet socket needs root")
 def test_the_packet_socket_sees_both_directions_once_on_loopback() -> None:
     import socket
@@ -195,6 +208,11 @@ def test_the_packet_socket_sees_both_directions_once_on_loopback() -> None:
     srv.bind(("127.0.0.1", 0))
     srv.listen()
     port = srv.getsockname()[1]
+    # other loopback traffic while the packet socket opens (another process: this one holds the
+    # GIL while it opens the socket): none of it may reach the socket (a packet socket made for
+    # every protocol queued it unfiltered until its filter was attached)
+    noisy = subprocess.Popen([sys.executable, "-c", NOISE], stdout=subprocess.PIPE, text=True)
+    assert noisy.stdout is not None and noisy.stdout.readline().strip() == "ready"
     ps = PacketSocket("lo", [port])
     try:
 
@@ -218,5 +236,8 @@ def test_the_packet_socket_sees_both_directions_once_on_loopback() -> None:
         assert sorted(p for _, p in payloads) == [b"ping", b"pong"]  # each once
         assert dict((p, d) for d, p in payloads)[b"ping"] == port and ps.duplicates > 0  # loopback's copies
     finally:
+        noisy.kill()
+        noisy.wait(10)
+        noisy.stdout.close()
         ps.close()
         srv.close()

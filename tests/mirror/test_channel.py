@@ -353,3 +353,21 @@ def test_a_snapshot_carries_the_traceparent_to_an_analysis_attaching_later() -> 
         rx.close()
 
     asyncio.run(main())
+
+
+def test_a_broken_analysis_is_told_to_the_sinks_owner_before_its_socket_is_closed() -> None:
+    """The relay watches each analysis's socket for control frames: it must stop before the sink
+    closes it (a closed socket left watched woke the relay's loop for ever, in CI)."""
+
+    async def main() -> None:
+        sink = ChannelSink()
+        told: list[tuple[str, bool]] = []
+        sink.on_detach = lambda name, s: told.append((name, s.fileno() >= 0))
+        tx, rx = socket.socketpair()
+        rx.close()
+        sink.attach(tx, HELLO, name="a")
+        sink.put((_ctx("x"), 0, 1.0, None))
+        sink.flush()  # EPIPE: detached
+        assert told == [("a", True)] and tx.fileno() == -1 and sink.attached == 0
+
+    asyncio.run(main())

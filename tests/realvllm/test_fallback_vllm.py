@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import threading
+import urllib.parse
 
 import openai
 
@@ -18,6 +20,18 @@ from tests.active.procs import shadow_process
 from tests.active.test_fallback_e2e import last, mode, scrapes, wait_for
 from tests.active.test_fallback_proxy import Traffic as ClosedLoop
 from tests.realvllm.conftest import MODEL_NAME, Tier
+
+
+def refuses(url: str) -> bool:
+    """True when a connection to `url`'s host and port is refused (nothing listens there now)."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 80), timeout=5).close()
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 class Traffic(ClosedLoop):
@@ -75,8 +89,11 @@ def test_a_killed_real_rank_trips_worker_down_and_the_traffic_moves_to_the_other
             wait_for(lambda: mode(api)["current"] == "active" and scrapes(api) >= 2, "active, scraped", 120)
             with Traffic(proxy) as traffic:
                 wait_for(lambda: traffic.ok >= 12, "traffic flowing on both ranks", 300)
-                s0 = scrapes(api)
                 victim.servers[0].signal_group(signal.SIGKILL)
+                # the bound counts from when its /metrics refuses connections: a scrape can still
+                # succeed between the signal and the process's exit (a loaded host, a big process)
+                wait_for(lambda: refuses(victim.decode_urls[0]), "the killed rank's port closed", 60)
+                s0 = scrapes(api)
                 wait_for(lambda: mode(api)["current"] == "fallback", "fallback on the killed rank", 120)
                 trip = last(api, "worker_down")
                 assert trip is not None and "d1" in trip["detail"] and trip["scrapes"] <= s0 + 3, (trip, s0)
