@@ -88,6 +88,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=5.0, help="fleet seconds not measured (default 5)")
     ap.add_argument("--policies", default="jsq-bytes,br0,brh:survival")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lane-clock", choices=("measured", "configured"), default="measured",
+                    help="the lanes' step clock, as shadow serve's --lane-clock (default measured; "
+                    "configured = the step model alone, what checkouts before the measured clock ran)")
     args = ap.parse_args()
     step_s = args.step_ms / 1e3
     fleet = Fleet(args.workers, args.slots, step_s, args.seed)
@@ -102,6 +105,7 @@ def main() -> None:
         step=StepTimeModel(a=1e-12, b=step_s),
         lag_s=2.0,
         queue_size=10_000_000,
+        lane_clock=args.lane_clock,
     )
     steps_warm = round(args.warmup / step_s)
     steps_meas = round(args.seconds / step_s)
