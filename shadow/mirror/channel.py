@@ -181,6 +181,11 @@ class ChannelSink:
         """Names of the attached analyses."""
         return list(self._subs)
 
+    def sock(self, name: str) -> socket.socket | None:
+        """The socket analysis `name` is attached on, if it is."""
+        sub = self._subs.get(name)
+        return sub.sock if sub is not None else None
+
     @property
     def broken(self) -> bool:
         """No analysis to send to (frames are only kept)."""
@@ -232,10 +237,13 @@ class ChannelSink:
     def ack(self, end_no: int, name: str | None = None) -> None:
         """Analysis `name` has processed (and recorded) every end up to `end_no`; what every attached
         analysis has is released (with none attached, or no name: up to `end_no`)."""
-        sub = self._subs.get(name) if name is not None else None
+        if name is None:
+            self._release(end_no)
+            return
+        sub = self._subs.get(name)
         if sub is not None:
             sub.acked = max(sub.acked, end_no)
-        self._release(end_no if sub is None and name is None else None)
+        self._release()
 
     def _release(self, upto: int | None = None) -> None:
         if upto is None:
@@ -361,31 +369,31 @@ class ChannelSink:
             self._append(sub, b, 1)
 
     def _to(self, name: str | None) -> list[_Analysis]:
-        sub = self._subs.get(name) if name is not None else None
-        return list(self._subs.values()) if name is None else [sub] if sub is not None else []
-
-    def send(self, kind: int, obj: Any, to: str | None = None) -> None:
-        """A frame outside any request to analysis `to`, or to every one."""
-        for sub in self._to(to):
-            self._append(sub, frame(kind, obj))
+        """Analysis `name` (none when it is not attached), or every one when None."""
+        if name is None:
+            return list(self._subs.values())
+        sub = self._subs.get(name)
+        return [] if sub is None else [sub]
 
     def send_notice(self, notice: dict[str, Any], to: str | None = None) -> None:
         """Tell the attached analyses (or `to`) something about this relay (draining, replaced), in order."""
         for sub in self._to(to):
-            self._append(sub, frame(T_MARK, {"token": 0, "offered": sub.offered, "dropped": sub.dropped,
-                                             "notice": notice}))
+            self._mark(sub, 0, {"notice": notice})
 
     def mark(self, token: int, stats: dict[str, Any], to: str | None = None) -> None:
         """A mark frame: the counters now (the analysis's own hand-off: offered, dropped, pending
         bytes), in stream order after everything offered before it (to analysis `to` only: the
         answer to its sync)."""
         for sub in self._to(to):
-            self._append(sub, frame(T_MARK, {"token": token, "offered": sub.offered, "dropped": sub.dropped,
-                                             **stats, "pending_bytes": sub.bytes}))
+            self._mark(sub, token, {**stats, "pending_bytes": sub.bytes})
 
-    def flush(self) -> None:
-        """Write what is pending to every attached analysis (see `_flush`)."""
-        for sub in list(self._subs.values()):
+    def _mark(self, sub: _Analysis, token: int, body: dict[str, Any]) -> None:
+        head = {"token": token, "offered": sub.offered, "dropped": sub.dropped}
+        self._append(sub, frame(T_MARK, {**head, **body}))
+
+    def flush(self, name: str | None = None) -> None:
+        """Write what is pending to analysis `name`, or to every one (see `_flush`)."""
+        for sub in self._to(name):
             self._flush(sub)
 
     def _flush(self, sub: _Analysis) -> None:

@@ -144,7 +144,6 @@ class Relay:
         self.draining = False
         self.replaced = 0  # analyses that a newer attach replaced
         self.refused = 0  # attach attempts refused (bad hello, wrong token)
-        self._conns: dict[str, socket.socket] = {}  # the attached analyses' sockets, by name
         self._servers: list[asyncio.AbstractServer] = []
         self._attach_listeners: list[socket.socket] = []
         self._done = asyncio.Event()
@@ -246,8 +245,8 @@ class Relay:
             with contextlib.suppress(Exception):
                 await t.close()  # what is still in flight is cut (visibly: tap_shutdown)
         self.mark()
-        for conn in list(self._conns.values()):
-            self._unwatch(conn)
+        for name in self.sink.analyses:
+            self._unwatch(self.sink.sock(name))
         self.sink.close()
         for srv in self._servers:
             srv.close()
@@ -295,20 +294,18 @@ class Relay:
             return
         name = hello.get("name", "")
         if not isinstance(name, str) or len(name) > MAX_NAME or (
-            name not in self._conns and len(self._conns) >= MAX_ANALYSES
+            self.sink.sock(name) is None and self.sink.attached >= MAX_ANALYSES
         ):
             self.refused += 1
             conn.close()
             return
-        old = self._conns.get(name)
-        if old is not None:
+        if self.sink.sock(name) is not None:
             self.replaced += 1
             self.sink.send_notice({"replaced": True}, to=name)
-            self.sink.flush()  # (attach below detaches it: its hook forgets the connection)
+            self.sink.flush(name)  # (attach below detaches it; its hook stops watching it)
         resume = hello.get("resume") or {}
         resume_end = int(resume.get("end_seen", 0)) if resume.get("relay_id") == self.relay_id else 0
         self.sink.attach(conn, self.hello(), resume_end, name=name)
-        self._conns[name] = conn
         for kind, body in got:  # control frames that came with the hello
             self._control(name, kind, body)
         loop.add_reader(conn.fileno(), self._on_control, name, conn, frames)
@@ -320,25 +317,23 @@ class Relay:
         try:
             if data:
                 for kind, body in frames.feed(data):
-                    if self._conns.get(name) is conn:
+                    if self.sink.sock(name) is conn:
                         self._control(name, kind, body)
                 return
         except (ValueError, EOFError, TypeError):
             pass
         self._unwatch(conn)  # closed, or a bad frame
-        if self._conns.get(name) is conn:
-            self.sink.detach(name)  # (its hook forgets the connection)
+        if self.sink.sock(name) is conn:
+            self.sink.detach(name)
 
     def _detached(self, name: str, conn: socket.socket) -> None:
         """The sink detached analysis `name` (its socket broke, or it was replaced or ended): stop
         reading its control frames before the sink closes the socket (a closed socket left watched
         would wake the loop for ever)."""
         self._unwatch(conn)
-        if self._conns.get(name) is conn:
-            del self._conns[name]
 
-    def _unwatch(self, conn: socket.socket) -> None:
-        fd = conn.fileno()
+    def _unwatch(self, conn: socket.socket | None) -> None:
+        fd = conn.fileno() if conn is not None else -1
         if fd >= 0:
             with contextlib.suppress(Exception):
                 asyncio.get_running_loop().remove_reader(fd)
