@@ -22,6 +22,7 @@ class Front:
     def __init__(self, reasons: tuple[str, ...]) -> None:
         self.rejected: dict[str, int] = dict.fromkeys(reasons, 0)
         self.draining = False
+        self.handoff = False  # draining for a successor (`begin_drain`)
         self._server: asyncio.AbstractServer | None = None
 
     def count(self, reason: str) -> None:
@@ -31,20 +32,40 @@ class Front:
         """Requests in flight (the front's own count)."""
         raise NotImplementedError
 
+    @property
+    def connections(self) -> int:
+        """Client connections open."""
+        raise NotImplementedError
+
     def _stop_accepting(self) -> None:
         self.draining = True
         if self._server is not None:
             self._server.close()
 
+    def begin_drain(self, handoff: bool = False) -> None:
+        """Stop accepting. No connection is closed under a client that may be writing on it: a
+        response whose head goes out from now on says `connection: close` and its connection
+        closes after it; a connection idle between requests stays open (a request on it is answered
+        the same way) until `drained` closes it. `handoff`: a successor serves the listening socket,
+        so idle connections are left to their clients for as long as the drain may take."""
+        self._stop_accepting()
+        self.handoff = handoff
+
     async def drained(self, timeout_s: float) -> bool:
-        """Wait until no request is in flight (True) or `timeout_s` passes (False)."""
+        """Wait until no request is in flight and, handing off, no connection is open, or until
+        `timeout_s` passes; then close the idle connections. True when nothing is in flight."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while self.inflight():
+        while self.inflight() or (self.handoff and self.connections):
             if loop.time() >= deadline:
-                return False
+                break
             await asyncio.sleep(0.02)
-        return True
+        self.close_idle()
+        return not self.inflight()
+
+    def close_idle(self) -> None:
+        """Close the connections that have had no byte since their last response."""
+        raise NotImplementedError
 
 
 class Conn(asyncio.Protocol):
@@ -91,6 +112,11 @@ class Conn(asyncio.Protocol):
         self.disarm()
         self._timer_kind = kind
         self._timer = asyncio.get_running_loop().call_later(seconds, self._expired)
+
+    @property
+    def quiet(self) -> bool:
+        """Open, and no byte read since its last response (or since it was accepted)."""
+        return not self.closed and self._timer_kind == "idle"
 
     def disarm(self) -> None:
         if self._timer is not None:

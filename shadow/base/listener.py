@@ -591,7 +591,7 @@ class _Conn(Conn):
         self.buffered -= cycle.buffered
         cycle.buffered = 0
         cycle.body.clear()
-        if not (cycle.keep_alive and cycle.complete and not srv.draining and not self.closed):
+        if not (cycle.keep_alive and cycle.complete and not self.closed):  # (its head said close)
             self.close_staged()  # (a body still arriving is not read to its end: the connection goes)
             return
         self._resume("pipeline")
@@ -607,9 +607,9 @@ class _Conn(Conn):
 
 class AsgiListener(Front):
     """`await start()` listens on host:port (0: a free port) and returns the base URL;
-    `begin_drain()` stops accepting and closes idle connections (busy ones close after their
-    response); `await drained(t)` waits until no request is in flight; `await stop(grace_s)` does
-    both and then cuts what is left; `await crash()` cuts every connection at once.
+    `begin_drain()` stops accepting (a connection closes after a response that said so, idle ones
+    when drained: `Front.begin_drain`); `await drained(t)` waits until no request is in flight;
+    `await stop(grace_s)` does both and then cuts what is left; `await crash()` cuts every connection at once.
     `rejected[reason]` counts refusals (REJECT_REASONS), `requests` the requests served.
     """
 
@@ -694,11 +694,10 @@ class AsgiListener(Front):
         self._server = await loop.create_server(lambda: _Conn(self), sock=sock, backlog=backlog)
         return self.url
 
-    def begin_drain(self) -> None:
-        """Stop accepting; close idle connections; busy ones close after their response."""
-        self._stop_accepting()
+    def close_idle(self) -> None:
         for c in list(self.idle):
-            c.close()
+            if c.quiet:
+                c.close()
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """Drain for up to `grace_s`, then cut what is left (counted as `drain_cut`) and end the

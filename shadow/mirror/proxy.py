@@ -160,7 +160,8 @@ class TapContext:
 class Tap(Front):
     """One listener in front of one upstream; `await start()` binds, `await close()` stops.
 
-    `begin_drain()` stops accepting and lets in-flight requests finish (`await drained(t)`).
+    `begin_drain()` stops accepting and lets in-flight requests finish (`await drained(t)`), closing
+    no connection under a client that may be writing on it (`Front.begin_drain`).
     Counters: `requests`, `connect_errors`, `rejected[reason]` (REJECT_REASONS), `cut[reason]`
     (CUT_REASONS: responses ended early, which the client sees as an error).
     """
@@ -225,12 +226,10 @@ class Tap(Front):
         self.host, self.port = sock[0], sock[1]
         return self.url
 
-    def begin_drain(self) -> None:
-        """Stop accepting; close idle connections; in-flight ones close after their response."""
-        self._stop_accepting()
+    def close_idle(self) -> None:
         for c in list(self._idle):
-            if c.active is None and not c.reqs and c.transport is not None:
-                c.transport.close()
+            if c.quiet:
+                c._drop()
 
     async def close(self) -> None:
         """Stop now: responses still being relayed are cut (`tap_shutdown`), the rest closed."""
@@ -658,7 +657,7 @@ class _ClientConn(Conn):
         if self._broken is not None:
             self._fail(self._broken)
             return
-        if close_after or (req is not None and not req.keep_alive) or self.tap.draining:
+        if close_after or (req is not None and not req.keep_alive):  # (the head said `connection: close`)
             self._close_staged()
             return
         if self.reqs:

@@ -3,11 +3,11 @@ the hand-off to an attached analysis and a small /metrics and /health endpoint.
 
 `Relay(spec, sockets)` serves listening sockets it is given (bound by its supervisor, systemd, or a
 predecessor): one per tap, the attach socket(s) an analysis connects to, and the admin socket.
-`await relay.run(ready)` serves until `drain()` (SIGTERM) has let the streams in flight finish or
-timed out; `ready(doc)` is called once everything accepts. Analyses attach by name (their hello's
-`name`; replicas of `shadow serve` behind the same taps each give theirs): up to MAX_ANALYSES at
-once, each getting every copy; a new one under a name already attached replaces that one (which is
-told so); an attach over TCP must present the token.
+`await relay.run(ready)` serves until `drain()` (SIGTERM; SIGUSR2 hands over to a successor) has
+let the streams in flight finish or timed out; `ready(doc)` is called once everything accepts.
+Analyses attach by name (their hello's `name`; replicas of `shadow serve` behind the same taps each
+give theirs): up to MAX_ANALYSES at once, each getting every copy; a new one under a name already
+attached replaces that one (which is told so); an attach over TCP must present the token.
 """
 
 from __future__ import annotations
@@ -188,6 +188,7 @@ class Relay:
         self._drain_timeout = drain_timeout_s
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(signal.SIGTERM, self.drain)
+            loop.add_signal_handler(signal.SIGUSR2, self.drain, True)
             loop.add_signal_handler(signal.SIGUSR1, self.stop)
         if ready is not None:
             ready({**self.hello(), "admin": self._admin_url()})
@@ -209,10 +210,20 @@ class Relay:
     def mark(self, token: int = 0, to: str | None = None) -> None:
         self.sink.mark(token, tap_stats(self.taps), to)
 
-    def drain(self) -> None:
+    def drain(self, handoff: bool = False) -> None:
         """Stop accepting (the listening sockets stay open wherever else they are held: a successor
-        relay takes the next connections), tell the analysis, let the streams in flight finish."""
+        relay takes the next connections), tell the analysis, let the streams in flight finish.
+        `handoff` (SIGUSR2: a successor accepts): the clients' idle connections are kept until
+        they close them, use them once more (answered `connection: close`) or the drain times out
+        (`Front.begin_drain`). A drain (SIGTERM) during a hand-off stops waiting for idle
+        connections; a second one ends the relay now."""
         if self.draining:
+            if handoff:
+                return
+            if any(t.handoff for t in self.taps):
+                for t in self.taps:
+                    t.handoff = False
+                return
             self.stop()  # a second signal: now
             return
         self.draining = True
@@ -224,7 +235,7 @@ class Relay:
         for srv in self._servers:
             srv.close()
         for t in self.taps:
-            t.begin_drain()
+            t.begin_drain(handoff)
         self.sink.send_notice({"draining": True, "relay_id": self.relay_id})
         task = asyncio.ensure_future(self._drained())
         self._tasks.add(task)
@@ -415,8 +426,8 @@ class _AdminConn(asyncio.Protocol):
 
 def serve_relay(spec: RelaySpec, sockets: RelaySockets, ready_fd: int, drain_timeout_s: float) -> int:
     """Run a relay in this process until it has drained; `ready_fd` gets one JSON line when it
-    accepts. SIGTERM drains (a second one ends it now), SIGUSR1 ends it now (open streams are cut,
-    visibly); SIGINT is the supervisor's to handle."""
+    accepts. SIGTERM drains (a second one ends it now), SIGUSR2 drains for a successor, SIGUSR1
+    ends it now (open streams are cut, visibly); SIGINT is the supervisor's to handle."""
     from shadow.base.runtime import loop_runner, raise_fd_limit, tune_gc
 
     raise_fd_limit()

@@ -6,7 +6,9 @@ keeps one relay (`shadow.mirror.relay`) serving them.
   connections made meanwhile wait in the listening sockets' queues, which stay open here.
 - `reload` (SIGHUP, or the control socket): a new relay is started from the code now installed
   (a fresh interpreter that inherits the listening sockets), and once it accepts, the old one
-  stops accepting and drains: nothing is refused and no stream is cut. Sockets are shared, never
+  stops accepting and drains: nothing is refused, no stream is cut, and no keep-alive connection
+  is closed under a client that may be sending on it (each is answered `connection: close` on
+  its next request, or closed by its client, or at the drain timeout). Sockets are shared, never
   re-bound (a closed SO_REUSEPORT listener would drop its accept queue).
 - `stop` (SIGTERM/SIGINT, or the control socket): the relay drains (up to the drain timeout), then
   the process exits; a second signal ends the relay at once.
@@ -258,7 +260,7 @@ class Supervisor:
             if old is not None:
                 old.draining = True
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(old.pid, signal.SIGTERM)
+                    os.kill(old.pid, signal.SIGUSR2)  # hand over: drain, leaving idle connections be
             log(f"reloaded: relay pid {worker.pid} serves; pid {old.pid if old else '-'} drains its streams")
             self._answer_reloads({"ok": True, "relay_pid": worker.pid})
         self._write_record()
