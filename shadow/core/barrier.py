@@ -12,9 +12,11 @@ ends come in as arguments.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
 
 TOLERANCE = 0.25
 SYNCED = 0.8
@@ -49,18 +51,26 @@ class BarrierChoice:
         return "barrier groups"
 
 
-def _near(ends: Sequence[float], others: Sequence[float], tol: float) -> float:
-    """Fraction of `ends` (within the span of `others`) with one of `others` (sorted) within `tol`."""
-    lo, hi = others[0] - tol, others[-1] + tol
-    hits = n = 0
-    for t in ends:
-        if t < lo or t > hi:
-            continue
-        n += 1
-        i = bisect.bisect_left(others, t - tol)
-        if i < len(others) and others[i] <= t + tol:
-            hits += 1
-    return hits / n if n else 0.0
+def _near_all(
+    srt: Sequence[Sequence[float]], med: Sequence[float], tolerance: float
+) -> npt.NDArray[np.float64]:
+    """`near[i, j]`: the fraction of worker i's step ends (within the span of j's) with one of j's
+    within tolerance × the shorter of their median steps: per j, every worker's ends at once."""
+    n = len(srt)
+    flat = np.concatenate([np.asarray(s, dtype=np.float64) for s in srt])
+    owner = np.repeat(np.arange(n), [len(s) for s in srt])
+    med_of = np.asarray(med, dtype=np.float64)[owner]
+    near = np.zeros((n, n))
+    for j in range(n):
+        others = np.asarray(srt[j], dtype=np.float64)
+        tol = tolerance * np.minimum(med_of, med[j])
+        inside = (flat >= others[0] - tol) & (flat <= others[-1] + tol)
+        i = np.searchsorted(others, flat - tol, side="left")
+        hit = inside & (i < len(others)) & (others[np.minimum(i, len(others) - 1)] <= flat + tol)
+        counted = np.bincount(owner, weights=inside, minlength=n)
+        hits = np.bincount(owner, weights=hit, minlength=n)
+        near[:, j] = np.divide(hits, counted, out=np.zeros(n), where=counted > 0)
+    return near
 
 
 def _median(xs: Sequence[float]) -> float:
@@ -100,11 +110,11 @@ def choose_barrier(
             g = parent[g]
         return g
 
+    near = _near_all(srt, med, tolerance)
     coincidence: dict[tuple[int, int], float] = {}
     for i in range(n):
         for j in range(i + 1, n):
-            tol = tolerance * min(med[i], med[j])
-            c = max(_near(srt[i], srt[j], tol), _near(srt[j], srt[i], tol))
+            c = float(max(near[i, j], near[j, i]))
             coincidence[(i, j)] = c
             if c >= synced:
                 parent[root(j)] = root(i)

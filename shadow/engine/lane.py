@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import heapq
 import math
+import operator
 from collections import deque
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -53,6 +54,9 @@ class _Outstanding(Sequence[int]):
     def __getitem__(self, g: int) -> int:  # type: ignore[override]  # worker indices only
         return self.running[g] + len(self.queues[g])
 
+    def __iter__(self) -> Iterator[int]:  # (Sequence's would index one worker at a time)
+        return map(operator.add, self.running, map(len, self.queues))
+
 
 class _Added(Sequence[float]):
     """`a[g] + b[g]` per worker, added when read (as `_Outstanding`)."""
@@ -67,6 +71,9 @@ class _Added(Sequence[float]):
 
     def __getitem__(self, g: int) -> float:  # type: ignore[override]  # worker indices only
         return self.a[g] + self.b[g]
+
+    def __iter__(self) -> Iterator[float]:
+        return map(operator.add, self.a, self.b)
 
 
 class EndSource(Protocol):

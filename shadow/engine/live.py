@@ -33,6 +33,7 @@ class _Live(RequestRecord):
     t_token: float = -1.0  # event time of the last token advance (SSE gap estimate)
     running: bool = False  # first token seen: holds KV on its worker (mirrored load)
     seq: int = -1  # its place in the release sequence (released: >= 0)
+    g: int = -1  # its worker's index once known
 
 
 def _streaming_totals() -> LaneTotals:
@@ -146,14 +147,31 @@ class LiveDriver:
         self.late = 0  # released after lanes had passed their arrival
         self.dropped: dict[str, int] = {}
         self.unknown_worker = 0
-        # per-step observations for the step-time estimate (filled here, read by the caller)
-        self.gap_samples: list[float] = []
-        self.step_samples: list[tuple[float, float, str | None]] = []  # (t, duration, worker)
+        # per-step observations for the step-time estimate (filled here, taken by the caller):
+        # the per-token gaps of streams, one per token, per worker (`gaps[g]`; the last list: a
+        # stream whose worker is not known); (t, duration, worker) of step events
+        self.gaps: list[list[float]] = [[] for _ in range(len(workers) + 1)]
+        self.step_samples: list[tuple[float, float, str | None]] = []
+        self.step_sources: dict[str, int] = {}  # step events by their `source` (probe, ...; "worker")
         # ... and per worker: (worker, t, step period, source) of step events naming a known
         # worker (the period: the time since its previous busy step when reported, else the
-        # duration); (worker, t, gap per token, tokens) of token advances
+        # duration); (worker, t, gap) once per step it made, from positive token gaps: a chunk less
+        # than a tenth of its gap after the worker's previous one is another stream's chunk of the
+        # same step
         self.worker_steps: list[tuple[int, float, float, str | None]] = []
-        self.worker_gaps: list[tuple[int, float, float, int]] = []
+        self.worker_gap_ends: list[tuple[int, float, float]] = []
+        self._gap_end = [float("-inf")] * len(workers)
+
+    @property
+    def gap_samples(self) -> list[float]:
+        """Every per-token gap not yet taken (worker by worker, then those without one)."""
+        return [x for xs in self.gaps for x in xs]
+
+    def take_gaps(self) -> list[list[float]]:
+        """The per-token gaps per worker (the last list: no worker known) since the last take."""
+        out = self.gaps
+        self.gaps = [[] for _ in out]
+        return out
 
     def _lane_budget(self, i: int) -> float:
         return self._step_budget + self._budget_offset[i]
@@ -185,6 +203,8 @@ class LiveDriver:
             self._token(ev)
             return
         if isinstance(ev, Step):
+            src = ev.source or "worker"
+            self.step_sources[src] = self.step_sources.get(src, 0) + 1
             self.step_samples.append((ev.t, ev.duration_s, ev.worker))
             w = None if ev.worker is None else self.index.get(ev.worker)
             if w is not None:
@@ -224,22 +244,26 @@ class LiveDriver:
         if dg <= 0:
             return
         self._step_budget += dg
+        t = ev.t
+        g = r.g
+        if g < 0 and r.worker is not None:
+            g = r.g = self.index[r.worker]
         if r.t_token >= 0:
             # dg tokens since the last event are dg decode steps (one token per step per running
             # stream), each the gap's share. Not only one-token advances: a busy tap coalesces a
             # stream's chunks per analysis batch, and a chunk is alone in its batch when the gaps
             # around it are long (one-token gaps only: step mean +14-24% at load average 15-19).
-            gap = (ev.t - r.t_token) / dg
+            gap = (t - r.t_token) / dg
             if dg == 1:
-                self.gap_samples.append(gap)
+                self.gaps[g].append(gap)  # (g = -1: the last list, no worker)
             else:
-                self.gap_samples.extend([gap] * dg)
-            if r.worker is not None:
-                self.worker_gaps.append((self.index[r.worker], ev.t, gap, dg))
-        r.t_token = ev.t
+                self.gaps[g].extend([gap] * dg)
+            if g >= 0 and t - self._gap_end[g] >= 0.1 * gap and gap > 0:
+                self._gap_end[g] = t
+                self.worker_gap_ends.append((g, t, gap))
+        r.t_token = t
         r.generated = ev.generated
-        if r.worker is not None:
-            g = self.index[r.worker]
+        if g >= 0:
             if r.queued:
                 self.mirror_placed[g] += dg
             if not r.running:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import operator
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from shadow.contracts.events import Event, Step
+import numpy as np
+
+from shadow.contracts.events import Event
 from shadow.core.params import BRParams
 from shadow.core.policies import RouterOptions, make_router
 from shadow.core.pool import Pool
@@ -130,7 +133,6 @@ class LiveLanes:
         self._model_check = [0.0, 0.0]
         self._window_steps = 0  # worker-reported steps in the current window
         self._both = [0.0, 0, 0.0]  # windows with both sources: Σ reported, steps, Σ SSE estimate (per step)
-        self.step_sources: dict[str, int] = {}  # step events by their `source` (probe, ...; "worker")
         self._inv_sum = 0.0  # Σ 1/T over SSE windows: their step-weighted mean is count / Σ 1/T
         self._x_sum = 0.0  # max mirrored load summed over the observations of the current window
         self._x_n = 0
@@ -225,9 +227,6 @@ class LiveLanes:
         before = d.now
         while q and n < limit:
             ev = q.popleft()
-            if type(ev) is Step:
-                src = ev.source or "worker"
-                self.step_sources[src] = self.step_sources.get(src, 0) + 1
             try:
                 d.apply(ev)
             except Exception:
@@ -254,21 +253,14 @@ class LiveLanes:
         self._x_n += 1
         if self._mw_start is None:
             self._mw_start = d.now
-        for g, x in enumerate(d.mirror_placed):
-            self._mw_sum[g] += x
+        self._mw_sum = list(map(operator.add, self._mw_sum, d.mirror_placed))
         self._mw_n += 1
-        if d.gap_samples:
-            est.add_gaps(d.gap_samples)
-            d.gap_samples = []
         wc = self.worker_clock
         wc.add_loads(d.mirror_loads)
         if d.worker_steps and self.estimator.source != "sse":
             for g, t, period, source in d.worker_steps:
                 wc.add_step(g, t, period, source)
         d.worker_steps = []
-        if d.worker_gaps and self.estimator.source != "events":
-            wc.add_gaps(d.worker_gaps)
-        d.worker_gaps = []
         if d.step_samples:
             durations = [s[1] for s in d.step_samples]
             est.add_steps(durations)
@@ -277,6 +269,13 @@ class LiveLanes:
                 self._hist("events", x)
             d.step_samples = []
         if est.due(d.now):
+            # the window's token gaps (they wait in the driver until its end), converted once
+            gaps = [np.asarray(xs, dtype=np.float64) for xs in d.take_gaps()]
+            for part in gaps:
+                est.add_gaps(part)
+            if est.source != "events":
+                wc.add_gaps(gaps[:-1], d.worker_gap_ends)
+            d.worker_gap_ends = []
             sample = est.close(d.now)
             if self._mw_start is not None:
                 n = self._mw_n
@@ -423,7 +422,8 @@ class LiveLanes:
         """Where the fit's samples came from, in words: the engine probe, step events, SSE gaps."""
         by = self.estimator.samples
         if by["events"]:
-            src = max(self.step_sources, key=self.step_sources.__getitem__) if self.step_sources else ""
+            sources = self.driver.step_sources
+            src = max(sources, key=sources.__getitem__) if sources else ""
             what = {"probe": "the engine probe (the engine's own step times)",
                     "probe_interval": "the engine probe (intervals between busy steps)"}.get(
                         src, "step events")
@@ -555,7 +555,7 @@ class LiveLanes:
                 "source": self.estimator.source,
                 "samples_by_source": dict(self.estimator.samples),
                 "samples_from": self._samples_from(),
-                "step_event_sources": dict(self.step_sources),
+                "step_event_sources": dict(self.driver.step_sources),
                 "configured": {"a_s_per_token": self.step.a, "b_s": self.step.b},
                 # the clock the lanes step on: its model, where its samples came from
                 "model_in_use": clock_model,

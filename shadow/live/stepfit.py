@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 SOURCES = ("auto", "events", "sse")
 # Histogram buckets for measured step durations (s): 5 ms … 2 s.
@@ -28,14 +29,16 @@ class StepEstimator:
         self.window_s = window_s
         self.min_gaps = min_gaps
         self.source = source
-        self._gaps: list[float] = []
+        self._gaps: list[npt.NDArray[np.float64]] = []  # this window's, in parts (as given)
         self._steps: list[float] = []
         self._window_end: float | None = None
         self.samples: dict[str, int] = {"events": 0, "sse": 0}
         self.sse_aside: float | None = None  # the last closed window's SSE mean step (see close)
 
-    def add_gaps(self, gaps: list[float]) -> None:
-        self._gaps.extend(gaps)
+    def add_gaps(self, gaps: npt.NDArray[np.float64]) -> None:
+        """Per-token gaps (kept as given until the window closes: the caller gives them up)."""
+        if len(gaps):
+            self._gaps.append(gaps)
 
     def add_steps(self, durations: list[float]) -> None:
         self._steps.extend(durations)
@@ -53,13 +56,15 @@ class StepEstimator:
         gaps, steps = self._gaps, self._steps
         self._gaps, self._steps = [], []
         # the SSE estimate of the same window, also when worker-reported steps are used (to check it)
-        self.sse_aside = float(np.mean(gaps)) if len(gaps) >= self.min_gaps else None
+        n_gaps = sum(len(part) for part in gaps)
+        gap_arr = np.concatenate(gaps) if (
+            n_gaps >= self.min_gaps) else None
+        self.sse_aside = None if gap_arr is None else float(gap_arr.mean())
         if self.source in ("auto", "events") and steps:
             self.samples["events"] += 1
             arr = np.asarray(steps)
             return "events", float(arr.mean()), float(np.median(arr))
-        if self.source in ("auto", "sse") and len(gaps) >= self.min_gaps:
+        if self.source in ("auto", "sse") and gap_arr is not None:
             self.samples["sse"] += 1
-            arr = np.asarray(gaps)
-            return "sse", float(arr.mean()), float(np.median(arr))
+            return "sse", float(gap_arr.mean()), float(np.median(gap_arr))
         return None

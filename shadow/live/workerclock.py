@@ -13,10 +13,14 @@ its members' models.
 
 from __future__ import annotations
 
+import operator
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from shadow.core.barrier import MIN_STEPS, BarrierChoice, choose_barrier
 from shadow.core.stepmodel import FitResult, SlidingFit, StepTimeModel
@@ -41,10 +45,8 @@ class _Worker:
     def __init__(self, fit_window: int, mean_windows: int, max_ends: int) -> None:
         self.fit = SlidingFit(fit_window)
         self.periods: list[float] = []  # worker-reported, this window
-        self.gaps: list[float] = []  # SSE per-token gaps, this window
+        self.gaps: list[npt.NDArray[np.float64]] = []  # SSE per-token gaps, this window (in parts)
         self.event_source: str | None = None
-        self.load_sum = 0.0
-        self.load_n = 0
         self.means: deque[tuple[int, float]] = deque(maxlen=mean_windows)  # (steps, Σ period)
         self.ends: dict[str, deque[float]] = {"events": deque(maxlen=max_ends), "sse": deque(maxlen=max_ends)}
         self.durations: dict[str, deque[float]] = {
@@ -54,7 +56,7 @@ class _Worker:
 
 
 class WorkerClock:
-    """See module docstring. `add_step`/`add_gap` per observation, `add_loads` per look at the
+    """See module docstring. `add_step`/`add_gaps` per observation, `add_loads` per look at the
     mirror, `close` per window; `clock()` is the LaneClock to step the lanes on and what it is."""
 
     def __init__(
@@ -75,6 +77,8 @@ class WorkerClock:
         self.min_gaps = min_gaps
         max_ends = max(60, min(600, 40_000 // max(1, workers * workers)))
         self.w = [_Worker(fit_window, mean_windows, max_ends) for _ in range(workers)]
+        self._load_sum = [0.0] * workers  # Σ mirrored load per worker, this window
+        self._load_n = 0
         self.choose_every = choose_every
         self._closes = 0
         self.choice = BarrierChoice(None, {}, tuple(range(workers)), "no steps measured yet")
@@ -91,60 +95,58 @@ class WorkerClock:
         w.ends["events"].append(t)
         w.durations["events"].append(period)
 
-    def add_gap(self, g: int, t: float, gap: float, count: int) -> None:
-        """Worker `g`'s stream advanced `count` tokens at `t`, `gap` seconds per token."""
-        self.add_gaps(((g, t, gap, count),))
-
-    def add_gaps(self, samples: Iterable[tuple[int, float, float, int]]) -> None:
-        """`add_gap` for each (g, t, gap, count), in one loop (one sample per token event: the
-        live lanes' hottest path at full occupancy)."""
+    def add_gaps(
+        self, gaps: Sequence[npt.NDArray[np.float64]], ends: Iterable[tuple[int, float, float]]
+    ) -> None:
+        """Per worker, its streams' per-token gaps (`gaps[g]`, kept until the window closes: the
+        caller gives them up; only positive ones count), and (g, t, gap) once per step it made
+        (`LiveDriver.worker_gap_ends`)."""
+        for w, xs in zip(self.w, gaps, strict=True):
+            if len(xs):
+                w.gaps.append(xs)
         ws = self.w
-        for g, t, gap, count in samples:
-            if not gap > 0:
-                continue
+        for g, t, gap in ends:
             w = ws[g]
-            if count == 1:
-                w.gaps.append(gap)
-            else:
-                w.gaps.extend([gap] * count)
-            ends = w.ends["sse"]
-            if not ends or t - ends[-1] >= 0.1 * gap:  # another stream's chunk of the same step: once
-                ends.append(t)
-                w.durations["sse"].append(gap)
+            w.ends["sse"].append(t)
+            w.durations["sse"].append(gap)
 
     def add_loads(self, loads: Sequence[float]) -> None:
-        for w, x in zip(self.w, loads, strict=True):
-            w.load_sum += x
-            w.load_n += 1
+        """One look at the mirrored loads (per worker); a window's mean load is its x."""
+        if len(loads) != self.n:
+            raise ValueError(f"{len(loads)} loads for {self.n} workers")
+        self._load_sum = list(map(operator.add, self._load_sum, loads))
+        self._load_n += 1
 
     def close(self, clock: LaneClock) -> None:
         """End of a window: one sample per measured worker, checked against `clock` (the models
         the lanes stepped on in it)."""
         models = clock.models
         group_of = {g: grp for grp in clock.groups for g in grp}
-        xs_all = [w.load_sum / w.load_n if w.load_n else 0.0 for w in self.w]
+        n = self._load_n
+        xs_all = [x / n for x in self._load_sum] if n else [0.0] * self.n
+        self._load_sum, self._load_n = [0.0] * self.n, 0
         measured = predicted = 0.0
         for g, w in enumerate(self.w):
             x = xs_all[g]
-            w.load_sum, w.load_n = 0.0, 0
             periods, gaps = w.periods, w.gaps
             w.periods, w.gaps = [], []
             if periods:
                 w.source = w.event_source
-                xs = periods
-            elif len(gaps) >= self.min_gaps:
-                w.source = "sse"
-                xs = gaps
+                xs = np.asarray(periods, dtype=np.float64)
             else:
-                continue
-            srt = sorted(xs)
-            mean = sum(xs) / len(xs)
-            w.fit.add(x, srt[len(srt) // 2])
-            w.means.append((len(xs), sum(xs)))
-            w.steps += len(xs)
+                xs = np.concatenate(gaps) if gaps else np.zeros(0)
+                xs = xs[xs > 0]
+                if len(xs) < self.min_gaps:
+                    continue
+                w.source = "sse"
+            k = len(xs)
+            total = float(xs.sum())
+            w.fit.add(x, float(np.partition(xs, k // 2)[k // 2]))  # (the upper median)
+            w.means.append((k, total))
+            w.steps += k
             if models is not None:
-                measured += len(xs) * mean
-                predicted += len(xs) * max(models[h].worker_time(xs_all[h]) for h in group_of[g])
+                measured += total
+                predicted += k * max(models[h].worker_time(xs_all[h]) for h in group_of[g])
         if predicted > 0:
             self.check.append((measured, predicted))
         self._closes += 1

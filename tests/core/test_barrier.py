@@ -6,8 +6,10 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from shadow.core.barrier import choose_barrier
+from shadow.core.barrier import TOLERANCE, choose_barrier
 
 
 def _steps(rng: random.Random, mean: float, n: int, start: float = 0.0, cv: float = 0.15) -> list[float]:
@@ -65,3 +67,29 @@ def test_too_few_steps_decide_nothing() -> None:
     assert not choice.decided and choice.groups is None and choice.unmeasured == (1,)
     assert "fewer than 30 measured steps" in choice.reason and choice.model == "undecided"
     assert choose_barrier([[1.0]], [[0.01]]).groups == ((0,),)
+
+
+def _near_reference(ends: list[float], others: list[float], tol: float) -> float:
+    """The module docstring's one-way fraction, one end at a time."""
+    lo, hi = others[0] - tol, others[-1] + tol
+    inside = [t for t in ends if lo <= t <= hi]
+    hits = [t for t in inside if any(t - tol <= o <= t + tol for o in others)]
+    return len(hits) / len(inside) if inside else 0.0
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.floats(0.0, 10.0, allow_nan=False), min_size=1, max_size=40),
+        min_size=2, max_size=6,
+    ),
+    st.lists(st.floats(1e-3, 1.0), min_size=6, max_size=6),
+)
+def test_the_coincidence_of_every_pair_is_the_one_way_fractions_larger(
+    ends: list[list[float]], medians: list[float]
+) -> None:
+    srt = [sorted(e) for e in ends]
+    choice = choose_barrier(srt, [[m] for m in medians[: len(srt)]], min_steps=1)
+    for (i, j), c in choice.coincidence.items():
+        tol = TOLERANCE * min(medians[i], medians[j])
+        assert c == max(_near_reference(srt[i], srt[j], tol), _near_reference(srt[j], srt[i], tol)), (i, j)
