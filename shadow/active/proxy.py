@@ -297,6 +297,7 @@ class ActiveProxy:
         self.oversized_events = 0  # SSE events over `max_event_bytes` (forwarded unaligned)
         self.errors: collections.Counter[str] = collections.Counter()  # error answers by kind
         self.rejected_log = Throttled(log)  # requests refused for what the client sent
+        self.retry_log = Throttled(log)  # upstream failures a retry hid from the client
         # streams cut after their first byte, by (leg, reason): the client got an error event
         self.cut: collections.Counter[tuple[str, str]] = collections.Counter()
         self.router_url = config.router_url.rstrip("/") if config.router_url else None
@@ -536,12 +537,17 @@ class ActiveProxy:
             try:
                 return await self._legs(flow, gone, failed_prefill, kv)
             except _Failed as f:
-                kv, leg, worker = f.kv, f.leg, f.worker
+                kv, leg, worker, status, kind = f.kv, f.leg, f.worker, f.status, f.kind
                 if not f.retryable or attempt >= self.config.retries:
                     self._abort_kv(flow, kv)
                     raise
             attempt += 1
             self.metrics.retries.labels(leg).inc()
+            how = ", its KV handle reused" if kv is not None else ", a new prefill" if self.prefill else ""
+            self.retry_log.warning(
+                f"{leg}:{kind}", "request retried (attempt %d%s): the %s leg failed on %s (%s, %s)",
+                attempt + 1, how, leg, worker or "-", status, kind, kind=kind, request_id=flow.rid,
+            )
             if leg == "prefill":
                 failed_prefill.append(worker)
                 if len(failed_prefill) >= len(self.prefill.prefillers):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import httptools
 import httpx
 import orjson
+import pytest
 
 from shadow.contracts.modes import StaticModeSource
 from tests.active.stubs import DONE, Step, Stub, metric, proxy_on, sse, until
@@ -102,7 +104,9 @@ def test_shadow_mode_passes_bytes_status_and_headers_unchanged() -> None:
     run(scenario)
 
 
-def test_decode_failure_before_first_byte_is_retried_with_one_request_id() -> None:
+def test_decode_failure_before_first_byte_is_retried_with_one_request_id(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     async def scenario() -> None:
         pre = Stub([], role="prefill")
         dec = Stub(
@@ -132,7 +136,12 @@ def test_decode_failure_before_first_byte_is_retried_with_one_request_id() -> No
         await pre.stop()
         await dec.stop()
 
-    run(scenario)
+    with caplog.at_level(logging.WARNING, logger="shadow.active"):
+        run(scenario)
+    (line,) = [r.getMessage() for r in caplog.records if "retried" in r.getMessage()]
+    assert line == (
+        "request retried (attempt 2, a new prefill): the decode leg failed on d0 (503, decode_status)"
+    )
 
 
 def test_no_retry_once_bytes_reached_the_client() -> None:
