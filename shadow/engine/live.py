@@ -162,11 +162,6 @@ class LiveDriver:
         self.worker_gap_ends: list[tuple[int, float, float]] = []
         self._gap_end = [float("-inf")] * len(workers)
 
-    @property
-    def gap_samples(self) -> list[float]:
-        """Every per-token gap not yet taken (worker by worker, then those without one)."""
-        return [x for xs in self.gaps for x in xs]
-
     def take_gaps(self) -> list[list[float]]:
         """The per-token gaps per worker (the last list: no worker known) since the last take."""
         out = self.gaps

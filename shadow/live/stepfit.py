@@ -56,9 +56,7 @@ class StepEstimator:
         gaps, steps = self._gaps, self._steps
         self._gaps, self._steps = [], []
         # the SSE estimate of the same window, also when worker-reported steps are used (to check it)
-        n_gaps = sum(len(part) for part in gaps)
-        gap_arr = np.concatenate(gaps) if (
-            n_gaps >= self.min_gaps) else None
+        gap_arr = np.concatenate(gaps) if sum(map(len, gaps)) >= self.min_gaps else None
         self.sse_aside = None if gap_arr is None else float(gap_arr.mean())
         if self.source in ("auto", "events") and steps:
             self.samples["events"] += 1

@@ -26,6 +26,7 @@ from shadow.mirror.http1 import TapLimits
 from shadow.mirror.proxy import Tap
 
 REQ = b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}"
+FRONTS = pytest.mark.parametrize("kind", ["tap", "listener"])
 SLOW = REQ.replace(b"/v1/completions", b"/slow")
 
 
@@ -104,17 +105,25 @@ async def _response(r: asyncio.StreamReader) -> tuple[bytes, bytes]:
     return head, body
 
 
+async def _kept_alive(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
+    """A connection that has had one answered request (the pooled connection of a client), and
+    that answer's head."""
+    r, w = await asyncio.open_connection("127.0.0.1", port)
+    w.write(REQ)
+    head, body = await _response(r)
+    assert head.startswith(b"HTTP/1.1 200") and body == b"ok", (head, body)
+    return r, w, head
+
+
 async def _eof(r: asyncio.StreamReader) -> bool:
     return await asyncio.wait_for(r.read(1), 10) == b""
 
 
-@pytest.mark.parametrize("kind", ["tap", "listener"])
+@FRONTS
 def test_a_request_on_a_connection_idle_when_the_drain_began_is_answered_then_closed(kind: str) -> None:
     async def go(front: Front, port: int, _gate: asyncio.Event) -> None:
-        r, w = await asyncio.open_connection("127.0.0.1", port)
-        w.write(REQ)
-        head, body = await _response(r)
-        assert b"connection: close" not in head.lower() and body == b"ok"  # kept alive
+        r, w, head = await _kept_alive(port)
+        assert b"connection: close" not in head.lower()  # kept alive
         front.begin_drain()
         w.write(REQ)  # the client reuses its pooled connection just as the drain begins
         head, body = await _response(r)
@@ -126,7 +135,7 @@ def test_a_request_on_a_connection_idle_when_the_drain_began_is_answered_then_cl
     asyncio.run(_with_front(kind, go))
 
 
-@pytest.mark.parametrize("kind", ["tap", "listener"])
+@FRONTS
 def test_a_response_begun_before_the_drain_leaves_its_connection_open_for_one_more(kind: str) -> None:
     async def go(front: Front, port: int, gate: asyncio.Event) -> None:
         r, w = await asyncio.open_connection("127.0.0.1", port)
@@ -145,12 +154,10 @@ def test_a_response_begun_before_the_drain_leaves_its_connection_open_for_one_mo
     asyncio.run(_with_front(kind, go))
 
 
-@pytest.mark.parametrize("kind", ["tap", "listener"])
+@FRONTS
 def test_a_stop_closes_idle_connections_once_nothing_is_in_flight(kind: str) -> None:
     async def go(front: Front, port: int, gate: asyncio.Event) -> None:
-        idle_r, idle_w = await asyncio.open_connection("127.0.0.1", port)
-        idle_w.write(REQ)
-        await _response(idle_r)
+        idle_r, idle_w, _ = await _kept_alive(port)
         r, w = await asyncio.open_connection("127.0.0.1", port)
         w.write(SLOW)
         await asyncio.wait_for(r.readuntil(b"first\r\n"), 10)
@@ -170,18 +177,13 @@ def test_a_stop_closes_idle_connections_once_nothing_is_in_flight(kind: str) -> 
     asyncio.run(_with_front(kind, go))
 
 
-@pytest.mark.parametrize("kind", ["tap", "listener"])
+@FRONTS
 def test_a_handoff_leaves_idle_connections_to_their_clients(kind: str) -> None:
     async def go(front: Front, port: int, _gate: asyncio.Event) -> None:
-        conns = []
-        for _ in range(2):
-            r, w = await asyncio.open_connection("127.0.0.1", port)
-            w.write(REQ)
-            await _response(r)
-            conns.append((r, w))
+        r1, w1, _ = await _kept_alive(port)
+        _, w2, _ = await _kept_alive(port)
         front.begin_drain(handoff=True)
         drained = asyncio.create_task(front.drained(60))
-        (r1, w1), (_, w2) = conns
         w1.write(REQ)  # nothing in flight, yet the idle connections are not closed under a client
         head, _ = await _response(r1)
         assert b"connection: close" in head.lower() and await _eof(r1)
@@ -194,12 +196,10 @@ def test_a_handoff_leaves_idle_connections_to_their_clients(kind: str) -> None:
     asyncio.run(_with_front(kind, go))
 
 
-@pytest.mark.parametrize("kind", ["tap", "listener"])
+@FRONTS
 def test_a_handoff_that_times_out_closes_the_idle_connections(kind: str) -> None:
     async def go(front: Front, port: int, _gate: asyncio.Event) -> None:
-        r, w = await asyncio.open_connection("127.0.0.1", port)
-        w.write(REQ)
-        await _response(r)
+        r, w, _ = await _kept_alive(port)
         front.begin_drain(handoff=True)
         assert await front.drained(0.05) is True  # nothing in flight: the deadline only ends the wait
         assert await _eof(r)

@@ -81,7 +81,7 @@ def test_the_mirrored_loads_follow_the_events_and_return_to_zero() -> None:
     d.apply(Token("a", 2.75, 5))  # three tokens at once: three steps of 0.5 / 3 s
     d.apply(Token("a", 2.5, 4))  # late and stale: ignored
     assert d.mirror_loads == [0.0, 105.0] and d.mirror_placed == [0.0, 145.0]
-    assert d.gap_samples == [0.25, 0.5 / 3, 0.5 / 3, 0.5 / 3]
+    assert [x for xs in d.take_gaps() for x in xs] == [0.25, 0.5 / 3, 0.5 / 3, 0.5 / 3]
     d.apply(Token("b", 3.0, 2))  # b's first token seen carries 2 generated
     assert d.mirror_active == [0, 2] and d.mirror_loads == [0.0, 147.0]
     d.apply(Finish("a", 3.0, "stop", 6))
