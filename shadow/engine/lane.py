@@ -204,6 +204,7 @@ class Lane:
         )
         self.predictor: Predictor | None = self.router.predictor
         self._extras = {STAY_BASIS.name: self.stay_basis}
+        self._fleet: FleetSnapshot | None = None  # built by the first `snapshot`
 
     # -- arrivals ---------------------------------------------------------------------------
 
@@ -240,21 +241,31 @@ class Lane:
         self.queued_tokens[g] += job.prompt_tokens
 
     def snapshot(self, free_slots: Sequence[int] | None = None) -> FleetSnapshot:
-        """The lane as a router sees it now (valid until the lane moves); BR-H's projection and
-        BRA's predicted basis are computed only when asked, and only with a predictor."""
-        b = self.config.slots
-        queued = self.queued_tokens
-        return FleetSnapshot(
-            loads=self.loads,
-            free_slots=[b - r for r in self.running] if free_slots is None else free_slots,
-            outstanding=_Outstanding(self.running, self.queues),
-            # prompt tokens of requests sent and not finished: queued prompts + running prompts
-            outstanding_tokens=_Added(queued, self.running_prompt),
-            queued_tokens=queued,
-            prompt_loads=self.running_prompt,
-            projection=None if self.predictor is None else self.projection,
-            extras=self._extras,
-        )
+        """The lane as a router sees it now: views over the lane's own lists, valid until the lane
+        moves (one object, refreshed in place: `free_slots` is copied into it). BR-H's projection
+        and BRA's predicted basis are computed only when asked, and only with a predictor."""
+        fleet = self._fleet
+        if fleet is None:  # first use, or a re-seed replaced the lists the views read
+            queued = self.queued_tokens
+            fleet = self._fleet = FleetSnapshot(
+                loads=self.loads,
+                free_slots=[],
+                outstanding=_Outstanding(self.running, self.queues),
+                # prompt tokens of requests sent and not finished: queued prompts + running prompts
+                outstanding_tokens=_Added(queued, self.running_prompt),
+                queued_tokens=queued,
+                prompt_loads=self.running_prompt,
+                projection=None if self.predictor is None else self.projection,
+                extras=self._extras,
+            )
+        free = fleet.free_slots
+        assert isinstance(free, list)
+        if free_slots is None:
+            b = self.config.slots
+            free[:] = [b - r for r in self.running]
+        else:
+            free[:] = free_slots
+        return fleet
 
     def _newcomer_steps(self, job: Job) -> float | None:
         if self.predictor is None:
@@ -320,6 +331,7 @@ class Lane:
         self.loads = [0.0] * g
         self.running = [0] * g
         self.running_prompt = [0.0] * g
+        self._fleet = None  # its views read the lists just replaced
         self._free_slots = [list(range((w + 1) * b - 1, w * b - 1, -1)) for w in range(g)]
         self.slot_active[:] = False
         self._slot_key = [None] * (g * b)
@@ -482,12 +494,11 @@ class Lane:
         router = self.router
         if router.binds_at_arrival or not router.waiting() or min(running) >= b:
             return
+        free: list[int] | None = None  # without queues: b - running, at least one > 0 (min < b)
         if queued:
             free = [b - r - len(q) for r, q in zip(running, queues, strict=True)]
             if not any(free):
                 return
-        else:
-            free = [b - r for r in running]  # at least one > 0 (min(running) < b)
         t0 = self.clock()
         decisions = router.decide(self.snapshot(free), self.now)
         self.totals.decision_s.append(self.clock() - t0)
