@@ -188,6 +188,10 @@ class Attachment:
         self._open(sock, r)
 
     def _open(self, sock: socket.socket, reader: ChannelReader) -> None:
+        torn = reader.restart()  # what a cut connection left of a frame is not the new stream's start
+        if torn:
+            log.info("tap attach %s: the last connection ended inside a frame (%d bytes dropped)",
+                     self.address, torn)
         c = _Conn(sock, reader)
         self.conn = c
         self.attaches += 1
@@ -308,6 +312,7 @@ class Attachment:
             "attaches": self.attaches,
             "failures": self.failures,
             "lost_requests": sum(x.lost_total for x in self.readers),
+            "torn_frames": sum(x.torn_frames for x in self.readers),
             "replaced": self.replaced,
             "rejected": self.rejected,
             "snapshot": r.snapshot,

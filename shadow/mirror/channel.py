@@ -43,6 +43,7 @@ from shadow.mirror.proxy import END_RELAY_LOST, TapContext
 _HDR = struct.Struct("<BI")
 _DATA = struct.Struct("<BIIId")  # type, length, cid, seq, t   (length counts cid + seq + t + payload)
 _DATA_FIXED = _DATA.size - _HDR.size
+_DATA_BODY = struct.Struct("<IId")  # a data frame's body before its payload: cid, seq, t
 _START = struct.Struct("<BIId")  # type, length, cid, t
 _START_LEN = _START.size - _HDR.size
 _SEND_MAX = 256 << 10
@@ -66,21 +67,38 @@ class FrameReader:
         self.max_frame = max_frame
 
     def feed(self, data: bytes) -> list[tuple[int, bytes]]:
-        buf = self._buf
-        buf += data
+        buf = self.add(data)
         out: list[tuple[int, bytes]] = []
         pos = 0
-        while len(buf) - pos >= _HDR.size:
-            kind, length = _HDR.unpack_from(buf, pos)
-            if length > self.max_frame:
-                raise ValueError(f"frame of {length} bytes")
-            if len(buf) - pos - _HDR.size < length:
-                break
-            body = pos + _HDR.size
-            pos = body + length
+        while (at := self.next(pos)) is not None:
+            kind, body, pos = at
             out.append((kind, bytes(buf[body:pos])))
         del buf[:pos]
         return out
+
+    @property
+    def pending(self) -> int:
+        """Bytes of an incomplete frame held."""
+        return len(self._buf)
+
+    def add(self, data: bytes) -> bytearray:
+        """Append `data`; the buffer the frames are read from (`next`), until `del buf[:pos]`."""
+        buf = self._buf
+        buf += data
+        return buf
+
+    def next(self, pos: int) -> tuple[int, int, int] | None:
+        """(kind, body start, body end) of the complete frame at `pos` of the buffer, or None."""
+        buf = self._buf
+        if len(buf) - pos < _HDR.size:
+            return None
+        kind, length = _HDR.unpack_from(buf, pos)
+        if length > self.max_frame:
+            raise ValueError(f"frame of {length} bytes")
+        body = pos + _HDR.size
+        if len(buf) - body < length:
+            return None
+        return kind, body, body + length
 
 
 # The request's traceparent rides in the info frame's header dict under a name no HTTP header can
@@ -330,14 +348,22 @@ class ChannelSink:
         if seq == 0:
             b = _START.pack(T_START, _START_LEN, ctx.cid, t)
             self._keep(ctx, b, True)
-        else:
+        else:  # the hot path: `_keep` and `_append` written out
             b = _DATA.pack(T_DATA, _DATA_FIXED + len(payload), ctx.cid, seq, t) + payload
-            self._keep(ctx, b, False)
-        if not self._subs:
+            kept, n = ctx.kept, len(b)
+            if kept is not None:
+                if self.kept_bytes + n <= self.retain_bytes:
+                    kept.append(b)
+                    ctx.kept_bytes += n
+                    self.kept_bytes += n
+                else:
+                    self._keep(ctx, b, False)
+        subs = self._subs
+        if not subs:
             self.detached_items += 1
             return False
         ok = True
-        for sub in self._subs.values():
+        for sub in subs.values():
             sub.offered += 1
             if info is not None:
                 self._append(sub, info)
@@ -345,6 +371,10 @@ class ChannelSink:
                 sub.dropped += 1
                 self.dropped_total += 1
                 ok = False
+            elif sub.scheduled or sub.writing:
+                sub.out.append([b, 1, nbytes])
+                sub.n += 1
+                sub.bytes += nbytes
             else:
                 self._append(sub, b, 1, nbytes)
         return ok
@@ -492,12 +522,23 @@ class ChannelReader:
         self.skipped = 0  # frames a re-attach delivered again (already seen, not counted twice)
         self.notices: list[dict[str, Any]] = []  # relay notices (draining, replaced) not yet handled
         self.processed = 0  # items of this reader the analysis consumed (its owner counts them)
+        self.torn_frames = 0  # connections that ended inside a frame (its bytes dropped)
         self.lost_total = 0  # requests ended as relay_lost (their relay died or stayed unreachable)
         self._base_offered = 0  # offered/dropped of earlier attaches (a relay counts per attach)
         self._base_dropped = 0
 
     def __len__(self) -> int:
         return len(self._ctxs)
+
+    def restart(self) -> int:
+        """A new connection's stream follows: bytes of a frame the last one cut are dropped
+        (counted in `torn_frames`), so they are not read as the start of the new stream. Returns
+        how many were dropped."""
+        torn = self._frames.pending
+        if torn:
+            self.torn_frames += 1
+            self._frames = FrameReader()
+        return torn
 
     @property
     def offered_total(self) -> int:
@@ -551,16 +592,27 @@ class ChannelReader:
         items: list[tuple[TapContext, int, float, Any]] = []
         off = self.offset
         floor = -1e300 if self.snapshot_done or self.oldest_s is None else time.monotonic() - self.oldest_s
-        for kind, body in self._frames.feed(data):
-            if kind == T_DATA:
-                cid, seq, t = struct.unpack_from("<IId", body)
-                ctx = self._ctx(cid)
+        frames = self._frames
+        buf = frames.add(data)
+        ctxs = self._ctxs
+        pos = 0
+        while (at := frames.next(pos)) is not None:
+            kind, start, pos = at
+            if kind == T_DATA:  # the hot path: read in place, one copy (the payload)
+                cid, seq, t = _DATA_BODY.unpack_from(buf, start)
+                ctx = ctxs.get(cid) or self._ctx(cid)
                 if seq <= ctx.seq:
                     self.skipped += 1  # a snapshot re-delivered what this reader has
                     continue
                 ctx.seq = seq
-                items.append((ctx, seq, self._at(t + off, floor), body[_DATA_FIXED:]))
-            elif kind == T_START:
+                t += off
+                if t < floor:
+                    self.clamped += 1
+                    t = floor
+                items.append((ctx, seq, t, bytes(buf[start + _DATA_FIXED : pos])))
+                continue
+            body = bytes(buf[start:pos])
+            if kind == T_START:
                 cid, t = struct.unpack_from("<Id", body)
                 ctx = self._ctx(cid)
                 if ctx.announced:
@@ -611,5 +663,6 @@ class ChannelReader:
                     floor = time.monotonic() - self.oldest_s
             else:
                 raise ValueError(f"unknown channel frame type {kind}")
+        del buf[:pos]
         self.received += len(items)
         return items
