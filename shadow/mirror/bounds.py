@@ -8,7 +8,7 @@ as many steps as its tokens, so one event beyond these would hold them for hours
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shadow.contracts.events import Event
 
@@ -24,6 +24,8 @@ class EventBounds:
 
     max_skew_s: float = 60.0
     max_request_tokens: int = 1 << 21
+    # per event class, the token counts it has (looked up once per class, not per event)
+    _counts: dict[type, tuple[str, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.max_skew_s > 0 or self.max_request_tokens < 1:
@@ -32,8 +34,12 @@ class EventBounds:
     def check(self, ev: Event, now: float) -> str | None:
         if not now - self.max_skew_s <= ev.t <= now + self.max_skew_s:
             return TIME_SKEW
-        for name in _COUNTS:
-            v = getattr(ev, name, None)
-            if v is not None and v > self.max_request_tokens:
+        names = self._counts.get(type(ev))
+        if names is None:
+            names = self._counts[type(ev)] = tuple(n for n in _COUNTS if hasattr(ev, n))
+        bound = self.max_request_tokens
+        for name in names:
+            v = getattr(ev, name)
+            if v is not None and v > bound:
                 return TOKEN_BOUND
         return None

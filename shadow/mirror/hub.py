@@ -148,7 +148,11 @@ class Mirror:
         """Number the event, keep it in `recent`, record it, and hand it to every listener."""
         self.seq += 1
         recent = self.recent
-        size = 64 + sum(len(v) for v in (getattr(ev, n) for n in ev.__match_args__) if isinstance(v, str))
+        size = 64
+        for n in ev.__match_args__:
+            v = getattr(ev, n)
+            if isinstance(v, str):
+                size += len(v)
         if len(recent) == recent.maxlen:
             self._ring_used -= self._ring_sizes.popleft()
         recent.append((self.seq, ev))
