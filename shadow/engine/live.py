@@ -235,7 +235,8 @@ class LiveDriver:
         r = self._reqs.get(ev.request_id)
         if r is None or r.final is not None:
             return
-        dg = ev.generated - r.generated
+        generated = ev.generated
+        dg = generated - r.generated
         if dg <= 0:
             return
         self._step_budget += dg
@@ -243,21 +244,24 @@ class LiveDriver:
         g = r.g
         if g < 0 and r.worker is not None:
             g = r.g = self.index[r.worker]
-        if r.t_token >= 0:
+        last = r.t_token
+        r.t_token = t
+        r.generated = generated
+        if last >= 0:
             # dg tokens since the last event are dg decode steps (one token per step per running
             # stream), each the gap's share. Not only one-token advances: a busy tap coalesces a
             # stream's chunks per analysis batch, and a chunk is alone in its batch when the gaps
             # around it are long (one-token gaps only: step mean +14-24% at load average 15-19).
-            gap = (t - r.t_token) / dg
+            gap = (t - last) / dg
             if dg == 1:
                 self.gaps[g].append(gap)  # (g = -1: the last list, no worker)
             else:
                 self.gaps[g].extend([gap] * dg)
-            if g >= 0 and t - self._gap_end[g] >= 0.1 * gap and gap > 0:
-                self._gap_end[g] = t
-                self.worker_gap_ends.append((g, t, gap))
-        r.t_token = t
-        r.generated = ev.generated
+            if g >= 0 and gap > 0:
+                ends = self._gap_end
+                if t - ends[g] >= 0.1 * gap:
+                    ends[g] = t
+                    self.worker_gap_ends.append((g, t, gap))
         if g >= 0:
             if r.queued:
                 self.mirror_placed[g] += dg
