@@ -25,11 +25,11 @@ reports per-chunk latency direct vs through the tap and the added p50/p99. Phase
 at ~32 k chunks/s offered and reports mirrored chunks per tap CPU-second (user + system, all the
 tap's processes), checking that nothing was lost (every stream's recorded Finish carries exactly
 the tokens sent; drop and error counters are zero), with each tap process's CPU (user + system),
-read/write syscalls and minor page faults per chunk (from /proc: where a difference between two
-checkouts comes from). `--pin` gives the tap a core of its own (CPU 1, every thread of every tap
-process; upstream and clients share CPU 0), as when one tap runs per decode node. Targets: p99
-added ≤ 1 ms, ≥ 20,000/s. Latency figures need a quiet machine: each SUMMARY line carries the
-1-minute load average.
+read/write syscalls, minor page faults and context switches per chunk (from /proc: where a
+difference between two checkouts comes from). `--pin` gives the tap a core of its own (CPU 1,
+every thread of every tap process; upstream and clients share CPU 0), as when one tap runs per
+decode node. Targets: p99 added ≤ 1 ms, ≥ 20,000/s. Latency figures need a quiet machine: each
+SUMMARY line carries the 1-minute load average.
 Set BENCH_TAP_PROFILE=FILE to run the tap under cProfile.
 """
 
@@ -310,9 +310,9 @@ def _tree_cpu_s(pid: int) -> tuple[float, float]:
     return u, s
 
 
-def _by_process(pids: list[int]) -> dict[int, tuple[str, float, float, int, int, int]]:
-    """pid -> (its name, user and system CPU seconds, read and write syscalls, minor page faults)
-    for every live process of the trees."""
+def _by_process(pids: list[int]) -> dict[int, tuple[str, float, float, int, int, int, int]]:
+    """pid -> (its name, user and system CPU seconds, read and write syscalls, minor page faults,
+    context switches) for every live process of the trees (threads' switches not counted)."""
     out = {}
     for p in [q for pid in pids for q in _tree(pid)]:
         with contextlib.suppress(OSError):
@@ -320,7 +320,10 @@ def _by_process(pids: list[int]) -> dict[int, tuple[str, float, float, int, int,
             name = " ".join(a.decode(errors="replace") for a in argv[1:4] if a).split("\n")[0][:40]
             io = dict(line.split(": ") for line in Path(f"/proc/{p}/io").read_text().splitlines())
             minflt = int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[7])
-            out[p] = (name, *_cpu_s(p), int(io["syscr"]), int(io["syscw"]), minflt)
+            lines = Path(f"/proc/{p}/status").read_text().splitlines()
+            st = dict(ln.split(":\t") for ln in lines if ":\t" in ln)
+            out[p] = (name, *_cpu_s(p), int(io["syscr"]), int(io["syscw"]), minflt,
+                      int(st["voluntary_ctxt_switches"]) + int(st["nonvoluntary_ctxt_switches"]))
     return out
 
 
@@ -422,10 +425,11 @@ def _phase2(args: argparse.Namespace, root: Path, extra: list[str]) -> dict[str,
         f"  relayed {frames:,} chunks in {wall:.2f} s wall ({frames / wall:,.0f}/s); "
         f"tap CPU {cpu:.2f} s ({user:.2f} user + {system:.2f} system)"
     )
-    print("  by process (CPU user + system; read, write syscalls and minor page faults per chunk):")
-    for pid, (name, u, s, r, w, f) in sorted(p1.items(), key=lambda kv: -kv[1][1] - kv[1][2]):
-        _, u0, s0, r0, w0, f0 = p0.get(pid, ("", 0.0, 0.0, 0, 0, 0))
-        per = f"{(r - r0) / frames:5.2f}, {(w - w0) / frames:5.2f}, {(f - f0) / frames:6.3f}"
+    print("  by process (CPU user + system; read, write syscalls, minor page faults and context switches"
+          " per chunk):")
+    for pid, (name, u, s, r, w, f, c) in sorted(p1.items(), key=lambda kv: -kv[1][1] - kv[1][2]):
+        _, u0, s0, r0, w0, f0, c0 = p0.get(pid, ("", 0.0, 0.0, 0, 0, 0, 0))
+        per = ", ".join(f"{(a - b) / frames:6.3f}" for a, b in ((r, r0), (w, w0), (f, f0), (c, c0)))
         print(f"    {u - u0:5.2f} + {s - s0:5.2f} s  {per}  {name}")
     print(f"  mirrored chunks per tap CPU-second: {frames / cpu:,.0f}   (target >= 20,000)")
     print(
