@@ -25,7 +25,7 @@ class EventBounds:
     max_skew_s: float = 60.0
     max_request_tokens: int = 1 << 21
     # per event class, the token counts it has (looked up once per class, not per event)
-    _counts: dict[type, tuple[str, ...]] = field(default_factory=dict, compare=False, repr=False)
+    _counts: dict[type, tuple[str, ...]] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.max_skew_s > 0 or self.max_request_tokens < 1:
