@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from shadow.base.net import read_now
-from shadow.mirror.channel import T_CTL, ChannelReader, frame
+from shadow.mirror.channel import T_CTL, ChannelReader, frame, size_buffers
 from shadow.mirror.proxy import TapContext
 from shadow.mirror.rundir import ATTACH, unix_connect
 
@@ -177,6 +177,7 @@ class Attachment:
         else:
             sock = await loop.run_in_executor(None, socket.create_connection, self.where, 2.0)
         sock.setblocking(False)
+        size_buffers(sock)
         r = self.reader
         hello = {"token": self.token or "", "name": self.name,
                  "resume": {"relay_id": r.relay_id, "end_seen": r.end_seen}}

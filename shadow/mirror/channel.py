@@ -50,7 +50,18 @@ _SEND_MAX = 256 << 10
 GONE_GRACE_S = 60.0  # what a detached analysis had not acknowledged is kept this long for its return
 T_INFO, T_DATA, T_START, T_END, T_MARK, T_CTL, T_HELLO = 1, 2, 3, 4, 5, 6, 7
 MAX_FRAME = 1 << 30
+#: Kernel buffers of a channel's socket, each end (the kernel caps them at net.core.wmem_max and
+#: rmem_max): at ~7 MB/s of frames the default 208 KiB fills when the analysis is away for 30 ms,
+#: and every full socket costs the relay a partial send and a wait for writability.
+SOCKET_BUFFER_BYTES = 4 << 20
 PROTOCOL = 1
+
+
+def size_buffers(sock: socket.socket, nbytes: int = SOCKET_BUFFER_BYTES) -> None:
+    """Ask for `nbytes` kernel buffers each way on a channel socket (best effort)."""
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, opt, nbytes)
 
 
 def frame(kind: int, obj: Any) -> bytes:

@@ -31,7 +31,7 @@ from httptools import HttpParserError, HttpRequestParser
 from prometheus_client import CollectorRegistry, generate_latest
 
 from shadow.base.net import read_now
-from shadow.mirror.channel import T_CTL, ChannelSink, FrameReader
+from shadow.mirror.channel import T_CTL, ChannelSink, FrameReader, size_buffers
 from shadow.mirror.http1 import TapLimits
 from shadow.mirror.proxy import Tap
 from shadow.mirror.relay_metrics import RelayCollector
@@ -316,6 +316,7 @@ class Relay:
             self.sink.flush(name)  # (attach below detaches it; its hook stops watching it)
         resume = hello.get("resume") or {}
         resume_end = int(resume.get("end_seen", 0)) if resume.get("relay_id") == self.relay_id else 0
+        size_buffers(conn)
         self.sink.attach(conn, self.hello(), resume_end, name=name)
         for kind, body in got:  # control frames that came with the hello
             self._control(name, kind, body)
