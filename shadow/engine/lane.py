@@ -205,6 +205,7 @@ class Lane:
         self.predictor: Predictor | None = self.router.predictor
         self._extras = {STAY_BASIS.name: self.stay_basis}
         self._fleet: FleetSnapshot | None = None  # built by the first `snapshot`
+        self._fleet_free: list[int] = []  # its free slots, refreshed by each `snapshot`
 
     # -- arrivals ---------------------------------------------------------------------------
 
@@ -244,12 +245,12 @@ class Lane:
         """The lane as a router sees it now: views over the lane's own lists, valid until the lane
         moves (one object, refreshed in place: `free_slots` is copied into it). BR-H's projection
         and BRA's predicted basis are computed only when asked, and only with a predictor."""
-        fleet = self._fleet
+        fleet, free = self._fleet, self._fleet_free
         if fleet is None:  # first use, or a re-seed replaced the lists the views read
             queued = self.queued_tokens
             fleet = self._fleet = FleetSnapshot(
                 loads=self.loads,
-                free_slots=[],
+                free_slots=free,
                 outstanding=_Outstanding(self.running, self.queues),
                 # prompt tokens of requests sent and not finished: queued prompts + running prompts
                 outstanding_tokens=_Added(queued, self.running_prompt),
@@ -258,8 +259,6 @@ class Lane:
                 projection=None if self.predictor is None else self.projection,
                 extras=self._extras,
             )
-        free = fleet.free_slots
-        assert isinstance(free, list)
         if free_slots is None:
             b = self.config.slots
             free[:] = [b - r for r in self.running]

@@ -359,16 +359,9 @@ class ChannelSink:
         if seq == 0:
             b = _START.pack(T_START, _START_LEN, ctx.cid, t)
             self._keep(ctx, b, True)
-        else:  # the hot path: `_keep` and `_append` written out
+        else:
             b = _DATA.pack(T_DATA, _DATA_FIXED + len(payload), ctx.cid, seq, t) + payload
-            kept, n = ctx.kept, len(b)
-            if kept is not None:
-                if self.kept_bytes + n <= self.retain_bytes:
-                    kept.append(b)
-                    ctx.kept_bytes += n
-                    self.kept_bytes += n
-                else:
-                    self._keep(ctx, b, False)
+            self._keep(ctx, b, False)
         subs = self._subs
         if not subs:
             self.detached_items += 1
@@ -382,10 +375,6 @@ class ChannelSink:
                 sub.dropped += 1
                 self.dropped_total += 1
                 ok = False
-            elif sub.scheduled or sub.writing:
-                sub.out.append([b, 1, nbytes])
-                sub.n += 1
-                sub.bytes += nbytes
             else:
                 self._append(sub, b, 1, nbytes)
         return ok
