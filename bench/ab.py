@@ -4,8 +4,9 @@
 
 Each round runs the bench of the `--before` checkout, then this checkout's (each its own
 `bench/<name>.py` with PYTHONPATH on its own tree, so a bench that changed with the code measures
-each side as it is), so both sides share the machine's noise. Per figure it prints the medians and
-the ratio after / before; per bench the geometric mean of the ratios of its own figures (each row
+each side as it is), so both sides share the machine's noise. Per figure it prints the medians,
+the ratio after / before and each side's spread (half its runs' range, of its median: the noise the
+ratio is read against); per bench the geometric mean of the ratios of its own figures (each row
 says whether lower or higher is better), and the CPU seconds of the whole run of each side.
 
 Presets (arguments and what is read from the output):
@@ -58,8 +59,9 @@ def _engine(out: str) -> dict[str, float]:
 
 
 def _live(out: str) -> dict[str, float]:
-    m = re.search(r"= ([\d.]+) core", out)
-    return {"lanes CPU cores": float(m.group(1))} if m else {}
+    # from the CPU seconds (two decimals of 10 s), not the rounded cores figure (0.01 = 3 %)
+    m = re.search(r"lanes CPU: ([\d.]+) s for ([\d.]+) s of fleet time", out)
+    return {"lanes CPU cores": float(m.group(1)) / float(m.group(2))} if m else {}
 
 
 PRESETS = {
@@ -90,6 +92,14 @@ def run(tree: Path, preset: Preset) -> dict[str, float]:
     return figures
 
 
+def _spread(runs: list[dict[str, float]], key: str) -> float:
+    """Half the range of one side's runs of a figure, as a fraction of their median (the noise a
+    ratio is read against)."""
+    xs = [r[key] for r in runs]
+    med = statistics.median(xs)
+    return (max(xs) - min(xs)) / 2 / med if med else math.nan
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("benches", nargs="+", choices=sorted(PRESETS), help="which benches to compare")
@@ -116,7 +126,8 @@ def main() -> None:
             if key != CPU:
                 ratios.append(ratio)
             print(f"  {key:<40} before {b:10.3f}  after {a:10.3f}  after/before {ratio:6.3f}  "
-                  f"({better} is better)")
+                  f"({better} is better; runs +-{_spread(runs['before'], key):.0%} / "
+                  f"+-{_spread(runs['after'], key):.0%})")
         finite = [r for r in ratios if r > 0 and math.isfinite(r)]
         geo = math.exp(statistics.fmean(math.log(r) for r in finite)) if finite else math.nan
         print(f"  geometric mean after/before over the {len(finite)} figures of the bench: {geo:.3f}")

@@ -513,8 +513,11 @@ def main() -> int:
     for name, rs in results.items():
         med[name] = {k: statistics.median(r[k] for r in rs) for k in ("per_cpu_s", "p50", "p99")}
         m = med[name]
+        per = [r["per_cpu_s"] for r in rs]
+        m["spread"] = (max(per) - min(per)) / 2 / m["per_cpu_s"]  # half the runs' range, of the median
         print(
-            f"SUMMARY {name}: chunks/tap-CPU-s {m['per_cpu_s']:,.0f} (target >= 20,000)  added p50 "
+            f"SUMMARY {name}: chunks/tap-CPU-s {m['per_cpu_s']:,.0f} (runs {min(per):,.0f}-{max(per):,.0f}, "
+            f"+-{m['spread']:.0%}) (target >= 20,000)  added p50 "
             f"{m['p50']:.3f} ms  p99 {m['p99']:.3f} ms (target <= 1 ms)  runs {len(rs)}  "
             f"load {min(r['load'] for r in rs):.2f}-{max(r['load'] for r in rs):.2f}"
         )
@@ -522,7 +525,8 @@ def main() -> int:
         *olds, (an, a) = med.items()
         for bn, b in olds:
             print(
-                f"SUMMARY ratio {an} / {bn}: chunks/tap-CPU-s {a['per_cpu_s'] / b['per_cpu_s']:.2f}x  "
+                f"SUMMARY ratio {an} / {bn}: chunks/tap-CPU-s {a['per_cpu_s'] / b['per_cpu_s']:.2f}x "
+                f"(the same checkout's runs: +-{a['spread']:.0%} and +-{b['spread']:.0%})  "
                 f"p99 added {a['p99']:.3f} vs {b['p99']:.3f} ms  "
                 f"p50 added {a['p50']:.3f} vs {b['p50']:.3f} ms"
             )

@@ -4,6 +4,7 @@ lanes never see the future."""
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections import deque
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
@@ -149,8 +150,9 @@ class LiveDriver:
         self.unknown_worker = 0
         # per-step observations for the step-time estimate (filled here, taken by the caller):
         # the per-token gaps of streams, one per token, per worker (`gaps[g]`; the last list: a
-        # stream whose worker is not known); (t, duration, worker) of step events
-        self.gaps: list[list[float]] = [[] for _ in range(len(workers) + 1)]
+        # stream whose worker is not known; packed doubles: no float object kept per token, and a
+        # numpy view without a copy); (t, duration, worker) of step events
+        self.gaps: list[array[float]] = [array("d") for _ in range(len(workers) + 1)]
         self.step_samples: list[tuple[float, float, str | None]] = []
         self.step_sources: dict[str, int] = {}  # step events by their `source` (probe, ...; "worker")
         # ... and per worker: (worker, t, step period, source) of step events naming a known
@@ -162,10 +164,10 @@ class LiveDriver:
         self.worker_gap_ends: list[tuple[int, float, float]] = []
         self._gap_end = [float("-inf")] * len(workers)
 
-    def take_gaps(self) -> list[list[float]]:
-        """The per-token gaps per worker (the last list: no worker known) since the last take."""
+    def take_gaps(self) -> list[array[float]]:
+        """The per-token gaps per worker (the last one: no worker known) since the last take."""
         out = self.gaps
-        self.gaps = [[] for _ in out]
+        self.gaps = [array("d") for _ in out]
         return out
 
     def _lane_budget(self, i: int) -> float:
