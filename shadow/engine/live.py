@@ -149,7 +149,7 @@ class LiveDriver:
         self.dropped: dict[str, int] = {}
         self.unknown_worker = 0
         # per-step observations for the step-time estimate (filled here, taken by the caller):
-        # the per-token gaps of streams, one per token, per worker (`gaps[g]`; the last list: a
+        # the per-token gaps of streams, one per token, per worker (`gaps[g]`; the last one: a
         # stream whose worker is not known; packed doubles: no float object kept per token, and a
         # numpy view without a copy); (t, duration, worker) of step events
         self.gaps: list[array[float]] = [array("d") for _ in range(len(workers) + 1)]
@@ -165,7 +165,8 @@ class LiveDriver:
         self._gap_end = [float("-inf")] * len(workers)
 
     def take_gaps(self) -> list[array[float]]:
-        """The per-token gaps per worker (the last one: no worker known) since the last take."""
+        """The per-token gaps per worker (the last one: no worker known) since the last take; the
+        arrays are the caller's (the driver appends to new ones, so a numpy view of them is safe)."""
         out = self.gaps
         self.gaps = [array("d") for _ in out]
         return out
@@ -256,7 +257,7 @@ class LiveDriver:
             # around it are long (one-token gaps only: step mean +14-24% at load average 15-19).
             gap = (t - last) / dg
             if dg == 1:
-                self.gaps[g].append(gap)  # (g = -1: the last list, no worker)
+                self.gaps[g].append(gap)  # (g = -1: the last one, no worker)
             else:
                 self.gaps[g].extend([gap] * dg)
             if g >= 0 and gap > 0:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import time
 
+import numpy as np
 import pytest
 
 from shadow.contracts.events import Arrive, Cancel, Finish, Route, Step, Token
@@ -159,6 +160,22 @@ def test_token_gaps_are_single_token_advances_including_one_at_time_zero() -> No
     d.apply(Token("a", 0.5, 3))
     assert [x for xs in d.take_gaps() for x in xs] == [0.25, 0.25]
     assert d.mirror_loads == [8.0, 0.0] and d.mirror_placed == [8.0, 0.0]
+
+
+def test_taken_gaps_are_the_callers_a_numpy_view_of_them_leaves_the_fold_working() -> None:
+    # the lanes view a window's gaps with numpy (no copy); a packed array exporting its buffer
+    # cannot grow, so the driver must fold later tokens into new arrays
+    d = _driver()
+    d.apply(Arrive("a", 0.0, 5))
+    d.apply(Route("a", 0.0, "d0"))
+    d.apply(Token("a", 0.0, 1))
+    d.apply(Token("a", 0.25, 2))
+    views = [np.asarray(xs, dtype=np.float64) for xs in d.take_gaps()]
+    d.apply(Token("a", 0.75, 3))
+    d.apply(Token("a", 1.0, 5))  # two tokens at once: two gaps of half the time
+    assert [v.tolist() for v in views] == [[0.25], [], []]
+    assert [list(xs) for xs in d.take_gaps()] == [[0.5, 0.125, 0.125], [], []]
+    assert d.dropped == {}
 
 
 def test_a_zero_token_prompt_is_mirrored_as_its_generated_tokens_only() -> None:
