@@ -14,7 +14,9 @@ over the same requests, so a lane's figures do not depend on which other lanes r
 paired ratios) is recomputed over all lanes.
 
 Figures are means over seeds ± the half-width of the 95 % t-interval; "×" is the paired spread
-reduction against the cell's best baseline by spread (> 1 = lower spread than it).
+reduction against the cell's best baseline by spread (> 1 = lower spread than it), and "%" a paired
+change: the geometric mean over seeds with its 95 % interval on the log scale in brackets (files
+written before that hold mean ± half-width there, and print so).
 """
 
 from __future__ import annotations
@@ -25,11 +27,10 @@ import sys
 from typing import Any
 
 
-def ci(pair: list[float], fmt: str) -> str:
-    mean, half = pair
-    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
-        return "–"
-    return f"{mean:{fmt}} ± {half:{fmt.lstrip('+')}}"
+def ci(entry: list[float], fmt: str) -> str:
+    from shadow.replay.protocol import interval_text
+
+    return interval_text([math.nan if v is None else v for v in entry], fmt)
 
 
 def grid(doc: dict[str, Any], lanes: list[str]) -> str:
@@ -83,15 +84,17 @@ def lanes_table(doc: dict[str, Any]) -> str:
 
 def targets(doc: dict[str, Any], lane: str) -> str:
     """Per (G, ρ): does `lane` meet the issue's targets? "ok" = its 95 % CI reaches the bar."""
+    from shadow.replay.protocol import bounds
+
     head = ["G", "ρ", "spread ≤ best baseline", "× best", "throughput ≥ best", "TPOT P95 ≤ best"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     misses = 0
     for c in doc["summary"]:
         r = c["lanes"][lane]
         sx, tp, tt = r["spread_x"], r["throughput_pct"], r["tpot_p95_pct"]
-        ok_s = sx[0] + sx[1] >= 1.0
-        ok_t = tp[0] + tp[1] >= 0.0
-        ok_p = tt[0] - tt[1] <= 0.0
+        ok_s = bounds(sx)[2] >= 1.0
+        ok_t = bounds(tp)[2] >= 0.0
+        ok_p = bounds(tt)[1] <= 0.0
         misses += (not ok_s) + (not ok_t) + (not ok_p)
         rows.append(
             f"| {c['workers']} | {c['load']:g} | {'ok' if ok_s else '**no**'} | {ci(sx, '.2f')} | "

@@ -443,14 +443,14 @@ def _num(v: Any, fmt: str, scale: float = 1.0) -> str:
 
 
 def lanes_table(report: dict[str, Any]) -> Table:
-    """actual vs each lane: the figures of /v1/report, with the spread ratio against actual.
+    """actual vs each lane: the figures of /v1/report, with the spread ratio against actual (the
+    comparison's estimate over windows and its interval, as the last line gives them: `spread_ratio`).
 
     spread / I(k): average max−min and Σ(max−L) KV tokens per step; idle: barrier-idle fraction;
     tok/s from the step model (TPOT is in the report); done: requests finished; agree: share of the router's
     decisions this policy would have made identically; with rolling lanes, `last W` is the spread over
     the last complete window (re-seeded from the mirrored fleet) and `lag` how far the lane runs behind."""
     lanes: dict[str, Any] = report.get("lanes", {})
-    actual = lanes.get("actual", {}).get("avg_spread_tokens")
     title = "live lanes (same traffic; actual = the router's real placements)"
     table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1),
                   collapse_padding=True)
@@ -465,13 +465,7 @@ def lanes_table(report: dict[str, Any]) -> Table:
     for label, f in lanes.items():
         iv = compared.get(label, {}).get("spread", {})
         spread = f.get("avg_spread_tokens")
-        if label == "actual" or not spread or not actual:
-            ratio = "–"
-        elif actual >= spread:
-            ratio = f"{actual / spread:.2f}× lower"
-        else:
-            ratio = f"{spread / actual:.2f}× higher"
-        ci = "–" if iv.get("low") is None else f"{iv['low']:.2f}–{iv['high']:.2f}×"
+        ratio, ci = ("–", "–") if label == "actual" else spread_ratio(iv)
         window = [_num(f.get("window_avg_spread_tokens"), ",.0f"), _num(f.get("lag_s"), ".1f") + " s"]
         table.add_row(label, _num(spread, ",.0f"), *(window if rolling else []), ratio, ci,
                       iv.get("verdict", "–"),
@@ -540,19 +534,30 @@ def headline(report: dict[str, Any]) -> str:
         return ("figures not trustworthy — " + "; ".join(cmp.get("problems", [])) +
                 ": no verdict on BR-0 against the router")
     n, w = iv["windows"], cmp.get("window_s", 0)
-    ratio = iv["ratio"]
+    ratio, ci = spread_ratio(iv)
     if iv.get("low") is None:
-        return (f"too few windows for a verdict ({n} of {w:g} s, 3 needed): BR-0's spread ratio so far "
-                f"{ratio:.2f}×")
+        return f"too few windows for a verdict ({n} of {w:g} s, 3 needed): BR-0's spread so far {ratio}"
     over = f"95% CI over {n} windows of {w:g} s"
     if iv["verdict"] == "better":
-        return (f"BR-0 would have kept the average spread {ratio:.2f}× lower than the router did "
-                f"({iv['low']:.2f}–{iv['high']:.2f}×, {over})")
+        return f"BR-0 would have kept the average spread {ratio} than the router did ({ci}, {over})"
     if iv["verdict"] == "worse":
-        return (f"BR-0's average spread is {1 / ratio:.2f}× higher than the router's here "
-                f"({1 / iv['high']:.2f}–{1 / iv['low']:.2f}×, {over})")
-    return (f"BR-0's average spread: no significant difference from the router's ({ratio:.2f}×, "
-            f"{iv['low']:.2f}–{iv['high']:.2f}×, {over})")
+        return f"BR-0's average spread is {ratio} than the router's here ({ci}, {over})"
+    return f"BR-0's average spread: no significant difference from the router's ({ratio}, {ci}, {over})"
+
+
+def spread_ratio(iv: dict[str, Any]) -> tuple[str, str]:
+    """A lane's spread against the router's, as the table and the last line both print it: the
+    comparison's estimate (`comparison.lanes[lane].spread`: ratio > 1 when the lane's spread is
+    lower) as "X× lower" or "X× higher", and its 95 % interval read the same way ("–" when there is
+    none). One estimate, never a second one computed from totals."""
+    ratio, low, high = iv.get("ratio"), iv.get("low"), iv.get("high")
+    if not ratio:
+        return "–", "–"
+    if ratio >= 1.0:
+        ci = "–" if low is None or high is None else f"{low:.2f}–{high:.2f}×"
+        return f"{ratio:.2f}× lower", ci
+    ci = "–" if low is None or high is None else f"{1 / high:.2f}–{1 / low:.2f}×"
+    return f"{1 / ratio:.2f}× higher", ci
 
 
 def with_host(report: dict[str, Any], host: dict[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,15 @@ from rich.table import Table
 
 from shadow.commands._replay_args import br_params
 from shadow.core.stepmodel import StepTimeModel
-from shadow.replay.protocol import Cell, Protocol, cells_for, run_cells, summarise
+from shadow.replay.protocol import (
+    NO_INTERVAL,
+    Cell,
+    Protocol,
+    cells_for,
+    interval_text,
+    run_cells,
+    summarise,
+)
 from shadow.replay.sweep_ray import RayUnavailable, run_cells_ray
 from shadow.traces import TraceError
 
@@ -156,15 +163,9 @@ def source_commit() -> str | None:
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
-def _ci(pair: tuple[float, float], fmt: str) -> str:
-    mean, half = pair
-    if math.isnan(mean):
-        return "–"
-    return f"{mean:{fmt}} ± {half:{fmt.lstrip('+')}}"
-
-
 def cell_table(cell: dict[str, Any]) -> Table:
-    """One (workload, G, ρ) cell: every lane with mean ± 95 % CI over seeds."""
+    """One (workload, G, ρ) cell: every lane's figures as mean ± 95 % CI over seeds, and its paired
+    ratios and changes against the best baseline as the geometric mean over seeds (95 % CI)."""
     title = (
         f"{cell['workload']}  G={cell['workers']}  ρ={cell['load']:g}  seeds={len(cell['seeds'])}  "
         f"window {cell['window_s']:.0f} s ({cell['window_s'] / cell['lifetime_s']:.1f} lifetimes), "
@@ -185,12 +186,12 @@ def cell_table(cell: dict[str, Any]) -> Table:
     for label, row in cell["lanes"].items():
         t.add_row(
             label,
-            _ci(row["spread_steps"], ",.0f"),
-            _ci(row.get("spread_x", (math.nan, 0.0)), ".2f"),
-            _ci(row.get("spread_seconds_x", (math.nan, 0.0)), ".2f"),
-            _ci(row.get("throughput_pct", (math.nan, 0.0)), "+.1f"),
-            _ci(row.get("tpot_p95_pct", (math.nan, 0.0)), "+.1f"),
-            _ci((100 * row["shed_fraction"][0], 100 * row["shed_fraction"][1]), ".1f"),
-            _ci(row["decision_p99_ms"], ".2f"),
+            interval_text(row["spread_steps"], ",.0f"),
+            interval_text(row.get("spread_x", NO_INTERVAL), ".2f"),
+            interval_text(row.get("spread_seconds_x", NO_INTERVAL), ".2f"),
+            interval_text(row.get("throughput_pct", NO_INTERVAL), "+.1f"),
+            interval_text(row.get("tpot_p95_pct", NO_INTERVAL), "+.1f"),
+            interval_text((100 * row["shed_fraction"][0], 100 * row["shed_fraction"][1]), ".1f"),
+            interval_text(row["decision_p99_ms"], ".2f"),
         )
     return t

@@ -4,9 +4,10 @@
 time from 0) it books the change of the lane's totals since the previous one as that window's
 figures. A window counts once every lane has passed its end. `compare` pairs one lane with a
 reference window by window (the ratio per window, > 1 when the lane does better: lower spread,
-I(k) and barrier idle, higher throughput) and gives the mean ratio with a two-sided 95 %
-t-interval over the windows (batch means: windows long against a request's lifetime are close to
-independent). Memory: the most recent `keep` windows per lane.
+I(k) and barrier idle, higher throughput) and gives their geometric mean with a two-sided 95 %
+t-interval of the log ratios over the windows (`core.intervals.ratio_interval`; batch means:
+windows long against a request's lifetime are close to independent). Both bounds are positive.
+Memory: the most recent `keep` windows per lane.
 """
 
 from __future__ import annotations
@@ -17,22 +18,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from shadow.core.intervals import MIN_SAMPLES, RatioInterval, ratio_interval
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.driver import Observer
 from shadow.engine.lane import Lane, LaneTotals
 
 FIGURES = ("spread", "imbalance", "idle", "throughput")
-MIN_WINDOWS = 3  # fewer: an interval is not given (t with one degree of freedom is 12.7 s/√n wide)
-
-# two-sided 95 % Student t quantiles by degrees of freedom (1..30); beyond, the normal's 1.96
-_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
-        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
-        2.052, 2.048, 2.045, 2.042)
-
-
-def t95(df: int) -> float:
-    """The 0.975 quantile of Student's t with `df` degrees of freedom (df >= 1)."""
-    return _T95[df - 1] if df <= len(_T95) else 1.96
+MIN_WINDOWS = MIN_SAMPLES  # fewer: a ratio is given without its interval
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,41 +104,6 @@ def lane_figures(t: LaneTotals, step: StepTimeModel | None, workers: int) -> dic
     }
 
 
-@dataclass(frozen=True, slots=True)
-class Interval:
-    """Mean ratio over `windows` windows with its 95 % t-interval (None below MIN_WINDOWS)."""
-
-    ratio: float | None
-    low: float | None
-    high: float | None
-    windows: int
-    skipped: int  # windows where a figure was zero or missing on one side
-
-    @property
-    def verdict(self) -> str:
-        """better / worse (the interval excludes 1) / no significant difference / too few windows."""
-        if self.low is None or self.high is None:
-            return "too few windows"
-        if self.low > 1.0:
-            return "better"
-        if self.high < 1.0:
-            return "worse"
-        return "no significant difference"
-
-
-def interval(ratios: Sequence[float], skipped: int = 0) -> Interval:
-    """Mean of `ratios` with its two-sided 95 % t-interval."""
-    n = len(ratios)
-    if n == 0:
-        return Interval(None, None, None, 0, skipped)
-    mean = math.fsum(ratios) / n
-    if n < MIN_WINDOWS:
-        return Interval(mean, None, None, n, skipped)
-    var = math.fsum((r - mean) ** 2 for r in ratios) / (n - 1)
-    half = t95(n - 1) * math.sqrt(var / n)
-    return Interval(mean, mean - half, mean + half, n, skipped)
-
-
 class Windows(Observer):
     """See module docstring. Observe every lane (`LaneDriver.observers`); `lanes` in one order."""
 
@@ -223,12 +180,12 @@ class Windows(Observer):
 
     def compare(
         self, label: str, reference: str, step: StepTimeModel | None, workers: int
-    ) -> dict[str, Interval]:
+    ) -> dict[str, RatioInterval]:
         """Per figure: lane `label` against `reference`, window by window (ratio > 1: `label` better);
         `step` None: each lane on its own clock."""
         mine = {w.index: w for w in self.series(label)}
         ref = self.series(reference)
-        out: dict[str, Interval] = {}
+        out: dict[str, RatioInterval] = {}
         for name in FIGURES:
             ratios: list[float] = []
             skipped = 0
@@ -247,5 +204,5 @@ class Windows(Observer):
                     skipped += 1
                     continue
                 ratios.append(num / den)
-            out[name] = interval(ratios, skipped)
+            out[name] = ratio_interval(ratios, skipped)
         return out

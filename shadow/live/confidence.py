@@ -1,11 +1,12 @@
 """Every live comparison with its interval and a verdict, and when the figures cannot be trusted.
 
 A lane's figures are compared with the `actual` lane's window by window (`engine.windows`:
-batch means, 95 % t-interval over windows). The verdict is `better`, `worse` or `no significant
-difference` from the interval, `too few windows` below three, and `not trustworthy` whatever the
-interval says when the twin is out of bounds: the step-model fit not good (R² < 0.9 or too few
-samples), twin fidelity at or above 2 %, measured steps more than 5 % off the model the lanes
-simulate, or events dropped before the lanes.
+batch means; the geometric mean of the window ratios with a 95 % t-interval on their logarithms,
+`core.intervals.ratio_interval`, so both bounds are positive). The verdict is `better`, `worse`
+or `no significant difference` from the interval, `too few windows` below three, and `not
+trustworthy` whatever the interval says when the twin is out of bounds: the step-model fit not
+good (R² < 0.9 or too few samples), twin fidelity at or above 2 %, measured steps more than 5 %
+off the model the lanes simulate, or events dropped before the lanes.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def comparison(
                     "ratio": iv.ratio,
                     "low": iv.low,
                     "high": iv.high,
-                    "windows": iv.windows,
+                    "windows": iv.n,
                     "skipped": iv.skipped,
                     "verdict": NOT_TRUSTWORTHY if problems else iv.verdict,
                     "interval_verdict": iv.verdict,
@@ -69,7 +70,8 @@ def comparison(
     return {
         "reference": REFERENCE,
         "method": f"batch means: one ratio per {windows.window_s:g} s window of lane time (lane vs "
-        f"{REFERENCE}; > 1: the lane does better), mean with a two-sided 95% t-interval over windows",
+        f"{REFERENCE}; > 1: the lane does better), their geometric mean with a two-sided 95% "
+        "t-interval of the log ratios over windows (both bounds positive)",
         "window_s": windows.window_s,
         "windows": windows.complete,
         "trustworthy": not problems,

@@ -79,8 +79,10 @@ DROPPED = Family("shadow_live_events_dropped_total", "counter",
                  "Events the lanes could not take.", "events", ("reason",))
 VS_ACTUAL = Family("shadow_lane_vs_actual_ratio", "gauge",
                    "A lane's figure against the actual lane, batch means over windows (> 1: the lane does "
-                   "better): the mean ratio and its 95% t-interval bounds.", "ratio",
-                   ("lane", "figure", "bound"), values={"figure": FIGURES, "bound": ("mean", "low", "high")})
+                   "better): the geometric mean of the window ratios and its 95% t-interval bounds "
+                   "(on the log scale: both positive).", "ratio",
+                   ("lane", "figure", "bound"),
+                   values={"figure": FIGURES, "bound": ("estimate", "low", "high")})
 VERDICT = Family("shadow_lane_verdict", "gauge",
                  "1 for the verdict on a lane's figure against the actual lane (0 for the others).", "bool",
                  ("lane", "figure", "verdict"), values={"figure": FIGURES, "verdict": VERDICTS})
@@ -147,7 +149,7 @@ class LiveCollector(SourceCollector[LiveLanes]):
         verdicts: dict[tuple[str, ...], float | None] = {}
         for label, figs in cmp.get("lanes", {}).items():
             for fig, iv in figs.items():
-                for bound, key in (("mean", "ratio"), ("low", "low"), ("high", "high")):
+                for bound, key in (("estimate", "ratio"), ("low", "low"), ("high", "high")):
                     ratios[(label, fig, bound)] = _float(iv.get(key))
                 for v in VERDICTS:
                     verdicts[(label, fig, v)] = 1.0 if iv.get("verdict") == v else 0.0

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from shadow.core.bra import BRAParams
+from shadow.core.intervals import mean_interval, ratio_interval
 from shadow.core.params import BRParams
 from shadow.core.policies import policy
 from shadow.core.stepmodel import StepTimeModel
@@ -308,18 +309,7 @@ def _pct(values: Sequence[float], q: float) -> float | None:
 
 # -- aggregation over seeds -----------------------------------------------------------------
 
-_T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145]
-
-
-def t_interval(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and the half-width of its two-sided 95 % t-interval (0 for one value)."""
-    xs = [float(v) for v in values]
-    mean = sum(xs) / len(xs)
-    if len(xs) < 2:
-        return mean, 0.0
-    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
-    t = _T975[len(xs) - 2] if len(xs) - 2 < len(_T975) else 1.96
-    return mean, t * sd / math.sqrt(len(xs))
+NO_INTERVAL = (math.nan, 0.0)  # a figure with no value over the seeds
 
 
 def summarise(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -356,7 +346,7 @@ def summarise(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "decision_p99_ms",
             ):
                 vals = [r["lanes"][lb][key] for r in rs if r["lanes"][lb][key] is not None]
-                row[key] = t_interval(vals) if vals else (math.nan, 0.0)
+                row[key] = mean_interval(vals) if vals else NO_INTERVAL
             if best_s is not None:
                 row["spread_x"] = _paired(rs, best_s, lb, "spread_steps", invert=True)
                 row["spread_seconds_x"] = _paired(rs, best_sec or best_s, lb, "spread_seconds", invert=True)
@@ -370,7 +360,7 @@ def summarise(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "load": rho,
                 "seeds": [r["seed"] for r in rs],
                 "requests": rs[0]["requests"],
-                "window_s": t_interval([r["window_s"] for r in rs])[0],
+                "window_s": mean_interval([r["window_s"] for r in rs])[0],
                 "lifetime_s": rs[0]["lifetime_s"],
                 "best_baseline_spread": best_s,
                 "best_baseline_throughput": best_t,
@@ -381,22 +371,57 @@ def summarise(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _paired(rs: Sequence[dict[str, Any]], ref: str, lb: str, key: str, invert: bool) -> tuple[float, float]:
-    vals = []
-    for r in rs:
-        a, b = r["lanes"][ref][key], r["lanes"][lb][key]
-        if a and b:
-            vals.append(a / b if invert else b / a)
-    return t_interval(vals) if vals else (math.nan, 0.0)
+def _ratios(rs: Sequence[dict[str, Any]], ref: str, lb: str, key: str) -> list[float]:
+    """Per seed: lane `lb`'s `key` over reference `ref`'s (seeds where either is missing or zero
+    are left out)."""
+    return [r["lanes"][lb][key] / r["lanes"][ref][key] for r in rs
+            if r["lanes"][ref][key] and r["lanes"][lb][key]]
 
 
-def _paired_pct(rs: Sequence[dict[str, Any]], ref: str, lb: str, key: str) -> tuple[float, float]:
-    vals = []
-    for r in rs:
-        a, b = r["lanes"][ref][key], r["lanes"][lb][key]
-        if a and b is not None:
-            vals.append(100.0 * (b / a - 1.0))
-    return t_interval(vals) if vals else (math.nan, 0.0)
+def _paired(rs: Sequence[dict[str, Any]], ref: str, lb: str, key: str, invert: bool) -> tuple[float, ...]:
+    """(ratio, low, high): the geometric mean over seeds of `ref`/`lb` (`invert`) or `lb`/`ref`, with
+    its 95 % interval on the log scale (`core.intervals.ratio_interval`: both bounds positive);
+    NaN where there is no pair, and no bounds below three seeds."""
+    iv = ratio_interval(_ratios(rs, ref, lb, key))
+    if invert:
+        iv = iv.inverted()
+    return _nan_for_none(iv.ratio, iv.low, iv.high)
+
+
+def _paired_pct(rs: Sequence[dict[str, Any]], ref: str, lb: str, key: str) -> tuple[float, ...]:
+    """(change %, low, high) of `lb` against `ref` over seeds: the paired ratio's estimate and bounds
+    as percentages (never below −100 %)."""
+    iv = ratio_interval(_ratios(rs, ref, lb, key))
+    return _nan_for_none(*(None if v is None else 100.0 * (v - 1.0) for v in (iv.ratio, iv.low, iv.high)))
+
+
+def _nan_for_none(*values: float | None) -> tuple[float, ...]:
+    return tuple(math.nan if v is None else v for v in values)
+
+
+def bounds(entry: Sequence[float]) -> tuple[float, float, float]:
+    """(estimate, low, high) of a summary entry: `(mean, half)` of a figure or `(ratio, low, high)` of
+    a paired ratio or change (files written before ratios had their own bounds hold `(mean, half)`
+    there too)."""
+    if len(entry) == 2:
+        mean, half = entry
+        return mean, mean - half, mean + half
+    est, low, high = entry
+    return est, low, high
+
+
+def interval_text(entry: Sequence[float], fmt: str) -> str:
+    """A summary entry as tables print it: "12.3 ± 0.4" for `(mean, half)`, "1.10 (0.95–1.27)" for
+    `(ratio, low, high)` (without bounds below three seeds), "–" without a value."""
+    est = entry[0]
+    if est is None or math.isnan(est):
+        return "–"
+    if len(entry) == 2:
+        return f"{est:{fmt}} ± {entry[1]:{fmt.lstrip('+')}}"
+    low, high = entry[1], entry[2]
+    if math.isnan(low) or math.isnan(high):
+        return f"{est:{fmt}}"
+    return f"{est:{fmt}} ({low:{fmt}}–{high:{fmt}})"
 
 
 def cells_for(

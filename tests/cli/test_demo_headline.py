@@ -1,12 +1,14 @@
 """The demo's last line carries BR-0's interval and verdict, and never a ratio its own checks
 contradict: an untrustworthy report (a poor fit, a twin out of bounds, a host that could not keep
-up) says so and why."""
+up) says so and why; the table and the last line print one estimate."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from shadow.app.demo import headline, with_host
+from rich.console import Console
+
+from shadow.app.demo import headline, lanes_table, spread_ratio, with_host
 
 
 def _report(trustworthy: bool, low: float | None, ratio: float, high: float | None,
@@ -50,3 +52,28 @@ def test_failed_requests_make_the_report_untrustworthy() -> None:
                     {"behind_dropped_s": 0.0, "requests_failed": 997, "requests_sent": 1015})
     assert rep["comparison"]["trustworthy"] is False
     assert "997 of 1015 requests failed" in headline(rep)
+
+
+def _table_text(report: dict[str, Any]) -> str:
+    console = Console(width=240, record=True)
+    console.print(lanes_table(report))
+    return console.export_text()
+
+
+def test_the_table_and_the_last_line_print_the_same_estimate() -> None:
+    # The lanes' cumulative spreads (1,000 vs 450: 2.22x by totals) differ from the comparison's
+    # estimate over windows (3.65x): both the table and the last line print the comparison's.
+    report = _report(True, 1.87, 3.65, 5.43, "better")
+    report["lanes"] = {"actual": {"avg_spread_tokens": 1000.0}, "br0": {"avg_spread_tokens": 450.0}}
+    line = headline(report)
+    row = next(x for x in _table_text(report).splitlines() if x.lstrip().startswith("br0"))
+    assert "3.65× lower" in line and "1.87–5.43×" in line
+    assert "3.65× lower" in row and "1.87–5.43×" in row
+    assert "2.22" not in row
+    # worse: "higher", the interval read the same way round in both
+    report = _report(True, 0.4, 0.5, 0.6, "worse")
+    report["lanes"] = {"actual": {"avg_spread_tokens": 1000.0}, "br0": {"avg_spread_tokens": 1900.0}}
+    ratio, ci = spread_ratio(report["comparison"]["lanes"]["br0"]["spread"])
+    assert (ratio, ci) == ("2.00× higher", "1.67–2.50×")
+    row = next(x for x in _table_text(report).splitlines() if x.lstrip().startswith("br0"))
+    assert ratio in row and ci in row and ratio in headline(report) and ci in headline(report)

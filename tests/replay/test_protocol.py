@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from shadow.cli import main
+from shadow.core.intervals import mean_interval, ratio_interval
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec
 from shadow.engine.jobs import Job
 from shadow.engine.lane import Lane
-from shadow.replay.protocol import Cell, Protocol, lane_spec, run_cell, summarise, t_interval, tile
+from shadow.replay.protocol import Cell, Protocol, bounds, interval_text, lane_spec, run_cell, summarise, tile
 from shadow.traces import synthetic_workload
 
 
@@ -116,9 +117,13 @@ def test_summary_pairs_ratios_per_seed() -> None:
         )
     (cell,) = summarise(runs)
     assert cell["best_baseline_spread"] == "jsq"
-    mean, half = cell["lanes"]["br0"]["spread_x"]
-    assert mean == pytest.approx((2.0 + 3.0 + 2.0) / 3)
-    assert half == pytest.approx(t_interval([2.0, 3.0, 2.0])[1])
+    ratio, low, high = cell["lanes"]["br0"]["spread_x"]
+    expected = ratio_interval([2.0, 3.0, 2.0])
+    assert ratio == pytest.approx((2.0 * 3.0 * 2.0) ** (1 / 3))
+    assert (ratio, low, high) == pytest.approx((expected.ratio, expected.low, expected.high))
+    assert 0 < low < ratio < high
+    # a paired change is the same estimate in percent: throughput is equal in every seed here
+    assert cell["lanes"]["br0"]["throughput_pct"] == pytest.approx((0.0, 0.0, 0.0))
 
 
 def _fig(policy: str, spread: float) -> dict[str, object]:
@@ -136,10 +141,19 @@ def _fig(policy: str, spread: float) -> dict[str, object]:
     }
 
 
-def test_t_interval_matches_the_t_table() -> None:
-    mean, half = t_interval([1.0, 2.0, 3.0])
-    assert mean == 2.0 and half == pytest.approx(4.303 * 1.0 / math.sqrt(3))
-    assert t_interval([5.0]) == (5.0, 0.0)
+def test_mean_interval_matches_the_t_table() -> None:
+    mean, half = mean_interval([1.0, 2.0, 3.0])
+    assert mean == 2.0 and half == pytest.approx(4.302653 * 1.0 / math.sqrt(3))
+    assert mean_interval([5.0]) == (5.0, 0.0)
+
+
+def test_summary_entries_print_and_bound_both_shapes() -> None:
+    assert interval_text((12.0, 0.5), ".1f") == "12.0 ± 0.5"
+    assert interval_text((1.1, 0.95, 1.27), ".2f") == "1.10 (0.95–1.27)"
+    assert interval_text((1.1, math.nan, math.nan), ".2f") == "1.10"
+    assert interval_text((math.nan, 0.0), ".2f") == "–"
+    assert bounds((2.0, 0.5)) == (2.0, 1.5, 2.5)
+    assert bounds((2.0, 1.5, 3.0)) == (2.0, 1.5, 3.0)
 
 
 def test_tile_keeps_gaps_and_rotates_by_seed() -> None:
