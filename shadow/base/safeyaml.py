@@ -55,8 +55,9 @@ def load_yaml(raw: bytes, where: str, name: str) -> Any:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(f"{where}: not UTF-8 text (byte {exc.start})") from None
-    loader = _PlainLoader(text, name)
+    loader: _PlainLoader | None = None
     try:
+        loader = _PlainLoader(text, name)  # reads `text` through: a bad character fails here
         return loader.get_single_data()
     except _Refused as exc:
         raise ValueError(f"{where}: line {exc.line}: {exc.what}") from None
@@ -64,10 +65,13 @@ def load_yaml(raw: bytes, where: str, name: str) -> Any:
         mark = exc.problem_mark or exc.context_mark
         at = f" line {mark.line + 1}:" if mark is not None else ""
         raise ValueError(f"{where}:{at} invalid YAML ({_one_line(exc.problem or exc.context)})") from None
-    except (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError) as exc:
-        raise ValueError(f"{where}: invalid YAML ({_one_line(str(exc))})") from None
+    except Exception as exc:
+        # PyYAML's constructors also raise ValueError (a 5000-digit integer, 2001-13-45),
+        # AttributeError (`!!timestamp ''`), TypeError...: bad input all the same
+        raise ValueError(f"{where}: invalid YAML ({type(exc).__name__}: {_one_line(str(exc))})") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _one_line(text: str | None, width: int = 120) -> str:
