@@ -25,6 +25,7 @@ import stat
 from typing import Any
 
 from shadow.active.modes import ModeController, ModeSetting
+from shadow.base.safeyaml import load_yaml
 
 MAX_FLAG_BYTES = 64 << 10
 KEYS = ("mode", "policy", "canary_fraction", "pin")
@@ -59,22 +60,10 @@ def setting_from(data: Any, where: str) -> ModeSetting:
 
 
 def parse_flag(raw: bytes, where: str) -> ModeSetting:
-    """Parse flag-file bytes (JSON is YAML; both accepted)."""
-    import yaml
-
+    """Parse flag-file bytes (JSON is YAML; both accepted; no aliases, see `load_yaml`)."""
     if len(raw) > MAX_FLAG_BYTES:
         raise ValueError(f"{where}: larger than {MAX_FLAG_BYTES} bytes")
-    try:
-        data = yaml.safe_load(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise ValueError(f"{where}: not UTF-8 text") from None
-    except RecursionError:
-        raise ValueError(f"{where}: nested too deep") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f" line {mark.line + 1}" if mark is not None else ""
-        raise ValueError(f"{where}:{line} invalid YAML/JSON") from None
-    return setting_from(data, where)
+    return setting_from(load_yaml(raw, where, "the mode file"), where)
 
 
 class FlagFileWatcher:

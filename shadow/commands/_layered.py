@@ -7,7 +7,10 @@ import argparse
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from shadow.base.safeyaml import load_yaml
+
 CONFIG = "config"  # the option naming the YAML file (itself never read from the file)
+MAX_CONFIG_BYTES = 1 << 20  # a config file is a mapping of options: far smaller
 
 
 def _option_tokens(parser: argparse.ArgumentParser, values: Mapping[str, Any], where: str) -> list[str]:
@@ -52,17 +55,15 @@ def _option_tokens(parser: argparse.ArgumentParser, values: Mapping[str, Any], w
 
 
 def _yaml_options(path: str) -> dict[str, Any]:
-    import yaml
-
+    """The options in the YAML file at `path`: at most MAX_CONFIG_BYTES, no aliases (`load_yaml`)."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ValueError(f"config {path}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        raise ValueError(f"config {path}:{where} invalid YAML") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ValueError(f"config {path}: larger than {MAX_CONFIG_BYTES} bytes (the limit)")
+    data = load_yaml(raw, f"config {path}", "--config")
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from shadow.core.params import BRParams
 from shadow.core.stepmodel import DEFAULT_A_S_PER_TOKEN, DEFAULT_B_S, StepTimeModel
 from shadow.engine.config import PrefillConfig
 from shadow.replay.experiment import DEFAULT_POLICIES, ReplaySetup, parse_policies
+from shadow.traces import DEFAULT_LIMITS, TraceLimits
 
 
 class Given(argparse.Action):
@@ -38,6 +40,14 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
         "output_tokens[, prompt_key]) or a synthetic workload: paper-azure, paper-templates",
     )
     p.add_argument("--limit", type=int, metavar="N", help="replay only the first N requests")
+    p.add_argument(
+        "--max-trace-lines",
+        type=int,
+        metavar="N",
+        default=DEFAULT_LIMITS.max_lines,
+        help=f"refuse a trace or recording of more than N lines (default {DEFAULT_LIMITS.max_lines:,}; "
+        "memory grows with the requests read)",
+    )
     p.add_argument(
         "--seed", type=int, default=0, action=Given, help="seed for synthetic workloads and random policies"
     )
@@ -115,6 +125,13 @@ def add_br_args(p: argparse.ArgumentParser) -> None:
 
 def br_params(args: argparse.Namespace) -> BRParams:
     return BRParams(**{fills: getattr(args, name[2:].replace("-", "_")) for name, fills, *_ in _br_rows()})
+
+
+def trace_limits(args: argparse.Namespace) -> TraceLimits:
+    """The bounds a trace file is read within (`--max-trace-lines`)."""
+    if args.max_trace_lines < 1:
+        raise ValueError(f"--max-trace-lines must be >= 1, got {args.max_trace_lines}")
+    return replace(DEFAULT_LIMITS, max_lines=args.max_trace_lines)
 
 
 def setup_from(args: argparse.Namespace, policies: str | None, workers: int | None = None) -> ReplaySetup:

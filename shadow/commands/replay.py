@@ -20,13 +20,14 @@ from shadow.commands._replay_args import (
     add_workload_args,
     given,
     setup_from,
+    trace_limits,
 )
 from shadow.commands.sweep_protocol import add_protocol_args, run_protocol
 from shadow.core.policies import lane_names
 from shadow.replay.experiment import DEFAULT_POLICIES, ReplayReport, ReplaySetup, as_recorded, run_replay
 from shadow.replay.render import render_report
 from shadow.replay.rolled import render_rolled, run_rolled
-from shadow.traces import Trace, TraceError, resolve
+from shadow.traces import Trace, TraceError, TraceLimits, resolve
 
 SUMMARY = "replay a trace through BR-0/BR-H and the baselines (offline)"
 DESCRIPTION = (
@@ -74,8 +75,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_protocol_args(p, default=False)
 
 
-def load_workload(spec: str, seed: int, limit: int | None) -> Trace:
-    return resolve(spec, seed=seed, limit=limit)
+def load_workload(spec: str, seed: int, limit: int | None, limits: TraceLimits) -> Trace:
+    return resolve(spec, seed=seed, limit=limit, limits=limits)
 
 
 def replay_with_progress(trace: Trace, setup: ReplaySetup, console: Console) -> ReplayReport:
@@ -163,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         setup = setup_from(args, args.policies)
         if args.plot:
             setup = replace(setup, trajectory_points=1500)
-        trace = load_workload(args.trace, args.seed, args.limit)
+        trace = load_workload(args.trace, args.seed, args.limit, trace_limits(args))
         setup, what_if = recorded_setup(trace, setup, given(args), err)
         if trace.seeds or args.rolling_window is not None:
             return _rolled(trace, setup, args, what_if, console, err)

@@ -11,7 +11,13 @@ from rich.console import Console
 from rich.table import Table
 
 from shadow.commands._help import add_command
-from shadow.commands._replay_args import add_br_args, add_fleet_args, add_workload_args, setup_from
+from shadow.commands._replay_args import (
+    add_br_args,
+    add_fleet_args,
+    add_workload_args,
+    setup_from,
+    trace_limits,
+)
 from shadow.commands.sweep_protocol import add_protocol_args
 from shadow.replay.render import pct
 from shadow.replay.sweep import SweepRow, run_sweep
@@ -114,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     try:
         base = setup_from(args, args.policies or WHOLE_RUN_POLICIES, workers=args.workers[0])
-        trace = resolve(args.trace, seed=args.seed, limit=args.limit)
+        trace = resolve(args.trace, seed=args.seed, limit=args.limit, limits=trace_limits(args))
         loads = args.loads or [args.load]
         rows = run_sweep(
             trace,

@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from shadow.commands._replay_args import br_params
+from shadow.commands._replay_args import br_params, trace_limits
 from shadow.core.stepmodel import StepTimeModel
 from shadow.replay.protocol import (
     NO_INTERVAL,
@@ -96,6 +96,7 @@ def run_protocol(args: argparse.Namespace, policies: str, command: str) -> int:
             step=StepTimeModel(a=args.step_a, b=args.step_b),
             br=br_params(args),
             protocol=proto,
+            trace_limits=trace_limits(args),
         )
         cells = cells_for([args.trace], workers, loads, lanes, base)
         done = [0]

@@ -13,6 +13,13 @@ from dataclasses import asdict, dataclass, fields
 from importlib import resources
 from typing import Any, ClassVar, Literal
 
+#: The most tokens one request can claim (prompt, generated or max_tokens): the longest request any
+#: worker could hold. The live mirror drops an event beyond it, a trace or recording loader rejects
+#: the row: a step-by-step simulation runs a request for as many steps as its tokens.
+MAX_REQUEST_TOKENS = 1 << 21
+#: The fields of an event that count tokens (each bounded by MAX_REQUEST_TOKENS).
+TOKEN_FIELDS = ("prompt_tokens", "generated", "max_tokens", "tokens")
+
 FinishReason = Literal["stop", "length", "abort", "error", "cut", "reaped", "other"]
 
 

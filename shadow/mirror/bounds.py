@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shadow.contracts.events import Event
+from shadow.contracts.events import MAX_REQUEST_TOKENS, TOKEN_FIELDS, Event
 
 #: Drop reasons (`Mirror.dropped`, the outcome the event API reports for the line).
 TIME_SKEW = "time_skew"
 TOKEN_BOUND = "token_bound"
-_COUNTS = ("prompt_tokens", "generated", "max_tokens", "tokens")
 
 
 @dataclass(frozen=True)
@@ -23,7 +22,7 @@ class EventBounds:
     """`check(ev, now)`: None when the event is within bounds, else the drop reason."""
 
     max_skew_s: float = 60.0
-    max_request_tokens: int = 1 << 21
+    max_request_tokens: int = MAX_REQUEST_TOKENS
     # per event class, the token counts it has (looked up once per class, not per event)
     _counts: dict[type, tuple[str, ...]] = field(default_factory=dict, init=False, compare=False, repr=False)
 
@@ -36,7 +35,7 @@ class EventBounds:
             return TIME_SKEW
         names = self._counts.get(type(ev))
         if names is None:
-            names = self._counts[type(ev)] = tuple(n for n in _COUNTS if hasattr(ev, n))
+            names = self._counts[type(ev)] = tuple(n for n in TOKEN_FIELDS if hasattr(ev, n))
         bound = self.max_request_tokens
         for name in names:
             v = getattr(ev, name)

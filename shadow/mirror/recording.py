@@ -14,8 +14,11 @@ part starts with the header, so each part replays on its own):
 - `{"type": "seed", "window", "t", "origin", "window_s", "requests"}` — with rolling lanes, the
   mirrored fleet each window started from (`shadow.engine.rolling.Seed`), given by the lanes'
   thread through `seed()` (thread-safe), written at the next flush.
-`shadow replay FILE` reads it (and the older one-event-per-line recordings). Memory: requests
-in flight (bounded by `max_open`, oldest dropped and counted) and a bounded write buffer.
+`shadow replay FILE` reads it (and the older one-event-per-line recordings) within
+`shadow.traces.TraceLimits`: token counts up to the live mirror's bound (the events written here
+passed it), and lines, workers, workers × slots, lanes and rolling windows up to their limits.
+Memory: requests in flight (bounded by `max_open`, oldest dropped and counted) and a bounded write
+buffer.
 """
 
 from __future__ import annotations

@@ -46,6 +46,7 @@ from shadow.base.listener_metrics import ListenerCollector
 from shadow.base.loopthread import LoopThread
 from shadow.base.net import bind_listen
 from shadow.base.procinfo import ProcessInfo
+from shadow.contracts.events import MAX_REQUEST_TOKENS
 from shadow.mirror.analyzer import Analyzer, RequestSpans
 from shadow.mirror.api import create_app
 from shadow.mirror.attach import Attachment
@@ -115,7 +116,7 @@ class TapConfig:
     max_live: int = 1_000_000  # mirrored requests alive at once; beyond it new ones are dropped and counted
     max_id_len: int = 256  # request ids, worker names and prompt keys longer than this are rejected
     event_skew_s: float = 60.0  # an event's time must be within this of the clock (else dropped)
-    max_request_tokens: int = 1 << 21  # token counts an event may claim for one request (else dropped)
+    max_request_tokens: int = MAX_REQUEST_TOKENS  # token counts one event may claim (else dropped)
     ring_bytes: int = 16 << 20  # the recent-events buffer (GET /v1/events), approximate bytes
     key_secret: bytes | None = None  # HMAC key of prompt keys; None = a fresh random one
     switch_interval_s: float | None = 0.0005  # GIL hand-over bound between relay and analysis threads

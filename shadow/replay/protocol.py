@@ -20,7 +20,15 @@ from shadow.engine.driver import Admission, LaneDriver, Observer
 from shadow.engine.jobs import Job, jobs_from
 from shadow.engine.lane import Clock, Lane
 from shadow.engine.summary import SampleSink
-from shadow.traces import Trace, at_load, estimate_capacity_rps, mean_slot_load_tokens, resolve
+from shadow.traces import (
+    DEFAULT_LIMITS,
+    Trace,
+    TraceLimits,
+    at_load,
+    estimate_capacity_rps,
+    mean_slot_load_tokens,
+    resolve,
+)
 from shadow.traces.model import TraceRequest
 from shadow.traces.synthetic import SYNTHETIC_SUFFIX, WORKLOADS, synthetic_workload
 
@@ -119,6 +127,7 @@ class Cell:
     step: StepTimeModel = field(default_factory=StepTimeModel)
     br: BRParams = field(default_factory=BRParams)
     protocol: Protocol = field(default_factory=Protocol)
+    trace_limits: TraceLimits = DEFAULT_LIMITS  # what a real trace file is read within
 
 
 def lane_spec(text: str) -> tuple[LaneSpec, BRAParams | None]:
@@ -132,11 +141,12 @@ def lane_spec(text: str) -> tuple[LaneSpec, BRAParams | None]:
     return LaneSpec.parse(text), None
 
 
-def workload(spec: str, seed: int, n: int) -> Trace:
-    """`n` requests of `spec`: a fresh synthetic draw per seed, or a real trace rotated and tiled."""
+def workload(spec: str, seed: int, n: int, limits: TraceLimits = DEFAULT_LIMITS) -> Trace:
+    """`n` requests of `spec`: a fresh synthetic draw per seed, or a real trace (read within
+    `limits`) rotated and tiled."""
     if spec.removesuffix(SYNTHETIC_SUFFIX) in WORKLOADS:
         return synthetic_workload(spec, seed=seed, n=n)
-    base = resolve(spec)
+    base = resolve(spec, limits=limits)
     return tile(base, n, seed)
 
 
@@ -175,7 +185,7 @@ def requests_needed(cell: Cell) -> int:
 def run_cell(cell: Cell, clock: Clock) -> dict[str, Any]:
     """Run every lane of `cell` under the protocol; figures per lane plus the cell's facts."""
     n = requests_needed(cell)
-    trace = workload(cell.workload, cell.seed, n)
+    trace = workload(cell.workload, cell.seed, n, cell.trace_limits)
     capacity = estimate_capacity_rps(
         trace, workers=cell.workers, slots=cell.slots, step_a=cell.step.a, step_b=cell.step.b
     )

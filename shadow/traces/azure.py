@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 
 from shadow.traces.keys import ctx_prompt_key
+from shadow.traces.limits import DEFAULT_LIMITS, TraceLimits
+from shadow.traces.lines import open_lines
 from shadow.traces.model import Trace, TraceError
 from shadow.traces.parsing import (
     Row,
@@ -25,7 +27,6 @@ from shadow.traces.parsing import (
     csv_header,
     csv_rows,
     limit_note,
-    open_text,
     show,
 )
 
@@ -65,11 +66,11 @@ def _trace_name(path: str, year: int) -> str:
     return f"azure-{year}-{base}"
 
 
-def load_azure_csv(path: str, *, limit: int | None = None) -> Trace:
+def load_azure_csv(path: str, *, limit: int | None = None, limits: TraceLimits = DEFAULT_LIMITS) -> Trace:
     """Load an Azure LLM inference CSV; bad input raises a one-line TraceError naming file and line."""
     years: list[int] = []
-    with open_text(path) as handle:
-        reader = csv.reader(handle)
+    with open_lines(path, limits) as lines:
+        reader = csv.reader(lines)
 
         def line_num() -> int:
             return reader.line_num

@@ -20,6 +20,8 @@ import os
 from collections.abc import Iterator
 from typing import IO, Any
 
+from shadow.traces.limits import DEFAULT_LIMITS, TraceLimits
+from shadow.traces.lines import open_lines
 from shadow.traces.model import Trace, TraceError
 from shadow.traces.parsing import (
     Row,
@@ -29,7 +31,6 @@ from shadow.traces.parsing import (
     csv_rows,
     json_rows,
     limit_note,
-    open_text,
     seconds_from_text,
     show,
 )
@@ -55,23 +56,23 @@ def _key_from_json(value: object, path: str, line: int) -> str | None:
     return value
 
 
-def load_generic_jsonl(path: str, *, limit: int | None = None) -> Trace:
+def load_generic_jsonl(path: str, *, limit: int | None = None, limits: TraceLimits = DEFAULT_LIMITS) -> Trace:
     """Load a generic JSONL trace; bad input raises a one-line TraceError naming file and line."""
 
     def key(obj: dict[str, Any], line: int) -> str | None:
         return _key_from_json(obj.get(KEY_FIELD), path, line)
 
-    with open_text(path) as handle:
-        rows = json_rows(handle, path, (TIME_FIELD, PROMPT_FIELD, OUTPUT_FIELD), key)
+    with open_lines(path, limits) as lines:
+        rows = json_rows(lines, path, (TIME_FIELD, PROMPT_FIELD, OUTPUT_FIELD), key)
         requests, cut = collect_requests(rows, path=path, limit=limit, time_field=TIME_FIELD)
     notes = "generic JSONL trace" + limit_note(len(requests), cut)
     return Trace(name=_name(path), requests=requests, source=path, synthetic=False, notes=notes)
 
 
-def load_generic_csv(path: str, *, limit: int | None = None) -> Trace:
+def load_generic_csv(path: str, *, limit: int | None = None, limits: TraceLimits = DEFAULT_LIMITS) -> Trace:
     """Load a generic CSV trace; bad input raises a one-line TraceError naming file and line."""
-    with open_text(path) as handle:
-        reader = csv.reader(handle)
+    with open_lines(path, limits) as lines:
+        reader = csv.reader(lines)
 
         def line_num() -> int:
             return reader.line_num

@@ -12,12 +12,13 @@ import os
 from typing import Any
 
 from shadow.traces.keys import block_key
+from shadow.traces.limits import DEFAULT_LIMITS, TraceLimits
+from shadow.traces.lines import open_lines
 from shadow.traces.model import Trace, TraceError
 from shadow.traces.parsing import (
     collect_requests,
     json_rows,
     limit_note,
-    open_text,
     show,
 )
 
@@ -35,14 +36,14 @@ def _prompt_key(value: object, path: str, line: int) -> str | None:
     return block_key(value) if value else None
 
 
-def load_mooncake(path: str, *, limit: int | None = None) -> Trace:
+def load_mooncake(path: str, *, limit: int | None = None, limits: TraceLimits = DEFAULT_LIMITS) -> Trace:
     """Load a Mooncake JSONL trace; bad input raises a one-line TraceError naming file and line."""
 
     def key(obj: dict[str, Any], line: int) -> str | None:
         return _prompt_key(obj.get(BLOCKS_FIELD), path, line)
 
-    with open_text(path) as handle:
-        rows = json_rows(handle, path, (TIME_FIELD, PROMPT_FIELD, OUTPUT_FIELD), key, (1000.0, "ms"))
+    with open_lines(path, limits) as lines:
+        rows = json_rows(lines, path, (TIME_FIELD, PROMPT_FIELD, OUTPUT_FIELD), key, (1000.0, "ms"))
         requests, cut = collect_requests(rows, path=path, limit=limit, time_field=TIME_FIELD)
     stem = os.path.basename(path).split(".", 1)[0].removesuffix("_trace")
     notes = (

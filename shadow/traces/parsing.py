@@ -1,26 +1,21 @@
-"""Shared loader plumbing: opening files (plain or gzip), field parsers that raise one-line
-`TraceError`s naming file and line, and `collect_requests`, which checks time order, applies the limit
-and normalises arrivals so that the first request is at 0.0.
+"""Shared loader plumbing: field parsers that raise one-line `TraceError`s naming file and line,
+and `collect_requests`, which checks time order, applies the limit and normalises arrivals so that
+the first request is at 0.0. Files are opened by `shadow.traces.lines.open_lines`.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
-from typing import IO, Any
+from typing import Any
 
+from shadow.contracts.events import MAX_REQUEST_TOKENS
 from shadow.traces.model import TraceError, TraceRequest
 
 # One parsed row: (line number, arrival in seconds on the file's own clock, prompt tokens,
 # output tokens, prompt key, the arrival as written in the file, for messages).
 Row = tuple[int, float, int, int, str | None, str]
-
-GZIP_MAGIC = b"\x1f\x8b"
-# Token counts above this are rejected as corrupt (and would not fit the int64 columns of `arrays`).
-MAX_TOKENS = 2**31 - 1
 
 
 def show(value: object, width: int = 40) -> str:
@@ -32,32 +27,18 @@ def show(value: object, width: int = 40) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-@contextmanager
-def open_text(path: str) -> Iterator[IO[str]]:
-    """Open `path` as UTF-8 text (BOM tolerated), transparently gunzipping; OS errors become TraceError."""
-    try:
-        with open(path, "rb") as probe:
-            gzipped = probe.read(2) == GZIP_MAGIC
-        opener = gzip.open if gzipped else open
-        handle: IO[str] = opener(path, "rt", encoding="utf-8-sig", newline="")
-    except OSError as err:
-        raise TraceError.at(path, None, f"cannot open: {err.strerror or err}") from None
-    with handle:
-        try:
-            yield handle
-        except UnicodeDecodeError as err:
-            raise TraceError.at(path, None, f"not UTF-8 text ({err.reason} at byte {err.start})") from None
-        except (OSError, EOFError) as err:
-            raise TraceError.at(path, None, f"cannot read: {err}") from None
-
-
 def checked_count(value: int, field: str, path: str, line: int) -> int:
-    """`value` if it is a plausible token count (1 <= value <= MAX_TOKENS), else a TraceError."""
+    """`value` if it is a plausible token count (1 <= value <= MAX_REQUEST_TOKENS), else a TraceError."""
     if value < 1:
         raise TraceError.at(path, line, f"{field} must be >= 1, got {value}")
-    if value > MAX_TOKENS:
-        raise TraceError.at(path, line, f"{field} is implausibly large: {show(value)} > {MAX_TOKENS}")
+    if value > MAX_REQUEST_TOKENS:
+        raise TraceError.at(path, line, too_many_tokens(value, field))
     return value
+
+
+def too_many_tokens(value: int, field: str) -> str:
+    """What is wrong with a token count beyond MAX_REQUEST_TOKENS, the live mirror's bound."""
+    return f"{field} {show(value)} is more than {MAX_REQUEST_TOKENS} tokens (the limit for one request)"
 
 
 def count_from_text(text: str, field: str, path: str, line: int) -> int:
@@ -124,9 +105,9 @@ def parse_json_line(text: str, path: str, line: int) -> object:
         raise TraceError.at(path, line, "invalid JSON: nested too deeply") from None
 
 
-def json_objects(handle: Iterator[str], path: str) -> Iterator[tuple[int, dict[str, Any]]]:
+def json_objects(lines: Iterator[str], path: str) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, object) for every non-blank line of a JSON Lines stream; bad lines raise TraceError."""
-    for line, text in enumerate(handle, start=1):
+    for line, text in enumerate(lines, start=1):
         if not text.strip():
             continue
         value = parse_json_line(text.rstrip(), path, line)
@@ -136,7 +117,7 @@ def json_objects(handle: Iterator[str], path: str) -> Iterator[tuple[int, dict[s
 
 
 def json_rows(
-    handle: Iterator[str],
+    lines: Iterator[str],
     path: str,
     fields: tuple[str, str, str],
     key: Callable[[dict[str, Any], int], str | None],
@@ -146,7 +127,7 @@ def json_rows(
     reads a row's prompt key (object, line); `unit` is (time units per second, their suffix)."""
     time_field, prompt_field, output_field = fields
     per_second, suffix = unit
-    for line, obj in json_objects(handle, path):
+    for line, obj in json_objects(lines, path):
         stamp = require(obj, time_field, path, line)
         arrival = seconds_from_json(stamp, time_field, path, line)
         if per_second != 1.0:

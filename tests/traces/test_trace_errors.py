@@ -10,7 +10,8 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from shadow.traces import FORMATS, TraceError, load_trace, resolve
+from shadow.contracts.events import MAX_REQUEST_TOKENS
+from shadow.traces import DEFAULT_LIMITS, FORMATS, TraceError, TraceLimits, load_trace, resolve
 
 AZ_HEAD = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 AZ_ROW = "2023-11-16 18:15:46.6805900,374,44\n"
@@ -166,23 +167,38 @@ LINES = [
     '{"timestamp": -1e999, "input_length": 1e400, "output_length": null}',
     '{"arrival_s": "0", "prompt_tokens": [], "output_tokens": {}}',
     "\ufeff,,,",
+    # recordings, and lines beyond SMALL's limits
+    '{"type": "session", "version": 2, "workers": ["a", "b", "c"]}',
+    '{"type": "request", "request_id": "r", "arrival_t": 1, "prompt_tokens": 5, "output_tokens": 3}',
+    '{"type": "request", "request_id": "s", "arrival_t": 2, "prompt_tokens": 5, "output_tokens": 9999999}',
+    '{"type": "seed", "window": 7, "t": 1, "origin": 0, "window_s": 0.1, "requests": []}',
+    "x" * 80,
+    " ",
 ]
+SMALL = TraceLimits(max_lines=12, max_line_chars=64, max_blank_lines=2, max_gzip_ratio=4.0,
+                    gzip_ratio_after=64, max_workers=2, max_fleet_slots=8, max_lanes=2, max_windows=3)
 
 
 @settings(max_examples=150, deadline=None)
 @given(
-    lines=st.lists(st.one_of(st.sampled_from(LINES), st.text(max_size=30)), max_size=6),
+    lines=st.lists(st.one_of(st.sampled_from(LINES), st.text(max_size=30)), max_size=14),
     fmt=st.sampled_from([None, *FORMATS]),
     gz=st.booleans(),
+    limits=st.sampled_from([DEFAULT_LIMITS, SMALL]),
 )
-def test_loader_never_raises_anything_but_trace_error(lines: list[str], fmt: str | None, gz: bool) -> None:
+def test_loader_never_raises_anything_but_trace_error(
+    lines: list[str], fmt: str | None, gz: bool, limits: TraceLimits
+) -> None:
     data = "\n".join(lines).encode("utf-8", "surrogatepass")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "fuzz.txt"
         path.write_bytes(gzip.compress(data) if gz else data)
         try:
-            trace = load_trace(path, fmt=fmt)
+            trace = load_trace(path, fmt=fmt, limits=limits)
         except TraceError as err:
             _check(err, path, err.line)
         else:
             assert len(trace) >= 1 and trace.requests[0].arrival_s == 0.0
+            assert len(trace) <= limits.max_lines
+            assert all(max(r.prompt_tokens, r.output_tokens) <= MAX_REQUEST_TOKENS for r in trace.requests)
+            assert trace.workers is None or len(trace.workers) <= limits.max_workers

@@ -10,6 +10,7 @@ from pathlib import Path
 import hypothesis.strategies as st
 from hypothesis import given, settings
 
+from shadow.contracts.events import MAX_REQUEST_TOKENS
 from shadow.traces import Trace, TraceRequest, detect_format, load_trace, write_csv, write_jsonl
 
 KEYS = st.one_of(st.none(), st.text(min_size=1, max_size=12))
@@ -27,8 +28,8 @@ def traces(draw: st.DrawFn) -> Trace:
     requests = tuple(
         TraceRequest(
             t,
-            draw(st.integers(min_value=1, max_value=2**31 - 1)),
-            draw(st.integers(min_value=1, max_value=2**31 - 1)),
+            draw(st.integers(min_value=1, max_value=MAX_REQUEST_TOKENS)),
+            draw(st.integers(min_value=1, max_value=MAX_REQUEST_TOKENS)),
             draw(KEYS),
         )
         for t in arrivals
