@@ -30,7 +30,7 @@ from typing import Any, Literal, cast
 
 from httptools import HttpParserError, HttpRequestParser
 
-from shadow.base.front import Conn, Front, unambiguous
+from shadow.base.front import Conn, Front, head_fault
 from shadow.base.net import bind_listen
 
 log = logging.getLogger("shadow.listener")
@@ -119,6 +119,11 @@ _REASONS = {
     503: b"Service Unavailable", 504: b"Gateway Timeout",
 }  # fmt: skip
 _FRAMING = frozenset((b"content-length", b"transfer-encoding", b"connection", b"keep-alive"))
+
+
+def bad_head(fault: str, prog: str = "shadow") -> bytes:
+    """The 400 for a request head `front.head_fault` refuses, naming why."""
+    return canned(400, "Bad Request", f"malformed or ambiguous HTTP/1.1 request: {fault}", prog)
 
 
 class _Date:
@@ -500,8 +505,9 @@ class _Conn(Conn):
             self._raise(_BAD_REQUEST, "bad_framing")
         method = p.get_method().decode("ascii")
         te = [v for n, v in hdrs if n == b"transfer-encoding"]
-        if not unambiguous(te, sum(1 for n, _ in hdrs if n == b"host")):
-            self._raise(_BAD_REQUEST, "bad_framing")
+        fault = head_fault(version == "1.1", te, sum(1 for n, _ in hdrs if n == b"host"))
+        if fault is not None:
+            self._raise(bad_head(fault), "bad_framing")
         if method == "CONNECT" or p.should_upgrade():
             self._raise(_NO_UPGRADE, "upgrade")
         cl = [v for n, v in hdrs if n == b"content-length"]

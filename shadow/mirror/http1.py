@@ -73,6 +73,11 @@ NO_UPGRADE = canned(501, "Not Implemented", "protocol upgrades are not relayed")
 IDEMPOTENT = frozenset((b"GET", b"HEAD", b"OPTIONS"))
 
 
+def bad_head(fault: str) -> bytes:
+    """The 400 for a request head `front.head_fault` refuses, naming why."""
+    return listener.bad_head(fault, "shadow tap")
+
+
 def path_allowed(target: bytes, allow: tuple[str, ...]) -> bool:
     """True when the request target's path (percent-decoded, no dot segments) is on the allow-list.
 

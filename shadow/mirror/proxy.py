@@ -31,7 +31,7 @@ from typing import Any, Protocol, cast
 
 from httptools import HttpParserError, HttpRequestParser, HttpResponseParser
 
-from shadow.base.front import Conn, Front, unambiguous
+from shadow.base.front import Conn, Front, head_fault
 from shadow.mirror.http1 import (
     BAD_GATEWAY,
     BAD_REQUEST,
@@ -43,6 +43,7 @@ from shadow.mirror.http1 import (
     NOT_RESENT,
     TIMEOUT,
     TapLimits,
+    bad_head,
     connection_tokens,
     head_ids,
     kept_headers,
@@ -186,6 +187,7 @@ class Tap(Front):
         self.upstream = upstream
         self.up_host = u.hostname
         self.up_port = u.port or 80
+        self.up_authority = u.netloc.rsplit("@", 1)[-1].encode("idna")  # a Host header's value
         self.queue = queue
         self.max_body = max_body
         self.connect_timeout = connect_timeout
@@ -465,11 +467,13 @@ class _ClientConn(Conn):
         hdrs = self._hdrs
         method: bytes = p.get_method()
         target = b"".join(self._url)
-        if p.get_http_version() not in ("1.1", "1.0"):
+        version = p.get_http_version()
+        if version not in ("1.1", "1.0"):
             self._raise(_Reject(BAD_REQUEST, "bad_framing"))
         te = [v for n, v in hdrs if n.lower() == b"transfer-encoding"]
-        if not unambiguous(te, sum(1 for n, _ in hdrs if n.lower() == b"host")):
-            self._raise(_Reject(BAD_REQUEST, "bad_framing"))
+        fault = head_fault(version == "1.1", te, sum(1 for n, _ in hdrs if n.lower() == b"host"))
+        if fault is not None:
+            self._raise(_Reject(bad_head(fault), "bad_framing"))
         conn = connection_tokens(hdrs)
         if method == b"CONNECT" or (b"upgrade" in conn and any(n.lower() == b"upgrade" for n, _ in hdrs)):
             self._raise(_Reject(NO_UPGRADE, "upgrade"))
@@ -478,8 +482,11 @@ class _ClientConn(Conn):
         if not target.startswith(b"/"):  # absolute-form: the upstream gets origin-form
             u = urllib.parse.urlsplit(target)
             target = (u.path or b"/") + (b"?" + u.query if u.query else b"")
-        self.http11 = p.get_http_version() == "1.1"
-        req = _Req(method, target, kept_headers(hdrs), bool(p.should_keep_alive()))
+        self.http11 = version == "1.1"
+        lines = kept_headers(hdrs)
+        if not self.http11 and not any(n.lower() == b"host" for n, _ in hdrs):
+            lines.append(b"host: " + tap.up_authority)  # it goes upstream as HTTP/1.1, which needs one
+        req = _Req(method, target, lines, bool(p.should_keep_alive()))
         req.chunked = bool(te)
         rid, traceparent = head_ids(hdrs)
         req.ctx = TapContext(
