@@ -6,6 +6,9 @@ request head as llhttp delivers it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -163,6 +166,18 @@ class Conn(asyncio.Protocol):
         self._linger_left = max_bytes
         t.resume_reading()
         self.arm("linger", seconds)
+
+    def _send_reset(self) -> None:
+        """Close now with a TCP reset (SO_LINGER 0; what is still buffered is lost): the client
+        sees an error, never a clean end, also of a body it reads to the connection's close."""
+        t = self.transport
+        if t is None:
+            return
+        sock = t.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        t.abort()
 
     def _lingered(self, n: int) -> None:
         """`n` bytes came on a closed connection: dropped; beyond the linger budget it is cut."""

@@ -9,7 +9,8 @@ pauses while `max_buffer` body bytes wait for the app. A response is written as 
 with the app's Content-Length, else one whole body gets one, else chunked; the app's headers are
 sent as given, plus `date` when it has none (no `server` header). A response the app leaves
 unfinished (it returns, or raises, after its head) or the drain deadline cuts is cut on the wire
-too: the connection closes without the body's end (no final chunk, or short of its length).
+too: the connection closes without the body's end (no final chunk, or short of its length; a body
+an HTTP/1.0 client reads to the connection's close is reset).
 Pipelined requests are answered in order, one at a time; nothing after a request that ends its
 connection is read, and a request refused (400, 408) before its app began never reaches the app.
 """
@@ -328,8 +329,11 @@ class _Cycle:
             srv.note_error(f"{self.method} {self.scope['path']} ended without a response")
             conn.fail(_APP_ERROR)
         else:  # a response the app ends early on purpose (a stream cut upstream; it said why):
-            srv.count("app_cut")  # what it sent reaches the client, the body never ends
-            conn.close_staged()
+            srv.count("app_cut")  # what it sent reaches the client, the body never ends ...
+            if self.chunked_out or self.length_out is not None or self._bodiless():
+                conn.close_staged()
+            else:
+                conn.reset()  # ... but one read to the connection's close would end at a FIN
 
 
 class _Conn(Conn):
@@ -400,6 +404,12 @@ class _Conn(Conn):
         self._done()
         if self.transport is not None:
             self.transport.abort()
+
+    def reset(self) -> None:
+        """Close with a TCP reset (`Conn._send_reset`): the client sees a cut even in a body it
+        reads to the connection's close."""
+        self._done()
+        self._send_reset()
 
     def fail(self, raw: bytes) -> None:
         """Answer with a canned error and close (staged)."""

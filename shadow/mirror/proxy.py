@@ -50,7 +50,7 @@ from shadow.mirror.http1 import (
     path_allowed,
 )
 from shadow.mirror.usage_inject import FrameRewriter, inject_request
-from shadow.vllm.errors import stream_error_event
+from shadow.vllm.errors import TAIL_BYTES, cut_event
 
 END_COMPLETE = "complete"
 END_CLIENT_CANCEL = "client_cancel"
@@ -636,6 +636,17 @@ class _ClientConn(Conn):
         lim = self.tap.limits
         self._linger(lim.linger_s, lim.linger_bytes, self.tap._idle)
 
+    def _cut_off(self) -> None:
+        """Reset the connection (`Conn._send_reset`): the client sees an error where a close would
+        end its response cleanly (a body read to the connection's close)."""
+        if self.closed:
+            return
+        self._abandon()
+        self.tap._idle.pop(self, None)
+        self.closed = True
+        self.disarm()
+        self._send_reset()
+
     def _abandon(self) -> None:
         """No request of this connection goes on: the one in flight ends (client_cancel unless its
         end was told already) and lets its upstream go; those parsed behind it are dropped."""
@@ -885,10 +896,10 @@ class _UpstreamConn(asyncio.Protocol):
         if rw is not None:
             out = rw.feed(body)
             if out:
-                self.tail = out[-2:]
+                self.tail = out[-TAIL_BYTES:] if len(out) >= TAIL_BYTES else (self.tail + out)[-TAIL_BYTES:]
                 client.transport.write(b"%x\r\n%b\r\n" % (len(out), out))
         elif self.rechunk:
-            self.tail = body[-2:]
+            self.tail = body[-TAIL_BYTES:] if len(body) >= TAIL_BYTES else (self.tail + body)[-TAIL_BYTES:]
             client.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
         else:
             client.transport.write(body)
@@ -933,9 +944,10 @@ class _UpstreamConn(asyncio.Protocol):
 
     def _cut(self, reason: str) -> None:
         """Protocol error, premature close or shutdown mid-response. Before the head the client gets
-        502; after it, an SSE error event in vLLM's shape (event streams relayed chunked) and then
-        the connection closes without the terminating chunk (or, close-delimited, mid-body): never
-        a clean end. Counted in `Tap.cut[reason]`."""
+        502; after it, an SSE error event in vLLM's shape (event streams relayed chunked, unless the
+        upstream left an event open: `vllm.errors.cut_event`) and then the connection closes without
+        the terminating chunk, or short of its Content-Length; a body the client reads to the
+        connection's close is reset instead. Never a clean end. Counted in `Tap.cut[reason]`."""
         client, req = self.client, self.req
         self.client = None
         self.req = None
@@ -950,13 +962,16 @@ class _UpstreamConn(asyncio.Protocol):
             client._fail(BAD_GATEWAY)
             return
         self.tap.cut[reason] = self.tap.cut.get(reason, 0) + 1
+        if self.mode == _BODY_CLOSE or (self.mode == _BODY_CHUNKED and not self.rechunk):
+            client._cut_off()  # the client reads the body to the close: a FIN would end it cleanly
+            return
         tr = client.transport
-        if tr is not None and self.rechunk and self.sse and client.http11:
-            event = stream_error_event(f"shadow tap {self.tap.name}: the upstream stream was cut ({reason})")
-            if self.tail and self.tail != b"\n\n":
-                event = b"\n\n" + event  # end the event the upstream left open first
-            tr.write(b"%x\r\n%b\r\n" % (len(event), event))
-        client._close_staged()  # what was written is sent, then FIN: the chunked body never ends
+        if tr is not None and self.rechunk and self.sse:
+            why = f"shadow tap {self.tap.name}: the upstream stream was cut ({reason})"
+            event = cut_event(why, self.tail)
+            if event is not None:
+                tr.write(b"%x\r\n%b\r\n" % (len(event), event))
+        client._close_staged()  # what was written is sent, then FIN: the body never ends
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.alive = False

@@ -1,6 +1,8 @@
 """A stream the upstream cuts is an error the client sees through a tap: an SSE error event in
 vLLM's shape, then a chunked body that never ends (no terminating chunk), counted by reason; the
-official `openai` client raises instead of returning a short completion."""
+official `openai` client raises instead of returning a short completion. A stream cut inside an
+event gets no event (it would end the open one, which the client would then parse): the body is
+cut as it came. A body the client reads to the connection's close is reset."""
 
 from __future__ import annotations
 
@@ -81,7 +83,6 @@ def _dechunk(raw: bytes) -> tuple[bytes, bool]:
 
 @pytest.mark.parametrize(("how", "reason"), [
     ("close", "upstream_closed"), ("reset", "upstream_reset"), ("garbage", "bad_upstream_response"),
-    ("half", "upstream_closed"),
 ])
 def test_a_cut_sse_stream_ends_with_an_error_event_and_no_terminating_chunk(how: str, reason: str) -> None:
     async def go() -> None:
@@ -126,6 +127,63 @@ def test_the_openai_client_raises_on_a_stream_cut_behind_a_tap() -> None:
                 with pytest.raises(httpx.RemoteProtocolError):
                     await h.post(tap.url + "/v1/completions",
                                  json={"model": "m", "prompt": "p", "stream": True})
+        finally:
+            await tap.close()
+            srv.close()
+
+    asyncio.run(go())
+
+
+def test_a_stream_cut_inside_an_event_is_cut_as_it_came_and_the_openai_client_gets_a_connection_error(
+        ) -> None:
+    """Issue 37: the tap ended the event the worker left open (a blank line, then its error event),
+    so the openai client parsed the truncated event and raised JSONDecodeError, not an APIError.
+    Now the bytes are relayed unchanged and the body is cut without its end: the client's transport
+    fails (httpx RemoteProtocolError, openai APIConnectionError) after the whole events."""
+
+    async def go() -> None:
+        srv = await _upstream("half")
+        tap, q = await _tap_for(srv)
+        try:
+            body, clean = _dechunk(await _raw(tap))
+            assert not clean, "a cut stream must not end with the zero-length chunk"
+            assert body == b"".join(_event(i) for i in range(3)) + _event(3)[:20]  # as it came
+            assert tap.cut["upstream_closed"] == 1 and sum(tap.cut.values()) == 1
+            ends = [p for _, s, _, p in q.get_nowait_batch(100) if s == -1]
+            assert ends == [END_UPSTREAM_CUT]
+            client = openai.AsyncOpenAI(base_url=tap.url + "/v1", api_key="x", max_retries=0)
+            got: list[Any] = []
+            with pytest.raises(openai.APIConnectionError) as raised:
+                stream = await client.completions.create(model="m", prompt="p", stream=True)
+                async for chunk in stream:
+                    got.append(chunk)
+            await client.close()
+            assert [c.choices[0].text for c in got] == [" t0", " t1", " t2"]
+            cause = raised.value.__cause__
+            assert type(cause).__name__ == "RemoteProtocolError", repr(cause)  # (httpx's, in openai)
+        finally:
+            await tap.close()
+            srv.close()
+
+    asyncio.run(go())
+
+
+def test_a_cut_body_an_http10_client_reads_to_the_close_is_reset_not_ended() -> None:
+    """An HTTP/1.0 client reads the body to the connection's close (no chunks): a FIN after a cut
+    would end it as complete. The tap resets the connection instead."""
+
+    async def go() -> None:
+        srv = await _upstream("close")
+        tap, _ = await _tap_for(srv)
+        try:
+            body = b'{"model":"m","prompt":"p","stream":true}'
+            r, w = await asyncio.open_connection(tap.host, tap.port)
+            w.write(b"POST /v1/completions HTTP/1.0\r\ncontent-type: application/json\r\n"
+                    b"content-length: %d\r\n\r\n%s" % (len(body), body))
+            with pytest.raises(ConnectionResetError):
+                await asyncio.wait_for(r.read(-1), 10)
+            w.close()
+            assert tap.cut["upstream_closed"] == 1
         finally:
             await tap.close()
             srv.close()
