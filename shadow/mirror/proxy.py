@@ -140,7 +140,7 @@ class TapContext:
         self.tap = tap
         self.method = method
         self.path = path
-        self.request_id = request_id
+        self.request_id = request_id  # the hash of its X-Request-Id (`http1.head_ids`), never the id
         self.body = body  # None when larger than the analysis limit
         self.body_len = body_len
         self.t_start = t_start
