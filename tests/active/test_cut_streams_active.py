@@ -133,6 +133,24 @@ def outcomes(api: str) -> dict[tuple[str, str], float]:
             for s in f.samples if s.name == "shadow_router_requests_total" and s.value}
 
 
+def cut_after_sent(front: str, up: Cut) -> tuple[list[Any], openai.APIError]:
+    """A stream through `front` with the official openai client, the upstream cut once SENT chunks
+    arrived, read until the client raises (the test fails if it ends otherwise): the chunks, the error."""
+    client = openai.OpenAI(base_url=front + "/v1", api_key="x", max_retries=0, timeout=120)
+    got: list[Any] = []
+    try:
+        with pytest.raises(openai.APIError) as raised:
+            stream = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=MAX_TOKENS,
+                                               stream=True, extra_body={"ignore_eos": True})
+            for chunk in stream:
+                got.append(chunk)
+                if len(got) == SENT:
+                    up.cut()
+    finally:
+        client.close()
+    return got, raised.value
+
+
 class RawStream(threading.Thread):
     """One stream read as bytes: `got` (the body as it came), `error` (what ended the read, None
     for a clean end of the chunked body)."""
@@ -167,19 +185,10 @@ def test_an_upstream_killed_mid_stream_raises_in_the_openai_client_and_is_counte
         wait_for(lambda: b"\n\ndata: " in raw.got or not raw.is_alive(), "the raw stream's first events")
         assert raw.status == 200 and raw.is_alive(), (raw.status, raw.got, raw.error)
 
-        client = openai.OpenAI(base_url=front + "/v1", api_key="x", max_retries=0, timeout=120)
-        got: list[Any] = []
-        with pytest.raises(openai.APIError) as raised:
-            stream = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=MAX_TOKENS,
-                                               stream=True, extra_body={"ignore_eos": True})
-            for chunk in stream:
-                got.append(chunk)
-                if len(got) == SENT:
-                    up.cut()
-        client.close()
+        got, raised = cut_after_sent(front, up)
         # the SSE error event made the client raise: the base APIError, not an HTTP status error
-        assert type(raised.value) is openai.APIError, repr(raised.value)
-        assert "stream was cut" in raised.value.message, raised.value.message
+        assert type(raised) is openai.APIError, repr(raised)
+        assert "stream was cut" in raised.message, raised.message
         assert len(got) >= SENT if how == "sigkill" else len(got) == SENT, got  # mid-stream
         assert all(c.choices[0].finish_reason is None for c in got), got
 
@@ -219,21 +228,12 @@ def test_an_upstream_cut_inside_an_event_raises_an_api_error_in_the_openai_clien
     (APIConnectionError). Counted as a cut either way."""
     leg = LEG[mode]
     with upstream("half", mode) as up, serve(mode, up, tmp_path) as ready:
-        client = openai.OpenAI(base_url=ready["active"] + "/v1", api_key="x", max_retries=0, timeout=120)
-        got: list[Any] = []
-        with pytest.raises(openai.APIError) as raised:
-            stream = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=MAX_TOKENS,
-                                               stream=True, extra_body={"ignore_eos": True})
-            for chunk in stream:
-                got.append(chunk)
-                if len(got) == SENT:
-                    up.cut()
-        client.close()
+        got, raised = cut_after_sent(ready["active"], up)
         if mode == "active":
-            assert type(raised.value) is openai.APIError, repr(raised.value)
-            assert "stream was cut (upstream_broke)" in raised.value.message, raised.value.message
+            assert type(raised) is openai.APIError, repr(raised)
+            assert "stream was cut (upstream_broke)" in raised.message, raised.message
         else:
-            assert type(raised.value) is openai.APIConnectionError, repr(raised.value)
+            assert type(raised) is openai.APIConnectionError, repr(raised)
         assert len(got) == SENT and all(c.choices[0].finish_reason is None for c in got), got
         api = ready["api"]
         wait_for(lambda: cuts(api)[(leg, "upstream_broke")] == 1, f"the cut counted for leg {leg}")

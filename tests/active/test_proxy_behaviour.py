@@ -14,7 +14,6 @@ from typing import Any
 
 import httptools
 import httpx
-import openai
 import orjson
 import pytest
 
@@ -22,6 +21,7 @@ from shadow.active.modes import ModeConfig, ModeController
 from shadow.contracts.labels import STREAM_INCOMPLETE
 from shadow.contracts.modes import StaticModeSource
 from tests.active.stubs import DONE, Step, Stub, metric, proxy_on, sse, until
+from tests.mirror.helpers import openai_stream_error
 
 
 def run(scenario: Callable[[], Awaitable[None]]) -> None:
@@ -564,14 +564,8 @@ def test_an_upstream_silent_past_the_idle_deadline_is_cut_and_the_openai_client_
         await up.start()
         async with proxy_on({"d0": up.url}, router_url=up.url, modes=StaticModeSource(mode),
                             upstream_idle_s=1.0) as (proxy, url):
-            client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
-            got: list[Any] = []
-            with pytest.raises(openai.APIError) as raised:
-                stream = await client.completions.create(model="m", prompt="p", stream=True)
-                async for chunk in stream:
-                    got.append(chunk)
-            await client.close()
-            assert "stream was cut (upstream_idle)" in raised.value.message, raised.value.message
+            got, raised = await openai_stream_error(url + "/v1")
+            assert "stream was cut (upstream_idle)" in raised.message, raised.message
             assert [c.choices[0].text for c in got] == ["t"]
             assert proxy.cut[(leg, "upstream_idle")] == 1 and sum(proxy.cut.values()) == 1
             assert metric(proxy, "shadow_router_streams_cut_total", leg=leg, reason="upstream_idle") == 1

@@ -20,7 +20,7 @@ import pytest
 from shadow.base.procs import read_json_line, shadow_argv
 from shadow.mirror.dropqueue import DropQueue
 from shadow.mirror.proxy import END_UPSTREAM_CUT, Tap
-from tests.mirror.helpers import dechunk
+from tests.mirror.helpers import dechunk, openai_stream_error
 
 SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 
@@ -114,14 +114,8 @@ def test_the_openai_client_raises_on_a_stream_cut_behind_a_tap() -> None:
         srv = await _upstream("close", events=5)
         tap, _ = await _tap_for(srv)
         try:
-            client = openai.AsyncOpenAI(base_url=tap.url + "/v1", api_key="x", max_retries=0)
-            got: list[Any] = []
-            with pytest.raises(openai.APIError):
-                stream = await client.completions.create(model="m", prompt="p", stream=True)
-                async for chunk in stream:
-                    got.append(chunk)
+            got, _ = await openai_stream_error(tap.url + "/v1")
             assert len(got) == 5  # the tokens before the cut reached the client, then the error
-            await client.close()
             # a client that ignores SSE errors still sees a broken body
             async with httpx.AsyncClient() as h:
                 with pytest.raises(httpx.RemoteProtocolError):
@@ -151,15 +145,9 @@ def test_a_stream_cut_inside_an_event_is_cut_as_it_came_and_the_openai_client_ge
             assert tap.cut["upstream_closed"] == 1 and sum(tap.cut.values()) == 1
             ends = [p for _, s, _, p in q.get_nowait_batch(100) if s == -1]
             assert ends == [END_UPSTREAM_CUT]
-            client = openai.AsyncOpenAI(base_url=tap.url + "/v1", api_key="x", max_retries=0)
-            got: list[Any] = []
-            with pytest.raises(openai.APIConnectionError) as raised:
-                stream = await client.completions.create(model="m", prompt="p", stream=True)
-                async for chunk in stream:
-                    got.append(chunk)
-            await client.close()
+            got, raised = await openai_stream_error(tap.url + "/v1", openai.APIConnectionError)
             assert [c.choices[0].text for c in got] == [" t0", " t1", " t2"]
-            cause = raised.value.__cause__
+            cause = raised.__cause__
             assert type(cause).__name__ == "RemoteProtocolError", repr(cause)  # (httpx's, in openai)
         finally:
             await tap.close()
