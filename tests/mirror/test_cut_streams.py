@@ -20,6 +20,7 @@ import pytest
 from shadow.base.procs import read_json_line, shadow_argv
 from shadow.mirror.dropqueue import DropQueue
 from shadow.mirror.proxy import END_UPSTREAM_CUT, Tap
+from shadow.vllm.errors import cut_event, event_open
 from tests.mirror.helpers import dechunk, openai_stream_error
 
 SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
@@ -177,6 +178,15 @@ def test_a_cut_body_an_http10_client_reads_to_the_close_is_reset_not_ended() -> 
             srv.close()
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize(("tail", "open_"), [
+    (b"", False), (b'}\n\n', False), (b"}\r\n\r\n", False), (b"\r\n\r", False), (b"}\r\r", False),
+    (b'"cmp', True), (b"}\n", True), (b"}\r\n", True), (b"\n\r\nx", True),
+])
+def test_an_event_is_open_until_its_blank_line_with_any_line_ending(tail: bytes, open_: bool) -> None:
+    assert event_open(tail) is open_
+    assert (cut_event("cut", tail) is None) is open_
 
 
 def test_tap_shutdown_cuts_open_streams_visibly() -> None:
