@@ -5,7 +5,8 @@ Cohort `shadow` = requests routed by shadow's policy (mode `active`, in canary t
 `router` = requests passed to the existing router (mode `shadow`). Fallback's round-robin rounds
 belong to neither: they say nothing about the policy. A request *failed* when the client got an
 error that is not its own: shadow's or an upstream's rejection (429/5xx, pool TTL, KV budget), an
-upstream error, a cut stream or a timeout; a client's own 4xx and a client's cancel do not count.
+upstream error, a cut stream, a stream that ended without its finish (`stream_incomplete`) or a
+timeout (`contracts.labels.FAILED_OUTCOMES`); a client's own 4xx and a client's cancel do not count.
 
 `ClientChecks.failing(now, window)` trips on
 - `client_errors`: the shadow cohort's failed fraction over the last `client_window_s` at or above
@@ -24,7 +25,6 @@ from dataclasses import dataclass
 from shadow.core.stats import quantile
 
 COHORTS = ("shadow", "router")
-FAILED_OUTCOMES = frozenset({"rejected", "upstream_error"})
 
 
 def client_fault(status: int | None) -> bool:

@@ -25,6 +25,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from shadow.contracts.ids import request_hash
 from shadow.core.snapshot import FleetSnapshot
 from shadow.mirror.state import MirrorState
 
@@ -92,11 +93,11 @@ class MirrorSource:
             act.append(wc.active if wc is not None else 0)
         return kv, act
 
-    def known(self, request_id: str) -> bool:
-        return self.state.known(request_id)
+    def known(self, request_id: str) -> bool:  # (the mirror knows a request by its id's hash)
+        return self.state.known(request_hash(request_id))
 
     def live(self, request_id: str) -> bool:
-        return self.state.is_live(request_id)
+        return self.state.is_live(request_hash(request_id))
 
     def down(self) -> Collection[int]:
         if self.unreachable is None:

@@ -75,11 +75,13 @@ STARVATION = Family("shadow_pool_starvation_guard_total", "counter",
                     "pool entries dispatched by the age (starvation) guard", "requests")
 #: Why the proxy cut a stream it had started relaying (`upstream_broke`: the upstream's body broke
 #: off, or it relayed the upstream's error event and the client left on it before the break came;
+#: `upstream_idle`: the upstream sent nothing for the idle deadline, `ActiveConfig.upstream_idle_s`;
 #: a recomputed stream with `no_continuation` possible or whose `continuation_failed`).
-CUT_REASONS = ("upstream_broke", "no_continuation", "continuation_failed")
+CUT_REASONS = ("upstream_broke", "upstream_idle", "no_continuation", "continuation_failed")
 STREAMS_CUT = Family("shadow_router_streams_cut_total", "counter",
-                     "client streams cut after their first byte (an SSE error event, then an aborted body), "
-                     "by leg and reason", "requests", ("leg", "reason"), {"leg": LEGS, "reason": CUT_REASONS})
+                     "client streams cut after their first byte (an SSE error event unless the upstream left "
+                     "one open, then an aborted body), by leg and reason", "requests", ("leg", "reason"),
+                     {"leg": LEGS, "reason": CUT_REASONS})
 
 #: Every family `ActiveMetrics` registers, in the order it registers them.
 FAMILIES = (REQUESTS, DECISION, UPSTREAM_ERRORS, RETRIES, INFLIGHT, TRANSFERS, BACKPRESSURE, POOL_REQUESTS,

@@ -29,7 +29,6 @@ from typing import Any
 
 from shadow.active.canary import CanaryAnalysis, CanaryConfig, Verdict
 from shadow.active.cohorts import (
-    FAILED_OUTCOMES,
     ClientChecks,
     ClientConfig,
     CohortWindow,
@@ -38,6 +37,7 @@ from shadow.active.cohorts import (
     cohort_of,
 )
 from shadow.active.fallback import Degrade, GuardConfig, Guards, Signals
+from shadow.contracts.labels import FAILED_OUTCOMES
 from shadow.contracts.modes import MODES, START_REASONS, RouteChoice
 from shadow.core.policies import active_policy
 from shadow.telemetry.tracing import RoutingSpans

@@ -10,11 +10,13 @@ back. Plain fleets (no prefillers) skip the prefill leg. Both legs carry one `X-
 returned to the client). Failures before the first byte reached the client are retried (bounded):
 a prefill that did not completely leave (`upstream.Unsent`) or an upstream's error answer re-runs
 the whole flow; a decode leg that did not completely leave goes back to the pool with the same KV
-handle; a request already written upstream is never sent again (502). After the first byte the
-stream just ends. A decode stream ending with `stop_reason: "recomputed"` continues on a new P/D
-flow (prompt + text so far, remaining `max_tokens`) within the same client stream. A client that
-goes away frees its pool entry or decode slot at once. Each upstream has its own persistent
-connection pool.
+handle; a request already written upstream is never sent again (502). After the first byte a
+stream the upstream breaks off (or leaves silent for `upstream_idle_s`) ends in an SSE error event,
+unless the upstream left an event open, and a body that never ends; one that ends cleanly with
+neither a `finish_reason` nor `[DONE]` is counted `stream_incomplete`. A decode stream ending with
+`stop_reason: "recomputed"` continues on a new P/D flow (prompt + text so far, remaining
+`max_tokens`) within the same client stream. A client that goes away frees its pool entry or
+decode slot at once. Each upstream has its own persistent connection pool.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from shadow.active.metrics import ActiveMetrics
 from shadow.active.prefill import KvPoller, PrefillChooser, Prefiller, prefill_score
 from shadow.active.upstream import Unsent, send
 from shadow.base.logthrottle import Throttled
-from shadow.contracts.labels import prompt_bucket
+from shadow.contracts.labels import STREAM_INCOMPLETE, prompt_bucket
 from shadow.contracts.modes import ModeSource, StaticModeSource
 from shadow.core.params import BRParams
 from shadow.core.routers import Router
@@ -62,7 +64,7 @@ from shadow.telemetry.httpspans import (
     inject_span,
 )
 from shadow.telemetry.tracing import RoutingSpans, exemplar
-from shadow.vllm.errors import stream_error_event
+from shadow.vllm.errors import cut_event
 from shadow.vllm.sse import DEFAULT_MAX_FRAME, EventSplitter, event_data
 
 log = logging.getLogger("shadow.active")
@@ -97,7 +99,12 @@ MAX_RESUME_BYTES = 4 << 20  # stream bytes kept per request for a recompute cont
 DONE_TAIL = 32  # bytes of a relayed stream kept to see its end marker
 #: The head of an SSE data field carrying an error object (vLLM's, a tap's or a router's cut event).
 _ERROR_DATA = re.compile(rb'data:\s*\{\s*"error"\s*:')
+#: A choice's finish reason given (a string): its stream reached its end.
+_FINISH = re.compile(rb'"finish_reason"\s*:\s*"')
 GATEWAY_DOWN = (502, 504)  # a decode worker's tap could not reach it: the worker is down
+#: An upstream that sends nothing for this long (s) has failed the request: 502 before its answer
+#: began, a cut stream (`upstream_idle`) after. Generous: a long prefill precedes the first token.
+UPSTREAM_IDLE_S = 300.0
 
 
 @dataclass
@@ -128,6 +135,7 @@ class ActiveConfig:
     max_connections: int = 1024
     resume_budget_bytes: int = 256 << 20  # all streams' bytes kept for recompute continuations
     timeout_s: float = 600.0
+    upstream_idle_s: float = UPSTREAM_IDLE_S  # longest silence of an upstream's answer (before or in it)
     api_key: str | None = None
 
     def __post_init__(self) -> None:
@@ -146,6 +154,8 @@ class ActiveConfig:
             raise ValueError("pool TTL and tick must be > 0 s")
         if self.retries < 0 or self.max_body_bytes < 1 or self.max_connections < 1:
             raise ValueError("retries must be >= 0; body limit and connections >= 1")
+        if not self.upstream_idle_s > 0:
+            raise ValueError(f"upstream idle deadline must be > 0 s, got {self.upstream_idle_s}")
 
 
 class _Failed(Exception):
@@ -193,10 +203,21 @@ class _StreamCut(Exception):
     """Raised by a relayed body after its last bytes: end the response without completing it."""
 
 
-def _cut_event(leg: str, reason: str, tail: bytes) -> bytes:
-    """The SSE error event that ends a cut stream (after a blank line if an event was left open)."""
-    event = stream_error_event(f"shadow proxy: the {leg} stream was cut ({reason})")
-    return event if not tail or tail.endswith(b"\n\n") else b"\n\n" + event
+def _cut_event(leg: str, reason: str, tail: bytes) -> bytes | None:
+    """The SSE error event that ends a cut stream, None when `tail` (the last bytes sent) leaves an
+    event open (`vllm.errors.cut_event`: the stream is cut without one)."""
+    return cut_event(f"shadow proxy: the {leg} stream was cut ({reason})", tail)
+
+
+def _cut_reason(exc: httpx.HTTPError) -> str:
+    """Why an upstream's answer broke off: it sent nothing for `upstream_idle_s`, or it broke."""
+    return "upstream_idle" if isinstance(exc, httpx.ReadTimeout) else "upstream_broke"
+
+
+def _finished(chunk: bytes, before: bytes) -> bool:
+    """`chunk` of an event stream names a `finish_reason` (a string, not null), also across its
+    start (`before`: the bytes relayed just before it)."""
+    return _FINISH.search(chunk) is not None or _FINISH.search(before + chunk[:DONE_TAIL]) is not None
 
 
 def _error_body(status: int, message: str, kind: str) -> bytes:
@@ -326,7 +347,7 @@ class ActiveProxy:
             return
         c = self.config
         limits = httpx.Limits(max_connections=c.max_connections, max_keepalive_connections=c.max_connections)
-        timeout = httpx.Timeout(c.timeout_s, connect=10.0)
+        timeout = httpx.Timeout(c.timeout_s, connect=10.0, read=c.upstream_idle_s)
         for url in {
             *self.decode_urls,
             *(p.url for p in self.prefill.prefillers),
@@ -684,7 +705,7 @@ class ActiveProxy:
         """A relayed stream that carried an SSE error event failed upstream, whether the client then
         left (it raises on the event, often before the break behind it reaches the proxy: counted
         as the cut it is) or the stream ended: `upstream_error`, and the upstream is told failed."""
-        if outcome not in ("ok", "client_cancel"):
+        if outcome not in ("ok", "client_cancel", STREAM_INCOMPLETE):
             return outcome
         self._upstream_failed(self.decode_names[worker] if worker >= 0 else "router", leg)
         if outcome == "client_cancel":
@@ -812,7 +833,8 @@ class ActiveProxy:
 
     async def _relay(self, flow: _Flow, upstream: httpx.Response) -> AsyncIterator[bytes]:
         """Relay SSE events as they come, each as soon as its blank line arrives (any line ends;
-        an event over `max_event_bytes` is forwarded as it comes); continue a recomputed stream."""
+        an event over `max_event_bytes` is forwarded as it comes); continue a recomputed stream. A
+        stream that ends with neither a `finish_reason` nor `[DONE]` is counted `stream_incomplete`."""
         outcome = "client_cancel"
         cut_reason = ""  # why the stream ended early, if it did
         errored = False  # an error event was relayed: the upstream failed the request
@@ -825,6 +847,7 @@ class ActiveProxy:
             while True:
                 split = EventSplitter(self.config.max_event_bytes)
                 recomputed = False
+                finished = False  # this leg's stream named a finish reason
                 first = True
                 async for chunk in upstream.aiter_raw():
                     if first:
@@ -864,17 +887,19 @@ class ActiveProxy:
                                 kept, kept_bytes = None, 0
                                 self.resume_dropped += 1
                                 self.metrics.resume_dropped.inc()
-                        tail = (tail + out)[-DONE_TAIL:]
+                        before, tail = tail, (tail + out)[-DONE_TAIL:]
                         yield out
+                        finished = finished or _finished(out, before)  # (once the bytes went out)
                     if recomputed:
                         break
                 rest = split.rest()
                 if rest and not recomputed:
-                    tail = (tail + rest)[-DONE_TAIL:]
+                    before, tail = tail, (tail + rest)[-DONE_TAIL:]
                     yield rest
+                    finished = finished or _finished(rest, before)
                 await upstream.aclose()
                 if not recomputed:
-                    outcome = "ok"
+                    outcome = "ok" if finished or _stream_done(tail) else STREAM_INCOMPLETE
                     break
                 self.metrics.recomputed.inc()
                 self._decode_over(flow, None)
@@ -893,7 +918,7 @@ class ActiveProxy:
                     break
         except httpx.HTTPError as exc:
             outcome = "upstream_error"
-            cut_reason = "upstream_broke"
+            cut_reason = _cut_reason(exc)
             if flow.call is not None:
                 client_failed(flow.call, exc)
             if flow.worker >= 0:
@@ -921,7 +946,9 @@ class ActiveProxy:
         if cut_reason:  # a stream that ended early is an error the client sees: no clean end
             self.cut[("decode", cut_reason)] += 1
             self.metrics.streams_cut.labels("decode", cut_reason).inc()
-            yield _cut_event("decode", cut_reason, tail)
+            event = _cut_event("decode", cut_reason, tail)
+            if event is not None:
+                yield event
             raise _StreamCut
 
     # -- shadow mode -------------------------------------------------------------------------
@@ -971,7 +998,8 @@ class ActiveProxy:
         async def relay() -> AsyncIterator[bytes]:
             outcome = "client_cancel"
             first = True
-            broke = False
+            broke = ""  # why the router's answer broke off, if it did
+            finished = not sse  # an event stream named a finish reason
             errored = False  # an error event was relayed: the router failed the request
             tail = b""  # the last bytes relayed: a client leaving after `data: [DONE]` had it all
             events, t_first = 0, 0.0  # SSE data events relayed (a line start can only be one)
@@ -986,13 +1014,16 @@ class ActiveProxy:
                         events += chunk.count(b"\ndata:") + at_line
                         if not errored and (b'"error"' in chunk or b'"error"' in tail[-6:] + chunk[:6]):
                             errored = _ERROR_DATA.search(tail + chunk) is not None
-                    tail = (tail + chunk)[-DONE_TAIL:]
+                    before, tail = tail, (tail + chunk)[-DONE_TAIL:]
                     yield chunk
+                    finished = finished or _finished(chunk, before)  # (once the bytes went out)
                 status = upstream.status_code
                 outcome = "ok" if status < 400 else "rejected" if client_fault(status) else "upstream_error"
+                if outcome == "ok" and not finished and not _stream_done(tail):
+                    outcome = STREAM_INCOMPLETE
             except httpx.HTTPError as exc:
                 outcome = "upstream_error"
-                broke = True
+                broke = _cut_reason(exc)
                 client_failed(call, exc)
                 self._upstream_failed("router", "router")
             finally:
@@ -1014,10 +1045,11 @@ class ActiveProxy:
                 self._count("shadow", "router", outcome, 502 if broke else upstream.status_code,
                             t_first - t0 if t_first else None, tpot)
             if broke:  # the router's answer broke off: the client sees an error, never a clean end
-                self.cut[("router", "upstream_broke")] += 1
-                self.metrics.streams_cut.labels("router", "upstream_broke").inc()
-                if sse:
-                    yield _cut_event("router", "upstream_broke", tail)
+                self.cut[("router", broke)] += 1
+                self.metrics.streams_cut.labels("router", broke).inc()
+                event = _cut_event("router", broke, tail) if sse else None
+                if event is not None:
+                    yield event
                 raise _StreamCut
 
         return _Relay(relay(), status_code=upstream.status_code, headers=out_headers)

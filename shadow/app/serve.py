@@ -35,7 +35,7 @@ from shadow.active.lease import LeaseConfig
 from shadow.active.ledger import MirrorSource
 from shadow.active.modes import ModeConfig
 from shadow.active.oraclegap import OracleGap
-from shadow.active.proxy import ActiveConfig, ActiveProxy
+from shadow.active.proxy import UPSTREAM_IDLE_S, ActiveConfig, ActiveProxy
 from shadow.app.process import announce, stop_event
 from shadow.base.listener import AsgiListener, ListenerLimits
 from shadow.base.loopthread import LoopThread
@@ -93,6 +93,7 @@ class ActiveSettings:
     retries: int = 3
     tick_s: float = 0.05
     max_connections: int = 1024  # client connections to the proxy (oldest idle closed first, else 503)
+    upstream_idle_s: float = UPSTREAM_IDLE_S  # an upstream silent this long failed the request
     router_factory: Callable[[str], Router] | None = None  # tests: the decode router per policy
 
 
@@ -342,6 +343,7 @@ class ServeService:
             kv_poll_s=a.kv_poll_s,
             retries=a.retries,
             max_body_bytes=t.max_body,
+            upstream_idle_s=a.upstream_idle_s,
         )
 
     async def _start_active(self, taps: dict[str, str]) -> str:

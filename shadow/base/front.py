@@ -6,14 +6,27 @@ request head as llhttp delivers it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import struct
 from collections.abc import Callable
 from typing import Any
 
 
-def unambiguous(te: list[bytes], hosts: int) -> bool:
-    """A request head frames its body one way only: no Transfer-Encoding or a plain `chunked`
-    (`te`: its Transfer-Encoding values), and at most one Host header (`hosts`)."""
-    return not (te and (len(te) > 1 or te[0].strip().lower() != b"chunked")) and hosts <= 1
+def head_fault(http11: bool, te: list[bytes], hosts: int) -> str | None:
+    """Why a request head is refused (400, then the connection closes), or None when it is sound:
+    its body framed other than by one plain `chunked` (`te`: its Transfer-Encoding values), a
+    Transfer-Encoding in an HTTP/1.0 request (RFC 9112 6.1: its framing is faulty), more than one
+    Host header (`hosts`: how many it has), or none in an HTTP/1.1 request (RFC 9112 3.2)."""
+    if te and (len(te) > 1 or te[0].strip().lower() != b"chunked"):
+        return "a Transfer-Encoding other than chunked"
+    if te and not http11:
+        return "Transfer-Encoding in an HTTP/1.0 request"
+    if hosts > 1:
+        return "more than one Host header"
+    if hosts == 0 and http11:
+        return "an HTTP/1.1 request without a Host header"
+    return None
 
 
 class Front:
@@ -153,6 +166,18 @@ class Conn(asyncio.Protocol):
         self._linger_left = max_bytes
         t.resume_reading()
         self.arm("linger", seconds)
+
+    def _send_reset(self) -> None:
+        """Close now with a TCP reset (SO_LINGER 0; what is still buffered is lost): the client
+        sees an error, never a clean end, also of a body it reads to the connection's close."""
+        t = self.transport
+        if t is None:
+            return
+        sock = t.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        t.abort()
 
     def _lingered(self, n: int) -> None:
         """`n` bytes came on a closed connection: dropped; beyond the linger budget it is cut."""

@@ -9,7 +9,8 @@ pauses while `max_buffer` body bytes wait for the app. A response is written as 
 with the app's Content-Length, else one whole body gets one, else chunked; the app's headers are
 sent as given, plus `date` when it has none (no `server` header). A response the app leaves
 unfinished (it returns, or raises, after its head) or the drain deadline cuts is cut on the wire
-too: the connection closes without the body's end (no final chunk, or short of its length).
+too: the connection closes without the body's end (no final chunk, or short of its length; a body
+an HTTP/1.0 client reads to the connection's close is reset).
 Pipelined requests are answered in order, one at a time; nothing after a request that ends its
 connection is read, and a request refused (400, 408) before its app began never reaches the app.
 """
@@ -30,7 +31,7 @@ from typing import Any, Literal, cast
 
 from httptools import HttpParserError, HttpRequestParser
 
-from shadow.base.front import Conn, Front, unambiguous
+from shadow.base.front import Conn, Front, head_fault
 from shadow.base.net import bind_listen
 
 log = logging.getLogger("shadow.listener")
@@ -119,6 +120,11 @@ _REASONS = {
     503: b"Service Unavailable", 504: b"Gateway Timeout",
 }  # fmt: skip
 _FRAMING = frozenset((b"content-length", b"transfer-encoding", b"connection", b"keep-alive"))
+
+
+def bad_head(fault: str, prog: str = "shadow") -> bytes:
+    """The 400 for a request head `front.head_fault` refuses, naming why."""
+    return canned(400, "Bad Request", f"malformed or ambiguous HTTP/1.1 request: {fault}", prog)
 
 
 class _Date:
@@ -323,8 +329,11 @@ class _Cycle:
             srv.note_error(f"{self.method} {self.scope['path']} ended without a response")
             conn.fail(_APP_ERROR)
         else:  # a response the app ends early on purpose (a stream cut upstream; it said why):
-            srv.count("app_cut")  # what it sent reaches the client, the body never ends
-            conn.close_staged()
+            srv.count("app_cut")  # what it sent reaches the client, the body never ends ...
+            if self.chunked_out or self.length_out is not None or self._bodiless():
+                conn.close_staged()
+            else:
+                conn.reset()  # ... but one read to the connection's close would end at a FIN
 
 
 class _Conn(Conn):
@@ -395,6 +404,12 @@ class _Conn(Conn):
         self._done()
         if self.transport is not None:
             self.transport.abort()
+
+    def reset(self) -> None:
+        """Close with a TCP reset (`Conn._send_reset`): the client sees a cut even in a body it
+        reads to the connection's close."""
+        self._done()
+        self._send_reset()
 
     def fail(self, raw: bytes) -> None:
         """Answer with a canned error and close (staged)."""
@@ -500,8 +515,9 @@ class _Conn(Conn):
             self._raise(_BAD_REQUEST, "bad_framing")
         method = p.get_method().decode("ascii")
         te = [v for n, v in hdrs if n == b"transfer-encoding"]
-        if not unambiguous(te, sum(1 for n, _ in hdrs if n == b"host")):
-            self._raise(_BAD_REQUEST, "bad_framing")
+        fault = head_fault(version == "1.1", te, sum(1 for n, _ in hdrs if n == b"host"))
+        if fault is not None:
+            self._raise(bad_head(fault), "bad_framing")
         if method == "CONNECT" or p.should_upgrade():
             self._raise(_NO_UPGRADE, "upgrade")
         cl = [v for n, v in hdrs if n == b"content-length"]

@@ -27,6 +27,7 @@ from shadow.active.canary import CanaryConfig
 from shadow.active.cohorts import ClientConfig
 from shadow.active.fallback import GuardConfig
 from shadow.active.modes import ModeConfig
+from shadow.active.proxy import UPSTREAM_IDLE_S
 from shadow.app import serve as serve_app
 from shadow.app.serve import ActiveSettings, LeaseSettings, ServeConfig, check_policies
 from shadow.commands import tap as tap_cmd
@@ -427,6 +428,11 @@ ACTIVE_FLAGS = (
          "0.9)", default=0.9, **FRACTION),
     flag("--kv-resume", "kv_resume", "... until it is below this again (default 0.8)",
          default=0.8, **FRACTION),
+    flag("--upstream-idle", "upstream_idle_s", "an upstream (prefiller, decode worker, router) that "
+         "sends nothing for this long fails its request: 502 before its answer began, a cut stream "
+         "after (counted as upstream_idle); it covers the wait for a prefill too "
+         f"(default {UPSTREAM_IDLE_S:g})",
+         default=UPSTREAM_IDLE_S, **SECONDS),
 )
 
 

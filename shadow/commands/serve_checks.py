@@ -100,6 +100,7 @@ NUMBERS: tuple[tuple[str, Rule, str], ...] = (
     ("holddown", positive, "> 0 s"),
     ("holddown_max", positive, "> 0 s"),
     ("pool_ttl", positive, "> 0 s"),
+    ("upstream_idle", positive, "> 0 s"),
     ("transfer_cap", at_least_one, ">= 1"),
     ("dispatch_ahead", non_negative, ">= 0"),
     ("kv_pause", open_fraction, "a fraction in (0, 1]"),

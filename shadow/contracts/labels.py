@@ -4,8 +4,13 @@ from __future__ import annotations
 
 #: Prompt-length buckets of the active proxy's per-request metrics (see `prompt_bucket`).
 PROMPT_BUCKETS: tuple[str, ...] = ("lt512", "512-2k", "2k-8k", "ge8k")
+#: A stream that ended cleanly with neither a `finish_reason` nor `data: [DONE]`: cut short by its
+#: upstream, however cleanly it ended the body (`shadow load` names this failure the same).
+STREAM_INCOMPLETE = "stream_incomplete"
 #: How an actively routed request ended.
-OUTCOMES: tuple[str, ...] = ("ok", "client_cancel", "upstream_error", "rejected")
+OUTCOMES: tuple[str, ...] = ("ok", "client_cancel", "upstream_error", "rejected", STREAM_INCOMPLETE)
+#: The outcomes that failed the client (the client's own 4xx aside: `active.cohorts.client_fault`).
+FAILED_OUTCOMES: tuple[str, ...] = ("upstream_error", "rejected", STREAM_INCOMPLETE)
 #: Why the active proxy held or refused a request.
 BACKPRESSURE_REASONS: tuple[str, ...] = ("prefill_kv", "transfer_cap", "no_slot")
 #: Upstream legs of the active proxy.

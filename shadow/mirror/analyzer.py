@@ -3,8 +3,9 @@
 Consumes `(ctx, seq, t, payload)` items from the taps' `DropQueue` (see `shadow.mirror.proxy`),
 classifies each request as a prefill leg (`kv_transfer_params.do_remote_decode == true`, or a
 non-streaming `max_tokens == 1` request with `kv_transfer_params` or on a tap declared prefill) or a
-decode leg, pairs P/D legs by `X-Request-Id`, and emits Arrive/Route (decode placement = the tap
-that saw the decode leg), Token (cumulative, coalesced per batch), Finish and Cancel into a
+decode leg, pairs P/D legs by the hash of their `X-Request-Id` (the mirror knows a request by that
+hash, `contracts.ids`: the id itself is never kept), and emits Arrive/Route (decode placement = the
+tap that saw the decode leg), Token (cumulative, coalesced per batch), Finish and Cancel into a
 `Mirror`. Every exception is counted and confined to the item that raised it; an end marker always
 produces the request's end event. Prompt text is never kept: a prompt key is a blake2b hash.
 

@@ -8,6 +8,7 @@ import urllib.parse
 from dataclasses import dataclass
 
 from shadow.base import listener
+from shadow.contracts.ids import request_hash
 
 # The inference API (OpenAI-compatible, vLLM's side endpoints) — what a router sends a worker.
 # An entry ending in "/" is a prefix; any other entry must match the whole path.
@@ -73,6 +74,11 @@ NO_UPGRADE = canned(501, "Not Implemented", "protocol upgrades are not relayed")
 IDEMPOTENT = frozenset((b"GET", b"HEAD", b"OPTIONS"))
 
 
+def bad_head(fault: str) -> bytes:
+    """The 400 for a request head `front.head_fault` refuses, naming why."""
+    return listener.bad_head(fault, "shadow tap")
+
+
 def path_allowed(target: bytes, allow: tuple[str, ...]) -> bool:
     """True when the request target's path (percent-decoded, no dot segments) is on the allow-list.
 
@@ -122,8 +128,9 @@ MAX_TRACEPARENT = 128  # a W3C traceparent is 55 characters (version 00); longer
 
 
 def head_ids(headers: list[tuple[bytes, bytes]]) -> tuple[str | None, str | None]:
-    """The request's `X-Request-Id` and W3C `traceparent` (the first of each, as sent; a traceparent
-    over MAX_TRACEPARENT is None): what the analysis reads of a request head besides its line."""
+    """The hash of the request's `X-Request-Id` (`contracts.ids.request_hash`: the id itself is
+    never kept) and its W3C `traceparent` (the first of each; a traceparent as sent, None over
+    MAX_TRACEPARENT): what the analysis reads of a request head besides its line."""
     rid: bytes | None = None
     tp: bytes | None = None
     for n, v in headers:
@@ -136,5 +143,5 @@ def head_ids(headers: list[tuple[bytes, bytes]]) -> tuple[str | None, str | None
             continue
         if rid is not None and tp is not None:
             break
-    return (rid.decode("latin-1") if rid else None,
+    return (request_hash(rid.decode("latin-1")) if rid else None,
             tp.decode("latin-1") if tp and len(tp) <= MAX_TRACEPARENT else None)

@@ -31,7 +31,7 @@ from typing import Any, Protocol, cast
 
 from httptools import HttpParserError, HttpRequestParser, HttpResponseParser
 
-from shadow.base.front import Conn, Front, unambiguous
+from shadow.base.front import Conn, Front, head_fault
 from shadow.mirror.http1 import (
     BAD_GATEWAY,
     BAD_REQUEST,
@@ -43,13 +43,14 @@ from shadow.mirror.http1 import (
     NOT_RESENT,
     TIMEOUT,
     TapLimits,
+    bad_head,
     connection_tokens,
     head_ids,
     kept_headers,
     path_allowed,
 )
 from shadow.mirror.usage_inject import FrameRewriter, inject_request
-from shadow.vllm.errors import stream_error_event
+from shadow.vllm.errors import TAIL_BYTES, cut_event
 
 END_COMPLETE = "complete"
 END_CLIENT_CANCEL = "client_cancel"
@@ -139,7 +140,7 @@ class TapContext:
         self.tap = tap
         self.method = method
         self.path = path
-        self.request_id = request_id
+        self.request_id = request_id  # the hash of its X-Request-Id (`http1.head_ids`), never the id
         self.body = body  # None when larger than the analysis limit
         self.body_len = body_len
         self.t_start = t_start
@@ -186,6 +187,7 @@ class Tap(Front):
         self.upstream = upstream
         self.up_host = u.hostname
         self.up_port = u.port or 80
+        self.up_authority = u.netloc.rsplit("@", 1)[-1].encode("idna")  # a Host header's value
         self.queue = queue
         self.max_body = max_body
         self.connect_timeout = connect_timeout
@@ -465,11 +467,13 @@ class _ClientConn(Conn):
         hdrs = self._hdrs
         method: bytes = p.get_method()
         target = b"".join(self._url)
-        if p.get_http_version() not in ("1.1", "1.0"):
+        version = p.get_http_version()
+        if version not in ("1.1", "1.0"):
             self._raise(_Reject(BAD_REQUEST, "bad_framing"))
         te = [v for n, v in hdrs if n.lower() == b"transfer-encoding"]
-        if not unambiguous(te, sum(1 for n, _ in hdrs if n.lower() == b"host")):
-            self._raise(_Reject(BAD_REQUEST, "bad_framing"))
+        fault = head_fault(version == "1.1", te, sum(1 for n, _ in hdrs if n.lower() == b"host"))
+        if fault is not None:
+            self._raise(_Reject(bad_head(fault), "bad_framing"))
         conn = connection_tokens(hdrs)
         if method == b"CONNECT" or (b"upgrade" in conn and any(n.lower() == b"upgrade" for n, _ in hdrs)):
             self._raise(_Reject(NO_UPGRADE, "upgrade"))
@@ -478,8 +482,11 @@ class _ClientConn(Conn):
         if not target.startswith(b"/"):  # absolute-form: the upstream gets origin-form
             u = urllib.parse.urlsplit(target)
             target = (u.path or b"/") + (b"?" + u.query if u.query else b"")
-        self.http11 = p.get_http_version() == "1.1"
-        req = _Req(method, target, kept_headers(hdrs), bool(p.should_keep_alive()))
+        self.http11 = version == "1.1"
+        lines = kept_headers(hdrs)
+        if not self.http11 and not any(n.lower() == b"host" for n, _ in hdrs):
+            lines.append(b"host: " + tap.up_authority)  # it goes upstream as HTTP/1.1, which needs one
+        req = _Req(method, target, lines, bool(p.should_keep_alive()))
         req.chunked = bool(te)
         rid, traceparent = head_ids(hdrs)
         req.ctx = TapContext(
@@ -628,6 +635,17 @@ class _ClientConn(Conn):
         self.tap._idle.pop(self, None)
         lim = self.tap.limits
         self._linger(lim.linger_s, lim.linger_bytes, self.tap._idle)
+
+    def _cut_off(self) -> None:
+        """Reset the connection (`Conn._send_reset`): the client sees an error where a close would
+        end its response cleanly (a body read to the connection's close)."""
+        if self.closed:
+            return
+        self._abandon()
+        self.tap._idle.pop(self, None)
+        self.closed = True
+        self.disarm()
+        self._send_reset()
 
     def _abandon(self) -> None:
         """No request of this connection goes on: the one in flight ends (client_cancel unless its
@@ -878,10 +896,10 @@ class _UpstreamConn(asyncio.Protocol):
         if rw is not None:
             out = rw.feed(body)
             if out:
-                self.tail = out[-2:]
+                self.tail = out[-TAIL_BYTES:] if len(out) >= TAIL_BYTES else (self.tail + out)[-TAIL_BYTES:]
                 client.transport.write(b"%x\r\n%b\r\n" % (len(out), out))
         elif self.rechunk:
-            self.tail = body[-2:]
+            self.tail = body[-TAIL_BYTES:] if len(body) >= TAIL_BYTES else (self.tail + body)[-TAIL_BYTES:]
             client.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
         else:
             client.transport.write(body)
@@ -926,9 +944,10 @@ class _UpstreamConn(asyncio.Protocol):
 
     def _cut(self, reason: str) -> None:
         """Protocol error, premature close or shutdown mid-response. Before the head the client gets
-        502; after it, an SSE error event in vLLM's shape (event streams relayed chunked) and then
-        the connection closes without the terminating chunk (or, close-delimited, mid-body): never
-        a clean end. Counted in `Tap.cut[reason]`."""
+        502; after it, an SSE error event in vLLM's shape (event streams relayed chunked, unless the
+        upstream left an event open: `vllm.errors.cut_event`) and then the connection closes without
+        the terminating chunk, or short of its Content-Length; a body the client reads to the
+        connection's close is reset instead. Never a clean end. Counted in `Tap.cut[reason]`."""
         client, req = self.client, self.req
         self.client = None
         self.req = None
@@ -943,13 +962,16 @@ class _UpstreamConn(asyncio.Protocol):
             client._fail(BAD_GATEWAY)
             return
         self.tap.cut[reason] = self.tap.cut.get(reason, 0) + 1
+        if self.mode == _BODY_CLOSE or (self.mode == _BODY_CHUNKED and not self.rechunk):
+            client._cut_off()  # the client reads the body to the close: a FIN would end it cleanly
+            return
         tr = client.transport
-        if tr is not None and self.rechunk and self.sse and client.http11:
-            event = stream_error_event(f"shadow tap {self.tap.name}: the upstream stream was cut ({reason})")
-            if self.tail and self.tail != b"\n\n":
-                event = b"\n\n" + event  # end the event the upstream left open first
-            tr.write(b"%x\r\n%b\r\n" % (len(event), event))
-        client._close_staged()  # what was written is sent, then FIN: the chunked body never ends
+        if tr is not None and self.rechunk and self.sse:
+            why = f"shadow tap {self.tap.name}: the upstream stream was cut ({reason})"
+            event = cut_event(why, self.tail)
+            if event is not None:
+                tr.write(b"%x\r\n%b\r\n" % (len(event), event))
+        client._close_staged()  # what was written is sent, then FIN: the body never ends
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.alive = False

@@ -4,8 +4,8 @@ moved). Never prompt or completion text."""
 SERVICE_NAME = "shadow-sidecar"
 
 # shadow.* (our namespace)
-REQUEST_ID = "shadow.request.id"
-REQUEST_ID_HASH = "shadow.request.id_hash"  # blake2b-64 of the request id (tracing.request_hash)
+REQUEST_ID = "shadow.request.id"  # the mirror's id of a request (a tapped one's: the hash below)
+REQUEST_ID_HASH = "shadow.request.id_hash"  # blake2b-64 of the request id sent (contracts.ids.request_hash)
 ACTUAL_WORKER = "shadow.actual.worker"
 DECISION_WORKER = "shadow.decision.worker"
 AGREE = "shadow.agree"

@@ -17,7 +17,6 @@ from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from shadow.telemetry import attrs
-from shadow.telemetry.tracing import request_hash
 
 W3C = TraceContextTextMapPropagator()
 
@@ -149,8 +148,8 @@ class TapSpans:
             return
         span.set_attributes(_server_attributes(ctx.method, route, route, "http", None, None))
         span.set_attributes({attrs.TAP_NAME: ctx.tap, attrs.TAP_ROLE: role})
-        if ctx.request_id:
-            span.set_attribute(attrs.REQUEST_ID_HASH, request_hash(ctx.request_id))
+        if ctx.request_id:  # (the tap keeps the hash of the X-Request-Id, never the id: contracts.ids)
+            span.set_attribute(attrs.REQUEST_ID_HASH, ctx.request_id)
         self.open[ctx] = span
         while len(self.open) > self.max_open:
             _, old = self.open.popitem(last=False)

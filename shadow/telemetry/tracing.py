@@ -11,8 +11,10 @@ dispatch rounds and admissions and the mode controller's transitions.
   `OTEL_SDK_DISABLED=true`.
 - `MirrorSpans(tracer)`: a mirror listener: one INTERNAL span
   `shadow.mirror.request` per sampled request from Arrive (or Route) to Finish/Cancel, with the
-  worker, token counts and finish reason. Unsampled requests cost one sampler call and no state;
-  open spans are capped (default 10,000; evictions counted in `evicted`).
+  worker, token counts and finish reason; its request id is the mirror's (a tapped request's is
+  the hash of its X-Request-Id, `contracts.ids`: the id hash its other spans carry). Unsampled
+  requests cost one sampler call and no state; open spans are capped (default 10,000; evictions
+  counted in `evicted`).
 - `RoutingSpans(tracer)`: what the dispatcher calls per round (`round_start`, `admission`,
   `round_end`) and the mode controller per transition (`mode_transition`); see the class.
 - `otlp_provider(environ)`: the provider when an OTLP endpoint is configured, else None;
@@ -25,7 +27,6 @@ HTTP spans (the proxy's SERVER and CLIENT spans, the taps' SERVER spans) and W3C
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import os
 import time
@@ -47,6 +48,7 @@ from opentelemetry.sdk.trace.sampling import (
 )
 
 from shadow.contracts.events import Arrive, Cancel, Event, Finish, Route, Token
+from shadow.contracts.ids import request_hash as request_hash  # (spans' request id: re-exported)
 from shadow.core.fscore import BR0Scorer
 from shadow.telemetry import attrs
 
@@ -209,7 +211,7 @@ class MirrorSpans:
         span = self.tracer.start_span("shadow.mirror.request", kind=trace.SpanKind.INTERNAL,
                                       attributes={attrs.REQUEST_ID: rid}, start_time=self.clock_ns())
         if span.is_recording():
-            span.set_attribute(attrs.REQUEST_ID_HASH, request_hash(rid))
+            span.set_attribute(attrs.REQUEST_ID_HASH, rid)  # (already the hash: see the module docstring)
         if not span.is_recording():
             if len(self.unsampled) < self.max_open:
                 self.unsampled.add(rid)
@@ -250,12 +252,6 @@ def trace_mirror(listeners: MutableSequence[Callable[[Event], None]],
     if provider is not None:
         listeners.append(MirrorSpans(get_tracer(provider)))
     return provider
-
-
-def request_hash(request_id: str) -> str:
-    """The request id as spans carry it: 16 hex digits of blake2b (the same on every span kind, so a
-    mirrored request and its admission can be matched without the id itself)."""
-    return hashlib.blake2b(request_id.encode(), digest_size=8).hexdigest()
 
 
 class Placed(Protocol):

@@ -9,6 +9,8 @@ upstream resets its sockets (RST) or closes them without the terminating chunk (
 `shadow fleet` process is killed with SIGKILL (in mode shadow behind a real `shadow router`). One
 stream is read as bytes to its end; the openai client leaves at the first relayed error event,
 often before the break behind it reaches the proxy: both are counted cuts (upstream_error).
+A scripted upstream that closes inside an event (issue 37: the client raised JSONDecodeError)
+raises an API error in the openai client.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from shadow.active.metrics import CUT_REASONS
 from shadow.base.procs import shadow_argv
 from tests.active.procs import shadow_process
 from tests.active.raw_upstream import SSE_HEAD, Exchange, RawUpstream
@@ -53,7 +56,8 @@ class Cut:
 
 class Scripted:
     """A scripted upstream: `SENT` events on every stream, then (once cut) a reset or a plain close
-    of every socket, with no terminating chunk and no `data: [DONE]`."""
+    of every socket (`half`: after the first bytes of one more event), with no terminating chunk and
+    no `data: [DONE]`."""
 
     def __init__(self, how: str) -> None:
         self.how = how
@@ -72,8 +76,10 @@ class Scripted:
             sock = ex.writer.get_extra_info("socket")
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             ex.writer.transport.abort()
-        else:
-            ex.writer.close()
+            return
+        if self.how == "half":  # inside an event: its `data:` line never ends
+            await ex.chunk(_event(SENT)[:20])
+        ex.writer.close()
 
 
 @contextmanager
@@ -95,12 +101,12 @@ def upstream(how: str, mode: str) -> Iterator[Cut]:
 
 
 @contextmanager
-def serve(mode: str, up: Cut, state: Path) -> Iterator[dict[str, Any]]:
-    """`shadow serve --active` pinned in `mode`: in mode shadow the cut upstream is the --front
-    router, and d0 (the mirror's worker) is the same server."""
+def serve(mode: str, up: Cut, state: Path, *extra: str) -> Iterator[dict[str, Any]]:
+    """`shadow serve --active` pinned in `mode` (and `extra` flags): in mode shadow the cut upstream
+    is the --front router, and d0 (the mirror's worker) is the same server."""
     args = ["serve", "--upstream", f"d0={up.url}", "--slots", "16", "--scrape-interval", "3600",
             "--policies", "br0", "--active", "--mode", mode, "--pin-mode", "--stop-taps",
-            "--state-dir", str(state)]
+            "--state-dir", str(state), *extra]
     if mode == "shadow":
         args += ["--front", f"router={up.url}"]
     try:
@@ -125,6 +131,24 @@ def outcomes(api: str) -> dict[tuple[str, str], float]:
     return {(s.labels["mode"], s.labels["outcome"]): s.value
             for f in text_string_to_metric_families(text) if f.name == "shadow_router_requests"
             for s in f.samples if s.name == "shadow_router_requests_total" and s.value}
+
+
+def cut_after_sent(front: str, up: Cut) -> tuple[list[Any], openai.APIError]:
+    """A stream through `front` with the official openai client, the upstream cut once SENT chunks
+    arrived, read until the client raises (the test fails if it ends otherwise): the chunks, the error."""
+    client = openai.OpenAI(base_url=front + "/v1", api_key="x", max_retries=0, timeout=120)
+    got: list[Any] = []
+    try:
+        with pytest.raises(openai.APIError) as raised:
+            stream = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=MAX_TOKENS,
+                                               stream=True, extra_body={"ignore_eos": True})
+            for chunk in stream:
+                got.append(chunk)
+                if len(got) == SENT:
+                    up.cut()
+    finally:
+        client.close()
+    return got, raised.value
 
 
 class RawStream(threading.Thread):
@@ -155,26 +179,16 @@ def test_an_upstream_killed_mid_stream_raises_in_the_openai_client_and_is_counte
     leg = LEG[mode]
     with upstream(how, mode) as up, serve(mode, up, tmp_path) as ready:
         front, api = ready["active"], ready["api"]
-        assert cuts(api) == {(lg, r): 0.0 for lg in ("decode", "prefill", "router")
-                             for r in ("upstream_broke", "no_continuation", "continuation_failed")}
+        assert cuts(api) == {(lg, r): 0.0 for lg in ("decode", "prefill", "router") for r in CUT_REASONS}
         raw = RawStream(front)  # a second stream, open when the cut comes: its bytes as sent
         raw.start()
         wait_for(lambda: b"\n\ndata: " in raw.got or not raw.is_alive(), "the raw stream's first events")
         assert raw.status == 200 and raw.is_alive(), (raw.status, raw.got, raw.error)
 
-        client = openai.OpenAI(base_url=front + "/v1", api_key="x", max_retries=0, timeout=120)
-        got: list[Any] = []
-        with pytest.raises(openai.APIError) as raised:
-            stream = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=MAX_TOKENS,
-                                               stream=True, extra_body={"ignore_eos": True})
-            for chunk in stream:
-                got.append(chunk)
-                if len(got) == SENT:
-                    up.cut()
-        client.close()
+        got, raised = cut_after_sent(front, up)
         # the SSE error event made the client raise: the base APIError, not an HTTP status error
-        assert type(raised.value) is openai.APIError, repr(raised.value)
-        assert "stream was cut" in raised.value.message, raised.value.message
+        assert type(raised) is openai.APIError, repr(raised)
+        assert "stream was cut" in raised.message, raised.message
         assert len(got) >= SENT if how == "sigkill" else len(got) == SENT, got  # mid-stream
         assert all(c.choices[0].finish_reason is None for c in got), got
 
@@ -201,3 +215,47 @@ def test_an_upstream_killed_mid_stream_raises_in_the_openai_client_and_is_counte
         assert sum(ended.values()) == 2, ended
         assert set(ended) == {(mode, "upstream_error")}, ended
         assert cut[(leg, "upstream_broke")] == ended[(mode, "upstream_error")] == sum(cut.values()), cut
+
+
+@pytest.mark.parametrize("mode", ["active", "shadow"])
+def test_an_upstream_cut_inside_an_event_raises_an_api_error_in_the_openai_client(
+        mode: str, tmp_path: Path) -> None:
+    """Issue 37: the tap ended the event the worker left open before its own error event, so the
+    openai client parsed the truncated event and raised JSONDecodeError, not an APIError. Now in
+    mode active the proxy, which relays whole events, drops the open one and sends its own error
+    event (APIError); in mode shadow it relays the bytes as they come, so the open event reaches
+    the client as it came and the body is cut without an event: the client's transport fails
+    (APIConnectionError). Counted as a cut either way."""
+    leg = LEG[mode]
+    with upstream("half", mode) as up, serve(mode, up, tmp_path) as ready:
+        got, raised = cut_after_sent(ready["active"], up)
+        if mode == "active":
+            assert type(raised) is openai.APIError, repr(raised)
+            assert "stream was cut (upstream_broke)" in raised.message, raised.message
+        else:
+            assert type(raised) is openai.APIConnectionError, repr(raised)
+        assert len(got) == SENT and all(c.choices[0].finish_reason is None for c in got), got
+        api = ready["api"]
+        wait_for(lambda: cuts(api)[(leg, "upstream_broke")] == 1, f"the cut counted for leg {leg}")
+        wait_for(lambda: outcomes(api) == {(mode, "upstream_error"): 1.0}, "the stream counted failed")
+
+
+def test_an_upstream_silent_past_upstream_idle_is_cut_and_counted_on_serves_metrics(tmp_path: Path) -> None:
+    """Issue 37: a worker that stops sending mid-stream held the client as long as httpx's read
+    timeout (600 s, not settable). `--upstream-idle` bounds the silence: the stream is cut (the
+    proxy's error event, then a body that never ends), counted as `upstream_idle`."""
+    s = Scripted("stall")  # SENT events, then nothing (never cut)
+    with RawUpstream(s.script) as raw, serve("active", Cut(raw.url, s.go.set), tmp_path,
+                                             "--upstream-idle", "1") as ready:
+        client = openai.OpenAI(base_url=ready["active"] + "/v1", api_key="x", max_retries=0, timeout=120)
+        got: list[Any] = []
+        with pytest.raises(openai.APIError) as raised:
+            stream = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=MAX_TOKENS, stream=True)
+            for chunk in stream:
+                got.append(chunk)
+        client.close()
+        assert "stream was cut (upstream_idle)" in raised.value.message, raised.value.message
+        assert len(got) <= SENT, got
+        api = ready["api"]
+        wait_for(lambda: cuts(api)[("decode", "upstream_idle")] == 1, "the idle cut counted")
+        wait_for(lambda: outcomes(api) == {("active", "upstream_error"): 1.0}, "the stream counted failed")

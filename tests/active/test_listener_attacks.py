@@ -1,7 +1,8 @@
 """`shadow serve --active`'s listeners (the client-facing proxy, the API/admin port) against hostile
 peers, on a real serve process: half-open connections at a low open-files limit, unbounded request
-heads, and what the client port exposes (metrics, doubled headers); whom the connection cap closes
-in an accept burst (in process).
+heads, heads RFC 9112 says to refuse (no or two Hosts, Transfer-Encoding in HTTP/1.0), and what the
+client port exposes (metrics, doubled headers); whom the connection cap closes in an accept burst
+(in process).
 """
 
 from __future__ import annotations
@@ -135,6 +136,51 @@ def shadow_mode_serve() -> Iterator[dict[str, Any]]:
                 "--scrape-interval", "3600", "--policies", "br0", "--active", "--mode", "shadow"]
         with serve(args) as (_, ready):
             yield ready
+
+
+#: Request heads a server must answer 400 and close (RFC 9112 3.2, 6.1), by name.
+REFUSED_HEADS = {
+    "no_host": b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n",
+    "two_hosts": b"GET /health HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n",
+    "te_in_http10": b"POST /v1/completions HTTP/1.0\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                    b"2\r\n{}\r\n0\r\n\r\n",
+}
+
+
+def _exchange(addr: tuple[str, int], data: bytes) -> bytes:
+    """`data` on a new connection; every byte until the listener closes it."""
+    s = socket.create_connection(addr, timeout=30)
+    try:
+        s.sendall(data)
+        out = b""
+        while chunk := s.recv(65536):  # (the socket's 30 s timeout bounds a stuck answer)
+            out += chunk
+        return out
+    finally:
+        s.close()
+
+
+def test_heads_rfc_9112_refuses_get_400_on_both_ports_counted_and_http10_without_host_is_served() -> None:
+    """Issue 37: an HTTP/1.1 request without Host got 200, and an HTTP/1.0 one with
+    Transfer-Encoding was served. Both ports answer 400 naming the fault and close, counted as
+    bad_framing; HTTP/1.0 needs no Host."""
+    with shadow_mode_serve() as ready:
+        for port in ("active", "api"):
+            addr = _addr(ready[port])
+            for name, head in REFUSED_HEADS.items():
+                out = _exchange(addr, head)
+                assert out.startswith(b"HTTP/1.1 400 ") and b"connection: close" in out, (port, name, out)
+            assert b"without a Host header" in _exchange(addr, REFUSED_HEADS["no_host"])
+            said = _exchange(addr, REFUSED_HEADS["te_in_http10"])
+            assert b"Transfer-Encoding in an HTTP/1.0 request" in said, said
+            assert _exchange(addr, b"GET /health HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.1 200 ")
+        refused = len(REFUSED_HEADS) + 2  # per port
+        state = httpx.get(ready["api"] + "/v1/state", timeout=30).json()
+        text = httpx.get(ready["api"] + "/metrics", timeout=30).text.splitlines()
+        for port in ("active", "api"):
+            assert state["listeners"][port]["rejected"]["bad_framing"] == refused, state
+            line = f'shadow_listener_rejected_total{{listener="{port}",reason="bad_framing"}} {refused:.1f}'
+            assert line in text, [x for x in text if "rejected_total" in x]
 
 
 def test_the_client_port_serves_no_metrics() -> None:

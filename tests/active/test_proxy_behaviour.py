@@ -17,8 +17,11 @@ import httpx
 import orjson
 import pytest
 
+from shadow.active.modes import ModeConfig, ModeController
+from shadow.contracts.labels import STREAM_INCOMPLETE
 from shadow.contracts.modes import StaticModeSource
 from tests.active.stubs import DONE, Step, Stub, metric, proxy_on, sse, until
+from tests.mirror.helpers import openai_stream_error
 
 
 def run(scenario: Callable[[], Awaitable[None]]) -> None:
@@ -487,8 +490,9 @@ def test_over_the_resume_budget_a_stream_keeps_no_bytes_counted_on_health_and_pr
 
 
 def test_a_router_stream_cut_in_shadow_mode_reaches_the_client_as_an_error() -> None:
-    """Passthrough relays the router's bytes as they come; when its stream breaks off, the client
-    gets an SSE error event (after ending the event left open) and a body that never ends."""
+    """Passthrough relays the router's bytes as they come; when its stream breaks off inside an
+    event, the client gets that event's bytes as relayed and a body that never ends, and no error
+    event (ending the open event first made clients parse it: a JSON error, not a cut)."""
 
     async def scenario() -> None:
         router = Stub([Step(events=[sse("t", 0), sse("t", 1)[:15]], cut=True)])
@@ -499,13 +503,98 @@ def test_a_router_stream_cut_in_shadow_mode_reaches_the_client_as_an_error() -> 
             httpx.AsyncClient() as c,
         ):
             got = await _read_cut(c, url)
-            assert got.startswith(sse("t", 0)) and b"[DONE]" not in got
-            assert "upstream_broke" in _error_events(got)[0]["message"]
+            assert got == sse("t", 0) + sse("t", 1)[:15]  # as relayed: no event ends the open one
             assert proxy.cut[("router", "upstream_broke")] == 1
             cut = metric(proxy, "shadow_router_streams_cut_total", leg="router", reason="upstream_broke")
             assert cut == 1  # on /metrics too
             await until(lambda: metric(proxy, "shadow_router_requests_total", mode="shadow", policy="router",
                                        outcome="upstream_error") == 1, what="the broken stream counted")
+        await router.stop()
+
+    run(scenario)
+
+
+@pytest.mark.parametrize(("mode", "cohort"), [("active", "shadow"), ("shadow", "router")])
+def test_a_stream_that_ends_cleanly_without_its_finish_is_incomplete_and_fails_its_cohort(
+        mode: str, cohort: str) -> None:
+    """Issue 37: a stream whose upstream ended the body cleanly with neither a `finish_reason` nor
+    `data: [DONE]` (cut short, however cleanly) was counted `ok`. It is `stream_incomplete` now (the
+    name `shadow load` gives it), and the client-felt checks count it failed; a stream with either
+    end marker is `ok`. Through the P/D flow and through shadow-mode passthrough alike."""
+
+    async def scenario() -> None:
+        cut_short = Step(events=[sse("t", 0), sse("t", 1)])
+        finished = Step(events=[sse("t", 0), sse("t", 1, finish="length")])
+        done = Step(events=[sse("t", 0), DONE])
+        up = Stub([cut_short, finished, done])
+        await up.start()
+        modes = ModeController(ModeConfig(mode=mode))
+        policy = "br0" if mode == "active" else "router"
+        async with (
+            proxy_on({"d0": up.url}, router_url=up.url, modes=modes) as (proxy, url),
+            httpx.AsyncClient() as c,
+        ):
+            for texts in (["t", "t"], ["t", "t"], ["t"]):  # each relayed whole, as it came
+                r = await c.post(url + "/v1/completions", json=BODY)
+                assert r.status_code == 200 and _texts(r.content) == texts, r.content
+
+            def counted(outcome: str) -> float:
+                return metric(proxy, "shadow_router_requests_total", mode=mode, policy=policy,
+                              outcome=outcome)
+
+            await until(lambda: counted("ok") + counted(STREAM_INCOMPLETE) == 3, what="the streams counted")
+            assert (counted("ok"), counted(STREAM_INCOMPLETE)) == (2, 1)
+            assert modes.snapshot()["cohorts"] == {f"{cohort}/ok": 2, f"{cohort}/failed": 1}
+        await up.stop()
+
+    run(scenario)
+
+
+@pytest.mark.parametrize(("mode", "leg"), [("active", "decode"), ("shadow", "router")])
+def test_an_upstream_silent_past_the_idle_deadline_is_cut_and_the_openai_client_raises(
+        mode: str, leg: str) -> None:
+    """Issue 37: a worker that stopped sending mid-stream held the client for as long as it kept
+    the connection. Past `upstream_idle_s` of silence the stream is cut (an SSE error event naming
+    `upstream_idle`, then a body that never ends), counted by that reason, and the openai client
+    raises."""
+
+    async def scenario() -> None:
+        never = asyncio.Event()
+        up = Stub([Step(events=[sse("t", 0), never])])
+        await up.start()
+        async with proxy_on({"d0": up.url}, router_url=up.url, modes=StaticModeSource(mode),
+                            upstream_idle_s=1.0) as (proxy, url):
+            got, raised = await openai_stream_error(url + "/v1")
+            assert "stream was cut (upstream_idle)" in raised.message, raised.message
+            assert [c.choices[0].text for c in got] == ["t"]
+            assert proxy.cut[(leg, "upstream_idle")] == 1 and sum(proxy.cut.values()) == 1
+            assert metric(proxy, "shadow_router_streams_cut_total", leg=leg, reason="upstream_idle") == 1
+            policy = "br0" if mode == "active" else "router"
+            await until(lambda: metric(proxy, "shadow_router_requests_total", mode=mode, policy=policy,
+                                       outcome="upstream_error") == 1, what="the stream counted failed")
+        await up.stop()
+
+    run(scenario)
+
+
+def test_a_cut_stream_an_http10_client_reads_to_the_close_is_reset_not_ended() -> None:
+    """An HTTP/1.0 client reads the body to the connection's close (no chunks): the listener's
+    close after a cut stream would end it as complete. It resets the connection instead."""
+
+    async def scenario() -> None:
+        router = Stub([Step(events=[sse("t", 0)], cut=True)])
+        await router.start()
+        async with proxy_on({"d0": "http://127.0.0.1:9"}, router_url=router.url,
+                            modes=StaticModeSource("shadow")) as (proxy, url):
+            host, port = url.removeprefix("http://").rsplit(":", 1)
+            body = orjson.dumps(BODY)
+            r, w = await asyncio.open_connection(host, int(port))
+            w.write(b"POST /v1/completions HTTP/1.0\r\ncontent-type: application/json\r\n"
+                    b"content-length: %d\r\n\r\n%s" % (len(body), body))
+            with pytest.raises(ConnectionResetError):
+                await r.read(-1)
+            w.close()
+            assert proxy.cut[("router", "upstream_broke")] == 1
         await router.stop()
 
     run(scenario)

@@ -6,9 +6,9 @@ Hypothesis generates pipelined request sequences (POST completions with JSON or 
 /v1/models, local and unknown routes; Content-Length, chunked or no body; HTTP/1.1 and 1.0;
 keep-alive or close; requests hidden in bodies), then either leaves them clean, applies one named
 smuggling trick to one request (CL+TE, TE+CL, duplicate or odd Content-Length, obfuscated
-Transfer-Encoding, obs-fold, bare LF/CR, two Hosts, NUL, bad chunk-size lines, a Content-Length
-trailer), or edits random bytes. Each sequence is written, split at random points, to the proxy.
-Per example it shows:
+Transfer-Encoding, obs-fold, bare LF/CR, two Hosts or none in HTTP/1.1, Transfer-Encoding in
+HTTP/1.0, NUL, bad chunk-size lines, a Content-Length trailer), or edits random bytes. Each
+sequence is written, split at random points, to the proxy. Per example it shows:
 - what reaches the upstream is, in order, a prefix of what h11 frames from the same bytes and the
   proxy would forward (`E`): the same method, path and body bytes, each once — so nothing hidden in
   a body, after a rejected request or after `Connection: close` is ever forwarded;
@@ -90,6 +90,7 @@ def serialize(p: Part, trick: str | None = None, at: int = 0) -> bytes:
         framing_lines = [b"Transfer-Encoding: chunked"]
         payload = _chunks(p.body)
     head = [b"Host: x", *p.headers]
+    version = p.version
     n = len(p.body)
     if trick == "cl_te":  # CL.TE: a front reading Content-Length sees the chunks as the body
         payload = _chunks(p.body)
@@ -121,6 +122,11 @@ def serialize(p: Part, trick: str | None = None, at: int = 0) -> bytes:
         head.append(b"X-A: 1\r\n Content-Length: 40")
     elif trick == "two_hosts":
         head.append(b"Host: y")
+    elif trick == "no_host":  # RFC 9112 3.2: HTTP/1.1 needs one
+        head.remove(b"Host: x")
+        version = b"1.1"
+    elif trick == "te_in_http10":  # RFC 9112 6.1: faulty framing
+        payload, framing_lines, version = _chunks(p.body), [b"Transfer-Encoding: chunked"], b"1.0"
     elif trick == "nul":
         head.append(b"X-A: a\x00b")
     elif trick in CHUNK_TRICKS:
@@ -140,7 +146,7 @@ def serialize(p: Part, trick: str | None = None, at: int = 0) -> bytes:
                 "chunk_lf": lambda k: b"%x\n" % k,
             }[trick]
             payload = _chunks(body, size)
-    lines = [b"%s %s HTTP/%s" % (p.method, p.path, p.version), *head, *framing_lines]
+    lines = [b"%s %s HTTP/%s" % (p.method, p.path, version), *head, *framing_lines]
     if trick in ("bare_lf", "bare_cr"):  # one line of the head (or its blank line) ends in LF / CR
         i = at % (len(lines) + 1)
         ends = [b"\r\n"] * (len(lines) + 1)
@@ -152,7 +158,8 @@ def serialize(p: Part, trick: str | None = None, at: int = 0) -> bytes:
 CHUNK_TRICKS = ("chunk_neg", "chunk_junk", "chunk_0x", "chunk_huge", "chunk_space", "chunk_lf",
                 "chunk_no_crlf", "trailer_cl")
 HEAD_TRICKS = ("cl_te", "te_cl", "dup_cl", "dup_cl_same", "cl_list", "cl_sign", "neg_cl", "te_obfuscated",
-               "te_two", "te_space_colon", "obs_fold", "two_hosts", "nul", "bare_lf", "bare_cr")
+               "te_two", "te_space_colon", "obs_fold", "two_hosts", "no_host", "te_in_http10", "nul",
+               "bare_lf", "bare_cr")
 TRICKS = HEAD_TRICKS + CHUNK_TRICKS
 BLOBS = [b"\r", b"\n", b" ", b"\t", b"\x00", b":", b"0", b"-", b"\r\n", b"\r\n\r\n"]
 
@@ -188,6 +195,8 @@ def parts(draw: st.DrawFn, last: bool) -> Part:
         path = draw(st.sampled_from([b"/v1/completions", b"/fleet/faults", b"/v1/models?x=1", b"/metricz"]))
     version = draw(st.sampled_from([b"1.1", b"1.1", b"1.1", b"1.0"]))
     framings = ["cl", "chunked", "none"] if method != b"POST" else ["cl", "cl", "chunked"]
+    if version == b"1.0":
+        framings.remove("chunked")  # (Transfer-Encoding in HTTP/1.0 is the trick te_in_http10)
     framing = draw(st.sampled_from(framings))
     body = draw(BODIES) if framing != "none" else b""
     extra = st.sampled_from([b"X-A: 1", b"Accept: */*", b"User-Agent: fz"])
@@ -266,13 +275,13 @@ def _one_request(data: bytes) -> tuple[Framed, bytes]:
     while True:
         try:
             ev = conn.next_event()
-        except h11.RemoteProtocolError as exc:
-            if "Missing mandatory Host" in str(exc):
-                raise
+        except h11.RemoteProtocolError:
             raise _Broken("error", head) from None
         if ev is h11.NEED_DATA:
             raise _Broken("incomplete", head)
         if isinstance(ev, h11.Request):
+            if ev.http_version == b"1.0" and any(n == b"transfer-encoding" for n, _ in ev.headers):
+                raise _Broken("error", None)  # RFC 9112 6.1 (h11 reads its chunks)
             head = _framed(ev, b"")
             req = ev
         elif isinstance(ev, h11.Data):
@@ -302,10 +311,9 @@ class Reading:
 def h11_frames(data: bytes) -> Reading:
     """The requests a strict HTTP/1.1 server (h11) frames from `data`, in order. Each request is
     read by a fresh h11 connection from the bytes the last left, so an HTTP/1.0 keep-alive is
-    honoured as the listener does (h11 itself closes after 1.0). Two differences from h11 the
-    listener is allowed: empty lines before a request line are skipped (RFC 9112 2.2), and an
-    HTTP/1.1 request without Host is read as if it had one (the framing is the same; the proxy
-    never forwards the client's Host)."""
+    honoured as the listener does (h11 itself closes after 1.0). Empty lines before a request line
+    are skipped (RFC 9112 2.2), as the listener does; an HTTP/1.0 request with Transfer-Encoding is
+    refused (RFC 9112 6.1), which h11 reads."""
     out: list[Framed] = []
     rest = data
     while True:
@@ -314,11 +322,7 @@ def h11_frames(data: bytes) -> Reading:
         if not rest:
             return Reading(out, "end")
         try:
-            try:
-                framed, rest = _one_request(rest)
-            except h11.RemoteProtocolError:  # (only a missing Host)
-                nl = rest.find(b"\n") + 1
-                framed, rest = _one_request(rest[:nl] + b"Host: x\r\n" + rest[nl:])
+            framed, rest = _one_request(rest)
         except _Broken as b:
             return Reading(out, b.end, b.head)
         out.append(framed)

@@ -1,9 +1,12 @@
-"""Test helpers: a raw HTTP/1.1 client for the taps."""
+"""Test helpers: a raw HTTP/1.1 client for the taps; a stream read with the official openai client."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import TypeVar
+from typing import Any, TypeVar
+
+import openai
+import pytest
 
 T = TypeVar("T")
 
@@ -61,3 +64,19 @@ def dechunk(body: bytes) -> tuple[bytes, bool]:
             return out, True
         out, rest = out + rest[:size], rest[size + 2:]
     return out, False
+
+
+async def openai_stream_error(base_url: str, raises: type[openai.APIError] = openai.APIError
+                              ) -> tuple[list[Any], openai.APIError]:
+    """A streamed completion through `base_url` (`.../v1`) with the official openai client, read
+    until it raises `raises` (the test fails if it ends otherwise): the chunks before, and the error."""
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
+    got: list[Any] = []
+    try:
+        with pytest.raises(raises) as raised:
+            stream = await client.completions.create(model="m", prompt="p", stream=True)
+            async for chunk in stream:
+                got.append(chunk)
+    finally:
+        await client.close()
+    return got, raised.value

@@ -1,6 +1,8 @@
 """A stream the upstream cuts is an error the client sees through a tap: an SSE error event in
 vLLM's shape, then a chunked body that never ends (no terminating chunk), counted by reason; the
-official `openai` client raises instead of returning a short completion."""
+official `openai` client raises instead of returning a short completion. A stream cut inside an
+event gets no event (it would end the open one, which the client would then parse): the body is
+cut as it came. A body the client reads to the connection's close is reset."""
 
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ import pytest
 from shadow.base.procs import read_json_line, shadow_argv
 from shadow.mirror.dropqueue import DropQueue
 from shadow.mirror.proxy import END_UPSTREAM_CUT, Tap
-from tests.mirror.helpers import dechunk
+from shadow.vllm.errors import cut_event, event_open
+from tests.mirror.helpers import dechunk, openai_stream_error
 
 SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 
@@ -81,7 +84,6 @@ def _dechunk(raw: bytes) -> tuple[bytes, bool]:
 
 @pytest.mark.parametrize(("how", "reason"), [
     ("close", "upstream_closed"), ("reset", "upstream_reset"), ("garbage", "bad_upstream_response"),
-    ("half", "upstream_closed"),
 ])
 def test_a_cut_sse_stream_ends_with_an_error_event_and_no_terminating_chunk(how: str, reason: str) -> None:
     async def go() -> None:
@@ -113,14 +115,8 @@ def test_the_openai_client_raises_on_a_stream_cut_behind_a_tap() -> None:
         srv = await _upstream("close", events=5)
         tap, _ = await _tap_for(srv)
         try:
-            client = openai.AsyncOpenAI(base_url=tap.url + "/v1", api_key="x", max_retries=0)
-            got: list[Any] = []
-            with pytest.raises(openai.APIError):
-                stream = await client.completions.create(model="m", prompt="p", stream=True)
-                async for chunk in stream:
-                    got.append(chunk)
+            got, _ = await openai_stream_error(tap.url + "/v1")
             assert len(got) == 5  # the tokens before the cut reached the client, then the error
-            await client.close()
             # a client that ignores SSE errors still sees a broken body
             async with httpx.AsyncClient() as h:
                 with pytest.raises(httpx.RemoteProtocolError):
@@ -131,6 +127,66 @@ def test_the_openai_client_raises_on_a_stream_cut_behind_a_tap() -> None:
             srv.close()
 
     asyncio.run(go())
+
+
+def test_a_stream_cut_inside_an_event_is_cut_as_it_came_and_the_openai_client_gets_a_connection_error(
+        ) -> None:
+    """Issue 37: the tap ended the event the worker left open (a blank line, then its error event),
+    so the openai client parsed the truncated event and raised JSONDecodeError, not an APIError.
+    Now the bytes are relayed unchanged and the body is cut without its end: the client's transport
+    fails (httpx RemoteProtocolError, openai APIConnectionError) after the whole events."""
+
+    async def go() -> None:
+        srv = await _upstream("half")
+        tap, q = await _tap_for(srv)
+        try:
+            body, clean = _dechunk(await _raw(tap))
+            assert not clean, "a cut stream must not end with the zero-length chunk"
+            assert body == b"".join(_event(i) for i in range(3)) + _event(3)[:20]  # as it came
+            assert tap.cut["upstream_closed"] == 1 and sum(tap.cut.values()) == 1
+            ends = [p for _, s, _, p in q.get_nowait_batch(100) if s == -1]
+            assert ends == [END_UPSTREAM_CUT]
+            got, raised = await openai_stream_error(tap.url + "/v1", openai.APIConnectionError)
+            assert [c.choices[0].text for c in got] == [" t0", " t1", " t2"]
+            cause = raised.__cause__
+            assert type(cause).__name__ == "RemoteProtocolError", repr(cause)  # (httpx's, in openai)
+        finally:
+            await tap.close()
+            srv.close()
+
+    asyncio.run(go())
+
+
+def test_a_cut_body_an_http10_client_reads_to_the_close_is_reset_not_ended() -> None:
+    """An HTTP/1.0 client reads the body to the connection's close (no chunks): a FIN after a cut
+    would end it as complete. The tap resets the connection instead."""
+
+    async def go() -> None:
+        srv = await _upstream("close")
+        tap, _ = await _tap_for(srv)
+        try:
+            body = b'{"model":"m","prompt":"p","stream":true}'
+            r, w = await asyncio.open_connection(tap.host, tap.port)
+            w.write(b"POST /v1/completions HTTP/1.0\r\ncontent-type: application/json\r\n"
+                    b"content-length: %d\r\n\r\n%s" % (len(body), body))
+            with pytest.raises(ConnectionResetError):
+                await asyncio.wait_for(r.read(-1), 10)
+            w.close()
+            assert tap.cut["upstream_closed"] == 1
+        finally:
+            await tap.close()
+            srv.close()
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize(("tail", "open_"), [
+    (b"", False), (b'}\n\n', False), (b"}\r\n\r\n", False), (b"\r\n\r", False), (b"}\r\r", False),
+    (b'"cmp', True), (b"}\n", True), (b"}\r\n", True), (b"\n\r\nx", True),
+])
+def test_an_event_is_open_until_its_blank_line_with_any_line_ending(tail: bytes, open_: bool) -> None:
+    assert event_open(tail) is open_
+    assert (cut_event("cut", tail) is None) is open_
 
 
 def test_tap_shutdown_cuts_open_streams_visibly() -> None:

@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from shadow.contracts.ids import request_hash
 from shadow.mirror.dropqueue import DropQueue
 from shadow.mirror.http1 import TapLimits
 from shadow.mirror.proxy import END_COMPLETE, END_UPSTREAM_CUT, END_UPSTREAM_ERROR, Tap
@@ -290,8 +291,9 @@ def test_the_request_heads_traceparent_is_relayed_unchanged_and_handed_to_the_an
                f"TraceParent: {tp}\r\nContent-Length: 2\r\n\r\n{{}}").encode()
         out = await _talk(tap, req)
         assert out.startswith(b"HTTP/1.1 200") and f"TraceParent: {tp}\r\n".encode() in seen[0]
+        assert b"X-Request-Id: r9\r\n" in seen[0]  # the id goes upstream as sent ...
         ctx, seq, _, _ = (await q.get_batch(10, timeout=5))[0]
-        assert seq == 0 and (ctx.request_id, ctx.traceparent) == ("r9", tp)
+        assert seq == 0 and (ctx.request_id, ctx.traceparent) == (request_hash("r9"), tp)  # ... kept hashed
         # without one (or with one no W3C value can be), the analysis gets None
         await _talk(tap, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
                          b"traceparent: " + b"0" * 200 + b"\r\nContent-Length: 2\r\n\r\n{}")

@@ -110,6 +110,12 @@ SMUGGLING = {
     "bad_chunk": b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"
     + b"x" * 1000,
     "te_not_chunked": _POST + b"Transfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n",
+    # RFC 9112 3.2: an HTTP/1.1 request without Host, or with two (issue 37: the first got 200)
+    "no_host": b"GET /health HTTP/1.1\r\n\r\n",
+    "two_hosts": b"GET /health HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n",
+    # RFC 9112 6.1: Transfer-Encoding in an HTTP/1.0 request is faulty framing
+    "te_in_http10": b"POST /v1/completions HTTP/1.0\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                    b"0\r\n\r\n",
 }
 
 
@@ -122,6 +128,16 @@ def test_ambiguous_framing_is_answered_400_closed_and_never_forwarded(name: str)
         assert rig.settle_upstream() == []  # nothing reached the upstream
         assert rig.tap.rejected["bad_framing"] == 1
         assert served(rig.tap.port)
+
+
+def test_an_http10_request_without_host_goes_upstream_with_one() -> None:
+    """HTTP/1.0 needs no Host, but the tap relays it as HTTP/1.1, which does: it names the upstream
+    (the h11 upstream refused it 400 before)."""
+    with Rig() as rig:
+        out = send(rig.tap.port, b"GET /health HTTP/1.0\r\n\r\n")
+        assert out.startswith(b"HTTP/1.1 200 "), out
+        assert rig.settle_upstream() == [("GET", "/health")]
+        assert sum(rig.tap.rejected.values()) == 0
 
 
 def test_the_smuggling_is_real_when_sent_straight_to_uvicorn_h11() -> None:

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from shadow.contracts.events import Cancel, Finish, Route
+from shadow.contracts.ids import request_hash
 from shadow.mirror.proxy import TapContext
 from shadow.mirror.service import TapConfig
 from tests.harness import TapThread
@@ -170,13 +171,13 @@ def test_client_sees_identical_bytes_and_the_mirror_sees_every_end(relay: str) -
         assert t.wait_for(lambda: t.svc.state.live() == 0 and not len(t.svc.queue))
         ends = _ends(t)
         for name, (kind, reason, gen) in EXPECTED_END.items():
-            ev = ends[f"tap-{name}"]
+            ev = ends[request_hash(f"tap-{name}")]  # (the mirror knows a request by its id's hash)
             assert ev.kind == kind and ev.reason == reason, (name, ev)
             if gen is not None:
                 assert ev.generated == gen, (name, ev)
         routes = t.sync(lambda: [ev for _, ev in t.svc.mirror.recent if isinstance(ev, Route)])
         assert {r.worker for r in routes} == {"d0"}
-        cont = [r for r in routes if r.request_id == "tap-cmpl-continuous" and r.prompt_tokens]
+        cont = [r for r in routes if r.request_id == request_hash("tap-cmpl-continuous") and r.prompt_tokens]
         assert cont and cont[0].prompt_tokens == 20  # learnt from the first chunk's continuous usage
         assert t.sync(lambda: t.svc.mirror.errors) == {}
         assert _metric(t, "shadow_mirror_dropped_total", {"reason": "queue_full"}) == 0
@@ -266,7 +267,7 @@ def test_one_thousand_random_client_disconnects_release_their_slots(relay: str) 
                                     break
                                 got += len(chunk)
                     finally:
-                        closed.add(rid)
+                        closed.add(request_hash(rid))  # (the mirror knows it by its id's hash)
                         if rng.random() < 0.5:
                             writer.transport.abort()
                         else:
@@ -351,7 +352,8 @@ def test_pd_legs_are_paired_and_every_decision_recovered() -> None:
             arrives = {ev.request_id: ev for ev in recent if ev.kind == "arrive"}
             finishes = {ev.request_id: ev for ev in recent if isinstance(ev, Finish)}
             assert len(routes) == len(truth)  # one mirrored request per P/D pair, none for prefill legs
-            for rid, worker, prompt, gen in truth:
+            for sent, worker, prompt, gen in truth:
+                rid = request_hash(sent)  # the mirror knows a request by its id's hash
                 assert routes[rid].worker == worker
                 assert routes[rid].prompt_tokens == prompt  # from the paired prefill leg
                 assert arrives[rid].prompt_tokens == prompt and arrives[rid].t <= routes[rid].t
@@ -381,7 +383,7 @@ def test_recorded_events_are_valid_ndjson(tmp_path: Any) -> None:
     lines = [json.loads(x) for x in rec.read_text().splitlines()]
     # compact recording (shadow.mirror.recording): a header, then one line per ended request
     assert lines[0]["type"] == "session" and lines[0]["workers"] == ["d0"]
-    r0 = [x for x in lines if x.get("request_id") == "r0"]
+    r0 = [x for x in lines if x.get("request_id") == request_hash("r0")]  # recorded by the id's hash
     assert len(r0) == 1 and r0[0]["type"] == "request" and r0[0]["worker"] == "d0"
     assert r0[0]["output_tokens"] == 3 and r0[0]["end"] in ("stop", "length")
     assert "secret" not in rec.read_text()
@@ -420,9 +422,10 @@ def test_inject_usage_gives_exact_counts_and_clients_see_what_they_asked_for() -
                 )
             assert t.wait_for(lambda: t.svc.state.live() == 0)
             recent = t.sync(lambda: [ev for _, ev in t.svc.mirror.recent])
-            plain_routes = [ev for ev in recent if isinstance(ev, Route) and ev.request_id == "inj-plain"]
+            plain = request_hash("inj-plain")
+            plain_routes = [ev for ev in recent if isinstance(ev, Route) and ev.request_id == plain]
             assert plain_routes[-1].prompt_tokens is not None  # learnt from injected continuous usage
-            fin = next(ev for ev in recent if isinstance(ev, Finish) and ev.request_id == "inj-plain")
+            fin = next(ev for ev in recent if isinstance(ev, Finish) and ev.request_id == plain)
             assert fin.generated == 6 and fin.reason == "stop"
 
 

@@ -18,6 +18,7 @@ from openai import OpenAI
 
 from shadow.base.tools import find_executable
 from shadow.contracts.events import Route
+from shadow.contracts.ids import request_hash
 from shadow.fleet import FleetConfig
 from shadow.mirror.service import TapConfig
 from shadow.vllm.metrics import parse_vllm_metrics
@@ -213,10 +214,11 @@ def test_pd_mode_decisions_recovered_from_taps(router: Any) -> None:
             )
             assert len(routes) == 20
             by_addr = {u.split("//", 1)[1]: n for n, u in taps.items()}
-            for rid in ids:
-                mine = next(r for k, r in routes.items() if k in rid)
+            for rid in ids:  # a chunk's id: the X-Request-Id the worker got, after cmpl- or chatcmpl-
+                sent = rid.split("-", 1)[1]
+                mine = routes[request_hash(sent)]  # the mirror knows a request by its id's hash
                 # the router names its decode choice in the request id; the tap that saw the leg agrees
-                addr = mine.request_id.split("___decode_addr_", 1)[1].rsplit("_", 1)[0]
+                addr = sent.split("___decode_addr_", 1)[1].rsplit("_", 1)[0]
                 assert by_addr[addr] == mine.worker
                 assert mine.prompt_tokens and mine.prompt_tokens > 0  # from the paired prefill leg
             dec = _decisions(murl)

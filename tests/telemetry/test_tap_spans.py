@@ -46,7 +46,9 @@ def _spans(provider: TracerProvider, max_open: int = 10_000) -> TapSpans:
     return TapSpans(provider.get_tracer("t"), max_open=max_open, clock=lambda: 100.0, clock_ns=lambda: NOW_NS)
 
 
-def _ctx(rid: str | None = "r1", tp: str | None = TP, tap: str = "d1", t: float = 99.5) -> TapContext:
+def _ctx(rid: str | None = request_hash("r1"), tp: str | None = TP, tap: str = "d1", t: float = 99.5
+         ) -> TapContext:
+    """A request as a tap hands it over (its request id: the hash of its X-Request-Id)."""
     body = f'{{"prompt": "{MARKER}", "max_tokens": 3, "stream": true}}'.encode()
     ctx = TapContext(tap, "POST", "/v1/completions?x=1", rid, body, len(body), t, tp)
     return ctx
@@ -117,7 +119,7 @@ def test_a_5xx_answer_is_an_error_and_a_client_cancel_is_not(
         exported: tuple[TracerProvider, InMemorySpanExporter]) -> None:
     provider, exporter = exported
     spans = _spans(provider)
-    failed, left = _ctx(rid="a"), _ctx(rid="b")
+    failed, left = _ctx(rid=request_hash("a")), _ctx(rid=request_hash("b"))
     spans.started(failed, "decode")
     spans.started(left, "decode")
     failed.status, left.status = 503, 200
@@ -134,7 +136,7 @@ def test_open_spans_are_capped_the_oldest_ended_as_evicted(
         exported: tuple[TracerProvider, InMemorySpanExporter]) -> None:
     provider, exporter = exported
     spans = _spans(provider, max_open=2)
-    ctxs = [_ctx(rid=f"r{i}") for i in range(3)]
+    ctxs = [_ctx(rid=request_hash(f"r{i}")) for i in range(3)]
     for c in ctxs:
         spans.started(c, "decode")
     assert len(spans.open) == 2 and spans.evicted == 1
@@ -147,7 +149,7 @@ def test_open_spans_are_capped_the_oldest_ended_as_evicted(
 
 def test_head_ids_reads_the_first_request_id_and_a_bounded_traceparent() -> None:
     head = [(b"X-Request-ID", b"a"), (b"x-request-id", b"b"), (b"TRACEPARENT", b" " + TP.encode())]
-    assert head_ids(head) == ("a", TP)
+    assert head_ids(head) == (request_hash("a"), TP)  # the id's hash: the id itself is never kept
     assert head_ids([(b"traceparent", b"0" * 129)]) == (None, None)
     assert head_ids([]) == (None, None)
 

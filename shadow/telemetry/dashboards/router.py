@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from typing import get_args
 
-from shadow.contracts.labels import BACKPRESSURE_REASONS, LEGS, OUTCOMES
+from shadow.contracts.labels import BACKPRESSURE_REASONS, FAILED_OUTCOMES, LEGS, OUTCOMES
 from shadow.contracts.modes import MODES, RouteMode
 from shadow.core.policies import ACTIVE
 from shadow.telemetry.dashboards._hist import quantiles
 from shadow.telemetry.dashboards._kit import Board, Layout, level, q, rate, st, ts
 
 ROUTED = 'mode!="shadow"'
-FAILED = 'outcome=~"upstream_error|rejected"'
+FAILED = f'outcome=~"{"|".join(FAILED_OUTCOMES)}"'
 REQUESTS = "shadow_router_requests_total"
 
 
@@ -69,7 +69,7 @@ def _panels(lay: Layout) -> None:
                f"policy and outcome ({_listed(OUTCOMES)}).",
                "reqps", q(rate(REQUESTS, "mode, policy, outcome"), "{{mode}} {{policy}} {{outcome}}")), w=12)
     lay.add(ts("Failed share of requests",
-               "Share of requests per second ending in upstream_error or rejected, by effective mode.",
+               f"Share of requests per second ending in {_listed(FAILED_OUTCOMES)}, by effective mode.",
                "percentunit", q(f"{rate(REQUESTS, 'mode', FAILED)} / {rate(REQUESTS, 'mode')}", "{{mode}}"),
                max_=1), w=12)
     lay.add(ts("Upstream errors",
