@@ -40,6 +40,7 @@ from shadow.base.runtime import LOOPS
 from shadow.commands._flags import Flag, add_flags, fields, flag
 from shadow.commands._help import add_command, run_alone
 from shadow.commands._service import add_log_arguments, run_reporting, start_logging
+from shadow.mirror.groups import BOUND_FLAG
 from shadow.mirror.http1 import DEFAULT_ALLOW_PATHS, TapLimits
 
 PROG = "shadow tap"
@@ -123,6 +124,8 @@ def group_flags() -> tuple[Flag, ...]:
         flag("--attach-token", "attach_token", "bearer token an analysis attaching over TCP must present "
              "(env SHADOW_ATTACH_TOKEN)", default=os.environ.get("SHADOW_ATTACH_TOKEN")),
         flag("--digest", "digest", argparse.SUPPRESS),  # set by `shadow serve` for the groups it starts
+        # set by `shadow serve` for a group in a temporary state directory: stop when stdin ends
+        flag(BOUND_FLAG, "bound", argparse.SUPPRESS, action="store_true"),
     )
 
 

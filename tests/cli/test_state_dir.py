@@ -48,8 +48,9 @@ def test_the_key_file_is_named_or_in_the_state_directory(tmp_path: Path) -> None
     assert key_location(None, None, {"HOME": str(tmp_path)}) == KeyLocation(
         tmp_path / ".local" / "state" / "shadow" / KEY_FILE_NAME, False)
     named = {**env, "SHADOW_KEY_FILE": str(tmp_path / "secret" / "k")}
-    assert key_location(None, None, named) == KeyLocation(tmp_path / "secret" / "k", True)
-    assert key_location(str(tmp_path / "f"), str(tmp_path / "s"), named) == KeyLocation(tmp_path / "f", True)
+    assert key_location(None, None, named) == KeyLocation(tmp_path / "secret" / "k", True, kept=False)
+    assert key_location(str(tmp_path / "f"), str(tmp_path / "s"), named) == KeyLocation(
+        tmp_path / "f", True, kept=False)
     assert key_location(None, str(tmp_path / "s"), {}) == KeyLocation(tmp_path / "s" / KEY_FILE_NAME, True)
 
 
