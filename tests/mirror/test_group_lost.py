@@ -1,0 +1,150 @@
+"""A tap group whose supervisor is lost (`kill -9`, here in the middle of a reload) takes its relays
+with it: they drain (a stream in flight completes) and end, never two generations serving with
+no one to end one of them; `--status` says the supervisor is gone; the next `shadow tap` of the
+name is not refused and takes the ports the group had, so the router needs no change. A pid read
+from the record is signalled only once verified: a recycled one is left alone."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from shadow.base.pids import start_time
+from shadow.base.procs import shadow_argv
+from shadow.mirror.groups import ManagedGroup
+from shadow.mirror.rundir import RunDir
+from tests.active.procs import shadow_process
+from tests.live.stack import wait
+from tests.mirror.helpers import http_post
+from tests.mirror.stub_worker import ThreadServer, create_stub
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+TOKENS = 40
+_TOK = re.compile(rb'"text":" t\d+"')
+
+
+BLOCKS_SIGTERM = ("import signal, time; signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM}); "
+                  "print('ready', flush=True); time.sleep(600)")
+
+
+def _sigterm_pending(pid: int) -> bool:
+    """A SIGTERM was sent to `pid` (which blocks it): pending in its /proc status."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+        (mask,) = [ln.split()[1] for ln in fh if ln.startswith("ShdPnd:")]
+    return bool(int(mask, 16) & (1 << (signal.SIGTERM - 1)))
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as fh:
+            return [int(x) for x in fh.read().split()]
+    except OSError:
+        return []
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie."""
+    return start_time(pid) is not None
+
+
+def _stream(port: int, out: list[bytes], started: threading.Event) -> None:
+    """One streamed completion through the tap, read to its end."""
+    body = json.dumps({"model": "m", "prompt": "p", "stream": True, "stub": {"tokens": TOKENS}}).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as s:
+        s.sendall(http_post("/v1/completions", body, rid="in-flight"))
+        got = b""
+        while b'"text":" t0"' not in got:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+        started.set()
+        while chunk := s.recv(65536):
+            got += chunk
+    out.append(got)
+
+
+def _tap(up: str, state: Path, *extra: str) -> list[str]:
+    return ["tap", "--upstream", f"d0={up}", "--name", "g", "--state-dir", str(state), *extra]
+
+
+def test_a_supervisor_killed_in_a_reload_takes_its_relays_along_and_the_group_comes_back(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    with ThreadServer(create_stub("d0", step_s=0.05)) as up:
+        with shadow_process(_tap(up.url, state, "--drain-timeout", "120")) as (sup, ready):
+            port = int(ready["taps"]["d0"].rsplit(":", 1)[1])
+            out: list[bytes] = []
+            started = threading.Event()
+            client = threading.Thread(target=_stream, args=(port, out, started))
+            client.start()
+            assert started.wait(60), "the stream started"
+            reload = subprocess.Popen(
+                shadow_argv("tap", "--reload", "--name", "g", "--state-dir", str(state)),
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+            relays = wait(lambda: len(k := _children(sup.pid)) == 2 and k, "the reload's new relay", 60)
+            sup.kill()  # in the middle of the reload
+            sup.wait(30)
+            reload.wait(60)
+            # both generations drain and end: the stream in flight completes, nothing keeps serving
+            client.join(120)
+            wait(lambda: not any(_running(p) for p in relays), "both relays ended", 120)
+        (got,) = out
+        assert len(_TOK.findall(got)) == TOKENS and b"data: [DONE]" in got, got[-300:]
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=10).close()
+        # the state directory tells what happened
+        status = subprocess.run(shadow_argv("tap", "--status", "--name", "g", "--state-dir", str(state)),
+                                capture_output=True, text=True, timeout=60)
+        assert status.returncode == 1, status.stderr
+        doc = json.loads(status.stdout)
+        assert doc["running"] is False and doc["pid"] == sup.pid and "is gone" in doc["error"], doc
+        # the next group of the name is not refused, and serves on the port the lost one had
+        with shadow_process(_tap(up.url, state)) as (_, again):
+            assert again["taps"] == ready["taps"]
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+                body = json.dumps({"model": "m", "prompt": "p"}).encode()
+                s.sendall(http_post("/v1/completions", body))
+                assert s.recv(64).startswith(b"HTTP/1.1 200")
+            assert RunDir(state, "g").supervisor() == again["pid"]
+
+
+def test_a_recycled_pid_in_the_record_is_neither_a_running_group_nor_signalled(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    rd = RunDir(state, "g")
+    # another process, SIGTERM blocked so that a signal sent to it stays pending, to be seen
+    other = subprocess.Popen([sys.executable, "-c", BLOCKS_SIGTERM], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout is not None and other.stdout.readline() == "ready\n"
+        start = start_time(other.pid)
+        assert start is not None
+        # a record left by a group that was lost long ago, whose pids now name another process
+        record = {"pid": other.pid, "relay_pid": other.pid, "relays": [[other.pid, start - 1]],
+                  "taps": {"d0": "http://127.0.0.1:1"}}
+        rd.create()  # (a stop removes the directory of a group that no longer runs)
+        rd.write(record)
+        ManagedGroup(state, "g", [sys.executable, "-c", "pass"], "d").stop(timeout_s=5)  # serve --stop-taps
+        assert not _sigterm_pending(other.pid)
+        rd.create()  # (a stop removes the directory of a group that no longer runs)
+        rd.write(record)
+        stop = subprocess.run(shadow_argv("tap", "--stop", "--name", "g", "--state-dir", str(state)),
+                              capture_output=True, text=True, timeout=60)
+        assert stop.returncode == 0 and json.loads(stop.stdout)["relays"] == [], stop.stderr
+        assert not _sigterm_pending(other.pid)
+        rd.create()  # (a stop removes the directory of a group that no longer runs)
+        rd.write(record)
+        assert rd.live_record() is None and rd.supervisor() is None and rd.relays() == []
+    finally:
+        other.kill()
+        other.wait()
