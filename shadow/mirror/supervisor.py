@@ -360,8 +360,8 @@ class Supervisor:
             return
         self.stopping = True
         self.stop_deadline = time.monotonic() + self.drain_timeout_s + 10.0
-        log(f"stopping: new connections are refused; the relay drains its streams (up to "
-            f"{self.drain_timeout_s:g} s)")
+        log(f"stopping: the relay drains its streams (up to {self.drain_timeout_s:g} s); new connections "
+            f"are refused")
         self._signal_all(signal.SIGTERM)
         for s in self.sockets.all():  # the relays close theirs as they begin to drain
             with contextlib.suppress(OSError):
