@@ -233,6 +233,7 @@ def _sockets(config: TapGroupConfig, rd: RunDir, before: dict[str, Any]) -> Rela
 def _taken_over(rd: RunDir) -> dict[str, Any]:
     """The record a lost group left (its supervisor gone: this process holds the lock now), or {}."""
     before = rd.read() or {}
+    rd.clean()  # (no one takes the lost group's record for this one's)
     if before:
         print(
             f"{PROG}: tap group {rd.name!r}: its supervisor (pid {before.get('pid', '?')}) was lost; "

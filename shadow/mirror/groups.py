@@ -8,7 +8,8 @@ with the same configuration digest, else starts `argv` detached (stdin closed, o
 group's supervisor). The group outlives the process that started it, unless `bound`: then its
 stdin is a pipe this process holds, and the group stops when this process ends, however it ends
 (for a group in a temporary state directory, which nothing else could find and adopt). A group
-stopped cleanly leaves no directory behind.
+stopped cleanly leaves no directory behind; one that was lost (its supervisor killed) leaves its
+record, and `lost()` says so.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class ManagedGroup:
         self.bound = bound
         self.proc: subprocess.Popen[bytes] | None = None
         self.adopted = False
+        self.recovered = 0  # times it was started again after it was lost (`lost`)
 
     @property
     def log_path(self) -> Path:
@@ -88,6 +90,11 @@ class ManagedGroup:
         except OSError:
             self._abandon()
             raise
+
+    def lost(self) -> bool:
+        """The group's supervisor ended without a clean stop (its record is left behind; its
+        relays ended with it): `ensure` starts it again, on the ports it had."""
+        return self.run_dir.read() is not None and not self.run_dir.locked_by_someone()
 
     def _abandon(self) -> None:
         """End a group this process started that did not come up (its whole process group: the

@@ -198,6 +198,7 @@ class TapService:
         self._groups_dir: Path | None = None
         self._temporary = False  # the state directory is a temporary one (`_state_dir`)
         self._lock: PidLock | None = None  # this analysis's (`hold_analysis_lock`)
+        self._recovery: asyncio.Task[None] | None = None  # starting a lost group again
         self.queue: DropQueue | RemoteQueue = (
             DropQueue(c.queue_size, max_bytes=c.queue_bytes)
             if c.relay == "thread"
@@ -380,7 +381,7 @@ class TapService:
             out["attached"] = [a.snapshot() for a in self.attachments]
             if self.group is not None:
                 out["tap_group"] = {"name": self.group.run_dir.name, "dir": str(self.group.run_dir.path),
-                                    "adopted": self.group.adopted}
+                                    "adopted": self.group.adopted, "recovered": self.group.recovered}
         if self.reconciler is not None:
             rec = self.reconciler.snapshot(now)
             out["reconcile"] = rec
@@ -647,8 +648,24 @@ class TapService:
                     a.ack()
                 if self.group is not None:
                     self.group.poll()
+                    if self._recovery is None and self.group.lost():
+                        self._recovery = asyncio.create_task(self._recover(self.group))
+                        self._tasks.append(self._recovery)
             except Exception:
                 self.mirror.count_error("housekeeping")
+
+    async def _recover(self, group: ManagedGroup, backoff_s: float = 5.0) -> None:
+        """Start this service's tap group again after its supervisor was lost (its relays ended
+        with it): on the ports it had, so the router needs no change; the attachments find it."""
+        try:
+            log.warning("tap group %r lost its supervisor: starting it again", group.run_dir.name)
+            await asyncio.to_thread(group.ensure, 60.0)
+            group.recovered += 1
+        except OSError as exc:
+            log.warning("tap group %r: could not start it again: %s", group.run_dir.name, exc)
+            await asyncio.sleep(backoff_s)
+        finally:
+            self._recovery = None
 
     async def drain(self, timeout_s: float = 5.0) -> None:
         """Wait until the analysis has consumed everything offered so far (tests, shutdown)."""

@@ -1,12 +1,14 @@
 """A tap group whose supervisor is lost (`kill -9`, here in the middle of a reload) takes its relays
 with it: they drain (a stream in flight completes) and end, never two generations serving with
 no one to end one of them; `--status` says the supervisor is gone; the next `shadow tap` of the
-name is not refused and takes the ports the group had, so the router needs no change. A pid read
-from the record is signalled only once verified: a recycled one is left alone."""
+name is not refused and takes the ports the group had, so the router needs no change (`shadow
+serve` does that itself for the group it runs, and attaches to it again). A pid read from the
+record is signalled only once verified: a recycled one is left alone."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import socket
@@ -14,13 +16,15 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from shadow.base.pids import start_time
 from shadow.base.procs import shadow_argv
 from shadow.mirror.groups import ManagedGroup
-from shadow.mirror.rundir import RunDir
+from shadow.mirror.rundir import RunDir, groups
 from tests.active.procs import shadow_process
 from tests.live.stack import wait
 from tests.mirror.helpers import http_post
@@ -148,3 +152,29 @@ def test_a_recycled_pid_in_the_record_is_neither_a_running_group_nor_signalled(t
     finally:
         other.kill()
         other.wait()
+
+
+def test_serve_starts_its_lost_group_again_on_its_ports_and_attaches_to_it(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    with ThreadServer(create_stub("d0")) as up:
+        argv = ["serve", "--upstream", f"d0={up.url}", "--slots", "4", "--scrape-interval", "0",
+                "--state-dir", str(state), "--stop-taps"]
+        with shadow_process(argv) as (_, ready):
+            (rd,) = groups(state)
+            lost = rd.supervisor()
+            assert lost is not None
+            os.kill(lost, signal.SIGKILL)
+            again = wait(lambda: (r := rd.live_record()) and r.get("relay_id") and r["pid"] != lost
+                         and r["pid"], "the group serving again", 120)
+            body = json.dumps({"model": "m", "prompt": "p"}).encode()
+            port = int(ready["taps"]["d0"].rsplit(":", 1)[1])
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as s:  # the same port
+                s.sendall(http_post("/v1/completions", body))
+                assert s.recv(64).startswith(b"HTTP/1.1 200")
+            wait(lambda: _state(ready["api"])["tap_group"]["recovered"] == 1, "serve's recovery done", 60)
+            assert rd.supervisor() == again
+            wait(lambda: _state(ready["api"])["workers"]["d0"]["finished"] == 1, "the request mirrored", 60)
+
+
+def _state(api: str) -> dict[str, Any]:
+    return httpx.get(api + "/v1/state", timeout=30).json()  # type: ignore[no-any-return]
