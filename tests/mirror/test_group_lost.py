@@ -63,18 +63,13 @@ def _running(pid: int) -> bool:
 def _stream(port: int, out: list[bytes], started: threading.Event) -> None:
     """One streamed completion through the tap, read to its end."""
     body = json.dumps({"model": "m", "prompt": "p", "stream": True, "stub": {"tokens": TOKENS}}).encode()
-    with socket.create_connection(("127.0.0.1", port), timeout=120) as s:
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as s, s.makefile("rb") as f:
         s.sendall(http_post("/v1/completions", body, rid="in-flight"))
-        got = b""
-        while b'"text":" t0"' not in got:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            got += chunk
+        lines = [f.readline()]
+        while lines[-1] and b'"text":" t0"' not in lines[-1]:
+            lines.append(f.readline())
         started.set()
-        while chunk := s.recv(65536):
-            got += chunk
-    out.append(got)
+        out.append(b"".join(lines) + f.read())
 
 
 def _tap(up: str, state: Path, *extra: str) -> list[str]:
