@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +24,13 @@ from shadow.base.procs import shadow_argv
 from shadow.mirror.groups import ManagedGroup
 from shadow.mirror.rundir import RunDir, groups
 from tests.active.procs import shadow_process
+from tests.active.raw_upstream import Held, RawUpstream
 from tests.live.stack import wait
 from tests.mirror.helpers import http_post
 from tests.mirror.stub_worker import ThreadServer, create_stub
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-TOKENS = 40
-_TOK = re.compile(rb'"text":" t\d+"')
 
 
 BLOCKS_SIGTERM = ("import signal, time; signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM}); "
@@ -60,16 +57,12 @@ def _running(pid: int) -> bool:
     return start_time(pid) is not None
 
 
-def _stream(port: int, out: list[bytes], started: threading.Event) -> None:
-    """One streamed completion through the tap, read to its end."""
-    body = json.dumps({"model": "m", "prompt": "p", "stream": True, "stub": {"tokens": TOKENS}}).encode()
-    with socket.create_connection(("127.0.0.1", port), timeout=120) as s, s.makefile("rb") as f:
-        s.sendall(http_post("/v1/completions", body, rid="in-flight"))
-        lines = [f.readline()]
-        while lines[-1] and b'"text":" t0"' not in lines[-1]:
-            lines.append(f.readline())
-        started.set()
-        out.append(b"".join(lines) + f.read())
+def _port(ready: dict[str, Any]) -> int:
+    return int(ready["taps"]["d0"].rsplit(":", 1)[1])
+
+
+def _cmd(what: str, state: Path) -> list[str]:
+    return shadow_argv("tap", what, "--name", "g", "--state-dir", str(state))
 
 
 def _tap(up: str, state: Path, *extra: str) -> list[str]:
@@ -80,43 +73,41 @@ def test_a_supervisor_killed_in_a_reload_takes_its_relays_along_and_the_group_co
     tmp_path: Path,
 ) -> None:
     state = tmp_path / "state"
-    with ThreadServer(create_stub("d0", step_s=0.05)) as up:
-        with shadow_process(_tap(up.url, state, "--drain-timeout", "120")) as (sup, ready):
-            port = int(ready["taps"]["d0"].rsplit(":", 1)[1])
-            out: list[bytes] = []
-            started = threading.Event()
-            client = threading.Thread(target=_stream, args=(port, out, started))
-            client.start()
-            assert started.wait(60), "the stream started"
-            reload = subprocess.Popen(
-                shadow_argv("tap", "--reload", "--name", "g", "--state-dir", str(state)),
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )
-            relays = wait(lambda: len(k := _children(sup.pid)) == 2 and k, "the reload's new relay", 60)
-            sup.kill()  # in the middle of the reload
-            sup.wait(30)
-            reload.wait(60)
-            # both generations drain and end: the stream in flight completes, nothing keeps serving
-            client.join(120)
-            wait(lambda: not any(_running(p) for p in relays), "both relays ended", 120)
-        (got,) = out
-        assert len(_TOK.findall(got)) == TOKENS and b"data: [DONE]" in got, got[-300:]
-        with pytest.raises(ConnectionRefusedError):
-            socket.create_connection(("127.0.0.1", port), timeout=10).close()
-        # the state directory tells what happened
-        status = subprocess.run(shadow_argv("tap", "--status", "--name", "g", "--state-dir", str(state)),
-                                capture_output=True, text=True, timeout=60)
-        assert status.returncode == 1, status.stderr
-        doc = json.loads(status.stdout)
-        assert doc["running"] is False and doc["pid"] == sup.pid and "is gone" in doc["error"], doc
-        # the next group of the name is not refused, and serves on the port the lost one had
-        with shadow_process(_tap(up.url, state)) as (_, again):
-            assert again["taps"] == ready["taps"]
-            with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
-                body = json.dumps({"model": "m", "prompt": "p"}).encode()
-                s.sendall(http_post("/v1/completions", body))
-                assert s.recv(64).startswith(b"HTTP/1.1 200")
-            assert RunDir(state, "g").supervisor() == again["pid"]
+    held = Held()
+    with RawUpstream(held.script) as up:
+        try:
+            with shadow_process(_tap(up.url, state, "--drain-timeout", "120")) as (sup, ready), \
+                    socket.create_connection(("127.0.0.1", _port(ready)), timeout=120) as s:
+                s.sendall(http_post("/v1/completions", json.dumps({"stream": True}).encode()))
+                got = b""
+                while b" t0" not in got:  # a stream in flight, held
+                    got += s.recv(65536)
+                reload = subprocess.Popen(_cmd("--reload", state), stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL)
+                relays = wait(lambda: len(k := _children(sup.pid)) == 2 and k, "the reload's new relay", 60)
+                sup.kill()  # in the middle of the reload
+                sup.wait(30)
+                reload.wait(60)
+                # the state directory says what happened
+                status = subprocess.run(_cmd("--status", state), capture_output=True, text=True, timeout=60)
+                assert status.returncode == 1, status.stderr
+                doc = json.loads(status.stdout)
+                assert doc["running"] is False and doc["pid"] == sup.pid and "is gone" in doc["error"], doc
+                assert doc["relays"] and set(doc["relays"]) <= set(relays), (doc, relays)  # draining
+                # a group of the name is not refused while they drain, and serves on the port it had
+                with shadow_process(_tap(up.url, state)) as (_, again):
+                    assert again["taps"] == ready["taps"] and RunDir(state, "g").supervisor() == again["pid"]
+                    with socket.create_connection(("127.0.0.1", _port(ready)), timeout=30) as s2:
+                        s2.sendall(http_post("/v1/completions", b"{}"))
+                        assert s2.recv(64).startswith(b"HTTP/1.1 200")
+                    # the lost group's stream completes; its relays (both generations) end
+                    held.release.set()
+                    while chunk := s.recv(65536):
+                        got += chunk
+                    assert b" t1" in got and b"data: [DONE]" in got and got.endswith(b"0\r\n\r\n"), got[-300:]
+                    wait(lambda: not any(_running(p) for p in relays), "both lost relays ended", 120)
+        finally:
+            held.release.set()
 
 
 def test_a_recycled_pid_in_the_record_is_neither_a_running_group_nor_signalled(tmp_path: Path) -> None:
@@ -137,8 +128,7 @@ def test_a_recycled_pid_in_the_record_is_neither_a_running_group_nor_signalled(t
         assert not _sigterm_pending(other.pid)
         rd.create()  # (a stop removes the directory of a group that no longer runs)
         rd.write(record)
-        stop = subprocess.run(shadow_argv("tap", "--stop", "--name", "g", "--state-dir", str(state)),
-                              capture_output=True, text=True, timeout=60)
+        stop = subprocess.run(_cmd("--stop", state), capture_output=True, text=True, timeout=60)
         assert stop.returncode == 0 and json.loads(stop.stdout)["relays"] == [], stop.stderr
         assert not _sigterm_pending(other.pid)
         rd.create()  # (a stop removes the directory of a group that no longer runs)

@@ -11,12 +11,11 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
-from tests.active.raw_upstream import SSE_HEAD, Exchange, RawUpstream
+from tests.active.raw_upstream import Held, RawUpstream
 from tests.live.stack import wait
 from tests.mirror.helpers import http_post
 from tests.mirror.stub_worker import ThreadServer, create_stub
@@ -127,16 +126,8 @@ def test_a_draining_group_refuses_new_connections_while_its_stream_completes(tmp
     """SIGTERM closes the listeners at once: a router's new connection is refused (it can retry
     elsewhere), not queued where nobody will serve it and reset at the exit; the stream in flight
     still completes."""
-    release = threading.Event()
-
-    async def held_stream(ex: Exchange) -> None:  # one event, then the rest once released
-        await ex.send(SSE_HEAD)
-        await ex.chunk(b'data: {"choices":[{"text":" t0"}]}\n\n')
-        await asyncio.to_thread(release.wait)
-        await ex.chunk(b'data: {"choices":[{"text":" t1"}]}\n\ndata: [DONE]\n\n')
-        await ex.end_chunks()
-
-    with RawUpstream(held_stream) as up:
+    held = Held()
+    with RawUpstream(held.script) as up:
         p, ready = _start_tap(up.url, tmp_path)
         port = int(ready["taps"]["d0"].rsplit(":", 1)[1])
         try:
@@ -148,12 +139,12 @@ def test_a_draining_group_refuses_new_connections_while_its_stream_completes(tmp
                     got += s.recv(65536)
                 p.send_signal(signal.SIGTERM)
                 wait(lambda: _refused(port), "a new connection refused while the stream is held", 60)
-                release.set()
+                held.release.set()
                 while chunk := s.recv(65536):
                     got += chunk
             rc = p.wait(60)
         finally:
-            release.set()
+            held.release.set()
             if p.poll() is None:
                 p.kill()
     assert rc == 0, p.stderr.read() if p.stderr else ""
