@@ -10,7 +10,6 @@ process holds it.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import os
@@ -54,12 +53,6 @@ class PidLock:
                 continue
             self.fd = fd
             return
-
-    def release(self) -> None:
-        if self.fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self.fd)
-            self.fd = None
 
     def held(self) -> bool:
         """True while a live process holds the lock (a probe: takes it for an instant when free)."""

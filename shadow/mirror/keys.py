@@ -71,7 +71,10 @@ def _read_secret(p: Path, *, kept: bool) -> str:
         raise
     with os.fdopen(fd, "rb") as fh:
         check_key_file(os.fstat(fh.fileno()), p, kept=kept)
-        return fh.read(MAX_KEY_FILE).decode("ascii", errors="replace").strip()
+        data = fh.read(MAX_KEY_FILE + 1)
+    if len(data) > MAX_KEY_FILE:
+        raise ValueError(f"{p}: larger than {MAX_KEY_FILE} bytes, not a hex secret")
+    return data.decode("ascii", errors="replace").strip()
 
 
 def _create_secret(p: Path, *, kept: bool) -> str:

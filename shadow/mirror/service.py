@@ -199,6 +199,7 @@ class TapService:
         self._temporary = False  # the state directory is a temporary one (`_state_dir`)
         self._lock: PidLock | None = None  # this analysis's (`hold_analysis_lock`)
         self._recovery: asyncio.Task[None] | None = None  # starting a lost group again
+        self._closing = False  # `stop` began: a group lost now is not started again
         self.queue: DropQueue | RemoteQueue = (
             DropQueue(c.queue_size, max_bytes=c.queue_bytes)
             if c.relay == "thread"
@@ -648,7 +649,7 @@ class TapService:
                     a.ack()
                 if self.group is not None:
                     self.group.poll()
-                    if self._recovery is None and self.group.lost():
+                    if self._recovery is None and not self._closing and self.group.lost():
                         self._recovery = asyncio.create_task(self._recover(self.group))
                         self._tasks.append(self._recovery)
             except Exception:
@@ -696,6 +697,7 @@ class TapService:
             self.analysis.stop()
 
     async def _stop_attached(self) -> None:
+        self._closing = True
         group = self.group
         if group is not None and (self.config.stop_taps or group.bound):
             await asyncio.to_thread(group.stop, self.config.drain_timeout_s + 15.0)
