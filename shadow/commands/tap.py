@@ -20,9 +20,15 @@ Lifecycle. This process holds the listening sockets; a relay process serves them
 dies is replaced at once (its own streams are cut; new connections wait in the socket's queue,
 none is refused). `shadow tap --reload` (or SIGHUP) starts a relay from the code installed now
 and lets the old one finish its streams: the upgrade command, 0 refused, 0 cut. SIGTERM/SIGINT or
-`shadow tap --stop`: stop accepting, let in-flight streams finish (--drain-timeout), exit; a second
-signal ends them at once. Under systemd the listening sockets can come from socket activation
-(LISTEN_FDS, named after the taps, `metrics` and `attach`).
+`shadow tap --stop`: stop accepting (a new connection is refused at once, so a router can retry it
+elsewhere), let in-flight streams finish (--drain-timeout), exit; a second signal ends them at
+once. If this process is killed (kill -9), its relays drain and end with it; `--status` then says
+the supervisor is gone, and the next `shadow tap` of the name takes the group over on the ports it
+had. Under systemd the listening sockets can come from socket activation (LISTEN_FDS, named after
+the taps, `metrics` and `attach`).
+
+The state directory and the group directories must be yours and writable by no one else (shadow
+creates them 0700 and refuses, naming the path, one another user could change).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from shadow.base.runtime import LOOPS
 from shadow.commands._flags import Flag, add_flags, fields, flag
 from shadow.commands._help import add_command, run_alone
 from shadow.commands._service import add_log_arguments, run_reporting, start_logging
+from shadow.mirror.groups import BOUND_FLAG
 from shadow.mirror.http1 import DEFAULT_ALLOW_PATHS, TapLimits
 
 PROG = "shadow tap"
@@ -123,6 +130,8 @@ def group_flags() -> tuple[Flag, ...]:
         flag("--attach-token", "attach_token", "bearer token an analysis attaching over TCP must present "
              "(env SHADOW_ATTACH_TOKEN)", default=os.environ.get("SHADOW_ATTACH_TOKEN")),
         flag("--digest", "digest", argparse.SUPPRESS),  # set by `shadow serve` for the groups it starts
+        # set by `shadow serve` for a group in a temporary state directory: stop when stdin ends
+        flag(BOUND_FLAG, "bound", argparse.SUPPRESS, action="store_true"),
     )
 
 

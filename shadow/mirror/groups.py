@@ -3,9 +3,13 @@ restart: a `shadow tap` process in a session of its own, found through the state
 
 `ManagedGroup(state_dir, name, argv, digest).ensure()` adopts the group running under that name
 with the same configuration digest, else starts `argv` detached (stdin closed, output to
-`STATE_DIR/taps/NAME/tap.log`) and waits until its relay accepts; `stop()` drains and ends it.
-The group outlives the process that started it: nothing here ties their lifetimes; a group
-stopped cleanly leaves no directory behind.
+`STATE_DIR/taps/NAME/tap.log`, never through a symlink) and waits until its relay accepts;
+`stop()` drains and ends it (a pid read from the record is signalled only once verified as the
+group's supervisor). The group outlives the process that started it, unless `bound`: then its
+stdin is a pipe this process holds, and the group stops when this process ends, however it ends
+(for a group in a temporary state directory, which nothing else could find and adopt). A group
+stopped cleanly leaves no directory behind; one that was lost (its supervisor killed) leaves its
+record, and `lost()` says so.
 """
 
 from __future__ import annotations
@@ -19,21 +23,26 @@ from pathlib import Path
 from typing import Any
 
 from shadow.base.procs import log_tail
-from shadow.mirror.rundir import RunDir, pid_alive
+from shadow.mirror.rundir import RunDir
 from shadow.mirror.supervisor import control
 
 LOG = "tap.log"
+BOUND_FLAG = "--bound"  # `shadow tap`'s (hidden) flag: stop when stdin ends
 
 
 class ManagedGroup:
     """See module docstring."""
 
-    def __init__(self, state_dir: Path, name: str, argv: list[str], digest: str) -> None:
+    def __init__(
+        self, state_dir: Path, name: str, argv: list[str], digest: str, *, bound: bool = False
+    ) -> None:
         self.run_dir = RunDir(state_dir, name)
-        self.argv = argv
+        self.argv = [*argv, BOUND_FLAG] if bound else argv
         self.digest = digest
+        self.bound = bound
         self.proc: subprocess.Popen[bytes] | None = None
         self.adopted = False
+        self.recovered = 0  # times it was started again after it was lost (`lost`)
 
     @property
     def log_path(self) -> Path:
@@ -47,7 +56,9 @@ class ManagedGroup:
         return rec
 
     def ensure(self, timeout_s: float = 60.0) -> dict[str, Any]:
-        """Adopt the running group or start it; its record. OSError with the log's tail on failure."""
+        """Adopt the running group or start it; its record. OSError with the log's tail on failure
+        (or naming a directory not to be trusted)."""
+        self.run_dir.create()
         rec = self.run_dir.live_record()
         if rec is not None:
             if rec.get("digest") != self.digest:
@@ -57,12 +68,16 @@ class ManagedGroup:
                 )
             self.adopted = True
             return self._wait(timeout_s)
-        self.run_dir.create()
-        log = os.fdopen(os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
+        try:
+            fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot open {self.log_path}: {exc.strerror or exc}") from None
+        log = os.fdopen(fd, "ab")
         try:
             self.proc = subprocess.Popen(
                 self.argv,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE if self.bound else subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
                 start_new_session=True,
@@ -75,6 +90,11 @@ class ManagedGroup:
         except OSError:
             self._abandon()
             raise
+
+    def lost(self) -> bool:
+        """The group's supervisor ended without a clean stop (its record is left behind; its
+        relays ended with it): `ensure` starts it again, on the ports it had."""
+        return self.run_dir.read() is not None and not self.run_dir.locked_by_someone()
 
     def _abandon(self) -> None:
         """End a group this process started that did not come up (its whole process group: the
@@ -109,6 +129,12 @@ class ManagedGroup:
                 )
             time.sleep(0.02)
 
+    def _supervisor(self) -> int | None:
+        """The group's supervisor pid: our child while it runs, else the lock's verified holder."""
+        if self.proc is not None and self.proc.poll() is None:
+            return self.proc.pid
+        return self.run_dir.supervisor()
+
     def tail(self, lines: int = 3) -> str:
         last = log_tail(self.log_path, lines)
         return "(no log)" if last is None else " | ".join(last) or "(empty log)"
@@ -119,13 +145,12 @@ class ManagedGroup:
             self.proc.poll()
 
     def stop(self, timeout_s: float = 60.0) -> None:
-        """Drain and end the group (the supervisor's `stop`, else SIGTERM to its pid)."""
-        rec = self.run_dir.read() or {}
-        pid = int(rec.get("pid") or (self.proc.pid if self.proc is not None else 0))
+        """Drain and end the group (the supervisor's `stop`, else SIGTERM to its verified pid)."""
         try:
             control(self.run_dir, "stop", timeout_s=5.0)
         except OSError:
-            if pid and pid_alive(pid):
+            pid = self._supervisor()
+            if pid is not None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s

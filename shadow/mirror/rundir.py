@@ -1,7 +1,15 @@
 """Where a running tap group can be found: `STATE_DIR/taps/NAME/` holds its record (`tap.json`:
-pid, tap URLs, attach and admin addresses, the configuration digest), its attach and control unix
-sockets and a lock held for the group's lifetime. Directories are 0700, sockets 0600: an attach
-stream carries request bodies, so only the owner may connect.
+pid, tap URLs, attach and admin addresses, the configuration digest, its relays), its attach and
+control unix sockets and a lock its supervisor holds for its lifetime (`shadow.base.pidlock`).
+
+Trust: the state directory, `taps/` and every group directory must be this user's and writable by
+no one else (shadow creates them 0700, and refuses, naming the path and the fix, any it did not
+make that fails this: another user could swap the sockets, the record or the log), except a state
+directory root provides to a user that is not root (an emptyDir volume: root's, 0777), whose
+entries are checked instead; sockets are 0600 (an attach stream carries request bodies: only the
+owner may connect). A pid read from a
+record is signalled only once verified: the supervisor's as the holder of the group's lock (per
+the kernel), a relay's by its start time (`shadow.base.pids`); a recycled pid is neither.
 
 Unix socket paths are limited to ~107 bytes; longer ones are reached through `/proc/self/fd/N/`
 of an open directory (Linux), so any state directory works.
@@ -11,25 +19,29 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import json
 import os
 import re
 import secrets
 import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from shadow.base.pidlock import LockHeld, PidLock
+from shadow.base.pids import identity, same
+from shadow.base.security import check_private_dir, private_dir
+
 GROUPS = "taps"
+ANALYSES = "analyses"  # STATE_DIR/analyses/: the locks of the analyses attached from here
 RECORD = "tap.json"
 ATTACH = "attach.sock"
 CONTROL = "ctl.sock"
 LOCK = "lock"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _SUN_PATH_MAX = 100
+STATE_FIX = "give --state-dir DIR (a writable directory of your own)"
 
 
 def check_name(name: str) -> str:
@@ -99,13 +111,21 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def prepare_state_dir(state_dir: Path) -> None:
+    """Make the state directory and its `taps/` (0700), or check the ones there (module
+    docstring); OSError with one line naming the path and the fix."""
+    private_dir(Path(state_dir), "state directory", STATE_FIX, mount_point=True)
+    private_dir(Path(state_dir) / GROUPS, "tap groups directory", STATE_FIX)
+
+
 class RunDir:
     """One tap group's directory (see module docstring)."""
 
     def __init__(self, state_dir: Path, name: str) -> None:
         self.name = check_name(name)
-        self.path = Path(state_dir) / GROUPS / name
-        self._lock_fd: int | None = None
+        self.state_dir = Path(state_dir)
+        self.path = self.state_dir / GROUPS / name
+        self._lock = PidLock(self.path / LOCK)
 
     @property
     def attach(self) -> Path:
@@ -120,62 +140,73 @@ class RunDir:
         return self.path / RECORD
 
     def create(self) -> None:
-        """Make the directory (0700) with its parents; OSError names it when that fails."""
+        """Make the directory (0700) with its parents, or check the ones there (module docstring);
+        OSError with one line naming the path when that fails."""
+        prepare_state_dir(self.state_dir)
         try:
-            self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.chmod(self.path, 0o700)
+            self.path.mkdir(mode=0o700, exist_ok=True)
         except OSError as exc:
             raise OSError(
                 exc.errno, f"cannot create the tap group directory {self.path}: {exc.strerror or exc}"
             ) from None
+        check_private_dir(self.path, "tap group directory", STATE_FIX)
+        os.chmod(self.path, 0o700)
+
+    def check(self) -> None:
+        """Check the directories of this group that exist (as `create` would); OSError naming one
+        that fails."""
+        for p, what in (
+            (self.state_dir, "state directory"),
+            (self.state_dir / GROUPS, "tap groups directory"),
+            (self.path, "tap group directory"),
+        ):
+            if p.exists():
+                check_private_dir(p, what, STATE_FIX, mount_point=p == self.state_dir)
 
     def lock(self) -> None:
-        """Hold the group's lock for this process's lifetime (inherited by its relays);
+        """Hold the group's lock for this process's lifetime (not its relays': they end with it);
         OSError naming the running group when another process holds it."""
-        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        for _ in range(50):  # a probe (`locked_by_someone`) holds it for microseconds
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    os.close(fd)
-                    raise
-                time.sleep(0.01)
-                continue
-            os.set_inheritable(fd, True)
-            self._lock_fd = fd
-            return
-        os.close(fd)
-        rec = self.read() or {}
-        raise OSError(
-            errno.EEXIST,
-            f"tap group {self.name!r} in {self.path.parent.parent} is already "
-            f"running (pid {rec.get('pid', '?')}); stop it with "
-            f"`shadow tap --stop --name {self.name}` or give another --name",
-        )
+        try:
+            self._lock.acquire()
+        except LockHeld as held:
+            raise OSError(
+                errno.EEXIST,
+                f"tap group {self.name!r} in {self.state_dir} is already running (pid "
+                f"{held.pid or '?'}); stop it with `shadow tap --stop --name {self.name}` or give "
+                f"another --name",
+            ) from None
 
     @property
     def lock_fd(self) -> int | None:
-        return self._lock_fd
+        return self._lock.fd
 
     def locked_by_someone(self) -> bool:
-        """True while a live process holds the group's lock."""
-        try:
-            fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CLOEXEC)
-        except OSError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return True
-        finally:
-            os.close(fd)
-        return False
+        """True while the group's supervisor runs (a live process holds the group's lock)."""
+        return self._lock.held()
+
+    def supervisor(self) -> int | None:
+        """The pid of the group's running supervisor, verified (module docstring), or None."""
+        pid = self._lock.holder()
+        if pid is None or pid == os.getpid():
+            return None
+        got = identity(pid)
+        return pid if got is not None and got[0] == os.geteuid() else None
+
+    def relays(self, rec: dict[str, Any] | None = None) -> list[int]:
+        """The relays a record names that still run, verified by their start time."""
+        rec = self.read() if rec is None else rec
+        items = (rec or {}).get("relays", [])
+        return [
+            item[0]
+            for item in items if isinstance(items, list)
+            and isinstance(item, list) and len(item) == 2 and all(type(x) is int for x in item)
+            and same(item[0], item[1])
+        ]
 
     def write(self, doc: dict[str, Any]) -> None:
         """Replace the record atomically."""
         tmp = self.path / f".{RECORD}.{os.getpid()}.{secrets.token_hex(3)}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump(doc, fh)
             fh.write("\n")
@@ -183,7 +214,9 @@ class RunDir:
 
     def read(self) -> dict[str, Any] | None:
         try:
-            doc = json.loads(self.record.read_text(encoding="utf-8"))
+            fd = os.open(self.record, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            with os.fdopen(fd, encoding="utf-8") as fh:
+                doc = json.loads(fh.read(1 << 20))
         except (OSError, ValueError):
             return None
         return doc if isinstance(doc, dict) else None
@@ -211,6 +244,26 @@ class RunDir:
                 p.unlink()
         with contextlib.suppress(OSError):
             self.path.rmdir()
+
+
+def hold_analysis_lock(state_dir: Path, targets: list[str], name: str) -> PidLock:
+    """Hold, for this process's lifetime, the lock of the analysis `name` attached to `targets`
+    (what it attaches to, as said to an operator) from this state directory: a second analysis of
+    that name would replace this one at the relays (this one then serving an empty report), so it
+    is refused, naming this one's pid. A lock left by a dead process blocks nothing. OSError."""
+    base = Path(state_dir)
+    private_dir(base / ANALYSES, "analyses directory", STATE_FIX)
+    lock = PidLock(base / ANALYSES / f"{digest([sorted(targets), name])}.lock")
+    try:
+        lock.acquire()
+    except LockHeld as held:
+        raise OSError(
+            errno.EEXIST,
+            f"another shadow serve (pid {held.pid or '?'}) already analyses {', '.join(targets)}"
+            f"{f' as {name!r}' if name else ''} from {base}: a second one would replace it there; "
+            f"stop it first, or give this one another --replica-id",
+        ) from None
+    return lock
 
 
 def groups(state_dir: Path) -> list[RunDir]:

@@ -45,7 +45,9 @@ from shadow.base.listener import AsgiListener, ListenerLimits
 from shadow.base.listener_metrics import ListenerCollector
 from shadow.base.loopthread import LoopThread
 from shadow.base.net import bind_listen
+from shadow.base.pidlock import PidLock
 from shadow.base.procinfo import ProcessInfo
+from shadow.base.security import Untrusted
 from shadow.contracts.events import MAX_REQUEST_TOKENS
 from shadow.mirror.analyzer import Analyzer, RequestSpans
 from shadow.mirror.api import create_app
@@ -66,7 +68,7 @@ from shadow.mirror.recording import CompactRecorder
 from shadow.mirror.rejectlog import RejectionLog
 from shadow.mirror.relay import boot_id
 from shadow.mirror.relayview import RemoteQueue, RemoteTap
-from shadow.mirror.rundir import GROUPS, digest
+from shadow.mirror.rundir import GROUPS, digest, hold_analysis_lock, prepare_state_dir
 from shadow.mirror.state import MirrorState
 
 log = logging.getLogger("shadow.mirror")
@@ -195,6 +197,10 @@ class TapService:
         self.group: ManagedGroup | None = None
         self._sync_token = 0
         self._groups_dir: Path | None = None
+        self._temporary = False  # the state directory is a temporary one (`_state_dir`)
+        self._lock: PidLock | None = None  # this analysis's (`hold_analysis_lock`)
+        self._recovery: asyncio.Task[None] | None = None  # starting a lost group again
+        self._closing = False  # `stop` began: a group lost now is not started again
         self.queue: DropQueue | RemoteQueue = (
             DropQueue(c.queue_size, max_bytes=c.queue_bytes)
             if c.relay == "thread"
@@ -377,7 +383,7 @@ class TapService:
             out["attached"] = [a.snapshot() for a in self.attachments]
             if self.group is not None:
                 out["tap_group"] = {"name": self.group.run_dir.name, "dir": str(self.group.run_dir.path),
-                                    "adopted": self.group.adopted}
+                                    "adopted": self.group.adopted, "recovered": self.group.recovered}
         if self.reconciler is not None:
             rec = self.reconciler.snapshot(now)
             out["reconcile"] = rec
@@ -505,24 +511,24 @@ class TapService:
         return shadow_argv(*argv), dig
 
     def _state_dir(self) -> Path:
-        """Where this service's tap group lives: the state directory, or (when only the default
-        was not writable) a private temporary one, with a warning: after a restart this process
-        then starts a new group instead of adopting the running one."""
+        """Where this service's tap group lives: the state directory (made or checked: one another
+        user could change is refused), or, when only the default was not writable, a private
+        temporary one, with a warning; a group started there is bound to this process (it stops
+        when this process ends, however: nothing else could find and adopt it)."""
         if self._groups_dir is not None:
             return self._groups_dir
         base, explicit = state_dir(self.config.state_dir, os.environ)
         try:
-            (base / GROUPS).mkdir(mode=0o700, parents=True, exist_ok=True)
+            prepare_state_dir(base)
+        except Untrusted:
+            raise
         except OSError as exc:
             if explicit:
-                raise OSError(exc.errno, f"cannot create {base / GROUPS} for the tap group: "
-                                         f"{exc.strerror or exc}; give --state-dir DIR on a writable "
-                                          "volume") from None
+                raise
             tmp = Path(tempfile.mkdtemp(prefix="shadow-state-"))
-            log.warning("tap group: cannot create %s (%s); using %s instead: a restart of this process will "
-                        "not find the running tap group (give --state-dir DIR on a writable volume)",
-                        base / GROUPS, exc.strerror or exc, tmp)
-            base = tmp
+            log.warning("tap group: %s; using %s instead: a restart of this process will not find the "
+                        "running tap group, so it stops when this process exits", exc.strerror or exc, tmp)
+            base, self._temporary = tmp, True
         self._groups_dir = base
         return base
 
@@ -532,12 +538,16 @@ class TapService:
         addresses = list(c.attach)
         if not addresses and self.taps:  # no taps (workers fed by the event API only): no group
             argv, dig = self.group_spec()
-            self.group = ManagedGroup(self._state_dir(), argv[argv.index("--name") + 1], argv, dig)
+            name = argv[argv.index("--name") + 1]
+            self._lock = hold_analysis_lock(self._state_dir(), [f"tap group {name!r}"], c.analysis_name)
+            self.group = ManagedGroup(self._state_dir(), name, argv, dig, bound=self._temporary)
             rec = await asyncio.to_thread(self.group.ensure, ready_timeout_s)
             addresses = [str(self.group.run_dir.path)]
             for t in self.taps:
                 assert isinstance(t, RemoteTap)
                 t._url = rec.get("taps", {}).get(t.name, "")
+        elif addresses:
+            self._lock = hold_analysis_lock(self._state_dir(), addresses, c.analysis_name)
         me = boot_id()
         for address in addresses:
             self.attachments.append(Attachment(address, self._on_items, token=c.attach_token, boot_id=me,
@@ -640,8 +650,24 @@ class TapService:
                     a.ack()
                 if self.group is not None:
                     self.group.poll()
+                    if self._recovery is None and not self._closing and self.group.lost():
+                        self._recovery = asyncio.create_task(self._recover(self.group))
+                        self._tasks.append(self._recovery)
             except Exception:
                 self.mirror.count_error("housekeeping")
+
+    async def _recover(self, group: ManagedGroup, backoff_s: float = 5.0) -> None:
+        """Start this service's tap group again after its supervisor was lost (its relays ended
+        with it): on the ports it had, so the router needs no change; the attachments find it."""
+        try:
+            log.warning("tap group %r lost its supervisor: starting it again", group.run_dir.name)
+            await asyncio.to_thread(group.ensure, 60.0)
+            group.recovered += 1
+        except OSError as exc:
+            log.warning("tap group %r: could not start it again: %s", group.run_dir.name, exc)
+            await asyncio.sleep(backoff_s)
+        finally:
+            self._recovery = None
 
     async def drain(self, timeout_s: float = 5.0) -> None:
         """Wait until the analysis has consumed everything offered so far (tests, shutdown)."""
@@ -672,11 +698,16 @@ class TapService:
             self.analysis.stop()
 
     async def _stop_attached(self) -> None:
+        self._closing = True
         group = self.group
-        if group is not None and self.config.stop_taps:
+        if group is not None and (self.config.stop_taps or group.bound):
             await asyncio.to_thread(group.stop, self.config.drain_timeout_s + 15.0)
             with contextlib.suppress(Exception):
                 await self.settle(2.0)  # the last ends the relay sent
+            if group.bound and self._groups_dir is not None:  # the temporary state directory, if empty
+                for d in (self._groups_dir / GROUPS, self._groups_dir):
+                    with contextlib.suppress(OSError):
+                        d.rmdir()
         if self.analysis.running:
             with contextlib.suppress(Exception):
                 await asyncio.wrap_future(self.analysis.submit(self._stop_analysis()))

@@ -10,8 +10,17 @@ keeps one relay (`shadow.mirror.relay`) serving them.
   is closed under a client that may be sending on it (each is answered `connection: close` on
   its next request, or closed by its client, or at the drain timeout). Sockets are shared, never
   re-bound (a closed SO_REUSEPORT listener would drop its accept queue).
-- `stop` (SIGTERM/SIGINT, or the control socket): the relay drains (up to the drain timeout), then
-  the process exits; a second signal ends the relay at once.
+- `stop` (SIGTERM/SIGINT, or the control socket): the listening sockets are closed at once (a new
+  connection is refused, so a client can retry elsewhere, instead of waiting in a queue nobody
+  will serve), the relay drains (up to the drain timeout), then the process exits; a second
+  signal ends the relay at once.
+- The relays end with this process, however it ends (`kill -9` included): the kernel sends each a
+  hand-over drain (SIGUSR2, PR_SET_PDEATHSIG), so they stop accepting, let their streams finish
+  and exit; no relay outlives its supervisor unsupervised, and never do two generations (a
+  reload's old and new relay) both accept with no one to end one of them. A new `shadow tap` of
+  the group takes over its directory at once (the lock was this process's only).
+- `lifeline_fd` (a group bound to the process that started it, `shadow serve` with a temporary
+  state directory): its end (EOF) is a `stop`.
 
 The control socket (`ctl.sock` in the group's directory) takes one JSON line and answers one:
 `{"cmd": "status"|"reload"|"stop"}`. Nothing here touches request bytes.
@@ -32,6 +41,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shadow.base.net import read_now
+from shadow.base.pids import die_with_parent, start_time
 from shadow.mirror.relay import RelaySockets, RelaySpec
 from shadow.mirror.rundir import RunDir, unix_listen
 
@@ -73,6 +83,7 @@ class Supervisor:
         drain_timeout_s: float = 30.0,
         ready: Callable[[dict[str, Any]], None] | None = None,
         argv_record: dict[str, Any] | None = None,
+        lifeline_fd: int | None = None,
     ) -> None:
         self.spec = spec
         self.sockets = sockets
@@ -96,6 +107,8 @@ class Supervisor:
         self._ctl_conns: dict[socket.socket, bytes] = {}
         self._reload_waiters: list[socket.socket] = []
         self._restart_at = 0.0
+        self._lifeline = lifeline_fd
+        self._pid = os.getpid()
 
     # -- the loop ------------------------------------------------------------------------------------
 
@@ -110,6 +123,9 @@ class Supervisor:
             self._ctl = unix_listen(self.run_dir.control)
             self._ctl.setblocking(False)
             self.sel.register(self._ctl, selectors.EVENT_READ, "ctl")
+        if self._lifeline is not None:
+            os.set_blocking(self._lifeline, False)
+            self.sel.register(self._lifeline, selectors.EVENT_READ, "lifeline")
         self.current = self._fork()
         try:
             while True:
@@ -137,6 +153,8 @@ class Supervisor:
                     pass
         elif what == "ctl":
             self._accept_ctl()
+        elif what == "lifeline":
+            self._read_lifeline()
         elif isinstance(what, _Worker):
             self._read_ready(what)
         elif isinstance(what, socket.socket):
@@ -182,9 +200,15 @@ class Supervisor:
                 for wk in self.workers.values():
                     with contextlib.suppress(OSError):
                         os.close(wk.ready_fd)
+                if self.run_dir is not None and self.run_dir.lock_fd is not None:
+                    os.close(self.run_dir.lock_fd)  # the group's lock is the supervisor's alone
                 from shadow.mirror.relay import serve_relay
 
-                code = serve_relay(spec, self.sockets, w, self.drain_timeout_s)
+                code = (
+                    serve_relay(spec, self.sockets, w, self.drain_timeout_s)
+                    if die_with_parent(signal.SIGUSR2, self._pid)
+                    else 0  # the supervisor is already gone: serve nothing
+                )
             finally:
                 os._exit(code)
         os.close(w)
@@ -201,11 +225,18 @@ class Supervisor:
             "admin": self.sockets.admin.fileno() if self.sockets.admin is not None else None,
         }
         boot = "from shadow.mirror.relay import main; main()"
+        parent = self._pid
+
+        def tie() -> None:  # in the child, before exec (this process has one thread)
+            if not die_with_parent(signal.SIGUSR2, parent):
+                os._exit(0)
+
         proc = subprocess.Popen(
             [sys.executable, "-c", boot],
             stdin=subprocess.PIPE,
             pass_fds=[w, *(s.fileno() for s in self.sockets.all())],
             start_new_session=False,
+            preexec_fn=tie,
         )
         assert proc.stdin is not None
         proc.stdin.write(
@@ -329,8 +360,12 @@ class Supervisor:
             return
         self.stopping = True
         self.stop_deadline = time.monotonic() + self.drain_timeout_s + 10.0
-        log(f"stopping: the relay drains its streams (up to {self.drain_timeout_s:g} s)")
+        log(f"stopping: the relay drains its streams (up to {self.drain_timeout_s:g} s); new connections "
+            f"are refused")
         self._signal_all(signal.SIGTERM)
+        for s in self.sockets.all():  # the relays close theirs as they begin to drain
+            with contextlib.suppress(OSError):
+                s.close()
         self._answer_reloads({"ok": False, "error": "stopping"})
 
     def status(self) -> dict[str, Any]:
@@ -345,7 +380,7 @@ class Supervisor:
             "metrics": ready.get("admin", ""),
             "attach": f"unix:{self.run_dir.attach}" if self.run_dir is not None else "",
             "restarts": self.restarts,
-            "relays": len(self.workers),
+            "relays": [[pid, start_time(pid)] for pid in self.workers],  # (pid, start): verifiable
             "stopping": self.stopping,
             **self.record_extra,
         }
@@ -354,6 +389,18 @@ class Supervisor:
         if self.run_dir is not None and not self.stopping:
             with contextlib.suppress(OSError):
                 self.run_dir.write(self.status())
+
+    def _read_lifeline(self) -> None:
+        fd = self._lifeline
+        assert fd is not None
+        data = read_now(lambda: os.read(fd, 4096))
+        if data is None or data:
+            return
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(fd)
+        self._lifeline = None
+        log("the process this group is bound to ended: stopping")
+        self.stop()
 
     def _accept_ctl(self) -> None:
         assert self._ctl is not None

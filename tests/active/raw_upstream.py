@@ -98,3 +98,20 @@ class RawUpstream:
             pass
         finally:
             writer.close()
+
+
+class Held:
+    """A script: the SSE head and a first event (" t0"), then, once `release` is set, a second
+    (" t1"), [DONE] and the end: a stream held in flight for as long as a test needs."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    async def script(self, ex: Exchange) -> None:
+        await ex.send(SSE_HEAD)
+        await ex.chunk(b'data: {"choices":[{"index":0,"text":" t0"}]}\n\n')
+        while not self.release.is_set():
+            await asyncio.sleep(0.01)
+        await ex.chunk(b'data: {"choices":[{"index":0,"text":" t1","finish_reason":"length"}]}\n\n'
+                       b"data: [DONE]\n\n")
+        await ex.end_chunks()

@@ -28,6 +28,8 @@ from shadow.mirror.keys import (
     open_secret,
     state_dir,
 )
+from tests.active.procs import shadow_process
+from tests.live.stack import wait
 
 
 def test_the_state_directory_in_order_of_precedence(tmp_path: Path) -> None:
@@ -48,8 +50,9 @@ def test_the_key_file_is_named_or_in_the_state_directory(tmp_path: Path) -> None
     assert key_location(None, None, {"HOME": str(tmp_path)}) == KeyLocation(
         tmp_path / ".local" / "state" / "shadow" / KEY_FILE_NAME, False)
     named = {**env, "SHADOW_KEY_FILE": str(tmp_path / "secret" / "k")}
-    assert key_location(None, None, named) == KeyLocation(tmp_path / "secret" / "k", True)
-    assert key_location(str(tmp_path / "f"), str(tmp_path / "s"), named) == KeyLocation(tmp_path / "f", True)
+    assert key_location(None, None, named) == KeyLocation(tmp_path / "secret" / "k", True, kept=False)
+    assert key_location(str(tmp_path / "f"), str(tmp_path / "s"), named) == KeyLocation(
+        tmp_path / "f", True, kept=False)
     assert key_location(None, str(tmp_path / "s"), {}) == KeyLocation(tmp_path / "s" / KEY_FILE_NAME, True)
 
 
@@ -109,8 +112,10 @@ def _free_port() -> int:
 
 
 @contextmanager
-def _started(argv: Sequence[str], env: dict[str, str]) -> Iterator[tuple[dict[str, Any], list[str]]]:
-    """Run `argv` until its ready line; yields (ready line, [stderr once stopped])."""
+def _started(
+    argv: Sequence[str], env: dict[str, str]
+) -> Iterator[tuple[dict[str, Any], list[str], subprocess.Popen[str]]]:
+    """Run `argv` until its ready line; yields (ready line, [stderr once stopped], the process)."""
     proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             stdin=subprocess.DEVNULL, env=env)
     stderr: list[str] = []
@@ -120,7 +125,7 @@ def _started(argv: Sequence[str], env: dict[str, str]) -> Iterator[tuple[dict[st
         except RuntimeError as exc:
             proc.kill()
             raise AssertionError(f"{exc}: {proc.communicate()[1][-2000:]}") from None
-        yield ready, stderr
+        yield ready, stderr, proc
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -149,7 +154,7 @@ def _serve(*extra: str) -> list[str]:
 def test_serve_starts_with_a_read_only_home_and_a_fresh_key(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
-    with _started(_readonly(home, _serve()), _env(home)) as (ready, stderr):
+    with _started(_readonly(home, _serve()), _env(home)) as (ready, stderr, _):
         r = httpx.get(ready["api"] + "/v1/report", timeout=30)
         assert r.status_code == 200 and "lanes" in r.json()
         assert httpx.get(ready["api"] + "/metrics", timeout=30).status_code == 200
@@ -167,7 +172,7 @@ def test_serve_keeps_its_key_in_the_state_directory_across_restarts(tmp_path: Pa
     env = _env(home, STATE_DIRECTORY=str(state))
     texts = []
     for _ in range(2):
-        with _started(_readonly(home, _serve()), env) as (ready, stderr):
+        with _started(_readonly(home, _serve()), env) as (ready, stderr, _):
             assert httpx.get(ready["api"] + "/v1/report", timeout=30).status_code == 200
         assert "in-memory" not in stderr[0], stderr[0]
         key = state / KEY_FILE_NAME
@@ -185,7 +190,7 @@ def test_serve_reads_a_mounted_secret_in_a_read_only_directory(tmp_path: Path) -
     secret_dir.mkdir()
     key = secret_dir / KEY_FILE_NAME
     key.write_text("ab" * 32 + "\n")
-    with _started(_readonly(home, _serve("--key-file", str(key))), _env(home)) as (ready, stderr):
+    with _started(_readonly(home, _serve("--key-file", str(key))), _env(home)) as (ready, stderr, _):
         assert httpx.get(ready["api"] + "/v1/state", timeout=30).status_code == 200
     assert "in-memory" not in stderr[0] and key.read_text() == "ab" * 32 + "\n"
     assert "a restart of this process will not find the running tap group" in stderr[0], stderr[0]
@@ -201,3 +206,46 @@ def test_a_named_state_directory_that_is_read_only_exits_1_with_one_line(tmp_pat
     assert res.returncode == 1 and res.stdout == "", res.stderr
     (line,) = res.stderr.strip().splitlines()
     assert line.startswith("shadow serve: prompt-key secret: cannot create") and "--state-dir" in line
+
+
+def _refused(url: str) -> bool:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=10).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("end", [signal.SIGTERM, signal.SIGKILL])
+def test_a_group_in_a_temporary_state_directory_ends_with_its_serve(tmp_path: Path, end: int) -> None:
+    """Nothing could adopt it after a restart: left serving, every restart would add a data plane."""
+    home = tmp_path / "home"
+    home.mkdir()
+    argv = [a for a in _serve() if a != "--stop-taps"]  # the default: a group outlives its serve
+    with _started(_readonly(home, argv), _env(home)) as (ready, stderr, serve):
+        tap = ready["taps"]["d0"]
+        assert not _refused(tap)
+        serve.send_signal(end)
+        serve.wait(60)
+    wait(lambda: _refused(tap), "the tap group gone with its serve", 90)
+    assert "stops when this process exits" in stderr[0], stderr[0]
+
+
+@pytest.mark.integration
+def test_a_second_serve_on_one_state_directory_is_refused_while_the_first_runs(tmp_path: Path) -> None:
+    """It would replace the first at the relays, which would then serve an empty report."""
+    argv = [*_serve("--state-dir", str(tmp_path / "state"))[3:]]  # (`serve ...`, for shadow_process)
+    with shadow_process(argv) as (first, ready):
+        second = subprocess.run(shadow_argv(*argv), capture_output=True, text=True, timeout=120,
+                                stdin=subprocess.DEVNULL)
+        assert second.returncode == 1 and second.stdout == "", second.stderr
+        line = second.stderr.strip().splitlines()[-1]
+        assert f"another shadow serve (pid {first.pid}) already analyses tap group" in line, line
+        assert "--replica-id" in line
+        assert httpx.get(ready["api"] + "/v1/state", timeout=30).json()["attached"][0]["attached"]
+        first.kill()  # its lock goes with it, however it ends
+        first.wait(30)
+        with shadow_process(argv) as (_, again):
+            assert again["taps"] == ready["taps"]  # the group adopted

@@ -157,7 +157,7 @@ def _hello(path: Path, name: Any) -> tuple[socket.socket, bytes]:
 
 
 def test_replicas_attach_side_by_side_each_sees_everything_and_a_name_replaces_only_its_own(
-    state_dir: Path,
+    state_dir: Path, tmp_path: Path
 ) -> None:
     with ThreadServer(create_stub("d0", tokens=3)) as up:
         p, ready = _tap("--upstream", f"d0={up.url}", "--name", "shared")
@@ -178,8 +178,10 @@ def test_replicas_attach_side_by_side_each_sees_everything_and_a_name_replaces_o
                          "both analyses to acknowledge every end")
             assert _metric(text, "shadow_tap_analysis_attached") == 2
             assert _metric(text, "shadow_tap_attaches_total") == 2
-            # a serve under x's name replaces x (a restart), not y
-            proc, api_x2 = _serve_attached(ready["dir"], up.url, "--replica-id", "x")
+            # a serve under x's name replaces x (a restart), not y (from another state directory: on
+            # one, a second serve of a name is refused while the first runs)
+            proc, api_x2 = _serve_attached(ready["dir"], up.url, "--replica-id", "x",
+                                           "--state-dir", str(tmp_path / "elsewhere"))
             procs.append(proc)
             text = _wait(lambda: ((t := httpx.get(ready["metrics"] + "/metrics").text)
                                   and _metric(t, "shadow_tap_attaches_total") == 3 and t), "the third attach")

@@ -1,15 +1,22 @@
 """A tap group `shadow serve` starts that does not come up in time is ended, whole, before the
 error: a failed start leaves nothing running (seen: a group that came up minutes after its serve
-had given up, still running after the test run)."""
+had given up, still running after the test run). A group's TCP attach port asked as 0 is reported
+as bound (the ready line, the record, `--status`)."""
 
 from __future__ import annotations
 
+import json
+import socket
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from shadow.base.procs import shadow_argv
 from shadow.mirror.groups import ManagedGroup
+from shadow.mirror.rundir import RunDir
+from tests.active.procs import shadow_process
 from tests.telemetry.servers import wait_for
 
 
@@ -34,3 +41,19 @@ def _gone(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
     except FileNotFoundError:
         return True
+
+
+@pytest.mark.integration
+def test_attach_listen_on_port_0_reports_the_port_bound_everywhere(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    argv = ["tap", "--upstream", "d0=http://127.0.0.1:9", "--name", "g", "--state-dir", str(state),
+            "--attach-listen", "127.0.0.1:0", "--attach-token", "t" * 16]
+    with shadow_process(argv) as (_, ready):
+        where = ready["attach_tcp"]
+        host, port = where.removeprefix("tcp://").rsplit(":", 1)
+        assert host == "127.0.0.1" and int(port) > 0, where
+        assert RunDir(state, "g").read()["attach_tcp"] == where  # type: ignore[index]
+        status = subprocess.run(shadow_argv("tap", "--status", "--name", "g", "--state-dir", str(state)),
+                                capture_output=True, text=True, timeout=60)
+        assert status.returncode == 0 and json.loads(status.stdout)["attach_tcp"] == where, status
+        socket.create_connection((host, int(port)), timeout=10).close()  # and something listens there

@@ -1,5 +1,6 @@
 """Graceful drain of `shadow tap` (a real process): SIGTERM during 100 in-flight streams lets all
-100 finish with their full token counts, then the process exits 0; a second signal exits at once."""
+100 finish with their full token counts, then the process exits 0; a second signal exits at once;
+a new connection during the drain is refused at once."""
 
 from __future__ import annotations
 
@@ -7,12 +8,16 @@ import asyncio
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.active.raw_upstream import Held, RawUpstream
+from tests.live.stack import wait
+from tests.mirror.helpers import http_post
 from tests.mirror.stub_worker import ThreadServer, create_stub
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -115,3 +120,40 @@ def test_a_second_signal_exits_at_once(tmp_path: Path) -> None:
             if p.poll() is None:
                 p.kill()
     assert rc == 1 and "second signal" in (p.stderr.read() if p.stderr else "")
+
+
+def test_a_draining_group_refuses_new_connections_while_its_stream_completes(tmp_path: Path) -> None:
+    """SIGTERM closes the listeners at once: a router's new connection is refused (it can retry
+    elsewhere), not queued where nobody will serve it and reset at the exit; the stream in flight
+    still completes."""
+    held = Held()
+    with RawUpstream(held.script) as up:
+        p, ready = _start_tap(up.url, tmp_path)
+        port = int(ready["taps"]["d0"].rsplit(":", 1)[1])
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+                body = json.dumps({"model": "m", "prompt": "p", "stream": True}).encode()
+                s.sendall(http_post("/v1/completions", body))
+                got = b""
+                while b" t0" not in got:
+                    got += s.recv(65536)
+                p.send_signal(signal.SIGTERM)
+                wait(lambda: _refused(port), "a new connection refused while the stream is held", 60)
+                held.release.set()
+                while chunk := s.recv(65536):
+                    got += chunk
+            rc = p.wait(60)
+        finally:
+            held.release.set()
+            if p.poll() is None:
+                p.kill()
+    assert rc == 0, p.stderr.read() if p.stderr else ""
+    assert b" t1" in got and b"data: [DONE]" in got and got.endswith(b"0\r\n\r\n"), got[-300:]
+
+
+def _refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=10).close()
+    except ConnectionRefusedError:
+        return True
+    return False
