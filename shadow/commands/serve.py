@@ -172,6 +172,10 @@ def mirror_flags() -> tuple[Flag, ...]:
              "SHADOW_EVENTS_TOKEN); without one, event ingestion is refused unless the API listens on "
              "loopback, and everywhere in a serve with an admin token (events can trip its mode)",
              default=os.environ.get("SHADOW_EVENTS_TOKEN")),
+        flag("--probe-token", "probe_token", "bearer token that admits `step` lines only on POST /v1/events "
+             "(env SHADOW_PROBE_TOKEN, the one shadow's vLLM probe sends): the engine probe's, which moves "
+             "the live lanes' clock and nothing else; the --events-token admits steps too (default: none, "
+             "steps are admitted as the other events are)", default=os.environ.get("SHADOW_PROBE_TOKEN")),
     )
 
 
