@@ -79,8 +79,8 @@ FIDELITY = Family("shadow_fidelity_load_relative_error", "gauge",
 DROPPED = Family("shadow_live_events_dropped_total", "counter",
                  "Events the lanes could not take.", "events", ("reason",))
 STEPS_REJECTED = Family("shadow_live_step_events_rejected_total", "counter",
-                        "Step events the lanes left out: longer or shorter than the worker's stream gaps "
-                        "around them, or beyond the step model where no stream vouches for them.", "events",
+                        "Step events the lanes left out: longer than the worker's stream gaps around them, "
+                        "or beyond the step model where no stream vouches for them.", "events",
                         ("reason",), values={"reason": STEP_REJECT_REASONS})
 VS_ACTUAL = Family("shadow_lane_vs_actual_ratio", "gauge",
                    "A lane's figure against the actual lane, batch means over windows (> 1: the lane does "
