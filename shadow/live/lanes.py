@@ -57,8 +57,9 @@ class LiveLanes:
 
     `listener(event)` is what the mirror calls for every applied event, on the relay loop:
     it only appends to a bounded deque (full → the event is dropped and counted as `queue_full`;
-    the relay never waits). A daemon thread drains the deque into a `LiveDriver`, closes step-time
-    windows (`StepEstimator` → `SlidingFit`), compares the `actual` lane with the mirrored loads
+    the relay never waits). A daemon thread drains the deque into a `LiveDriver`, leaves out the
+    worker-reported steps the mirror's streams refute (`StepCheck`), closes step-time windows
+    (`StepEstimator` → `SlidingFit`), compares the `actual` lane with the mirrored loads
     (fidelity), counts agreement between the router and each policy, advances the lanes to the live
     clock, and publishes an immutable snapshot (`report()`, `metric_values()`) — readers never
     touch lane state. Watermarks: `enqueued`, `processed`, `dropped_total`; `drain()` (blocking,

@@ -25,9 +25,9 @@ def upper_median(xs: npt.NDArray[np.float64]) -> float:
 class RobustMean:
     """A step time's mean over the last `windows` windows, which outliers cannot move.
 
-    The reference is the (lower) median of the recent windows' medians (before any, the window's own). A
-    window keeps only its steps up to `clamp` × the reference, and a window whose median is beyond
-    `clamp` × the reference when the mean is read is left out: steps beyond the clamp change
+    The reference is the (lower) median of the recent windows' medians (before any, the window's
+    own). A window keeps only its steps up to `clamp` × the reference, and a window whose median is
+    beyond `clamp` × the reference when the mean is read is left out: steps beyond the clamp change
     nothing, whether a minority of a window's or whole windows that are a minority of the recent
     ones. The reference moves once most of the recent windows agree (a lasting change of the
     engine); once bad input stops, its windows drop out as the reference comes back, and at the
