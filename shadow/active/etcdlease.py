@@ -4,9 +4,9 @@
 
 acquire: `lease/grant` with the TTL, then a `kv/txn` putting the key (value = holder) with that
 lease only if the key's create revision is 0 (it does not exist); on failure the lease is revoked.
-renew: `lease/keepalive` (TTL 0 or no TTL in the answer: the lease expired). release: `lease/revoke`
-(the key goes with it). holder: `kv/range`. Every call is bounded by `timeout_s`; an unreachable
-or answering-wrongly etcd is an `EtcdError`, never a hang.
+renew: `lease/keepalive` (TTL 0 or no TTL in the answer: the lease expired; renewals may
+overlap). release: `lease/revoke` (the key goes with it). holder: `kv/range`. Every call is
+bounded by `timeout_s`; an unreachable or answering-wrongly etcd is an `EtcdError`, never a hang.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from typing import Any
 
 import httpx
 import orjson
+
+from shadow.active.lease import DEFAULT_CALL_TIMEOUT_S
 
 
 class EtcdError(RuntimeError):
@@ -29,7 +31,7 @@ def _b64(text: str) -> str:
 class EtcdLease:
     """See module docstring. One instance per replica; not thread-safe (one event loop)."""
 
-    def __init__(self, endpoint: str, key: str, *, timeout_s: float = 1.0,
+    def __init__(self, endpoint: str, key: str, *, timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
                  client: httpx.AsyncClient | None = None) -> None:
         self.endpoint = endpoint.rstrip("/")
         self.key = key
@@ -71,13 +73,16 @@ class EtcdLease:
         return False
 
     async def renew(self) -> bool:
-        if self.lease_id is None:
+        """Keep our lease alive; several renewals may be in flight at once."""
+        lease = self.lease_id
+        if lease is None:
             return False
-        data = await self._call("lease/keepalive", {"ID": self.lease_id})
+        data = await self._call("lease/keepalive", {"ID": lease})
         result = data.get("result", data)
         ttl = int(result.get("TTL", 0)) if isinstance(result, dict) else 0
         if ttl <= 0:
-            self.lease_id = None
+            if self.lease_id == lease:
+                self.lease_id = None
             return False
         return True
 

@@ -13,17 +13,26 @@ release = clear `holderIdentity`; holder = read `holderIdentity` (as client-go's
 and llm-d's EPP do).
 
 `Fence` decides whether this replica may route: only until `sent + ttl − margin`, where `sent` is
-when the last acquire/renew that succeeded was *sent*. The server starts the lease's TTL when it
+when the latest acquire/renew that succeeded was *sent*. The server starts the lease's TTL when it
 receives that call, never earlier, so our deadline passes `margin` before the server can let
 another replica take the lease: a replica that loses its lease (renewals failing, a pause) stops
-routing new requests before another can start. `renew_every_s` (default TTL / 3) leaves two
-renewals' room before the deadline.
+routing new requests before another can start.
+
+Every call is bounded by `call_timeout_s`, and a slow answer must not end the lease: the leader
+renews every `renew_s` whether or not the previous renewal has answered, with `renew_s` (default
+min(TTL / 3, (TTL − margin − call timeout) / 2)) such that when every renewal is answered within
+the call timeout the fence never lapses, and when one is lost the next still lands in time. A
+renewal is only worth something if it is answered before `sent + ttl − margin`, so TTL − margin
+must exceed the call timeout (`validate`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Protocol
+
+#: How long one call to the coordination service may take (`EtcdLease`'s default timeout).
+DEFAULT_CALL_TIMEOUT_S = 1.0
 
 
 class LeaseBackend(Protocol):
@@ -40,15 +49,24 @@ class LeaseBackend(Protocol):
 
 @dataclass(frozen=True)
 class LeaseConfig:
-    """TTL, renewal period and fencing margin (seconds)."""
+    """TTL, renewal period, fencing margin and the call timeout the backend uses (seconds)."""
 
     ttl_s: float = 2.0
-    renew_every_s: float | None = None  # default ttl / 3
+    renew_every_s: float | None = None  # default min(ttl / 3, (ttl − margin − call timeout) / 2)
     margin_s: float | None = None  # default ttl / 4
+    call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S
 
     @property
     def renew_s(self) -> float:
-        return self.renew_every_s if self.renew_every_s is not None else self.ttl_s / 3.0
+        """The leader's renewal period (renewals do not wait for each other's answers)."""
+        if self.renew_every_s is not None:
+            return self.renew_every_s
+        return min(self.ttl_s / 3.0, (self.ttl_s - self.fence_margin_s - self.call_timeout_s) / 2.0)
+
+    @property
+    def campaign_s(self) -> float:
+        """A standby's period: it reads who holds the lease (and campaigns when nobody does)."""
+        return self.ttl_s / 6.0
 
     @property
     def fence_margin_s(self) -> float:
@@ -57,11 +75,17 @@ class LeaseConfig:
     def validate(self) -> None:
         if not (self.ttl_s >= 1.0 and self.ttl_s == int(self.ttl_s)):
             raise ValueError(f"lease TTL must be a whole number of seconds >= 1, got {self.ttl_s}")
-        if not 0 < self.renew_s < self.ttl_s - self.fence_margin_s:
-            raise ValueError(f"lease renewal every {self.renew_s:g} s must be under TTL − margin "
-                             f"({self.ttl_s - self.fence_margin_s:g} s)")
         if not 0 < self.fence_margin_s < self.ttl_s:
             raise ValueError(f"lease margin must be in (0, TTL), got {self.fence_margin_s}")
+        room = self.ttl_s - self.fence_margin_s - self.call_timeout_s
+        if not (self.call_timeout_s > 0 and room > 0):
+            raise ValueError(f"lease TTL − margin ({self.ttl_s - self.fence_margin_s:g} s) must exceed the "
+                             f"call timeout ({self.call_timeout_s:g} s): a renewal answered in time must "
+                             "land before the fence ends; raise the TTL")
+        if not 0 < self.renew_s <= room:
+            raise ValueError(f"lease renewal every {self.renew_s:g} s must be at most TTL − margin − call "
+                             f"timeout ({room:g} s): a renewal answered in time must land before the "
+                             "previous one's fence ends")
 
 
 class Fence:
@@ -73,8 +97,9 @@ class Fence:
         self.until = float("-inf")  # monotonic deadline; -inf: not leader
 
     def held(self, sent_at: float) -> None:
-        """An acquire or renew sent at `sent_at` succeeded."""
-        self.until = sent_at + self.config.ttl_s - self.config.fence_margin_s
+        """An acquire or renew sent at `sent_at` succeeded (answers may come out of order: the
+        latest deadline stands)."""
+        self.until = max(self.until, sent_at + self.config.ttl_s - self.config.fence_margin_s)
 
     def lost(self) -> None:
         self.until = float("-inf")

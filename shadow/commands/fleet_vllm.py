@@ -50,7 +50,8 @@ def add_arguments(p: Any) -> None:
                    help="shadow serve's event API: every engine step is posted there by shadow's probe "
                    "(env SHADOW_PROBE_URL)")
     g.add_argument("--probe-token", metavar="TOKEN", default=os.environ.get("SHADOW_PROBE_TOKEN"),
-                   help="the events bearer token for --probe-url (env SHADOW_PROBE_TOKEN)")
+                   help="bearer token for --probe-url: that serve's --probe-token (it admits steps only) or "
+                   "its --events-token (env SHADOW_PROBE_TOKEN)")
     g.add_argument("--log-dir", metavar="DIR", default=None,
                    help="where each server's log goes (default: a new temporary directory)")
     g.add_argument("--start-timeout", type=float, default=600.0, metavar="S",

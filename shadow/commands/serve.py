@@ -26,6 +26,7 @@ from typing import Any, NoReturn
 from shadow.active.canary import CanaryConfig
 from shadow.active.cohorts import ClientConfig
 from shadow.active.fallback import GuardConfig
+from shadow.active.lease import DEFAULT_CALL_TIMEOUT_S
 from shadow.active.modes import ModeConfig
 from shadow.active.proxy import UPSTREAM_IDLE_S
 from shadow.app import serve as serve_app
@@ -172,6 +173,10 @@ def mirror_flags() -> tuple[Flag, ...]:
              "SHADOW_EVENTS_TOKEN); without one, event ingestion is refused unless the API listens on "
              "loopback, and everywhere in a serve with an admin token (events can trip its mode)",
              default=os.environ.get("SHADOW_EVENTS_TOKEN")),
+        flag("--probe-token", "probe_token", "bearer token that admits `step` lines only on POST /v1/events "
+             "(env SHADOW_PROBE_TOKEN, the one shadow's vLLM probe sends): the engine probe's, which moves "
+             "the live lanes' clock and nothing else; the --events-token admits steps too (default: none, "
+             "steps are admitted as the other events are)", default=os.environ.get("SHADOW_PROBE_TOKEN")),
     )
 
 
@@ -443,8 +448,10 @@ LEASE_FLAGS = (
          "the lease lapses and one of them takes it", metavar="URL"),
     flag("--lease-key", "key", "the lease's etcd key, one per fleet (default /shadow/leader)",
          default="/shadow/leader"),
-    flag("--lease-ttl", "ttl_s", "lease TTL in whole seconds (>= 2: etcd's minimum); renewed every TTL/3, "
-         "and a replica stops routing TTL/4 before its lease can lapse (default 2)", default=2.0, **SECONDS),
+    flag("--lease-ttl", "ttl_s", "lease TTL in whole seconds (>= 2: etcd's minimum); renewed without waiting "
+         f"for answers, often enough that renewals answered within etcd's {DEFAULT_CALL_TIMEOUT_S:g} s call "
+         "timeout keep it, and a replica stops routing TTL/4 before its lease can lapse (default 2)",
+         default=2.0, **SECONDS),
     flag("--replica-id", "holder", "this replica's name, in the lease and at the tap groups it attaches to: "
          "replicas attach side by side, each getting every copy, and one of the same name replaces its "
          "predecessor (default HOSTNAME-PID with --lease-etcd; else none: a new serve replaces the old)",

@@ -151,16 +151,14 @@ class LiveDriver:
         # per-step observations for the step-time estimate (filled here, taken by the caller):
         # the per-token gaps of streams, one per token, per worker (`gaps[g]`; the last one: a
         # stream whose worker is not known; packed doubles: no float object kept per token, and a
-        # numpy view without a copy); (t, duration, worker) of step events
+        # numpy view without a copy); (worker, t, duration, period, source) of step events (worker
+        # -1: none or not a known one; the period: the time since its previous busy step when
+        # reported, else the duration); (worker, t, gap) once per step a worker made, from positive
+        # token gaps: a chunk less than a tenth of its gap after the worker's previous one is
+        # another stream's chunk of the same step
         self.gaps: list[array[float]] = [array("d") for _ in range(len(workers) + 1)]
-        self.step_samples: list[tuple[float, float, str | None]] = []
+        self.steps: list[tuple[int, float, float, float, str | None]] = []
         self.step_sources: dict[str, int] = {}  # step events by their `source` (probe, ...; "worker")
-        # ... and per worker: (worker, t, step period, source) of step events naming a known
-        # worker (the period: the time since its previous busy step when reported, else the
-        # duration); (worker, t, gap) once per step it made, from positive token gaps: a chunk less
-        # than a tenth of its gap after the worker's previous one is another stream's chunk of the
-        # same step
-        self.worker_steps: list[tuple[int, float, float, str | None]] = []
         self.worker_gap_ends: list[tuple[int, float, float]] = []
         self._gap_end = [float("-inf")] * len(workers)
 
@@ -203,11 +201,9 @@ class LiveDriver:
         if isinstance(ev, Step):
             src = ev.source or "worker"
             self.step_sources[src] = self.step_sources.get(src, 0) + 1
-            self.step_samples.append((ev.t, ev.duration_s, ev.worker))
-            w = None if ev.worker is None else self.index.get(ev.worker)
-            if w is not None:
-                period = ev.interval_s if ev.interval_s is not None else ev.duration_s
-                self.worker_steps.append((w, ev.t, period, ev.source))
+            w = -1 if ev.worker is None else self.index.get(ev.worker, -1)
+            period = ev.interval_s if ev.interval_s is not None else ev.duration_s
+            self.steps.append((w, ev.t, ev.duration_s, period, ev.source))
             return
         rid = ev.request_id
         if isinstance(ev, Route) and ev.worker not in self.index:

@@ -26,6 +26,7 @@ from shadow.engine.rolling import Seed
 from shadow.engine.summary import LogHistogram, percentile
 from shadow.engine.windows import Windows, lane_figures
 from shadow.live.confidence import comparison, trust_problems
+from shadow.live.stepcheck import StepCheck
 from shadow.live.stepfit import STEP_BUCKETS, StepEstimator
 from shadow.live.workerclock import WorkerClock, WorkerModel
 
@@ -56,8 +57,9 @@ class LiveLanes:
 
     `listener(event)` is what the mirror calls for every applied event, on the relay loop:
     it only appends to a bounded deque (full → the event is dropped and counted as `queue_full`;
-    the relay never waits). A daemon thread drains the deque into a `LiveDriver`, closes step-time
-    windows (`StepEstimator` → `SlidingFit`), compares the `actual` lane with the mirrored loads
+    the relay never waits). A daemon thread drains the deque into a `LiveDriver`, leaves out the
+    worker-reported steps the mirror's streams refute (`StepCheck`), closes step-time windows
+    (`StepEstimator` → `SlidingFit`), compares the `actual` lane with the mirrored loads
     (fidelity), counts agreement between the router and each policy, advances the lanes to the live
     clock, and publishes an immutable snapshot (`report()`, `metric_values()`) — readers never
     touch lane state. Watermarks: `enqueued`, `processed`, `dropped_total`; `drain()` (blocking,
@@ -122,6 +124,8 @@ class LiveLanes:
         self.fit = SlidingFit(fit_window)
         # the lanes' clock: per-worker step models and barrier groups from the measured steps
         self.worker_clock = WorkerClock(len(workers), self.step, fit_window=fit_window)
+        # worker-reported steps the mirror's streams (or the configured model) cannot vouch for
+        self.step_check = StepCheck(len(workers), self.step)
         self.lane_clock, self._worker_models = self.worker_clock.clock(None)
         if self.measured_clock:
             self.driver.set_clock(self.lane_clock)
@@ -257,25 +261,21 @@ class LiveLanes:
         self._mw_n += 1
         wc = self.worker_clock
         wc.add_loads(d.mirror_loads)
-        if d.worker_steps and self.estimator.source != "sse":
-            for g, t, period, source in d.worker_steps:
-                wc.add_step(g, t, period, source)
-        d.worker_steps = []
-        if d.step_samples:
-            durations = [s[1] for s in d.step_samples]
-            est.add_steps(durations)
-            self._window_steps += len(durations)
-            for x in durations:
-                self._hist("events", x)
-            d.step_samples = []
+        ends, d.worker_gap_ends = d.worker_gap_ends, []
+        if ends:  # before the steps: a step is judged on the streams seen up to and after it
+            self.step_check.saw(ends)
+            if est.source != "events":
+                wc.add_ends(ends)
+        if d.steps:
+            self._take_steps(d.steps)
+            d.steps = []
         if est.due(d.now):
             # the window's token gaps (they wait in the driver until its end), converted once
             gaps = [np.asarray(xs, dtype=np.float64) for xs in d.take_gaps()]
             for part in gaps:
                 est.add_gaps(part)
             if est.source != "events":
-                wc.add_gaps(gaps[:-1], d.worker_gap_ends)
-            d.worker_gap_ends = []
+                wc.add_gaps(gaps[:-1])
             sample = est.close(d.now)
             if self._mw_start is not None:
                 n = self._mw_n
@@ -303,14 +303,33 @@ class LiveLanes:
             wc.close(self.lane_clock)
             self._set_clock()
 
+    def _take_steps(self, steps: list[tuple[int, float, float, float, str | None]]) -> None:
+        """Worker-reported steps: the plausible ones (`StepCheck`) to the estimate and the clock,
+        the others counted by reason."""
+        check, wc, loads = self.step_check, self.worker_clock, self.driver.mirror_loads
+        to_clock = self.estimator.source != "sse"
+        durations: list[float] = []
+        for g, t, duration, period, source in steps:
+            if check.check(None if g < 0 else g, t, duration, period, loads) is not None:
+                continue
+            durations.append(duration)
+            if g >= 0 and to_clock:
+                wc.add_step(g, t, period, source)
+        self.estimator.add_steps(durations)
+        self._window_steps += len(durations)
+        for x in durations:
+            self._hist("events", x)
+
     def _fleet_model(self) -> StepTimeModel | None:
-        """Under a fleet-wide barrier: the fleet's fit when good, else its measured per-step mean."""
+        """Under a fleet-wide barrier: the fleet's fit when good, else its robust per-step mean
+        over the recent windows (`StepEstimator.robust`)."""
         fit = self.fit.result()
         model = fit.model(self.step)
         if model is not self.step:
             return model
-        mean = self._measured_mean()
-        return StepTimeModel(0.0, mean) if mean is not None and fit.samples >= 4 else None
+        robust = self.estimator.robust
+        mean = robust.mean()
+        return StepTimeModel(0.0, mean) if mean is not None and len(robust) >= 4 else None
 
     def _set_clock(self) -> None:
         """Step the lanes on the clock the measured steps give (see `shadow.live.workerclock`);
@@ -556,6 +575,8 @@ class LiveLanes:
                 "samples_by_source": dict(self.estimator.samples),
                 "samples_from": self._samples_from(),
                 "step_event_sources": dict(self.driver.step_sources),
+                # step events the lanes left out, by reason (`shadow.live.stepcheck`)
+                "step_events_rejected": dict(self.step_check.rejected),
                 "configured": {"a_s_per_token": self.step.a, "b_s": self.step.b},
                 # the clock the lanes step on: its model, where its samples came from
                 "model_in_use": clock_model,

@@ -16,6 +16,7 @@ from shadow.base.families import Family, SourceCollector
 from shadow.engine.windows import FIGURES
 from shadow.live.confidence import VERDICTS
 from shadow.live.lanes import DECISION_BUCKETS, LiveLanes
+from shadow.live.stepcheck import REASONS as STEP_REJECT_REASONS
 from shadow.live.stepfit import STEP_BUCKETS
 
 L = ("lane",)
@@ -77,6 +78,10 @@ FIDELITY = Family("shadow_fidelity_load_relative_error", "gauge",
                   "Actual lane loads vs mirrored loads, mean relative error.", "ratio")
 DROPPED = Family("shadow_live_events_dropped_total", "counter",
                  "Events the lanes could not take.", "events", ("reason",))
+STEPS_REJECTED = Family("shadow_live_step_events_rejected_total", "counter",
+                        "Step events the lanes left out: longer than the worker's stream gaps around them, "
+                        "or beyond the step model where no stream vouches for them.", "events",
+                        ("reason",), values={"reason": STEP_REJECT_REASONS})
 VS_ACTUAL = Family("shadow_lane_vs_actual_ratio", "gauge",
                    "A lane's figure against the actual lane, batch means over windows (> 1: the lane does "
                    "better): the geometric mean of the window ratios and its 95% t-interval bounds "
@@ -106,7 +111,8 @@ _STEP_MODEL = ((MODEL_A, "a_s_per_token"), (MODEL_B, "b_s"), (MODEL_R2, "r2"), (
 
 FAMILIES = (
     *(f for f, _ in _PER_LANE), WORKER_LOAD, WORKER_ACTIVE, DECISION_SECONDS,
-    *(f for f, _ in _STEP_MODEL), STEP_SECONDS, FIDELITY, DROPPED, VS_ACTUAL, VERDICT, TRUSTWORTHY,
+    *(f for f, _ in _STEP_MODEL), STEP_SECONDS, FIDELITY, DROPPED, STEPS_REJECTED, VS_ACTUAL, VERDICT,
+    TRUSTWORTHY,
 )
 
 
@@ -144,6 +150,8 @@ class LiveCollector(SourceCollector[LiveLanes]):
         yield FIDELITY.value(_float(rep.get("fidelity", {}).get("load_rel_error")))
         dropped = rep.get("events", {}).get("dropped", {})
         yield DROPPED.sampled({reason: float(n) for reason, n in dropped.items()})
+        rejected = sm.get("step_events_rejected", {})
+        yield STEPS_REJECTED.sampled({reason: float(n) for reason, n in rejected.items()})
         cmp = rep.get("comparison", {})
         ratios: dict[tuple[str, ...], float | None] = {}
         verdicts: dict[tuple[str, ...], float | None] = {}

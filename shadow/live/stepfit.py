@@ -1,7 +1,10 @@
 """Measured decode step times: observations windowed into samples for the online fit
-(`shadow.core.stepmodel.SlidingFit`). Pure: event times come in as arguments."""
+(`shadow.core.stepmodel.SlidingFit`), and their outlier-proof running mean (`RobustMean`). Pure:
+event times come in as arguments."""
 
 from __future__ import annotations
+
+from collections import deque
 
 import numpy as np
 import numpy.typing as npt
@@ -9,6 +12,70 @@ import numpy.typing as npt
 SOURCES = ("auto", "events", "sse")
 # Histogram buckets for measured step durations (s): 5 ms … 2 s.
 STEP_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0)
+CLAMP = 4.0  # steps beyond this multiple of the reference step are outliers (`RobustMean`)
+MEAN_WINDOWS = 120  # windows a running mean step covers
+
+
+def upper_median(xs: npt.NDArray[np.float64]) -> float:
+    """The upper median of a non-empty array (one of its values)."""
+    k = len(xs)
+    return float(np.partition(xs, k // 2)[k // 2])
+
+
+class RobustMean:
+    """A step time's mean over the last `windows` windows, which outliers cannot move.
+
+    The reference is the (lower) median of the recent windows' medians (before any, the window's
+    own). A window keeps only its steps up to `clamp` × the reference, and a window whose median is
+    beyond `clamp` × the reference when the mean is read is left out: steps beyond the clamp change
+    nothing, whether a minority of a window's or whole windows that are a minority of the recent
+    ones. The reference moves once most of the recent windows agree (a lasting change of the
+    engine); once bad input stops, its windows drop out as the reference comes back, and at the
+    latest when they leave the history.
+    """
+
+    def __init__(self, windows: int = MEAN_WINDOWS, clamp: float = CLAMP) -> None:
+        if windows < 1 or not clamp > 1:
+            raise ValueError("a robust mean needs >= 1 window and a clamp > 1")
+        self.clamp = clamp
+        self.history: deque[tuple[int, float, float]] = deque(maxlen=windows)  # (kept, Σ kept, median)
+
+    def __len__(self) -> int:
+        return len(self.history)
+
+    def reference(self) -> float | None:
+        """The lower median of the recent windows' medians (None before any window): of two
+        windows, a bad one is not half of it."""
+        h = self.history
+        if not h:
+            return None
+        k = (len(h) - 1) // 2
+        return float(np.partition(np.fromiter((m for _, _, m in h), np.float64, len(h)), k)[k])
+
+    def add(self, xs: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        """One window's (positive) steps; returns those it keeps."""
+        if not len(xs):
+            return xs
+        median = upper_median(xs)
+        ref = self.reference()
+        kept = xs[xs <= self.clamp * (median if ref is None else ref)]
+        self.history.append((len(kept), float(kept.sum()), median))
+        return kept
+
+    def steps(self) -> int:
+        """The steps the mean stands on."""
+        limit = self.clamp * (self.reference() or 0.0)
+        return sum(k for k, _, m in self.history if m <= limit)
+
+    def mean(self) -> float | None:
+        """Σ kept steps / their count over the windows whose median is within the clamp."""
+        limit = self.clamp * (self.reference() or 0.0)
+        n, total = 0, 0.0
+        for k, s, m in self.history:
+            if m <= limit:
+                n += k
+                total += s
+        return total / n if n else None
 
 
 class StepEstimator:
@@ -19,6 +86,8 @@ class StepEstimator:
       chunk makes one gap long and the next short, which the mean absorbs; it matches the workers'
       mean step time) and their median (robust to a stalled step; what the fit uses, so that one
       hiccup does not tilt it).
+    The median a window gives (what the fit takes) is that of the steps `robust` (a `RobustMean`
+    over the windows) keeps, so outliers do not tilt the fit either.
     Each sample is paired with the mirrored max_g L_g averaged over the window. `source="auto"` uses
     worker-reported steps when any arrived in the last window, else SSE gaps.
     """
@@ -34,6 +103,7 @@ class StepEstimator:
         self._window_end: float | None = None
         self.samples: dict[str, int] = {"events": 0, "sse": 0}
         self.sse_aside: float | None = None  # the last closed window's SSE mean step (see close)
+        self.robust = RobustMean()
 
     def add_gaps(self, gaps: npt.NDArray[np.float64]) -> None:
         """Per-token gaps (kept as given until the window closes: the caller gives them up)."""
@@ -51,7 +121,8 @@ class StepEstimator:
         return t >= self._window_end
 
     def close(self, t: float) -> tuple[str, float, float] | None:
-        """Close the window at `t`: (source, mean step seconds, robust step seconds), or None."""
+        """Close the window at `t`: (source, mean step seconds, robust step seconds), or None (no
+        steps, or only outliers)."""
         self._window_end = t + self.window_s
         gaps, steps = self._gaps, self._steps
         self._gaps, self._steps = [], []
@@ -59,10 +130,13 @@ class StepEstimator:
         gap_arr = np.concatenate(gaps) if sum(map(len, gaps)) >= self.min_gaps else None
         self.sse_aside = None if gap_arr is None else float(gap_arr.mean())
         if self.source in ("auto", "events") and steps:
-            self.samples["events"] += 1
-            arr = np.asarray(steps)
-            return "events", float(arr.mean()), float(np.median(arr))
-        if self.source in ("auto", "sse") and gap_arr is not None:
-            self.samples["sse"] += 1
-            return "sse", float(gap_arr.mean()), float(np.median(gap_arr))
-        return None
+            source, arr = "events", np.asarray(steps, dtype=np.float64)
+        elif self.source in ("auto", "sse") and gap_arr is not None:
+            source, arr = "sse", gap_arr
+        else:
+            return None
+        kept = self.robust.add(arr[arr > 0])
+        if not len(kept):
+            return None
+        self.samples[source] += 1
+        return source, float(arr.mean()), float(np.median(kept))

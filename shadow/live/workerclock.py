@@ -2,11 +2,13 @@
 groups they step in (`shadow.core.barrier`). Pure: event times come in as arguments.
 
 Per worker and window: the step period from its worker-reported steps (the probe's interval
-between busy steps, else the step's duration), else from its streams' SSE gaps (one per token);
-the window's mean and median, paired with the worker's mean mirrored load, feed a `SlidingFit`
-of τ_g = a_g·L_g + b_g. A worker's model in the clock is that fit when it is good, else its
-measured mean step (a = 0: the linear model does not hold, or too few samples for a fit yet;
-after `min_windows` windows), else the configured model. Under a fleet-wide barrier the fleet's
+between busy steps, else the step's duration; only those `shadow.live.stepcheck` found plausible),
+else from its streams' SSE gaps (one per token). Outliers do not count (`stepfit.RobustMean`: steps
+beyond a multiple of the worker's reference step, and windows of them); the median of the rest,
+paired with the worker's mean mirrored load, feeds a `SlidingFit` of τ_g = a_g·L_g + b_g. A
+worker's model in the clock is that fit when it is good, else its robust mean step over the recent
+windows (a = 0: the linear model does not hold, or too few samples for a fit yet; after
+`min_windows` windows), else the configured model. Under a fleet-wide barrier the fleet's
 own fit (a·max L + b) is the model, as in the paper; otherwise each group steps at the max over
 its members' models.
 """
@@ -25,6 +27,7 @@ import numpy.typing as npt
 from shadow.core.barrier import MIN_STEPS, BarrierChoice, choose_barrier
 from shadow.core.stepmodel import FitResult, SlidingFit, StepTimeModel
 from shadow.engine.config import LaneClock
+from shadow.live.stepfit import RobustMean, upper_median
 
 SOURCE_NAMES = {"probe": "probe", "probe_interval": "probe"}  # step event source -> clock source
 
@@ -47,7 +50,7 @@ class _Worker:
         self.periods: list[float] = []  # worker-reported, this window
         self.gaps: list[npt.NDArray[np.float64]] = []  # SSE per-token gaps, this window (in parts)
         self.event_source: str | None = None
-        self.means: deque[tuple[int, float]] = deque(maxlen=mean_windows)  # (steps, Σ period)
+        self.robust = RobustMean(mean_windows)
         self.ends: dict[str, deque[float]] = {"events": deque(maxlen=max_ends), "sse": deque(maxlen=max_ends)}
         self.durations: dict[str, deque[float]] = {
             "events": deque(maxlen=max_ends), "sse": deque(maxlen=max_ends)}
@@ -95,15 +98,15 @@ class WorkerClock:
         w.ends["events"].append(t)
         w.durations["events"].append(period)
 
-    def add_gaps(
-        self, gaps: Sequence[npt.NDArray[np.float64]], ends: Iterable[tuple[int, float, float]]
-    ) -> None:
+    def add_gaps(self, gaps: Sequence[npt.NDArray[np.float64]]) -> None:
         """Per worker, its streams' per-token gaps (`gaps[g]`, kept until the window closes: the
-        caller gives them up; only positive ones count), and (g, t, gap) once per step it made
-        (`LiveDriver.worker_gap_ends`)."""
+        caller gives them up; only positive ones count)."""
         for w, xs in zip(self.w, gaps, strict=True):
             if len(xs):
                 w.gaps.append(xs)
+
+    def add_ends(self, ends: Iterable[tuple[int, float, float]]) -> None:
+        """(g, t, gap) once per step worker g made in its streams (`LiveDriver.worker_gap_ends`)."""
         ws = self.w
         for g, t, gap in ends:
             w = ws[g]
@@ -139,10 +142,12 @@ class WorkerClock:
                 if len(xs) < self.min_gaps:
                     continue
                 w.source = "sse"
+            xs = w.robust.add(xs)
+            if not len(xs):
+                continue  # outliers only
             k = len(xs)
             total = float(xs.sum())
-            w.fit.add(x, float(np.partition(xs, k // 2)[k // 2]))  # (the upper median)
-            w.means.append((k, total))
+            w.fit.add(x, upper_median(xs))
             w.steps += k
             if models is not None:
                 measured += total
@@ -165,13 +170,13 @@ class WorkerClock:
     def worker_model(self, g: int) -> WorkerModel:
         w = self.w[g]
         fit = w.fit.result()
-        steps = sum(n for n, _ in w.means)
-        mean = sum(s for _, s in w.means) / steps if steps else None
+        steps = w.robust.steps()
+        mean = w.robust.mean()
         source = w.source or "configured"
         if fit.quality == "good" and fit.a_s_per_token is not None and fit.b_s is not None:
             linear = StepTimeModel(fit.a_s_per_token, fit.b_s)
             return WorkerModel(linear, "linear fit", source, fit, mean, steps)
-        if mean is not None and len(w.means) >= self.min_windows:
+        if mean is not None and len(w.robust) >= self.min_windows:
             return WorkerModel(StepTimeModel(0.0, mean), "mean step", source, fit, mean, steps)
         return WorkerModel(self.configured, "configured", "configured", fit, mean, steps)
 

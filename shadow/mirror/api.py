@@ -1,10 +1,10 @@
 """The mirror's HTTP API: event ingestion, recent events, state, schema and /metrics.
 
 `create_app(mirror, registry, ...)` builds a FastAPI app:
-- `POST /v1/events` (bearer token when configured; loopback-only without one): an NDJSON batch;
-  each line is validated with `from_dict` (plus the schema's
-  type rules) and applied; reply `{"accepted", "rejected": {reason: n}, "outcomes": {outcome: n}}`;
-  a body over `max_body` bytes is refused with 413 and nothing is applied.
+- `POST /v1/events` (bearer token when configured; loopback-only without one; see `events_access`):
+  an NDJSON batch; each line is validated with `from_dict` (plus the schema's type rules) and
+  applied; reply `{"accepted", "rejected": {reason: n}, "outcomes": {outcome: n}}`; a body over
+  `max_body` bytes is refused with 413 and nothing is applied.
 - `GET /v1/events?after=SEQ&limit=N`: recent applied events as NDJSON (header `X-Last-Seq`).
 - `GET /v1/events/schema`: the published JSON Schema; `GET /v1/state`; `GET /metrics`; `GET /health`.
 """
@@ -25,8 +25,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from shadow.base.logthrottle import Throttled
-from shadow.base.security import admin_denied
-from shadow.contracts.events import Arrive, Event, Step, from_dict, load_schema
+from shadow.base.security import bearer_ok, is_loopback
+from shadow.contracts.events import EVENT_TYPES, Arrive, Event, Step, from_dict, load_schema
 from shadow.mirror.hub import Mirror, event_dict
 
 try:  # faster, and refuses nesting beyond 1024 levels and integers beyond 64 bits by itself
@@ -53,7 +53,39 @@ REJECT_REASONS = (
     "missing_field",
     "invalid_value",
     "apply_error",
+    "unauthorized_kind",
 )
+STEP_KINDS = frozenset({Step.kind})  # what the probe token admits: they move the lanes' clock, nothing else
+ALL_KINDS = frozenset(cls.kind for cls in EVENT_TYPES.values())
+
+
+def events_access(
+    host: str, events_token: str | None, probe_token: str | None, authorization: str | None,
+    token_required: bool = False,
+) -> frozenset[str] | tuple[int, str]:
+    """The event kinds a POST /v1/events may carry, or (HTTP status, one-line reason) refused.
+
+    The events token admits every kind; the probe token (the engine probe's, `--probe-token`) only
+    `step` lines, which move the live lanes' clock and change nothing else (they are bounded there:
+    `shadow.live.stepcheck`). Without a matching token, the kinds no token guards are admitted on
+    a loopback listener only (secure by default), and nowhere when `token_required` (another token
+    guards this process: events could trip its mode)."""
+    guards = {"step": (probe_token, events_token), "other": (events_token,)}
+    open_here = is_loopback(host) and not token_required
+    allowed = {
+        cls for cls, tokens in guards.items()
+        if any(t is not None and bearer_ok(authorization, t) for t in tokens)
+        or (open_here and all(t is None for t in tokens))
+    }
+    kinds = (ALL_KINDS - STEP_KINDS if "other" in allowed else frozenset()) | (
+        STEP_KINDS if "step" in allowed else frozenset())
+    if kinds:
+        return kinds
+    if events_token is not None or probe_token is not None:
+        return 401, "event ingestion needs 'Authorization: Bearer <token>'"
+    if token_required:
+        return 403, NEEDS_EVENTS_TOKEN
+    return 403, "event ingestion over the network needs a token"
 
 
 def reject_reason(message: str) -> str:
@@ -122,11 +154,13 @@ def ingest_ndjson(
     now: float,
     rejected: MutableMapping[str, int],
     max_id_len: int = DEFAULT_MAX_ID_LEN,
+    kinds: frozenset[str] = ALL_KINDS,
 ) -> dict[str, Any]:
     """Validate and apply every line of an NDJSON batch; never raises (a bad line is rejected
-    with a reason and the others still apply)."""
+    with a reason and the others still apply; a line of a kind not in `kinds` is rejected as
+    `unauthorized_kind`)."""
     tally = _Tally()
-    _ingest_lines(body.split(b"\n"), mirror, now, rejected, max_id_len, tally)
+    _ingest_lines(body.split(b"\n"), mirror, now, rejected, max_id_len, tally, kinds)
     return tally.result()
 
 
@@ -137,13 +171,14 @@ async def ingest_ndjson_sliced(
     rejected: MutableMapping[str, int],
     max_id_len: int = DEFAULT_MAX_ID_LEN,
     slice_lines: int = 1000,
+    kinds: frozenset[str] = ALL_KINDS,
 ) -> dict[str, Any]:
     """`ingest_ndjson` in slices, returning to the event loop between them (its I/O poll hands
     the GIL to the relay thread and lets other handlers run)."""
     tally = _Tally()
     lines = body.split(b"\n")
     for i in range(0, len(lines), slice_lines):
-        _ingest_lines(lines[i : i + slice_lines], mirror, now, rejected, max_id_len, tally)
+        _ingest_lines(lines[i : i + slice_lines], mirror, now, rejected, max_id_len, tally, kinds)
         await asyncio.sleep(0)
     return tally.result()
 
@@ -167,8 +202,10 @@ def _ingest_lines(
     rejected: MutableMapping[str, int],
     max_id_len: int,
     tally: _Tally,
+    kinds: frozenset[str],
 ) -> None:
     rej, outcomes = tally.rej, tally.outcomes
+    every_kind = kinds == ALL_KINDS
     for raw in lines:
         line = raw.strip()
         if not line:
@@ -192,6 +229,8 @@ def _ingest_lines(
                 reason = reject_reason(str(exc))
             except Exception:
                 reason = "invalid_value"
+        if ev is not None and not every_kind and ev.kind not in kinds:
+            ev, reason = None, "unauthorized_kind"
         if ev is not None:
             try:
                 out = mirror.emit(ev, "api", now)
@@ -219,13 +258,15 @@ def create_app(
     max_id_len: int = DEFAULT_MAX_ID_LEN,
     routers: Sequence[APIRouter] = (),
     token_required: bool = False,
+    probe_token: str | None = None,
 ) -> FastAPI:
     """The API app over one mirror (plus the routes of `routers`); `rejected` is the counter dict
     the metrics collector exports.
 
     Ingestion changes the mirrored state, so `POST /v1/events` needs `ingest_token` as a bearer
     token when one is set, and is refused on a non-loopback `host` when none is — and everywhere
-    when `token_required` (another token guards this process: events could trip its mode).
+    when `token_required` (another token guards this process: events could trip its mode);
+    `probe_token` admits `step` lines only (`events_access`).
     """
     app = FastAPI(title="shadow mirror", docs_url=None, redoc_url=None, openapi_url=None)
     rejected_counts: MutableMapping[str, int] = rejected if rejected is not None else {}
@@ -234,15 +275,12 @@ def create_app(
 
     @app.post("/v1/events")
     async def post_events(request: Request) -> Response:
-        denied = (
-            (403, NEEDS_EVENTS_TOKEN)
-            if token_required and ingest_token is None
-            else admin_denied(host, ingest_token, request.headers.get("authorization"), "event ingestion")
-        )
-        if denied is not None:
+        access = events_access(host, ingest_token, probe_token, request.headers.get("authorization"),
+                               token_required)
+        if isinstance(access, tuple):
             rejected_counts["unauthorized"] = rejected_counts.get("unauthorized", 0) + 1
-            rejections.warning("unauthorized", "POST /v1/events refused (%s): %s", denied[0], denied[1])
-            return JSONResponse({"error": denied[1]}, status_code=denied[0])
+            rejections.warning("unauthorized", "POST /v1/events refused (%s): %s", access[0], access[1])
+            return JSONResponse({"error": access[1]}, status_code=access[0])
         cl = request.headers.get("content-length")
         if cl is not None and cl.isdigit() and int(cl) > max_body:
             rejected_counts["too_large"] = rejected_counts.get("too_large", 0) + 1
@@ -257,7 +295,8 @@ def create_app(
                 rejections.warning("too_large", "POST /v1/events refused: body over %d bytes", max_body)
                 return JSONResponse({"error": f"body over {max_body} bytes"}, status_code=413)
             parts.append(chunk)
-        result = await ingest_ndjson_sliced(b"".join(parts), mirror, clock(), rejected_counts, max_id_len)
+        result = await ingest_ndjson_sliced(b"".join(parts), mirror, clock(), rejected_counts, max_id_len,
+                                            kinds=access)
         if result["rejected"]:
             why = dict(result["rejected"])
             rejections.warning("lines", "POST /v1/events: %d lines rejected", sum(why.values()), reasons=why)

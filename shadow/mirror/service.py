@@ -106,6 +106,7 @@ class TapConfig:
     inject_usage: bool = False  # ask workers for continuous usage; strip what the client did not ask for
     events_token: str | None = None  # bearer token for POST /v1/events (required off loopback)
     events_token_required: bool = False  # another token guards the process: no events without theirs
+    probe_token: str | None = None  # bearer token admitting `step` lines only (the engine probe's)
     forward_token: str | None = None  # bearer token sent with --forward posts
     # caps and timeouts of the in-path taps (see TapLimits) and of the mirror
     max_connections: int = 4096
@@ -311,6 +312,7 @@ class TapService:
             max_id_len=c.max_id_len,
             routers=routers,
             token_required=c.events_token_required,
+            probe_token=c.probe_token,
         )
         self.analysis = LoopThread("shadow-analysis")
         self._tasks: list[asyncio.Task[Any]] = []

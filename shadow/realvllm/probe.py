@@ -4,8 +4,9 @@ event API. Inert (no thread, no socket) unless SHADOW_PROBE_URL is set. One inst
 the API server it runs in (an aggregate logger), so its counter family is on /metrics once.
 
 Environment: SHADOW_PROBE_URL (shadow serve's base URL or its /v1/events), SHADOW_PROBE_TOKEN
-(the events bearer token), SHADOW_PROBE_WORKER (worker name; `{engine}` becomes the DP engine
-index), SHADOW_PROBE_QUEUE (queue bound, default 4096), SHADOW_PROBE_FLUSH_MS (default 100).
+(serve's --probe-token, which admits step events only, or its events token), SHADOW_PROBE_WORKER
+(worker name; `{engine}` becomes the DP engine index), SHADOW_PROBE_QUEUE (queue bound, default
+4096), SHADOW_PROBE_FLUSH_MS (default 100).
 
 What the fields are (vLLM 0.32, read from its source): `record()` runs on the API server's event
 loop once per EngineCoreOutputs batch carrying SchedulerStats, i.e. once per engine step.

@@ -146,7 +146,8 @@ def test_counters_of_odd_input() -> None:
     assert d.dropped == {"end_before_start": 2, "table_full": 1} and d.open_requests() == 2
     d.apply(Step(2.0, 0.03, "d1"))
     d.apply(Step(1.5, 0.02))
-    assert d.step_samples == [(2.0, 0.03, "d1"), (1.5, 0.02, None)]
+    d.apply(Step(1.6, 0.02, "d7", interval_s=0.025))
+    assert d.steps == [(1, 2.0, 0.03, 0.03, None), (-1, 1.5, 0.02, 0.02, None), (-1, 1.6, 0.02, 0.025, None)]
     assert d.now == 2.0  # the newest event time; an older event does not move it back
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import httpx
@@ -273,3 +274,42 @@ def test_event_ingestion_needs_a_token_off_loopback() -> None:
     assert asyncio.run(post(guarded, {"Authorization": "Bearer wrong"})).status_code == 401
     ok = asyncio.run(post(guarded, {"Authorization": "Bearer t0k"}))
     assert ok.status_code == 200 and ok.json()["accepted"] == 1
+
+
+def test_the_probe_token_admits_step_lines_only() -> None:
+    """The engine probe's token moves the lanes' clock and nothing else: with it, every line but a
+    `step` is rejected (`unauthorized_kind`, counted) and the mirrored state does not change; the
+    events token admits every kind; a kind no token guards stays open on loopback only."""
+    now = time.monotonic()  # the API's clock (events far from it are dropped)
+    lines = [to_dict(Step(now, 0.02, "d0", source="probe")), to_dict(Arrive("a", now, 5)),
+             to_dict(Route("a", now, "d0", 5)), to_dict(Token("a", now, 1)),
+             to_dict(Finish("a", now, "stop", 1)), to_dict(Cancel("b", now))]
+    body = "\n".join(json.dumps(x) for x in lines).encode()
+
+    def post(app: Any, token: str | None = None) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return asyncio.run(_call(app, "POST", "/v1/events", content=body, headers=headers))
+
+    def app_for(**kw: Any) -> tuple[Any, Mirror, CollectorRegistry]:
+        mirror = Mirror(MirrorState(["d0"]))
+        reg = CollectorRegistry()
+        rejected: dict[str, int] = {}
+        reg.register(MirrorCollector(mirror, rejected=rejected))
+        return create_app(mirror, reg, rejected=rejected, **kw), mirror, reg
+
+    app, mirror, reg = app_for(host="0.0.0.0", ingest_token="ev", probe_token="pr")
+    steps_only = post(app, "pr")
+    assert steps_only.status_code == 200, steps_only.text
+    assert steps_only.json()["accepted"] == 1 and steps_only.json()["rejected"] == {"unauthorized_kind": 5}
+    assert mirror.state.live() == 0 and mirror.state.last_step is not None
+    assert reg.get_sample_value("shadow_mirror_events_rejected_total", {"reason": "unauthorized_kind"}) == 5
+    assert post(app, "ev").json()["accepted"] == 6
+    assert post(app).status_code == 401 and post(app, "wrong").status_code == 401
+    # an admin token guards the process (events could trip its mode): still steps with the probe's
+    app, mirror, _ = app_for(probe_token="pr", token_required=True)
+    assert post(app, "pr").json()["accepted"] == 1 and mirror.state.live() == 0
+    assert post(app).status_code == 401
+    # loopback, only a probe token: the other kinds stay open as before, a step needs its token
+    app, _, _ = app_for(probe_token="pr")
+    assert post(app).json()["rejected"] == {"unauthorized_kind": 1}
+    assert post(app, "pr").json()["accepted"] == 6

@@ -40,6 +40,7 @@ from shadow.realvllm.launcher import (
 )
 
 EVENTS_TOKEN = "tier-events-token"
+PROBE_TOKEN = "tier-probe-token"  # the probe's: it admits step events only
 MODEL_NAME = "sim-llm"  # the simulated fleet's name: clients are interchangeable
 
 
@@ -96,8 +97,9 @@ def tier(engine_venv: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathF
     d0_port, dp_port = free_port(), free_port()
     serve = Child("shadow serve", shadow_argv(
         "serve", "--upstream", f"d0=http://127.0.0.1:{d0_port}", "--upstream", f"dp=http://127.0.0.1:{dp_port}",
-        "--slots", "64", "--events-token", EVENTS_TOKEN, "--scrape-interval", "0.5",
-        "--state-dir", str(logs / "state"), "--stop-taps"), logs / "serve.log")  # outlives one test
+        "--slots", "64", "--events-token", EVENTS_TOKEN, "--probe-token", PROBE_TOKEN,
+        "--scrape-interval", "0.5", "--state-dir", str(logs / "state"), "--stop-taps"),
+        logs / "serve.log")  # outlives one test
     blackhole = socket.socket()
     blackhole.bind(("127.0.0.1", 0))
     blackhole.listen(64)  # accepted by the kernel, never answered: every post times out
@@ -105,7 +107,7 @@ def tier(engine_venv: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathF
     quiet = lambda msg: None  # noqa: E731
     probe = VllmFleet(VllmFleetConfig(
         decode=1, model_path=tiny_model, ports=(d0_port,), cores=(0,), probe_url=serve.ready["api"],
-        probe_token=EVENTS_TOKEN, log_dir=logs / "probe"), log=quiet)
+        probe_token=PROBE_TOKEN, log_dir=logs / "probe"), log=quiet)
     drop = VllmFleet(VllmFleetConfig(
         decode=1, data_parallel=2, model_path=tiny_model, ports=(dp_port,), cores=(1, 0), probe_url=hole,
         log_dir=logs / "drop",

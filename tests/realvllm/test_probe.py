@@ -1,5 +1,6 @@
-"""shadow's step probe inside a real vLLM: every step reaches a real `shadow serve` event API as a
-valid `step` event, and a probe whose sink never answers drops (and counts) instead of blocking."""
+"""shadow's step probe inside a real vLLM: every step reaches a real `shadow serve` event API (with
+its probe token) as a valid `step` event the lanes find plausible, and a probe whose sink never
+answers drops (and counts) instead of blocking."""
 
 from __future__ import annotations
 
@@ -49,6 +50,10 @@ def test_every_engine_step_arrives_as_a_valid_step_event(tier: Tier) -> None:
     ts = [float(e["t"]) for e in steps]  # type: ignore[arg-type]
     assert ts == sorted(ts), "steps arrive in engine order"
     assert any("interval_s" in e for e in steps), "busy steps carry the time since the previous one"
+    # the lanes find the engine's own steps plausible beside the streams the tap saw (the probe's
+    # token admits them: it admits nothing else)
+    judged = httpx.get(f"{tier.api}/v1/report", timeout=30, trust_env=False).json()["step_model"]
+    assert sum(judged["step_events_rejected"].values()) <= len(steps) // 10, judged
     sent = metric(tier.probe.decode_urls[0], "shadow_probe_steps_total", outcome="sent") - sent_before
     assert sent >= len(steps)
     assert metric(tier.probe.decode_urls[0], "shadow_probe_steps_total", outcome="dropped_full") == 0
