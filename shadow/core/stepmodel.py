@@ -1,4 +1,5 @@
-"""Decode step-time model T = a·max_g L_g + b, and its online least-squares fit.
+"""Decode step-time model τ_g = a·L_g + c·n_g + p·P_g + b (the paper's T = a·max_g L_g + b when
+c = p = 0), and its online least-squares fit.
 
 `StepTimeModel` is the model with fixed coefficients (used by the engine and the simulated
 fleet); `SlidingFit` fits (a, b) with their R² over the most recent (max load, measured step
@@ -21,26 +22,47 @@ DEFAULT_B_S = 0.020
 
 @dataclass(frozen=True, slots=True)
 class StepTimeModel:
-    """T(k) = a·max_g L_g(k) + b, in seconds; per-worker compute τ_g = a·L_g + b."""
+    """A worker's step compute time τ_g = a·L_g + c·n_g + p·P_g + b, in seconds: `a` per KV token it
+    holds (L_g), `c` per running sequence (n_g: sampling, scheduling, small-batch GEMMs), `p` per
+    prefill token scheduled into the step (P_g, where an engine mixes prefill chunks into decode
+    steps), `b` fixed. The paper's model is c = p = 0: T(k) = a·max_g L_g(k) + b. Under a barrier a
+    step lasts the max over the group of τ_g."""
 
     a: float = DEFAULT_A_S_PER_TOKEN
     b: float = DEFAULT_B_S
+    c: float = 0.0
+    p: float = 0.0
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.a) and self.a >= 0):
-            raise ValueError(f"step model: a must be a finite number >= 0, got {self.a!r}")
-        if not (math.isfinite(self.b) and self.b >= 0):
-            raise ValueError(f"step model: b must be a finite number >= 0, got {self.b!r}")
-        if self.a == 0 and self.b == 0:
-            raise ValueError("step model: a and b cannot both be 0 (steps would take no time)")
+        for name in ("a", "b", "c", "p"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"step model: {name} must be a finite number >= 0, got {v!r}")
+        if self.a == 0 and self.b == 0 and self.c == 0 and self.p == 0:
+            raise ValueError("step model: a, b, c and p cannot all be 0 (steps would take no time)")
+
+    @property
+    def linear(self) -> bool:
+        """The paper's form (no per-sequence or prefill term)."""
+        return self.c == 0 and self.p == 0
+
+    @property
+    def kappa_tokens(self) -> float:
+        """The per-sequence term in KV tokens, κ = c/a: a running sequence costs a step what κ more
+        KV tokens would (0 without a per-sequence term; infinite when KV tokens cost nothing)."""
+        if self.c == 0:
+            return 0.0
+        return self.c / self.a if self.a > 0 else math.inf
 
     def step_time(self, max_load: float) -> float:
-        """Barrier step time for a step whose heaviest worker holds `max_load` KV tokens."""
+        """Barrier step time for a step whose heaviest worker holds `max_load` KV tokens (the
+        paper's form: the c and p terms are not in it)."""
         return self.a * max_load + self.b
 
-    def worker_time(self, load: float) -> float:
-        """Compute time of one worker holding `load` KV tokens (before the barrier)."""
-        return self.a * load + self.b
+    def worker_time(self, load: float, seqs: float = 0.0, prefill_tokens: float = 0.0) -> float:
+        """Compute time of one worker holding `load` KV tokens over `seqs` running sequences, with
+        `prefill_tokens` scheduled into the step (before the barrier)."""
+        return self.a * load + self.c * seqs + self.p * prefill_tokens + self.b
 
 
 @dataclass(frozen=True, slots=True)

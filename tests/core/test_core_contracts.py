@@ -492,7 +492,9 @@ def test_exactmatch_length_range_and_horizon_edge() -> None:
      ({"a": math.nan}, r"^step model: a must be a finite number >= 0, got nan$"),
      ({"b": math.inf}, r"^step model: b must be a finite number >= 0, got inf$"),
      ({"b": -0.5}, r"^step model: b must be a finite number >= 0, got -0.5$"),
-     ({"a": 0.0, "b": 0.0}, r"^step model: a and b cannot both be 0 \(steps would take no time\)$")],
+     ({"a": 0.0, "b": 0.0}, r"^step model: a, b, c and p cannot all be 0 \(steps would take no time\)$"),
+     ({"c": -1.0}, r"^step model: c must be a finite number >= 0, got -1.0$"),
+     ({"p": math.nan}, r"^step model: p must be a finite number >= 0, got nan$")],
 )
 def test_step_model_refusals_name_the_problem(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
