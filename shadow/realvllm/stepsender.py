@@ -37,7 +37,8 @@ SOURCE_INTERVAL = "probe_interval"  # duration_s is the time since the previous 
 
 
 class StepSample(NamedTuple):
-    """One engine step as the stat logger saw it (t: time.monotonic() when it was recorded)."""
+    """One engine step as the stat logger saw it (t: time.monotonic() when it was recorded), and
+    what the engine scheduled into it (the `step` event's fields of the same names)."""
 
     t: float
     engine: int
@@ -47,6 +48,37 @@ class StepSample(NamedTuple):
     kv_usage: float
     tokens: int
     preemptions: int
+    prefill_tokens: int = 0
+    prefill_requests: int = 0
+    decode_requests: int | None = None
+    iteration: int | None = None
+    dummy: bool = False
+    engine_interval_s: float | None = None
+
+
+def sample_of(t: float, engine: int, scheduler_stats: Any, iteration_stats: Any) -> StepSample:
+    """The StepSample of one vLLM stat-logger record (`shadow.realvllm.probe` says what each field
+    is): from the step's iteration details when the engine logs them, else from its IterationStats
+    alone (read by attribute, so a vLLM without some of them gives zeros)."""
+    details = scheduler_stats.iteration_details
+    tokens = iteration_stats.num_generation_tokens if iteration_stats is not None else 0
+    preempted = iteration_stats.num_preempted_reqs if iteration_stats is not None else 0
+    gaps = None if iteration_stats is None else getattr(iteration_stats, "inter_token_latencies_iter", None)
+    period = min(gaps) if gaps else None
+    base = (t, engine, None if details is None else details.elapsed_ms / 1000.0,
+            scheduler_stats.num_running_reqs, scheduler_stats.num_waiting_reqs,
+            scheduler_stats.kv_cache_usage, tokens, preempted)
+    if details is not None:
+        return StepSample(*base, details.num_ctx_tokens, details.num_ctx_requests,
+                          details.num_generation_requests, details.iteration_index,
+                          bool(getattr(details, "is_dummy", False)), period)
+    prompt = getattr(iteration_stats, "prompt_token_stats", None)
+    computed = getattr(prompt, "computed", None)
+    if computed is None:
+        computed = getattr(iteration_stats, "num_prompt_tokens", 0)
+    return StepSample(*base, int(computed or 0),
+                      len(getattr(iteration_stats, "time_to_first_tokens_iter", None) or ()),
+                      len(gaps or ()), engine_interval_s=period)
 
 
 @dataclass
@@ -165,7 +197,16 @@ class StepSender:
             "engine": s.engine, "running": s.running, "waiting": s.waiting,
             "kv_usage": min(1.0, max(0.0, s.kv_usage)), "tokens": s.tokens,
             "preemptions": s.preemptions, "source": source,
+            "prefill_tokens": max(0, s.prefill_tokens), "prefill_requests": max(0, s.prefill_requests),
         }
+        if s.decode_requests is not None:
+            ev["decode_requests"] = max(0, s.decode_requests)
+        if s.iteration is not None:
+            ev["iteration"] = max(0, s.iteration)
+        if s.dummy:
+            ev["dummy"] = True
+        if s.engine_interval_s is not None:
+            ev["engine_interval_s"] = max(0.0, min(s.engine_interval_s, 3599.0))
         if interval is not None:
             ev["interval_s"] = max(0.0, interval)
         name = self.worker_name(s.engine)
