@@ -88,7 +88,10 @@ class Step:
     (consecutive: a gap is steps the probe did not see), `dummy` a DP rank's padding step (no
     request of its own, run to keep its group's collectives in lockstep), `engine_interval_s` the
     time since the previous step on the engine's own clock (absent when no request decoded in
-    both: after idle or a prefill-only step)."""
+    both: after idle or a prefill-only step), `engine_run_s`/`engine_wait_s` the seconds the
+    engine's main thread had run on a CPU / waited, runnable, for one since it started (Linux
+    schedstat, interpolated at the step's time; their difference between two steps is the host's
+    share of that span: what the engine waited for a CPU)."""
 
     kind: ClassVar[str] = "step"
     t: float
@@ -108,6 +111,8 @@ class Step:
     iteration: int | None = None
     dummy: bool | None = None
     engine_interval_s: float | None = None
+    engine_run_s: float | None = None
+    engine_wait_s: float | None = None
 
 
 Event = Arrive | Route | Token | Finish | Cancel | Step
@@ -192,6 +197,11 @@ def _validate_step(event: Step) -> None:
         value = getattr(event, name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise ValueError(f"step: {name} must be an integer >= 0")
+    for name in ("engine_run_s", "engine_wait_s"):
+        x = getattr(event, name)
+        if x is not None and (isinstance(x, bool) or not isinstance(x, int | float)
+                              or not 0 <= x < float("inf")):
+            raise ValueError(f"step: {name} must be a finite number >= 0")
     kv = event.kv_usage
     if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int | float) or not (0 <= kv <= 1)):
         raise ValueError("step: kv_usage must be a number in [0, 1]")

@@ -60,6 +60,11 @@ COLLINEAR = 0.99  # |correlation| beyond which two columns are confounded
 OOS_ERROR_MAX = 0.10  # out-of-sample median absolute relative error the figures need
 
 
+def form_key(form: tuple[str, ...]) -> str:
+    """"b+c+a" for ("b", "c", "a"): the form as a metric label."""
+    return "+".join(form)
+
+
 def form_label(form: tuple[str, ...]) -> str:
     """"b + c·n + a·L" for ("b", "c", "a")."""
     return " + ".join(t if t == "b" else f"{t}·{TERM_FEATURE[t]}" for t in form)
@@ -115,6 +120,11 @@ class CostFit:
     mean_s: float | None = None
     window_cv: float | None = None
     best: str | None = None  # the label of the lowest-error admissible form
+    # the host: the engine's mean wait for a CPU over its mean period (windows where it is known),
+    # and the share of the chosen form's residual variance that wait accounts for (squared
+    # correlation over the windows)
+    host_wait_share: float | None = None
+    host_wait_r2: float | None = None
 
     @property
     def model(self) -> StepTimeModel | None:
@@ -276,10 +286,12 @@ def _beats(better: FormFit, other: FormFit) -> bool:
 def select(
     period_s: npt.ArrayLike, seqs: npt.ArrayLike, kv_tokens: npt.ArrayLike, prefill_tokens: npt.ArrayLike,
     *, window_steps: int = 1, steps: int | None = None, outliers: int = 0, blocks: int = BLOCKS,
-    min_windows: int = MIN_WINDOWS,
+    min_windows: int = MIN_WINDOWS, host_wait_s: npt.ArrayLike | None = None,
 ) -> CostFit:
     """Choose the form over window means given in time order (see module docstring): the mean step
-    period (s, > 0), running sequences, KV tokens and prefill tokens of each window."""
+    period (s, > 0), running sequences, KV tokens and prefill tokens of each window, and (optional,
+    NaN where unknown) the engine's mean wait for a CPU per step, which is not fitted: the result
+    says how much of the period and of the residual it is."""
     y = np.asarray(period_s, dtype=np.float64)
     cols = {"b": np.ones(len(y)), "c": np.asarray(seqs, dtype=np.float64),
             "a": np.asarray(kv_tokens, dtype=np.float64), "p": np.asarray(prefill_tokens, dtype=np.float64)}
@@ -302,14 +314,33 @@ def select(
         if f is best or not _beats(best, f):
             why = ("the lowest out-of-sample error" if f is best else
                    f"the form of lowest error, {best.label}, is not better beyond noise")
-            return CostFit(f, fits, n, window_steps, steps, outliers, unidentified, why, mean, cv, best.label)
+            share, r2 = _host(f, cols, y, host_wait_s)
+            return CostFit(f, fits, n, window_steps, steps, outliers, unidentified, why, mean, cv, best.label,
+                           share, r2)
     raise AssertionError("unreachable: the best form is always chosen last")  # pragma: no cover
+
+
+def _host(f: FormFit, cols: dict[str, npt.NDArray[np.float64]], y: npt.NDArray[np.float64],
+          wait: npt.ArrayLike | None) -> tuple[float | None, float | None]:
+    """The host's wait for a CPU over the period, and its share of form `f`'s residual variance,
+    over the windows where the wait is known (None with fewer than 3)."""
+    if wait is None:
+        return None, None
+    w = np.asarray(wait, dtype=np.float64)
+    known = np.isfinite(w)
+    if known.sum() < 3:
+        return None, None
+    resid = y - sum(v.value * cols[t] for t, v in f.terms.items())
+    share = float(w[known].sum() / y[known].sum())
+    r, x = resid[known], w[known]
+    r2 = float(np.corrcoef(r, x)[0, 1] ** 2) if r.std() > 0 and x.std() > 0 else None
+    return share, r2
 
 
 @dataclass
 class _Window:
     steps: int = 0
-    sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
+    sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # period, n, L, P, host wait
 
 
 class StepCostFit:
@@ -334,15 +365,18 @@ class StepCostFit:
         self.min_windows = min_windows
         self.blocks = blocks
         self.clamp = clamp
-        self.windows: deque[tuple[float, float, float, float]] = deque(maxlen=max_windows)
+        # window means of (period, n, L, P, host wait: NaN when a step of it had none)
+        self.windows: deque[tuple[float, float, float, float, float]] = deque(maxlen=max_windows)
         self._open = _Window()
         self.taken = 0  # steps taken since the start (kept or not: the windows slide)
         self.outliers = 0
         self._model: StepTimeModel | None = None  # of the latest result (the clamp's reference)
         self._result: CostFit | None = None
 
-    def add(self, period_s: float, seqs: float, kv_tokens: float, prefill_tokens: float) -> bool:
-        """One step; False when it was left out (invalid, or a stall beyond the clamp)."""
+    def add(self, period_s: float, seqs: float, kv_tokens: float, prefill_tokens: float,
+            host_wait_s: float | None = None) -> bool:
+        """One step (with the engine's wait for a CPU in it when known); False when it was left out
+        (invalid, or a stall beyond the clamp)."""
         values = (period_s, seqs, kv_tokens, prefill_tokens)
         if not (all(math.isfinite(v) and v >= 0 for v in values) and period_s > 0):
             return False
@@ -353,10 +387,11 @@ class StepCostFit:
         self.taken += 1
         w = self._open
         w.steps += 1
-        w.sums = [s + v for s, v in zip(w.sums, values, strict=True)]
+        wait = max(0.0, host_wait_s) if host_wait_s is not None and math.isfinite(host_wait_s) else math.nan
+        w.sums = [s + v for s, v in zip(w.sums, (*values, wait), strict=True)]
         if w.steps == self.window_steps:
             k = float(w.steps)
-            self.windows.append((w.sums[0] / k, w.sums[1] / k, w.sums[2] / k, w.sums[3] / k))
+            self.windows.append(tuple(x / k for x in w.sums))  # type: ignore[arg-type]
             self._open = _Window()
             self._new += 1
             if self._new >= self.refit_every or len(self.windows) < self.min_windows + self.refit_every:
@@ -365,10 +400,11 @@ class StepCostFit:
 
     def result(self) -> CostFit:
         if self._result is None:
-            data = np.asarray(self.windows, dtype=np.float64).reshape(-1, 4)
+            data = np.asarray(self.windows, dtype=np.float64).reshape(-1, 5)
             self._result = select(data[:, 0], data[:, 1], data[:, 2], data[:, 3],
                                   window_steps=self.window_steps, steps=len(data) * self.window_steps,
-                                  outliers=self.outliers, blocks=self.blocks, min_windows=self.min_windows)
+                                  outliers=self.outliers, blocks=self.blocks, min_windows=self.min_windows,
+                                  host_wait_s=data[:, 4])
             self._model = self._result.model
             self._new = 0
         return self._result

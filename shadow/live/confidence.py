@@ -39,6 +39,10 @@ def cost_problem(name: str, fit: CostFit) -> str | None:
     err = "–" if ch.oos_error is None else f"{ch.oos_error:.0%}"
     r2 = "–" if ch.r2 is None else f"{ch.r2:.2f}"
     rest = "" if fit.residual_cv is None else f", the rest ±{fit.residual_cv:.0%} of the step"
+    if fit.host_wait_share is not None:
+        rest += f"; the engine waited for a CPU {fit.host_wait_share:.0%} of its steps' time"
+        if fit.host_wait_r2 is not None:
+            rest += f", {fit.host_wait_r2:.0%} of the rest"
     drives = {"load": "the load drives the variance", "host": "the host, not the load, drives the variance"}
     return (f"step cost model of {name} ({ch.label}) is {err} off out of sample on {fit.window_steps}-step "
             f"windows (needs ≤ {OOS_ERROR_MAX:.0%}; R² {r2}: {drives.get(fit.driver or '', 'no fit')}{rest})")

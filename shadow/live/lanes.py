@@ -31,7 +31,7 @@ from shadow.live.confidence import comparison, trust_problems
 from shadow.live.stepcheck import StepCheck
 from shadow.live.stepfit import STEP_BUCKETS, StepEstimator
 from shadow.live.workerclock import (
-    SSE_UNIDENTIFIED,
+    COUNTLESS_UNIDENTIFIED,
     StepCounts,
     WorkerClock,
     WorkerModel,
@@ -91,15 +91,16 @@ def step_period(ev: Step) -> float | None:
 def step_counts(ev: Step) -> StepCounts | None:
     """What the engine scheduled into the step (`StepCounts`), from its probe's fields: the
     sequences it computed (decode + prefill requests; the running count after it from older
-    probes) and its prefill tokens (0 when not reported); a DP rank's padding step computed none.
-    None without a running count."""
+    probes) and its prefill tokens (0 when not reported), with the engine's cumulative wait for a
+    CPU; a DP rank's padding step computed none. None without a running count."""
     if ev.dummy:
-        return StepCounts(0, 0)
+        return StepCounts(0, 0, ev.engine_wait_s)
     if ev.decode_requests is not None:
-        return StepCounts(ev.decode_requests + (ev.prefill_requests or 0), ev.prefill_tokens or 0)
+        return StepCounts(ev.decode_requests + (ev.prefill_requests or 0), ev.prefill_tokens or 0,
+                          ev.engine_wait_s)
     if ev.running is None:
         return None
-    return StepCounts(ev.running, ev.prefill_tokens or 0)
+    return StepCounts(ev.running, ev.prefill_tokens or 0, ev.engine_wait_s)
 
 
 class LiveLanes:
@@ -667,7 +668,8 @@ class LiveLanes:
                     "window_steps": self.worker_clock.window_steps,
                     "oos_error_max": OOS_ERROR_MAX,
                     "groups": describe_costs(self.workers, cost_fits),
-                    "sse_unidentified": None if cost_fits else dict(SSE_UNIDENTIFIED),
+                    # without an engine probe's counts: what the estimator cannot identify
+                    "not_identifiable": None if cost_fits else dict(COUNTLESS_UNIDENTIFIED),
                 },
                 "host_load_average": _load_average(),
                 "measured_vs_configured": (measured / modelled) if modelled > 0 else None,

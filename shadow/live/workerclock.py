@@ -58,6 +58,7 @@ class StepCounts:
 
     seqs: int
     prefill_tokens: int
+    wait_s: float | None = None  # the engine's cumulative wait for a CPU at the step (its probe's)
 
 
 class _Worker:
@@ -125,12 +126,15 @@ class WorkerClock:
         w.durations["events"].append(period)
         if counts is None or loads is None:
             return
+        prev = w.last
+        host = (counts.wait_s - prev[2].wait_s if prev is not None and counts.wait_s is not None
+                and prev[2].wait_s is not None and counts.wait_s >= prev[2].wait_s else None)
         w.last = (t, period, counts)
         wc = w.window_counts
         wc[0] += counts.seqs
         wc[1] += counts.prefill_tokens
         wc[2] += 1
-        w.cost.add(period, counts.seqs, loads[g], counts.prefill_tokens)
+        w.cost.add(period, counts.seqs, loads[g], counts.prefill_tokens, host)
         for group, fit in self.group_cost.items():
             if g in group:
                 seqs, prefill = 0, 0
@@ -139,7 +143,7 @@ class WorkerClock:
                     if last is not None and t - last[0] <= 2 * max(period, last[1]):
                         seqs = max(seqs, last[2].seqs)
                         prefill = max(prefill, last[2].prefill_tokens)
-                fit.add(period, seqs, max(loads[h] for h in group), prefill)
+                fit.add(period, seqs, max(loads[h] for h in group), prefill, host)
 
     def add_gaps(self, gaps: Sequence[npt.NDArray[np.float64]]) -> None:
         """Per worker, its streams' per-token gaps (`gaps[g]`, kept until the window closes: the
@@ -290,11 +294,12 @@ class WorkerClock:
         }
 
 
-#: What the SSE-only estimator (token gaps beside the mirrored load) cannot tell apart.
-SSE_UNIDENTIFIED = {
-    "c": "per-sequence cost: token gaps give one period per step of the worker, fitted against the "
-         "mirrored KV load only (a·L + b); with one stream running n = 1 while L grows with it, so a "
-         "per-sequence and a per-token cost are confounded",
+#: What the estimator without an engine's counts (SSE token gaps, or steps of a probe that sends
+#: none, beside the mirrored load) cannot tell apart.
+COUNTLESS_UNIDENTIFIED = {
+    "c": "per-sequence cost: without the engine's counts a step is fitted against the mirrored KV load "
+         "only (a·L + b); with one stream running n = 1 while L grows with it, so a per-sequence and a "
+         "per-token cost are confounded",
     "p": "per-prefill-token cost: a step holding a prefill chunk shows only as one longer gap of the "
          "streams decoding beside it; the prefill tokens in it are not seen",
 }
@@ -321,6 +326,8 @@ def describe_cost(fit: CostFit) -> dict[str, Any]:
         "window_cv": fit.window_cv,
         "residual_cv": fit.residual_cv,
         "driver": fit.driver,
+        "host_wait_share": fit.host_wait_share,
+        "host_wait_r2": fit.host_wait_r2,
         "not_identified": dict(fit.not_identified),
         "forms": {f.label: {"oos_error": f.oos_error, "r2": f.r2, "out": f.why_not} for f in fit.forms},
     }

@@ -26,6 +26,12 @@ the previous step too has exactly the time between the two steps' outputs). runn
 are the scheduler's counts after the step; tokens and preemptions come from the step's
 IterationStats.
 
+What the host did to the step: the sender thread reads the engine-core process's scheduler
+statistics (`/proc/<pid>/schedstat` of its main thread: time on a CPU, time runnable but waiting
+for one; `stepsender.EngineSched`) at each post and gives every step of the batch the values
+interpolated at its time (`engine_run_s`, `engine_wait_s`, cumulative): on a loaded host the wait
+is most of a step's period, and it is not the load's cost.
+
 What the engine scheduled into the step: with iteration details, `compute_iteration_details` of
 the step's SchedulerOutput (`vllm/v1/utils.py`): prefill ("context") requests are new requests and
 cached ones with no output token yet (each chunk of a chunked prefill), their scheduled tokens are
