@@ -9,8 +9,9 @@ steps to a collector in this process. The workload: without --moe, `--requests` 
 as a Poisson process at `--rate`/s (prompts of 10-300 words, 16-256 output tokens, ignore_eos),
 alternately to the servers; with --moe, bench_moe_dp.py's (all at t=0, prompts 20-60 words, outputs
 75 % 16-96 and 25 % 256-640, `--concurrency` streams). Meanwhile every 20 ms: each engine core's
-scheduler statistics (/proc/<pid>/task/*/schedstat: time on a CPU and time runnable but waiting for
-one, summed over its threads) and the host's CPU pressure (/proc/pressure/cpu).
+main-thread scheduler statistics (`shadow.realvllm.stepsender.EngineSched`, what the probe reads:
+time on a CPU and time runnable but waiting for one) and the host's CPU pressure
+(/proc/pressure/cpu); at the end, the busiest threads of each engine core.
 
 Per worker (the MoE pair: per group, both ranks' steps against the max of their counts), windows of
 `--window` consecutive steps carrying the engine's own step period (`engine_interval_s`): the mean
@@ -27,7 +28,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import contextlib
-import json
 import os
 import random
 import sys
@@ -41,48 +41,10 @@ import numpy as np
 from shadow.core.stepcost import CostFit, select
 from shadow.core.stepmodel import StepTimeModel
 from shadow.realvllm.launcher import VllmFleet, VllmFleetConfig, free_port
+from shadow.realvllm.stepsender import EngineSched
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vllm_step_period import Collector, one_stream
-
-
-def descendants(pid: int) -> list[int]:
-    parent: dict[int, int] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat", encoding="ascii", errors="replace") as fh:
-                    parent[int(d)] = int(fh.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                pass
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        kids = [c for c, pp in parent.items() if pp == p]
-        out += kids
-        todo += kids
-    return out
-
-
-def engine_core_pid(server_pid: int) -> int:
-    for p in descendants(server_pid):
-        with contextlib.suppress(OSError), open(f"/proc/{p}/cmdline", "rb") as fh:
-            if fh.read().startswith(b"VLLM::EngineCore"):
-                return p
-    raise RuntimeError(f"no engine core process under {server_pid}")
-
-
-def schedstat(pid: int) -> tuple[float, float]:
-    """(seconds on a CPU, seconds runnable but waiting), summed over the process's threads."""
-    run = wait = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat", encoding="ascii") as fh:
-                a, b, _ = fh.read().split()
-            run, wait = run + int(a), wait + int(b)
-        except (OSError, ValueError):
-            pass
-    return run / 1e9, wait / 1e9
+from vllm_step_period import Collector, emit, one_stream
 
 
 def threads(pid: int) -> dict[str, tuple[float, float]]:
@@ -107,16 +69,21 @@ def psi_some_s() -> float:
 
 
 class Sampler(threading.Thread):
-    def __init__(self, pids: list[int]) -> None:
+    """Every 20 ms: each engine's main-thread (CPU, run-queue wait) seconds and the host's CPU
+    pressure."""
+
+    def __init__(self, engines: list[tuple[EngineSched, int]]) -> None:
         super().__init__(daemon=True)
-        self.pids = pids
+        self.engines = engines
         self.rows: list[tuple[float, list[tuple[float, float]], float]] = []
         self.stop = threading.Event()
 
     def run(self) -> None:
         while not self.stop.is_set():
-            with contextlib.suppress(OSError):
-                self.rows.append((time.monotonic(), [schedstat(p) for p in self.pids], psi_some_s()))
+            now = time.monotonic()
+            got = [sched.read(engine, now) for sched, engine in self.engines]
+            if all(g is not None for g in got):
+                self.rows.append((now, [g for g in got if g is not None], psi_some_s()))
             self.stop.wait(0.02)
 
     def at(self, t: Any, k: int, which: int) -> Any:
@@ -187,13 +154,13 @@ def analyse(f: dict[str, Any], waits: Any, cpus: Any, w: int) -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--moe", action="store_true", help="the MoE model under DP=2 (one API server per rank)")
-    ap.add_argument("--requests", type=int, default=300)
-    ap.add_argument("--rate", type=float, default=5.0)
-    ap.add_argument("--concurrency", type=int, default=24)
-    ap.add_argument("--slots", type=int, default=8)
-    ap.add_argument("--window", type=int, default=25)
-    ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--requests", type=int, default=300, help="requests sent (default 300)")
+    ap.add_argument("--rate", type=float, default=5.0, help="arrivals per second, no --moe (default 5)")
+    ap.add_argument("--concurrency", type=int, default=24, help="--moe: streams at once (default 24)")
+    ap.add_argument("--slots", type=int, default=8, help="each engine's --max-num-seqs (default 8)")
+    ap.add_argument("--window", type=int, default=25, help="steps per window mean (default 25)")
+    ap.add_argument("--seed", type=int, default=7, help="the workload's seed (default 7)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = ap.parse_args()
     col = Collector()
     logs = Path(f"/tmp/shadow-bench-cost-{int(time.time())}")
@@ -209,11 +176,14 @@ def main() -> int:
     rng = random.Random(args.seed)
     with VllmFleet(cfg) as fleet:
         urls = fleet.decode_urls
-        pids = [engine_core_pid(s.proc.pid) for s in fleet.servers if s.proc is not None]
+        # each server's engine core: DP rank r of the MoE pair (one API server per rank), else engine 0
+        engines = [(EngineSched(root=s.proc.pid), r if args.moe else 0)
+                   for r, s in enumerate(fleet.servers) if s.proc is not None]
+        pids = [sched.pid(engine, time.monotonic()) or 0 for sched, engine in engines]
         capacity = [kv_capacity(u) for u in urls]
         for u in urls:
             one_stream(u, 0, 8)
-        sampler = Sampler(pids)
+        sampler = Sampler(engines)
         sampler.start()
         threads0 = [threads(p) for p in pids]
         before = len(col.steps())
@@ -259,12 +229,7 @@ def main() -> int:
             out["group"] = group_analysis(steps, workers, capacity, sampler, args.window)
         psi = [r[2] for r in sampler.rows]
         out["host_cpu_pressure_some"] = (psi[-1] - psi[0]) / (sampler.rows[-1][0] - sampler.rows[0][0])
-    out["load_after"] = os.getloadavg()
-    text = json.dumps(out, indent=1, default=str)
-    if args.json:
-        args.json.write_text(text)
-    print(text)
-    return 0
+    return emit(out, args.json)
 
 
 def kv_capacity(url: str) -> float:

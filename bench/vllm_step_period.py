@@ -217,10 +217,15 @@ def main() -> int:
             print(json.dumps(out["phases"][-1]), file=sys.stderr, flush=True)
         if args.mixed:
             out["mixed"] = mixed(url, col, args.mixed, args.rate, 7)
+    return emit(out, args.json)
+
+
+def emit(out: dict[str, Any], path: Path | None) -> int:
+    """Print `out` (and write it to `path`) as JSON with the load average now beside it."""
     out["load_after"] = os.getloadavg()
-    text = json.dumps(out, indent=1)
-    if args.json:
-        args.json.write_text(text)
+    text = json.dumps(out, indent=1, default=str)
+    if path is not None:
+        path.write_text(text)
     print(text)
     return 0
 

@@ -194,16 +194,19 @@ class WorkerClock:
                 if len(xs) < self.min_gaps:
                     continue
                 w.source = "sse"
+            # the check takes a worker's reported periods whole (the engine's own: a long step is
+            # as real as a short one, and the cost model predicts their mean), SSE gaps robustly
+            raw = xs if periods else None
             xs = w.robust.add(xs)
             if not len(xs):
                 continue  # outliers only
-            k = len(xs)
-            total = float(xs.sum())
             w.fit.add(x, upper_median(xs))
-            w.steps += k
+            w.steps += len(xs)
+            checked = xs if raw is None else raw
             if models is not None:
-                measured += total
-                predicted += k * max(models[h].worker_time(xs_all[h], *counts[h]) for h in group_of[g])
+                measured += float(checked.sum())
+                predicted += len(checked) * max(models[h].worker_time(xs_all[h], *counts[h])
+                                                for h in group_of[g])
         if predicted > 0:
             self.check.append((measured, predicted))
         self._closes += 1
@@ -264,7 +267,8 @@ class WorkerClock:
         return LaneClock(groups, tuple(m.model for m in per)), per
 
     def measured_vs_clock(self) -> float | None:
-        """Σ measured / Σ what the clock predicted, per worker-step, over the recent windows."""
+        """Σ measured / Σ what the clock predicted, per worker-step, over the recent windows (every
+        worker-reported period; of SSE gaps, those `RobustMean` keeps)."""
         predicted = sum(p for _, p in self.check)
         return sum(m for m, _ in self.check) / predicted if predicted > 0 else None
 

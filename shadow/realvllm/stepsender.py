@@ -171,11 +171,15 @@ class EngineSched:
             elif title.startswith(b"VLLM::EngineCore_DP") and title[19:].isdigit():
                 self._pids[int(title[19:])] = pid
 
-    def read(self, engine: int, now: float) -> tuple[float, float] | None:
-        """(seconds on a CPU, seconds waiting for one) of engine `engine`'s main thread so far."""
+    def pid(self, engine: int, now: float) -> int | None:
+        """The process of engine `engine` (None: not found)."""
         if engine not in self._pids:
             self._find(now)
-        pid = self._pids.get(engine)
+        return self._pids.get(engine)
+
+    def read(self, engine: int, now: float) -> tuple[float, float] | None:
+        """(seconds on a CPU, seconds waiting for one) of engine `engine`'s main thread so far."""
+        pid = self.pid(engine, now)
         if pid is None:
             return None
         try:

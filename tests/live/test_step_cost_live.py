@@ -13,6 +13,7 @@ from shadow.core.stepcost import select
 from shadow.live.confidence import cost_problem, trust_problems
 from shadow.live.lanes import LiveLanes, step_counts, step_period
 from shadow.live.metrics import LiveCollector
+from tests.live.sessions import feed
 
 B, C = 0.003, 0.0004  # the engine's true cost: 3 ms a step + 0.4 ms a running sequence
 
@@ -43,12 +44,7 @@ def _probe_steps(seed: int, workers: int, steps: int, *, shared: bool, noise: fl
 def _run(events: list[Event], workers: int) -> LiveLanes:
     live = LiveLanes(workers=[f"d{g}" for g in range(workers)], slots=16, policies=["br0"], lag_s=0.0,
                      window_s=0.5)
-    for i in range(0, len(events), 100):
-        for ev in events[i:i + 100]:
-            live.listener(ev)
-        live.process_now()
-    live._publish()
-    return live
+    return feed(live, events, 100)
 
 
 def test_independent_engines_get_the_per_sequence_cost_each_with_its_interval() -> None:

@@ -52,6 +52,16 @@ def _steps(url: str) -> list[dict[str, object]]:
     return [e for e in map(json.loads, r.text.splitlines()) if e["type"] == "step"]
 
 
+def _valid_steps(url: str, before: int) -> list[dict[str, object]]:
+    """The step events after the first `before`, each valid by the schema and the parser."""
+    got = _steps(url)[before:]
+    validator = jsonschema.Draft202012Validator(load_schema())
+    for e in got:
+        validator.validate(e)
+        parse_event(e)
+    return got
+
+
 def sample(t: float, running: int = 3, elapsed: float | None = 0.004, engine: int = 0) -> StepSample:
     return StepSample(t, engine, elapsed, running, 1, 0.25, running, 0)
 
@@ -68,11 +78,7 @@ def test_sender_posts_valid_step_events_with_the_token(event_api: tuple[str, Mir
         wait_for(lambda: sender.counts.sent == 5, "5 steps sent", timeout=30)
     finally:
         sender.close()
-    got = _steps(url)[before:]
-    validator = jsonschema.Draft202012Validator(load_schema())
-    for e in got:
-        validator.validate(e)
-        parse_event(e)
+    got = _valid_steps(url, before)
     assert [e["worker"] for e in got] == ["d0", "d0", "d0", "d0", "d1"]
     assert [e["source"] for e in got] == ["probe", "probe", "probe", "probe_interval", "probe"]
     # the time since the previous step only where the engine was busy through it
@@ -237,11 +243,7 @@ def test_sender_posts_the_scheduled_counts_and_the_engines_cpu_times(event_api: 
         wait_for(lambda: sender.counts.sent == 2, "the second step sent", timeout=30)
     finally:
         sender.close()
-    got = _steps(url)[before:]
-    validator = jsonschema.Draft202012Validator(load_schema())
-    for e in got:
-        validator.validate(e)
-        parse_event(e)
+    got = _valid_steps(url, before)
     assert got[0]["prefill_tokens"] == 120 and got[0]["decode_requests"] == 5 and got[0]["iteration"] == 7
     assert got[0]["engine_interval_s"] == 0.006 and "dummy" not in got[0]
     assert "engine_wait_s" not in got[0]  # one look at the engine: nothing to interpolate yet
