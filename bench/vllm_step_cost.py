@@ -262,9 +262,10 @@ def group_analysis(steps: list[dict[str, Any]], workers: list[str], capacity: li
     f = {"t": np.asarray([r["t"] for r in rows]), "y": np.asarray([r["engine_interval_s"] for r in rows]),
          "n": np.asarray([r["n"] for r in rows], float), "L": np.asarray([r["L"] for r in rows]),
          "P": np.asarray([r["P"] for r in rows], float)}
-    # either rank's wait delays the group's step: both ranks' (each physical step is reported twice)
-    waits = sum(sampler.at(f["t"], k, 1) for k in range(len(workers))) / len(workers)
-    cpus = sum(sampler.at(f["t"], k, 0) for k in range(len(workers))) / len(workers)
+    # both ranks' cumulative times: a group window of len(workers) × w reports spans w steps, so per
+    # report they are the ranks' mean per step
+    waits = sum(sampler.at(f["t"], k, 1) for k in range(len(workers)))
+    cpus = sum(sampler.at(f["t"], k, 0) for k in range(len(workers)))
     return analyse(f, waits, cpus, w * len(workers))
 
 

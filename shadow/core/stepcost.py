@@ -348,9 +348,10 @@ class StepCostFit:
     prefill tokens); every `window_steps` of them make a window mean; the last `max_windows` are
     kept (bounded memory) and `result()` chooses the form over them (refitted every `refit_every`
     windows, and at every window until the first fit stands).
-    Once a form is chosen, a step longer than `clamp` × what the chosen model predicts for it is left
-    out and counted (a host stall is no cost of the load; a long step the model's terms explain,
-    such as one holding a large prefill, is kept); non-finite or negative input is ignored."""
+    Once a form is chosen, a step without prefill longer than `clamp` × what the chosen model
+    predicts for it is left out and counted (a host stall is no cost of the load; a step holding a
+    prefill is always kept: its cost may be what the chosen form does not have yet); non-finite or
+    negative input is ignored."""
 
     def __init__(self, window_steps: int = WINDOW_STEPS, max_windows: int = MAX_WINDOWS, *,
                  min_windows: int = MIN_WINDOWS, blocks: int = BLOCKS, clamp: float = CLAMP,
@@ -381,7 +382,7 @@ class StepCostFit:
         if not (all(math.isfinite(v) and v >= 0 for v in values) and period_s > 0):
             return False
         m = self._model
-        if m is not None and period_s > self.clamp * m.worker_time(kv_tokens, seqs, prefill_tokens):
+        if m is not None and not prefill_tokens and period_s > self.clamp * m.worker_time(kv_tokens, seqs):
             self.outliers += 1
             return False
         self.taken += 1

@@ -180,6 +180,8 @@ def test_a_stall_beyond_the_clamp_is_left_out_once_a_form_stands() -> None:
     assert before.chosen is not None and fit.outliers == 0
     assert not fit.add(1.0, 4.0, 0.0, 0.0)  # 1 s where the model says ~5 ms
     assert fit.outliers == 1
+    assert fit.add(1.0, 4.0, 0.0, 2000.0)  # as long, holding a prefill: its cost may be unmodelled yet
+    assert fit.outliers == 1
     for bad in (math.nan, -1.0, 0.0):
         assert not fit.add(bad, 1.0, 0.0, 0.0)
 
