@@ -286,6 +286,11 @@ class WorkerClock:
                     "source": m.source,
                     "a_s_per_token": m.model.a,
                     "b_s": m.model.b,
+                    "c_s_per_seq": m.model.c,
+                    "p_s_per_token": m.model.p,
+                    # the barrier group whose step-cost fit is its model ("cost fit")
+                    "cost_group": group_name(names, m.group) if m.group else None,
+                    # of the linear fit a_g·L_g + b_g (the paper's form, per worker)
                     "r2": m.fit.r2,
                     "fit_quality": m.fit.quality,
                     "samples": m.fit.samples,
