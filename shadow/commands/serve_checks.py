@@ -14,7 +14,7 @@ from shadow.app.serve import check_policies
 from shadow.commands._layered import origin
 from shadow.contracts.modes import MODES
 from shadow.mirror.attach import parse_address
-from shadow.mirror.relay import MAX_NAME
+from shadow.mirror.frames import MAX_NAME
 
 NO_ACTIVE = ("without --active the existing router routes every request, so only mode shadow can be "
              "carried out")
