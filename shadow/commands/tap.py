@@ -75,8 +75,9 @@ def data_plane_flags() -> tuple[Flag, ...]:
              "never limited)", type=int, default=4 << 20, metavar="BYTES"),
         flag("--queue-size", "queue_size", "copies pending for the attached analysis (items); beyond it "
              "dropped and counted", type=int, default=65536),
-        flag("--queue-bytes", "queue_bytes", "payload bytes pending for the attached analysis; beyond it "
-             "copies are dropped and counted, traffic is never affected (default 256 MiB)", type=int,
+        flag("--queue-bytes", "queue_bytes", "bytes of copies pending for the attached analyses, all "
+             "together (an equal share each); beyond its share copies are dropped for it and counted, "
+             "traffic is never affected; one that stops reading is detached (default 256 MiB)", type=int,
              default=256 << 20, metavar="BYTES"),
         flag("--retain-bytes", "retain_bytes", "copies of requests in flight (and of ended ones no analysis "
              "has acknowledged yet) kept for the snapshot an attaching analysis gets; beyond it not kept, "

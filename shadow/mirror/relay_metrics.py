@@ -110,7 +110,8 @@ DETACHED = Family(
     "counter",
     "Analyses detached, by reason: closed (it left, or its socket broke), replaced (another attached under "
     "its name), stalled (it took nothing while its share of --queue-bytes was full), overflow (what "
-    "cannot be dropped for it passed twice its share), bad_frame (a malformed control frame).",
+    "cannot be dropped for it passed another share, or one largest request head), bad_frame (a malformed "
+    "control frame).",
     "analyses",
     ("reason",),
     {"reason": DETACH_REASONS},
@@ -118,8 +119,8 @@ DETACHED = Family(
 PENDING_BYTES = Family(
     "shadow_tap_handoff_pending_bytes",
     "gauge",
-    "Bytes of copies waiting to be written to the attached analyses, all together (at most twice "
-    "--queue-bytes; snapshots, which are the kept copies, excepted).",
+    "Bytes of copies waiting to be written to the attached analyses, all together (snapshots excepted: "
+    "they are the kept copies).",
     "bytes",
 )
 CLAMPED = Family(
