@@ -108,6 +108,7 @@ class Attachment:
         self.oldest_s = oldest_s
         self.max_body = max_body
         self.unanswered = 0  # handshakes in a row the relay closed without a word
+        self._said: set[str] = set()  # handshake failures warned about (once each)
         self.reader = self._new_reader()  # kept across reconnects to the same relay
         self.readers: list[ChannelReader] = [self.reader]  # every reader ever used (counters)
         self.replaced = False
@@ -186,7 +187,8 @@ class Attachment:
         if isinstance(exc, HandshakeError) and (exc.final or self.unanswered >= LEGACY_TRIES):
             self.rejected = True
             log.error("tap attach %s: %s", self.address, error)
-        elif error != self.last_error and isinstance(exc, HandshakeError) and exc.reason in _SUSPECT:
+        elif isinstance(exc, HandshakeError) and exc.reason in _SUSPECT and exc.reason not in self._said:
+            self._said.add(exc.reason)
             log.warning("tap attach %s: %s", self.address, error)
         self.last_error = error
 

@@ -195,7 +195,10 @@ async def client(loop: asyncio.AbstractEventLoop, sock: socket.socket, key: byte
 
 
 async def server(loop: asyncio.AbstractEventLoop, sock: socket.socket, key: bytes) -> None:
-    """The relay's side: read OPEN, ANSWER, check the PROOF."""
-    reply, expected = answer(key, await recv_exact(loop, sock, OPEN, "in the handshake"))
+    """The relay's side: read OPEN (its head checked before its nonce is waited for), ANSWER, check
+    the PROOF."""
+    got = await recv_exact(loop, sock, HEAD, "in the handshake")
+    _read_head(got, "analysis")
+    reply, expected = answer(key, got + await recv_exact(loop, sock, NONCE, "in the handshake"))
     await loop.sock_sendall(sock, reply)
     check_proof(expected, await recv_exact(loop, sock, MAC, "in the handshake"))
