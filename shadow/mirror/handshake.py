@@ -163,14 +163,15 @@ def check_peer(sock: socket.socket, who: str) -> None:
 async def recv_exact(
     loop: asyncio.AbstractEventLoop, sock: socket.socket, n: int, what: str, silent: str = "closed"
 ) -> bytes:
-    """Exactly `n` bytes (HandshakeError "closed" when the peer closes first; `silent` when it does
-    before a byte). Its caller's deadline bounds the wait."""
+    """Exactly `n` bytes (HandshakeError "closed" when the peer closes or resets the connection
+    first; `silent` when it does before a byte). Its caller's deadline bounds the wait."""
     buf = bytearray()
     while len(buf) < n:
         try:
             data = await loop.sock_recv(sock, n - len(buf))
-        except OSError as exc:
-            raise HandshakeError("closed", f"the connection failed {what}: {exc.strerror or exc}") from None
+        except OSError as exc:  # (a reset before a byte is as silent as a close)
+            raise HandshakeError("closed" if buf else silent,
+                                 f"the connection failed {what}: {exc.strerror or exc}") from None
         if not data:
             raise HandshakeError("closed" if buf else silent,
                                  f"the peer closed the connection {what} ({len(buf)} of {n} bytes)")

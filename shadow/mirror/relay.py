@@ -292,14 +292,16 @@ class Relay:
         task.add_done_callback(self._tasks.discard)
 
     def _refuse(self, conn: socket.socket, reason: str, reply: bytes = b"") -> None:
-        """Close an attach connection, counted under `reason`, after `reply` (best effort: a peer
-        that does not read it loses it)."""
+        """Close an attach connection, counted under `reason`, after `reply` (best effort). What
+        the peer had sent and is there to read (at most CONTROL_MAX) is read and dropped first, so
+        that the close is not a reset that would lose the reply."""
         self.refused[reason] += 1
         self._handshaking.discard(conn)
         if reply:
             with contextlib.suppress(OSError):
                 conn.setblocking(False)
                 conn.send(reply)
+                conn.recv(CONTROL_MAX)
         conn.close()
 
     async def _attach(self, conn: socket.socket, tcp: bool) -> None:
