@@ -12,8 +12,9 @@ replay), under a label of its own (one side's proof is never the other's: no ref
 analysis checks mac_r before it sends anything more, so whoever listens at its address gets
 OPEN — a version and a random nonce — and nothing else: no token, no name. The relay checks mac_a
 (`hmac.compare_digest`) before it reads a frame. The key is the attach token over TCP, empty over
-the unix socket, where the peer's uid is checked instead (`check_peer`: ours, or root). Every read
-is exact-length, under the caller's deadline.
+the unix socket, where the peer's uid is checked instead (`check_peer`: ours, or root; the relay
+checks once it has read OPEN, the analysis before it sends it). Every read is exact-length, under
+the caller's deadline.
 
 A relay that will not go on answers its 8-byte head with a status instead (BUSY: too many
 connections in the handshake, or draining — try again; PEER: this uid is not let in) and closes.
@@ -195,11 +196,20 @@ async def client(loop: asyncio.AbstractEventLoop, sock: socket.socket, key: byte
     await loop.sock_sendall(sock, prove(key, nonce_a, rest))
 
 
-async def server(loop: asyncio.AbstractEventLoop, sock: socket.socket, key: bytes) -> None:
-    """The relay's side: read OPEN (its head checked before its nonce is waited for), ANSWER, check
-    the PROOF."""
+async def server(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, key: bytes, unix: bool = False
+) -> None:
+    """The relay's side: read OPEN (its head checked before its nonce is waited for), check the
+    peer's uid when `unix` (refused: PEER), ANSWER, check the PROOF."""
     got = await recv_exact(loop, sock, HEAD, "in the handshake")
     _read_head(got, "analysis")
-    reply, expected = answer(key, got + await recv_exact(loop, sock, NONCE, "in the handshake"))
+    got += await recv_exact(loop, sock, NONCE, "in the handshake")
+    if unix:
+        try:
+            check_peer(sock, "analysis")
+        except HandshakeError as exc:
+            exc.reply = head(PEER)
+            raise
+    reply, expected = answer(key, got)
     await loop.sock_sendall(sock, reply)
     check_proof(expected, await recv_exact(loop, sock, MAC, "in the handshake"))

@@ -311,18 +311,9 @@ class Relay:
         token = self.spec.attach_token
         try:
             async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
-                if tcp:
-                    if not token:
-                        raise HandshakeError("proof", "no attach token: TCP attaches are refused")
-                    key = token.encode()
-                else:
-                    try:
-                        handshake.check_peer(conn, "analysis")
-                    except HandshakeError as exc:
-                        exc.reply = handshake.head(handshake.PEER)
-                        raise
-                    key = b""
-                await handshake.server(loop, conn, key)
+                if tcp and not token:
+                    raise HandshakeError("proof", "no attach token: TCP attaches are refused")
+                await handshake.server(loop, conn, token.encode() if tcp and token else b"", unix=not tcp)
                 head = await handshake.recv_exact(loop, conn, HDR.size, "before its hello")
                 kind, length = HDR.unpack(head)
                 if length > CONTROL_MAX:
