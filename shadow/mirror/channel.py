@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import socket
 import time
 from collections import deque
@@ -90,6 +91,15 @@ DETACH_REASONS = ("closed", "replaced", "stalled", "overflow", "bad_frame")
 #: and every full socket costs the relay a partial send and a wait for writability.
 SOCKET_BUFFER_BYTES = 4 << 20
 _FAR = 1.7e308  # a time past this is not finite
+TRIM_AFTER_BYTES = 1 << 20  # a detached analysis with this much pending: the heap is trimmed
+
+
+def trim_heap() -> None:
+    """Give the C heap's free pages back to the system (glibc's `malloc_trim`; elsewhere nothing).
+    Without it the memory of a detached analysis's pending copies, freed, stays in the process
+    (seen: 190 -> 320 MiB with 8 analyses that never read, still 320 MiB after they left)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
 
 
 def size_buffers(sock: socket.socket, nbytes: int = SOCKET_BUFFER_BYTES) -> None:
@@ -311,13 +321,15 @@ class ChannelSink:
 
     def detach(self, name: str | None = None, reason: str = "closed") -> None:
         """Forget analysis `name` (every one when None) and its pending frames, counted under
-        `reason`; keeping goes on. What it had not acknowledged stays kept for its return (up to
-        GONE_GRACE_S, within the caps)."""
+        `reason` (their memory goes back to the system: `trim_heap`); keeping goes on. What it had
+        not acknowledged stays kept for its return (up to GONE_GRACE_S, within the caps)."""
+        freed = 0
         for sub in self._to(name):
             self._unwatch(sub)
             del self._subs[sub.name]
             self.detached[reason] += 1
             self._gone[sub.name] = (sub.acked, time.monotonic())
+            freed += sub.bytes
             sub.out.clear()
             sub.n = sub.bytes = 0
             if self.on_detach is not None:
@@ -326,6 +338,8 @@ class ChannelSink:
                 sub.sock.close()
         self._shares()
         self._release()
+        if freed >= TRIM_AFTER_BYTES:
+            trim_heap()
 
     def _shares(self) -> None:
         """Each attached analysis's share of `max_bytes`, and the pending bytes that detach one."""

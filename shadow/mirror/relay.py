@@ -11,7 +11,8 @@ attached replaces that one (which is told so).
 
 An attach connection is authenticated before a frame of it is read (`shadow.mirror.handshake`:
 over TCP, proof of the attach token; over the unix socket, the peer's uid must be this one's or
-root's): at most MAX_HANDSHAKES at once, each within HANDSHAKE_TIMEOUT_S through its hello.
+root's): at most MAX_HANDSHAKES at once on each kind of socket (MAX_HANDSHAKES_PER_PEER from one
+TCP address), each within HANDSHAKE_TIMEOUT_S through its hello.
 Every refusal is counted by reason (`refused`). Then only control frames are read from it, each
 at most CONTROL_MAX bytes and decoded by type (`frames.decode_control`); a malformed one detaches
 the analysis (counted).
@@ -47,7 +48,8 @@ from shadow.mirror.relay_metrics import RelayCollector
 
 STATS_INTERVAL_S = 0.25
 HANDSHAKE_TIMEOUT_S = 5.0  # an attach connection's handshake and hello, from its accept
-MAX_HANDSHAKES = 16  # attach connections in the handshake at once; more are refused (busy), counted
+MAX_HANDSHAKES = 16  # attach connections in the handshake at once, over TCP and over the unix socket
+MAX_HANDSHAKES_PER_PEER = 4  # ... from one TCP address; more are refused (busy), counted
 MAX_ANALYSES = 8  # analyses attached at once (by name); more are refused and counted
 log = logging.getLogger("shadow.relay")
 
@@ -154,7 +156,8 @@ class Relay:
         self.draining = False
         self.replaced = 0  # analyses that a newer attach replaced
         self.refused = dict.fromkeys(REFUSALS, 0)  # attach connections refused, by reason
-        self._handshaking: set[socket.socket] = set()  # attach connections not yet attached
+        # attach connections not yet attached -> where from: "unix", or the TCP peer's address
+        self._handshaking: dict[socket.socket, str] = {}
         self._told_protocol = False  # an analysis of another protocol was refused (said once)
         self._servers: list[asyncio.AbstractServer] = []
         self._attach_listeners: list[socket.socket] = []
@@ -279,24 +282,33 @@ class Relay:
 
     def _accept_attach(self, listener: socket.socket) -> None:
         try:
-            conn, _ = listener.accept()
+            conn, addr = listener.accept()
         except (BlockingIOError, InterruptedError, OSError):
             return
-        if len(self._handshaking) >= MAX_HANDSHAKES or self.draining:
+        tcp = listener.family != socket.AF_UNIX
+        peer = str(addr[0]) if tcp else "unix"
+        if self.draining or not self._room(peer):
             self._refuse(conn, "busy" if not self.draining else "draining", handshake.head(handshake.BUSY))
             return
-        self._handshaking.add(conn)
-        tcp = listener.family != socket.AF_UNIX
+        self._handshaking[conn] = peer
         task = asyncio.ensure_future(self._attach(conn, tcp))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda _: self._handshaking.pop(conn, None))  # (whatever happened)
+
+    def _room(self, peer: str) -> bool:
+        """Another connection from `peer` may start a handshake: fewer than MAX_HANDSHAKES over TCP
+        (the unix socket has as many of its own: abuse of the TCP port does not keep a local
+        analysis out), fewer than MAX_HANDSHAKES_PER_PEER from one TCP address."""
+        here = [p for p in self._handshaking.values() if (p == "unix") == (peer == "unix")]
+        return len(here) < MAX_HANDSHAKES and (peer == "unix" or here.count(peer) < MAX_HANDSHAKES_PER_PEER)
 
     def _refuse(self, conn: socket.socket, reason: str, reply: bytes = b"") -> None:
         """Close an attach connection, counted under `reason`, after `reply` (best effort). What
         the peer had sent and is there to read (at most CONTROL_MAX) is read and dropped first, so
         that the close is not a reset that would lose the reply."""
         self.refused[reason] += 1
-        self._handshaking.discard(conn)
+        self._handshaking.pop(conn, None)
         if reply:
             with contextlib.suppress(OSError):
                 conn.setblocking(False)
@@ -337,7 +349,7 @@ class Relay:
         except OSError:
             self._refuse(conn, "closed")
             return
-        self._handshaking.discard(conn)
+        self._handshaking.pop(conn, None)
         name = hello.name
         if self.draining:
             self._refuse(conn, "draining")  # a successor takes attaches now
