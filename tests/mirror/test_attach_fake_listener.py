@@ -52,6 +52,15 @@ class _FakeListener(threading.Thread):
         self.received: list[tuple[str, bytes]] = []
         self.stop = threading.Event()
 
+    def __enter__(self) -> _FakeListener:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.join(30)
+        self.server.close()
+
     def run(self) -> None:
         n = 0
         self.server.settimeout(0.2)
@@ -98,67 +107,46 @@ def _each_kind_twice(fake: _FakeListener) -> bool:
 
 
 def test_a_fake_listener_gets_the_opening_nonce_only_and_a_starting_serve_stops(tmp_path: Path) -> None:
-    fake = _FakeListener()
-    fake.start()
-    procs = Procs(tmp_path)
-    try:
-        with ThreadServer(create_stub("d0")) as up:
-            api = free_port()
-            serve, _ = procs.start("serve", shadow_argv(
-                "serve", "--attach", f"tcp://127.0.0.1:{fake.port}", "--attach-token", TOKEN,
-                "--upstream", f"d0={up.url}", "--port", str(api), "--slots", "8", "--scrape-interval", "0"),
-                ready=False)
-            wait(lambda: fake.received, "a connection ended", 120)
-            _nothing_but_openings(fake)
-            wait(lambda: _each_kind_twice(fake), "two connections of each kind ended", 240)
-            state = httpx.get(f"http://127.0.0.1:{api}/v1/state", timeout=30)
-            assert state.status_code == 200  # serve answers meanwhile
-            assert serve.poll() is None
-            _nothing_but_openings(fake)
-            serve.send_signal(signal.SIGTERM)
-            assert serve.wait(60) == 0  # it stops there, not when its wait to attach would end
-            assert "stopped while starting" in (tmp_path / "serve.log").read_text()
-    finally:
-        fake.stop.set()
-        procs.close()
-        fake.join(30)
-        fake.server.close()
+    with (_FakeListener() as fake, contextlib.closing(Procs(tmp_path)) as procs,
+          ThreadServer(create_stub("d0")) as up):
+        api = free_port()
+        serve, _ = procs.start("serve", shadow_argv(
+            "serve", "--attach", f"tcp://127.0.0.1:{fake.port}", "--attach-token", TOKEN,
+            "--upstream", f"d0={up.url}", "--port", str(api), "--slots", "8", "--scrape-interval", "0"),
+            ready=False)
+        wait(lambda: fake.received, "a connection ended", 120)
+        _nothing_but_openings(fake)
+        wait(lambda: _each_kind_twice(fake), "two connections of each kind ended", 240)
+        state = httpx.get(f"http://127.0.0.1:{api}/v1/state", timeout=30)
+        assert state.status_code == 200  # serve answers meanwhile
+        assert serve.poll() is None
+        _nothing_but_openings(fake)
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(60) == 0  # it stops there, not when its wait to attach would end
+        assert "stopped while starting" in (tmp_path / "serve.log").read_text()
 
 
 def test_a_fake_listener_in_place_of_a_dead_relay_gets_nothing_and_a_running_serve_stops(
     tmp_path: Path, state_dir: Path
 ) -> None:
-    procs = Procs(tmp_path)
-    fake: _FakeListener | None = None
-    try:
-        with ThreadServer(create_stub("d0")) as up:
-            port, api = free_port(), free_port()
-            tap, ready = procs.start("tap", shadow_argv(
-                "tap", "--upstream", f"d0={up.url}", "--name", "dies",
-                "--attach-listen", f"127.0.0.1:{port}", "--attach-token", TOKEN))
-            serve, _ = procs.start("serve", shadow_argv(
-                "serve", "--attach", f"tcp://127.0.0.1:{port}", "--attach-token", TOKEN,
-                "--upstream", f"d0={up.url}", "--port", str(api), "--slots", "8", "--scrape-interval", "0"))
-            r = httpx.post(ready["taps"]["d0"] + "/v1/completions", json={"model": "m", "prompt": "x"})
-            assert r.status_code == 200
-            state = f"http://127.0.0.1:{api}/v1/state"
-            wait(lambda: httpx.get(state, timeout=10).json()["workers"]["d0"]["finished"] == 1, "the mirror")
-            os.killpg(tap.pid, signal.SIGKILL)  # the group dies; something else takes its port
-            tap.wait(30)
-            wait(lambda: not httpx.get(state, timeout=10).json()["attached"][0]["attached"], "serve detached")
-            fake = _FakeListener(port)
-            fake.start()
-            wait(lambda: fake.received, "a connection ended", 120)
-            _nothing_but_openings(fake)
+    with contextlib.closing(Procs(tmp_path)) as procs, ThreadServer(create_stub("d0")) as up:
+        port, api = free_port(), free_port()
+        tap, ready = procs.start("tap", shadow_argv(
+            "tap", "--upstream", f"d0={up.url}", "--name", "dies",
+            "--attach-listen", f"127.0.0.1:{port}", "--attach-token", TOKEN))
+        serve, _ = procs.start("serve", shadow_argv(
+            "serve", "--attach", f"tcp://127.0.0.1:{port}", "--attach-token", TOKEN,
+            "--upstream", f"d0={up.url}", "--port", str(api), "--slots", "8", "--scrape-interval", "0"))
+        r = httpx.post(ready["taps"]["d0"] + "/v1/completions", json={"model": "m", "prompt": "x"})
+        assert r.status_code == 200
+        state = f"http://127.0.0.1:{api}/v1/state"
+        wait(lambda: httpx.get(state, timeout=10).json()["workers"]["d0"]["finished"] == 1, "the mirror")
+        os.killpg(tap.pid, signal.SIGKILL)  # the group dies; something else takes its port
+        tap.wait(30)
+        wait(lambda: not httpx.get(state, timeout=10).json()["attached"][0]["attached"], "serve detached")
+        with _FakeListener(port) as fake:
             wait(lambda: _each_kind_twice(fake), "two connections of each kind ended", 240)
             assert httpx.get(state, timeout=30).status_code == 200 and serve.poll() is None
             _nothing_but_openings(fake)
             serve.send_signal(signal.SIGTERM)
             assert serve.wait(60) == 0
-    finally:
-        if fake is not None:
-            fake.stop.set()
-        procs.close()
-        if fake is not None:
-            fake.join(30)
-            fake.server.close()

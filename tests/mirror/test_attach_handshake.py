@@ -158,44 +158,36 @@ async def _listen(path: Path, answer: bytes, n: int) -> int:
     return got
 
 
-def test_an_analysis_meeting_a_relay_of_protocol_1_stops_with_one_line_naming_the_fix(tmp_path: Path) -> None:
-    async def main() -> None:
-        path = tmp_path / "attach.sock"
-        listening = asyncio.ensure_future(_listen(path, b"", LEGACY_TRIES))
+def _meets(path: Path, answer: bytes, n: int) -> tuple[Attachment, int]:
+    """An analysis attaching to a relay stand-in answering `answer` (for `n` connections): the
+    attachment once it gave up, and the bytes the stand-in read."""
+
+    async def main() -> tuple[Attachment, int]:
+        listening = asyncio.ensure_future(_listen(path, answer, n))
         while not path.exists():
             await asyncio.sleep(0.01)
         a = Attachment(f"unix:{path}", lambda r, items: None)
         a.start()
         try:
             assert not await a.wait_attached(60)
-            assert a.rejected and "attach protocol 1" in a.last_error
-            assert "shadow tap --reload" in a.last_error
-            assert await listening == handshake.OPEN * LEGACY_TRIES  # its opening, never more
+            return a, await listening
         finally:
             await a.aclose()
 
-    asyncio.run(main())
+    return asyncio.run(main())
+
+
+def test_an_analysis_meeting_a_relay_of_protocol_1_stops_with_one_line_naming_the_fix(tmp_path: Path) -> None:
+    a, got = _meets(tmp_path / "attach.sock", b"", LEGACY_TRIES)
+    assert a.rejected and "attach protocol 1" in a.last_error and "shadow tap --reload" in a.last_error
+    assert got == handshake.OPEN * LEGACY_TRIES  # its opening, never more
 
 
 def test_an_analysis_meeting_a_relay_of_another_version_says_both(tmp_path: Path) -> None:
-    async def main() -> None:
-        path = tmp_path / "attach.sock"
-        other = struct.pack("<4sHH", handshake.MAGIC, handshake.VERSION + 1, 0)
-        listening = asyncio.ensure_future(_listen(path, other, 1))
-        while not path.exists():
-            await asyncio.sleep(0.01)
-        a = Attachment(f"unix:{path}", lambda r, items: None)
-        a.start()
-        try:
-            assert not await a.wait_attached(60)
-            assert a.rejected
-            versions = f"speaks attach protocol {handshake.VERSION + 1}, this one {handshake.VERSION}"
-            assert versions in a.last_error
-            await listening
-        finally:
-            await a.aclose()
-
-    asyncio.run(main())
+    other = struct.pack("<4sHH", handshake.MAGIC, handshake.VERSION + 1, 0)
+    a, got = _meets(tmp_path / "attach.sock", other, 1)
+    assert a.rejected and got == handshake.OPEN
+    assert f"speaks attach protocol {handshake.VERSION + 1}, this one {handshake.VERSION}" in a.last_error
 
 
 def test_a_relay_answers_an_analysis_of_protocol_1_with_the_one_frame_it_reads(tmp_path: Path) -> None:

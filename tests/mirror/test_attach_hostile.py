@@ -55,18 +55,29 @@ def _refused(metrics: str, reason: str) -> float:
 
 class _Hostile(threading.Thread):
     """Sends every HOSTILE payload on a connection of its own, round after round (each read until
-    the relay closes it, or for a second), and keeps up to 4 half handshakes open, until stopped;
-    `sent` counts payloads sent, `rounds` rounds done."""
+    the relay closes it, or for a second), and keeps up to 4 half handshakes open, from `with`
+    until `stop`; `sent` counts payloads sent, `rounds` rounds done."""
 
     def __init__(self, port: int) -> None:
         super().__init__(daemon=True)
         self.port = port
-        self.stop = threading.Event()
+        self.stopping = threading.Event()
         self.rounds = self.sent = 0
         self.held: list[socket.socket] = []
 
+    def __enter__(self) -> _Hostile:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(120)
+
     def run(self) -> None:
-        while not self.stop.is_set():
+        while not self.stopping.is_set():
             for payload in HOSTILE.values():
                 with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port)) as s:
                     s.settimeout(1)
@@ -87,22 +98,18 @@ class _Hostile(threading.Thread):
 def test_hostile_frames_on_the_tcp_attach_port_are_never_decoded_and_the_tap_is_unaffected(
     tmp_path: Path, state_dir: Path
 ) -> None:
-    procs = Procs(tmp_path)
-    hostile: _Hostile | None = None
-    try:
-        with ThreadServer(create_stub("d0", tokens=16)) as up:
-            port = free_port()
-            _, ready = procs.start("tap", shadow_argv(
-                "tap", "--upstream", f"d0={up.url}", "--name", "hostile",
-                "--attach-listen", f"127.0.0.1:{port}", "--attach-token", TOKEN))
-            relay = wait(lambda: (RunDir(state_dir, "hostile").read() or {}).get("relay_pid"), "the relay")
-            tap, metrics = ready["taps"]["d0"], ready["metrics"]
-            body = {"model": "m", "prompt": "hostile", "max_tokens": 16, "stream": True}
-            want = httpx.post(up.url + "/v1/completions", json=body, timeout=30).content
-            assert httpx.post(tap + "/v1/completions", json=body, timeout=30).content == want
-            before = _kib(relay, "VmRSS")
-            hostile = _Hostile(port)
-            hostile.start()
+    with contextlib.closing(Procs(tmp_path)) as procs, ThreadServer(create_stub("d0", tokens=16)) as up:
+        port = free_port()
+        _, ready = procs.start("tap", shadow_argv(
+            "tap", "--upstream", f"d0={up.url}", "--name", "hostile",
+            "--attach-listen", f"127.0.0.1:{port}", "--attach-token", TOKEN))
+        relay = wait(lambda: (RunDir(state_dir, "hostile").read() or {}).get("relay_pid"), "the relay")
+        tap, metrics = ready["taps"]["d0"], ready["metrics"]
+        body = {"model": "m", "prompt": "hostile", "max_tokens": 16, "stream": True}
+        want = httpx.post(up.url + "/v1/completions", json=body, timeout=30).content
+        assert httpx.post(tap + "/v1/completions", json=body, timeout=30).content == want
+        before = _kib(relay, "VmRSS")
+        with _Hostile(port) as hostile:
             wait(lambda: hostile.sent >= 8, "hostile payloads sent", 120)
             for _ in range(5):  # while they go on: completions through the tap, byte for byte
                 r = httpx.post(tap + "/v1/completions", json=body, timeout=60)
@@ -110,23 +117,17 @@ def test_hostile_frames_on_the_tcp_attach_port_are_never_decoded_and_the_tap_is_
             wait(lambda: hostile.rounds >= 3, "three rounds of hostile connections", 120)
             wait(lambda: _refused(metrics, "protocol") >= 9 and _refused(metrics, "magic") >= 3
                  and _refused(metrics, "timeout") >= 1, "the hostile connections refused by reason", 120)
-            assert hostile.is_alive() and not hostile.stop.is_set()
-            hostile.stop.set()
-            hostile.join(120)
-            peak = _kib(relay, "VmHWM")
-            assert peak - before < 64 * 1024, f"the relay's RSS: {before} KiB, then a peak of {peak} KiB"
-            # one holding the token attaches over TCP all the same (its hello answered with a hello)
-            with socket.create_connection(("127.0.0.1", port), 30) as s:
-                s.settimeout(30)
-                first = attach_by_hand(s, "after-hostile", TOKEN.encode())
-                assert first[:1] == bytes([T_HELLO])
-            # and one with another token learns nothing: the relay's proof fails on its side
-            with socket.create_connection(("127.0.0.1", port), 30) as s:
-                s.settimeout(30)
-                with pytest.raises(handshake.HandshakeError, match="does not prove the attach token"):
-                    attach_by_hand(s, "intruder", b"not-the-token-at-all")
-            assert os.path.exists(f"/proc/{relay}")  # the same relay throughout: it never died
-    finally:
-        if hostile is not None:
-            hostile.stop.set()
-        procs.close()
+            assert hostile.is_alive()
+        peak = _kib(relay, "VmHWM")
+        assert peak - before < 64 * 1024, f"the relay's RSS: {before} KiB, then a peak of {peak} KiB"
+        # one holding the token attaches over TCP all the same (its hello answered with a hello)
+        with socket.create_connection(("127.0.0.1", port), 30) as s:
+            s.settimeout(30)
+            first = attach_by_hand(s, "after-hostile", TOKEN.encode())
+            assert first[:1] == bytes([T_HELLO])
+        # and one with another token learns nothing: the relay's proof fails on its side
+        with socket.create_connection(("127.0.0.1", port), 30) as s:
+            s.settimeout(30)
+            with pytest.raises(handshake.HandshakeError, match="does not prove the attach token"):
+                attach_by_hand(s, "intruder", b"not-the-token-at-all")
+        assert os.path.exists(f"/proc/{relay}")  # the same relay throughout: it never died

@@ -23,31 +23,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from shadow.mirror import frames as f
 from shadow.mirror import handshake
 from shadow.mirror.channel import ChannelReader
-from shadow.mirror.frames import (
-    CONTROL_MAX,
-    DATA,
-    DATA_FIXED,
-    HDR,
-    START,
-    START_LEN,
-    T_CTL,
-    T_DATA,
-    T_END,
-    T_HELLO,
-    T_INFO,
-    T_MARK,
-    T_START,
-    FrameError,
-    FrameReader,
-    encode,
-)
+from shadow.mirror.frames import FrameError, FrameReader
 from shadow.mirror.relay import Relay, RelaySockets, RelaySpec
 
 PER_BYTE = 64  # peak bytes a decoder may take per byte it holds (Python objects from JSON: ~30)
 SLACK = 256 << 10  # and a constant (an exception, a traceback, the first frames' interned names)
-HELLO = encode(T_HELLO, {"relay_id": "r1", "boot_id": "b", "taps": [{"name": "d0", "role": "decode"}],
+HELLO = f.encode(f.T_HELLO, {"relay_id": "r1", "boot_id": "b", "taps": [{"name": "d0", "role": "decode"}],
                          "v": handshake.VERSION, "mono": 1.0, "max_body": 4 << 20})
 
 _json = st.recursive(
@@ -57,12 +41,13 @@ _json = st.recursive(
     lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=8), inner, max_size=6),
     max_leaves=40,
 )
-_kinds = st.sampled_from([T_INFO, T_DATA, T_START, T_END, T_MARK, T_CTL, T_HELLO]) | st.integers(0, 255)
+_KINDS = [f.T_INFO, f.T_DATA, f.T_START, f.T_END, f.T_MARK, f.T_CTL, f.T_HELLO]
+_kinds = st.sampled_from(_KINDS) | st.integers(0, 255)
 _times = st.floats(allow_nan=True, allow_infinity=True)
 
 
 def _frame(kind: int, body: bytes) -> bytes:
-    return HDR.pack(kind, len(body)) + body
+    return f.HDR.pack(kind, len(body)) + body
 
 
 def _meta_body(meta: bytes, raw: bytes = b"", claimed: int | None = None) -> bytes:
@@ -73,8 +58,8 @@ def _meta_body(meta: bytes, raw: bytes = b"", claimed: int | None = None) -> byt
 def _shaped(draw: st.DrawFn) -> bytes:
     """A rare frame of the right kind and nearly the right shape: the list or object its decoder
     expects, with any values in it."""
-    kind = draw(st.sampled_from([T_INFO, T_END, T_MARK, T_HELLO, T_CTL]))
-    n = {T_INFO: 11, T_END: 5, T_CTL: 2}.get(kind)
+    kind = draw(st.sampled_from([f.T_INFO, f.T_END, f.T_MARK, f.T_HELLO, f.T_CTL]))
+    n = {f.T_INFO: 11, f.T_END: 5, f.T_CTL: 2}.get(kind)
     meta: Any
     if n is None:
         keys = ["token", "offered", "dropped", "snapshot", "notice", "taps", "pending_bytes", "relay_id",
@@ -82,7 +67,7 @@ def _shaped(draw: st.DrawFn) -> bytes:
         meta = draw(st.dictionaries(st.sampled_from(keys), _json, max_size=10))
     else:
         meta = draw(st.lists(_json, min_size=n - 1, max_size=n + 1))
-        if kind == T_CTL and meta:
+        if kind == f.T_CTL and meta:
             meta[0] = draw(st.sampled_from(["hello", "sync", "ack", "other"]))
     raw = draw(st.binary(max_size=64))
     return _frame(kind, _meta_body(orjson.dumps(meta), raw))
@@ -94,7 +79,7 @@ def _adversarial(draw: st.DrawFn) -> bytes:
     wide JSON, a JSON length past the frame, data frames too short for their fields, odd times."""
     choice = draw(st.integers(0, 8))
     if choice == 0:  # a header claiming up to 4 GiB, and a little of it
-        return HDR.pack(draw(_kinds), draw(st.integers(0, (1 << 32) - 1))) + draw(st.binary(max_size=32))
+        return f.HDR.pack(draw(_kinds), draw(st.integers(0, (1 << 32) - 1))) + draw(st.binary(max_size=32))
     if choice == 1:  # protocol 1's 10-byte bombs, back to back
         bomb = draw(st.sampled_from([b"[", b"(", b"{", b"<", b">"])) + b"\xff\xff\xff\x7f"
         return _frame(draw(_kinds), bomb) * draw(st.integers(1, 50))
@@ -108,13 +93,13 @@ def _adversarial(draw: st.DrawFn) -> bytes:
     if choice == 4:  # a JSON length past the end of its frame
         return _frame(draw(_kinds), _meta_body(b"{}", claimed=draw(st.integers(3, (1 << 32) - 1))))
     if choice == 5:  # data and start frames of any length, with any times
-        kind = draw(st.sampled_from([T_DATA, T_START]))
+        kind = draw(st.sampled_from([f.T_DATA, f.T_START]))
         return _frame(kind, draw(st.binary(max_size=40)))
     if choice == 6:
-        return DATA.pack(T_DATA, DATA_FIXED + 3, draw(st.integers(0, (1 << 32) - 1)),
+        return f.DATA.pack(f.T_DATA, f.DATA_FIXED + 3, draw(st.integers(0, (1 << 32) - 1)),
                          draw(st.integers(0, (1 << 32) - 1)), draw(_times)) + b"abc"
     if choice == 7:
-        return START.pack(T_START, START_LEN, draw(st.integers(0, (1 << 32) - 1)), draw(_times))
+        return f.START.pack(f.T_START, f.START_LEN, draw(st.integers(0, (1 << 32) - 1)), draw(_times))
     return _frame(draw(_kinds), _meta_body(orjson.dumps(draw(_json)), draw(st.binary(max_size=32))))
 
 
@@ -191,7 +176,7 @@ def relay() -> Relay:
 def test_the_relay_control_path_raises_only_frame_errors_within_bounded_memory(
     chunks: list[bytes], relay: Relay, traced: None
 ) -> None:
-    frames = FrameReader(CONTROL_MAX)
+    frames = FrameReader(f.CONTROL_MAX)
 
     def control(chunk: bytes) -> None:
         for kind, body in frames.feed(chunk):
@@ -201,7 +186,7 @@ def test_the_relay_control_path_raises_only_frame_errors_within_bounded_memory(
         held = frames.pending + len(chunk)
         with _peak_within(held):
             if _only_declared(lambda chunk=chunk: control(chunk), FrameError):
-                frames = FrameReader(CONTROL_MAX)  # (the relay detaches that analysis)
+                frames = FrameReader(f.CONTROL_MAX)  # (the relay detaches that analysis)
 
 
 @_FUZZ
@@ -222,9 +207,9 @@ def test_the_bombs_of_the_issue_are_refused_as_soon_as_their_header_is_read() ->
     bombs are an unknown layout to the analysis, and not a control frame to the relay."""
     reader = ChannelReader()
     with pytest.raises(FrameError, match="over the bound"):
-        reader.feed(HDR.pack(T_INFO, 1 << 30))
+        reader.feed(f.HDR.pack(f.T_INFO, 1 << 30))
     for bomb in (b"[\xff\xff\xff\x7f", b"(\xff\xff\xff\x7f"):
         with pytest.raises(FrameError):
-            ChannelReader().feed(_frame(T_CTL, bomb))
+            ChannelReader().feed(_frame(f.T_CTL, bomb))
         with pytest.raises(FrameError):
-            _relay()._control("a", T_CTL, bomb)
+            _relay()._control("a", f.T_CTL, bomb)
