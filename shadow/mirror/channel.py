@@ -59,7 +59,6 @@ from shadow.mirror.frames import (
     T_INFO,
     T_MARK,
     T_START,
-    End,
     FrameError,
     FrameReader,
     Incompatible,
@@ -110,15 +109,16 @@ def size_buffers(sock: socket.socket, nbytes: int = SOCKET_BUFFER_BYTES) -> None
 
 
 def _info(ctx: TapContext) -> tuple[Info, bool]:
-    """The request's head as sent (strings clamped to FIELD_MAX), and whether one was."""
-    rid, tp, rh = ctx.request_id or "", ctx.traceparent or "", ctx.resp_headers
-    info = Info(ctx.cid, clamp(ctx.tap), clamp(ctx.method), clamp(ctx.path),
-                None if ctx.request_id is None else clamp(rid), ctx.body, ctx.body_len, ctx.t_start,
-                ctx.status, {clamp(k): clamp(v) for k, v in rh.items()},
-                None if ctx.traceparent is None else clamp(tp))
-    longest = max(len(ctx.tap), len(ctx.method), len(ctx.path), len(rid), len(tp),
-                  *(max(len(k), len(v)) for k, v in rh.items()))
-    return info, longest > FIELD_MAX
+    """The request's head as sent (strings clamped to FIELD_MAX), and whether one was. (The
+    response headers' names are the tap's own: content-type, content-length, transfer-encoding.)"""
+    rid, tp, rh = ctx.request_id, ctx.traceparent, ctx.resp_headers
+    if max(len(ctx.tap), len(ctx.method), len(ctx.path), len(rid or ""), len(tp or ""),
+           max(map(len, rh.values()), default=0)) <= FIELD_MAX:
+        return Info(ctx.cid, ctx.tap, ctx.method, ctx.path, rid, ctx.body, ctx.body_len, ctx.t_start,
+                    ctx.status, rh, tp), False
+    return Info(ctx.cid, clamp(ctx.tap), clamp(ctx.method), clamp(ctx.path),
+                None if rid is None else clamp(rid), ctx.body, ctx.body_len, ctx.t_start, ctx.status,
+                {k: clamp(v) for k, v in rh.items()}, None if tp is None else clamp(tp)), True
 
 
 class _Analysis:
@@ -432,7 +432,7 @@ class ChannelSink:
         info = self._info_frame(ctx) if ctx.sent < 2 and (ctx.sent == 0 or ctx.status) else None
         self.end_no += 1
         ctx.end_no = self.end_no
-        b = encode_end(End(ctx.cid, t, reason, ctx.seq, ctx.end_no))
+        b = encode_end(ctx.cid, t, reason, ctx.seq, ctx.end_no)
         self._keep(ctx, b, True)
         self._ended.append((ctx.end_no, ctx.cid))
         self._evict_ended()

@@ -6,10 +6,11 @@ a byte of the body (the relay reads an analysis's frames up to `CONTROL_MAX`; an
 relay's up to `frame_bound(max_body)`, its largest legitimate info frame).
 
 Data frames, the hot path, are struct-packed: T_DATA `<IId>` cid, seq, t + the payload (one read
-of the upstream's socket: at most 256 KiB under asyncio and uvloop); T_START `<Id>` cid, t.
+of the upstream's socket: at most 256 KiB under asyncio and uvloop); T_START `<Id>` cid, t; and
+so is a request's end, T_END (`End`).
 
-The rare frames — T_HELLO, T_INFO, T_END, T_MARK (relay → analysis) and T_CTL (analysis → relay)
-— carry `<I n>`, n bytes of JSON (at most `META_MAX`), then a raw segment (an info frame's request
+The rare frames — T_HELLO, T_INFO, T_MARK (relay → analysis) and T_CTL (analysis → relay) —
+carry `<I n>`, n bytes of JSON (at most `META_MAX`), then a raw segment (an info frame's request
 body; empty otherwise). JSON is decoded by orjson: time linear in the input, memory proportional
 to it, nesting at most 1024 deep; then each kind's typed decoder checks every field (types,
 ranges, string lengths, closed sets of names) and builds what the caller reads. Strings longer
@@ -130,16 +131,15 @@ def clamp(s: str) -> str:
 
 def _meta(body: bytes) -> tuple[Any, bytes]:
     """A rare frame's JSON (decoded) and raw segment."""
-    if len(body) < _META_LEN.size:
-        raise FrameError("a frame too short for its JSON length")
-    (n,) = _META_LEN.unpack_from(body)
-    if n > META_MAX or n > len(body) - _META_LEN.size:
+    n = int.from_bytes(body[:4], "little")
+    end = 4 + n
+    if len(body) < 4 or n > META_MAX or end > len(body):
         raise FrameError(f"a frame's JSON of {n} bytes in {len(body)}")
     try:
-        meta = orjson.loads(memoryview(body)[_META_LEN.size : _META_LEN.size + n])
+        meta = orjson.loads(body[4:end])
     except orjson.JSONDecodeError as exc:
         raise FrameError(f"a frame's JSON: {exc}") from None
-    return meta, body[_META_LEN.size + n :]
+    return meta, body[end:]
 
 
 def _int(v: Any, hi: int = _I64, lo: int = 0) -> int:
@@ -226,7 +226,20 @@ def encode_info(info: Info) -> bytes:
 
 
 def decode_info(body: bytes) -> Info:
+    """(Every field checked in one expression first: a frame per request; the checks one by one,
+    naming what is wrong, only when that fails.)"""
     meta, raw = _meta(body)
+    if type(meta) is list and len(meta) == 11:
+        cid, tap, method, path, rid, has_body, blen, t0, status, rh, tp = meta
+        if (type(cid) is int and 0 <= cid <= _U32 and type(tap) is str and len(tap) <= FIELD_MAX
+                and type(method) is str and len(method) <= FIELD_MAX and type(path) is str
+                and len(path) <= FIELD_MAX and (rid is None or (type(rid) is str and len(rid) <= FIELD_MAX))
+                and (has_body is True or (has_body is False and not raw)) and type(blen) is int
+                and 0 <= blen <= _I64 and type(t0) is float and type(status) is int and 0 <= status <= 999
+                and (tp is None or (type(tp) is str and len(tp) <= FIELD_MAX)) and type(rh) is dict
+                and len(rh) <= 16 and all(len(k) <= FIELD_MAX and type(v) is str and len(v) <= FIELD_MAX
+                                          for k, v in rh.items())):
+            return Info(cid, tap, method, path, rid, raw if has_body else None, blen, t0, status, rh, tp)
     cid, tap, method, path, rid, has_body, blen, t0, status, rh, tp = _list(meta, 11, 11)
     if type(has_body) is not bool or (not has_body and raw):
         raise FrameError("an info frame's body flag does not match its body")
@@ -236,7 +249,8 @@ def decode_info(body: bytes) -> Info:
 
 
 class End(NamedTuple):
-    """A request's end (T_END): its reason, last seq and number in the relay's order of ends."""
+    """A request's end (T_END): its reason, last seq and number in the relay's order of ends.
+    Struct-packed: `<IdBIQ` cid, t, reason (its index in END_REASONS), seq, end number."""
 
     cid: int
     t: float
@@ -245,13 +259,21 @@ class End(NamedTuple):
     end_no: int
 
 
-def encode_end(end: End) -> bytes:
-    return encode(T_END, list(end))
+_END = struct.Struct("<BIIdBIQ")
+_END_BODY = struct.Struct("<IdBIQ")
+
+
+def encode_end(cid: int, t: float, reason: str, seq: int, end_no: int) -> bytes:
+    return _END.pack(T_END, _END_BODY.size, cid, t, END_REASONS.index(reason), seq, end_no)
 
 
 def decode_end(body: bytes) -> End:
-    cid, t, reason, seq, end_no = _list(_meta(body)[0], 5, 5)
-    return End(_int(cid, _U32), _float(t), _one_of(reason, END_REASONS), _int(seq, _U32), _int(end_no))
+    if len(body) != _END_BODY.size:
+        raise FrameError(f"an end frame of {len(body)} bytes")
+    cid, t, reason, seq, end_no = _END_BODY.unpack(body)
+    if reason >= len(END_REASONS):
+        raise FrameError(f"an end of unknown reason {reason}")
+    return End(cid, t, END_REASONS[reason], seq, end_no)
 
 
 def decode_start(body: bytes) -> tuple[int, float]:

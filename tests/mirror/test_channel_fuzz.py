@@ -58,8 +58,8 @@ def _meta_body(meta: bytes, raw: bytes = b"", claimed: int | None = None) -> byt
 def _shaped(draw: st.DrawFn) -> bytes:
     """A rare frame of the right kind and nearly the right shape: the list or object its decoder
     expects, with any values in it."""
-    kind = draw(st.sampled_from([f.T_INFO, f.T_END, f.T_MARK, f.T_HELLO, f.T_CTL]))
-    n = {f.T_INFO: 11, f.T_END: 5, f.T_CTL: 2}.get(kind)
+    kind = draw(st.sampled_from([f.T_INFO, f.T_MARK, f.T_HELLO, f.T_CTL]))
+    n = {f.T_INFO: 11, f.T_CTL: 2}.get(kind)
     meta: Any
     if n is None:
         keys = ["token", "offered", "dropped", "snapshot", "notice", "taps", "pending_bytes", "relay_id",
@@ -92,8 +92,8 @@ def _adversarial(draw: st.DrawFn) -> bytes:
         return _frame(draw(_kinds), _meta_body(wide))
     if choice == 4:  # a JSON length past the end of its frame
         return _frame(draw(_kinds), _meta_body(b"{}", claimed=draw(st.integers(3, (1 << 32) - 1))))
-    if choice == 5:  # data and start frames of any length, with any times
-        kind = draw(st.sampled_from([f.T_DATA, f.T_START]))
+    if choice == 5:  # struct-packed frames (data, start, end) of any length and content
+        kind = draw(st.sampled_from([f.T_DATA, f.T_START, f.T_END]))
         return _frame(kind, draw(st.binary(max_size=40)))
     if choice == 6:
         return f.DATA.pack(f.T_DATA, f.DATA_FIXED + 3, draw(st.integers(0, (1 << 32) - 1)),
