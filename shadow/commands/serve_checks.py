@@ -194,6 +194,9 @@ def check_addresses(args: argparse.Namespace) -> None:
         kind, where = parse_address(str(value))
         if kind == "tcp" and not 1 <= where[1] <= 65535:
             raise ValueError(f"{_named(args, 'attach')} {value!r}: the port must be in 1..65535")
+        if kind == "tcp" and not getattr(args, "attach_token", None):
+            raise ValueError(f"{_named(args, 'attach')} {value!r}: attaching over TCP needs --attach-token "
+                             "(or SHADOW_ATTACH_TOKEN), the tap group's")
 
 
 def canary_steps(args: argparse.Namespace) -> tuple[float, ...]:

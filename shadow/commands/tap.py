@@ -121,8 +121,9 @@ def group_flags() -> tuple[Flag, ...]:
         flag("--attach-listen", "attach_listen", "also accept an analysis over TCP here (another node); "
              "needs --attach-token. The unix socket in the group's directory is always there",
              metavar="HOST:PORT"),
-        flag("--attach-token", "attach_token", "bearer token an analysis attaching over TCP must present "
-             "(env SHADOW_ATTACH_TOKEN)", default=os.environ.get("SHADOW_ATTACH_TOKEN")),
+        flag("--attach-token", "attach_token", "token an analysis attaching over TCP must prove it holds, "
+             "as this group proves it to the analysis; it is never sent (env SHADOW_ATTACH_TOKEN)",
+             default=os.environ.get("SHADOW_ATTACH_TOKEN")),
         flag("--digest", "digest", argparse.SUPPRESS),  # set by `shadow serve` for the groups it starts
     )
 
