@@ -5,6 +5,10 @@ larger margin, lower load, lower index) takes its best single request from the w
 Stage 2: workers popped by (free slots desc, margin desc, index asc) with keys refreshed before
 each pop; each takes the best subset of the first R_max window entries within its free slots,
 or — when no subset scores > 0 — the single best window entry (starvation guard).
+
+Loads, margins and scores are in the units of the scorer's cost (`shadow.core.cost`); requests are
+weighed by it. Under a per-sequence cost, workers whose keys tie on the load are told apart by
+their KV tokens (fewer first) before their index (with the paper's cost the tokens are the load).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 from functools import partial
 
+from shadow.core.cost import RouteCost
 from shadow.core.fscore import Scorer
 from shadow.core.params import BRParams
 from shadow.core.pool import Pool, PoolEntry, best_of
@@ -22,11 +27,12 @@ Assignment = tuple[Hashable, int]
 
 def _stage1_worker(scorer: Scorer, free: Sequence[int]) -> int:
     best = -1
-    best_key: tuple[int, float, float, int] | None = None
+    best_key: tuple[int, float, float, float, int] | None = None
+    tie = None if scorer.cost.paper else scorer.tokens
     for g, c in enumerate(free):
         if c <= 0:
             continue
-        key = (c, scorer.margin(g), -scorer.load(g), -g)
+        key = (c, scorer.margin(g), -scorer.load(g), 0.0 if tie is None else -tie(g), -g)
         if best_key is None or key > best_key:
             best, best_key = g, key
     return best
@@ -34,11 +40,12 @@ def _stage1_worker(scorer: Scorer, free: Sequence[int]) -> int:
 
 def _stage2_worker(scorer: Scorer, free: Sequence[int]) -> int:
     best = -1
-    best_key: tuple[int, float, int] | None = None
+    best_key: tuple[int, float, float, int] | None = None
+    tie = None if scorer.cost.paper else scorer.tokens
     for g, c in enumerate(free):
         if c <= 0:
             continue
-        key = (c, scorer.margin(g), -g)
+        key = (c, scorer.margin(g), 0.0 if tie is None else -tie(g), -g)
         if best_key is None or key > best_key:
             best, best_key = g, key
     return best
@@ -46,7 +53,7 @@ def _stage2_worker(scorer: Scorer, free: Sequence[int]) -> int:
 
 Window = Callable[[int, float], list[PoolEntry]]  # (worker, its F-score peak) -> Stage-2 window
 Subset = Callable[
-    [Sequence[PoolEntry], int, Callable[[float], float], float, int], tuple[list[PoolEntry], float]
+    [Sequence[PoolEntry], int, Callable[[float], float], float, int, RouteCost], tuple[list[PoolEntry], float]
 ]
 
 
@@ -74,6 +81,7 @@ def assign_round(
     free = list(free_slots)
     out: list[Assignment] = []
     threshold = params.greedy_threshold(scorer.workers)
+    cost = scorer.cost
 
     def admit(g: int, entries: Sequence[PoolEntry]) -> None:
         for entry in entries:
@@ -88,7 +96,7 @@ def assign_round(
     total_free = sum(free)
     while pool and total_free > threshold:
         g = stage1(scorer, free)
-        entry = pool.best_single(partial(scorer.score, g), scorer.peak(g))
+        entry = pool.best_single(partial(scorer.score, g), scorer.peak(g), cost)
         assert entry is not None  # pool is non-empty
         admit(g, (entry,))
         total_free -= 1
@@ -104,9 +112,9 @@ def assign_round(
         entries = pool.window(params.r_max, now, params.age_s) if window is None else window(g, peak)
         cap = min(free[g], params.r_max)
         score = partial(scorer.score, g)
-        chosen, value = subset(entries, cap, score, peak, params.exhaustive_max)
+        chosen, value = subset(entries, cap, score, peak, params.exhaustive_max, cost)
         if not chosen or value <= 0:
-            single = best_of(entries, score)  # starvation guard
+            single = best_of(entries, score, cost)  # starvation guard
             assert single is not None
             chosen = [single]
         admit(g, chosen)
