@@ -41,6 +41,7 @@ from shadow.base.listener import AsgiListener, ListenerLimits
 from shadow.base.loopthread import LoopThread
 from shadow.base.runtime import loop_runner, raise_fd_limit
 from shadow.contracts.modes import ModeSource, StaticModeSource
+from shadow.core.cost import RouteCost
 from shadow.core.params import BRParams
 from shadow.core.routers import Router
 from shadow.core.stepmodel import DEFAULT_A_S_PER_TOKEN, DEFAULT_B_S, StepTimeModel
@@ -239,8 +240,21 @@ class ServeService:
         if self.elector is not None and self.mode_control is not None:
             self.mode_control.controller.gate = self.elector.leader
         self.proxy: ActiveProxy | None = None
+        self._route_cost: tuple[object, RouteCost] | None = None  # (lanes' clock, its cost)
         self._proxy_server: AsgiListener | None = None
         self._jobs: list[asyncio.Task[None]] = []
+
+    def route_cost(self) -> RouteCost:
+        """What a running sequence costs the fleet's step as the lanes step on it (their models, refits
+        included; the configured model until measured): the active policy balances the lanes' cost.
+        Called per routing round (plain reads of the lanes' current clock, cached per clock)."""
+        live = self.live
+        clock = live.lane_clock
+        cached = self._route_cost
+        if cached is None or cached[0] is not clock:
+            models = clock.models if live.measured_clock and clock.models else (live.step,)
+            cached = self._route_cost = (clock, RouteCost.fleet(models))
+        return cached[1]
 
     def lane_settings(self) -> LaneSettings:
         """What the live lanes run with (the recording's header carries it)."""
@@ -358,7 +372,8 @@ class ServeService:
         source = MirrorSource(self.tap.state, list(cfg.decode), unreachable)
         self.proxy = ActiveProxy(cfg, modes=self.modes, source=source, registry=self.tap.registry,
                                  clock=self.clock, router_factory=a.router_factory, spans=self.spans,
-                                 metrics_route=False)  # (served on the API listener, not to clients)
+                                 metrics_route=False,  # (served on the API listener, not to clients)
+                                 cost=self.route_cost)
         t = self.config.tap
         limits = ListenerLimits(max_head=t.max_head, header_timeout_s=t.header_timeout_s,
                                 body_timeout_s=t.header_timeout_s, idle_timeout_s=t.idle_timeout_s,

@@ -7,8 +7,8 @@ each pop; each takes the best subset of the first R_max window entries within it
 or — when no subset scores > 0 — the single best window entry (starvation guard).
 
 Loads, margins and scores are in the units of the scorer's cost (`shadow.core.cost`); requests are
-weighed by it. Under a per-sequence cost, workers whose keys tie on the load are told apart by
-their KV tokens (fewer first) before their index (with the paper's cost the tokens are the load).
+weighed by it. In sequence units (the a = 0 limit) workers whose keys tie are told apart by their KV
+tokens (fewer first) before their index; in token units the keys are the paper's on loads L + κ·n.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ Assignment = tuple[Hashable, int]
 def _stage1_worker(scorer: Scorer, free: Sequence[int]) -> int:
     best = -1
     best_key: tuple[int, float, float, float, int] | None = None
-    tie = None if scorer.cost.paper else scorer.tokens
+    tie = scorer.tokens if scorer.cost.sequences else None
     for g, c in enumerate(free):
         if c <= 0:
             continue
@@ -41,7 +41,7 @@ def _stage1_worker(scorer: Scorer, free: Sequence[int]) -> int:
 def _stage2_worker(scorer: Scorer, free: Sequence[int]) -> int:
     best = -1
     best_key: tuple[int, float, float, int] | None = None
-    tie = None if scorer.cost.paper else scorer.tokens
+    tie = scorer.tokens if scorer.cost.sequences else None
     for g, c in enumerate(free):
         if c <= 0:
             continue

@@ -192,10 +192,11 @@ class BalanceRouteAdaptive:
         else:
             basis = [float(x) for x in (loads if prompt_loads is None else prompt_loads)]
         workers = len(basis)
-        tokens = basis  # the tie-break after the basis (the basis itself under the paper's cost)
+        tokens = basis  # the tie-break after the basis: itself in token units, its tokens in sequence units
         if not cost.paper:
             assert seqs is not None  # checked by round()
-            tokens, basis = basis, cost.loads(basis, seqs)
+            weighed = cost.loads(basis, seqs)
+            tokens, basis = (basis, weighed) if cost.sequences else (weighed, weighed)
         may_hold = (
             a.hold
             and any(x > 0 for x in loads)  # something runs: holding can never deadlock
@@ -252,10 +253,10 @@ def _centred_round(
 
 
 def _most_free(scorer: Scorer, free: Sequence[int]) -> int:
-    """BR's Stage-2 pop order: most free slots, then larger margin, (under a per-sequence cost: then
-    fewer KV tokens,) then lower index."""
+    """BR's Stage-2 pop order: most free slots, then larger margin, (in sequence units: then fewer KV
+    tokens,) then lower index."""
     margins = scorer.margins()
-    tie = None if scorer.cost.paper else scorer.tokens
+    tie = scorer.tokens if scorer.cost.sequences else None
     best, best_c, best_m, best_t = -1, 0, -math.inf, -math.inf
     for g, c in enumerate(free):
         if c <= 0:

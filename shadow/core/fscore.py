@@ -8,7 +8,7 @@ Both scorers also track loads through admissions inside a round (`admit`).
 Loads and Δ are in the units of the scorer's `RouteCost` (KV tokens for the paper's `TOKENS`; KV
 tokens + κ per sequence, or sequences, under a per-sequence step cost): a scorer is given loads
 already in those units and prices the requests it admits with its cost (`RouteCost.weight`);
-`tokens(g)` is worker g's KV tokens, which break ties between workers whose loads tie.
+`tokens(g)` is worker g's KV tokens, which break ties between workers in sequence units.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class Scorer(Protocol):
     def load(self, g: int) -> float: ...
 
     def tokens(self, g: int) -> float:
-        """Worker g's KV tokens (its load under the paper's cost): a tie-break after the load."""
+        """Worker g's KV tokens (its load under the paper's cost): in sequence units, a tie-break."""
         ...
 
     def admit(self, g: int, entries: Sequence[PoolEntry]) -> None: ...
