@@ -94,6 +94,24 @@ def add_fleet_args(p: argparse.ArgumentParser, workers: bool = True) -> None:
         help=f"step model: fixed seconds per step (default: {DEFAULT_B_S}; a recorded session: "
         "what its lanes ran with)",
     )
+    d = StepTimeModel()
+    p.add_argument(
+        "--step-c",
+        type=float,
+        default=d.c,
+        action=Given,
+        help=f"step model: seconds per running sequence (default: {d.c:g}, the paper's model; a recorded "
+        "session: what its lanes ran with); BalanceRoute's policies then balance KV tokens + c/a per "
+        "sequence (running sequences when a = 0)",
+    )
+    p.add_argument(
+        "--step-p",
+        type=float,
+        default=d.p,
+        action=Given,
+        help=f"step model: seconds per prefill token scheduled into a decode step (default: {d.p:g}; a "
+        "recorded session: what its lanes ran with); not a per-step load: routing does not weigh it",
+    )
     p.add_argument(
         "--prefill",
         type=int,
@@ -134,6 +152,11 @@ def trace_limits(args: argparse.Namespace) -> TraceLimits:
     return replace(DEFAULT_LIMITS, max_lines=args.max_trace_lines)
 
 
+def step_model(args: argparse.Namespace) -> StepTimeModel:
+    """The step model of --step-a/--step-b/--step-c/--step-p (ValueError naming a bad term)."""
+    return StepTimeModel(a=args.step_a, b=args.step_b, c=args.step_c, p=args.step_p)
+
+
 def setup_from(args: argparse.Namespace, policies: str | None, workers: int | None = None) -> ReplaySetup:
     prefill = PrefillConfig(servers=args.prefill) if args.prefill else None
     return ReplaySetup(
@@ -143,7 +166,7 @@ def setup_from(args: argparse.Namespace, policies: str | None, workers: int | No
         policies=parse_policies(policies) if policies else DEFAULT_POLICIES,
         load=args.load,
         rate_scale=args.rate_scale,
-        step=StepTimeModel(a=args.step_a, b=args.step_b),
+        step=step_model(args),
         prefill=prefill,
         br=br_params(args),
         seed=args.seed,

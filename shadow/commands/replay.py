@@ -42,10 +42,13 @@ EPILOG = """examples:
 
   shadow replay session.ndjson.gz                       # a `shadow serve --record` session, as it ran live
   shadow replay session.ndjson.gz --step-a 2e-7          # ... what if the step model were different
+  shadow replay paper-azure --step-c 1e-3 --policies jsq-bytes,br0   # a per-sequence step cost
   shadow replay rolling.ndjson.gz --rolling-window 12    # `serve --rolling`: window 12 alone, from its seed
 
 Throughput and latencies come from the step model T = a·max L + b (set --step-a/--step-b to
-your fleet's fit). brh:oracle knows true output lengths: an offline upper bound, never deployable.
+your fleet's fit). With a per-sequence term (--step-c, seconds per running sequence: a worker steps
+in a·L + c·n + b) BR-0, BR-H and BRA balance that cost: a request weighs its KV tokens + c/a, or
+one sequence when a = 0. brh:oracle knows true output lengths: an offline upper bound, never deployable.
 A session recorded by `shadow serve` carries what its live lanes ran with (policies, step model,
 slots, BR parameters, seed): without flags the replay runs exactly that; each flag that departs
 from it is printed as a what-if. A session of `shadow serve --rolling` also carries each window's
@@ -111,15 +114,14 @@ def recorded_setup(
     if recorded is None:
         if trace.workers is not None:
             err.print(f"note: {trace.name} does not say what its lanes ran with (an older recording, or "
-                      f"`shadow tap`'s): replaying with step model a={setup.step.a:g} s/token, "
-                      f"b={setup.step.b:g} s, {setup.slots} slots")
+                      f"`shadow tap`'s): replaying with step model {setup.step.describe()}, "
+                      f"{setup.slots} slots")
         return setup, None
     setup, what_if = as_recorded(setup, recorded, flags)
     head = ("replaying the live lanes' settings (not their measured clock)" if recorded.clock == "measured"
             else "replaying as the live lanes ran")
     err.print(f"{head}: {','.join(recorded.policies)}; step model "
-              f"a={recorded.step.a:g} s/token, b={recorded.step.b:g} s ({recorded.step_source}); "
-              f"{recorded.slots} slots")
+              f"{recorded.step.describe()} ({recorded.step_source}); {recorded.slots} slots")
     if recorded.clock == "measured":
         err.print("[yellow]note: the live lanes stepped on the measured clock (per-worker step models "
                   "fitted live, /v1/report's clock block), which a recording does not carry yet: this "

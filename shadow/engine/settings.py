@@ -24,7 +24,8 @@ CLOCKS = ("configured", "measured")
 
 @dataclass(frozen=True, slots=True)
 class LaneSettings:
-    """Policies (lane specs, `actual` not among them), the step model the lanes simulated and where
+    """Policies (lane specs, `actual` not among them), the step model the lanes simulated (its cost
+    model: the per-sequence and prefill terms are written where they are not 0) and where
     it came from (`configured`: given to the sidecar; `default`: its built-in model), slots per
     worker, lag, BR parameters and the seed of random policies."""
 
@@ -56,9 +57,12 @@ class LaneSettings:
             raise ValueError(f"clock must be one of {CLOCKS}, got {self.clock!r}")
 
     def to_json(self) -> dict[str, Any]:
+        step: dict[str, Any] = {"a_s_per_token": self.step.a, "b_s": self.step.b, "source": self.step_source}
+        if not self.step.linear:  # the cost model's per-sequence and prefill terms (absent: 0)
+            step |= {"c_s_per_seq": self.step.c, "p_s_per_prefill_token": self.step.p}
         out = {
             "policies": list(self.policies),
-            "step": {"a_s_per_token": self.step.a, "b_s": self.step.b, "source": self.step_source},
+            "step": step,
             "slots": self.slots,
             "lag_s": self.lag_s,
             "br": asdict(self.br),
@@ -82,7 +86,9 @@ class LaneSettings:
             if not isinstance(step, Mapping):
                 raise ValueError("step must be an object")
             a, b = step["a_s_per_token"], step["b_s"]
-            for name, v in (("step a", a), ("step b", b), ("lag_s", obj.get("lag_s", 0.0))):
+            c, p = step.get("c_s_per_seq", 0.0), step.get("p_s_per_prefill_token", 0.0)
+            lag = obj.get("lag_s", 0.0)
+            for name, v in (("step a", a), ("step b", b), ("step c", c), ("step p", p), ("lag_s", lag)):
                 if isinstance(v, bool) or not isinstance(v, int | float):
                     raise ValueError(f"{name} must be a number")
             rolling = obj.get("rolling_s")
@@ -93,7 +99,7 @@ class LaneSettings:
                 raise ValueError("br must be an object")
             return cls(
                 policies=tuple(policies),
-                step=StepTimeModel(float(a), float(b)),
+                step=StepTimeModel(float(a), float(b), float(c), float(p)),
                 slots=obj["slots"],
                 step_source=step.get("source", "configured"),
                 lag_s=float(obj.get("lag_s", 0.0)),
@@ -113,10 +119,9 @@ class LaneSettings:
         if other.policies != self.policies:
             out.append(f"policies {','.join(other.policies)} (recorded {','.join(self.policies)})")
         if other.step != self.step:
-            out.append(
-                f"step model a={other.step.a:g} s/token, b={other.step.b:g} s "
-                f"(recorded a={self.step.a:g}, b={self.step.b:g})"
-            )
+            ran = self.step
+            terms = "" if ran.linear else f", c={ran.c:g}, p={ran.p:g}"
+            out.append(f"step model {other.step.describe()} (recorded a={ran.a:g}, b={ran.b:g}{terms})")
         if other.slots != self.slots:
             out.append(f"slots {other.slots} (recorded {self.slots})")
         if other.br != self.br:

@@ -10,6 +10,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from shadow.core.cost import RouteCost
 from shadow.core.params import BRParams
 from shadow.core.policies import policy
 from shadow.core.stepmodel import StepTimeModel
@@ -105,11 +106,11 @@ def as_recorded(
     setup: ReplaySetup, recorded: LaneSettings, given: Collection[str]
 ) -> tuple[ReplaySetup, list[str]]:
     """`setup` with every setting the recording's lanes ran with, except those named in `given`
-    (flags the user set, by their names: step_a, step_b, slots, policies, seed, BR_FIELDS' keys);
+    (flags the user set, by their names: step_a, step_b, step_c, step_p, slots, policies, seed,
+    BR_FIELDS' keys);
     returns it with one line per setting that departs from the recording (a deliberate what-if)."""
     step = StepTimeModel(
-        setup.step.a if "step_a" in given else recorded.step.a,
-        setup.step.b if "step_b" in given else recorded.step.b,
+        *(getattr(setup.step if f"step_{t}" in given else recorded.step, t) for t in ("a", "b", "c", "p"))
     )
     br = replace(recorded.br, **{f: getattr(setup.br, f) for k, f in BR_FIELDS.items() if k in given})
     out = replace(
@@ -145,7 +146,8 @@ def run_replay(trace: Trace, setup: ReplaySetup, progress: Progress | None = Non
         setup = replace(setup, workers=len(worker_names))
         lanes.insert(0, LaneSpec("forced", name="actual"))
     capacity = estimate_capacity_rps(
-        trace, workers=setup.workers, slots=setup.slots, step_a=setup.step.a, step_b=setup.step.b
+        trace, workers=setup.workers, slots=setup.slots, step_a=setup.step.a, step_b=setup.step.b,
+        step_c=setup.step.c,
     )
     if setup.load is not None and setup.rate_scale is not None:
         raise ValueError("give either a load (rho) or a rate scale, not both")
@@ -188,6 +190,9 @@ def run_replay(trace: Trace, setup: ReplaySetup, progress: Progress | None = Non
         "slots": setup.slots,
         "step_a_s_per_token": setup.step.a,
         "step_b_s": setup.step.b,
+        "step_c_s_per_seq": setup.step.c,
+        "step_p_s_per_prefill_token": setup.step.p,
+        "route_cost": RouteCost.of(setup.step).describe(),
         "prefill": None if setup.prefill is None else asdict(setup.prefill),
         "br": asdict(setup.br),
         "seed": setup.seed,
