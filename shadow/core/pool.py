@@ -93,9 +93,10 @@ class Pool:
         return out
 
     def nearest(self, length: float, size: int) -> list[PoolEntry]:
-        """Up to `size` entries whose prompt lengths are nearest `length` (ties: the shorter)."""
+        """Up to `size` entries whose prompt lengths are nearest `length` (ties: the shorter); a
+        negative `length` (a peak below one request's per-sequence weight) is nearest the shortest."""
         keys = self._keys
-        target = _floor(length) if length > 0 else 0
+        target = _floor(length) if length > 0 else (0 if length == 0 else -1)
         hi = bisect.bisect_left(keys, (-target, -1))  # keys[hi:] have prompt <= target
         lo = hi - 1  # keys[:hi] have prompt > target, nearest at lo
         out: list[PoolEntry] = []
@@ -103,7 +104,7 @@ class Pool:
         for _ in range(min(size, n)):
             below = length + keys[hi][0] if hi < n else math.inf
             above = -keys[lo][0] - length if lo >= 0 else math.inf
-            if below <= above:
+            if hi < n and below <= above:
                 out.append(by_seq[keys[hi][1]])
                 hi += 1
             else:
