@@ -27,12 +27,15 @@ Assignment = tuple[Hashable, int]
 
 def _stage1_worker(scorer: Scorer, free: Sequence[int]) -> int:
     best = -1
-    best_key: tuple[int, float, float, float, int] | None = None
+    best_key: tuple[float, ...] | None = None
     tie = scorer.tokens if scorer.cost.sequences else None
     for g, c in enumerate(free):
         if c <= 0:
             continue
-        key = (c, scorer.margin(g), -scorer.load(g), 0.0 if tie is None else -tie(g), -g)
+        if tie is None:
+            key: tuple[float, ...] = (c, scorer.margin(g), -scorer.load(g), -g)
+        else:
+            key = (c, scorer.margin(g), -scorer.load(g), -tie(g), -g)
         if best_key is None or key > best_key:
             best, best_key = g, key
     return best
@@ -40,12 +43,13 @@ def _stage1_worker(scorer: Scorer, free: Sequence[int]) -> int:
 
 def _stage2_worker(scorer: Scorer, free: Sequence[int]) -> int:
     best = -1
-    best_key: tuple[int, float, float, int] | None = None
+    best_key: tuple[float, ...] | None = None
     tie = scorer.tokens if scorer.cost.sequences else None
     for g, c in enumerate(free):
         if c <= 0:
             continue
-        key = (c, scorer.margin(g), 0.0 if tie is None else -tie(g), -g)
+        m = scorer.margin(g)
+        key: tuple[float, ...] = (c, m, -g) if tie is None else (c, m, -tie(g), -g)
         if best_key is None or key > best_key:
             best, best_key = g, key
     return best
