@@ -221,20 +221,22 @@ def test_bra_decides_on_the_cost_as_on_prompt_loads_shifted_by_kappa(  # type: i
     assert got == want
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    sizes=st.lists(st.integers(0, 300), min_size=0, max_size=16),
-    cap=st.integers(0, 6),
-    peak=st.one_of(st.floats(-50, 1200, allow_nan=False), st.just(math.inf), st.integers(0, 1200).map(float)),
-    top=st.integers(0, 1200),
-    g=st.integers(1, 16),
-    kappa=st.one_of(st.integers(0, 200), st.just(-1)),  # -1: sequence units
+#: A subset search's case: window sizes, cap, a peak to search around, the envelope's load, G, the cost.
+SEARCHES = st.tuples(
+    st.lists(st.integers(0, 300), max_size=16),
+    st.integers(0, 6),
+    st.one_of(st.floats(-50, 1200, allow_nan=False), st.just(math.inf), st.integers(0, 1200).map(float)),
+    st.integers(0, 1200),
+    st.integers(1, 16),
+    st.one_of(st.integers(0, 200).map(RouteCost.kappa), st.just(SEQUENCES)),
 )
-def test_subset_searches_agree_under_a_cost(
-    sizes: list[int], cap: int, peak: float, top: int, g: int, kappa: int
-) -> None:
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=SEARCHES)
+def test_subset_searches_agree_under_a_cost(case: tuple[list[int], int, float, int, int, RouteCost]) -> None:
     """bitset is exact in value under any cost (against enumeration); pairs returns exactly bitset's."""
-    cost = SEQUENCES if kappa < 0 else RouteCost.kappa(kappa)
+    sizes, cap, peak, top, g, cost = case
     window = [PoolEntry(f"e{i}", s, i) for i, s in enumerate(sizes)]
     scorer = BR0Scorer([0.0, float(top)] + [float(top)] * (g - 1), cost)
 
