@@ -27,15 +27,11 @@ Assignment = tuple[Hashable, int]
 
 def _stage1_worker(scorer: Scorer, free: Sequence[int]) -> int:
     best = -1
-    best_key: tuple[float, ...] | None = None
-    tie = scorer.tokens if scorer.cost.sequences else None
+    best_key: tuple[int, float, float, int] | None = None
     for g, c in enumerate(free):
         if c <= 0:
             continue
-        if tie is None:
-            key: tuple[float, ...] = (c, scorer.margin(g), -scorer.load(g), -g)
-        else:
-            key = (c, scorer.margin(g), -scorer.load(g), -tie(g), -g)
+        key = (c, scorer.margin(g), -scorer.load(g), -g)
         if best_key is None or key > best_key:
             best, best_key = g, key
     return best
@@ -43,16 +39,28 @@ def _stage1_worker(scorer: Scorer, free: Sequence[int]) -> int:
 
 def _stage2_worker(scorer: Scorer, free: Sequence[int]) -> int:
     best = -1
-    best_key: tuple[float, ...] | None = None
-    tie = scorer.tokens if scorer.cost.sequences else None
+    best_key: tuple[int, float, int] | None = None
     for g, c in enumerate(free):
         if c <= 0:
             continue
-        m = scorer.margin(g)
-        key: tuple[float, ...] = (c, m, -g) if tie is None else (c, m, -tie(g), -g)
+        key = (c, scorer.margin(g), -g)
         if best_key is None or key > best_key:
             best, best_key = g, key
     return best
+
+
+def stage1_tied(scorer: Scorer, free: Sequence[int]) -> int:
+    """Stage 1's worker in sequence units: the paper's key with fewer KV tokens before the index
+    (-1 when no worker has a free slot: the key's last item is −g)."""
+    m, load, tok = scorer.margin, scorer.load, scorer.tokens
+    keys = ((c, m(g), -load(g), -tok(g), -g) for g, c in enumerate(free) if c > 0)
+    return -max(keys, default=(0, 0.0, 0.0, 0.0, 1))[-1]
+
+
+def stage2_tied(scorer: Scorer, free: Sequence[int]) -> int:
+    """Stage 2's pop in sequence units: the paper's key with fewer KV tokens before the index."""
+    keys = ((c, scorer.margin(g), -scorer.tokens(g), -g) for g, c in enumerate(free) if c > 0)
+    return -max(keys, default=(0, 0.0, 0.0, 1))[-1]
 
 
 Window = Callable[[int, float], list[PoolEntry]]  # (worker, its F-score peak) -> Stage-2 window
@@ -69,8 +77,8 @@ def assign_round(
     now: float = 0.0,
     on_stage: Callable[[str], None] | None = None,
     *,
-    stage1: Callable[[Scorer, Sequence[int]], int] = _stage1_worker,
-    stage2: Callable[[Scorer, Sequence[int]], int] = _stage2_worker,
+    stage1: Callable[[Scorer, Sequence[int]], int] | None = None,
+    stage2: Callable[[Scorer, Sequence[int]], int] | None = None,
     window: Window | None = None,
     subset: Subset = best_subset,
 ) -> list[Assignment]:
@@ -79,13 +87,18 @@ def assign_round(
     Returns (request_id, worker) in decision order. No worker gets more than its free slots;
     every popped Stage-2 worker admits at least one request. `on_stage` (if given) is told
     "stage1", "stage2" and "end" as the round reaches them (a caller may time the stages).
-    A variant may pick the stages' workers, Stage 2's window (default: the first R_max pool
-    entries, aged ones first) and its subset search otherwise (BRA does).
+    A variant may pick the stages' workers (default: the keys above; `stage1_tied`/`stage2_tied`
+    in sequence units), Stage 2's window (default: the first R_max pool entries, aged ones first)
+    and its subset search otherwise (BRA does).
     """
     free = list(free_slots)
     out: list[Assignment] = []
     threshold = params.greedy_threshold(scorer.workers)
     cost = scorer.cost
+    if stage1 is None:
+        stage1 = stage1_tied if cost.sequences else _stage1_worker
+    if stage2 is None:
+        stage2 = stage2_tied if cost.sequences else _stage2_worker
 
     def admit(g: int, entries: Sequence[PoolEntry]) -> None:
         for entry in entries:

@@ -46,12 +46,12 @@ class BalanceRoute:
     ) -> Scorer:
         """The round's F-score: BR-0 over loads, or BR-H over the projection of active requests,
         in `cost`'s units (`seqs`: running sequences per worker, needed by a per-sequence cost)."""
+        if cost.paper and self.variant == "br0":
+            return BR0Scorer(loads)
         worker = _EMPTY_I if active_worker is None else active_worker
         load = _EMPTY_F if active_load is None else active_load
         steps = _EMPTY_F if active_steps is None else active_steps
         if cost.paper:
-            if self.variant == "br0":
-                return BR0Scorer(loads)
             return BRHScorer(project_loads(loads, worker, load, steps, self.params.horizon), self.params)
         if seqs is None:
             raise ValueError("a per-sequence step cost needs each worker's running sequences")

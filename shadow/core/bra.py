@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import numpy.typing as npt
 
-from shadow.core.assigner import Assignment, assign_round
+from shadow.core.assigner import Assignment, assign_round, stage2_tied
 from shadow.core.balanceroute import BalanceRoute
 from shadow.core.cost import TOKENS, RouteCost
 from shadow.core.fscore import Scorer
@@ -253,20 +253,18 @@ def _centred_round(
 
 
 def _most_free(scorer: Scorer, free: Sequence[int]) -> int:
-    """BR's Stage-2 pop order: most free slots, then larger margin, (in sequence units: then fewer KV
-    tokens,) then lower index."""
+    """BR's Stage-2 pop order: most free slots, then larger margin, then lower index (in sequence
+    units, fewer KV tokens before the index: `stage2_tied`)."""
+    if scorer.cost.sequences:
+        return stage2_tied(scorer, free)
     margins = scorer.margins()
-    tie = scorer.tokens if scorer.cost.sequences else None
-    best, best_c, best_m, best_t = -1, 0, -math.inf, -math.inf
+    best, best_c, best_m = -1, 0, -math.inf
     for g, c in enumerate(free):
         if c <= 0:
             continue
         m = margins[g]
         if best < 0 or c > best_c or (c == best_c and m > best_m):
             best, best_c, best_m = g, c, m
-            best_t = -math.inf if tie is None else -tie(g)
-        elif tie is not None and c == best_c and m == best_m and -tie(g) > best_t:
-            best, best_t = g, -tie(g)
     return best
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shadow.core.stepmodel import StepTimeModel
 
@@ -33,6 +33,11 @@ class RouteCost:
 
     token: float = 1.0
     seq: float = 0.0
+    #: The paper's loads: KV tokens only (κ = 0). (Plain attributes, not properties: the routing
+    #: round reads them at every step.)
+    paper: bool = field(init=False, repr=False, compare=False)
+    #: Sequence units (the a = 0 limit).
+    sequences: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.token == 0.0:
@@ -43,6 +48,8 @@ class RouteCost:
                 f"route cost: token units are (1, kappa) with kappa a finite number >= 0, "
                 f"got ({self.token!r}, {self.seq!r})"
             )
+        object.__setattr__(self, "paper", self.seq == 0.0)
+        object.__setattr__(self, "sequences", self.token == 0.0)
 
     @classmethod
     def of(cls, model: StepTimeModel) -> RouteCost:
@@ -69,16 +76,6 @@ class RouteCost:
             return cls.of(first)
         a, c = math.fsum(m.a for m in ms), math.fsum(m.c for m in ms)
         return cls.kappa(0.0 if c == 0 else (c / a if a > 0 else math.inf))
-
-    @property
-    def paper(self) -> bool:
-        """The paper's loads: KV tokens only (κ = 0)."""
-        return self.seq == 0.0
-
-    @property
-    def sequences(self) -> bool:
-        """Sequence units (the a = 0 limit)."""
-        return self.token == 0.0
 
     @property
     def kappa_tokens(self) -> float:

@@ -75,7 +75,7 @@ class BR0Scorer(_Tokens):
     def __init__(
         self, loads: Sequence[float], cost: RouteCost = TOKENS, tokens: Sequence[float] | None = None
     ) -> None:
-        super().__init__(tokens)
+        self._tok = None if tokens is None else [float(x) for x in tokens]
         self._loads = list(loads)
         self.workers = len(self._loads)
         self._max = max(self._loads)

@@ -30,16 +30,16 @@ def exhaustive(
 ) -> tuple[list[PoolEntry], float]:
     """Best non-empty subset with at most `cap` members: (subset, F)."""
     n = len(window)
-    sums = [0] * (1 << n)
+    # a subset weighs the sum of its members' weights (Σ s_i + κ·j: linear)
+    weights = [e.prompt_tokens if cost.paper else cost.weight(e.prompt_tokens) for e in window]
+    sums: list[float] = [0] * (1 << n)
     best_mask, best_f = 0, -math.inf
-    paper = cost.paper
     for mask in range(1, 1 << n):
         low = mask & -mask
-        sums[mask] = sums[mask ^ low] + window[low.bit_length() - 1].prompt_tokens
-        members = mask.bit_count()
-        if members > cap:
+        sums[mask] = sums[mask ^ low] + weights[low.bit_length() - 1]
+        if mask.bit_count() > cap:
             continue
-        f = score(sums[mask] if paper else cost.weight(sums[mask], members))
+        f = score(sums[mask])
         if f > best_f or (f == best_f and _older(window, mask, best_mask)):
             best_mask, best_f = mask, f
     return [e for i, e in enumerate(window) if best_mask >> i & 1], best_f
