@@ -56,6 +56,8 @@ from shadow.telemetry.httpspans import TapSpans
 from shadow.telemetry.tracing import MirrorSpans, RoutingSpans, get_tracer, otlp_provider
 
 Job = Callable[[], Coroutine[Any, Any, None]]
+#: How often a recording is told the live lanes' clock when it changed (and once more at stop).
+CLOCK_RECORD_S = 1.0
 PROG = "shadow serve"
 
 
@@ -241,6 +243,7 @@ class ServeService:
             self.mode_control.controller.gate = self.elector.leader
         self.proxy: ActiveProxy | None = None
         self._route_cost: tuple[object, RouteCost] | None = None  # (lanes' clock, its cost)
+        self._recorded_clock: object = None  # the lanes' clock last written to the recording
         self._proxy_server: AsgiListener | None = None
         self._jobs: list[asyncio.Task[None]] = []
 
@@ -286,7 +289,22 @@ class ServeService:
                 jobs.append(self.health.replay_oracle)
         if self.mode_control is not None and self.mode_control.watcher is not None:
             jobs.append(self.mode_control.watcher.run)
+        if self.tap.recorder is not None and self.live.measured_clock:
+            jobs.append(self._record_clocks)
         return jobs
+
+    def _note_clock(self) -> None:
+        """Record the lanes' clock (their step models: what they step on, what their policies
+        weigh) when it changed since last recorded."""
+        clock = self.live.lane_clock
+        if self.tap.recorder is not None and clock is not self._recorded_clock:
+            self.tap.recorder.clock(self.clock(), clock)
+            self._recorded_clock = clock
+
+    async def _record_clocks(self) -> None:
+        while True:
+            self._note_clock()
+            await asyncio.sleep(CLOCK_RECORD_S)
 
     async def _report(self, drain: bool = Query(False)) -> Response:
         if drain:
@@ -400,6 +418,8 @@ class ServeService:
             await self._proxy_server.stop(grace_s=drain_timeout_s)
         if self._jobs and self.tap.analysis.running:
             await asyncio.wrap_future(self.tap.analysis.submit(self._cancel_jobs()))
+        if self.live.measured_clock:
+            self._note_clock()  # the lanes' last clock, before the recording closes
         await self.tap.stop(drain_timeout_s=max(0.0, deadline - loop.time()))
         await asyncio.to_thread(self.live.stop)
 

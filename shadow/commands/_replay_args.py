@@ -105,6 +105,10 @@ def _step_rows() -> tuple[tuple[str, str], ...]:
     )
 
 
+#: The destinations of the step model's flags (a recording's fitted clock gives way to any of them).
+STEP_FLAGS = frozenset(f"step_{term}" for term, _ in _step_rows())
+
+
 def _br_rows() -> tuple[tuple[str, str, type, object, str], ...]:
     """BalanceRoute's options: the flag, the `BRParams` field it fills, its type, default and help."""
     d = BRParams()

@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from shadow.base.extras import missing_extra
 from shadow.commands._help import add_command
 from shadow.commands._replay_args import (
+    STEP_FLAGS,
     Given,
     add_br_args,
     add_fleet_args,
@@ -118,14 +119,25 @@ def recorded_setup(
                       f"{setup.slots} slots")
         return setup, None
     setup, what_if = as_recorded(setup, recorded, flags)
-    head = ("replaying the live lanes' settings (not their measured clock)" if recorded.clock == "measured"
+    measured = recorded.clock == "measured"
+    fitted = trace.clocks[-1] if measured and trace.clocks and not flags & STEP_FLAGS else None
+    if fitted is not None:
+        setup = replace(setup, clock=fitted[1])
+    head = ("replaying the live lanes' settings (not their measured clock)" if measured and fitted is None
             else "replaying as the live lanes ran")
     err.print(f"{head}: {','.join(recorded.policies)}; step model "
               f"{recorded.step.describe()} ({recorded.step_source}); {recorded.slots} slots")
-    if recorded.clock == "measured":
+    if fitted is not None:
+        models = fitted[1].models or ()
+        err.print(f"on the live lanes' last measured clock (recorded at t={fitted[0]:g}, of "
+                  f"{len(trace.clocks)}): {len(fitted[1].groups)} barrier group(s); step models "
+                  + "; ".join(dict.fromkeys(m.describe() for m in models)))
+    elif measured:
         err.print("[yellow]note: the live lanes stepped on the measured clock (per-worker step models "
-                  "fitted live, /v1/report's clock block), which a recording does not carry yet: this "
-                  "replay runs on the step model above and its figures may differ from the live lanes' "
+                  "fitted live, /v1/report's clock block), which this replay does not run on "
+                  + ("(a --step-* flag asks for the step model above)" if trace.clocks else
+                     "(the recording carries no clock line: an older recording)")
+                  + ": it runs on the step model above and its figures may differ from the live lanes' "
                   "(record with `shadow serve --lane-clock configured` for a replay that reproduces them)[/]")
     for line in what_if:
         err.print(f"[yellow]what-if: {line}[/]")

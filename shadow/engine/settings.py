@@ -13,13 +13,15 @@ from typing import Any
 
 from shadow.core.params import BRParams
 from shadow.core.stepmodel import StepTimeModel
-from shadow.engine.config import LaneSpec
+from shadow.engine.config import LaneClock, LaneSpec
 from shadow.engine.rolling import check_window
 
 STEP_SOURCES = ("configured", "default")
 #: The clock the live lanes stepped on: `configured` (the step model above) or `measured` (per-worker
-#: step models fitted live, which a recording does not carry yet: a replay cannot reproduce them).
+#: step models fitted live: a recording carries them as `clock` lines, `clock_to_json`).
 CLOCKS = ("configured", "measured")
+#: A step model's terms in a `clock` line: [a, b, c, p] per worker.
+TERMS = ("a", "b", "c", "p")
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,3 +137,33 @@ class LaneSettings:
                 return "off" if x is None else f"{x:g} s"
             out.append(f"rolling window {w(other.rolling_s)} (recorded {w(self.rolling_s)})")
         return out
+
+
+def clock_to_json(clock: LaneClock) -> dict[str, Any]:
+    """A lane clock as a recording's `clock` line carries it: its barrier groups and, per worker,
+    the step model's terms [a, b, c, p] (what the lanes stepped on and their policies weighed)."""
+    out: dict[str, Any] = {"groups": [list(g) for g in clock.groups]}
+    if clock.models is not None:
+        out["models"] = [[getattr(m, t) for t in TERMS] for m in clock.models]
+    return out
+
+
+def clock_from_json(obj: Mapping[str, Any], workers: int) -> LaneClock:
+    """`clock_to_json`'s output for `workers` workers; ValueError (one line) on anything else."""
+    groups, models = obj.get("groups"), obj.get("models")
+    if not isinstance(groups, list) or not all(
+        isinstance(g, list) and all(isinstance(w, int) and not isinstance(w, bool) for w in g) for g in groups
+    ):
+        raise ValueError("clock: groups must be lists of worker indices")
+    parsed: tuple[StepTimeModel, ...] | None = None
+    if models is not None:
+        if not isinstance(models, list) or not all(
+            isinstance(m, list) and len(m) == len(TERMS)
+            and all(isinstance(x, int | float) and not isinstance(x, bool) for x in m)
+            for m in models
+        ):
+            raise ValueError("clock: models must be [a, b, c, p] numbers per worker")
+        parsed = tuple(StepTimeModel(*map(float, m)) for m in models)
+    clock = LaneClock(tuple(tuple(g) for g in groups), parsed)
+    clock.check(workers)
+    return clock

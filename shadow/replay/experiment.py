@@ -14,11 +14,11 @@ from shadow.core.cost import RouteCost
 from shadow.core.params import BRParams
 from shadow.core.policies import policy
 from shadow.core.stepmodel import StepTimeModel
-from shadow.engine.config import EngineConfig, LaneSpec, PrefillConfig
+from shadow.engine.config import EngineConfig, LaneClock, LaneSpec, PrefillConfig
 from shadow.engine.jobs import jobs_from
 from shadow.engine.offline import Progress, run_offline
 from shadow.engine.results import LaneResult
-from shadow.engine.settings import LaneSettings
+from shadow.engine.settings import LaneSettings, clock_to_json
 from shadow.traces import Trace, at_load, estimate_capacity_rps, scale_rate
 
 DEFAULT_POLICIES: tuple[str, ...] = (
@@ -50,6 +50,7 @@ class ReplaySetup:
     br: BRParams = field(default_factory=BRParams)
     seed: int = 0
     trajectory_points: int = 0
+    clock: LaneClock | None = None  # per-worker step models and barrier groups (a recording's fitted ones)
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,12 @@ def as_recorded(
     return out, recorded.differences(now)
 
 
+def route_cost(setup: ReplaySetup) -> RouteCost:
+    """What the lanes' BalanceRoute policies balance: the cost of the models they step on."""
+    models = setup.clock.models if setup.clock is not None else None
+    return RouteCost.fleet(models) if models else RouteCost.of(setup.step)
+
+
 def run_replay(trace: Trace, setup: ReplaySetup, progress: Progress | None = None) -> ReplayReport:
     """Replay `trace` under `setup`; arrivals rescaled to ρ (or by rate_scale) first."""
     if not len(trace):
@@ -164,6 +171,7 @@ def run_replay(trace: Trace, setup: ReplaySetup, progress: Progress | None = Non
         br=setup.br,
         seed=setup.seed,
         trajectory_points=setup.trajectory_points,
+        clock=setup.clock,
     )
     jobs = jobs_from(trace.requests)
     index = {name: g for g, name in enumerate(worker_names)}
@@ -192,7 +200,8 @@ def run_replay(trace: Trace, setup: ReplaySetup, progress: Progress | None = Non
         "step_b_s": setup.step.b,
         "step_c_s_per_seq": setup.step.c,
         "step_p_s_per_prefill_token": setup.step.p,
-        "route_cost": RouteCost.of(setup.step).describe(),
+        "route_cost": route_cost(setup).describe(),
+        "clock": None if setup.clock is None else clock_to_json(setup.clock),
         "prefill": None if setup.prefill is None else asdict(setup.prefill),
         "br": asdict(setup.br),
         "seed": setup.seed,

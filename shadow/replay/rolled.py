@@ -48,7 +48,7 @@ def run_rolled(trace: Trace, setup: ReplaySetup, only: int | None = None) -> Rol
         raise ValueError("a rolling recording replays at its own arrivals (no --load or --rate-scale)")
     workers = list(trace.workers)
     config = EngineConfig(workers=len(workers), slots=setup.slots, step=setup.step, br=setup.br,
-                          seed=setup.seed)
+                          seed=setup.seed, clock=setup.clock)
     specs = [LaneSpec.parse(p) for p in setup.policies]
     rolled = replay_rolling(trace.recorded, trace.seeds, config, specs, workers, time.perf_counter, only=only)
     g = len(workers)

@@ -1,6 +1,8 @@
 """The cost model in replays and recordings: `--step-c/--step-p` reach the lanes (and their policies'
 cost), a recording's lanes header carries c and p (written only where they are not 0, so older
-headers read as c = p = 0) and `shadow replay REC` runs with them unless a flag says otherwise."""
+headers read as c = p = 0) and `shadow replay REC` runs with them unless a flag says otherwise;
+with the measured lane clock the recording carries the fitted step models as `clock` lines (each
+change) and the replay steps and routes on the last one."""
 
 from __future__ import annotations
 
@@ -10,9 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from shadow.app.serve import ServeConfig, ServeService
 from shadow.cli import main
 from shadow.core.stepmodel import StepTimeModel
-from shadow.engine.settings import LaneSettings
+from shadow.engine.config import LaneClock
+from shadow.engine.settings import LaneSettings, clock_from_json, clock_to_json
+from shadow.mirror.recording import CompactRecorder
+from shadow.mirror.service import TapConfig
 from shadow.replay.experiment import ReplaySetup, as_recorded
 from shadow.traces import load_trace
 from tests.replay.test_recorded_settings import SETTINGS, _recording
@@ -71,3 +77,69 @@ def test_step_c_reaches_the_lanes_and_their_policies(tmp_path: Path) -> None:
     assert docs["0.004"]["config"]["route_cost"].startswith("KV tokens + 3.333e+04 per running sequence")
     assert docs["0.004"]["config"]["step_c_s_per_seq"] == 0.004
     assert docs["0"]["results"]["br0"] != docs["0.004"]["results"]["br0"]
+
+
+# -- the measured clock: the fitted step models the live lanes stepped on ---------------------------
+
+FITTED = LaneClock.barrier(2, [StepTimeModel(2e-6, 0.015, c=1e-3)] * 2)
+MEASURED = replace(SETTINGS, clock="measured")
+
+
+def test_a_clock_round_trips_and_a_bad_one_is_a_one_line_error() -> None:
+    assert clock_from_json(clock_to_json(FITTED), 2) == FITTED
+    plain = LaneClock.independent(2)
+    assert clock_from_json(clock_to_json(plain), 2) == plain
+    with pytest.raises(ValueError, match="must partition the 3 workers"):
+        clock_from_json(clock_to_json(FITTED), 3)
+    with pytest.raises(ValueError, match=r"models must be \[a, b, c, p\]"):
+        clock_from_json({"groups": [[0, 1]], "models": [[1e-6, 0.02]] * 2}, 2)
+    with pytest.raises(ValueError, match="c must be a finite number >= 0"):
+        clock_from_json({"groups": [[0, 1]], "models": [[1e-6, 0.02, -1.0, 0.0]] * 2}, 2)
+
+
+def _measured_recording(path: Path, clocks: list[LaneClock]) -> Path:
+    """A recording of measured-clock lanes: its header, a clock line per clock, then the requests
+    `_recording` writes."""
+    rec = CompactRecorder(str(path), workers=["d0", "d1"], slots=16, lanes=MEASURED.to_json())
+    for i, clock in enumerate(clocks):
+        rec.clock(50.0 + i, clock)
+    rec.close()
+    requests = _recording(path.with_suffix(".requests"), None).read_text().splitlines()[1:]
+    with path.open("a") as fh:
+        fh.write("\n".join(requests) + "\n")
+    return path
+
+
+def test_a_measured_recording_replays_on_the_lanes_last_clock(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rec = _measured_recording(tmp_path / "m.ndjson", [LaneClock.barrier(2), FITTED])
+    trace = load_trace(rec)
+    assert [t for t, _ in trace.clocks] == [50.0, 51.0] and trace.clocks[-1][1] == FITTED
+    out = tmp_path / "r.json"
+    assert main(["replay", str(rec), "--json", str(out)]) == 0
+    cfg = json.loads(out.read_text())["config"]
+    assert cfg["clock"] == clock_to_json(FITTED)
+    assert cfg["route_cost"].startswith("KV tokens + 500 per running sequence")  # c/a of the fit
+    err = capsys.readouterr().err
+    assert "on the live lanes' last measured clock (recorded at t=51, of 2)" in " ".join(err.split())
+    # a step flag asks for the configured model: the fitted clock gives way, and the note says why
+    assert main(["replay", str(rec), "--step-c", "0", "--json", str(out)]) == 0
+    cfg = json.loads(out.read_text())["config"]
+    assert cfg["clock"] is None and cfg["route_cost"].startswith("KV tokens (kappa = 0")
+    assert "a --step-* flag asks for" in " ".join(capsys.readouterr().err.split())
+
+
+def test_serve_records_the_lanes_clock_when_it_changes(tmp_path: Path) -> None:
+    path = tmp_path / "s.ndjson"
+    tap = TapConfig({"d0": "http://127.0.0.1:1", "d1": "http://127.0.0.1:2"}, slots=8, record=str(path))
+    svc = ServeService(ServeConfig(tap))  # constructed, never started: its recorder is open
+    svc._note_clock()
+    svc._note_clock()  # unchanged: not written again
+    svc.live.lane_clock = FITTED  # as a refit sets it
+    svc._note_clock()
+    assert svc.tap.recorder is not None
+    svc.tap.recorder.close()
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    clocks = [x for x in lines if x["type"] == "clock"]
+    assert len(clocks) == 2 and clocks[-1]["models"] == [[2e-6, 0.015, 1e-3, 0.0]] * 2
