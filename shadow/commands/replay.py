@@ -51,7 +51,8 @@ your fleet's fit). With a per-sequence term (--step-c, seconds per running seque
 in a·L + c·n + b) BR-0, BR-H and BRA balance that cost: a request weighs its KV tokens + c/a, or
 one sequence when a = 0. brh:oracle knows true output lengths: an offline upper bound, never deployable.
 A session recorded by `shadow serve` carries what its live lanes ran with (policies, step model,
-slots, BR parameters, seed): without flags the replay runs exactly that; each flag that departs
+slots, BR parameters, seed; with the measured clock, the step models fitted live, of which the
+replay runs on the last): without flags the replay runs exactly that; each flag that departs
 from it is printed as a what-if. A session of `shadow serve --rolling` also carries each window's
 starting state (its seed): the replay starts every window from it, as the live lanes did, and prints
 cumulative and per-window figures. Older recordings (and `shadow tap`'s) take the flags and defaults.
