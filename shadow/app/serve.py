@@ -45,7 +45,7 @@ from shadow.core.cost import RouteCost
 from shadow.core.params import BRParams
 from shadow.core.routers import Router
 from shadow.core.stepmodel import DEFAULT_A_S_PER_TOKEN, DEFAULT_B_S, StepTimeModel
-from shadow.engine.config import LaneSpec
+from shadow.engine.config import LaneClock, LaneSpec
 from shadow.engine.settings import LaneSettings
 from shadow.live.lanes import DEFAULT_POLICIES, LiveLanes
 from shadow.live.metrics import LiveCollector
@@ -295,11 +295,16 @@ class ServeService:
 
     def _note_clock(self) -> None:
         """Record the lanes' clock (their step models: what they step on, what their policies
-        weigh) when it changed since last recorded."""
-        clock = self.live.lane_clock
-        if self.tap.recorder is not None and clock is not self._recorded_clock:
-            self.tap.recorder.clock(self.clock(), clock)
-            self._recorded_clock = clock
+        weigh) when it changed since last recorded; not while it is still the configured model on
+        one barrier (what a replay runs on without a clock line)."""
+        live, last = self.live, self._recorded_clock
+        clock = live.lane_clock
+        if self.tap.recorder is None or clock is last:
+            return
+        if last is None and clock == LaneClock.barrier(len(live.workers), [live.step] * len(live.workers)):
+            return
+        self.tap.recorder.clock(self.clock(), clock)
+        self._recorded_clock = clock
 
     async def _record_clocks(self) -> None:
         while True:

@@ -137,7 +137,8 @@ def recorded_setup(
         err.print("[yellow]note: the live lanes stepped on the measured clock (per-worker step models "
                   "fitted live, /v1/report's clock block), which this replay does not run on "
                   + ("(a --step-* flag asks for the step model above)" if trace.clocks else
-                     "(the recording carries no clock line: an older recording)")
+                     "(the recording has no clock line: an older recording, or lanes that never "
+                     "left the configured model)")
                   + ": it runs on the step model above and its figures may differ from the live lanes' "
                   "(record with `shadow serve --lane-clock configured` for a replay that reproduces them)[/]")
     for line in what_if:

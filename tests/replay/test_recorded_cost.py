@@ -134,12 +134,14 @@ def test_serve_records_the_lanes_clock_when_it_changes(tmp_path: Path) -> None:
     path = tmp_path / "s.ndjson"
     tap = TapConfig({"d0": "http://127.0.0.1:1", "d1": "http://127.0.0.1:2"}, slots=8, record=str(path))
     svc = ServeService(ServeConfig(tap))  # constructed, never started: its recorder is open
+    svc._note_clock()  # the configured model on one barrier: a replay runs on it without a line
+    svc.live.lane_clock = FITTED  # as a refit sets it
     svc._note_clock()
     svc._note_clock()  # unchanged: not written again
-    svc.live.lane_clock = FITTED  # as a refit sets it
+    svc.live.lane_clock = LaneClock.barrier(2, [svc.live.step] * 2)  # back to the configured model
     svc._note_clock()
     assert svc.tap.recorder is not None
     svc.tap.recorder.close()
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     clocks = [x for x in lines if x["type"] == "clock"]
-    assert len(clocks) == 2 and clocks[-1]["models"] == [[2e-6, 0.015, 1e-3, 0.0]] * 2
+    assert [c["models"][0][2] for c in clocks] == [1e-3, 0.0]
