@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from shadow.commands._replay_args import br_params, step_model, trace_limits
+from shadow.core.cost import RouteCost
 from shadow.replay.protocol import (
     NO_INTERVAL,
     Cell,
@@ -125,6 +126,10 @@ def run_protocol(args: argparse.Namespace, policies: str, command: str) -> int:
         return 2
     summary = summarise(runs)
     console.print(f"[bold]protocol[/]: {proto.describe()}")
+    step = step_model(args)
+    if not step.linear:  # the cost model: say what it is and what BalanceRoute balances
+        balanced = RouteCost.of(step).describe()
+        console.print(f"[bold]step model[/]: {step.describe()}; BalanceRoute balances {balanced}")
     for cell in summary:
         console.print(cell_table(cell))
     if args.json:

@@ -145,3 +145,12 @@ def test_serve_records_the_lanes_clock_when_it_changes(tmp_path: Path) -> None:
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     clocks = [x for x in lines if x["type"] == "clock"]
     assert [c["models"][0][2] for c in clocks] == [1e-3, 0.0]
+
+
+def test_sweep_takes_the_cost_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "s.json"
+    assert main(["sweep", "paper-azure", "--workers", "2", "--loads", "0.8", "--seeds", "0", "--policies",
+                 "jsq-bytes,br0", "--step-c", "0.001", "--max-requests", "300", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["step"] == {"a": 1.2e-7, "b": 0.02, "c": 0.001, "p": 0.0}
+    text = " ".join(capsys.readouterr().out.split())
+    assert "c=0.001 s/sequence; BalanceRoute balances KV tokens + 8333 per running sequence" in text
