@@ -70,7 +70,7 @@ class BR0Scorer(_Tokens):
     """BR-0 over current loads L_g (integers stay exact), in `cost`'s units; `tokens`: the workers'
     KV tokens when the loads are in other units."""
 
-    __slots__ = ("_loads", "_max", "cost", "workers")
+    __slots__ = ("_loads", "_max", "_plain", "cost", "workers")
 
     def __init__(
         self, loads: Sequence[float], cost: RouteCost = TOKENS, tokens: Sequence[float] | None = None
@@ -80,6 +80,7 @@ class BR0Scorer(_Tokens):
         self.workers = len(self._loads)
         self._max = max(self._loads)
         self.cost = cost
+        self._plain = cost.paper and tokens is None  # the paper's loads, nothing beside them
 
     def score(self, g: int, delta: float) -> float:
         over = delta - (self._max - self._loads[g])
@@ -102,11 +103,13 @@ class BR0Scorer(_Tokens):
         return self._loads[g] if self._tok is None else self._tok[g]
 
     def admit(self, g: int, entries: Sequence[PoolEntry]) -> None:
-        tokens = sum(e.prompt_tokens for e in entries)
-        cost = self.cost
-        self._loads[g] += tokens if cost.seq == 0.0 else cost.weight(tokens, len(entries))
-        if self._tok is not None:
-            self._tok[g] += tokens
+        if self._plain:
+            self._loads[g] += sum(e.prompt_tokens for e in entries)
+        else:
+            tokens = sum(e.prompt_tokens for e in entries)
+            self._loads[g] += self.cost.weight(tokens, len(entries))
+            if self._tok is not None:
+                self._tok[g] += tokens
         if self._loads[g] > self._max:
             self._max = self._loads[g]
 

@@ -31,7 +31,10 @@ def exhaustive(
     """Best non-empty subset with at most `cap` members: (subset, F)."""
     n = len(window)
     # a subset weighs the sum of its members' weights (Σ s_i + κ·j: linear)
-    weights = [e.prompt_tokens if cost.paper else cost.weight(e.prompt_tokens) for e in window]
+    if cost.paper:
+        weights: list[float] = [e.prompt_tokens for e in window]
+    else:
+        weights = [cost.weight(e.prompt_tokens) for e in window]
     sums: list[float] = [0] * (1 << n)
     best_mask, best_f = 0, -math.inf
     for mask in range(1, 1 << n):
