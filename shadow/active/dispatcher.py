@@ -19,6 +19,7 @@ from shadow.active.metrics import ActiveMetrics
 from shadow.base.runtime import cancel_task
 from shadow.contracts.modes import ModeSource
 from shadow.core.balanceroute import BalanceRoute
+from shadow.core.cost import TOKENS, RouteCost
 from shadow.core.fscore import BR0Scorer
 from shadow.core.params import BRParams
 from shadow.core.policies import RouterOptions, active_policy, make_router
@@ -86,6 +87,11 @@ class Dispatcher:
     the larger margin), preferring workers with a free slot; it waits in the pool only while every
     worker is at its KV-transfer cap. The tick also reaps entries older than the pool TTL (their
     waiters get `PoolExpired`).
+
+    `cost()` says what a running sequence costs the fleet's step (`shadow.core.cost`), asked once
+    per round: the BalanceRoute policies and the bypass balance it (default: the paper's KV
+    tokens); `shadow serve --active` gives the live lanes' step models, so a refit reaches the
+    policy at its next round.
     """
 
     def __init__(
@@ -97,9 +103,12 @@ class Dispatcher:
         modes: ModeSource,
         clock: Callable[[], float] = time.monotonic,
         router_factory: Callable[[str], Router] | None = None,
+        cost: Callable[[], RouteCost] | None = None,
     ) -> None:
-        """`router_factory(policy)` makes each policy's router (default `make_router`'s; tests inject)."""
+        """`router_factory(policy)` makes each policy's router (default `make_router`'s; tests inject);
+        `cost`: the fleet's step cost now (default: the paper's KV tokens)."""
         self.config = config
+        self.cost: Callable[[], RouteCost] = cost or (lambda: TOKENS)
         self.router_factory = router_factory or self.make_router
         self.ledger = ledger
         self.source = source
@@ -242,6 +251,8 @@ class Dispatcher:
         lv = self.ledger.snapshot(self.source, now)
         loads, free = list(lv.loads), list(lv.free_slots)
         outstanding, tokens = list(lv.outstanding or ()), list(lv.outstanding_tokens or ())
+        running = list(lv.seqs() or outstanding)
+        cost = self.cost()
         for policy in list(self.routers):
             router = self.routers[policy]
             if not router.waiting():
@@ -250,7 +261,9 @@ class Dispatcher:
             span = self.spans.round_start(policy, free, self.waiting.values(), pool=router.waiting())
             pred = router.predictor
             projection = None if pred is None else partial(self._projection, pred)
-            fleet = FleetSnapshot(loads, free, outstanding, tokens, projection=projection)
+            fleet = FleetSnapshot(
+                loads, free, outstanding, tokens, projection=projection, running=running, cost=cost
+            )
             up = [g for g in range(len(loads)) if g not in self.ledger.down]
             try:
                 if router.binds_at_arrival and len(up) < len(loads):  # (pool routers see no free slot)
@@ -286,6 +299,7 @@ class Dispatcher:
                 self.spans.admission(span, ticket, self.config.workers[g], loads, g, now)
                 placed += 1
                 outstanding[g] += 1
+                running[g] += 1
                 tokens[g] += ticket.score_tokens
                 loads[g] += ticket.prompt_tokens
                 free[g] = max(0, free[g] - 1)
@@ -325,9 +339,13 @@ class Dispatcher:
         if not room:
             return None
         span = self.spans.round_start("br0", lv.free_slots, (ticket,), pool=1, bypass=True)
-        scorer = BR0Scorer(lv.loads)
+        cost = self.cost()
+        loads = lv.loads if cost.paper else cost.loads(lv.loads, lv.seqs() or [0] * len(lv.loads))
+        scorer = BR0Scorer(loads, cost, tokens=None if cost.paper else lv.loads)
+        delta = cost.weight(prompt_tokens)
         cands = [g for g in room if lv.free_slots[g] > 0] or room
-        g = max(cands, key=lambda w: (scorer.score(w, prompt_tokens), scorer.margin(w), -w))
+        tie = scorer.tokens if cost.sequences else (lambda w: 0.0)  # sequence units: fewer KV tokens
+        g = max(cands, key=lambda w: (scorer.score(w, delta), scorer.margin(w), -tie(w), -w))
         spent = time.perf_counter() - t0
         self.spans.admission(span, ticket, self.config.workers[g], lv.loads, g, now)
         self.spans.round_end(span, 1, spent)

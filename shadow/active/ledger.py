@@ -240,7 +240,7 @@ class Ledger:
         self.down = frozenset(down) if len(down) < self.workers else frozenset()
         for g in self.down:
             free[g] = 0
-        return FleetSnapshot(kv, free, list(self.outstanding), list(self.outstanding_tokens))
+        return FleetSnapshot(kv, free, list(self.outstanding), list(self.outstanding_tokens), running=act)
 
     def active_arrays(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.int64]]:
         """(worker, current load, generated tokens) of every leg in flight (BR-H's projection)."""

@@ -52,6 +52,7 @@ from shadow.active.upstream import Unsent, send
 from shadow.base.logthrottle import Throttled
 from shadow.contracts.labels import STREAM_INCOMPLETE, prompt_bucket
 from shadow.contracts.modes import ModeSource, StaticModeSource
+from shadow.core.cost import RouteCost
 from shadow.core.params import BRParams
 from shadow.core.routers import Router
 from shadow.mirror.analyzer import estimate_prompt_tokens
@@ -259,11 +260,14 @@ class ActiveProxy:
         router_factory: Callable[[str], Router] | None = None,
         spans: RoutingSpans | None = None,
         metrics_route: bool = True,
+        cost: Callable[[], RouteCost] | None = None,
     ) -> None:
         """`router_factory(policy)`: the decode router per policy (default: `make_router`'s);
         `spans`: where the dispatcher's rounds and admissions are traced (default: nowhere);
         `metrics_route`: serve `registry` on GET /metrics (off where clients reach this app and
-        the metrics are served elsewhere: `shadow serve` serves them on its API listener)."""
+        the metrics are served elsewhere: `shadow serve` serves them on its API listener);
+        `cost`: the fleet's step cost now, which the BalanceRoute policies balance (default: the
+        paper's KV tokens; see `Dispatcher`)."""
         self.config = config
         self.modes: ModeSource = modes or StaticModeSource("active", "br0")
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -292,6 +296,7 @@ class ActiveProxy:
             self.modes,
             clock,
             router_factory,
+            cost,
         )
         if spans is not None:
             self.dispatcher.spans = spans

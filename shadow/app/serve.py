@@ -41,10 +41,11 @@ from shadow.base.listener import AsgiListener, ListenerLimits
 from shadow.base.loopthread import LoopThread
 from shadow.base.runtime import loop_runner, raise_fd_limit
 from shadow.contracts.modes import ModeSource, StaticModeSource
+from shadow.core.cost import RouteCost
 from shadow.core.params import BRParams
 from shadow.core.routers import Router
 from shadow.core.stepmodel import DEFAULT_A_S_PER_TOKEN, DEFAULT_B_S, StepTimeModel
-from shadow.engine.config import LaneSpec
+from shadow.engine.config import LaneClock, LaneSpec
 from shadow.engine.settings import LaneSettings
 from shadow.live.lanes import DEFAULT_POLICIES, LiveLanes
 from shadow.live.metrics import LiveCollector
@@ -55,6 +56,8 @@ from shadow.telemetry.httpspans import TapSpans
 from shadow.telemetry.tracing import MirrorSpans, RoutingSpans, get_tracer, otlp_provider
 
 Job = Callable[[], Coroutine[Any, Any, None]]
+#: How often a recording is told the live lanes' clock when it changed (and once more at stop).
+CLOCK_RECORD_S = 1.0
 PROG = "shadow serve"
 
 
@@ -239,8 +242,22 @@ class ServeService:
         if self.elector is not None and self.mode_control is not None:
             self.mode_control.controller.gate = self.elector.leader
         self.proxy: ActiveProxy | None = None
+        self._route_cost: tuple[object, RouteCost] | None = None  # (lanes' clock, its cost)
+        self._recorded_clock: object = None  # the lanes' clock last written to the recording
         self._proxy_server: AsgiListener | None = None
         self._jobs: list[asyncio.Task[None]] = []
+
+    def route_cost(self) -> RouteCost:
+        """What a running sequence costs the fleet's step as the lanes step on it (their models, refits
+        included; the configured model until measured): the active policy balances the lanes' cost.
+        Called per routing round (plain reads of the lanes' current clock, cached per clock)."""
+        live = self.live
+        clock = live.lane_clock
+        cached = self._route_cost
+        if cached is None or cached[0] is not clock:
+            models = clock.models if live.measured_clock and clock.models else (live.step,)
+            cached = self._route_cost = (clock, RouteCost.fleet(models))
+        return cached[1]
 
     def lane_settings(self) -> LaneSettings:
         """What the live lanes run with (the recording's header carries it)."""
@@ -272,7 +289,27 @@ class ServeService:
                 jobs.append(self.health.replay_oracle)
         if self.mode_control is not None and self.mode_control.watcher is not None:
             jobs.append(self.mode_control.watcher.run)
+        if self.tap.recorder is not None and self.live.measured_clock:
+            jobs.append(self._record_clocks)
         return jobs
+
+    def _note_clock(self) -> None:
+        """Record the lanes' clock (their step models: what they step on, what their policies
+        weigh) when it changed since last recorded; not while it is still the configured model on
+        one barrier (what a replay runs on without a clock line)."""
+        live, last = self.live, self._recorded_clock
+        clock = live.lane_clock
+        if self.tap.recorder is None or clock is last:
+            return
+        if last is None and clock == LaneClock.barrier(len(live.workers), [live.step] * len(live.workers)):
+            return
+        self.tap.recorder.clock(self.clock(), clock)
+        self._recorded_clock = clock
+
+    async def _record_clocks(self) -> None:
+        while True:
+            self._note_clock()
+            await asyncio.sleep(CLOCK_RECORD_S)
 
     async def _report(self, drain: bool = Query(False)) -> Response:
         if drain:
@@ -358,7 +395,8 @@ class ServeService:
         source = MirrorSource(self.tap.state, list(cfg.decode), unreachable)
         self.proxy = ActiveProxy(cfg, modes=self.modes, source=source, registry=self.tap.registry,
                                  clock=self.clock, router_factory=a.router_factory, spans=self.spans,
-                                 metrics_route=False)  # (served on the API listener, not to clients)
+                                 metrics_route=False,  # (served on the API listener, not to clients)
+                                 cost=self.route_cost)
         t = self.config.tap
         limits = ListenerLimits(max_head=t.max_head, header_timeout_s=t.header_timeout_s,
                                 body_timeout_s=t.header_timeout_s, idle_timeout_s=t.idle_timeout_s,
@@ -385,6 +423,8 @@ class ServeService:
             await self._proxy_server.stop(grace_s=drain_timeout_s)
         if self._jobs and self.tap.analysis.running:
             await asyncio.wrap_future(self.tap.analysis.submit(self._cancel_jobs()))
+        if self.live.measured_clock:
+            self._note_clock()  # the lanes' last clock, before the recording closes
         await self.tap.stop(drain_timeout_s=max(0.0, deadline - loop.time()))
         await asyncio.to_thread(self.live.stop)
 

@@ -6,7 +6,7 @@ import argparse
 from dataclasses import replace
 
 from shadow.core.params import BRParams
-from shadow.core.stepmodel import DEFAULT_A_S_PER_TOKEN, DEFAULT_B_S, StepTimeModel
+from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import PrefillConfig
 from shadow.replay.experiment import DEFAULT_POLICIES, ReplaySetup, parse_policies
 from shadow.traces import DEFAULT_LIMITS, TraceLimits
@@ -78,22 +78,11 @@ def add_fleet_args(p: argparse.ArgumentParser, workers: bool = True) -> None:
         help="rescale arrivals to RHO × estimated capacity (e.g. 1.05 for near saturation)",
     )
     load.add_argument("--rate-scale", type=float, metavar="X", help="multiply the trace's arrival rate by X")
-    p.add_argument(
-        "--step-a",
-        type=float,
-        default=DEFAULT_A_S_PER_TOKEN,
-        action=Given,
-        help=f"step model: seconds per KV token of max load (default: {DEFAULT_A_S_PER_TOKEN}; a recorded "
-        "session: what its lanes ran with)",
-    )
-    p.add_argument(
-        "--step-b",
-        type=float,
-        default=DEFAULT_B_S,
-        action=Given,
-        help=f"step model: fixed seconds per step (default: {DEFAULT_B_S}; a recorded session: "
-        "what its lanes ran with)",
-    )
+    for term, text in _step_rows():
+        p.add_argument(
+            f"--step-{term}", type=float, default=getattr(StepTimeModel(), term), action=Given,
+            help=f"step model: {text}",
+        )
     p.add_argument(
         "--prefill",
         type=int,
@@ -101,6 +90,23 @@ def add_fleet_args(p: argparse.ArgumentParser, workers: bool = True) -> None:
         default=0,
         help="model N FCFS prefill servers before the pool (0 = requests reach the router at arrival)",
     )
+
+
+def _step_rows() -> tuple[tuple[str, str], ...]:
+    """The step model's terms: the `StepTimeModel` field each `--step-X` fills, and its help."""
+    d, recorded = StepTimeModel(), "a recorded session: what its lanes ran with"
+    return (
+        ("a", f"seconds per KV token of max load (default: {d.a}; {recorded})"),
+        ("b", f"fixed seconds per step (default: {d.b}; {recorded})"),
+        ("c", f"seconds per running sequence (default: {d.c:g}, the paper's model; {recorded}); "
+              "BalanceRoute's policies then balance KV tokens + c/a per sequence (sequences when a = 0)"),
+        ("p", f"seconds per prefill token scheduled into a decode step (default: {d.p:g}; {recorded}); "
+              "not a per-step load: routing does not weigh it"),
+    )
+
+
+#: The destinations of the step model's flags (a recording's fitted clock gives way to any of them).
+STEP_FLAGS = frozenset(f"step_{term}" for term, _ in _step_rows())
 
 
 def _br_rows() -> tuple[tuple[str, str, type, object, str], ...]:
@@ -134,6 +140,11 @@ def trace_limits(args: argparse.Namespace) -> TraceLimits:
     return replace(DEFAULT_LIMITS, max_lines=args.max_trace_lines)
 
 
+def step_model(args: argparse.Namespace) -> StepTimeModel:
+    """The step model of --step-a/--step-b/--step-c/--step-p (ValueError naming a bad term)."""
+    return StepTimeModel(**{term: getattr(args, f"step_{term}") for term, _ in _step_rows()})
+
+
 def setup_from(args: argparse.Namespace, policies: str | None, workers: int | None = None) -> ReplaySetup:
     prefill = PrefillConfig(servers=args.prefill) if args.prefill else None
     return ReplaySetup(
@@ -143,7 +154,7 @@ def setup_from(args: argparse.Namespace, policies: str | None, workers: int | No
         policies=parse_policies(policies) if policies else DEFAULT_POLICIES,
         load=args.load,
         rate_scale=args.rate_scale,
-        step=StepTimeModel(a=args.step_a, b=args.step_b),
+        step=step_model(args),
         prefill=prefill,
         br=br_params(args),
         seed=args.seed,

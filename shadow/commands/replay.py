@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from shadow.base.extras import missing_extra
 from shadow.commands._help import add_command
 from shadow.commands._replay_args import (
+    STEP_FLAGS,
     Given,
     add_br_args,
     add_fleet_args,
@@ -42,12 +43,16 @@ EPILOG = """examples:
 
   shadow replay session.ndjson.gz                       # a `shadow serve --record` session, as it ran live
   shadow replay session.ndjson.gz --step-a 2e-7          # ... what if the step model were different
+  shadow replay paper-azure --step-c 1e-3 --policies jsq-bytes,br0   # a per-sequence step cost
   shadow replay rolling.ndjson.gz --rolling-window 12    # `serve --rolling`: window 12 alone, from its seed
 
 Throughput and latencies come from the step model T = a·max L + b (set --step-a/--step-b to
-your fleet's fit). brh:oracle knows true output lengths: an offline upper bound, never deployable.
+your fleet's fit). With a per-sequence term (--step-c, seconds per running sequence: a worker steps
+in a·L + c·n + b) BR-0, BR-H and BRA balance that cost: a request weighs its KV tokens + c/a, or
+one sequence when a = 0. brh:oracle knows true output lengths: an offline upper bound, never deployable.
 A session recorded by `shadow serve` carries what its live lanes ran with (policies, step model,
-slots, BR parameters, seed): without flags the replay runs exactly that; each flag that departs
+slots, BR parameters, seed; with the measured clock, the step models fitted live, of which the
+replay runs on the last): without flags the replay runs exactly that; each flag that departs
 from it is printed as a what-if. A session of `shadow serve --rolling` also carries each window's
 starting state (its seed): the replay starts every window from it, as the live lanes did, and prints
 cumulative and per-window figures. Older recordings (and `shadow tap`'s) take the flags and defaults.
@@ -111,19 +116,30 @@ def recorded_setup(
     if recorded is None:
         if trace.workers is not None:
             err.print(f"note: {trace.name} does not say what its lanes ran with (an older recording, or "
-                      f"`shadow tap`'s): replaying with step model a={setup.step.a:g} s/token, "
-                      f"b={setup.step.b:g} s, {setup.slots} slots")
+                      f"`shadow tap`'s): replaying with step model {setup.step.describe()}, "
+                      f"{setup.slots} slots")
         return setup, None
     setup, what_if = as_recorded(setup, recorded, flags)
-    head = ("replaying the live lanes' settings (not their measured clock)" if recorded.clock == "measured"
+    measured = recorded.clock == "measured"
+    fitted = trace.clocks[-1] if measured and trace.clocks and not flags & STEP_FLAGS else None
+    if fitted is not None:
+        setup = replace(setup, clock=fitted[1])
+    head = ("replaying the live lanes' settings (not their measured clock)" if measured and fitted is None
             else "replaying as the live lanes ran")
     err.print(f"{head}: {','.join(recorded.policies)}; step model "
-              f"a={recorded.step.a:g} s/token, b={recorded.step.b:g} s ({recorded.step_source}); "
-              f"{recorded.slots} slots")
-    if recorded.clock == "measured":
+              f"{recorded.step.describe()} ({recorded.step_source}); {recorded.slots} slots")
+    if fitted is not None:
+        models = fitted[1].models or ()
+        err.print(f"on the live lanes' last measured clock (recorded at t={fitted[0]:g}, of "
+                  f"{len(trace.clocks)}): {len(fitted[1].groups)} barrier group(s); step models "
+                  + "; ".join(dict.fromkeys(m.describe() for m in models)))
+    elif measured:
         err.print("[yellow]note: the live lanes stepped on the measured clock (per-worker step models "
-                  "fitted live, /v1/report's clock block), which a recording does not carry yet: this "
-                  "replay runs on the step model above and its figures may differ from the live lanes' "
+                  "fitted live, /v1/report's clock block), which this replay does not run on "
+                  + ("(a --step-* flag asks for the step model above)" if trace.clocks else
+                     "(the recording has no clock line: an older recording, or lanes that never "
+                     "left the configured model)")
+                  + ": it runs on the step model above and its figures may differ from the live lanes' "
                   "(record with `shadow serve --lane-clock configured` for a replay that reproduces them)[/]")
     for line in what_if:
         err.print(f"[yellow]what-if: {line}[/]")

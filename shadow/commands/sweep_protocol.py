@@ -12,8 +12,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from shadow.commands._replay_args import br_params, trace_limits
-from shadow.core.stepmodel import StepTimeModel
+from shadow.commands._replay_args import br_params, step_model, trace_limits
+from shadow.core.cost import RouteCost
 from shadow.replay.protocol import (
     NO_INTERVAL,
     Cell,
@@ -93,7 +93,7 @@ def run_protocol(args: argparse.Namespace, policies: str, command: str) -> int:
             seed=0,
             lanes=tuple(lanes),
             slots=args.slots,
-            step=StepTimeModel(a=args.step_a, b=args.step_b),
+            step=step_model(args),
             br=br_params(args),
             protocol=proto,
             trace_limits=trace_limits(args),
@@ -126,6 +126,10 @@ def run_protocol(args: argparse.Namespace, policies: str, command: str) -> int:
         return 2
     summary = summarise(runs)
     console.print(f"[bold]protocol[/]: {proto.describe()}")
+    step = step_model(args)
+    if not step.linear:  # the cost model: say what it is and what BalanceRoute balances
+        balanced = RouteCost.of(step).describe()
+        console.print(f"[bold]step model[/]: {step.describe()}; BalanceRoute balances {balanced}")
     for cell in summary:
         console.print(cell_table(cell))
     if args.json:
@@ -134,7 +138,7 @@ def run_protocol(args: argparse.Namespace, policies: str, command: str) -> int:
             "commit": source_commit(),
             "runner": runner,
             "protocol": proto.__dict__ | {"seeds": list(proto.seeds)},
-            "step": {"a": args.step_a, "b": args.step_b},
+            "step": {"a": args.step_a, "b": args.step_b, "c": args.step_c, "p": args.step_p},
             "slots": args.slots,
             "summary": summary,
             "runs": sorted(runs, key=lambda r: (r["workers"], r["load"], r["seed"])),

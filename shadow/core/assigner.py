@@ -5,6 +5,10 @@ larger margin, lower load, lower index) takes its best single request from the w
 Stage 2: workers popped by (free slots desc, margin desc, index asc) with keys refreshed before
 each pop; each takes the best subset of the first R_max window entries within its free slots,
 or — when no subset scores > 0 — the single best window entry (starvation guard).
+
+Loads, margins and scores are in the units of the scorer's cost (`shadow.core.cost`); requests are
+weighed by it. In sequence units (the a = 0 limit) workers whose keys tie are told apart by their KV
+tokens (fewer first) before their index; in token units the keys are the paper's on loads L + κ·n.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 from functools import partial
 
+from shadow.core.cost import RouteCost
 from shadow.core.fscore import Scorer
 from shadow.core.params import BRParams
 from shadow.core.pool import Pool, PoolEntry, best_of
@@ -44,9 +49,23 @@ def _stage2_worker(scorer: Scorer, free: Sequence[int]) -> int:
     return best
 
 
+def stage1_tied(scorer: Scorer, free: Sequence[int]) -> int:
+    """Stage 1's worker in sequence units: the paper's key with fewer KV tokens before the index
+    (-1 when no worker has a free slot: the key's last item is −g)."""
+    m, load, tok = scorer.margin, scorer.load, scorer.tokens
+    keys = ((c, m(g), -load(g), -tok(g), -g) for g, c in enumerate(free) if c > 0)
+    return -max(keys, default=(0, 0.0, 0.0, 0.0, 1))[-1]
+
+
+def stage2_tied(scorer: Scorer, free: Sequence[int]) -> int:
+    """Stage 2's pop in sequence units: the paper's key with fewer KV tokens before the index."""
+    keys = ((c, scorer.margin(g), -scorer.tokens(g), -g) for g, c in enumerate(free) if c > 0)
+    return -max(keys, default=(0, 0.0, 0.0, 1))[-1]
+
+
 Window = Callable[[int, float], list[PoolEntry]]  # (worker, its F-score peak) -> Stage-2 window
 Subset = Callable[
-    [Sequence[PoolEntry], int, Callable[[float], float], float, int], tuple[list[PoolEntry], float]
+    [Sequence[PoolEntry], int, Callable[[float], float], float, int, RouteCost], tuple[list[PoolEntry], float]
 ]
 
 
@@ -58,8 +77,8 @@ def assign_round(
     now: float = 0.0,
     on_stage: Callable[[str], None] | None = None,
     *,
-    stage1: Callable[[Scorer, Sequence[int]], int] = _stage1_worker,
-    stage2: Callable[[Scorer, Sequence[int]], int] = _stage2_worker,
+    stage1: Callable[[Scorer, Sequence[int]], int] | None = None,
+    stage2: Callable[[Scorer, Sequence[int]], int] | None = None,
     window: Window | None = None,
     subset: Subset = best_subset,
 ) -> list[Assignment]:
@@ -68,12 +87,18 @@ def assign_round(
     Returns (request_id, worker) in decision order. No worker gets more than its free slots;
     every popped Stage-2 worker admits at least one request. `on_stage` (if given) is told
     "stage1", "stage2" and "end" as the round reaches them (a caller may time the stages).
-    A variant may pick the stages' workers, Stage 2's window (default: the first R_max pool
-    entries, aged ones first) and its subset search otherwise (BRA does).
+    A variant may pick the stages' workers (default: the keys above; `stage1_tied`/`stage2_tied`
+    in sequence units), Stage 2's window (default: the first R_max pool entries, aged ones first)
+    and its subset search otherwise (BRA does).
     """
     free = list(free_slots)
     out: list[Assignment] = []
     threshold = params.greedy_threshold(scorer.workers)
+    cost = scorer.cost
+    if stage1 is None:
+        stage1 = stage1_tied if cost.sequences else _stage1_worker
+    if stage2 is None:
+        stage2 = stage2_tied if cost.sequences else _stage2_worker
 
     def admit(g: int, entries: Sequence[PoolEntry]) -> None:
         for entry in entries:
@@ -88,7 +113,7 @@ def assign_round(
     total_free = sum(free)
     while pool and total_free > threshold:
         g = stage1(scorer, free)
-        entry = pool.best_single(partial(scorer.score, g), scorer.peak(g))
+        entry = pool.best_single(partial(scorer.score, g), scorer.peak(g), cost)
         assert entry is not None  # pool is non-empty
         admit(g, (entry,))
         total_free -= 1
@@ -104,9 +129,9 @@ def assign_round(
         entries = pool.window(params.r_max, now, params.age_s) if window is None else window(g, peak)
         cap = min(free[g], params.r_max)
         score = partial(scorer.score, g)
-        chosen, value = subset(entries, cap, score, peak, params.exhaustive_max)
+        chosen, value = subset(entries, cap, score, peak, params.exhaustive_max, cost)
         if not chosen or value <= 0:
-            single = best_of(entries, score)  # starvation guard
+            single = best_of(entries, score, cost)  # starvation guard
             assert single is not None
             chosen = [single]
         admit(g, chosen)

@@ -1,4 +1,10 @@
-"""BalanceRoute (BR-0, BR-H) as a pool policy for callers that keep their own pool across rounds."""
+"""BalanceRoute (BR-0, BR-H) as a pool policy for callers that keep their own pool across rounds.
+
+`BalanceRoute.scorer` is where the fleet's loads enter every BalanceRoute-based policy (BR-0,
+BR-H and BRA's rounds): under a `RouteCost` with a per-sequence term they are put in its units
+there (a worker's load L_g + κ·n_g, a running request's w_i + κ, a generated token weighing 1), and
+the scorer prices the requests it admits the same way. With the paper's cost nothing changes.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shadow.core.assigner import Assignment, assign_round
+from shadow.core.cost import TOKENS, RouteCost
 from shadow.core.fscore import BR0Scorer, BRHScorer, Scorer, project_loads
 from shadow.core.params import BRParams
 from shadow.core.pool import Pool
@@ -33,18 +40,27 @@ class BalanceRoute:
         active_worker: npt.NDArray[np.int64] | None = None,
         active_load: npt.NDArray[np.float64] | None = None,
         active_steps: npt.NDArray[np.float64] | None = None,
+        *,
+        cost: RouteCost = TOKENS,
+        seqs: Sequence[float] | None = None,
     ) -> Scorer:
-        """The round's F-score: BR-0 over loads, or BR-H over the projection of active requests."""
-        if self.variant == "br0":
+        """The round's F-score: BR-0 over loads, or BR-H over the projection of active requests,
+        in `cost`'s units (`seqs`: running sequences per worker, needed by a per-sequence cost)."""
+        if cost.paper and self.variant == "br0":
             return BR0Scorer(loads)
-        proj = project_loads(
-            loads,
-            _EMPTY_I if active_worker is None else active_worker,
-            _EMPTY_F if active_load is None else active_load,
-            _EMPTY_F if active_steps is None else active_steps,
-            self.params.horizon,
-        )
-        return BRHScorer(proj, self.params)
+        worker = _EMPTY_I if active_worker is None else active_worker
+        load = _EMPTY_F if active_load is None else active_load
+        steps = _EMPTY_F if active_steps is None else active_steps
+        if cost.paper:
+            return BRHScorer(project_loads(loads, worker, load, steps, self.params.horizon), self.params)
+        if seqs is None:
+            raise ValueError("a per-sequence step cost needs each worker's running sequences")
+        weighed = cost.loads(loads, seqs)
+        if self.variant == "br0":
+            return BR0Scorer(weighed, cost, tokens=loads)
+        h = self.params.horizon
+        proj = project_loads(weighed, worker, cost.token * load + cost.seq, steps, h, growth=cost.token)
+        return BRHScorer(proj, self.params, cost, tokens=loads)
 
     def round(
         self,
@@ -55,9 +71,12 @@ class BalanceRoute:
         active_worker: npt.NDArray[np.int64] | None = None,
         active_load: npt.NDArray[np.float64] | None = None,
         active_steps: npt.NDArray[np.float64] | None = None,
+        *,
+        cost: RouteCost = TOKENS,
+        seqs: Sequence[float] | None = None,
     ) -> list[Assignment]:
         """Admit from `pool` into free slots; returns (request_id, worker) in decision order."""
         if not pool or not any(c > 0 for c in free_slots):
             return []
-        scorer = self.scorer(loads, active_worker, active_load, active_steps)
+        scorer = self.scorer(loads, active_worker, active_load, active_steps, cost=cost, seqs=seqs)
         return assign_round(scorer, pool, free_slots, self.params, now, self.on_stage)

@@ -10,8 +10,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 import numpy.typing as npt
 
-from shadow.core.assigner import Assignment, assign_round
+from shadow.core.assigner import Assignment, assign_round, stage2_tied
 from shadow.core.balanceroute import BalanceRoute
+from shadow.core.cost import TOKENS, RouteCost
 from shadow.core.fscore import Scorer
 from shadow.core.params import BRParams
 from shadow.core.pool import Pool, PoolEntry
@@ -107,7 +108,10 @@ class BalanceRouteAdaptive:
       entries first), so large fleets do not all draw from the same R_max longest prompts.
 
     With pick, hold and window off it makes exactly BR's decisions (tested). It reads prompt sizes,
-    loads, free slots and (BR-H) predicted steps only — never true output lengths.
+    loads, free slots and (BR-H) predicted steps only — never true output lengths. Under a
+    per-sequence step cost (`cost`, with `seqs` running per worker) every load and basis is in the
+    cost's units (`shadow.core.cost`) as BR's are: a running request of the basis weighs its basis
+    tokens + κ (× the fraction of the basis window it is there), a newcomer its own + κ.
     """
 
     variant = "bra"
@@ -128,6 +132,9 @@ class BalanceRouteAdaptive:
         active_steps: npt.NDArray[np.float64] | None = None,
         prompt_loads: Sequence[float] | None = None,
         stay: Callable[[str], StayBasis | None] | None = None,
+        *,
+        cost: RouteCost = TOKENS,
+        seqs: Sequence[float] | None = None,
     ) -> list[Assignment]:
         """Admit from `pool` into free slots; returns (request_id, worker) in decision order.
 
@@ -139,10 +146,12 @@ class BalanceRouteAdaptive:
         """
         if not pool or not any(c > 0 for c in free_slots):
             return []
+        if not cost.paper and seqs is None:
+            raise ValueError("a per-sequence step cost needs each worker's running sequences")
         a = self.adaptive
         free = list(free_slots)
         if a.score_pick and len(pool) <= a.thin_ratio * sum(free):
-            return self._thin_round(loads, free, pool, now, prompt_loads, stay)
+            return self._thin_round(loads, free, pool, now, prompt_loads, stay, cost, seqs)
         workers = len(loads)
         params = replace(self.params, r_max=a.window(workers, self.params.r_max))
         scorer = BalanceRoute("br0" if active_worker is None else "brh", params).scorer(
@@ -150,6 +159,8 @@ class BalanceRouteAdaptive:
             _EMPTY_I if active_worker is None else active_worker,
             _EMPTY_F if active_load is None else active_load,
             _EMPTY_F if active_steps is None else active_steps,
+            cost=cost,
+            seqs=seqs,
         )
         if not a.scale_window:
             return assign_round(scorer, pool, free, params, now)
@@ -163,19 +174,29 @@ class BalanceRouteAdaptive:
         now: float,
         prompt_loads: Sequence[float] | None,
         stay: Callable[[str], StayBasis | None] | None,
+        cost: RouteCost,
+        seqs: Sequence[float] | None,
     ) -> list[Assignment]:
         """Every waiting request fits: largest first, each to the worker with a free slot whose BR-0
-        F-score over the basis is best (ties: lower basis load, then lower index), or held back."""
+        F-score over the basis is best (ties: lower basis load, then its tokens, then lower index),
+        or held back."""
         a = self.adaptive
         sb = stay(a.basis) if a.basis in PREDICTED_BASES and stay is not None else None
         added: Callable[[float], float] = float
         if sb is not None:
             basis, added = list(sb.loads), sb.newcomer
+            if sb.seqs is not None:
+                seqs = sb.seqs
         elif a.basis == "kv":
             basis = [float(x) for x in loads]
         else:
             basis = [float(x) for x in (loads if prompt_loads is None else prompt_loads)]
         workers = len(basis)
+        tokens = basis  # the tie-break after the basis: itself in token units, its tokens in sequence units
+        if not cost.paper:
+            assert seqs is not None  # checked by round()
+            weighed = cost.loads(basis, seqs)
+            tokens, basis = (basis, weighed) if cost.sequences else (weighed, weighed)
         may_hold = (
             a.hold
             and any(x > 0 for x in loads)  # something runs: holding can never deadlock
@@ -186,13 +207,14 @@ class BalanceRouteAdaptive:
         top = max(basis)
         out: list[Assignment] = []
         for entry in list(pool):
-            delta = added(entry.prompt_tokens)
-            best, best_key = -1, (-math.inf, -math.inf, 0)
+            grown = added(entry.prompt_tokens)
+            delta = cost.weight(grown)
+            best, best_key = -1, (-math.inf, -math.inf, -math.inf, 0)
             for g, c in enumerate(free):
                 if c <= 0:
                     continue
                 over = delta - (top - basis[g])  # BR-0: Δ − G·(Δ − m_g)+
-                key = (delta - workers * over if over > 0 else delta, -basis[g], -g)
+                key = (delta - workers * over if over > 0 else delta, -basis[g], -tokens[g], -g)
                 if key > best_key:
                     best, best_key = g, key
             if best < 0:
@@ -207,6 +229,8 @@ class BalanceRouteAdaptive:
             out.append((entry.request_id, best))
             free[best] -= 1
             basis[best] += delta
+            if tokens is not basis:
+                tokens[best] += grown
             top = max(top, basis[best])
         self._held = held_now
         return out
@@ -217,8 +241,11 @@ def _centred_round(
 ) -> list[Assignment]:
     """BR's two stages; Stage 2 windows are centred on each popped worker's F-score peak."""
 
+    cost = scorer.cost
+
     def window(g: int, peak: float) -> list[PoolEntry]:
-        return _centred_window(pool, params.r_max, peak, now, params.age_s)
+        alone = peak if cost.paper else cost.tokens_at(peak)  # the prompt that would weigh the peak alone
+        return _centred_window(pool, params.r_max, alone, now, params.age_s)
 
     return assign_round(
         scorer, pool, free, params, now, stage1=_most_free, stage2=_most_free, window=window, subset=_subset
@@ -226,7 +253,10 @@ def _centred_round(
 
 
 def _most_free(scorer: Scorer, free: Sequence[int]) -> int:
-    """BR's Stage-2 pop order: most free slots, then larger margin, then lower index."""
+    """BR's Stage-2 pop order: most free slots, then larger margin, then lower index (in sequence
+    units, fewer KV tokens before the index: `stage2_tied`)."""
+    if scorer.cost.sequences:
+        return stage2_tied(scorer, free)
     margins = scorer.margins()
     best, best_c, best_m = -1, 0, -math.inf
     for g, c in enumerate(free):
@@ -239,12 +269,17 @@ def _most_free(scorer: Scorer, free: Sequence[int]) -> int:
 
 
 def _subset(
-    window: Sequence[PoolEntry], cap: int, score: Callable[[float], float], peak: float, exhaustive_max: int
+    window: Sequence[PoolEntry],
+    cap: int,
+    score: Callable[[float], float],
+    peak: float,
+    exhaustive_max: int,
+    cost: RouteCost = TOKENS,
 ) -> tuple[list[PoolEntry], float]:
     """`best_subset`'s result; caps <= 2 over wide windows by listing sums (`pairs`), not bitsets."""
     if len(window) > exhaustive_max and min(cap, len(window)) <= 2:
-        return pairs(window, cap, score, peak)
-    return best_subset(window, cap, score, peak, exhaustive_max)
+        return pairs(window, cap, score, peak, cost)
+    return best_subset(window, cap, score, peak, exhaustive_max, cost)
 
 
 def _centred_window(pool: Pool, size: int, peak: float, now: float, age_s: float | None) -> list[PoolEntry]:

@@ -4,6 +4,11 @@ BR-0: F_g(Δ) = Δ − G·(Δ − m_g)+, the exact one-step drop of I(k).
 BR-H: F_g(Δ) = α·D·Δ − β·Σ_h γ^h (Δ − m_{g,h})+ over projected margins h = 0..H, evaluated in
 O(log H) from margins sorted per worker and prefix sums of the discount weights.
 Both scorers also track loads through admissions inside a round (`admit`).
+
+Loads and Δ are in the units of the scorer's `RouteCost` (KV tokens for the paper's `TOKENS`; KV
+tokens + κ per sequence, or sequences, under a per-sequence step cost): a scorer is given loads
+already in those units and prices the requests it admits with its cost (`RouteCost.weight`);
+`tokens(g)` is worker g's KV tokens, which break ties between workers in sequence units.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from shadow.core.cost import TOKENS, RouteCost
 from shadow.core.params import BRParams
 from shadow.core.pool import PoolEntry
 
@@ -26,6 +32,7 @@ class Scorer(Protocol):
     """What the two-stage assigner needs from an F-score."""
 
     workers: int
+    cost: RouteCost
 
     def score(self, g: int, delta: float) -> float: ...
 
@@ -39,18 +46,41 @@ class Scorer(Protocol):
 
     def load(self, g: int) -> float: ...
 
+    def tokens(self, g: int) -> float:
+        """Worker g's KV tokens (its load under the paper's cost): in sequence units, a tie-break."""
+        ...
+
     def admit(self, g: int, entries: Sequence[PoolEntry]) -> None: ...
 
 
-class BR0Scorer:
-    """BR-0 over current loads L_g (integers stay exact)."""
+class _Tokens:
+    """Per-worker KV tokens beside loads in other units (None: the loads are the tokens)."""
 
-    __slots__ = ("_loads", "_max", "workers")
+    __slots__ = ("_tok",)
 
-    def __init__(self, loads: Sequence[float]) -> None:
+    def __init__(self, tokens: Sequence[float] | None) -> None:
+        self._tok = None if tokens is None else [float(x) for x in tokens]
+
+    def _add_tokens(self, g: int, entries: Sequence[PoolEntry]) -> None:
+        if self._tok is not None:
+            self._tok[g] += sum(e.prompt_tokens for e in entries)
+
+
+class BR0Scorer(_Tokens):
+    """BR-0 over current loads L_g (integers stay exact), in `cost`'s units; `tokens`: the workers'
+    KV tokens when the loads are in other units."""
+
+    __slots__ = ("_loads", "_max", "_plain", "cost", "workers")
+
+    def __init__(
+        self, loads: Sequence[float], cost: RouteCost = TOKENS, tokens: Sequence[float] | None = None
+    ) -> None:
+        self._tok = None if tokens is None else [float(x) for x in tokens]
         self._loads = list(loads)
         self.workers = len(self._loads)
         self._max = max(self._loads)
+        self.cost = cost
+        self._plain = cost.paper and tokens is None  # the paper's loads, nothing beside them
 
     def score(self, g: int, delta: float) -> float:
         over = delta - (self._max - self._loads[g])
@@ -69,8 +99,17 @@ class BR0Scorer:
     def load(self, g: int) -> float:
         return self._loads[g]
 
+    def tokens(self, g: int) -> float:
+        return self._loads[g] if self._tok is None else self._tok[g]
+
     def admit(self, g: int, entries: Sequence[PoolEntry]) -> None:
-        self._loads[g] += sum(e.prompt_tokens for e in entries)
+        if self._plain:
+            self._loads[g] += sum(e.prompt_tokens for e in entries)
+        else:
+            tokens = sum(e.prompt_tokens for e in entries)
+            self._loads[g] += self.cost.weight(tokens, len(entries))
+            if self._tok is not None:
+                self._tok[g] += tokens
         if self._loads[g] > self._max:
             self._max = self._loads[g]
 
@@ -81,12 +120,13 @@ def project_loads(
     active_load: FloatArray,
     active_steps: FloatArray,
     horizon: int,
+    growth: float = 1.0,
 ) -> FloatArray:
     """L̂_g(k+h) for h = 0..H from active requests (worker, current load w_i, predicted steps ĉ_i).
 
-    Request i contributes w_i + h while present: for h < max(1, ⌈ĉ_i⌉), and for every h when
-    ĉ_i >= H. Column 0 equals `loads`: load not covered by listed requests (if any) is held
-    constant over the horizon.
+    Request i contributes w_i + growth·h while present: for h < max(1, ⌈ĉ_i⌉), and for every h
+    when ĉ_i >= H (`growth`: a generated token's weight, 1 in token units). Column 0 equals
+    `loads`: load not covered by listed requests (if any) is held constant over the horizon.
     """
     workers = len(loads)
     width = horizon + 1
@@ -105,12 +145,13 @@ def project_loads(
     sw = np.cumsum(sw[:, ::-1], axis=1)[:, ::-1]
     h = np.arange(width, dtype=np.float64)
     covered = sw[:, 0]
-    proj = sw + h[None, :] * cnt + (base - covered)[:, None]
+    grown = h[None, :] * cnt if growth == 1.0 else (growth * h)[None, :] * cnt
+    proj = sw + grown + (base - covered)[:, None]
     return proj
 
 
-class BRHScorer:
-    """BR-H over a projection L̂ (G × (H+1)).
+class BRHScorer(_Tokens):
+    """BR-H over a projection L̂ (G × (H+1)) in `cost`'s units (`tokens`: as BR0Scorer's).
 
     Margins are re-sorted lazily: an admission marks the rows it changed (all of them when the
     envelope rises) and a row is rebuilt only when its score or peak is next asked for.
@@ -131,11 +172,20 @@ class BRHScorer:
         "_thr",
         "_v",
         "_w",
+        "cost",
         "horizon",
         "workers",
     )
 
-    def __init__(self, projection: FloatArray, params: BRParams) -> None:
+    def __init__(
+        self,
+        projection: FloatArray,
+        params: BRParams,
+        cost: RouteCost = TOKENS,
+        tokens: Sequence[float] | None = None,
+    ) -> None:
+        super().__init__(tokens)
+        self.cost = cost
         if projection.ndim != 2 or projection.shape[1] != params.horizon + 1:
             raise ValueError(
                 f"projection must have shape (G, H+1) = (G, {params.horizon + 1}), got {projection.shape}"
@@ -194,16 +244,24 @@ class BRHScorer:
     def load(self, g: int) -> float:
         return float(self._proj[g, 0])
 
+    def tokens(self, g: int) -> float:
+        return float(self._proj[g, 0]) if self._tok is None else self._tok[g]
+
     def admit(self, g: int, entries: Sequence[PoolEntry]) -> None:
         width = self.horizon + 1
         row = self._proj[g]
+        cost = self.cost
         for e in entries:
             if self._newcomer == "constant":
-                row += e.prompt_tokens
+                row += cost.weight(e.prompt_tokens)
                 continue
             steps = width if e.horizon_steps is None else e.horizon_steps
             n = width if steps >= self.horizon else max(1, min(width, math.ceil(steps)))
-            row[:n] += e.prompt_tokens + self._h[:n]
+            if cost.paper:
+                row[:n] += e.prompt_tokens + self._h[:n]
+            else:
+                row[:n] += cost.token * (e.prompt_tokens + self._h[:n]) + cost.seq
+        self._add_tokens(g, entries)
         if np.any(row > self._env):
             np.maximum(self._env, row, out=self._env)
             self._dirty.update(range(self.workers))

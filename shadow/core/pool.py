@@ -12,6 +12,8 @@ import math
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 
+from shadow.core.cost import TOKENS, RouteCost
+
 
 @dataclass(slots=True)
 class PoolEntry:
@@ -91,9 +93,10 @@ class Pool:
         return out
 
     def nearest(self, length: float, size: int) -> list[PoolEntry]:
-        """Up to `size` entries whose prompt lengths are nearest `length` (ties: the shorter)."""
+        """Up to `size` entries whose prompt lengths are nearest `length` (ties: the shorter); a
+        negative `length` (a peak below one request's per-sequence weight) is nearest the shortest."""
         keys = self._keys
-        target = _floor(length) if length > 0 else 0
+        target = _floor(length) if length > 0 else (0 if length == 0 else -1)
         hi = bisect.bisect_left(keys, (-target, -1))  # keys[hi:] have prompt <= target
         lo = hi - 1  # keys[:hi] have prompt > target, nearest at lo
         out: list[PoolEntry] = []
@@ -101,7 +104,7 @@ class Pool:
         for _ in range(min(size, n)):
             below = length + keys[hi][0] if hi < n else math.inf
             above = -keys[lo][0] - length if lo >= 0 else math.inf
-            if below <= above:
+            if hi < n and below <= above:
                 out.append(by_seq[keys[hi][1]])
                 hi += 1
             else:
@@ -120,14 +123,19 @@ class Pool:
             self.remove(entry)
         return out
 
-    def best_single(self, score: Score, peak: float) -> PoolEntry | None:
-        """Highest-scoring entry for a concave `score` with maximiser `peak` (ties: older).
+    def best_single(self, score: Score, peak: float, cost: RouteCost = TOKENS) -> PoolEntry | None:
+        """Highest-scoring entry for a concave `score` of an entry's weight under `cost` (its prompt
+        tokens under the paper's) with maximiser `peak` (ties: older).
 
-        By concavity the best is the largest prompt <= peak or the smallest prompt > peak.
+        By concavity the best is the largest entry weighing <= peak or the smallest weighing more
+        (in sequence units every entry weighs one: the longest when one fits, else the shortest).
         """
         keys = self._keys
         if not keys:
             return None
+        if not cost.paper:
+            peak = cost.tokens_at(peak)
+            score = _priced(score, cost)
         candidates: list[PoolEntry] = []
         # Largest prompt <= peak: first key with -s >= -peak (oldest among equal lengths).
         lo = bisect.bisect_left(keys, (-_floor(peak), -1))
@@ -140,8 +148,19 @@ class Pool:
         return best_of(candidates, score)
 
 
-def best_of(entries: list[PoolEntry], score: Score) -> PoolEntry | None:
-    """Highest score among `entries`; equal scores go to the older entry."""
+def _priced(score: Score, cost: RouteCost) -> Score:
+    """`score` of an entry's weight under `cost`, taking its prompt tokens."""
+
+    def priced(tokens: float) -> float:
+        return score(cost.weight(tokens))
+
+    return priced
+
+
+def best_of(entries: list[PoolEntry], score: Score, cost: RouteCost = TOKENS) -> PoolEntry | None:
+    """Highest score of an entry's weight under `cost` among `entries`; equal scores go to the older."""
+    if not cost.paper:
+        score = _priced(score, cost)
     best: PoolEntry | None = None
     best_score = 0.0
     for entry in entries:
@@ -152,6 +171,6 @@ def best_of(entries: list[PoolEntry], score: Score) -> PoolEntry | None:
 
 
 def _floor(x: float) -> int:
-    if x == float("inf"):
-        return 1 << 62
+    if math.isinf(x):
+        return 1 << 62 if x > 0 else -(1 << 62)
     return int(x // 1)

@@ -5,7 +5,8 @@ A `Router` is told of each request when it reaches the router (`on_arrive`) and 
 (request_id, worker_index) pairs in decision order. State (round-robin position, random stream,
 the BalanceRoute pool, a length predictor) persists between calls. Routers that bind at arrival
 (baselines, forced placements) place every request they have been told of; pool routers
-(BR-0/BR-H/BRA) place into free slots only, keeping the rest waiting. `shadow.core.policies`
+(BR-0/BR-H/BRA) place into free slots only, keeping the rest waiting, and balance the step cost
+the snapshot says (`FleetSnapshot.cost`: KV tokens, + κ per running sequence). `shadow.core.policies`
 names them. Pure: time and randomness are arguments; nothing here reads a clock.
 """
 
@@ -167,14 +168,21 @@ class PoolRouter:
         if not any(c > 0 for c in free):
             return []
         br = self.br
+        cost = fleet.cost
+        seqs = None if cost.paper else fleet.seqs()
         if isinstance(br, BalanceRouteAdaptive):
             # BRA scores with BR-H over the projection when it has one, with BR-0 otherwise.
             stay = fleet.extra(STAY_BASIS)
+            prompts = fleet.prompt_loads
             if fleet.projection is not None:
                 proj = fleet.projection()
                 if len(proj[0]) or self.predictor is not None:
-                    return br.round(fleet.loads, free, self.pool, now, *proj, fleet.prompt_loads, stay)
-            return br.round(fleet.loads, free, self.pool, now, None, None, None, fleet.prompt_loads, stay)
+                    return br.round(
+                        fleet.loads, free, self.pool, now, *proj, prompts, stay, cost=cost, seqs=seqs
+                    )
+            return br.round(
+                fleet.loads, free, self.pool, now, None, None, None, prompts, stay, cost=cost, seqs=seqs
+            )
         if br.variant == "brh":
-            return br.round(fleet.loads, free, self.pool, now, *fleet.active())
-        return br.round(fleet.loads, free, self.pool, now)
+            return br.round(fleet.loads, free, self.pool, now, *fleet.active(), cost=cost, seqs=seqs)
+        return br.round(fleet.loads, free, self.pool, now, cost=cost, seqs=seqs)

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from shadow.core.cost import TOKENS, RouteCost
 from shadow.core.params import BRParams
 from shadow.core.policies import POLICIES, RouterOptions, lookup
 from shadow.core.routers import Router
@@ -83,6 +84,24 @@ def _active_arrays(loads: Sequence[float], active: Sequence[Active] | None) -> P
     return idx, w, c
 
 
+def _running(
+    loads: Sequence[float], running: Sequence[int] | None, active: Sequence[Active] | None, cost: RouteCost
+) -> list[int] | None:
+    """The running sequences per worker: `running` checked, else counted from `active` when `cost`
+    needs them (ValueError when it needs them and neither says)."""
+    if running is not None:
+        if len(running) != len(loads) or any(
+            isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0 for n in running
+        ):
+            raise ValueError(f"running must be one integer >= 0 per worker, got {running!r}")
+        return [int(n) for n in running]
+    if cost.paper:
+        return None
+    if active is None:
+        raise ValueError("a per-sequence cost needs the running sequences per worker (running or active)")
+    return [int(x) for x in np.bincount(_active_arrays(loads, active)[0], minlength=len(loads))]
+
+
 def schedule_round(
     policy: str | Router,
     loads: Sequence[float],
@@ -93,6 +112,8 @@ def schedule_round(
     active: Sequence[Active] | None = None,
     seed: int = 0,
     now: float = 0.0,
+    cost: RouteCost = TOKENS,
+    running: Sequence[int] | None = None,
 ) -> list[tuple[Hashable, int]]:
     """Admissions of one routing round of `policy`: [(request_id, worker_index), ...].
 
@@ -103,16 +124,23 @@ def schedule_round(
     worker 0 and `random` draws from `seed`) or a router from `make_round_router` whose state
     (round-robin position, random stream, waiting pool) carries over between rounds; requests
     a router keeps waiting stay in its pool and are not repeated in later `waiting` lists.
-    Raises ValueError on an unknown policy or invalid input.
+    `cost`: what BalanceRoute's policies balance (`shadow.core.cost`; the paper's KV tokens by
+    default); one with a per-sequence term needs the `running` sequences per worker (counted from
+    `active` when not given). Raises ValueError on an unknown policy or invalid input.
     """
     router = make_round_router(policy, params=params, seed=seed) if isinstance(policy, str) else policy
     _check_fleet(loads, free_slots)
     _check_waiting(waiting)
     proj = _active_arrays(loads, active if router.name in ("brh", "bra") else None)
+    running = _running(loads, running, active, cost)
     for item in waiting:
         router.on_arrive(item[0], int(item[1]), now, float(item[2]) if len(item) == 3 else None)
     fleet = FleetSnapshot(
-        loads=[float(x) for x in loads], free_slots=[int(x) for x in free_slots], projection=lambda: proj
+        loads=[float(x) for x in loads],
+        free_slots=[int(x) for x in free_slots],
+        projection=lambda: proj,
+        running=running,
+        cost=cost,
     )
     return router.decide(fleet, now)
 

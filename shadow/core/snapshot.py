@@ -14,6 +14,7 @@ from typing import Generic, TypeVar, cast
 import numpy as np
 import numpy.typing as npt
 
+from shadow.core.cost import TOKENS, RouteCost
 from shadow.core.stay import StayBasis
 
 #: BR-H's active requests: (worker index, current load, predicted steps within the horizon).
@@ -48,7 +49,13 @@ class FleetSnapshot:
     them, `outstanding` requests sent and not finished, their forwarded prompt tokens
     (`outstanding_tokens`), prompt tokens queued at the worker (`queued_tokens`) and prompt tokens
     of running requests (`prompt_loads`); `projection`, computed on demand, is BR-H's view of the
-    active requests; `extras` holds caller-specific attributes under `Extra` keys."""
+    active requests; `extras` holds caller-specific attributes under `Extra` keys.
+
+    `cost` is what a running sequence costs the fleet's step, in the units BalanceRoute's policies
+    balance (`shadow.core.cost`; the paper's KV tokens by default): the caller that knows the
+    fleet's step model says it here, so the policies follow it when it is refitted. A cost with a
+    per-sequence term needs the `running` sequences per worker (requests counted in `loads`;
+    `outstanding` stands in for them when not given)."""
 
     loads: Sequence[float]
     free_slots: Sequence[int]
@@ -58,6 +65,8 @@ class FleetSnapshot:
     prompt_loads: Sequence[float] | None = None
     projection: Callable[[], Projection] | None = None
     extras: Mapping[str, object] = field(default_factory=lambda: _NO_EXTRAS)
+    running: Sequence[int] | None = None
+    cost: RouteCost = TOKENS
 
     @property
     def workers(self) -> int:
@@ -66,6 +75,10 @@ class FleetSnapshot:
     def active(self) -> Projection:
         """The projection's arrays; empty (loads held constant over the horizon) without one."""
         return _EMPTY if self.projection is None else self.projection()
+
+    def seqs(self) -> Sequence[int] | None:
+        """Running sequences per worker: `running`, else `outstanding`, else None (unknown)."""
+        return self.running if self.running is not None else self.outstanding
 
     def extra(self, key: Extra[T]) -> T | None:
         """The extra under `key`, or None when the caller gave none."""

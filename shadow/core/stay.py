@@ -27,11 +27,16 @@ STAY_CAP = 4096  # a newcomer's predicted stay is capped at this many steps
 class StayBasis(NamedTuple):
     """Per-worker mean KV over a newcomer's predicted stay, and that stay `span` (steps, >= 1).
 
-    `growth`, when given, is what a newcomer adds beyond its prompt (other predicted bases)."""
+    `growth`, when given, is what a newcomer adds beyond its prompt (other predicted bases).
+    `seqs`, when given, is per worker the running sequences the basis counts, each weighted as its
+    KV is (present over the whole window: 1; over part of it: that fraction): what a per-sequence
+    step cost adds to the basis (`shadow.core.cost`); a newcomer counts one. None (no running
+    request, or a basis that does not say): the fleet's running sequences stand in."""
 
     loads: list[float]
     span: float
     growth: float | None = None
+    seqs: list[float] | None = None
 
     def newcomer(self, prompt_tokens: float) -> float:
         """What a newcomer of `prompt_tokens` adds to its worker's basis: prompt + mean growth."""
@@ -64,9 +69,14 @@ def stay_basis(
         return StayBasis([0.0] * workers, float(span))
     p, mu = predictor.predict(age, span, keys=keys, remaining=remaining)
     m = contribution(p, mu, span)
-    per = m / span * (load + np.maximum(m - 1.0, 0.0) / 2.0)
-    sums = np.bincount(worker, weights=per, minlength=workers)
-    return StayBasis([float(x) for x in sums.tolist()], float(span))
+    present = m / span
+    per = present * (load + np.maximum(m - 1.0, 0.0) / 2.0)
+    return StayBasis(_sums(worker, per, workers), float(span), seqs=_sums(worker, present, workers))
+
+
+def _sums(worker: npt.NDArray[np.int64], weights: npt.NDArray[np.float64], workers: int) -> list[float]:
+    """Per worker, the sum of `weights` of its requests."""
+    return [float(x) for x in np.bincount(worker, weights=weights, minlength=workers).tolist()]
 
 
 FINAL_CAP = 16_384  # remaining output is predicted up to this many steps
@@ -108,11 +118,11 @@ def predicted_basis(
         return StayBasis([0.0] * workers, max(1.0, e_new), growth)
     p, mu = predictor.predict(age, cap, keys=keys, remaining=remaining)
     m = contribution(p, mu, cap)
+    seqs: list[float] | None = None  # life, final: every running request is there the whole window
     if kind == "near":
-        per = m / cap * (load + np.maximum(m - 1.0, 0.0) / 2.0)
-    elif kind == "final":
-        per = load + m
+        present = m / cap
+        per = present * (load + np.maximum(m - 1.0, 0.0) / 2.0)
+        seqs = _sums(worker, present, workers)
     else:
-        per = load + m / 2.0
-    sums = np.bincount(worker, weights=per, minlength=workers)
-    return StayBasis([float(x) for x in sums.tolist()], max(1.0, e_new), growth)
+        per = load + m if kind == "final" else load + m / 2.0
+    return StayBasis(_sums(worker, per, workers), max(1.0, e_new), growth, seqs)

@@ -64,6 +64,15 @@ class StepTimeModel:
         `prefill_tokens` scheduled into the step (before the barrier)."""
         return self.a * load + self.c * seqs + self.p * prefill_tokens + self.b
 
+    def describe(self) -> str:
+        """Its terms for a message: "a=… s/token, b=… s", and c, p where they are not 0."""
+        out = f"a={self.a:g} s/token, b={self.b:g} s"
+        if self.c:
+            out += f", c={self.c:g} s/sequence"
+        if self.p:
+            out += f", p={self.p:g} s/prefill token"
+        return out
+
 
 @dataclass(frozen=True, slots=True)
 class FitResult:

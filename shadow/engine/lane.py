@@ -25,6 +25,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from shadow.core.cost import RouteCost
 from shadow.core.policies import RouterOptions, make_router
 from shadow.core.predictors import Predictor, contribution
 from shadow.core.routers import PoolRouter, Router
@@ -258,6 +259,8 @@ class Lane:
                 prompt_loads=self.running_prompt,
                 projection=None if self.predictor is None else self.projection,
                 extras=self._extras,
+                running=self.running,
+                cost=RouteCost.fleet(self._models or (self.config.step,)),  # what the lane steps on
             )
         if free_slots is None:
             b = self.config.slots
@@ -542,6 +545,7 @@ class Lane:
         g_count = self.config.workers
         clock.check(g_count)
         self._models = clock.models
+        self._fleet = None  # the next snapshot says the new models' cost to the policies
         groups = [tuple(group) for group in clock.groups]
         if groups == self._groups:
             return

@@ -13,18 +13,21 @@ from typing import Any
 
 from shadow.core.params import BRParams
 from shadow.core.stepmodel import StepTimeModel
-from shadow.engine.config import LaneSpec
+from shadow.engine.config import LaneClock, LaneSpec
 from shadow.engine.rolling import check_window
 
 STEP_SOURCES = ("configured", "default")
 #: The clock the live lanes stepped on: `configured` (the step model above) or `measured` (per-worker
-#: step models fitted live, which a recording does not carry yet: a replay cannot reproduce them).
+#: step models fitted live: a recording carries them as `clock` lines, `clock_to_json`).
 CLOCKS = ("configured", "measured")
+#: A step model's terms in a `clock` line: [a, b, c, p] per worker.
+TERMS = ("a", "b", "c", "p")
 
 
 @dataclass(frozen=True, slots=True)
 class LaneSettings:
-    """Policies (lane specs, `actual` not among them), the step model the lanes simulated and where
+    """Policies (lane specs, `actual` not among them), the step model the lanes simulated (its cost
+    model: the per-sequence and prefill terms are written where they are not 0) and where
     it came from (`configured`: given to the sidecar; `default`: its built-in model), slots per
     worker, lag, BR parameters and the seed of random policies."""
 
@@ -56,9 +59,12 @@ class LaneSettings:
             raise ValueError(f"clock must be one of {CLOCKS}, got {self.clock!r}")
 
     def to_json(self) -> dict[str, Any]:
+        step: dict[str, Any] = {"a_s_per_token": self.step.a, "b_s": self.step.b, "source": self.step_source}
+        if not self.step.linear:  # the cost model's per-sequence and prefill terms (absent: 0)
+            step |= {"c_s_per_seq": self.step.c, "p_s_per_prefill_token": self.step.p}
         out = {
             "policies": list(self.policies),
-            "step": {"a_s_per_token": self.step.a, "b_s": self.step.b, "source": self.step_source},
+            "step": step,
             "slots": self.slots,
             "lag_s": self.lag_s,
             "br": asdict(self.br),
@@ -82,7 +88,9 @@ class LaneSettings:
             if not isinstance(step, Mapping):
                 raise ValueError("step must be an object")
             a, b = step["a_s_per_token"], step["b_s"]
-            for name, v in (("step a", a), ("step b", b), ("lag_s", obj.get("lag_s", 0.0))):
+            c, p = step.get("c_s_per_seq", 0.0), step.get("p_s_per_prefill_token", 0.0)
+            lag = obj.get("lag_s", 0.0)
+            for name, v in (("step a", a), ("step b", b), ("step c", c), ("step p", p), ("lag_s", lag)):
                 if isinstance(v, bool) or not isinstance(v, int | float):
                     raise ValueError(f"{name} must be a number")
             rolling = obj.get("rolling_s")
@@ -93,7 +101,7 @@ class LaneSettings:
                 raise ValueError("br must be an object")
             return cls(
                 policies=tuple(policies),
-                step=StepTimeModel(float(a), float(b)),
+                step=StepTimeModel(float(a), float(b), float(c), float(p)),
                 slots=obj["slots"],
                 step_source=step.get("source", "configured"),
                 lag_s=float(obj.get("lag_s", 0.0)),
@@ -113,10 +121,9 @@ class LaneSettings:
         if other.policies != self.policies:
             out.append(f"policies {','.join(other.policies)} (recorded {','.join(self.policies)})")
         if other.step != self.step:
-            out.append(
-                f"step model a={other.step.a:g} s/token, b={other.step.b:g} s "
-                f"(recorded a={self.step.a:g}, b={self.step.b:g})"
-            )
+            ran = self.step
+            terms = "" if ran.linear else f", c={ran.c:g}, p={ran.p:g}"
+            out.append(f"step model {other.step.describe()} (recorded a={ran.a:g}, b={ran.b:g}{terms})")
         if other.slots != self.slots:
             out.append(f"slots {other.slots} (recorded {self.slots})")
         if other.br != self.br:
@@ -130,3 +137,33 @@ class LaneSettings:
                 return "off" if x is None else f"{x:g} s"
             out.append(f"rolling window {w(other.rolling_s)} (recorded {w(self.rolling_s)})")
         return out
+
+
+def clock_to_json(clock: LaneClock) -> dict[str, Any]:
+    """A lane clock as a recording's `clock` line carries it: its barrier groups and, per worker,
+    the step model's terms [a, b, c, p] (what the lanes stepped on and their policies weighed)."""
+    out: dict[str, Any] = {"groups": [list(g) for g in clock.groups]}
+    if clock.models is not None:
+        out["models"] = [[getattr(m, t) for t in TERMS] for m in clock.models]
+    return out
+
+
+def clock_from_json(obj: Mapping[str, Any], workers: int) -> LaneClock:
+    """`clock_to_json`'s output for `workers` workers; ValueError (one line) on anything else."""
+    groups, models = obj.get("groups"), obj.get("models")
+    if not isinstance(groups, list) or not all(
+        isinstance(g, list) and all(isinstance(w, int) and not isinstance(w, bool) for w in g) for g in groups
+    ):
+        raise ValueError("clock: groups must be lists of worker indices")
+    parsed: tuple[StepTimeModel, ...] | None = None
+    if models is not None:
+        if not isinstance(models, list) or not all(
+            isinstance(m, list) and len(m) == len(TERMS)
+            and all(isinstance(x, int | float) and not isinstance(x, bool) for x in m)
+            for m in models
+        ):
+            raise ValueError("clock: models must be [a, b, c, p] numbers per worker")
+        parsed = tuple(StepTimeModel(*map(float, m)) for m in models)
+    clock = LaneClock(tuple(tuple(g) for g in groups), parsed)
+    clock.check(workers)
+    return clock

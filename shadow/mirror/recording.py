@@ -13,7 +13,11 @@ part starts with the header, so each part replays on its own):
   aggregated per worker every `step_every_s` seconds;
 - `{"type": "seed", "window", "t", "origin", "window_s", "requests"}` — with rolling lanes, the
   mirrored fleet each window started from (`shadow.engine.rolling.Seed`), given by the lanes'
-  thread through `seed()` (thread-safe), written at the next flush.
+  thread through `seed()` (thread-safe), written at the next flush;
+- `{"type": "clock", "t", "groups", "models"}` — with the measured lane clock, the barrier groups
+  and per-worker step models [a, b, c, p] the live lanes stepped on and their policies weighed
+  (`shadow.engine.settings.clock_to_json`), each time they change (`clock()`, thread-safe), so
+  that a replay runs on the cost model the lanes last used.
 `shadow replay FILE` reads it (and the older one-event-per-line recordings) within
 `shadow.traces.TraceLimits`: token counts up to the live mirror's bound (the events written here
 passed it), and lines, workers, workers × slots, lanes and rolling windows up to their limits.
@@ -31,8 +35,10 @@ from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from shadow.contracts.events import Event, Step
+from shadow.engine.config import LaneClock
 from shadow.engine.feed import Recorded, RequestFolder
 from shadow.engine.rolling import Seed
+from shadow.engine.settings import clock_to_json
 
 VERSION = 2
 
@@ -84,7 +90,8 @@ class CompactRecorder:
         self.folder = RequestFolder(max_open=max_open)
         self._steps: dict[str | None, list[float]] = {}  # worker -> [t0, n, sum, min, max]
         self._lines: list[str] = []
-        self._seeds: deque[Seed] = deque()  # from the lanes' thread (deque appends are atomic)
+        # seeds and clocks, from other threads (deque appends are atomic), in the order given
+        self._seeds: deque[Seed | dict[str, Any]] = deque()
         self._fh: IO[str] | None = None
         self._bytes = 0
         self.parts = 0
@@ -126,6 +133,11 @@ class CompactRecorder:
     def seed(self, seed: Seed) -> None:
         """A rolling window's seed, from any thread; written with the next flush."""
         self._seeds.append(seed)
+
+    def clock(self, t: float, clock: LaneClock) -> None:
+        """The lanes' clock from time `t` on (their step models), from any thread; written with
+        the next flush."""
+        self._seeds.append({"type": "clock", "t": t, **clock_to_json(clock)})
 
     def _add(self, obj: dict[str, Any]) -> None:
         if len(self._lines) >= self.max_buffered:
@@ -170,7 +182,8 @@ class CompactRecorder:
 
     def flush(self) -> None:
         while self._seeds:
-            self._add(self._seeds.popleft().to_json())
+            item = self._seeds.popleft()
+            self._add(item if isinstance(item, dict) else item.to_json())
         if not self._lines or self._fh is None:
             return
         lines, self._lines = self._lines, []

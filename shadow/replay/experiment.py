@@ -10,14 +10,15 @@ from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from shadow.core.cost import RouteCost
 from shadow.core.params import BRParams
 from shadow.core.policies import policy
 from shadow.core.stepmodel import StepTimeModel
-from shadow.engine.config import EngineConfig, LaneSpec, PrefillConfig
+from shadow.engine.config import EngineConfig, LaneClock, LaneSpec, PrefillConfig
 from shadow.engine.jobs import jobs_from
 from shadow.engine.offline import Progress, run_offline
 from shadow.engine.results import LaneResult
-from shadow.engine.settings import LaneSettings
+from shadow.engine.settings import LaneSettings, clock_to_json
 from shadow.traces import Trace, at_load, estimate_capacity_rps, scale_rate
 
 DEFAULT_POLICIES: tuple[str, ...] = (
@@ -49,6 +50,7 @@ class ReplaySetup:
     br: BRParams = field(default_factory=BRParams)
     seed: int = 0
     trajectory_points: int = 0
+    clock: LaneClock | None = None  # per-worker step models and barrier groups (a recording's fitted ones)
 
 
 @dataclass(frozen=True)
@@ -105,11 +107,11 @@ def as_recorded(
     setup: ReplaySetup, recorded: LaneSettings, given: Collection[str]
 ) -> tuple[ReplaySetup, list[str]]:
     """`setup` with every setting the recording's lanes ran with, except those named in `given`
-    (flags the user set, by their names: step_a, step_b, slots, policies, seed, BR_FIELDS' keys);
+    (flags the user set, by their names: step_a, step_b, step_c, step_p, slots, policies, seed,
+    BR_FIELDS' keys);
     returns it with one line per setting that departs from the recording (a deliberate what-if)."""
     step = StepTimeModel(
-        setup.step.a if "step_a" in given else recorded.step.a,
-        setup.step.b if "step_b" in given else recorded.step.b,
+        *(getattr(setup.step if f"step_{t}" in given else recorded.step, t) for t in ("a", "b", "c", "p"))
     )
     br = replace(recorded.br, **{f: getattr(setup.br, f) for k, f in BR_FIELDS.items() if k in given})
     out = replace(
@@ -123,6 +125,12 @@ def as_recorded(
     now = LaneSettings(policies=out.policies, step=out.step, slots=out.slots, br=out.br, seed=out.seed,
                        rolling_s=recorded.rolling_s)
     return out, recorded.differences(now)
+
+
+def route_cost(setup: ReplaySetup) -> RouteCost:
+    """What the lanes' BalanceRoute policies balance: the cost of the models they step on."""
+    models = setup.clock.models if setup.clock is not None else None
+    return RouteCost.fleet(models) if models else RouteCost.of(setup.step)
 
 
 def run_replay(trace: Trace, setup: ReplaySetup, progress: Progress | None = None) -> ReplayReport:
@@ -145,7 +153,8 @@ def run_replay(trace: Trace, setup: ReplaySetup, progress: Progress | None = Non
         setup = replace(setup, workers=len(worker_names))
         lanes.insert(0, LaneSpec("forced", name="actual"))
     capacity = estimate_capacity_rps(
-        trace, workers=setup.workers, slots=setup.slots, step_a=setup.step.a, step_b=setup.step.b
+        trace, workers=setup.workers, slots=setup.slots, step_a=setup.step.a, step_b=setup.step.b,
+        step_c=setup.step.c,
     )
     if setup.load is not None and setup.rate_scale is not None:
         raise ValueError("give either a load (rho) or a rate scale, not both")
@@ -162,6 +171,7 @@ def run_replay(trace: Trace, setup: ReplaySetup, progress: Progress | None = Non
         br=setup.br,
         seed=setup.seed,
         trajectory_points=setup.trajectory_points,
+        clock=setup.clock,
     )
     jobs = jobs_from(trace.requests)
     index = {name: g for g, name in enumerate(worker_names)}
@@ -188,6 +198,10 @@ def run_replay(trace: Trace, setup: ReplaySetup, progress: Progress | None = Non
         "slots": setup.slots,
         "step_a_s_per_token": setup.step.a,
         "step_b_s": setup.step.b,
+        "step_c_s_per_seq": setup.step.c,
+        "step_p_s_per_prefill_token": setup.step.p,
+        "route_cost": route_cost(setup).describe(),
+        "clock": None if setup.clock is None else clock_to_json(setup.clock),
         "prefill": None if setup.prefill is None else asdict(setup.prefill),
         "br": asdict(setup.br),
         "seed": setup.seed,

@@ -170,8 +170,8 @@ def tile(trace: Trace, n: int, seed: int) -> Trace:
 
 
 def lifetime_s(trace: Trace, slots: int, step: StepTimeModel) -> float:
-    """Seconds a slot holds a mean request at balanced saturation: mean_output × (a·B·load + b)."""
-    return trace.mean_output_tokens * (step.a * slots * mean_slot_load_tokens(trace) + step.b)
+    """Seconds a slot holds a mean request at balanced saturation: mean_output × (a·B·load + c·B + b)."""
+    return trace.mean_output_tokens * step.worker_time(slots * mean_slot_load_tokens(trace), slots)
 
 
 def requests_needed(cell: Cell) -> int:
@@ -187,7 +187,8 @@ def run_cell(cell: Cell, clock: Clock) -> dict[str, Any]:
     n = requests_needed(cell)
     trace = workload(cell.workload, cell.seed, n, cell.trace_limits)
     capacity = estimate_capacity_rps(
-        trace, workers=cell.workers, slots=cell.slots, step_a=cell.step.a, step_b=cell.step.b
+        trace, workers=cell.workers, slots=cell.slots, step_a=cell.step.a, step_b=cell.step.b,
+        step_c=cell.step.c,
     )
     trace = at_load(trace, cell.load, capacity)
     jobs = jobs_from(trace.requests)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Console
 from rich.table import Table
 
@@ -64,8 +66,8 @@ def render_report(report: ReplayReport, console: Console) -> None:
     c = report.config
     console.print(
         f"G={c['workers']} workers × B={c['slots']} slots; step T = {c['step_a_s_per_token']:.3g}·max L + "
-        f"{c['step_b_s']:.3g} s; BR-H H={c['br']['horizon']} β={c['br']['beta']} γ={c['br']['gamma']} "
-        f"R_max={c['br']['r_max']}"
+        f"{c['step_b_s']:.3g} s{_cost_terms(c)}; BR-H H={c['br']['horizon']} β={c['br']['beta']} "
+        f"γ={c['br']['gamma']} R_max={c['br']['r_max']}"
     )
     table = Table(show_lines=False)
     for name, justify in (
@@ -99,3 +101,11 @@ def render_report(report: ReplayReport, console: Console) -> None:
     for line in comparison_lines(report):
         console.print(line)
     console.print(f"[dim]replayed in {report.wall_s:.1f} s; throughput and times come from the step model[/]")
+
+
+def _cost_terms(c: dict[str, Any]) -> str:
+    """The step model's per-sequence and prefill terms, and what BalanceRoute balances, where not 0."""
+    seq, pre = c.get("step_c_s_per_seq", 0.0), c.get("step_p_s_per_prefill_token", 0.0)
+    if not seq and not pre:
+        return ""
+    return f" + {seq:.3g}·n + {pre:.3g}·prefill tokens (per worker); BalanceRoute balances {c['route_cost']}"

@@ -48,7 +48,7 @@ def run_rolled(trace: Trace, setup: ReplaySetup, only: int | None = None) -> Rol
         raise ValueError("a rolling recording replays at its own arrivals (no --load or --rate-scale)")
     workers = list(trace.workers)
     config = EngineConfig(workers=len(workers), slots=setup.slots, step=setup.step, br=setup.br,
-                          seed=setup.seed)
+                          seed=setup.seed, clock=setup.clock)
     specs = [LaneSpec.parse(p) for p in setup.policies]
     rolled = replay_rolling(trace.recorded, trace.seeds, config, specs, workers, time.perf_counter, only=only)
     g = len(workers)
@@ -64,7 +64,8 @@ def run_rolled(trace: Trace, setup: ReplaySetup, only: int | None = None) -> Rol
                         "reseeds": lane.reseeds}
     window_s = next(iter(trace.seeds.values())).window_s
     cfg = {"workers": workers, "slots": setup.slots, "policies": list(setup.policies),
-           "step": {"a_s_per_token": setup.step.a, "b_s": setup.step.b}, "seeds": len(trace.seeds)}
+           "step": {"a_s_per_token": setup.step.a, "b_s": setup.step.b, "c_s_per_seq": setup.step.c,
+                    "p_s_per_prefill_token": setup.step.p}, "seeds": len(trace.seeds)}
     return RolledReport(window_s, only, lanes, windows, cfg)
 
 

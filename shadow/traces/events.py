@@ -5,7 +5,8 @@ the configured workers, one `request` line per ended request, `steps` aggregates
 events (`shadow.contracts.events.to_dict`, the older one-event-per-line form). Requests carry the
 decode worker the real router chose, so a replay adds the `actual` lane; the header's workers
 all count as workers, traffic or not, and its `lanes` (when `shadow serve` wrote it) say what the
-live lanes ran with; `seed` lines (rolling lanes) the state each window started from. Incomplete
+live lanes ran with; `seed` lines (rolling lanes) the state each window started from; `clock`
+lines (the measured lane clock) the step models the lanes stepped on as they changed. Incomplete
 requests are dropped and counted in the trace
 notes; an invalid line is a one-line TraceError, and so is a size beyond `TraceLimits` (workers,
 workers × slots, rolling windows) or a token count beyond the live mirror's bound. Gzipped files
@@ -20,15 +21,16 @@ from collections.abc import Iterable
 from typing import Any
 
 from shadow.contracts.events import EVENT_TYPES, MAX_REQUEST_TOKENS, TOKEN_FIELDS, Event, from_dict
+from shadow.engine.config import LaneClock
 from shadow.engine.feed import Recorded, recorded_requests
 from shadow.engine.rolling import Seed
-from shadow.engine.settings import LaneSettings
+from shadow.engine.settings import LaneSettings, clock_from_json
 from shadow.traces.limits import DEFAULT_LIMITS, TraceLimits
 from shadow.traces.lines import open_lines
 from shadow.traces.model import Trace, TraceError, TraceRequest
 from shadow.traces.parsing import json_objects, show, too_many_tokens
 
-RECORD_TYPES = ("session", "request", "steps", "seed")
+RECORD_TYPES = ("session", "request", "steps", "seed", "clock")
 
 
 def _request(obj: dict[str, Any]) -> Recorded:
@@ -103,6 +105,16 @@ def _event(obj: dict[str, Any]) -> Event:
     return ev
 
 
+def _clock(obj: dict[str, Any], workers: list[str] | None) -> tuple[float, LaneClock]:
+    """A `clock` line of a session whose header named its workers, its time finite."""
+    t = obj.get("t")
+    if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t):
+        raise ValueError("clock line: t must be a finite number")
+    if not workers:
+        raise ValueError("clock line: the session header names no workers")
+    return float(t), clock_from_json(obj, len(workers))
+
+
 def _check_span(name: str, recs: Iterable[Recorded], seeds: dict[int, Seed], limits: TraceLimits) -> None:
     """The rolling windows the recorded arrivals span, at most `limits.max_windows`."""
     if not seeds:
@@ -127,6 +139,7 @@ def load_events(
     workers: list[str] | None = None
     settings: LaneSettings | None = None
     seeds: dict[int, Seed] = {}
+    clocks: list[tuple[float, LaneClock]] = []
     with open_lines(name, limits) as lines:
         for line, obj in json_objects(lines, name):
             kind = obj.get("type")
@@ -148,6 +161,8 @@ def load_events(
                 elif kind == "seed":
                     seed = _seed(obj, limits)
                     seeds[seed.window] = seed
+                elif kind == "clock":
+                    clocks.append(_clock(obj, workers))
                 elif kind != "steps":
                     raise ValueError(f"unknown record type {show(kind)}")
             except TraceError:
@@ -192,4 +207,5 @@ def load_events(
         lane_settings=settings,
         seeds=seeds,
         recorded=tuple(recs) if seeds else (),
+        clocks=tuple(clocks),
     )

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from shadow.engine.config import LaneClock
 from shadow.engine.feed import Recorded
 from shadow.engine.rolling import Seed
 from shadow.engine.settings import LaneSettings
@@ -102,6 +103,8 @@ class Trace:
     # event-time placements), which a replay needs to start every window from its seed
     seeds: Mapping[int, Seed] = dataclasses.field(default_factory=dict)
     recorded: tuple[Recorded, ...] = ()
+    # ... with the measured lane clock: (time, clock) each time the lanes' step models changed
+    clocks: tuple[tuple[float, LaneClock], ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.requests, tuple):

@@ -50,26 +50,31 @@ def estimate_capacity_rps(
     step_a: float,
     step_b: float,
     imbalance: float = 1.0,
+    step_c: float = 0.0,
 ) -> float:
     """Saturated throughput, in requests/s, of `workers` DP ranks × `slots` slots whose decode step
-    takes T = step_a · max_load + step_b seconds, for the request mix of `trace`.
+    takes T = step_a · max_load + step_c · running + step_b seconds, for the request mix of `trace`.
 
-    With every slot busy, a worker holds slots × `mean_slot_load_tokens(trace)` KV tokens; the
-    heaviest worker holds `imbalance` (≥ 1; 1 = perfect balance, an upper bound on capacity) times
-    that, so T_sat = step_a · imbalance · slots · load + step_b, and
-    capacity = workers · slots / (mean_output · T_sat).
+    With every slot busy, a worker runs `slots` sequences holding slots × `mean_slot_load_tokens(trace)`
+    KV tokens; the heaviest worker holds `imbalance` (≥ 1; 1 = perfect balance, an upper bound on
+    capacity) times that, so T_sat = step_a · imbalance · slots · load + step_c · slots + step_b,
+    and capacity = workers · slots / (mean_output · T_sat).
     """
     if len(trace) == 0:
         raise ValueError("estimate_capacity_rps: the trace is empty")
     if workers < 1 or slots < 1:
         raise ValueError(f"workers and slots must be >= 1, got workers={workers}, slots={slots}")
-    if not (math.isfinite(step_a) and math.isfinite(step_b) and step_a >= 0.0 and step_b >= 0.0):
-        raise ValueError(f"step_a and step_b must be finite and >= 0, got {step_a!r}, {step_b!r}")
+    if not all(math.isfinite(x) and x >= 0.0 for x in (step_a, step_b, step_c)):
+        raise ValueError(
+            f"step_a, step_b and step_c must be finite and >= 0, got {step_a!r}, {step_b!r}, {step_c!r}"
+        )
     if not (math.isfinite(imbalance) and imbalance >= 1.0):
         raise ValueError(f"imbalance must be a finite number >= 1, got {imbalance!r}")
     step_s = step_a * imbalance * slots * mean_slot_load_tokens(trace) + step_b
+    if step_c:
+        step_s += step_c * slots
     if step_s <= 0.0:
-        raise ValueError("estimate_capacity_rps: the step time is 0 (step_a and step_b both 0)")
+        raise ValueError("estimate_capacity_rps: the step time is 0 (step_a, step_b and step_c all 0)")
     return workers * slots / (trace.mean_output_tokens * step_s)
 
 
