@@ -369,9 +369,10 @@ class LiveLanes:
             self.fidelity_n += 1
             self.fidelity_recent.append(err)
         if ring and ring[0][0] <= t_event:
-            # placed load on both sides: running KV + prompts queued at the worker
-            for g, (x, q) in enumerate(zip(lane.loads, lane.queued_tokens, strict=True)):
-                self._lw_sum[g] += x + q
+            # placed load on both sides: running KV + prompts queued at the worker (+ the lane's
+            # requests whose streams have not ended yet: `Lane.placed_loads`)
+            for g, x in enumerate(lane.placed_loads()):
+                self._lw_sum[g] += x
             self._lw_n += 1
 
     def _on_offer(self, lane: Lane, job: Job) -> None:
@@ -607,6 +608,10 @@ class LiveLanes:
                 if self.fidelity_recent
                 else None,
                 "samples": self.fidelity_n,
+                # time averages per window, against the mirror and the engines' own steps
+                # (`shadow.engine.twincheck`), and what the twin measured of the servers
+                "twin": None if d.twin is None else d.twin.figures(),
+                "servers": None if d.servers is None else d.servers.describe(self.workers),
             },
             "workers": list(self.workers),
             "slots": self.slots,

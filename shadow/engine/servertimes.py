@@ -1,0 +1,227 @@
+"""What a real server does around its engine's steps, measured per worker from its engine probe's
+steps (running, tokens, period, KV usage after each step) and its requests' events (placed, ended):
+the lanes' twin of the server beyond the step-cost model. Pure: times come in as arguments.
+
+- Which steps admitted and finished requests. A step's `tokens` are the sequences that produced
+  one (every running request decodes one per step; a request admitted in it produces its first
+  unless its prefill goes on), so with `r0`/`r1` the running counts before/after it: finished =
+  tokens − r1 (fewer while a prefill goes on after it), admitted = finished + r1 − r0 + the
+  requests it preempted (exactly: what joined the running set). vLLM admits FIFO, so the k-th
+  admission of a worker is its k-th placed request (a request that ended before any token never
+  reached it and is taken out); stream ends are paired with finishing steps in order (a mean over
+  the pairs does not depend on which end goes with which step).
+- `front(g)`: from a request's placement to the start of the step that admitted it, over the
+  admissions made while nothing waited in the engine (its own queue is the lane's to model):
+  the HTTP front end and input processing. `back(g)`: from the step that finished a request to its
+  stream's end where the events see it (output processing, the HTTP side, the tap). Means over the
+  last `memory` samples: the load a lane holds is a time integral, which a mean gets right.
+- `speed(g, t)`: the host's speed — measured step periods over what the worker's step model
+  predicts for the same steps (their sequences, prefill tokens and KV), per `bucket_s` of event time;
+  a step of any lane at that time takes its model's time × this factor, so the lanes keep the
+  measured timeline (a shared host's contention is the same whatever the policy) while the model
+  keeps what depends on the state. 1 where nothing was measured.
+- `kv_blocks(g)`, `block_tokens(g)`: the KV cache the engine reports its usage of (a fraction of
+  its blocks): its blocks are the inverse of the smallest rise of usage (a decoding request that
+  starts a block), and the block size the one that most lone admissions' prompts fill to the rise
+  of usage each made (vLLM's CPU build: 128; GPU: 16): usage × blocks × block size is the KV it
+  holds in tokens.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from shadow.core.stepmodel import StepTimeModel
+
+BUCKET_S = 0.5  # event time per speed factor
+MEMORY = 256  # latency and capacity samples kept per worker
+MAX_LATENCY_S = 30.0  # a pairing further apart than this is a broken pairing, not a latency
+SPEED_RANGE = (0.2, 5.0)  # the host speed factor is kept within this
+MIN_BUCKET_STEPS = 3  # steps a bucket needs for a factor of its own
+LOOKBACK_BUCKETS = 8  # a bucket without one takes the latest one this close before it
+BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)  # the KV block sizes looked for
+MIN_KV_SAMPLES = 5  # lone admissions before a block size is named
+
+
+@dataclass
+class _Worker:
+    placed: deque[tuple[float, str, float]] = field(default_factory=deque)  # (t, id, prompt) not admitted
+    ends: deque[float] = field(default_factory=deque)  # stream ends not paired with a finishing step
+    finished: deque[float] = field(default_factory=deque)  # finishing steps not paired with an end
+    resumes: int = 0  # preempted requests its next admissions bring back (no placement of their own)
+    running: int = 0  # after its last step
+    waiting: int = 0
+    kv_usage: float = 0.0
+    front: deque[float] = field(default_factory=lambda: deque(maxlen=MEMORY))
+    back: deque[float] = field(default_factory=lambda: deque(maxlen=MEMORY))
+    lone: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=MEMORY))  # (prompt, rise)
+    quantum: float = 1.0  # the smallest rise of KV usage seen: one block
+    buckets: dict[int, list[float]] = field(default_factory=dict)  # bucket -> [Σ measured, Σ predicted, n]
+
+
+class ServerTimes:
+    """See module docstring. `placed`/`ended` per request, `step` per probe step; `models` are the
+    workers' step models the speed factor is measured against (`set_models`)."""
+
+    def __init__(self, workers: int, models: Sequence[StepTimeModel], *, bucket_s: float = BUCKET_S,
+                 keep_buckets: int = 512) -> None:
+        if bucket_s <= 0:
+            raise ValueError(f"speed bucket must be > 0 s, got {bucket_s}")
+        self.w = [_Worker() for _ in range(workers)]
+        self.bucket_s = bucket_s
+        self.keep_buckets = keep_buckets
+        self.models = list(models)
+        self.steps = 0  # probe steps taken (with counts)
+        self.desyncs = 0  # pairings dropped as impossible (a placement never admitted, a lost step)
+        self.set_models(models)
+
+    def set_models(self, models: Sequence[StepTimeModel]) -> None:
+        if len(models) != len(self.w):
+            raise ValueError(f"{len(models)} step models for {len(self.w)} workers")
+        self.models = list(models)
+
+    # -- requests --------------------------------------------------------------------------------
+
+    def placed(self, g: int, t: float, request_id: str, prompt: float) -> None:
+        """A request placed on worker g at event time t (in placement order per worker)."""
+        self.w[g].placed.append((t, request_id, prompt))
+
+    def ended(self, g: int, t: float, request_id: str, generated: int) -> None:
+        """A request of worker g ended at t: its stream's end when it generated tokens (the engine
+        finished it), else it never reached the engine (out of the admission order)."""
+        w = self.w[g]
+        if generated >= 1:
+            w.ends.append(t)
+            self._pair_ends(w)
+            return
+        for i, (_, rid, _) in enumerate(w.placed):
+            if rid == request_id:
+                del w.placed[i]
+                return
+
+    # -- steps -----------------------------------------------------------------------------------
+
+    def step(self, g: int, t: float, period: float, running: int, waiting: int, tokens: int,
+             preemptions: int, kv_usage: float | None, load: float) -> None:
+        """A probe step of worker g that ended at t, `period` after its previous one, with the
+        counts after it; `load`: the KV tokens the worker held (the mirror's), for the model."""
+        w = self.w[g]
+        self.steps += 1
+        r0 = w.running
+        finished = max(0, tokens - running)
+        admitted = max(0, finished + running - r0 + preemptions)
+        start = t - period
+        resumed = min(admitted, w.resumes)
+        w.resumes += preemptions - resumed
+        prompt = 0.0
+        for _ in range(admitted - resumed):
+            placed = self._admit(w, start)
+            if placed is None:
+                break
+            t_placed, p = placed
+            prompt += p
+            if w.waiting == 0:  # nothing queued in the engine before it: no engine wait in it
+                w.front.append(start - t_placed)
+        if kv_usage is not None:
+            rise = kv_usage - w.kv_usage
+            if rise > 1e-9:
+                w.quantum = min(w.quantum, rise)
+                if admitted == 1 and not resumed and not finished and not preemptions and prompt > 0:
+                    w.lone.append((prompt, rise))
+            w.kv_usage = kv_usage
+        for _ in range(finished):
+            w.finished.append(t)
+        self._pair_ends(w)
+        w.running, w.waiting = running, waiting
+        if period > 0 and tokens > 0:
+            b = int(t // self.bucket_s)
+            acc = w.buckets.get(b)
+            if acc is None:
+                acc = w.buckets[b] = [0.0, 0.0, 0.0]
+                if len(w.buckets) > self.keep_buckets:
+                    del w.buckets[min(w.buckets)]
+            acc[0] += period
+            acc[1] += self.models[g].worker_time(load, tokens, prompt)
+            acc[2] += 1
+
+    def _admit(self, w: _Worker, start: float) -> tuple[float, float] | None:
+        """The oldest placement an admission at `start` can be (older ones it cannot be: dropped)."""
+        while w.placed:
+            t_placed, _, p = w.placed.popleft()
+            if start - t_placed <= MAX_LATENCY_S and start >= t_placed - 0.05:
+                return t_placed, p
+            self.desyncs += 1
+            if start < t_placed:  # admitted before it was placed: the admission is not its
+                w.placed.appendleft((t_placed, _, p))
+                return None
+        return None
+
+    def _pair_ends(self, w: _Worker) -> None:
+        while w.ends and w.finished:
+            d = w.ends.popleft() - w.finished.popleft()
+            if -0.05 <= d <= MAX_LATENCY_S:
+                w.back.append(max(0.0, d))
+            else:
+                self.desyncs += 1
+
+    # -- what the lanes use ----------------------------------------------------------------------
+
+    def front(self, g: int) -> float | None:
+        xs = self.w[g].front
+        return max(0.0, statistics.fmean(xs)) if xs else None
+
+    def back(self, g: int) -> float | None:
+        xs = self.w[g].back
+        return statistics.fmean(xs) if xs else None
+
+    def kv_blocks(self, g: int) -> int | None:
+        w = self.w[g]
+        return round(1.0 / w.quantum) if w.quantum < 1.0 else None
+
+    def block_tokens(self, g: int) -> int | None:
+        """The block size most lone admissions agree with (None: too few yet)."""
+        blocks = self.kv_blocks(g)
+        lone = self.w[g].lone
+        if blocks is None or len(lone) < MIN_KV_SAMPLES:
+            return None
+        used = [(p, round(rise * blocks)) for p, rise in lone]
+        return max(BLOCK_SIZES, key=lambda bs: sum(1 for p, n in used if -(-p // bs) == n))
+
+    def kv_tokens(self, g: int) -> float | None:
+        """The KV cache of worker g in tokens (blocks × block size; None until both are known)."""
+        blocks, bs = self.kv_blocks(g), self.block_tokens(g)
+        return None if blocks is None or bs is None else float(blocks * bs)
+
+    def speed(self, g: int, t: float) -> float:
+        """The host speed factor of worker g at event time t (see module docstring)."""
+        buckets = self.w[g].buckets
+        b = int(t // self.bucket_s)
+        for i in range(b, b - LOOKBACK_BUCKETS, -1):
+            acc = buckets.get(i)
+            if acc is not None and acc[2] >= MIN_BUCKET_STEPS and acc[1] > 0:
+                lo, hi = SPEED_RANGE
+                return min(hi, max(lo, acc[0] / acc[1]))
+        return 1.0
+
+    def latencies(self) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+        """(front, back) per worker once every worker has both (0 for a worker without samples
+        while another has them), or None before any was measured."""
+        fronts = [self.front(g) for g in range(len(self.w))]
+        backs = [self.back(g) for g in range(len(self.w))]
+        if all(x is None for x in fronts) and all(x is None for x in backs):
+            return None
+        return tuple(x or 0.0 for x in fronts), tuple(x or 0.0 for x in backs)
+
+    def describe(self, names: Sequence[str]) -> dict[str, dict[str, float | int | None]]:
+        """Per worker by name: its latencies, KV tokens, samples (for the report)."""
+        out: dict[str, dict[str, float | int | None]] = {}
+        for g, name in enumerate(names):
+            w = self.w[g]
+            out[name] = {"front_s": self.front(g), "back_s": self.back(g), "kv_tokens": self.kv_tokens(g),
+                         "kv_block_tokens": self.block_tokens(g),
+                         "front_samples": len(w.front), "back_samples": len(w.back)}
+        return out
+
