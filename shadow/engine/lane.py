@@ -845,8 +845,9 @@ class Lane:
             n = running[g] - len(pf)
             loads[g] += n
             emitted += n
-            for e in pf:
+            for e in pf:  # no token yet: its age (step count − start) stays what it holds
                 e.chunk = 0
+                self.slot_start[e.slot] += 1
             self._prefill[g] = 0.0
         self.totals.tokens += emitted
         if not emitted:

@@ -49,6 +49,9 @@ MIN_KV_SAMPLES = 5  # lone admissions before a block size is named
 @dataclass
 class _Worker:
     placed: deque[tuple[float, str, float]] = field(default_factory=deque)  # (t, id, prompt) not admitted
+    admits: deque[tuple[float, bool, float | None]] = field(default_factory=deque)  # (start, quiet, rise)
+    prompt_sum: float = 0.0  # placed prompts paired so far
+    prompt_n: int = 0
     ends: deque[float] = field(default_factory=deque)  # stream ends not paired with a finishing step
     finished: deque[float] = field(default_factory=deque)  # finishing steps not paired with an end
     resumes: int = 0  # preempted requests its next admissions bring back (no placement of their own)
@@ -110,28 +113,22 @@ class ServerTimes:
         counts after it; `load`: the KV tokens the worker held (the mirror's), for the model."""
         w = self.w[g]
         self.steps += 1
-        r0 = w.running
         finished = max(0, tokens - running)
-        admitted = max(0, finished + running - r0 + preemptions)
+        admitted = max(0, finished + running - w.running + preemptions)
         start = t - period
         resumed = min(admitted, w.resumes)
         w.resumes += preemptions - resumed
-        prompt = 0.0
-        for _ in range(admitted - resumed):
-            placed = self._admit(w, start)
-            if placed is None:
-                break
-            t_placed, p = placed
-            prompt += p
-            if w.waiting == 0:  # nothing queued in the engine before it: no engine wait in it
-                w.front.append(start - t_placed)
+        new = admitted - resumed
+        rise = None
         if kv_usage is not None:
-            rise = kv_usage - w.kv_usage
-            if rise > 1e-9:
+            if kv_usage - w.kv_usage > 1e-9:
+                rise = kv_usage - w.kv_usage
                 w.quantum = min(w.quantum, rise)
-                if admitted == 1 and not resumed and not finished and not preemptions and prompt > 0:
-                    w.lone.append((prompt, rise))
             w.kv_usage = kv_usage
+        lone = rise if new == 1 and not resumed and not finished and not preemptions else None
+        for _ in range(new):
+            w.admits.append((start, w.waiting == 0, lone))
+        prompt = self._pair_admits(w, new)
         for _ in range(finished):
             w.finished.append(t)
         self._pair_ends(w)
@@ -147,17 +144,39 @@ class ServerTimes:
             acc[1] += self.models[g].worker_time(load, tokens, prompt)
             acc[2] += 1
 
-    def _admit(self, w: _Worker, start: float) -> tuple[float, float] | None:
-        """The oldest placement an admission at `start` can be (older ones it cannot be: dropped)."""
-        while w.placed:
-            t_placed, _, p = w.placed.popleft()
-            if start - t_placed <= MAX_LATENCY_S and start >= t_placed - 0.05:
-                return t_placed, p
+    def _pair_admits(self, w: _Worker, new: int) -> float:
+        """Pair admissions with placements in order, each side waiting for the other (a probe's
+        steps and the requests' events come in on their own paths); the prompt tokens the last
+        `new` admissions brought (a mean placed prompt for one not paired yet). A pair that cannot
+        be one (admitted before placed; or too far apart) drops the side that has no partner."""
+        placed, admits = w.placed, w.admits
+        prompts: list[float] = []
+        while placed and admits:
+            t_placed, _, p = placed[0]
+            start, quiet, rise = admits[0]
+            if start < t_placed - 0.05:  # an admission of a placement this never saw
+                admits.popleft()
+                self.desyncs += 1
+                continue
+            if start - t_placed > MAX_LATENCY_S:  # a placement that never reached the engine
+                placed.popleft()
+                self.desyncs += 1
+                continue
+            placed.popleft()
+            admits.popleft()
+            prompts.append(p)
+            w.prompt_sum += p
+            w.prompt_n += 1
+            if quiet:  # nothing queued in the engine before it: no engine wait in it
+                w.front.append(start - t_placed)
+            if rise is not None and p > 0:
+                w.lone.append((p, rise))
+        if len(admits) > MEMORY:  # admissions of placements never seen (a lost event stream)
+            admits.popleft()
             self.desyncs += 1
-            if start < t_placed:  # admitted before it was placed: the admission is not its
-                w.placed.appendleft((t_placed, _, p))
-                return None
-        return None
+        mean = w.prompt_sum / w.prompt_n if w.prompt_n else 0.0
+        unpaired = min(new, len(admits))
+        return sum(prompts[len(prompts) - (new - unpaired):]) + unpaired * mean
 
     def _pair_ends(self, w: _Worker) -> None:
         while w.ends and w.finished:

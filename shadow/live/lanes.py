@@ -557,7 +557,13 @@ class LiveLanes:
             warnings.append(f"{self.dropped_total} events dropped (lanes overloaded): lanes miss requests")
         # Load-weighted: Σ|lane − mirror| / Σ mirror over all snapshots and workers (a near-empty
         # fleet's snapshot weighs as little as its load); the unweighted mean is reported beside it.
-        fid = self.fidelity_abs / self.fidelity_tot if self.fidelity_tot > 0 else None
+        fid_mirror = self.fidelity_abs / self.fidelity_tot if self.fidelity_tot > 0 else None
+        # Against the engines' own KV where their probe reports it (`shadow.engine.twincheck`): the
+        # mirror sees the HTTP side, whose delays (measured, `servers`) no engine model predicts
+        # request by request; else against the mirror.
+        twin = None if d.twin is None else d.twin.figures()
+        fid_engine = None if twin is None else twin["kv_vs_engine"]
+        fid = fid_engine if fid_engine is not None else fid_mirror
         drift = (measured / modelled if modelled > 0 else None) if on_configured else vs_clock
         problems = trust_problems(clock_fit, fid, drift, self.dropped_total)
         key = (self.windows.complete, tuple(problems))
@@ -603,6 +609,8 @@ class LiveLanes:
             },
             "fidelity": {
                 "load_rel_error": fid,
+                "reference": "engine" if fid_engine is not None else "mirror",
+                "load_rel_error_mirror": fid_mirror,
                 "load_rel_error_unweighted": self.fidelity_sum / self.fidelity_n if self.fidelity_n else None,
                 "load_rel_error_recent": sum(self.fidelity_recent) / len(self.fidelity_recent)
                 if self.fidelity_recent
@@ -610,7 +618,7 @@ class LiveLanes:
                 "samples": self.fidelity_n,
                 # time averages per window, against the mirror and the engines' own steps
                 # (`shadow.engine.twincheck`), and what the twin measured of the servers
-                "twin": None if d.twin is None else d.twin.figures(),
+                "twin": twin,
                 "servers": None if d.servers is None else d.servers.describe(self.workers),
             },
             "workers": list(self.workers),
