@@ -36,7 +36,7 @@ class EngineLimits:
     the paper's B slots (vLLM's --max-num-seqs), as vLLM V1's scheduler does it (None: unbounded,
     the paper's model).
 
-    `max_batched_tokens` (--max-num-batched-tokens): every step's token budget. Running requests
+    `max_num_batched_tokens` (--max-num-batched-tokens): every step's token budget. Running requests
     come first, in admission order: one token per decoding request, a prefill chunk of what is
     left of its prompt per prefilling one; then waiting requests are admitted (FIFO) while budget
     and slots are left, each with a first chunk of its prompt (chunked prefill: a prompt that does
@@ -47,13 +47,13 @@ class EngineLimits:
     V1's recompute preemption), and nothing is admitted that step; a request is admitted only when
     its first chunk's blocks are free."""
 
-    max_batched_tokens: int | None = None
+    max_num_batched_tokens: int | None = None
     kv_tokens: int | None = None
     block_tokens: int = DEFAULT_BLOCK_TOKENS
 
     def __post_init__(self) -> None:
-        if self.max_batched_tokens is not None and self.max_batched_tokens < 1:
-            raise ValueError(f"max batched tokens must be >= 1, got {self.max_batched_tokens}")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise ValueError(f"max batched tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.block_tokens < 1:
             raise ValueError(f"KV block size must be >= 1 token, got {self.block_tokens}")
         if self.kv_tokens is not None and self.kv_tokens < self.block_tokens:

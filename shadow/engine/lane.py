@@ -753,8 +753,8 @@ class Lane:
         limits = self.limits
         pf = self._prefilling[g]
         budget = math.inf
-        if limits is not None and limits.max_batched_tokens is not None:
-            budget = float(limits.max_batched_tokens)
+        if limits is not None and limits.max_num_batched_tokens is not None:
+            budget = float(limits.max_num_batched_tokens)
         budget -= self.running[g] - len(pf)
         prefill = 0
         for e in pf:

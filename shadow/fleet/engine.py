@@ -1,5 +1,11 @@
-"""One simulated decode engine (a DP rank): B slots, a FIFO waiting queue, one token per running
-request per step. Steps are driven by `StepClock`; the HTTP layer only submits and waits.
+"""One simulated decode engine (a DP rank), scheduling as vLLM V1 does: B slots (--max-num-seqs)
+with a FIFO waiting queue behind them, one token per running request per step; with a token budget
+(--max-num-batched-tokens) running requests go first (one token per decoding request, the next
+chunk of each prefilling one) and waiting ones are admitted while budget is left (a prompt that
+does not fit is prefilled in chunks over several steps, its first token after the last); when the
+KV cache (in blocks) cannot hold a step, the newest running request is preempted: its KV freed, it
+waits at the front of the queue and recomputes prompt + generated tokens when admitted again.
+Steps are driven by `StepClock`; the HTTP layer only submits and waits.
 
 A `Seq` is one request inside an engine; readers wait on it with `wait_beyond(seen)`, which
 returns once more tokens exist or the request finished (one future per waiting reader, set at
@@ -10,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +27,7 @@ from shadow.fleet.metrics import EngineStats
 
 WAITING, RUNNING, FINISHED = 0, 1, 2
 #: The fields of a `FleetConfig` that size each decode rank.
-RANK_SIZE = ("slots", "kv_capacity_tokens", "block_size", "max_model_len")
+RANK_SIZE = ("slots", "kv_capacity_tokens", "block_size", "max_model_len", "max_num_batched_tokens")
 
 
 class EngineDown(RuntimeError):
@@ -42,6 +49,7 @@ class Seq:
         "max_tokens",
         "natural_finish",
         "on_release",
+        "prefill_left",
         "prompt_tokens",
         "rid",
         "scheduled_t",
@@ -72,6 +80,7 @@ class Seq:
         self.source = source
         self.on_release = on_release
         self.generated = 0
+        self.prefill_left = 0  # tokens of its (re)prefill after this step's chunk (0: decoding)
         self.status = WAITING
         self.finish_reason: str | None = None
         self.kv_params: dict[str, Any] | None = None
@@ -148,9 +157,11 @@ class DecodeEngine:
         max_model_len: int,
         faults: FaultState,
         on_work: Callable[[], None],
+        max_num_batched_tokens: int | None = None,
     ) -> None:
         self.engine_label = label
         self.slots = slots
+        self.max_num_batched_tokens = max_num_batched_tokens
         self.kv_capacity_tokens = kv_capacity_tokens
         self.block_size = block_size
         self.max_model_len = max_model_len
@@ -182,12 +193,22 @@ class DecodeEngine:
     def num_running(self) -> int:
         return len(self.running)
 
+    @property
+    def must_schedule(self) -> bool:
+        """The next step needs scheduling with nobody waiting: a prefill goes on, or the KV cache
+        could run out (a preemption)."""
+        if self.max_num_batched_tokens is not None and any(s.prefill_left for s in self.running):
+            return True
+        return self.load // self.block_size + len(self.running) > self.kv_capacity_tokens // self.block_size
+
     def num_waiting(self) -> int:
         return len(self.waiting)
 
     def kv_blocks(self) -> int:
+        """Blocks the running requests hold: their prompt and tokens computed (by the step
+        scheduled: a decoding request's next token, a prefilling one's chunk)."""
         bs = self.block_size
-        return sum(-(-(s.prompt_tokens + s.generated) // bs) for s in self.running)
+        return sum(-(-(s.prompt_tokens + s.generated - s.prefill_left) // bs) for s in self.running)
 
     def kv_usage(self) -> float:
         return min(1.0, self.kv_blocks() / max(1, self.kv_capacity_tokens // self.block_size))
@@ -230,40 +251,92 @@ class DecodeEngine:
 
     # -- clock side ------------------------------------------------------------------------------
     def admit(self, now: float) -> int:
-        """Move waiting requests into free slots (FIFO); return prompt tokens prefilled locally."""
-        waiting = self.waiting
-        running = self.running
+        """Schedule the next step (see module docstring): return the prompt tokens it prefills
+        locally. Requests that go on prefilling after it (`prefill_left`) get no token from it."""
+        running, waiting = self.running, self.waiting
+        budget = math.inf if self.max_num_batched_tokens is None else float(self.max_num_batched_tokens)
         local = 0
-        while waiting and len(running) < self.slots:
+        chunks: list[tuple[Seq, int]] = []
+        for seq in running:
+            if seq.prefill_left:
+                chunks.append((seq, seq.prefill_left))
+            else:
+                budget -= 1
+        planned: dict[str, int] = {}
+        for seq, left in chunks:
+            chunk = int(min(left, max(budget, 0.0)))
+            seq.prefill_left = left - chunk
+            planned[seq.rid] = chunk
+            budget -= chunk
+            local += chunk
+        victims = self._preempt()
+        if victims:  # nothing is admitted in a step that preempts (vLLM); their chunks are not in it
+            return local - sum(planned.get(v.rid, 0) for v in victims)
+        bs = self.block_size
+        cap = self.kv_capacity_tokens // bs
+        used = -1
+        while waiting and len(running) < self.slots and budget > 0:
             seq = waiting[0]
             size = seq.prompt_tokens + seq.generated
-            if running and self.load + size + 1 > self.kv_capacity_tokens:
-                break
+            remote = seq.source != "local_compute" and not seq.generated  # its KV comes from a prefill
+            chunk = size if remote else int(min(size, budget))
+            if running:
+                used = self.kv_blocks() if used < 0 else used
+                if used + -(-chunk // bs) > cap:
+                    break
+                used += -(-chunk // bs)
             waiting.popleft()
             running.append(seq)
             seq.status = RUNNING
-            seq.scheduled_t = now
+            if not seq.scheduled_t:
+                seq.scheduled_t = now
+            seq.prefill_left = size - chunk
             self.load += size
-            self._stats.add_prompt(seq.prompt_tokens, seq.source)
-            if seq.source == "local_compute":
-                local += seq.prompt_tokens
+            if not seq.generated:
+                self._stats.add_prompt(seq.prompt_tokens, seq.source)
+            if not remote:
+                local += chunk
+                budget -= chunk
             seq.release()
         return local
 
+    def _preempt(self) -> list[Seq]:
+        """While the running requests' blocks for this step (a decoding request's next token, a
+        prefilling one's chunk) exceed the KV cache, preempt the newest (never the last one); the
+        requests preempted."""
+        bs = self.block_size
+        cap = self.kv_capacity_tokens // bs
+        running = self.running
+        victims: list[Seq] = []
+        if self.load // bs + len(running) <= cap:  # cannot exceed it (each holds < 1 block spare)
+            return victims
+        while len(running) > 1 and self.kv_blocks() > cap:
+            seq = running.pop()
+            self.load -= seq.prompt_tokens + seq.generated
+            seq.status = WAITING
+            seq.prefill_left = 0
+            self.waiting.appendleft(seq)
+            self._stats.preemptions += 1
+            victims.append(seq)
+        return victims
+
     def finish_step(self, now: float, prefilled: int) -> None:
-        """End of a step: every running request got one token; finish those that are done."""
+        """End of a step: every running request but those still prefilling got one token; finish
+        those that are done."""
         running = self.running
         n = len(running)
         st = self._stats
-        st.iteration_tokens.observe(n + prefilled)
+        st.iteration_tokens.observe(sum(1 for s in running if not s.prefill_left) + prefilled)
         if not n:
             self.last_step_end = now
             return
-        self.load += n
-        st.generation_tokens += n
         itl_n = 0
         done = False
+        emitted = 0
         for seq in running:
+            if seq.prefill_left:  # its prefill goes on: no token from this step
+                continue
+            emitted += 1
             g = seq.generated + 1
             seq.generated = g
             seq.last_t = now
@@ -276,6 +349,8 @@ class DecodeEngine:
                 done = True
             elif seq.wake_each_token:
                 seq.notify()
+        self.load += emitted
+        st.generation_tokens += emitted
         if itl_n:
             st.itl.observe(now - self.last_step_end, itl_n)
         if done:

@@ -87,7 +87,7 @@ def test_a_prompt_over_the_token_budget_is_prefilled_in_chunks() -> None:
     # budget 100, a 250-token prompt alone: chunks of 100, 100, 50; its first token at the end of
     # the third step; the two steps before it emit nothing (counted as silent), each priced p·chunk
     model = StepTimeModel(a=0.0, b=1.0, p=0.01)
-    lane = _lane(step=model, limits=EngineLimits(max_batched_tokens=100), forced={"x": 0})
+    lane = _lane(step=model, limits=EngineLimits(max_num_batched_tokens=100), forced={"x": 0})
     ends = _Ends(lane)
     lane.offer(Job("x", 0.0, 250, 3), 0.0)
     times = []
@@ -102,7 +102,7 @@ def test_a_prompt_over_the_token_budget_is_prefilled_in_chunks() -> None:
 
 def test_prefill_chunks_take_the_budget_decodes_leave() -> None:
     # three decoding requests and a budget of 10: a new 20-token prompt gets 7 tokens, then 7, 6
-    lane = _lane(slots=8, step=StepTimeModel(a=0.0, b=1.0, p=1.0), limits=EngineLimits(max_batched_tokens=10),
+    lane = _lane(slots=8, step=StepTimeModel(a=0.0, b=1.0, p=1.0), limits=EngineLimits(max_num_batched_tokens=10),
                  forced={"d1": 0, "d2": 0, "d3": 0, "new": 0})
     for rid in ("d1", "d2", "d3"):
         lane.offer(Job(rid, 0.0, 1, 50), 0.0)
@@ -205,7 +205,7 @@ def test_independent_workers_admit_on_their_own_boundaries_with_latency() -> Non
 def test_every_request_finishes_with_all_its_tokens_under_any_limits(
         raw: list[tuple[float, int, int]], budget: int, kv: int, block: int, front: float) -> None:
     jobs = [Job(i, a, p, o) for i, (a, p, o) in enumerate(sorted(raw))]
-    limits = EngineLimits(max_batched_tokens=budget, kv_tokens=max(kv * block, block), block_tokens=block)
+    limits = EngineLimits(max_num_batched_tokens=budget, kv_tokens=max(kv * block, block), block_tokens=block)
     lane = _lane("jsq-bytes", workers=2, slots=3, step=StepTimeModel(0.0, 0.1, 0.01, 1e-3), limits=limits)
     lane.set_latency([front, 0.0], [0.0, front])
 

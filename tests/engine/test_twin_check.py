@@ -57,7 +57,7 @@ def test_the_same_series_on_both_sides_is_no_error_and_a_late_one_is_its_share()
     assert late.error("kv") is None
 
 
-BOUNDED = EngineLimits(max_batched_tokens=512, kv_tokens=128 * 40, block_tokens=128)
+BOUNDED = EngineLimits(max_num_batched_tokens=512, kv_tokens=128 * 40, block_tokens=128)
 
 
 @pytest.mark.parametrize("limits", [EngineLimits(block_tokens=128), BOUNDED],
@@ -82,7 +82,7 @@ def test_a_twin_of_servers_that_schedule_as_its_lanes_do_reproduces_them(limits:
     assert driver.servers is not None and driver.twin is not None
     for g, (front, back) in enumerate([(0.02, 0.1), (0.05, 0.2)]):
         assert driver.servers.block_tokens(g) == 128
-        if limits.max_batched_tokens is not None:
+        if limits.max_num_batched_tokens is not None:
             # chunked prefills: a request still prefilling makes a finish in the same step look like
             # none to the step's counts (`ServerTimes`), so the latencies are only near the truth
             continue
