@@ -79,6 +79,7 @@ class Run:
     steps: list[dict[str, Any]] = field(default_factory=list)
     load: dict[str, Any] = field(default_factory=dict)
     lost_events: int = 0  # events of serve's ring not read in time (any kind)
+    cost: dict[str, Any] = field(default_factory=dict)  # serve's step-cost model at the end (per group)
 
     def durations(self) -> list[float]:
         return [s["duration_s"] for s in self.steps if s.get("tokens", 0) > 0]
@@ -250,6 +251,8 @@ def one_run(policy: str, urls: list[str], port: int, trace: Path, args: argparse
         time.sleep(args.settle)  # the probe posts every 100 ms: let the last steps arrive
         run.steps = [ev for ev in reader.finish() if t0 <= ev["t"] <= t1 + args.settle]
         run.lost_events = reader.lost
+        report = httpx.get(f"{api}/v1/report", timeout=30, trust_env=False).json()
+        run.cost = report.get("step_model", {}).get("cost", {}).get("groups", {})
     finally:
         serve.stop()
     return run
@@ -320,6 +323,11 @@ def main() -> int:
                   f"wall {r.wall_s:.1f} s, spread {r.spread():.2f}, {r.tokens()} probe tokens of "
                   f"{r.client_tokens()} ({r.lost_events} events missed), "
                   f"load average {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
+            for group, g in r.cost.items():  # serve's own step-cost model of the run
+                print(f"  step cost {group}: {g.get('form')} {g.get('terms')}, R² {g.get('r2')}, "
+                      f"out-of-sample {g.get('oos_error')} on {g.get('windows')} windows of "
+                      f"{g.get('window_steps')} steps; host wait share {g.get('host_wait_share')}, "
+                      f"of the residual {g.get('host_wait_r2')}", file=sys.stderr, flush=True)
     finally:
         fleet.stop()
     header = ("| policy | ok/failed | busy steps rank 0+1 | step mean ms | p50 ms | p99 ms | "
@@ -348,7 +356,7 @@ def main() -> int:
           f"{lock['rank1_cpu_s_during_it']:.2f} s during its {lock['rank0_request_s']:.2f} s, "
           f"{lock['rank1_cpu_s_idle_same_span']:.2f} s idle for as long")
     print(json.dumps({"workload": shape, "args": vars(args), "pooled": pooled, "lockstep": lock,
-                      "runs": [{"policy": r.policy, **summary([r])} for r in runs],
+                      "runs": [{"policy": r.policy, **summary([r]), "step_cost": r.cost} for r in runs],
                       "load_summaries": [r.load for r in runs]}, default=str))
     return 0 if all(r.failed == 0 for r in runs) else 1
 

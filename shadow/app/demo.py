@@ -494,6 +494,9 @@ def status_lines(demo: Demo, report: dict[str, Any], elapsed_s: float) -> Text:
                 f"{sm.get('samples', 0)} samples{_step_sources(sm)}   "
                 f"({truth}: a={o.step_a * o.time_scale:.3g}, b={o.step_b * o.time_scale:.3g})\n")
     text.append(clock_line(sm) + "\n")
+    cost = cost_line(sm)
+    if cost:
+        text.append(cost + "\n")
     err = _num(fid.get("load_rel_error"), ".1%")
     against = {"engine": "the engines' own KV"}.get(fid.get("reference", "mirror"), "mirror")
     text.append(f"twin fidelity: load error {err} (actual lane vs {against})\n")
@@ -511,11 +514,40 @@ def clock_line(sm: dict[str, Any]) -> str:
     steps = ", ".join(
         f"{name} {1e3 * w['b_s']:.1f} ms" if w.get("model") == "mean step" else
         f"{name} {1e3 * w['b_s']:.1f} ms + {w['a_s_per_token']:.2g} s/token" if w.get("model") == "linear fit"
+        else f"{name} step cost fit" if w.get("model") == "cost fit"
         else f"{name} configured" for name, w in workers.items())
     holds = {True: "linear model holds", False: "linear model does NOT hold",
              None: "linear fit not decided"}[sm.get("linear_model_holds")]
     return (f"lane clock: {sm.get('model_in_use', '–')} from {sm.get('model_source', '–')}"
             f"{' (' + steps + ')' if steps else ''}; {holds}")
+
+
+#: How the status line writes each term of a step-cost model: (scale, unit).
+TERM_UNITS = {"b": (1e3, "ms"), "c": (1e3, "ms/seq"), "a": (1e9, "ns/KV token"),
+              "p": (1e6, "µs/prefill token")}
+
+
+def cost_line(sm: dict[str, Any]) -> str | None:
+    """The step-cost model of each barrier group in one line: its form, each term with its 95 %
+    interval, R² and out-of-sample error on its windows (the report's step_model.cost); for SSE
+    gaps alone, the terms they cannot identify. None before any."""
+    cost = sm.get("cost") or {}
+    groups = cost.get("groups") or {}
+    if not groups:
+        missing = ", ".join(sorted(cost.get("not_identifiable") or {}))
+        return (f"step cost: no engine counts (the a·L + b estimator): cannot identify {missing}"
+                if missing else None)
+    parts = []
+    for name, g in groups.items():
+        if g.get("form") is None:
+            parts.append(f"{name} not chosen yet ({g.get('reason')})")
+            continue
+        terms = ", ".join(
+            f"{t} {k * v['value']:.3g} [{k * v['low']:.3g}–{k * v['high']:.3g}] {unit}"
+            for t, v in g["terms"].items() for k, unit in (TERM_UNITS[t],))
+        parts.append(f"{name} {g['form']} ({terms}); R² {_num(g.get('r2'), '.2f')}, out-of-sample "
+                     f"{_num(g.get('oos_error'), '.1%')} on {g.get('window_steps')}-step windows")
+    return "step cost: " + "; ".join(parts)
 
 
 def _step_sources(sm: dict[str, Any]) -> str:

@@ -78,7 +78,20 @@ class Cancel(RequestEvent):
 class Step:
     """A measured decode step: `duration_s` long, ending at `t` (on `worker`, if per worker); an
     engine probe adds its engine index, the scheduler's counts after the step, the tokens it
-    generated, the time since that engine's previous busy step, and which clock `duration_s` is."""
+    generated, the time since that engine's previous busy step, and which clock `duration_s` is.
+
+    What the engine scheduled into the step (probes since the step-cost model; absent from older
+    ones): `prefill_tokens` prompt tokens computed in it (chunks of a chunked prefill included; with
+    `source` "probe_interval", i.e. without the engine's iteration details, the computed prompt
+    tokens of the prefills that completed in it), `prefill_requests` the requests they belong to,
+    `decode_requests` the running requests that decoded in it, `iteration` the engine's step index
+    (consecutive: a gap is steps the probe did not see), `dummy` a DP rank's padding step (no
+    request of its own, run to keep its group's collectives in lockstep), `engine_interval_s` the
+    time since the previous step on the engine's own clock (absent when no request decoded in
+    both: after idle or a prefill-only step), `engine_run_s`/`engine_wait_s` the seconds the
+    engine's main thread had run on a CPU / waited, runnable, for one since it started (Linux
+    schedstat, interpolated at the step's time; their difference between two steps is the host's
+    share of that span: what the engine waited for a CPU)."""
 
     kind: ClassVar[str] = "step"
     t: float
@@ -92,6 +105,14 @@ class Step:
     preemptions: int | None = None
     interval_s: float | None = None
     source: str | None = None
+    prefill_tokens: int | None = None
+    prefill_requests: int | None = None
+    decode_requests: int | None = None
+    iteration: int | None = None
+    dummy: bool | None = None
+    engine_interval_s: float | None = None
+    engine_run_s: float | None = None
+    engine_wait_s: float | None = None
 
 
 Event = Arrive | Route | Token | Finish | Cancel | Step
@@ -165,18 +186,26 @@ def _validate(event: Event) -> None:
 
 
 def _validate_step(event: Step) -> None:
-    for name in ("duration_s", "interval_s"):
+    for name in ("duration_s", "interval_s", "engine_interval_s"):
         d = getattr(event, name)
-        if d is None and name == "interval_s":
+        if d is None and name != "duration_s":
             continue
         if isinstance(d, bool) or not isinstance(d, int | float) or not (0 <= d < 3600):
             raise ValueError(f"step: {name} must be a number in [0, 3600)")
-    for name in ("engine", "running", "waiting", "tokens", "preemptions"):
+    for name in ("engine", "running", "waiting", "tokens", "preemptions", "prefill_tokens",
+                 "prefill_requests", "decode_requests", "iteration"):
         value = getattr(event, name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise ValueError(f"step: {name} must be an integer >= 0")
+    for name in ("engine_run_s", "engine_wait_s"):
+        x = getattr(event, name)
+        if x is not None and (isinstance(x, bool) or not isinstance(x, int | float)
+                              or not 0 <= x < float("inf")):
+            raise ValueError(f"step: {name} must be a finite number >= 0")
     kv = event.kv_usage
     if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int | float) or not (0 <= kv <= 1)):
         raise ValueError("step: kv_usage must be a number in [0, 1]")
     if event.source is not None and (not isinstance(event.source, str) or not event.source):
         raise ValueError("step: source must be a non-empty string")
+    if event.dummy is not None and not isinstance(event.dummy, bool):
+        raise ValueError("step: dummy must be a boolean")

@@ -4,15 +4,19 @@ A lane's figures are compared with the `actual` lane's window by window (`engine
 batch means; the geometric mean of the window ratios with a 95 % t-interval on their logarithms,
 `core.intervals.ratio_interval`, so both bounds are positive). The verdict is `better`, `worse`
 or `no significant difference` from the interval, `too few windows` below three, and `not
-trustworthy` whatever the interval says when the twin is out of bounds: the step-model fit not
-good (R² < 0.9 or too few samples), twin fidelity at or above 2 %, measured steps more than 5 %
-off the model the lanes simulate, or events dropped before the lanes.
+trustworthy` whatever the interval says when the twin is out of bounds: the step model not good
+(with an engine probe's counts: a group's step-cost model not chosen yet or more than 10 % off
+out of sample, `shadow.core.stepcost`; from SSE gaps only: the linear fit's R² < 0.9 or too few
+samples), twin fidelity at or above 2 %, measured steps more than 5 % off the model the lanes
+simulate, or events dropped before the lanes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from shadow.core.stepcost import OOS_ERROR_MAX, CostFit
 from shadow.core.stepmodel import FitResult, StepTimeModel
 from shadow.engine.windows import FIGURES, Windows
 
@@ -24,12 +28,35 @@ NOT_TRUSTWORTHY = "not trustworthy"
 VERDICTS = ("better", "no significant difference", "worse", "too few windows", NOT_TRUSTWORTHY)
 
 
+def cost_problem(name: str, fit: CostFit) -> str | None:
+    """Why a group's step-cost model cannot carry the figures (None: it can): not chosen yet, or
+    its out-of-sample error above OOS_ERROR_MAX, said with its R² and what drives the variance."""
+    ch = fit.chosen
+    if ch is None:
+        return f"step cost model of {name} not chosen yet ({fit.reason})"
+    if ch.oos_error is not None and ch.oos_error <= OOS_ERROR_MAX:
+        return None
+    err = "–" if ch.oos_error is None else f"{ch.oos_error:.0%}"
+    r2 = "–" if ch.r2 is None else f"{ch.r2:.2f}"
+    rest = "" if fit.residual_cv is None else f", the rest ±{fit.residual_cv:.0%} of the step"
+    if fit.host_wait_share is not None:
+        rest += f"; the engine waited for a CPU {fit.host_wait_share:.0%} of its steps' time"
+        if fit.host_wait_r2 is not None:
+            rest += f", {fit.host_wait_r2:.0%} of the rest"
+    drives = {"load": "the load drives the variance", "host": "the host, not the load, drives the variance"}
+    return (f"step cost model of {name} ({ch.label}) is {err} off out of sample on {fit.window_steps}-step "
+            f"windows (needs ≤ {OOS_ERROR_MAX:.0%}; R² {r2}: {drives.get(fit.driver or '', 'no fit')}{rest})")
+
+
 def trust_problems(
-    fit: FitResult, fidelity: float | None, measured_vs_model: float | None, dropped: int
+    fit: FitResult, fidelity: float | None, measured_vs_model: float | None, dropped: int,
+    cost: Sequence[tuple[str, CostFit]] = (),
 ) -> list[str]:
-    """Why the live figures cannot be trusted (empty: they can)."""
-    out: list[str] = []
-    if fit.quality != "good":
+    """Why the live figures cannot be trusted (empty: they can). `cost`: the step-cost fits of the
+    barrier groups by name when an engine probe feeds them (they are then the step model's test,
+    else `fit`, the linear fit of SSE gaps)."""
+    out: list[str] = [p for p in (cost_problem(name, cf) for name, cf in cost) if p is not None]
+    if not cost and fit.quality != "good":
         r2 = "–" if fit.r2 is None else f"{fit.r2:.2f}"
         out.append(f"step model fit is {fit.quality} (R² {r2}, {fit.samples} samples; needs R² ≥ 0.9)")
     if fidelity is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+import os
 import threading
 import time
 from collections import deque
@@ -11,11 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from shadow.contracts.events import Event
+from shadow.contracts.events import Event, Step
 from shadow.core.params import BRParams
 from shadow.core.policies import RouterOptions, make_router
 from shadow.core.pool import Pool
 from shadow.core.routers import PoolRouter, Router
+from shadow.core.stepcost import OOS_ERROR_MAX
 from shadow.core.stepmodel import FitResult, SlidingFit, StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec
 from shadow.engine.driver import Observer
@@ -28,11 +30,26 @@ from shadow.engine.windows import Windows, lane_figures
 from shadow.live.confidence import comparison, trust_problems
 from shadow.live.stepcheck import StepCheck
 from shadow.live.stepfit import STEP_BUCKETS, StepEstimator
-from shadow.live.workerclock import WorkerClock, WorkerModel
+from shadow.live.workerclock import (
+    COUNTLESS_UNIDENTIFIED,
+    StepCounts,
+    WorkerClock,
+    WorkerModel,
+    describe_costs,
+    group_name,
+)
 
 DECISION_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1)
 DEFAULT_POLICIES = ("jsq-bytes", "br0", "brh:survival")
 RECENT_WINDOWS = 30  # per lane in the report's `windows`
+COST_METHOD = (
+    "per barrier group (per worker without one), from an engine probe's steps: their real period "
+    "(the engine's time since its previous step) against the sequences computed n, the mirrored KV "
+    "load L and the prefill tokens P; window means of window_steps consecutive steps; candidate forms "
+    "b with any of c·n, a·L, p·P, each fitted by least squares (terms with 95% t-intervals); the form "
+    "is the simplest whose time-blocked cross-validated error (10 blocks; median absolute relative error "
+    "on window means) the best form does not beat beyond noise (95% t-interval of the per-block "
+    "differences above 0), never one with a significantly negative term")
 
 
 class _ActualLane(Observer):
@@ -48,8 +65,42 @@ class _ActualLane(Observer):
         self.lanes._on_step(lane)
 
 
+def _load_average() -> float | None:
+    """The host's 1-minute load average (None where the platform has none)."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
 def _r(x: float | None, nd: int = 6) -> float | None:
     return None if x is None else round(x, nd)
+
+
+def step_period(ev: Step) -> float | None:
+    """The engine's real step period of a step event: its own time since its previous step, else
+    the probe's interval between busy steps; None when it has neither (`duration_s` of an engine
+    probe is the engine's elapsed execute time, which leaves out the forward pass on vLLM's CPU
+    executor: 70-90 % of the period, bench/vllm_step_period.py)."""
+    for x in (ev.engine_interval_s, ev.interval_s):
+        if x is not None and x > 0:
+            return x
+    return None
+
+
+def step_counts(ev: Step) -> StepCounts | None:
+    """What the engine scheduled into the step (`StepCounts`), from its probe's fields: the
+    sequences it computed (decode + prefill requests; the running count after it from older
+    probes) and its prefill tokens (0 when not reported), with the engine's cumulative wait for a
+    CPU; a DP rank's padding step computed none. None without a running count."""
+    if ev.dummy:
+        return StepCounts(0, 0, ev.engine_wait_s)
+    if ev.decode_requests is not None:
+        return StepCounts(ev.decode_requests + (ev.prefill_requests or 0), ev.prefill_tokens or 0,
+                          ev.engine_wait_s)
+    if ev.running is None:
+        return None
+    return StepCounts(ev.running, ev.prefill_tokens or 0, ev.engine_wait_s)
 
 
 class LiveLanes:
@@ -117,6 +168,7 @@ class LiveLanes:
         self.tick_s = tick_s
         self.publish_s = publish_s
         self._queue: deque[Event] = deque()
+        self._step_events: list[Step] = []  # the applied step events, in the driver's `steps` order
         self.enqueued = 0
         self.processed = 0
         self.dropped: dict[str, int] = {"queue_full": 0, "error": 0}
@@ -235,6 +287,9 @@ class LiveLanes:
                 d.apply(ev)
             except Exception:
                 self.dropped["error"] += 1
+            else:
+                if isinstance(ev, Step):
+                    self._step_events.append(ev)
             n += 1
             if n % 512 == 0:
                 self._observe()
@@ -267,7 +322,8 @@ class LiveLanes:
             if est.source != "events":
                 wc.add_ends(ends)
         if d.steps:
-            self._take_steps(d.steps)
+            events, self._step_events = self._step_events, []
+            self._take_steps(d.steps, events if len(events) == len(d.steps) else None)
             d.steps = []
         if est.due(d.now):
             # the window's token gaps (they wait in the driver until its end), converted once
@@ -303,18 +359,24 @@ class LiveLanes:
             wc.close(self.lane_clock)
             self._set_clock()
 
-    def _take_steps(self, steps: list[tuple[int, float, float, float, str | None]]) -> None:
+    def _take_steps(self, steps: list[tuple[int, float, float, float, str | None]],
+                    events: list[Step] | None) -> None:
         """Worker-reported steps: the plausible ones (`StepCheck`) to the estimate and the clock,
-        the others counted by reason."""
+        the others counted by reason. A step's measure is the engine's real step period when its
+        event has one (`step_period`), else its duration; with the engine's counts (`events`, in
+        the same order) it also feeds the cost fits."""
         check, wc, loads = self.step_check, self.worker_clock, self.driver.mirror_loads
         to_clock = self.estimator.source != "sse"
         durations: list[float] = []
-        for g, t, duration, period, source in steps:
+        for i, (g, t, duration, period, source) in enumerate(steps):
             if check.check(None if g < 0 else g, t, duration, period, loads) is not None:
                 continue
-            durations.append(duration)
+            ev = events[i] if events is not None else None
+            real = step_period(ev) if ev is not None else None
+            durations.append(duration if real is None else real)
             if g >= 0 and to_clock:
-                wc.add_step(g, t, period, source)
+                counts = step_counts(ev) if ev is not None and real is not None else None
+                wc.add_step(g, t, period if real is None else real, source, counts, loads)
         self.estimator.add_steps(durations)
         self._window_steps += len(durations)
         for x in durations:
@@ -462,7 +524,8 @@ class LiveLanes:
         sources = sorted({m.source for m in per})
         if choice.groups is not None and len(choice.groups) == 1:
             return "fleet-wide barrier", "+".join(sorted(set(sources) - {"configured"}) or sources), fleet, []
-        poor = [(self.workers[g], m) for g, m in enumerate(per) if m.fit.quality == "poor"]
+        poor = [(self.workers[g], m) for g, m in enumerate(per)
+                if m.fit.quality == "poor" and m.kind != "cost fit"]
         rank = {"poor": 0, "insufficient": 1, "good": 2}
         worst = min((m.fit for m in per), key=lambda f: (rank[f.quality], f.r2 if f.r2 is not None else -1.0))
         if choice.groups is None:
@@ -521,9 +584,12 @@ class LiveLanes:
         warnings: list[str] = []
         fleet_wide = clock_model.startswith("fleet-wide")
         on_configured = clock_source == "configured"
+        on_cost = self.measured_clock and any(m.kind == "cost fit" for m in self._worker_models)
         uses = (f"the lanes step on the configured model a={self.step.a:g} s/token, b={self.step.b:g} s"
                 if on_configured else "the lanes step on the measured mean step")
-        if fleet_wide and fit.quality == "poor":
+        if on_cost:
+            pass  # the step-cost model is the clock: its own checks below (trust_problems)
+        elif fleet_wide and fit.quality == "poor":
             warnings.append(
                 f"the linear step model T = a·max L + b does not hold for these workers (R²={_r(fit.r2, 3)} "
                 f"over {fit.samples} samples from {self._samples_from()}): {uses}, which does not follow "
@@ -565,7 +631,9 @@ class LiveLanes:
         fid_engine = None if twin is None else twin["kv_vs_engine"]
         fid = fid_engine if fid_engine is not None else fid_mirror
         drift = (measured / modelled if modelled > 0 else None) if on_configured else vs_clock
-        problems = trust_problems(clock_fit, fid, drift, self.dropped_total)
+        cost_fits = self.worker_clock.cost_fits()
+        problems = trust_problems(clock_fit, fid, drift, self.dropped_total,
+                                  [(group_name(self.workers, grp), cf) for grp, cf in cost_fits])
         key = (self.windows.complete, tuple(problems))
         if self._comparison[0] != key:
             self._comparison = (key, comparison(self.windows, None, g, problems))
@@ -596,10 +664,21 @@ class LiveLanes:
                     **self.worker_clock.describe(self.workers, self._worker_models),
                     # what each worker's lane steps on now (under one barrier: the fleet's model)
                     "lane_models": {
-                        name: {"a_s_per_token": m.a, "b_s": m.b}
+                        name: {"a_s_per_token": m.a, "b_s": m.b, "c_s_per_seq": m.c, "p_s_per_token": m.p}
                         for name, m in zip(self.workers, self.lane_clock.models or (), strict=False)
                     },
                 },
+                # the step-cost model of each barrier group (`shadow.core.stepcost`), from an engine
+                # probe's counts; SSE gaps alone cannot identify some terms
+                "cost": {
+                    "method": COST_METHOD,
+                    "window_steps": self.worker_clock.window_steps,
+                    "oos_error_max": OOS_ERROR_MAX,
+                    "groups": describe_costs(self.workers, cost_fits),
+                    # without an engine probe's counts: what the estimator cannot identify
+                    "not_identifiable": None if cost_fits else dict(COUNTLESS_UNIDENTIFIED),
+                },
+                "host_load_average": _load_average(),
                 "measured_vs_configured": (measured / modelled) if modelled > 0 else None,
                 "measured_vs_clock": vs_clock,
                 # per step: worker-reported steps averaged; SSE windows (equal length, one median

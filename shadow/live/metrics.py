@@ -1,7 +1,8 @@
 """Prometheus collector for the live lanes: reads the published snapshot, never lane state.
 
 Its families are declared here (`FAMILIES`): prefix `shadow_`, base units, labels `lane`, `worker`,
-`source`, `reason` (all bounded by configuration).
+`group` (a barrier group: its workers' names joined by +), `source`, `reason` (all bounded by
+configuration).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from prometheus_client.core import Metric
 
 from shadow.base.families import Family, SourceCollector
+from shadow.core.stepcost import FORMS, TERMS, form_key, form_label
 from shadow.engine.windows import FIGURES
 from shadow.live.confidence import VERDICTS
 from shadow.live.lanes import DECISION_BUCKETS, LiveLanes
@@ -74,6 +76,23 @@ MODEL_R2 = Family("shadow_step_model_r2", "gauge", "R^2 of the step model fit.",
 MODEL_SAMPLES = Family("shadow_step_model_samples", "gauge", "Samples in the fit window.", "samples")
 STEP_SECONDS = Family("shadow_step_duration_seconds", "histogram", "Measured decode step times.",
                       "seconds", ("source",), buckets=STEP_BUCKETS)
+COST_TERM = Family("shadow_step_cost_term_seconds", "gauge",
+                   "A term of a barrier group's chosen step-cost form (b: seconds per step, c: per running "
+                   "sequence, a: per KV token, p: per prefill token) and its 95% interval bounds; 0 for the "
+                   "terms the form does not have.", "seconds", ("group", "term", "bound"),
+                   values={"term": TERMS, "bound": ("estimate", "low", "high")})
+COST_OOS = Family("shadow_step_cost_oos_error_ratio", "gauge",
+                  "Out-of-sample median absolute relative error of a barrier group's chosen step-cost form "
+                  "on window means (time-blocked cross-validation).", "ratio", ("group",))
+COST_R2 = Family("shadow_step_cost_r2", "gauge",
+                 "R^2 of a barrier group's chosen step-cost form on its window means.", "ratio", ("group",))
+COST_FORM = Family("shadow_step_cost_form", "gauge",
+                   "1 for the chosen form of a barrier group's step cost (its terms joined by +), 0 for the "
+                   "other candidates.", "bool", ("group", "form"),
+                   values={"form": tuple(form_key(f) for f in FORMS)})
+COST_WINDOWS = Family("shadow_step_cost_windows", "gauge",
+                      "Window means a barrier group's step-cost fit stands on.", "windows", ("group",))
+_COST = (COST_TERM, COST_OOS, COST_R2, COST_FORM, COST_WINDOWS)
 FIDELITY = Family("shadow_fidelity_load_relative_error", "gauge",
                   "Actual lane loads vs mirrored loads, mean relative error.", "ratio")
 DROPPED = Family("shadow_live_events_dropped_total", "counter",
@@ -111,7 +130,7 @@ _STEP_MODEL = ((MODEL_A, "a_s_per_token"), (MODEL_B, "b_s"), (MODEL_R2, "r2"), (
 
 FAMILIES = (
     *(f for f, _ in _PER_LANE), WORKER_LOAD, WORKER_ACTIVE, DECISION_SECONDS,
-    *(f for f, _ in _STEP_MODEL), STEP_SECONDS, FIDELITY, DROPPED, STEPS_REJECTED, VS_ACTUAL, VERDICT,
+    *(f for f, _ in _STEP_MODEL), *_COST, STEP_SECONDS, FIDELITY, DROPPED, STEPS_REJECTED, VS_ACTUAL, VERDICT,
     TRUSTWORTHY,
 )
 
@@ -141,6 +160,7 @@ class LiveCollector(SourceCollector[LiveLanes]):
         sm = rep.get("step_model", {})
         for fam, key in _STEP_MODEL:
             yield fam.value(_float(sm.get(key)))
+        yield from _cost_families(sm.get("cost", {}).get("groups", {}))
         steps = STEP_SECONDS.histogram_family()
         for source, h in rep.get("step_histogram", {}).items():
             counts = h["counts"]
@@ -164,6 +184,26 @@ class LiveCollector(SourceCollector[LiveLanes]):
         yield VS_ACTUAL.sampled(ratios)
         yield VERDICT.sampled(verdicts)
         yield TRUSTWORTHY.value(None if not cmp else float(bool(cmp.get("trustworthy"))))
+
+
+def _cost_families(groups: dict[str, Any]) -> Iterator[Metric]:
+    """The step-cost families of the report's step_model.cost.groups (a group without a chosen
+    form yet: its windows only)."""
+    terms: dict[tuple[str, ...], float | None] = {}
+    forms: dict[tuple[str, ...], float | None] = {}
+    for name, g in groups.items():
+        chosen = g.get("form")
+        for t in TERMS:
+            v = g.get("terms", {}).get(t)
+            for bound, key in (("estimate", "value"), ("low", "low"), ("high", "high")):
+                terms[(name, t, bound)] = None if chosen is None else (float(v[key]) if v else 0.0)
+        for f in FORMS:
+            forms[(name, form_key(f))] = None if chosen is None else float(form_label(f) == chosen)
+    yield COST_TERM.sampled(terms)
+    yield COST_OOS.sampled({name: _float(g.get("oos_error")) for name, g in groups.items()})
+    yield COST_R2.sampled({name: _float(g.get("r2")) for name, g in groups.items()})
+    yield COST_FORM.sampled(forms)
+    yield COST_WINDOWS.sampled({name: float(g.get("windows", 0)) for name, g in groups.items()})
 
 
 def _float(value: Any) -> float | None:

@@ -1,16 +1,20 @@
-"""The lanes' clock from what the workers' steps measure: per worker a step model, and the barrier
-groups they step in (`shadow.core.barrier`). Pure: event times come in as arguments.
+"""The lanes' clock from what the workers' steps measure: per barrier group a step-cost model, and
+the groups they step in (`shadow.core.barrier`). Pure: event times come in as arguments.
 
-Per worker and window: the step period from its worker-reported steps (the probe's interval
-between busy steps, else the step's duration; only those `shadow.live.stepcheck` found plausible),
-else from its streams' SSE gaps (one per token). Outliers do not count (`stepfit.RobustMean`: steps
-beyond a multiple of the worker's reference step, and windows of them); the median of the rest,
-paired with the worker's mean mirrored load, feeds a `SlidingFit` of τ_g = a_g·L_g + b_g. A
-worker's model in the clock is that fit when it is good, else its robust mean step over the recent
-windows (a = 0: the linear model does not hold, or too few samples for a fit yet; after
-`min_windows` windows), else the configured model. Under a fleet-wide barrier the fleet's
-own fit (a·max L + b) is the model, as in the paper; otherwise each group steps at the max over
-its members' models.
+Engine probe steps that carry what the engine scheduled (running sequences n, prefill tokens P) and
+a real step period (the engine's own time since its previous step, else the probe's interval between
+busy steps: never the engine's elapsed execute time, which leaves out the forward pass on vLLM's
+CPU executor) feed a `shadow.core.stepcost.StepCostFit` per worker, and one per barrier group of
+several workers (a group steps at the max over its members: its samples are its members' steps
+against the max over the members of n, P and L, a member's n and P as of its latest step while it
+stepped within two periods, its mirrored load L always). Per worker, the model in the clock is its
+group's (else its own) chosen cost model, "cost fit"; without one yet (or with SSE gaps only, which
+keep today's estimator): the per-worker linear fit τ_g = a_g·L_g + b_g of window medians against
+the mean mirrored load when it is good, "linear fit"; else its robust mean step over the recent
+windows, "mean step" (after `min_windows` windows); else the configured model. Outliers do not
+count (`stepfit.RobustMean`: steps beyond a multiple of the worker's reference step, and windows of
+them). Under a fleet-wide barrier the fleet's cost model (else the caller's fleet model) is every
+worker's; otherwise each group steps at the max over its members' models.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shadow.core.barrier import MIN_STEPS, BarrierChoice, choose_barrier
+from shadow.core.stepcost import WINDOW_STEPS, CostFit, StepCostFit
 from shadow.core.stepmodel import FitResult, SlidingFit, StepTimeModel
 from shadow.engine.config import LaneClock
 from shadow.live.stepfit import RobustMean, upper_median
@@ -37,16 +42,31 @@ class WorkerModel:
     """One worker's model in the clock: what it is, where its samples came from, its fit."""
 
     model: StepTimeModel
-    kind: str  # "linear fit", "mean step", "configured"
+    kind: str  # "cost fit", "linear fit", "mean step", "configured"
     source: str  # "probe", "events", "sse", "configured"
     fit: FitResult
     mean_step_s: float | None
     steps: int
+    cost: CostFit | None = None  # the cost fit of its group (of it alone when not in one)
+    group: tuple[int, ...] = ()  # the workers that cost fit is of
+
+
+@dataclass(frozen=True, slots=True)
+class StepCounts:
+    """What an engine scheduled into one step (its probe's counts): the sequences it computed and
+    the prefill tokens among its tokens."""
+
+    seqs: int
+    prefill_tokens: int
+    wait_s: float | None = None  # the engine's cumulative wait for a CPU at the step (its probe's)
 
 
 class _Worker:
-    def __init__(self, fit_window: int, mean_windows: int, max_ends: int) -> None:
+    def __init__(self, fit_window: int, mean_windows: int, max_ends: int, window_steps: int) -> None:
         self.fit = SlidingFit(fit_window)
+        self.cost = StepCostFit(window_steps)
+        self.last: tuple[float, float, StepCounts] | None = None  # (t, period, counts) of its latest step
+        self.window_counts = [0.0, 0.0, 0]  # Σ seqs, Σ prefill tokens, steps with counts, this window
         self.periods: list[float] = []  # worker-reported, this window
         self.gaps: list[npt.NDArray[np.float64]] = []  # SSE per-token gaps, this window (in parts)
         self.event_source: str | None = None
@@ -73,13 +93,17 @@ class WorkerClock:
         choose_every: int = 4,
         min_windows: int = 4,
         check_windows: int = 20,
+        window_steps: int = WINDOW_STEPS,
     ) -> None:
         self.min_windows = min_windows  # windows before a worker's mean step is its clock
         self.n = workers
         self.configured = configured
         self.min_gaps = min_gaps
+        self.window_steps = window_steps
         max_ends = max(60, min(600, 40_000 // max(1, workers * workers)))
-        self.w = [_Worker(fit_window, mean_windows, max_ends) for _ in range(workers)]
+        self.w = [_Worker(fit_window, mean_windows, max_ends, window_steps) for _ in range(workers)]
+        # the cost fit of each barrier group of several workers (per the current choice)
+        self.group_cost: dict[tuple[int, ...], StepCostFit] = {}
         self._load_sum = [0.0] * workers  # Σ mirrored load per worker, this window
         self._load_n = 0
         self.choose_every = choose_every
@@ -88,8 +112,11 @@ class WorkerClock:
         # per window of the last `check_windows`: Σ steps·measured, Σ steps·the clock's prediction
         self.check: deque[tuple[float, float]] = deque(maxlen=check_windows)
 
-    def add_step(self, g: int, t: float, period: float, source: str | None) -> None:
-        """A worker-reported step of worker `g` ending at `t`, `period` seconds after the previous."""
+    def add_step(self, g: int, t: float, period: float, source: str | None,
+                 counts: StepCounts | None = None, loads: Sequence[float] | None = None) -> None:
+        """A worker-reported step of worker `g` ending at `t`, `period` seconds after the previous
+        (the engine's real step period when `counts` are given: what it scheduled into the step,
+        which with the mirrored `loads` per worker feed the cost fits)."""
         if not period > 0:
             return
         w = self.w[g]
@@ -97,6 +124,26 @@ class WorkerClock:
         w.event_source = SOURCE_NAMES.get(source or "", "events")
         w.ends["events"].append(t)
         w.durations["events"].append(period)
+        if counts is None or loads is None:
+            return
+        prev = w.last
+        host = (counts.wait_s - prev[2].wait_s if prev is not None and counts.wait_s is not None
+                and prev[2].wait_s is not None and counts.wait_s >= prev[2].wait_s else None)
+        w.last = (t, period, counts)
+        wc = w.window_counts
+        wc[0] += counts.seqs
+        wc[1] += counts.prefill_tokens
+        wc[2] += 1
+        w.cost.add(period, counts.seqs, loads[g], counts.prefill_tokens, host)
+        for group, fit in self.group_cost.items():
+            if g in group:
+                seqs, prefill = 0, 0
+                for h in group:
+                    last = self.w[h].last
+                    if last is not None and t - last[0] <= 2 * max(period, last[1]):
+                        seqs = max(seqs, last[2].seqs)
+                        prefill = max(prefill, last[2].prefill_tokens)
+                fit.add(period, seqs, max(loads[h] for h in group), prefill, host)
 
     def add_gaps(self, gaps: Sequence[npt.NDArray[np.float64]]) -> None:
         """Per worker, its streams' per-token gaps (`gaps[g]`, kept until the window closes: the
@@ -129,6 +176,11 @@ class WorkerClock:
         xs_all = [x / n for x in self._load_sum] if n else [0.0] * self.n
         self._load_sum, self._load_n = [0.0] * self.n, 0
         measured = predicted = 0.0
+        counts: list[tuple[float, float]] = []  # mean seqs, prefill tokens per step, this window
+        for w in self.w:
+            ns, ps, k = w.window_counts
+            counts.append((ns / k, ps / k) if k else (0.0, 0.0))
+            w.window_counts = [0.0, 0.0, 0]
         for g, w in enumerate(self.w):
             x = xs_all[g]
             periods, gaps = w.periods, w.gaps
@@ -142,16 +194,19 @@ class WorkerClock:
                 if len(xs) < self.min_gaps:
                     continue
                 w.source = "sse"
+            # the check takes a worker's reported periods whole (the engine's own: a long step is
+            # as real as a short one, and the cost model predicts their mean), SSE gaps robustly
+            raw = xs if periods else None
             xs = w.robust.add(xs)
             if not len(xs):
                 continue  # outliers only
-            k = len(xs)
-            total = float(xs.sum())
             w.fit.add(x, upper_median(xs))
-            w.steps += k
+            w.steps += len(xs)
+            checked = xs if raw is None else raw
             if models is not None:
-                measured += total
-                predicted += k * max(models[h].worker_time(xs_all[h]) for h in group_of[g])
+                measured += float(checked.sum())
+                predicted += len(checked) * max(models[h].worker_time(xs_all[h], *counts[h])
+                                                for h in group_of[g])
         if predicted > 0:
             self.check.append((measured, predicted))
         self._closes += 1
@@ -166,6 +221,17 @@ class WorkerClock:
             ends.append(list(w.ends[key]))
             durations.append(list(w.durations[key]))
         self.choice = choose_barrier(ends, durations)
+        groups = [grp for grp in self.choice.groups or () if len(grp) > 1]
+        self.group_cost = {grp: self.group_cost.get(grp) or StepCostFit(self.window_steps * len(grp))
+                           for grp in groups}
+
+    def cost_fits(self) -> list[tuple[tuple[int, ...], CostFit]]:
+        """The cost fit of every barrier group (per worker where workers share no barrier; every
+        worker until the groups are decided) that has taken steps, with its workers."""
+        fits = [(grp, fit) for grp, fit in self.group_cost.items()]
+        grouped = {g for grp in self.group_cost for g in grp}
+        fits += [((g,), self.w[g].cost) for g in range(self.n) if g not in grouped]
+        return sorted((grp, fit.result()) for grp, fit in fits if fit.taken)
 
     def worker_model(self, g: int) -> WorkerModel:
         w = self.w[g]
@@ -173,12 +239,16 @@ class WorkerClock:
         steps = w.robust.steps()
         mean = w.robust.mean()
         source = w.source or "configured"
+        group = next((grp for grp in self.group_cost if g in grp), (g,))
+        cost = self.group_cost[group].result() if len(group) > 1 else w.cost.result()
+        if cost.model is not None:
+            return WorkerModel(cost.model, "cost fit", source, fit, mean, steps, cost, group)
         if fit.quality == "good" and fit.a_s_per_token is not None and fit.b_s is not None:
             linear = StepTimeModel(fit.a_s_per_token, fit.b_s)
-            return WorkerModel(linear, "linear fit", source, fit, mean, steps)
+            return WorkerModel(linear, "linear fit", source, fit, mean, steps, cost, group)
         if mean is not None and len(w.robust) >= self.min_windows:
-            return WorkerModel(StepTimeModel(0.0, mean), "mean step", source, fit, mean, steps)
-        return WorkerModel(self.configured, "configured", "configured", fit, mean, steps)
+            return WorkerModel(StepTimeModel(0.0, mean), "mean step", source, fit, mean, steps, cost, group)
+        return WorkerModel(self.configured, "configured", "configured", fit, mean, steps, cost, group)
 
     def clock(self, fleet: StepTimeModel | None) -> tuple[LaneClock, list[WorkerModel]]:
         """The lanes' clock: the chosen groups with each worker's model; under one fleet-wide barrier
@@ -190,12 +260,15 @@ class WorkerClock:
             groups = (tuple(range(self.n)),)
             if all(m.kind == "configured" for m in per):
                 return LaneClock(groups, (self.configured,) * self.n), per
+        if len(groups) == 1 and per[0].kind == "cost fit" and len(per[0].group) == self.n:
+            return LaneClock(groups, (per[0].model,) * self.n), per
         if len(groups) == 1 and fleet is not None:
             return LaneClock(groups, (fleet,) * self.n), per
         return LaneClock(groups, tuple(m.model for m in per)), per
 
     def measured_vs_clock(self) -> float | None:
-        """Σ measured / Σ what the clock predicted, per worker-step, over the recent windows."""
+        """Σ measured / Σ what the clock predicted, per worker-step, over the recent windows (every
+        worker-reported period; of SSE gaps, those `RobustMean` keeps)."""
         predicted = sum(p for _, p in self.check)
         return sum(m for m, _ in self.check) / predicted if predicted > 0 else None
 
@@ -213,6 +286,11 @@ class WorkerClock:
                     "source": m.source,
                     "a_s_per_token": m.model.a,
                     "b_s": m.model.b,
+                    "c_s_per_seq": m.model.c,
+                    "p_s_per_token": m.model.p,
+                    # the barrier group whose step-cost fit is its model ("cost fit")
+                    "cost_group": group_name(names, m.group) if m.group else None,
+                    # of the linear fit a_g·L_g + b_g (the paper's form, per worker)
                     "r2": m.fit.r2,
                     "fit_quality": m.fit.quality,
                     "samples": m.fit.samples,
@@ -223,3 +301,52 @@ class WorkerClock:
                 for g, m in enumerate(per)
             },
         }
+
+
+#: What the estimator without an engine's counts (SSE token gaps, or steps of a probe that sends
+#: none, beside the mirrored load) cannot tell apart.
+COUNTLESS_UNIDENTIFIED = {
+    "c": "per-sequence cost: without the engine's counts a step is fitted against the mirrored KV load "
+         "only (a·L + b); with one stream running n = 1 while L grows with it, so a per-sequence and a "
+         "per-token cost are confounded",
+    "p": "per-prefill-token cost: a step holding a prefill chunk shows only as one longer gap of the "
+         "streams decoding beside it; the prefill tokens in it are not seen",
+}
+
+
+def describe_cost(fit: CostFit) -> dict[str, Any]:
+    """One cost fit as the report gives it: the chosen form with each term and its 95 % interval,
+    R² and out-of-sample error on its window means, the windows it stands on, what the data cannot
+    identify, and every candidate's error."""
+    ch = fit.chosen
+    return {
+        "form": ch.label if ch is not None else None,
+        "terms": {t: {"value": v.value, "low": v.low, "high": v.high} for t, v in ch.terms.items()}
+        if ch is not None else {},
+        "r2": ch.r2 if ch is not None else None,
+        "oos_error": ch.oos_error if ch is not None else None,
+        "best_form": fit.best,
+        "reason": fit.reason,
+        "windows": fit.windows,
+        "window_steps": fit.window_steps,
+        "steps": fit.steps,
+        "outliers": fit.outliers,
+        "mean_step_s": fit.mean_s,
+        "window_cv": fit.window_cv,
+        "residual_cv": fit.residual_cv,
+        "driver": fit.driver,
+        "host_wait_share": fit.host_wait_share,
+        "host_wait_r2": fit.host_wait_r2,
+        "not_identified": dict(fit.not_identified),
+        "forms": {f.label: {"oos_error": f.oos_error, "r2": f.r2, "out": f.why_not} for f in fit.forms},
+    }
+
+
+def group_name(names: Sequence[str], group: Sequence[int]) -> str:
+    """A barrier group's name: its workers' names joined by '+'."""
+    return "+".join(names[g] for g in group)
+
+
+def describe_costs(names: Sequence[str], fits: Sequence[tuple[tuple[int, ...], CostFit]]) -> dict[str, Any]:
+    """Every fed cost fit by its group's name (`describe_cost`)."""
+    return {group_name(names, grp): describe_cost(fit) for grp, fit in fits}

@@ -13,8 +13,34 @@ loop once per EngineCoreOutputs batch carrying SchedulerStats, i.e. once per eng
 `elapsed_s` is `SchedulerIterationDetails.elapsed_ms / 1000` and only present with
 `--enable-logging-iteration-details`: EngineCore times, on its own monotonic clock, the span from
 after the model's execute call was dispatched to the end of sampling (`capture_iteration_details`
-in `vllm/v1/engine/core.py`). running/waiting/kv_usage are the scheduler's counts after the step;
-tokens and preemptions come from the step's IterationStats.
+in `vllm/v1/engine/core.py`). On the CPU build the executor runs the model's forward pass inside the
+dispatch call (`UniProcExecutor.collective_rpc` with non_block=True runs the method, then wraps its
+result in a done Future), so `elapsed_s` covers logits, sampling and their bookkeeping only: not the
+forward pass, the scheduling or the output processing. The engine's real step period is the time
+between consecutive steps, `interval_s` (measured here on the API server's loop, where a busy loop
+can delay or bunch records; their mean over many steps is the engine's), and exactly, per step, on
+the engine's own clock, `engine_interval_s`: the shortest inter-token latency vLLM measured for the
+requests that decoded in the step (`IterationStats.inter_token_latencies_iter`: engine-core
+timestamps of this step's outputs minus the request's previous token's; a request that decoded in
+the previous step too has exactly the time between the two steps' outputs). running/waiting/kv_usage
+are the scheduler's counts after the step; tokens and preemptions come from the step's
+IterationStats.
+
+What the host did to the step: the sender thread reads the engine-core process's scheduler
+statistics (`/proc/<pid>/schedstat` of its main thread: time on a CPU, time runnable but waiting
+for one; `stepsender.EngineSched`) at each post and gives every step of the batch the values
+interpolated at its time (`engine_run_s`, `engine_wait_s`, cumulative): on a loaded host the wait
+is most of a step's period, and it is not the load's cost.
+
+What the engine scheduled into the step: with iteration details, `compute_iteration_details` of
+the step's SchedulerOutput (`vllm/v1/utils.py`): prefill ("context") requests are new requests and
+cached ones with no output token yet (each chunk of a chunked prefill), their scheduled tokens are
+`num_ctx_tokens` (computed tokens only: prefix-cache hits are not scheduled); the other scheduled
+requests are `num_generation_requests`; `is_dummy` marks a DP rank's padding step. Without
+details, from the step's IterationStats: the computed prompt tokens (`prompt_token_stats.computed`)
+and the count of the prefills that completed in the step (their first token: all of a chunked
+prompt counts at its last chunk), and the requests that emitted a decode token
+(`inter_token_latencies_iter`).
 """
 
 from __future__ import annotations
@@ -27,7 +53,7 @@ from typing import Any
 from vllm.v1.metrics.loggers import AggregateStatLoggerBase
 
 from shadow.realvllm.probe_metrics import ProbeCollector
-from shadow.realvllm.stepsender import StepSample, StepSender, sender_from_env
+from shadow.realvllm.stepsender import StepSender, sample_of, sender_from_env
 
 LOG = logging.getLogger("shadow.probe")
 
@@ -67,14 +93,8 @@ class ShadowStepProbe(AggregateStatLoggerBase):  # type: ignore[misc,unused-igno
         details = scheduler_stats.iteration_details
         if details is None and iteration_stats is None:
             return  # a stats update with no step behind it (nothing executed, no output)
-        sender.offer(StepSample(
-            time.monotonic(), engine_idx,
-            details.elapsed_ms / 1000.0 if details is not None else None,
-            scheduler_stats.num_running_reqs, scheduler_stats.num_waiting_reqs,
-            scheduler_stats.kv_cache_usage,
-            iteration_stats.num_generation_tokens if iteration_stats is not None else 0,
-            iteration_stats.num_preempted_reqs if iteration_stats is not None else 0,
-        ))
+        sender.offer(sample_of(time.monotonic(), engine_idx, scheduler_stats, iteration_stats))
 
     def log_engine_initialized(self) -> None:
         pass
+

@@ -37,7 +37,8 @@ SOURCE_INTERVAL = "probe_interval"  # duration_s is the time since the previous 
 
 
 class StepSample(NamedTuple):
-    """One engine step as the stat logger saw it (t: time.monotonic() when it was recorded)."""
+    """One engine step as the stat logger saw it (t: time.monotonic() when it was recorded), and
+    what the engine scheduled into it (the `step` event's fields of the same names)."""
 
     t: float
     engine: int
@@ -47,6 +48,37 @@ class StepSample(NamedTuple):
     kv_usage: float
     tokens: int
     preemptions: int
+    prefill_tokens: int = 0
+    prefill_requests: int = 0
+    decode_requests: int | None = None
+    iteration: int | None = None
+    dummy: bool = False
+    engine_interval_s: float | None = None
+
+
+def sample_of(t: float, engine: int, scheduler_stats: Any, iteration_stats: Any) -> StepSample:
+    """The StepSample of one vLLM stat-logger record (`shadow.realvllm.probe` says what each field
+    is): from the step's iteration details when the engine logs them, else from its IterationStats
+    alone (read by attribute, so a vLLM without some of them gives zeros)."""
+    details = scheduler_stats.iteration_details
+    tokens = iteration_stats.num_generation_tokens if iteration_stats is not None else 0
+    preempted = iteration_stats.num_preempted_reqs if iteration_stats is not None else 0
+    gaps = None if iteration_stats is None else getattr(iteration_stats, "inter_token_latencies_iter", None)
+    period = min(gaps) if gaps else None
+    base = (t, engine, None if details is None else details.elapsed_ms / 1000.0,
+            scheduler_stats.num_running_reqs, scheduler_stats.num_waiting_reqs,
+            scheduler_stats.kv_cache_usage, tokens, preempted)
+    if details is not None:
+        return StepSample(*base, details.num_ctx_tokens, details.num_ctx_requests,
+                          details.num_generation_requests, details.iteration_index,
+                          bool(getattr(details, "is_dummy", False)), period)
+    prompt = getattr(iteration_stats, "prompt_token_stats", None)
+    computed = getattr(prompt, "computed", None)
+    if computed is None:
+        computed = getattr(iteration_stats, "num_prompt_tokens", 0)
+    return StepSample(*base, int(computed or 0),
+                      len(getattr(iteration_stats, "time_to_first_tokens_iter", None) or ()),
+                      len(gaps or ()), engine_interval_s=period)
 
 
 @dataclass
@@ -88,6 +120,77 @@ class EngineCounts:
     dropped_closed: int = 0
 
 
+LOOK_EVERY_S = 5.0  # an engine not found yet is looked for again at most this often
+#: An engine's scheduler statistics at two looks: (t0, run0, wait0, t1, run1, wait1).
+HostTimes = tuple[float, float, float, float, float, float]
+
+
+class EngineSched:
+    """Linux's scheduler statistics of the engine-core processes of this API server (its
+    descendants titled `VLLM::EngineCore`, `_DP<n>` for DP rank n): per engine, the seconds its main
+    thread (the engine's busy loop and, on CPU, its forward pass) has run on a CPU and has waited,
+    runnable, for one (`/proc/<pid>/schedstat`). Found lazily; None where there is no /proc, no such
+    process (another host), or it went away."""
+
+    def __init__(self, root: int | None = None, proc: str = "/proc") -> None:
+        self.root = os.getpid() if root is None else root
+        self.proc = proc
+        self._pids: dict[int, int] = {}
+        self._looked: float | None = None  # when the processes were last looked for
+
+    def _find(self, now: float) -> None:
+        if self._looked is not None and now - self._looked < LOOK_EVERY_S:
+            return
+        self._looked = now
+        parent: dict[int, int] = {}
+        try:
+            names = os.listdir(self.proc)
+        except OSError:
+            return
+        for d in names:
+            if d.isdigit():
+                try:
+                    with open(f"{self.proc}/{d}/stat", encoding="ascii", errors="replace") as fh:
+                        parent[int(d)] = int(fh.read().rsplit(")", 1)[1].split()[1])
+                except (OSError, ValueError, IndexError):
+                    continue
+        todo, mine = [self.root], []
+        while todo:
+            p = todo.pop()
+            kids = [c for c, pp in parent.items() if pp == p]
+            mine += kids
+            todo += kids
+        for pid in mine:
+            try:
+                with open(f"{self.proc}/{pid}/cmdline", "rb") as fh:
+                    title = fh.read().split(b"\0", 1)[0].strip()
+            except OSError:
+                continue
+            if title == b"VLLM::EngineCore":
+                self._pids.setdefault(0, pid)
+            elif title.startswith(b"VLLM::EngineCore_DP") and title[19:].isdigit():
+                self._pids[int(title[19:])] = pid
+
+    def pid(self, engine: int, now: float) -> int | None:
+        """The process of engine `engine` (None: not found)."""
+        if engine not in self._pids:
+            self._find(now)
+        return self._pids.get(engine)
+
+    def read(self, engine: int, now: float) -> tuple[float, float] | None:
+        """(seconds on a CPU, seconds waiting for one) of engine `engine`'s main thread so far."""
+        pid = self.pid(engine, now)
+        if pid is None:
+            return None
+        try:
+            with open(f"{self.proc}/{pid}/schedstat", encoding="ascii") as fh:
+                run, wait, _ = fh.read().split()
+        except (OSError, ValueError):
+            self._pids.pop(engine, None)
+            return None
+        return int(run) / 1e9, int(wait) / 1e9
+
+
 def events_url(base: str) -> str:
     """`base` as the URL of the event API (`/v1/events` appended unless present)."""
     base = base.rstrip("/")
@@ -108,6 +211,7 @@ class StepSender:
         flush_s: float = DEFAULT_FLUSH_S,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         sleep: Callable[[float], None] = time.sleep,
+        sched: EngineSched | None = None,
     ) -> None:
         if max_queue < 1 or batch < 1:
             raise ValueError("max_queue and batch must be at least 1")
@@ -128,6 +232,9 @@ class StepSender:
         self._sleep = sleep
         self._queue: deque[StepSample] = deque()
         self._last: dict[int, StepSample] = {}
+        self.sched = sched
+        # per engine: (t, seconds run, seconds waited) at the latest look (`_host_times`)
+        self._sched_at: dict[int, tuple[float, float, float]] = {}
         self._conn: http.client.HTTPConnection | None = None
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name="shadow-step-probe", daemon=True)
@@ -151,8 +258,26 @@ class StepSender:
             return None
         return self.worker.replace("{engine}", str(engine))
 
-    def to_event(self, s: StepSample) -> dict[str, Any]:
-        """The `step` event for one sample (uses and updates the engine's previous sample)."""
+    def _host_times(self, items: list[StepSample]) -> dict[int, HostTimes]:
+        """Per engine of `items`: its scheduler statistics at the previous look and now, (t0, run0,
+        wait0, t1, run1, wait1), for interpolating them at each step's time."""
+        out: dict[int, HostTimes] = {}
+        if self.sched is None:
+            return out
+        now = time.monotonic()
+        for engine in {s.engine for s in items}:
+            got = self.sched.read(engine, now)
+            if got is None:
+                continue
+            prev = self._sched_at.get(engine)
+            self._sched_at[engine] = (now, *got)
+            if prev is not None:
+                out[engine] = (*prev, now, *got)
+        return out
+
+    def to_event(self, s: StepSample, host: HostTimes | None = None) -> dict[str, Any]:
+        """The `step` event for one sample (uses and updates the engine's previous sample); `host`:
+        its engine's scheduler statistics at two looks around it (`_host_times`)."""
         prev = self._last.get(s.engine)
         self._last[s.engine] = s
         interval = s.t - prev.t if prev is not None and prev.running > 0 else None
@@ -165,7 +290,21 @@ class StepSender:
             "engine": s.engine, "running": s.running, "waiting": s.waiting,
             "kv_usage": min(1.0, max(0.0, s.kv_usage)), "tokens": s.tokens,
             "preemptions": s.preemptions, "source": source,
+            "prefill_tokens": max(0, s.prefill_tokens), "prefill_requests": max(0, s.prefill_requests),
         }
+        if s.decode_requests is not None:
+            ev["decode_requests"] = max(0, s.decode_requests)
+        if s.iteration is not None:
+            ev["iteration"] = max(0, s.iteration)
+        if s.dummy:
+            ev["dummy"] = True
+        if s.engine_interval_s is not None:
+            ev["engine_interval_s"] = max(0.0, min(s.engine_interval_s, 3599.0))
+        if host is not None:
+            t0, run0, wait0, t1, run1, wait1 = host
+            f = min(1.0, max(0.0, (s.t - t0) / (t1 - t0))) if t1 > t0 else 1.0
+            ev["engine_run_s"] = run0 + f * (run1 - run0)
+            ev["engine_wait_s"] = wait0 + f * (wait1 - wait0)
         if interval is not None:
             ev["interval_s"] = max(0.0, interval)
         name = self.worker_name(s.engine)
@@ -194,7 +333,8 @@ class StepSender:
         items = self._take()
         if not items:
             return 0
-        body = b"".join(orjson.dumps(self.to_event(s)) + b"\n" for s in items)
+        host = self._host_times(items)
+        body = b"".join(orjson.dumps(self.to_event(s, host.get(s.engine))) + b"\n" for s in items)
         if self._post(body):
             self.counts.add("sent", items)
         else:
@@ -263,4 +403,4 @@ def sender_from_env(env: dict[str, str] | None = None) -> StepSender | None:
     queue = int(env.get(ENV_QUEUE) or DEFAULT_QUEUE)
     flush_ms = float(env.get(ENV_FLUSH_MS) or DEFAULT_FLUSH_S * 1000)
     return StepSender(url, token=env.get(ENV_TOKEN) or None, worker=env.get(ENV_WORKER) or None,
-                      max_queue=queue, flush_s=flush_ms / 1000)
+                      max_queue=queue, flush_s=flush_ms / 1000, sched=EngineSched())

@@ -64,6 +64,10 @@ LABELS: dict[str, str] = {
     "verdict": "better | no significant difference | worse | too few windows | not trustworthy (live "
     "comparisons); pass | fail | promoted (a canary step)",
     "direction": "passive capture: to_server | to_client",
+    "group": "a barrier group of decode workers: their names joined by + (one worker where none is shared)",
+    "term": "a step-cost term: b (fixed) | c (per running sequence) | a (per KV token) | p (per prefill "
+    "token)",
+    "form": "a candidate step-cost form: its terms joined by + (b, b+c, ..., b+c+a+p)",
 }
 
 _HIST_SUFFIXES = ("_bucket", "_sum", "_count", "_created")

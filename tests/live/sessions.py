@@ -6,6 +6,7 @@ import heapq
 import random
 
 from shadow.contracts.events import Arrive, Event, Finish, Route, Token
+from shadow.live.lanes import LiveLanes
 from shadow.traces import at_load, estimate_capacity_rps, resolve
 
 
@@ -43,3 +44,14 @@ def session_events(
         reqs.append((rid, t0, r.prompt_tokens, out, w))
     events = [heapq.heappop(heap)[2] for _ in range(len(heap))]
     return events, reqs
+
+
+def feed(live: LiveLanes, events: list[Event], chunk: int = 50) -> LiveLanes:
+    """Give `events` to `live` `chunk` at a time as the mirror would (processing after each chunk),
+    then publish its report; returns `live`."""
+    for i in range(0, len(events), chunk):
+        for ev in events[i:i + chunk]:
+            live.listener(ev)
+        live.process_now()
+    live._publish()
+    return live

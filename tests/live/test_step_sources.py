@@ -8,6 +8,7 @@ import pytest
 from shadow.contracts.events import Arrive, Event, Route, Step, Token
 from shadow.core.stepmodel import StepTimeModel
 from shadow.live.lanes import LiveLanes
+from tests.live.sessions import feed
 
 
 def _lanes(events: list[Event]) -> dict[str, object]:
@@ -92,12 +93,7 @@ def _two_servers(fast: float, slow: float, seconds: float = 12.0, *, shared: boo
             events += [Step(t, 0.8 * period, worker=f"d{g}", source="probe", interval_s=period),
                        Token(f"r{g}", t, n)]
     events.sort(key=lambda e: e.t)
-    for i in range(0, len(events), 50):
-        for ev in events[i:i + 50]:
-            live.listener(ev)
-        live.process_now()
-    live._publish()
-    return live
+    return feed(live, events)
 
 
 def test_independent_servers_get_a_clock_each_from_the_probe() -> None:

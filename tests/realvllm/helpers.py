@@ -34,14 +34,24 @@ def sse_payloads(data: bytes) -> list[str]:
     return out
 
 
-def completion_tokens(data: bytes) -> int:
-    """completion_tokens of the usage chunk of a raw SSE body."""
+def usage(data: bytes) -> dict[str, Any]:
+    """The usage of the usage chunk of a raw SSE body."""
     for p in sse_payloads(data):
         if p != "[DONE]":
             obj = json.loads(p)
             if obj.get("usage") and not obj["choices"]:
-                return int(obj["usage"]["completion_tokens"])
+                return dict(obj["usage"])
     raise AssertionError("no usage chunk")
+
+
+def completion_tokens(data: bytes) -> int:
+    """completion_tokens of the usage chunk of a raw SSE body."""
+    return int(usage(data)["completion_tokens"])
+
+
+def prompt_tokens(data: bytes) -> int:
+    """prompt_tokens of the usage chunk of a raw SSE body."""
+    return int(usage(data)["prompt_tokens"])
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -45,10 +45,22 @@ def test_demo_on_real_engines_names_them_and_its_mirror_and_step_model_hold(engi
     assert sm["model_in_use"] == "per worker" and clock["groups"] == [["d0"], ["d1"]], clock
     assert sm["model_source"] == "probe" and sm["figures_use"] == "measured", sm
     for name, w in clock["workers"].items():
-        assert w["source"] == "probe" and w["model"] in ("mean step", "linear fit"), (name, w)
+        assert w["source"] == "probe" and w["model"] in ("cost fit", "mean step", "linear fit"), (name, w)
         assert w["steps"] > 0 and w["mean_step_s"] > 0, (name, w)
         assert clock["lane_models"][name]["b_s"] > 0
     assert "lane clock: per worker from probe" in out
+    # the step cost per worker from the probe's counts: a form once enough windows are in, each
+    # term with its interval; the host's share of the period measured beside it (same host)
+    cost = sm["cost"]["groups"]
+    assert set(cost) == {"d0", "d1"}, cost
+    for name, g in cost.items():
+        assert g["windows"] > 0 and g["window_steps"] == 25, (name, g)
+        if g["form"] is not None:
+            assert "b" in g["terms"] and g["oos_error"] is not None and g["r2"] is not None, (name, g)
+            assert all(t["low"] <= t["value"] <= t["high"] for t in g["terms"].values()), (name, g)
+            # (interpolated between the probe's looks every 0.1 s: about the period, never far above it)
+            assert g["host_wait_share"] is not None and 0 <= g["host_wait_share"] <= 1.5, (name, g)
+    assert "step cost: d0 " in out
     print(json.dumps({"clock": clock, "linear_model_holds": sm["linear_model_holds"],
                       "warnings": doc.get("warnings")}))
     assert sm["r2"] is None or 0 <= sm["r2"] <= 1

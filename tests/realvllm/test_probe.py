@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
+import statistics
 
 import httpx
 import jsonschema
+import pytest
 
 from shadow.contracts.events import load_schema
 from tests.realvllm.conftest import MODEL_NAME, Tier
-from tests.realvllm.helpers import completion_tokens, latest_seq, metric, raw_stream, wait_for
+from tests.realvllm.helpers import completion_tokens, latest_seq, metric, prompt_tokens, raw_stream, wait_for
 
 
 def _body(i: int, max_tokens: int) -> dict[str, object]:
@@ -50,6 +52,7 @@ def test_every_engine_step_arrives_as_a_valid_step_event(tier: Tier) -> None:
     ts = [float(e["t"]) for e in steps]  # type: ignore[arg-type]
     assert ts == sorted(ts), "steps arrive in engine order"
     assert any("interval_s" in e for e in steps), "busy steps carry the time since the previous one"
+    _scheduled_and_period(steps, n, sum(prompt_tokens(data) for _, data in results))
     # the lanes find the engine's own steps plausible beside the streams the tap saw (the probe's
     # token admits them: it admits nothing else)
     judged = httpx.get(f"{tier.api}/v1/report", timeout=30, trust_env=False).json()["step_model"]
@@ -57,6 +60,34 @@ def test_every_engine_step_arrives_as_a_valid_step_event(tier: Tier) -> None:
     sent = metric(tier.probe.decode_urls[0], "shadow_probe_steps_total", outcome="sent") - sent_before
     assert sent >= len(steps)
     assert metric(tier.probe.decode_urls[0], "shadow_probe_steps_total", outcome="dropped_full") == 0
+
+
+def _scheduled_and_period(steps: list[dict[str, object]], requests: int, prompt: int) -> None:
+    """What the engine scheduled into its steps, its own step period and the host's times: every
+    request was prefilled in some step (its prompt's computed tokens, at most the prompt: prefix
+    cache hits are not computed); the engine's step period (vLLM's own inter-token latency) is the
+    time between the stat logger's records on average, and longer than the engine's elapsed time of
+    a step (which leaves out the forward pass); the engine's CPU and wait times only grow."""
+    def total(key: str) -> int:
+        return sum(int(e.get(key, 0)) for e in steps)  # type: ignore[call-overload]
+
+    assert requests <= total("prefill_requests"), total("prefill_requests")
+    assert 0 < total("prefill_tokens") <= prompt, (total("prefill_tokens"), prompt)
+    assert total("decode_requests") > 0 and all("iteration" in e for e in steps)
+    its = [int(e["iteration"]) for e in steps]  # type: ignore[call-overload]
+    assert its == sorted(its)
+    both = [e for e in steps if "engine_interval_s" in e and "interval_s" in e]
+    assert len(both) >= len(steps) // 2, "most busy steps carry the engine's own period"
+    period = statistics.fmean(float(e["engine_interval_s"]) for e in both)  # type: ignore[arg-type]
+    interval = statistics.fmean(float(e["interval_s"]) for e in both)  # type: ignore[arg-type]
+    elapsed = statistics.fmean(float(e["duration_s"]) for e in both)  # type: ignore[arg-type]
+    assert period == pytest.approx(interval, rel=0.25), (period, interval)
+    assert elapsed < period, (elapsed, period)
+    hosted = [e for e in steps if "engine_wait_s" in e]
+    assert hosted, "the engine's scheduler statistics (it runs on this host)"
+    for k in ("engine_run_s", "engine_wait_s"):
+        xs = [float(e[k]) for e in hosted]  # type: ignore[arg-type]
+        assert xs == sorted(xs) and xs[0] >= 0, k
 
 
 def test_a_probe_whose_sink_hangs_drops_and_counts_and_the_engine_serves_on(tier: Tier) -> None:

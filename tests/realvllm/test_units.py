@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import jsonschema
@@ -22,7 +23,7 @@ from shadow.contracts.events import load_schema
 from shadow.mirror.api import create_app, parse_event
 from shadow.mirror.hub import Mirror
 from shadow.mirror.state import MirrorState
-from shadow.realvllm.stepsender import StepSample, StepSender, sender_from_env
+from shadow.realvllm.stepsender import EngineSched, StepSample, StepSender, sample_of, sender_from_env
 from tests.realvllm.helpers import wait_for
 
 TOKEN = "unit-events-token"
@@ -51,6 +52,16 @@ def _steps(url: str) -> list[dict[str, object]]:
     return [e for e in map(json.loads, r.text.splitlines()) if e["type"] == "step"]
 
 
+def _valid_steps(url: str, before: int) -> list[dict[str, object]]:
+    """The step events after the first `before`, each valid by the schema and the parser."""
+    got = _steps(url)[before:]
+    validator = jsonschema.Draft202012Validator(load_schema())
+    for e in got:
+        validator.validate(e)
+        parse_event(e)
+    return got
+
+
 def sample(t: float, running: int = 3, elapsed: float | None = 0.004, engine: int = 0) -> StepSample:
     return StepSample(t, engine, elapsed, running, 1, 0.25, running, 0)
 
@@ -67,11 +78,7 @@ def test_sender_posts_valid_step_events_with_the_token(event_api: tuple[str, Mir
         wait_for(lambda: sender.counts.sent == 5, "5 steps sent", timeout=30)
     finally:
         sender.close()
-    got = _steps(url)[before:]
-    validator = jsonschema.Draft202012Validator(load_schema())
-    for e in got:
-        validator.validate(e)
-        parse_event(e)
+    got = _valid_steps(url, before)
     assert [e["worker"] for e in got] == ["d0", "d0", "d0", "d0", "d1"]
     assert [e["source"] for e in got] == ["probe", "probe", "probe", "probe_interval", "probe"]
     # the time since the previous step only where the engine was busy through it
@@ -170,3 +177,102 @@ def test_model_builder_is_deterministic_and_its_cache_checks_content(engine_venv
                           capture_output=True, text=True, timeout=300, check=True)
     assert chat.stdout == "<|user|>\nhi<|end|>\n<|assistant|>\n\n"
 
+
+
+def _details(**kw: object) -> SimpleNamespace:
+    base: dict[str, object] = {"iteration_index": 7, "num_ctx_requests": 1, "num_ctx_tokens": 120,
+                               "num_generation_requests": 5, "num_generation_tokens": 5, "elapsed_ms": 3.0,
+                               "is_dummy": False}
+    return SimpleNamespace(**{**base, **kw})
+
+
+def _stats(details: object) -> SimpleNamespace:
+    return SimpleNamespace(iteration_details=details, num_running_reqs=6, num_waiting_reqs=2,
+                           kv_cache_usage=0.25)
+
+
+def _iteration() -> SimpleNamespace:
+    return SimpleNamespace(num_generation_tokens=6, num_preempted_reqs=0,
+                           prompt_token_stats=SimpleNamespace(computed=96, total=120),
+                           time_to_first_tokens_iter=[0.05],
+                           inter_token_latencies_iter=[0.0061, 0.0060, 0.0090])
+
+
+def test_a_step_sample_takes_what_the_engine_scheduled_and_its_own_period() -> None:
+    """With iteration details: the scheduler's counts of the step (`compute_iteration_details`);
+    without: the iteration's computed prompt tokens and first/next tokens. Either way the period
+    on the engine's clock is the shortest inter-token latency (the requests that decoded in the
+    previous step too)."""
+    s = sample_of(10.0, 1, _stats(_details()), _iteration())
+    assert (s.elapsed_s, s.running, s.waiting, s.tokens) == (0.003, 6, 2, 6)
+    scheduled = (s.prefill_tokens, s.prefill_requests, s.decode_requests, s.iteration, s.dummy)
+    assert scheduled == (120, 1, 5, 7, False)
+    assert s.engine_interval_s == 0.0060
+    bare = sample_of(10.0, 0, _stats(None), _iteration())
+    assert bare.elapsed_s is None and bare.iteration is None
+    assert (bare.prefill_tokens, bare.prefill_requests, bare.decode_requests) == (96, 1, 3)
+    dummy = sample_of(10.0, 0, _stats(_details(is_dummy=True, num_ctx_tokens=0, num_ctx_requests=0,
+                                               num_generation_requests=0)), None)
+    assert dummy.dummy and dummy.engine_interval_s is None and dummy.tokens == 0
+    old = sample_of(10.0, 0, _stats(None), SimpleNamespace(num_generation_tokens=1, num_preempted_reqs=0))
+    assert (old.prefill_tokens, old.prefill_requests, old.decode_requests) == (0, 0, 0)  # an older vLLM
+
+
+class _Sched:
+    """EngineSched's interface with scripted readings (engine -> successive (run, wait) seconds)."""
+
+    def __init__(self, readings: dict[int, list[tuple[float, float]]]) -> None:
+        self.readings = readings
+
+    def read(self, engine: int, now: float) -> tuple[float, float] | None:
+        got = self.readings.get(engine)
+        return got.pop(0) if got else None
+
+
+def test_sender_posts_the_scheduled_counts_and_the_engines_cpu_times(event_api: tuple[str, Mirror]) -> None:
+    url, _ = event_api
+    before = len(_steps(url))
+    sched = _Sched({0: [(1.0, 2.0), (1.5, 4.0)]})
+    sender = StepSender(url, token=TOKEN, worker="d{engine}", flush_s=0.01, sched=sched)  # type: ignore[arg-type]
+    try:
+        t0 = time.monotonic()
+        first = sample_of(t0, 0, _stats(_details()), _iteration())
+        assert sender.offer(first)
+        wait_for(lambda: sender.counts.sent == 1, "the first step sent", timeout=30)
+        assert sender.offer(first._replace(t=time.monotonic()))
+        wait_for(lambda: sender.counts.sent == 2, "the second step sent", timeout=30)
+    finally:
+        sender.close()
+    got = _valid_steps(url, before)
+    assert got[0]["prefill_tokens"] == 120 and got[0]["decode_requests"] == 5 and got[0]["iteration"] == 7
+    assert got[0]["engine_interval_s"] == 0.006 and "dummy" not in got[0]
+    assert "engine_wait_s" not in got[0]  # one look at the engine: nothing to interpolate yet
+    # the second step lies between the two looks: its cumulative times are on the line between them
+    assert 1.0 <= got[1]["engine_run_s"] <= 1.5 and 2.0 <= got[1]["engine_wait_s"] <= 4.0
+    assert (got[1]["engine_wait_s"] - 2.0) == pytest.approx(4 * (got[1]["engine_run_s"] - 1.0))
+
+
+def test_engine_sched_finds_the_engine_cores_below_the_api_server(tmp_path: Path) -> None:
+    """A /proc tree: the API server 100, its engine cores 101 (DP rank 1, under a helper 102) and
+    103 (no DP), another process 104 titled like an engine but not below 100."""
+
+    def proc(pid: int, ppid: int, title: bytes, sched: str | None = None) -> None:
+        d = tmp_path / str(pid)
+        d.mkdir()
+        (d / "stat").write_text(f"{pid} (x y) S {ppid} 1 1\n")
+        (d / "cmdline").write_bytes(title + b"\0--flag\0")
+        if sched is not None:
+            (d / "schedstat").write_text(sched)
+
+    proc(100, 1, b"vllm")
+    proc(102, 100, b"helper")
+    proc(101, 102, b"VLLM::EngineCore_DP1", "2500000000 500000000 42\n")
+    proc(103, 100, b"VLLM::EngineCore", "1000000000 0 7\n")
+    proc(104, 1, b"VLLM::EngineCore_DP0", "9 9 9\n")
+    sched = EngineSched(root=100, proc=str(tmp_path))
+    assert sched.read(1, 0.0) == (2.5, 0.5)
+    assert sched.read(0, 0.0) == (1.0, 0.0)
+    assert sched.read(2, 0.0) is None  # no such engine here
+    (tmp_path / "101" / "schedstat").unlink()  # the engine went away
+    assert sched.read(1, 0.0) is None
+    assert EngineSched(root=100, proc=str(tmp_path / "none")).read(0, 0.0) is None

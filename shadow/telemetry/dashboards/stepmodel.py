@@ -1,5 +1,7 @@
-"""Step model: measured decode step times against the fitted T = a·max_g L_g + b, with a, b, R²
-and the sample count, and the measured step-time distribution."""
+"""Step model: the step-cost model chosen per barrier group (its form, terms with their 95 %
+intervals, out-of-sample error and R²), measured decode step times against the fitted
+T = a·max_g L_g + b (the paper's form) with a, b, R² and the sample count, and the measured
+step-time distribution."""
 
 from __future__ import annotations
 
@@ -11,8 +13,45 @@ A = "shadow_step_model_a_seconds_per_token"
 B = "shadow_step_model_b_seconds"
 
 
+COST = "shadow_step_cost_term_seconds"
+PER_SEQ = 'form=~".*c.*"'
+
+
+def _cost_panels(lay: Layout) -> None:
+    lay.row("Step cost (chosen per barrier group)")
+    lay.add(st("Out-of-sample error (worst group)",
+               "Median absolute relative error of the chosen step-cost form on window means it was not "
+               "fitted on (time-blocked cross-validation); above 10% the live figures are not trustworthy.",
+               "percentunit", level("shadow_step_cost_oos_error_ratio", "instance"), decimals=1,
+               steps=((None, "green"), (0.1, "red"))), w=6, h=5)
+    lay.add(st("R² of the chosen form (worst group)",
+               "Share of the window means' variance the chosen form explains; low with a small "
+               "out-of-sample error: the load barely moves the step, the host's noise is the rest.",
+               "none", level("shadow_step_cost_r2", "instance", agg="min"), decimals=3), w=6, h=5)
+    lay.add(st("Windows in the fit", "Window means the step-cost fits stand on (fewest group).",
+               "short", level("shadow_step_cost_windows", "instance", agg="min")), w=6, h=5)
+    lay.add(st("Groups on a form with a per-sequence term",
+               "Barrier groups whose chosen form has c·n: a running sequence costs the step on its own.",
+               "short", f"count({level('shadow_step_cost_form', 'instance, group', extra=PER_SEQ)} == 1)"),
+            w=6, h=5)
+    lay.add(ts("Chosen form per group", "1 for the form each barrier group's step cost has now (b: fixed, c: "
+               "per running sequence, a: per KV token, p: per prefill token).", "none",
+               q(f'{level("shadow_step_cost_form", "group, form")} == 1', "{{group}}: {{form}}"), max_=1))
+    lay.add(ts("Step-cost terms with their 95% intervals",
+               "Each term of each group's chosen form (seconds per step, per running sequence, per KV token "
+               "or per prefill token) and its interval bounds.", "s",
+               q(level(COST, "group, term", extra='bound="estimate"'), "{{group}} {{term}}"),
+               q(level(COST, "group, term", extra='bound="low"'), "{{group}} {{term}} low"),
+               q(level(COST, "group, term", extra='bound="high"'), "{{group}} {{term}} high"), min_=None))
+    lay.add(ts("Out-of-sample error and R² over time", "Per group: the chosen form's out-of-sample error "
+               "and R² on its window means.", "none",
+               q(level("shadow_step_cost_oos_error_ratio", "group"), "{{group}} out-of-sample error"),
+               q(level("shadow_step_cost_r2", "group"), "{{group}} R²"), max_=1, decimals=3))
+
+
 def _panels(lay: Layout) -> None:
-    lay.row("Fit")
+    _cost_panels(lay)
+    lay.row("Fit of the paper's form a·max L + b")
     lay.add(st("a (per token of the largest load)", "Fitted seconds per KV token of the most loaded rank.",
                "s", level(A, "instance")), w=6, h=5)
     lay.add(st("b (fixed cost per step)", "Fitted seconds per step independent of load.",
@@ -45,6 +84,7 @@ def _panels(lay: Layout) -> None:
 
 
 BOARD = Board("shadow-step-model", "shadow / Step model",
-              "Do KV tokens explain step time on this fleet? Measured step times against the online fit "
-              "T = a·max_g L_g + b that every barrier-idle, throughput and TPOT estimate uses.",
+              "What does a step cost on this fleet? The step-cost model chosen per barrier group by "
+              "out-of-sample error (fixed, per running sequence, per KV token, per prefill token), and "
+              "measured step times against the paper's T = a·max_g L_g + b.",
               _panels)
