@@ -266,8 +266,9 @@ class LiveDriver:
             w = -1 if ev.worker is None else self.index.get(ev.worker, -1)
             period = ev.interval_s if ev.interval_s is not None else ev.duration_s
             self.steps.append((w, ev.t, ev.duration_s, period, ev.source))
-            if w >= 0 and ev.source in PROBE_SOURCES and ev.running is not None and ev.tokens is not None:
-                self._probe_step(w, ev, period)
+            if (w >= 0 and ev.source in PROBE_SOURCES and ev.running is not None and ev.tokens is not None
+                    and not ev.dummy):
+                self._probe_step(w, ev, ev.engine_interval_s or period)
             return
         rid = ev.request_id
         if isinstance(ev, Route) and ev.worker not in self.index:
@@ -304,8 +305,11 @@ class LiveDriver:
         the twin check's engine side."""
         assert ev.running is not None and ev.tokens is not None
         if self.servers is not None:
+            scheduled = (None if ev.decode_requests is None or ev.prefill_requests is None
+                         else ev.decode_requests + ev.prefill_requests)
             self.servers.step(g, ev.t, period, ev.running, ev.waiting or 0, ev.tokens, ev.preemptions or 0,
-                              ev.kv_usage, self.mirror_loads[g])
+                              ev.kv_usage, self.mirror_loads[g], scheduled=scheduled,
+                              prefill_tokens=ev.prefill_tokens)
             self._serving = True
         if self.twin is not None:
             self.twin.engine(g, ev.t, ev.running, ev.kv_usage or 0.0)

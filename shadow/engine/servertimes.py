@@ -2,11 +2,11 @@
 steps (running, tokens, period, KV usage after each step) and its requests' events (placed, ended):
 the lanes' twin of the server beyond the step-cost model. Pure: times come in as arguments.
 
-- Which steps admitted and finished requests. A step's `tokens` are the sequences that produced
-  one (every running request decodes one per step; a request admitted in it produces its first
-  unless its prefill goes on), so with `r0`/`r1` the running counts before/after it: finished =
-  tokens − r1 (fewer while a prefill goes on after it), admitted = finished + r1 − r0 + the
-  requests it preempted (exactly: what joined the running set). vLLM admits FIFO, so the k-th
+- Which steps admitted and finished requests. With `r0`/`r1` the running counts before/after a
+  step: finished = the requests it computed − r1 (a probe with the engine's iteration details
+  says how many it computed; else its `tokens`, the sequences that produced one, which misses a
+  finish beside a prefill that goes on), admitted = finished + r1 − r0 + the requests it preempted
+  (exactly: what joined the running set). vLLM admits FIFO, so the k-th
   admission of a worker is its k-th placed request (a request that ended before any token never
   reached it and is taken out); stream ends are paired with finishing steps in order (a mean over
   the pairs does not depend on which end goes with which step).
@@ -108,12 +108,15 @@ class ServerTimes:
     # -- steps -----------------------------------------------------------------------------------
 
     def step(self, g: int, t: float, period: float, running: int, waiting: int, tokens: int,
-             preemptions: int, kv_usage: float | None, load: float) -> None:
+             preemptions: int, kv_usage: float | None, load: float, *, scheduled: int | None = None,
+             prefill_tokens: int | None = None) -> None:
         """A probe step of worker g that ended at t, `period` after its previous one, with the
-        counts after it; `load`: the KV tokens the worker held (the mirror's), for the model."""
+        counts after it; `load`: the KV tokens the worker held (the mirror's), for the model;
+        `scheduled`: the requests it computed (prefilling and decoding; then a finish is exact
+        even beside a chunked prefill), `prefill_tokens` the prompt tokens among them."""
         w = self.w[g]
         self.steps += 1
-        finished = max(0, tokens - running)
+        finished = max(0, (tokens if scheduled is None else scheduled) - running)
         admitted = max(0, finished + running - w.running + preemptions)
         start = t - period
         resumed = min(admitted, w.resumes)
@@ -129,6 +132,8 @@ class ServerTimes:
         for _ in range(new):
             w.admits.append((start, w.waiting == 0, lone))
         prompt = self._pair_admits(w, new)
+        if prefill_tokens is not None:
+            prompt = float(prefill_tokens)
         for _ in range(finished):
             w.finished.append(t)
         self._pair_ends(w)

@@ -72,6 +72,7 @@ class _StepProbe(Observer):
         self._tokens = 0
         self._busy = 0.0
         self._preempted = 0
+        self._finished = 0
 
     def stepped(self, lane: Lane) -> None:
         c = lane.last_group
@@ -79,6 +80,10 @@ class _StepProbe(Observer):
         tokens, self._tokens = lane.totals.tokens - self._tokens, lane.totals.tokens
         period, self._busy = lane.totals.busy_time_s - self._busy, lane.totals.busy_time_s
         preempted, self._preempted = lane.preemptions - self._preempted, lane.preemptions
+        pf = lane._prefilling[g]
+        finished, self._finished = lane.totals.finished - self._finished, lane.totals.finished
+        scheduled = lane.engine_running(g) + finished  # the requests the step computed
         self.events.append(Step(lane.group_now(c), period, self.names[g], 0, lane.engine_running(g),
                                 lane.engine_waiting()[g], lane.kv_blocks(g, self.block) / self.blocks, tokens,
-                                preempted, period, "probe"))
+                                preempted, period, "probe", prefill_requests=len(pf),
+                                decode_requests=scheduled - len(pf)))

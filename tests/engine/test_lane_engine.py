@@ -102,7 +102,8 @@ def test_a_prompt_over_the_token_budget_is_prefilled_in_chunks() -> None:
 
 def test_prefill_chunks_take_the_budget_decodes_leave() -> None:
     # three decoding requests and a budget of 10: a new 20-token prompt gets 7 tokens, then 7, 6
-    lane = _lane(slots=8, step=StepTimeModel(a=0.0, b=1.0, p=1.0), limits=EngineLimits(max_num_batched_tokens=10),
+    lane = _lane(slots=8, step=StepTimeModel(a=0.0, b=1.0, p=1.0),
+                 limits=EngineLimits(max_num_batched_tokens=10),
                  forced={"d1": 0, "d2": 0, "d3": 0, "new": 0})
     for rid in ("d1", "d2", "d3"):
         lane.offer(Job(rid, 0.0, 1, 50), 0.0)
