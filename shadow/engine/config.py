@@ -45,7 +45,7 @@ class EngineLimits:
     tokens of a step do not fit, the newest running request is preempted (its KV freed; it goes back
     to the front of its worker's queue and recomputes prompt + generated tokens when admitted again:
     V1's recompute preemption), and nothing is admitted that step; a request is admitted only when
-    its first chunk's blocks are free."""
+    blocks for its whole sequence are free (vLLM's `scheduler_reserve_full_isl`, on by default)."""
 
     max_num_batched_tokens: int | None = None
     kv_tokens: int | None = None

@@ -216,6 +216,7 @@ class Lane:
         self._slot_jobs: list[Job | None] = [None] * n  # kv-limited: each running slot's job
         self._slot_ready = np.zeros(n, dtype=np.float64)  # kv-limited: each running slot's ready time
         self._prefill = [0.0] * g  # prefill tokens scheduled into each worker's next step
+        self.step_prefill = [0.0] * g  # ... and into its last one
         self._budget_left: list[float] = [0.0] * g  # its token budget left for admissions
         self._sched_k = [-1] * g  # the step index (of its group) each worker's plan is for
         self._no_admit = [False] * g  # its plan preempted: nothing is admitted in that step (vLLM)
@@ -223,6 +224,7 @@ class Lane:
         self._draining: list[deque[tuple[float, float]]] = [deque() for _ in range(g)]
         self.draining_tokens: list[float] = [0.0] * g  # finished, stream not ended yet (back latency)
         self.preemptions = 0
+        self.resumed = 0  # preempted requests admitted again
         self.silent_steps = 0  # steps that emitted no token (prefill chunks only)
         # the host's speed: (worker, lane time) -> factor on its step model's time (live: measured)
         self.speed: Callable[[int, float], float] | None = None
@@ -733,12 +735,13 @@ class Lane:
             need = job.prompt_tokens + age
             chunk = int(min(need, budget))
             if cap is not None and running[g]:  # (an idle worker admits whatever its cache holds)
-                assert limits is not None
-                if self._kv_needed(g, k) + -(-chunk // limits.block_tokens) > cap:
+                assert limits is not None  # vLLM's default: its whole sequence must fit, not a chunk
+                if self._kv_needed(g, k) + -(-need // limits.block_tokens) > cap:
                     break
             queue.popleft()
             adm.pop(rid, None)
             resumed = self._resume.pop(rid, None) is not None
+            self.resumed += resumed
             self.queued_tokens[g] -= need
             budget -= chunk
             self._prefill[g] += chunk
@@ -848,6 +851,7 @@ class Lane:
             for e in pf:  # no token yet: its age (step count − start) stays what it holds
                 e.chunk = 0
                 self.slot_start[e.slot] += 1
+            self.step_prefill[g] = self._prefill[g]
             self._prefill[g] = 0.0
         self.totals.tokens += emitted
         if not emitted:

@@ -5,8 +5,10 @@ the lanes' twin of the server beyond the step-cost model. Pure: times come in as
 - Which steps admitted and finished requests. With `r0`/`r1` the running counts before/after a
   step: finished = the requests it computed − r1 (a probe with the engine's iteration details
   says how many it computed; else its `tokens`, the sequences that produced one, which misses a
-  finish beside a prefill that goes on), admitted = finished + r1 − r0 + the requests it preempted
-  (exactly: what joined the running set). vLLM admits FIFO, so the k-th
+  finish beside a prefill that goes on), joined = finished + r1 − r0 (what joined the running set,
+  less what the step preempted: none joins in a step that preempts), of which as many as the probe
+  counts preemptions are resumed ones (vLLM counts a preemption when the request next produces a
+  token: at its resume), the rest admissions. vLLM admits FIFO, so the k-th
   admission of a worker is its k-th placed request (a request that ended before any token never
   reached it and is taken out); stream ends are paired with finishing steps in order (a mean over
   the pairs does not depend on which end goes with which step).
@@ -54,7 +56,6 @@ class _Worker:
     prompt_n: int = 0
     ends: deque[float] = field(default_factory=deque)  # stream ends not paired with a finishing step
     finished: deque[float] = field(default_factory=deque)  # finishing steps not paired with an end
-    resumes: int = 0  # preempted requests its next admissions bring back (no placement of their own)
     running: int = 0  # after its last step
     waiting: int = 0
     kv_usage: float = 0.0
@@ -117,18 +118,17 @@ class ServerTimes:
         w = self.w[g]
         self.steps += 1
         finished = max(0, (tokens if scheduled is None else scheduled) - running)
-        admitted = max(0, finished + running - w.running + preemptions)
+        joined = max(0, finished + running - w.running)  # (less the step's preemptions, not known)
         start = t - period
-        resumed = min(admitted, w.resumes)
-        w.resumes += preemptions - resumed
-        new = admitted - resumed
+        resumed = min(joined, preemptions)  # vLLM counts a preemption at the request's resume
+        new = joined - resumed
         rise = None
         if kv_usage is not None:
             if kv_usage - w.kv_usage > 1e-9:
                 rise = kv_usage - w.kv_usage
                 w.quantum = min(w.quantum, rise)
             w.kv_usage = kv_usage
-        lone = rise if new == 1 and not resumed and not finished and not preemptions else None
+        lone = rise if new == 1 and not resumed and not finished else None
         for _ in range(new):
             w.admits.append((start, w.waiting == 0, lone))
         prompt = self._pair_admits(w, new)

@@ -280,9 +280,9 @@ class DecodeEngine:
             size = seq.prompt_tokens + seq.generated
             remote = seq.source != "local_compute" and not seq.generated  # its KV comes from a prefill
             chunk = size if remote else int(min(size, budget))
-            if running:
+            if running:  # its whole sequence must fit (vLLM's scheduler_reserve_full_isl), not a chunk
                 used = self.kv_blocks() if used < 0 else used
-                if used + -(-chunk // bs) > cap:
+                if used + -(-size // bs) > cap:
                     break
                 used += -(-chunk // bs)
             waiting.popleft()

@@ -79,7 +79,8 @@ class _StepProbe(Observer):
         (g,) = lane.clock_groups[c]
         tokens, self._tokens = lane.totals.tokens - self._tokens, lane.totals.tokens
         period, self._busy = lane.totals.busy_time_s - self._busy, lane.totals.busy_time_s
-        preempted, self._preempted = lane.preemptions - self._preempted, lane.preemptions
+        # as vLLM counts them: a preemption when the request resumes (its next token)
+        preempted, self._preempted = lane.resumed - self._preempted, lane.resumed
         pf = lane._prefilling[g]
         finished, self._finished = lane.totals.finished - self._finished, lane.totals.finished
         scheduled = lane.engine_running(g) + finished  # the requests the step computed
