@@ -33,6 +33,7 @@ from shadow.core.stay import StayBasis, predicted_basis
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import DEFAULT_BLOCK_TOKENS, EngineConfig, LaneClock, LaneSpec
 from shadow.engine.jobs import Job
+from shadow.engine.kvcache import FreeBlocks
 from shadow.engine.summary import SampleSink
 
 Clock = Callable[[], float]
@@ -215,6 +216,8 @@ class Lane:
         self._order: list[list[int]] = [[] for _ in range(g)]  # kv-limited: running slots, admission order
         self._slot_jobs: list[Job | None] = [None] * n  # kv-limited: each running slot's job
         self._slot_ready = np.zeros(n, dtype=np.float64)  # kv-limited: each running slot's ready time
+        kv_blocks = 0 if config.limits is None else config.limits.kv_blocks or 0
+        self._cache = [FreeBlocks(kv_blocks) for _ in range(g)]  # kv-limited: its free blocks
         self._prefill = [0.0] * g  # prefill tokens scheduled into each worker's next step
         self.step_prefill = [0.0] * g  # ... and into its last one
         self._budget_left: list[float] = [0.0] * g  # its token budget left for admissions
@@ -593,6 +596,7 @@ class Lane:
         self._slot_fresh[:] = False
         self._order = [[] for _ in range(g)]
         self._slot_jobs = [None] * len(self._slot_jobs)
+        self._cache = [FreeBlocks(self._cache[0].blocks) for _ in range(g)]
         self._prefill = [0.0] * g
         self._sched_k = [-1] * g
         self._no_admit = [False] * g
@@ -733,7 +737,6 @@ class Lane:
                 break  # still on its way (FIFO: nothing behind it is ahead of it)
             age = self._resume.get(rid, 0)
             need = job.prompt_tokens + age
-            chunk = int(min(need, budget))
             if cap is not None and running[g]:  # (an idle worker admits whatever its cache holds)
                 assert limits is not None  # vLLM's default: its whole sequence must fit, not a chunk
                 if self._kv_needed(g, k) + -(-need // limits.block_tokens) > cap:
@@ -743,9 +746,19 @@ class Lane:
             resumed = self._resume.pop(rid, None) is not None
             self.resumed += resumed
             self.queued_tokens[g] -= need
+            hit = 0  # a resumed request's blocks still cached: only the tokens past them are computed
+            if self._kv_limited:
+                assert limits is not None
+                bs = limits.block_tokens
+                cached = self._cache[g].reclaim(rid)
+                hit = min(cached, (need - 1) // bs) * bs
+            chunk = int(min(need - hit, budget))
+            if self._kv_limited:
+                self._cache[g].free(cached - hit // bs)  # (cached past the last token: not a hit)
+                self._cache[g].allocate(-(-(hit + chunk) // bs) - hit // bs)
             budget -= chunk
             self._prefill[g] += chunk
-            self._start(g, job, ready, age, resumed=resumed, prefill_left=need - chunk)
+            self._start(g, job, ready, age, resumed=resumed, prefill_left=need - hit - chunk, chunk=chunk)
         self._budget_left[g] = budget
 
     def _plan(self, g: int, k: int) -> None:
@@ -770,12 +783,15 @@ class Lane:
             assert limits is not None and limits.kv_blocks is not None
             cap = limits.kv_blocks
             order = self._order[g]
+            held = self._kv_needed(g, k, new=False)
             if self.loads[g] / limits.block_tokens + self.running[g] > cap:  # else it cannot overflow
                 while len(order) > 1 and self._kv_needed(g, k) > cap:
                     was_prefilling = bool(self._slot_pf[order[-1]])
-                    took = self._preempt(g, order[-1], k)
+                    took, freed = self._preempt(g, order[-1], k)
+                    held -= freed
                     budget += took
                     prefill -= took if was_prefilling else 0
+            self._cache[g].allocate(self._kv_needed(g, k) - held)  # the step's new blocks
         for e in list(pf):
             if not e.left:  # its last chunk: it begins decoding in this step
                 pf.remove(e)
@@ -784,13 +800,14 @@ class Lane:
         self._prefill[g] = float(prefill)
         self._budget_left[g] = budget
 
-    def _preempt(self, g: int, slot: int, k: int) -> int:
+    def _preempt(self, g: int, slot: int, k: int) -> tuple[int, int]:
         """vLLM V1's recompute preemption of the request in `slot` at the start of worker g's step k:
         its KV and slot freed, its finish unbooked, it goes to the front of g's queue and, admitted
         again, prefills its prompt and the tokens it generated (then goes on from there). Returns
-        the tokens of the step's budget it had taken."""
+        the tokens of the step's budget it had taken and the blocks it held (freed: its full ones
+        stay cached for it, `FreeBlocks`)."""
         job = self._slot_jobs[slot]
-        assert job is not None
+        assert job is not None and self.limits is not None
         c = self._group_of[g]
         took = 1
         if self._slot_pf[slot]:
@@ -798,16 +815,22 @@ class Lane:
             self._prefilling[g].remove(e)
             self._slot_pf[slot] = False
             age, took = e.age, e.chunk
+            computed = job.prompt_tokens + age - e.left - e.chunk
         else:
             age = k - int(self.slot_start[slot])
             self._unbook(c, slot)
+            computed = job.prompt_tokens + age - 1
+        bs = self.limits.block_tokens
+        full, partial = divmod(computed, bs)
+        self._cache[g].free(1 if partial else 0)  # its last block first (evicted first)
+        self._cache[g].free(full, job.request_id)
         self._release(g, slot, job, job.prompt_tokens + age)
         self.queues[g].appendleft((job, float(self._slot_ready[slot])))
         self.queued_tokens[g] += job.prompt_tokens + age
         self._resume[job.request_id] = age
         self._no_admit[g] = True
         self.preemptions += 1
-        return took
+        return took, full + (1 if partial else 0)
 
     def _unbook(self, c: int, slot: int) -> None:
         """Take the booked (or watched) finish of the request in `slot` out of group c's calendar."""
@@ -994,7 +1017,7 @@ class Lane:
         self._last_refresh = self.k
 
     def _start(self, g: int, job: Job, ready_s: float, age: int = 0, *, resumed: bool = False,
-               prefill_left: int = 0) -> None:
+               prefill_left: int = 0, chunk: int = 0) -> None:
         """Start `job` on worker `g`; `age` > 0: it already generated `age` tokens (seeded, or
         `resumed` after a preemption); `prefill_left` > 0 (engine mode): its prefill goes on over the
         next steps, and it begins decoding when that is done (`_Prefill`)."""
@@ -1023,10 +1046,9 @@ class Lane:
             self._slot_ready[slot] = ready_s
         if not resumed and not age:
             self.totals.wait_s.append(self.now - ready_s)
-        if prefill_left:  # (its first chunk, the rest of its prompt, is in this step)
+        if prefill_left:  # (its first `chunk` is in this step, `prefill_left` after it)
             self._slot_pf[slot] = True
-            self._prefilling[g].append(_Prefill(slot, job, ready_s, age, prefill_left,
-                                                job.prompt_tokens + age - prefill_left))
+            self._prefilling[g].append(_Prefill(slot, job, ready_s, age, prefill_left, chunk))
             return
         self._begin(g, slot, job, k - age, age, resumed)
 
@@ -1075,6 +1097,9 @@ class Lane:
     def _finish(self, g: int, slot: int, job: Job, out: int, end: float) -> None:
         held = job.prompt_tokens + out
         self._release(g, slot, job, held)
+        if self._kv_limited:
+            assert self.limits is not None
+            self._cache[g].free(-(-(held - 1) // self.limits.block_tokens))
         if self.back_s is not None and self.back_s[g] > 0:
             self._draining[g].append((end + self.back_s[g], held))
             self.draining_tokens[g] += held

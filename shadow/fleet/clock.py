@@ -94,7 +94,7 @@ class StepClock:
                 if not e.up:
                     prefilled[i] = 0
                     continue
-                prefilled[i] = e.admit(now) if e.waiting or e.must_schedule else 0
+                prefilled[i] = e.admit(now)  # (every step: a prefill may go on, a preemption be due)
                 min_load = e.load if min_load is None else min(min_load, e.load)
                 if e.running:
                     busy = True

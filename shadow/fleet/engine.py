@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from shadow.engine.kvcache import FreeBlocks
 from shadow.fleet.config import FleetConfig
 from shadow.fleet.faults import FaultState
 from shadow.fleet.metrics import EngineStats
@@ -44,6 +45,7 @@ class Seq:
         "finished_t",
         "first_t",
         "generated",
+        "held_blocks",
         "kv_params",
         "last_t",
         "max_tokens",
@@ -81,6 +83,7 @@ class Seq:
         self.on_release = on_release
         self.generated = 0
         self.prefill_left = 0  # tokens of its (re)prefill after this step's chunk (0: decoding)
+        self.held_blocks = 0  # preempted: the KV blocks it held then
         self.status = WAITING
         self.finish_reason: str | None = None
         self.kv_params: dict[str, Any] | None = None
@@ -173,6 +176,7 @@ class DecodeEngine:
         self.last_step_end = 0.0
         self.up = True
         self._stats = EngineStats(max_model_len)
+        self._cache = FreeBlocks(kv_capacity_tokens // block_size)  # its free blocks (prefix cache)
 
     @classmethod
     def sized(
@@ -193,21 +197,17 @@ class DecodeEngine:
     def num_running(self) -> int:
         return len(self.running)
 
-    @property
-    def must_schedule(self) -> bool:
-        """The next step needs scheduling with nobody waiting: a prefill goes on, or the KV cache
-        could run out (a preemption)."""
-        if self.max_num_batched_tokens is not None and any(s.prefill_left for s in self.running):
-            return True
-        return self.load // self.block_size + len(self.running) > self.kv_capacity_tokens // self.block_size
-
     def num_waiting(self) -> int:
         return len(self.waiting)
 
-    def kv_blocks(self) -> int:
-        """Blocks the running requests hold: their prompt and tokens computed (by the step
-        scheduled: a decoding request's next token, a prefilling one's chunk)."""
+    def kv_blocks(self, computed: bool = False) -> int:
+        """Blocks the running requests hold: their prompt and tokens computed by the step scheduled
+        (a decoding request's next token, a prefilling one's chunk); `computed`: before it (at the
+        start of `admit`, nothing scheduled yet)."""
         bs = self.block_size
+        if computed:
+            return sum(-(-(s.prompt_tokens + s.generated - s.prefill_left - (not s.prefill_left)) // bs)
+                       for s in self.running)
         return sum(-(-(s.prompt_tokens + s.generated - s.prefill_left) // bs) for s in self.running)
 
     def kv_usage(self) -> float:
@@ -231,6 +231,8 @@ class DecodeEngine:
             try:
                 self.running.remove(seq)
                 self.load -= seq.prompt_tokens + seq.generated
+                held = seq.prompt_tokens + seq.generated - seq.prefill_left
+                self._cache.free(-(-held // self.block_size))
             except ValueError:
                 pass
         finish_seq(seq, reason, now, self._stats)
@@ -247,6 +249,7 @@ class DecodeEngine:
         self.running = []
         self.waiting.clear()
         self.load = 0
+        self._cache = FreeBlocks(self.kv_capacity_tokens // self.block_size)
         self._stats = EngineStats(self.max_model_len)
 
     # -- clock side ------------------------------------------------------------------------------
@@ -256,6 +259,7 @@ class DecodeEngine:
         running, waiting = self.running, self.waiting
         budget = math.inf if self.max_num_batched_tokens is None else float(self.max_num_batched_tokens)
         local = 0
+        held = self.kv_blocks(computed=True)
         chunks: list[tuple[Seq, int]] = []
         for seq in running:
             if seq.prefill_left:
@@ -269,7 +273,10 @@ class DecodeEngine:
             planned[seq.rid] = chunk
             budget -= chunk
             local += chunk
-        victims = self._preempt()
+        victims = self._preempt(planned)
+        held -= sum(v.held_blocks for v in victims)
+        cache = self._cache
+        cache.allocate(self.kv_blocks() - held)  # the step's new blocks: decodes', chunks'
         if victims:  # nothing is admitted in a step that preempts (vLLM); their chunks are not in it
             return local - sum(planned.get(v.rid, 0) for v in victims)
         bs = self.block_size
@@ -279,18 +286,23 @@ class DecodeEngine:
             seq = waiting[0]
             size = seq.prompt_tokens + seq.generated
             remote = seq.source != "local_compute" and not seq.generated  # its KV comes from a prefill
-            chunk = size if remote else int(min(size, budget))
             if running:  # its whole sequence must fit (vLLM's scheduler_reserve_full_isl), not a chunk
                 used = self.kv_blocks() if used < 0 else used
                 if used + -(-size // bs) > cap:
                     break
-                used += -(-chunk // bs)
+            # a preempted request's blocks still cached: only the tokens past them are computed
+            cached = cache.reclaim(seq.rid)
+            hit = min(cached, (size - 1) // bs) * bs
+            chunk = size if remote else int(min(size - hit, budget))
+            cache.free(cached - hit // bs)
+            cache.allocate(-(-(hit + chunk) // bs) - hit // bs)
+            used = used if used < 0 else used + -(-(hit + chunk) // bs)
             waiting.popleft()
             running.append(seq)
             seq.status = RUNNING
             if not seq.scheduled_t:
                 seq.scheduled_t = now
-            seq.prefill_left = size - chunk
+            seq.prefill_left = size - hit - chunk
             self.load += size
             if not seq.generated:
                 self._stats.add_prompt(seq.prompt_tokens, seq.source)
@@ -300,10 +312,10 @@ class DecodeEngine:
             seq.release()
         return local
 
-    def _preempt(self) -> list[Seq]:
+    def _preempt(self, planned: dict[str, int]) -> list[Seq]:
         """While the running requests' blocks for this step (a decoding request's next token, a
-        prefilling one's chunk) exceed the KV cache, preempt the newest (never the last one); the
-        requests preempted."""
+        prefilling one's chunk: `planned`) exceed the KV cache, preempt the newest (never the last
+        one); the requests preempted (their blocks freed: the full ones stay cached for them)."""
         bs = self.block_size
         cap = self.kv_capacity_tokens // bs
         running = self.running
@@ -313,6 +325,14 @@ class DecodeEngine:
         while len(running) > 1 and self.kv_blocks() > cap:
             seq = running.pop()
             self.load -= seq.prompt_tokens + seq.generated
+            if seq.rid in planned:  # prefilling: what it had computed before this step's chunk
+                computed = seq.prompt_tokens + seq.generated - seq.prefill_left - planned[seq.rid]
+            else:
+                computed = seq.prompt_tokens + seq.generated - 1
+            full, partial = divmod(computed, bs)
+            seq.held_blocks = full + (1 if partial else 0)
+            self._cache.free(1 if partial else 0)  # its last block first (evicted first)
+            self._cache.free(full, seq.rid)
             seq.status = WAITING
             seq.prefill_left = 0
             self.waiting.appendleft(seq)
@@ -358,6 +378,7 @@ class DecodeEngine:
             for seq in running:
                 if seq.generated >= seq.target:
                     self.load -= seq.prompt_tokens + seq.generated
+                    self._cache.free(-(-(seq.prompt_tokens + seq.generated - 1) // self.block_size))
                     finish_seq(seq, seq.natural_finish, now, st)
                 else:
                     keep.append(seq)

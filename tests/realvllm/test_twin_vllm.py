@@ -140,6 +140,9 @@ def test_the_twin_schedules_each_step_as_the_engine_did(engine: Engine) -> None:
     assert report["max_waiting"] >= 2, ("requests waited behind the slots", report)
     assert max(j.prompt_tokens for j in jobs) > BUDGET, ("a prompt was prefilled in chunks", report)
     assert preempted >= 1, ("the KV cache ran out and the engine preempted", report)
-    assert agree[0] >= 0.98 and agree[1] >= 0.98, report
+    # The scheduler's state is the same at every step (measured: all of them, on a machine at load
+    # 2-9); a step's prefill tokens may differ where the engine resumed a preempted request: vLLM's
+    # iteration details count a request with output tokens as decoding, so its probe's prefill
+    # tokens leave out that recompute, which the twin counts (and prices).
+    assert agree[0] == 1.0 and agree[1] == 1.0 and agree[2] == 1.0, report
     assert agree[3] >= 0.98, report
-    assert agree[2] >= 0.95, report
