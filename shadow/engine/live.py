@@ -219,7 +219,7 @@ class LiveDriver:
         self._serving = False  # the lanes step on the servers' measurements
         self.twin: TwinCheck | None = None
         if actual:
-            self.twin = TwinCheck(n, twin_window_s, self._kv_tokens)
+            self.twin = TwinCheck(n, twin_window_s, self._kv_tokens, names=self.workers)
             side = _TwinSide(self, self.twin)
             self.observe(side, ACTUAL)
             self.lanes[0].on_drain = side.drain

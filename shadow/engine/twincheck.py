@@ -76,10 +76,11 @@ class TwinCheck:
     state: it is idle); `figures()` is the report's block."""
 
     def __init__(self, workers: int, window_s: float, kv_tokens: Callable[[int], float | None],
-                 recent: int = 30) -> None:
+                 recent: int = 30, names: Sequence[str] | None = None) -> None:
         if not window_s > 0:
             raise ValueError(f"twin check window must be > 0 s, got {window_s}")
         self.workers = workers
+        self.names = list(names) if names is not None else [str(g) for g in range(workers)]
         self.window_s = window_s
         self.kv_tokens = kv_tokens
         self._mirror = _Series(workers, window_s)
@@ -91,6 +92,9 @@ class TwinCheck:
         self.engine_windows = 0
         # Σ |twin − reality|, Σ reality and Σ twin over closed windows, per comparison
         self.sums: dict[str, list[float]] = {k: [0.0, 0.0, 0.0] for k in ("placed", "running", "kv")}
+        # ... per worker: Σ |twin − reality| and Σ reality
+        self.per_worker: dict[str, list[list[float]]] = {k: [[0.0, 0.0] for _ in range(workers)]
+                                                         for k in self.sums}
         self.recent: dict[str, deque[float]] = {k: deque(maxlen=recent) for k in self.sums}
 
     def mirror(self, t: float, placed: Sequence[float]) -> None:
@@ -164,6 +168,10 @@ class TwinCheck:
         acc[0] += diff
         acc[1] += total
         acc[2] += sum(twin)
+        for g, (a, b) in enumerate(zip(twin, real, strict=True)):
+            w = self.per_worker[what][g]
+            w[0] += abs(a - b)
+            w[1] += b
         self.recent[what].append(diff / total)
 
     def error(self, what: str) -> float | None:
@@ -187,4 +195,10 @@ class TwinCheck:
             "kv_vs_engine": self.error("kv"),
             "ratio": {k: self.ratio(k) for k in self.sums},
             "recent": recent,
+            "workers": {name: {k: _ratio(v[g][0], v[g][1]) for k, v in self.per_worker.items()}
+                        for g, name in enumerate(self.names)},
         }
+
+
+def _ratio(x: float, y: float) -> float | None:
+    return x / y if y > 0 else None
