@@ -563,12 +563,7 @@ class Lane:
             free = [b - r - len(q) for r, q in zip(running, queues, strict=True)]
             if not any(free):
                 return
-        t0 = self.clock()
-        decisions = router.decide(self.snapshot(free), self.now)
-        self.totals.decision_s.append(self.clock() - t0)
-        for entry, g in decisions:
-            assert isinstance(entry, Job)
-            ready = self._ready_of(entry)
+        for entry, g, ready in self._decide(free):
             if self._free(g):
                 self._start(g, entry, ready)
             else:  # its worker is in the middle of a step: it starts at the step's end
@@ -701,12 +696,7 @@ class Lane:
             b = self.config.slots
             free = [b - r - len(q) for r, q in zip(running, queues, strict=True)]
             if any(f > 0 for f in free):
-                t0 = self.clock()
-                decisions = router.decide(self.snapshot(free), self.now)
-                self.totals.decision_s.append(self.clock() - t0)
-                for entry, g in decisions:
-                    assert isinstance(entry, Job)
-                    ready = self._ready_of(entry)
+                for entry, g, ready in self._decide(free):
                     queues[g].append((entry, ready))
                     self.queued_tokens[g] += entry.prompt_tokens
                     if self.front_s is not None:
@@ -879,6 +869,18 @@ class Lane:
         self.totals.tokens += emitted
         if not emitted:
             self.silent_steps += 1
+
+    def _decide(self, free: list[int] | None) -> list[tuple[Job, int, float]]:
+        """A pool router's round on the free slots `free` (None: b − running): (job, worker, the
+        time it reached the router) per decision, the round's time counted."""
+        t0 = self.clock()
+        decisions = self.router.decide(self.snapshot(free), self.now)
+        self.totals.decision_s.append(self.clock() - t0)
+        out: list[tuple[Job, int, float]] = []
+        for entry, g in decisions:
+            assert isinstance(entry, Job)
+            out.append((entry, g, self._ready_of(entry)))
+        return out
 
     def _unknown_end(self, c: int) -> bool:
         """Live: resolve the open ends group `c`'s step needs; True when one is still unknown (hold)."""

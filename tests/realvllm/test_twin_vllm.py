@@ -15,14 +15,10 @@ bench/bench_twin_vllm.py); it differs only where the lane's scheduling rules dif
 from __future__ import annotations
 
 import concurrent.futures as cf
-import json
 import random
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -30,6 +26,7 @@ import pytest
 from shadow.engine.config import EngineLimits
 from shadow.engine.jobs import Job
 from shadow.engine.steptwin import EngineStep, arrivals, replay
+from shadow.realvllm.eventsink import EventSink
 from shadow.realvllm.launcher import VllmFleet, VllmFleetConfig
 from tests.realvllm.conftest import MODEL_NAME
 from tests.realvllm.helpers import completion_tokens, prompt_tokens, raw_stream, samples, wait_for
@@ -38,46 +35,25 @@ SLOTS, BUDGET, BLOCK = 3, 256, 128
 KV_BYTES = 12 * BLOCK * 1024  # the tiny model's KV is 1 KiB a token: 12 blocks (one is vLLM's null block)
 
 
-class _Sink(BaseHTTPRequestHandler):
-    """The probe's event API: keeps every step it is posted."""
-
-    steps: list[dict[str, Any]]
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers.get("content-length") or 0))
-        self.steps.extend(json.loads(line) for line in body.splitlines() if line.strip())
-        out = b'{"accepted":1,"rejected":{}}'
-        self.send_response(200)
-        self.send_header("content-length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @dataclass
 class Engine:
     fleet: VllmFleet
-    steps: list[dict[str, Any]]
+    sink: EventSink
 
 
 @pytest.fixture(scope="module")
 def engine(engine_venv: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    steps: list[dict[str, Any]] = []
-    handler = type("Sink", (_Sink,), {"steps": steps})
-    sink = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=sink.serve_forever, daemon=True).start()
+    sink = EventSink()
     fleet = VllmFleet(VllmFleetConfig(
         decode=1, model_path=tiny_model, cores=(1,), max_num_seqs=SLOTS, max_num_batched_tokens=BUDGET,
-        max_model_len=768, kv_bytes=KV_BYTES, probe_url=f"http://127.0.0.1:{sink.server_port}",
+        max_model_len=768, kv_bytes=KV_BYTES, probe_url=sink.url,
         log_dir=tmp_path_factory.mktemp("twin-vllm")), log=lambda msg: None)
     try:
         fleet.start()
-        yield Engine(fleet, steps)
+        yield Engine(fleet, sink)
     finally:
         fleet.stop()
-        sink.shutdown()
+        sink.close()
 
 
 def _prompt(rng: random.Random, words: int) -> str:
@@ -100,12 +76,12 @@ def test_the_twin_schedules_each_step_as_the_engine_did(engine: Engine) -> None:
     bodies = [{"model": MODEL_NAME, "prompt": _prompt(rng, w), "max_tokens": rng.randint(250, 450),
                "ignore_eos": True, "temperature": 0, "stream": True,
                "stream_options": {"include_usage": True}} for w in words]
-    before = len(engine.steps)
+    before = len(engine.sink.steps())
 
     def real_steps() -> list[EngineStep]:
         return [EngineStep(int(s["running"]), int(s["waiting"]), int(s["prefill_requests"]) + int(
             s["decode_requests"]), int(s.get("preemptions", 0)), round(float(s["kv_usage"]) * blocks),
-            int(s["prefill_tokens"])) for s in list(engine.steps[before:]) if not s.get("dummy")]
+            int(s["prefill_tokens"])) for s in list(engine.sink.steps()[before:]) if not s.get("dummy")]
 
     # One at a time into the engine, the next once the engine's own counts show the last one in its
     # queue (its API server may otherwise reorder them: the replay needs the order they reached it)
@@ -119,9 +95,9 @@ def test_the_twin_schedules_each_step_as_the_engine_did(engine: Engine) -> None:
         results = {i: f.result()[1] for i, f in enumerate(futures)}
     outs = [completion_tokens(results[i]) for i in range(n)]
     assert outs == [b["max_tokens"] for b in bodies]
-    wait_for(lambda: sum(int(s.get("tokens", 0)) for s in engine.steps[before:]) >= sum(outs),
+    wait_for(lambda: sum(int(s.get("tokens", 0)) for s in engine.sink.steps()[before:]) >= sum(outs),
              "the probe's steps carrying every generated token", timeout=60)
-    iterations = [int(s["iteration"]) for s in engine.steps[before:] if not s.get("dummy")]
+    iterations = [int(s["iteration"]) for s in engine.sink.steps()[before:] if not s.get("dummy")]
     assert iterations == list(range(iterations[0], iterations[0] + len(iterations))), "a step was not seen"
     real = real_steps()
     assert sum(arrivals(real)) == n, "the engine's counts account for every request"
