@@ -212,6 +212,7 @@ class Lane:
         self._prefilling: list[list[_Prefill]] = [[] for _ in range(g)]  # in admission order
         self._slot_pf = np.zeros(n, dtype=bool)  # the slot's request is still prefilling
         self._slot_fresh = np.zeros(n, dtype=bool)  # admitted at its worker's next step (not run yet)
+        self._fresh: list[list[int]] = [[] for _ in range(g)]  # ... those slots per worker
         self._kv_limited = config.limits is not None and config.limits.kv_tokens is not None
         self._order: list[list[int]] = [[] for _ in range(g)]  # kv-limited: running slots, admission order
         self._slot_jobs: list[Job | None] = [None] * n  # kv-limited: each running slot's job
@@ -589,6 +590,7 @@ class Lane:
         self._prefilling = [[] for _ in range(g)]
         self._slot_pf[:] = False
         self._slot_fresh[:] = False
+        self._fresh = [[] for _ in range(g)]
         self._order = [[] for _ in range(g)]
         self._slot_jobs = [None] * len(self._slot_jobs)
         self._cache = [FreeBlocks(self._cache[0].blocks) for _ in range(g)]
@@ -643,8 +645,7 @@ class Lane:
     def engine_running(self, g: int) -> int:
         """Worker g's running requests as its engine counts them after its last step (without those
         admitted for its next one)."""
-        b = self.config.slots
-        return self.running[g] - int(self._slot_fresh[g * b:(g + 1) * b].sum())
+        return self.running[g] - len(self._fresh[g])
 
     def _kv_needed(self, g: int, k: int, new: bool = True, block_tokens: int | None = None) -> int:
         """Blocks worker g's running requests hold at the start of its step k (`new`: with the
@@ -854,9 +855,11 @@ class Lane:
         """The step's tokens: one per running request of each member but those still prefilling."""
         loads, running = self.loads, self.running
         emitted = 0
-        b = self.config.slots
+        fresh = self._fresh
         for g in members:
-            self._slot_fresh[g * b:(g + 1) * b] = False
+            if fresh[g]:
+                self._slot_fresh[fresh[g]] = False
+                fresh[g].clear()
             pf = self._prefilling[g]
             n = running[g] - len(pf)
             loads[g] += n
@@ -1040,8 +1043,9 @@ class Lane:
         self.running_prompt[g] += job.prompt_tokens
         self.running[g] += 1
         self._grun[c] += 1
-        if self._engine:
-            self._slot_fresh[slot] = not age or resumed
+        if self._engine and (not age or resumed):
+            self._slot_fresh[slot] = True
+            self._fresh[g].append(slot)
         if self._kv_limited:
             self._order[g].append(slot)
             self._slot_jobs[slot] = job
@@ -1089,7 +1093,9 @@ class Lane:
         self.running[g] -= 1
         self._grun[self._group_of[g]] -= 1
         self.slot_active[slot] = False
-        self._slot_fresh[slot] = False
+        if self._slot_fresh[slot]:
+            self._slot_fresh[slot] = False
+            self._fresh[g].remove(slot)
         self._slot_key[slot] = None
         self._free_slots[g].append(slot)
         if self._kv_limited:

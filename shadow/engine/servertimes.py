@@ -63,6 +63,8 @@ class _Worker:
     back: deque[float] = field(default_factory=lambda: deque(maxlen=MEMORY))
     lone: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=MEMORY))  # (prompt, rise)
     quantum: float = 1.0  # the smallest rise of KV usage seen: one block
+    lone_seen: int = 0  # lone admissions taken (the block size is named again when it moves)
+    block: tuple[int, float, int | None] = (-1, 0.0, None)  # (lone_seen, quantum, block size) last named
     buckets: dict[int, list[float]] = field(default_factory=dict)  # bucket -> [Σ measured, Σ predicted, n]
 
 
@@ -176,6 +178,7 @@ class ServerTimes:
                 w.front.append(start - t_placed)
             if rise is not None and p > 0:
                 w.lone.append((p, rise))
+                w.lone_seen += 1
         if len(admits) > MEMORY:  # admissions of placements never seen (a lost event stream)
             admits.popleft()
             self.desyncs += 1
@@ -207,12 +210,17 @@ class ServerTimes:
 
     def block_tokens(self, g: int) -> int | None:
         """The block size most lone admissions agree with (None: too few yet)."""
+        w = self.w[g]
+        if w.block[:2] == (w.lone_seen, w.quantum):
+            return w.block[2]
         blocks = self.kv_blocks(g)
-        lone = self.w[g].lone
-        if blocks is None or len(lone) < MIN_KV_SAMPLES:
-            return None
-        used = [(p, round(rise * blocks)) for p, rise in lone]
-        return max(BLOCK_SIZES, key=lambda bs: sum(1 for p, n in used if -(-p // bs) == n))
+        lone = w.lone
+        bs: int | None = None
+        if blocks is not None and len(lone) >= MIN_KV_SAMPLES:
+            used = [(p, round(rise * blocks)) for p, rise in lone]
+            bs = max(BLOCK_SIZES, key=lambda size: sum(1 for p, n in used if -(-p // size) == n))
+        w.block = (w.lone_seen, w.quantum, bs)
+        return bs
 
     def kv_tokens(self, g: int) -> float | None:
         """The KV cache of worker g in tokens (blocks × block size; None until both are known)."""
