@@ -438,15 +438,16 @@ class Lane:
         step is not yet known. In engine mode a step may also wait for a request still on its way
         to an idle worker (front latency)."""
         self._admit()
+        engine = self._engine
         nxt: int | None
-        if len(self._grun) == 1 and not self._engine:  # one barrier group: it has work or nothing has
+        if len(self._grun) == 1 and not engine:  # one barrier group: it has work or nothing has
             nxt = 0 if self._grun[0] or any(self.queues) else None
         else:
             nxt = self._next_group()
         if nxt is None:
             return False
         c = nxt
-        start = self._start_at(c) if self._engine else self._gnow[c]
+        start = self._start_at(c) if engine else self._gnow[c]
         if start > self.now:  # several groups, or a request on its way: the next boundary is later
             if start > until:
                 return False
@@ -471,7 +472,7 @@ class Lane:
         n_members = len(members)
         shared = n_members == n_workers
         models = self._models
-        if self._engine:
+        if engine:
             t_step, idle = self._engine_time(members)
         elif models is None:
             model = self.config.step
@@ -503,7 +504,7 @@ class Lane:
             self._first_token[job.request_id] = end
         started.clear()
         running = self.running
-        if self._engine:
+        if engine:
             self._emit(members)
         elif shared:
             for g in range(n_workers):
@@ -1149,7 +1150,7 @@ def checked_step(lane: Lane, budget: float = math.inf, until: float = math.inf) 
             f"lane {lane.spec.label}: step {k} {'ran' if ran else 'did not run'} but the step count is now"
             f" {lane.k} (engine bug)"
         )
-    if lane.k - lane.silent_steps > budget:
+    if lane.k > budget and lane.k - lane.silent_steps > budget:
         raise RuntimeError(
             f"lane {lane.spec.label}: {lane.k} steps ran for {budget} output tokens offered: requests"
             " never finish (engine bug)"
