@@ -80,6 +80,7 @@ class Run:
     load: dict[str, Any] = field(default_factory=dict)
     lost_events: int = 0  # events of serve's ring not read in time (any kind)
     cost: dict[str, Any] = field(default_factory=dict)  # serve's step-cost model at the end (per group)
+    twin: dict[str, Any] = field(default_factory=dict)  # serve's twin check at the end (fidelity.twin)
 
     def durations(self) -> list[float]:
         return [s["duration_s"] for s in self.steps if s.get("tokens", 0) > 0]
@@ -253,6 +254,7 @@ def one_run(policy: str, urls: list[str], port: int, trace: Path, args: argparse
         run.lost_events = reader.lost
         report = httpx.get(f"{api}/v1/report", timeout=30, trust_env=False).json()
         run.cost = report.get("step_model", {}).get("cost", {}).get("groups", {})
+        run.twin = report.get("fidelity", {}).get("twin") or {}
     finally:
         serve.stop()
     return run
@@ -328,6 +330,11 @@ def main() -> int:
                       f"out-of-sample {g.get('oos_error')} on {g.get('windows')} windows of "
                       f"{g.get('window_steps')} steps; host wait share {g.get('host_wait_share')}, "
                       f"of the residual {g.get('host_wait_r2')}", file=sys.stderr, flush=True)
+            t = r.twin  # the twin (the lane of shadow's own placements) against the ranks' own steps
+            print(f"  twin: KV vs engine {t.get('kv_vs_engine')}, running vs engine "
+                  f"{t.get('running_vs_engine')}, placed vs mirror {t.get('placed_vs_mirror')} on "
+                  f"{t.get('windows')} windows of {t.get('window_s')} s; per worker {t.get('workers')}",
+                  file=sys.stderr, flush=True)
     finally:
         fleet.stop()
     header = ("| policy | ok/failed | busy steps rank 0+1 | step mean ms | p50 ms | p99 ms | "

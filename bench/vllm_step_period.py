@@ -26,48 +26,17 @@ import json
 import os
 import statistics
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from shadow.realvllm.eventsink import EventSink as Collector
 from shadow.realvllm.launcher import VllmFleet, VllmFleetConfig, free_port
 
 MODEL = "sim-llm"
-
-
-class Collector:
-    """An event API stand-in: keeps every NDJSON line POSTed to it."""
-
-    def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
-        lock = threading.Lock()
-        events = self.events
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                with lock:
-                    events.extend(json.loads(line) for line in body.splitlines() if line.strip())
-                out = b'{"rejected": {}}'
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(out)))
-                self.end_headers()
-                self.wfile.write(out)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def steps(self) -> list[dict[str, Any]]:
-        return [e for e in list(self.events) if e.get("type") == "step"]
 
 
 def metric_sum(url: str, name: str) -> float:

@@ -498,7 +498,8 @@ def status_lines(demo: Demo, report: dict[str, Any], elapsed_s: float) -> Text:
     if cost:
         text.append(cost + "\n")
     err = _num(fid.get("load_rel_error"), ".1%")
-    text.append(f"twin fidelity: load error {err} (actual lane vs mirror)\n")
+    against = {"engine": "the engines' own KV"}.get(fid.get("reference", "mirror"), "mirror")
+    text.append(f"twin fidelity: load error {err} (actual lane vs {against})\n")
     for w in report.get("warnings", []):
         text.append(f"warning: {w}\n", style="yellow")
     text.append(f"metrics: {demo.api}/metrics   report: {demo.api}/v1/report", style="dim")

@@ -27,11 +27,51 @@ class PrefillConfig:
             raise ValueError("prefill times must be >= 0")
 
 
+DEFAULT_BLOCK_TOKENS = 16  # vLLM's KV block on GPUs (its CPU build: 128)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    """What a vLLM-like engine does between a request's arrival at a worker and its tokens, beyond
+    the paper's B slots (vLLM's --max-num-seqs), as vLLM V1's scheduler does it (None: unbounded,
+    the paper's model).
+
+    `max_num_batched_tokens` (--max-num-batched-tokens): every step's token budget. Running requests
+    come first, in admission order: one token per decoding request, a prefill chunk of what is
+    left of its prompt per prefilling one; then waiting requests are admitted (FIFO) while budget
+    and slots are left, each with a first chunk of its prompt (chunked prefill: a prompt that does
+    not fit is prefilled over several steps and emits its first token at the end of the last).
+    `kv_tokens`: the KV cache of a worker, in blocks of `block_tokens`: when the running requests'
+    tokens of a step do not fit, the newest running request is preempted (its KV freed; it goes back
+    to the front of its worker's queue and recomputes prompt + generated tokens when admitted again:
+    V1's recompute preemption), and nothing is admitted that step; a request is admitted only when
+    blocks for its whole sequence are free (vLLM's `scheduler_reserve_full_isl`, on by default)."""
+
+    max_num_batched_tokens: int | None = None
+    kv_tokens: int | None = None
+    block_tokens: int = DEFAULT_BLOCK_TOKENS
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise ValueError(f"max batched tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.block_tokens < 1:
+            raise ValueError(f"KV block size must be >= 1 token, got {self.block_tokens}")
+        if self.kv_tokens is not None and self.kv_tokens < self.block_tokens:
+            raise ValueError(f"KV cache must hold at least one block ({self.block_tokens} tokens), got "
+                             f"{self.kv_tokens}")
+
+    @property
+    def kv_blocks(self) -> int | None:
+        """The KV cache of a worker in blocks (None: unbounded)."""
+        return None if self.kv_tokens is None else self.kv_tokens // self.block_tokens
+
+
 @dataclass(frozen=True, slots=True)
 class LaneClock:
     """How decode workers step: `groups` partitions the workers into barrier groups (a group steps
-    in lockstep; its step lasts max over its members of τ_g = a_g·L_g + b_g; groups step
-    independently), with `models` per worker (None: the config's fleet-wide `step` for all)."""
+    in lockstep; its step lasts max over its members of τ_g = a_g·L_g + c_g·n_g + p_g·P_g + b_g;
+    groups step independently), with `models` per worker (None: the config's fleet-wide `step` for
+    all)."""
 
     groups: tuple[tuple[int, ...], ...]
     models: tuple[StepTimeModel, ...] | None = None
@@ -63,7 +103,8 @@ class LaneClock:
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     """G decode workers with B slots each, stepping under T = a·max L + b (`clock`: barrier groups
-    and per-worker models instead; None is one barrier over all workers with `step`)."""
+    and per-worker models instead; None is one barrier over all workers with `step`); `limits`: the
+    engine's token budget and KV cache (None: the paper's model, B slots only)."""
 
     workers: int = 8
     slots: int = 64
@@ -75,6 +116,7 @@ class EngineConfig:
     seed: int = 0
     trajectory_points: int = 0  # >0: keep about this many per-step load samples for plots
     clock: LaneClock | None = None
+    limits: EngineLimits | None = None
 
     def __post_init__(self) -> None:
         if self.clock is not None:

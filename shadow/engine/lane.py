@@ -32,8 +32,9 @@ from shadow.core.routers import PoolRouter, Router
 from shadow.core.snapshot import STAY_BASIS, FleetSnapshot, Projection
 from shadow.core.stay import StayBasis, predicted_basis
 from shadow.core.stepmodel import StepTimeModel
-from shadow.engine.config import EngineConfig, LaneClock, LaneSpec
+from shadow.engine.config import DEFAULT_BLOCK_TOKENS, EngineConfig, LaneClock, LaneSpec
 from shadow.engine.jobs import Job
+from shadow.engine.kvcache import FreeBlocks
 from shadow.engine.summary import SampleSink
 
 Clock = Callable[[], float]
@@ -85,6 +86,20 @@ class EndSource(Protocol):
     """
 
     def end_of(self, request_id: Hashable) -> tuple[int, int | None]: ...
+
+
+@dataclass(slots=True)
+class _Prefill:
+    """A request in a running slot whose prompt (plus, resumed after a preemption, its tokens so
+    far) is still being prefilled: `chunk` tokens of it scheduled into its worker's next step,
+    `left` to go after that one."""
+
+    slot: int
+    job: Job
+    ready: float
+    age: int  # tokens it had generated before a preemption (0: a new request)
+    left: int
+    chunk: int = 0
 
 
 def _samples() -> SampleSink:
@@ -187,6 +202,41 @@ class Lane:
         self._slot_worker = np.repeat(np.arange(g, dtype=np.int64), b)
         self._slot_group = np.zeros(n, dtype=np.int64)
         self._last_refresh = -(10**9)
+        # Engine mode (`_engine`): each worker scheduled as a vLLM-like engine does it — the token
+        # budget and KV cache of `config.limits` (chunked prefill, recompute preemption), step terms
+        # per running sequence and per prefill token (a non-linear step model), the server's latencies
+        # (`set_latency`). Off (the paper's model): none of this state is used.
+        self.limits = config.limits
+        self.front_s: tuple[float, ...] | None = None  # per worker: placed -> in its engine's queue
+        self.back_s: tuple[float, ...] | None = None  # per worker: last step -> its stream's end
+        self._admissible: dict[Hashable, float] = {}  # queued requests on their way (front latency)
+        self._prefilling: list[list[_Prefill]] = [[] for _ in range(g)]  # in admission order
+        self._slot_pf = np.zeros(n, dtype=bool)  # the slot's request is still prefilling
+        self._slot_fresh = np.zeros(n, dtype=bool)  # admitted at its worker's next step (not run yet)
+        self._fresh: list[list[int]] = [[] for _ in range(g)]  # ... those slots per worker
+        self._kv_limited = config.limits is not None and config.limits.kv_tokens is not None
+        self._order: list[list[int]] = [[] for _ in range(g)]  # kv-limited: running slots, admission order
+        self._slot_jobs: list[Job | None] = [None] * n  # kv-limited: each running slot's job
+        self._slot_ready = np.zeros(n, dtype=np.float64)  # kv-limited: each running slot's ready time
+        kv_blocks = 0 if config.limits is None else config.limits.kv_blocks or 0
+        self._cache = [FreeBlocks(kv_blocks) for _ in range(g)]  # kv-limited: its free blocks
+        self._prefill = [0.0] * g  # prefill tokens scheduled into each worker's next step
+        self.step_prefill = [0.0] * g  # ... and into its last one
+        self._budget_left: list[float] = [0.0] * g  # its token budget left for admissions
+        self._sched_k = [-1] * g  # the step index (of its group) each worker's plan is for
+        self._no_admit = [False] * g  # its plan preempted: nothing is admitted in that step (vLLM)
+        self._resume: dict[Hashable, int] = {}  # preempted, queued again: tokens generated before
+        self._draining: list[deque[tuple[float, float]]] = [deque() for _ in range(g)]
+        self.draining_tokens: list[float] = [0.0] * g  # finished, stream not ended yet (back latency)
+        self.preemptions = 0
+        self.resumed = 0  # preempted requests admitted again
+        self.silent_steps = 0  # steps that emitted no token (prefill chunks only)
+        # the host's speed: (worker, lane time) -> factor on its step model's time (live: measured)
+        self.speed: Callable[[int, float], float] | None = None
+        self.last_group = 0  # the barrier group of the last step that ran
+        # told (worker, from, until, KV tokens) of each request finished while its stream goes on
+        self.on_drain: Callable[[int, float, float, float], None] | None = None
+        self._engine = False
         if config.clock is not None:
             self.set_clock(config.clock)
         # Policy.
@@ -207,6 +257,7 @@ class Lane:
         self._extras = {STAY_BASIS.name: self.stay_basis}
         self._fleet: FleetSnapshot | None = None  # built by the first `snapshot`
         self._fleet_free: list[int] = []  # its free slots, refreshed by each `snapshot`
+        self._update_engine()
 
     # -- arrivals ---------------------------------------------------------------------------
 
@@ -241,6 +292,8 @@ class Lane:
         self.totals.decision_s.append(self.clock() - t0)
         self.queues[g].append((job, ready_s))
         self.queued_tokens[g] += job.prompt_tokens
+        if self.front_s is not None:
+            self._admissible[rid] = ready_s + self.front_s[g]
 
     def snapshot(self, free_slots: Sequence[int] | None = None) -> FleetSnapshot:
         """The lane as a router sees it now: views over the lane's own lists, valid until the lane
@@ -348,6 +401,7 @@ class Lane:
         self._pool_ready = {}
         self._inflight = set()
         self._last_refresh = -(10**9)
+        self._reset_engine()
         self.stalled = False
         self.now = at
         self.reseeds += 1
@@ -384,20 +438,23 @@ class Lane:
         """Run one decode step of the group whose next step starts first; False (and no time passes)
         when nothing is running after admissions, when that step would start after `until` (only
         with several barrier groups), or (live, `stalled` set) when a running request's end at this
-        step is not yet known."""
+        step is not yet known. In engine mode a step may also wait for a request still on its way
+        to an idle worker (front latency)."""
         self._admit()
+        engine = self._engine
         nxt: int | None
-        if len(self._grun) == 1:  # one barrier group (the usual case): it has work or nothing has
+        if len(self._grun) == 1 and not engine:  # one barrier group: it has work or nothing has
             nxt = 0 if self._grun[0] or any(self.queues) else None
         else:
             nxt = self._next_group()
         if nxt is None:
             return False
         c = nxt
-        if self._gnow[c] > self.now:  # several groups: the next boundary is later
-            if self._gnow[c] > until:
+        start = self._start_at(c) if engine else self._gnow[c]
+        if start > self.now:  # several groups, or a request on its way: the next boundary is later
+            if start > until:
                 return False
-            self.now = self._gnow[c]
+            self.now = start
             self._admit()
             nxt = self._next_group()
             assert nxt is not None
@@ -409,6 +466,7 @@ class Lane:
             self.stalled = True
             return False
         self.stalled = False
+        self.last_group = c
         loads = self.loads
         mx, mn, tot = max(loads), min(loads), sum(loads)
         n_workers = len(loads)
@@ -417,7 +475,9 @@ class Lane:
         n_members = len(members)
         shared = n_members == n_workers
         models = self._models
-        if models is None:
+        if engine:
+            t_step, idle = self._engine_time(members)
+        elif models is None:
             model = self.config.step
             if shared:
                 t_step = model.a * mx + model.b
@@ -447,7 +507,9 @@ class Lane:
             self._first_token[job.request_id] = end
         started.clear()
         running = self.running
-        if shared:
+        if engine:
+            self._emit(members)
+        elif shared:
             for g in range(n_workers):
                 loads[g] += running[g]
             tt.tokens += sum(running)
@@ -470,6 +532,8 @@ class Lane:
 
     def _next_group(self) -> int | None:
         """The group with work (running, or waiting at its workers) whose next step starts first."""
+        if self._engine:
+            return self._next_engine_group()
         if len(self._groups) == 1:
             return 0 if self._grun[0] or any(self.queues) else None
         best: int | None = None
@@ -484,6 +548,9 @@ class Lane:
         return self._gnow[self._group_of[g]] <= self.now
 
     def _admit(self) -> None:
+        if self._engine:
+            self._admit_engine()
+            return
         b = self.config.slots
         queues, running = self.queues, self.running
         queued = any(queues)
@@ -501,17 +568,326 @@ class Lane:
             free = [b - r - len(q) for r, q in zip(running, queues, strict=True)]
             if not any(free):
                 return
-        t0 = self.clock()
-        decisions = router.decide(self.snapshot(free), self.now)
-        self.totals.decision_s.append(self.clock() - t0)
-        for entry, g in decisions:
-            assert isinstance(entry, Job)
-            ready = self._ready_of(entry)
+        for entry, g, ready in self._decide(free):
             if self._free(g):
                 self._start(g, entry, ready)
             else:  # its worker is in the middle of a step: it starts at the step's end
                 self.queues[g].append((entry, ready))
                 self.queued_tokens[g] += entry.prompt_tokens
+
+    # -- engine mode -------------------------------------------------------------------------
+
+    def _update_engine(self) -> None:
+        models = self._models or (self.config.step,)
+        self._engine = (self.limits is not None or self.front_s is not None or self.back_s is not None
+                        or self.speed is not None or not all(m.linear for m in models))
+
+    def set_speed(self, speed: Callable[[int, float], float] | None) -> None:
+        """Step from now on at `speed(g, lane time)` × each worker's model time (None: 1)."""
+        self.speed = speed
+        self._update_engine()
+
+    def _reset_engine(self) -> None:
+        """A re-seed: the engines' own state starts empty (the seed puts requests back)."""
+        g = self.config.workers
+        self._admissible = {}
+        self._prefilling = [[] for _ in range(g)]
+        self._slot_pf[:] = False
+        self._slot_fresh[:] = False
+        self._fresh = [[] for _ in range(g)]
+        self._order = [[] for _ in range(g)]
+        self._slot_jobs = [None] * len(self._slot_jobs)
+        self._cache = [FreeBlocks(self._cache[0].blocks) for _ in range(g)]
+        self._prefill = [0.0] * g
+        self._sched_k = [-1] * g
+        self._no_admit = [False] * g
+        self._resume = {}
+        self._draining = [deque() for _ in range(g)]
+        self.draining_tokens = [0.0] * g
+
+    def set_latency(self, front_s: Sequence[float] | None, back_s: Sequence[float] | None) -> None:
+        """The servers' latencies from now on, per worker (None: none): `front_s`, from a request's
+        placement to its engine's queue (the HTTP front end and input processing); `back_s`, from
+        its last step to the end of its stream (output processing and the HTTP side), during which
+        it holds no slot and no KV but is still placed (`placed_loads`)."""
+        n = self.config.workers
+        for what, xs in (("front", front_s), ("back", back_s)):
+            if xs is not None and (len(xs) != n or not all(math.isfinite(x) and x >= 0 for x in xs)):
+                raise ValueError(f"{what} latencies must be {n} finite values >= 0, got {list(xs)}")
+        self.front_s = None if front_s is None else tuple(front_s)
+        self.back_s = None if back_s is None else tuple(back_s)
+        if self.front_s is None:
+            self._admissible = {}
+        self._update_engine()
+
+    def placed_loads(self) -> list[float]:
+        """Per worker, the KV tokens of every request placed on it and not ended: running, queued (on
+        its way or waiting) and, with a back latency, finished but its stream not ended yet."""
+        now = self.now
+        for g, drain in enumerate(self._draining):
+            while drain and drain[0][0] <= now:
+                self.draining_tokens[g] -= drain.popleft()[1]
+            if not drain:
+                self.draining_tokens[g] = 0.0  # no rounding left over
+        return [x + q + d
+                for x, q, d in zip(self.loads, self.queued_tokens, self.draining_tokens, strict=True)]
+
+    def engine_waiting(self) -> list[int]:
+        """Per worker, the requests in its engine's waiting queue: queued at it and arrived (not on
+        their way: front latency)."""
+        if not self._admissible:
+            return [len(q) for q in self.queues]
+        now, adm = self.now, self._admissible
+        return [sum(1 for job, _ in q if adm.get(job.request_id, -math.inf) <= now) for q in self.queues]
+
+    def kv_blocks(self, g: int, block_tokens: int | None = None) -> int:
+        """KV blocks worker g's running requests hold now, as its engine counts them after its last
+        step (prompt and tokens computed so far, in blocks of `block_tokens`, default the limits'
+        block size; requests admitted for its next step not yet)."""
+        return self._kv_needed(g, self._gk[self._group_of[g]], new=False, block_tokens=block_tokens)
+
+    def engine_running(self, g: int) -> int:
+        """Worker g's running requests as its engine counts them after its last step (without those
+        admitted for its next one)."""
+        return self.running[g] - len(self._fresh[g])
+
+    def _kv_needed(self, g: int, k: int, new: bool = True, block_tokens: int | None = None) -> int:
+        """Blocks worker g's running requests hold at the start of its step k (`new`: with the
+        tokens that step computes: one per decoding request, the chunk of each prefilling one)."""
+        bs = block_tokens or (self.limits.block_tokens if self.limits is not None else DEFAULT_BLOCK_TOKENS)
+        b = self.config.slots
+        sl = slice(g * b, (g + 1) * b)
+        mask = self.slot_active[sl] & ~self._slot_pf[sl]
+        if not new:
+            mask &= ~self._slot_fresh[sl]
+        held = self.slot_prompt[sl][mask] + (k - self.slot_start[sl][mask])
+        if not new:
+            held = held - 1  # the last sampled token is not computed yet
+        blocks = int(np.ceil(held / bs).sum())
+        for e in self._prefilling[g]:  # (`left` is what is left after its planned `chunk`)
+            if new or not self._slot_fresh[e.slot]:
+                done = e.job.prompt_tokens + e.age - e.left - (0 if new else e.chunk)
+                blocks += -(-done // bs)
+        return blocks
+
+    def _start_at(self, c: int) -> float:
+        """When group c's next step can start: its boundary; idle, when a request on its way reaches
+        one of its workers (inf: no work)."""
+        if self._grun[c]:
+            return self._gnow[c]
+        adm = self._admissible
+        first = math.inf
+        for g in self._groups[c]:
+            q = self.queues[g]
+            if q:
+                first = min(first, adm.get(q[0][0].request_id, -math.inf) if adm else -math.inf)
+        return max(self._gnow[c], first)
+
+    def _next_engine_group(self) -> int | None:
+        best: int | None = None
+        best_t = math.inf
+        for c in range(len(self._groups)):
+            t = self._start_at(c)
+            if t < best_t:
+                best, best_t = c, t
+        return best
+
+    def _admit_engine(self) -> None:
+        """Engine mode: a pool router places requests on free slots (they join their worker's queue),
+        then every worker at a step boundary schedules its next step (`_schedule`)."""
+        router = self.router
+        queues, running = self.queues, self.running
+        if not router.binds_at_arrival and router.waiting():
+            b = self.config.slots
+            free = [b - r - len(q) for r, q in zip(running, queues, strict=True)]
+            if any(f > 0 for f in free):
+                for entry, g, ready in self._decide(free):
+                    queues[g].append((entry, ready))
+                    self.queued_tokens[g] += entry.prompt_tokens
+                    if self.front_s is not None:
+                        self._admissible[entry.request_id] = self.now + self.front_s[g]
+        for g in range(len(queues)):
+            if self._free(g):
+                self._schedule(g)
+
+    def _schedule(self, g: int) -> None:
+        """Worker g at a step boundary: its step's plan (once per step: the running requests' tokens
+        and preemptions, `_plan`), then its waiting requests admitted in order while a slot, token
+        budget and KV blocks are left and nothing was preempted (vLLM V1's `schedule`)."""
+        k = self._gk[self._group_of[g]]
+        if self._sched_k[g] != k:
+            self._sched_k[g] = k
+            self._plan(g, k)
+        queue = self.queues[g]
+        if not queue or self._no_admit[g]:
+            return
+        b, running, adm = self.config.slots, self.running, self._admissible
+        budget = self._budget_left[g]
+        limits = self.limits
+        cap = None if limits is None else limits.kv_blocks
+        while queue and running[g] < b and budget > 0:
+            job, ready = queue[0]
+            rid = job.request_id
+            if adm and adm.get(rid, -math.inf) > self.now:
+                break  # still on its way (FIFO: nothing behind it is ahead of it)
+            age = self._resume.get(rid, 0)
+            need = job.prompt_tokens + age
+            if cap is not None and running[g]:  # (an idle worker admits whatever its cache holds)
+                assert limits is not None  # vLLM's default: its whole sequence must fit, not a chunk
+                if self._kv_needed(g, k) + -(-need // limits.block_tokens) > cap:
+                    break
+            queue.popleft()
+            adm.pop(rid, None)
+            resumed = self._resume.pop(rid, None) is not None
+            self.resumed += resumed
+            self.queued_tokens[g] -= need
+            hit = 0  # a resumed request's blocks still cached: only the tokens past them are computed
+            if self._kv_limited:
+                assert limits is not None
+                bs = limits.block_tokens
+                cached = self._cache[g].reclaim(rid)
+                hit = min(cached, (need - 1) // bs) * bs
+            chunk = int(min(need - hit, budget))
+            if self._kv_limited:
+                self._cache[g].free(cached - hit // bs)  # (cached past the last token: not a hit)
+                self._cache[g].allocate(-(-(hit + chunk) // bs) - hit // bs)
+            budget -= chunk
+            self._prefill[g] += chunk
+            self._start(g, job, ready, age, resumed=resumed, prefill_left=need - hit - chunk, chunk=chunk)
+        self._budget_left[g] = budget
+
+    def _plan(self, g: int, k: int) -> None:
+        """Worker g's step k, before admissions: one token per decoding request, then each
+        prefilling one's next chunk from the budget left (a chunk that ends its prefill begins its
+        decoding: its first token comes at the end of this step); when the KV cache cannot hold
+        the step's tokens, the newest running requests are preempted (never the last one)."""
+        limits = self.limits
+        pf = self._prefilling[g]
+        budget = math.inf
+        if limits is not None and limits.max_num_batched_tokens is not None:
+            budget = float(limits.max_num_batched_tokens)
+        budget -= self.running[g] - len(pf)
+        prefill = 0
+        for e in pf:
+            e.chunk = int(min(e.left, max(budget, 0.0)))
+            e.left -= e.chunk
+            budget -= e.chunk
+            prefill += e.chunk
+        self._no_admit[g] = False
+        if self._kv_limited:
+            assert limits is not None and limits.kv_blocks is not None
+            cap = limits.kv_blocks
+            order = self._order[g]
+            held = self._kv_needed(g, k, new=False)
+            if self.loads[g] / limits.block_tokens + self.running[g] > cap:  # else it cannot overflow
+                while len(order) > 1 and self._kv_needed(g, k) > cap:
+                    was_prefilling = bool(self._slot_pf[order[-1]])
+                    took, freed = self._preempt(g, order[-1], k)
+                    held -= freed
+                    budget += took
+                    prefill -= took if was_prefilling else 0
+            self._cache[g].allocate(self._kv_needed(g, k) - held)  # the step's new blocks
+        for e in list(pf):
+            if not e.left:  # its last chunk: it begins decoding in this step
+                pf.remove(e)
+                self._slot_pf[e.slot] = False
+                self._begin(g, e.slot, e.job, k - e.age, e.age, e.age > 0)
+        self._prefill[g] = float(prefill)
+        self._budget_left[g] = budget
+
+    def _preempt(self, g: int, slot: int, k: int) -> tuple[int, int]:
+        """vLLM V1's recompute preemption of the request in `slot` at the start of worker g's step k:
+        its KV and slot freed, its finish unbooked, it goes to the front of g's queue and, admitted
+        again, prefills its prompt and the tokens it generated (then goes on from there). Returns
+        the tokens of the step's budget it had taken and the blocks it held (freed: its full ones
+        stay cached for it, `FreeBlocks`)."""
+        job = self._slot_jobs[slot]
+        assert job is not None and self.limits is not None
+        c = self._group_of[g]
+        took = 1
+        if self._slot_pf[slot]:
+            e = next(e for e in self._prefilling[g] if e.slot == slot)
+            self._prefilling[g].remove(e)
+            self._slot_pf[slot] = False
+            age, took = e.age, e.chunk
+            computed = job.prompt_tokens + age - e.left - e.chunk
+        else:
+            age = k - int(self.slot_start[slot])
+            self._unbook(c, slot)
+            computed = job.prompt_tokens + age - 1
+        bs = self.limits.block_tokens
+        full, partial = divmod(computed, bs)
+        self._cache[g].free(1 if partial else 0)  # its last block first (evicted first)
+        self._cache[g].free(full, job.request_id)
+        self._release(g, slot, job, job.prompt_tokens + age)
+        self.queues[g].appendleft((job, float(self._slot_ready[slot])))
+        self.queued_tokens[g] += job.prompt_tokens + age
+        self._resume[job.request_id] = age
+        self._no_admit[g] = True
+        self.preemptions += 1
+        return took, full + (1 if partial else 0)
+
+    def _unbook(self, c: int, slot: int) -> None:
+        """Take the booked (or watched) finish of the request in `slot` out of group c's calendar."""
+        key = int(self.slot_start[slot] + self.slot_output[slot]) - 1
+        entries = self._calendars[c].get(key)
+        if entries is not None:
+            for i, entry in enumerate(entries):
+                if entry[1] == slot:
+                    del entries[i]
+                    if not entries:
+                        del self._calendars[c][key]
+                    return
+        watch = [w for w in self._watches[c] if w[3] != slot]
+        heapq.heapify(watch)
+        self._watches[c] = watch
+
+    def _engine_time(self, members: Sequence[int]) -> tuple[float, float]:
+        """The step's time (the slowest member's τ_g = a·L_g + c·n_g + p·P_g + b) and barrier idle."""
+        models, step = self._models, self.config.step
+        loads, running, prefill = self.loads, self.running, self._prefill
+        taus = [(step if models is None else models[g]).worker_time(loads[g], running[g], prefill[g])
+                for g in members]
+        speed = self.speed
+        if speed is not None:
+            now = self.now
+            taus = [tau * speed(g, now) for tau, g in zip(taus, members, strict=True)]
+        t_step = max(taus)
+        return t_step, len(taus) * t_step - sum(taus)
+
+    def _emit(self, members: Sequence[int]) -> None:
+        """The step's tokens: one per running request of each member but those still prefilling."""
+        loads, running = self.loads, self.running
+        emitted = 0
+        fresh = self._fresh
+        for g in members:
+            if fresh[g]:
+                self._slot_fresh[fresh[g]] = False
+                fresh[g].clear()
+            pf = self._prefilling[g]
+            n = running[g] - len(pf)
+            loads[g] += n
+            emitted += n
+            for e in pf:  # no token yet: its age (step count − start) stays what it holds
+                e.chunk = 0
+                self.slot_start[e.slot] += 1
+            self.step_prefill[g] = self._prefill[g]
+            self._prefill[g] = 0.0
+        self.totals.tokens += emitted
+        if not emitted:
+            self.silent_steps += 1
+
+    def _decide(self, free: list[int] | None) -> list[tuple[Job, int, float]]:
+        """A pool router's round on the free slots `free` (None: b − running): (job, worker, the
+        time it reached the router) per decision, the round's time counted."""
+        t0 = self.clock()
+        decisions = self.router.decide(self.snapshot(free), self.now)
+        self.totals.decision_s.append(self.clock() - t0)
+        out: list[tuple[Job, int, float]] = []
+        for entry, g in decisions:
+            assert isinstance(entry, Job)
+            out.append((entry, g, self._ready_of(entry)))
+        return out
 
     def _unknown_end(self, c: int) -> bool:
         """Live: resolve the open ends group `c`'s step needs; True when one is still unknown (hold)."""
@@ -546,6 +922,7 @@ class Lane:
         clock.check(g_count)
         self._models = clock.models
         self._fleet = None  # the next snapshot says the new models' cost to the policies
+        self._update_engine()
         groups = [tuple(group) for group in clock.groups]
         if groups == self._groups:
             return
@@ -581,6 +958,7 @@ class Lane:
         self._grun = [sum(self.running[g] for g in members) for members in groups]
         self._calendars, self._watches, self._started = calendars, watches, started
         self._slot_group = np.asarray(new_of, dtype=np.int64)[self._slot_worker]
+        self._sched_k = [k + delta[g] if k >= 0 else k for g, k in enumerate(self._sched_k)]
 
     def slot_steps(self) -> npt.NDArray[np.int64]:
         """Per slot: the step count of its worker's group (a slot's age is this − slot_start)."""
@@ -590,6 +968,10 @@ class Lane:
     def clock_groups(self) -> list[tuple[int, ...]]:
         """The barrier groups the lane steps (worker indices)."""
         return list(self._groups)
+
+    def group_now(self, c: int) -> float:
+        """When barrier group c's next step can start (the end of its last one)."""
+        return self._gnow[c]
 
     def _ready_of(self, job: Job) -> float:
         return self._pool_ready.pop(job.request_id, self.now)
@@ -644,17 +1026,19 @@ class Lane:
         self._slot_ref[idx] = ks
         self._last_refresh = self.k
 
-    def _start(self, g: int, job: Job, ready_s: float, age: int = 0) -> None:
-        """Start `job` on worker `g`; `age` > 0: a seeded request that already generated `age` tokens."""
+    def _start(self, g: int, job: Job, ready_s: float, age: int = 0, *, resumed: bool = False,
+               prefill_left: int = 0, chunk: int = 0) -> None:
+        """Start `job` on worker `g`; `age` > 0: it already generated `age` tokens (seeded, or
+        `resumed` after a preemption); `prefill_left` > 0 (engine mode): its prefill goes on over the
+        next steps, and it begins decoding when that is done (`_Prefill`)."""
         c = self._group_of[g]
         k = self._gk[c]
         if self._gnow[c] < self.now:  # an idle group starts when its work arrives
             self._gnow[c] = self.now
         slot = self._free_slots[g].pop()
-        start = k - age
         self.slot_active[slot] = True
         self.slot_prompt[slot] = job.prompt_tokens
-        self.slot_start[slot] = start
+        self.slot_start[slot] = k - age
         self._slot_key[slot] = job.prompt_key
         if self.predictor is not None:
             steps = self._newcomer_steps(job)
@@ -664,6 +1048,26 @@ class Lane:
         self.running_prompt[g] += job.prompt_tokens
         self.running[g] += 1
         self._grun[c] += 1
+        if self._engine and (not age or resumed):
+            self._slot_fresh[slot] = True
+            self._fresh[g].append(slot)
+        if self._kv_limited:
+            self._order[g].append(slot)
+            self._slot_jobs[slot] = job
+            self._slot_ready[slot] = ready_s
+        if not resumed and not age:
+            self.totals.wait_s.append(self.now - ready_s)
+        if prefill_left:  # (its first `chunk` is in this step, `prefill_left` after it)
+            self._slot_pf[slot] = True
+            self._prefilling[g].append(_Prefill(slot, job, ready_s, age, prefill_left, chunk))
+            return
+        self._begin(g, slot, job, k - age, age, resumed)
+
+    def _begin(self, g: int, slot: int, job: Job, start: int, age: int, resumed: bool) -> None:
+        """`job` in `slot` emits its first (next) token at the end of its group's step `start` + `age`:
+        its finish is booked (offline, or its end known) or watched (live)."""
+        c = self._group_of[g]
+        self.slot_start[slot] = start
         if self.ends is None:
             self._book(g, slot, job, start, max(job.output_tokens, age + 1))
         else:
@@ -674,26 +1078,46 @@ class Lane:
                 self.slot_output[slot] = gen
                 self._watch_seq += 1
                 heapq.heappush(self._watches[c], (start + gen - 2, self._watch_seq, g, slot, job))
-        if age:
+        if resumed and job.request_id in self._first_token:  # counted when it first began
+            return
+        if age and not resumed:
             self._first_token[job.request_id] = self.now
             self._seeded_age[job.request_id] = age
             return
         self._started[c].append((g, job))
-        self.totals.wait_s.append(self.now - ready_s)
 
     def _book(self, g: int, slot: int, job: Job, start: int, out: int) -> None:
         """Book the finish of a request started at step `start` (of its group) with `out` output tokens."""
         self.slot_output[slot] = out
         self._calendars[self._group_of[g]].setdefault(start + out - 1, []).append((g, slot, job, out))
 
-    def _finish(self, g: int, slot: int, job: Job, out: int, end: float) -> None:
-        self.loads[g] -= job.prompt_tokens + out
+    def _release(self, g: int, slot: int, job: Job, held: float) -> None:
+        """Free `slot` of worker g, whose request held `held` KV tokens."""
+        self.loads[g] -= held
         self.running_prompt[g] -= job.prompt_tokens
         self.running[g] -= 1
         self._grun[self._group_of[g]] -= 1
         self.slot_active[slot] = False
+        if self._slot_fresh[slot]:
+            self._slot_fresh[slot] = False
+            self._fresh[g].remove(slot)
         self._slot_key[slot] = None
         self._free_slots[g].append(slot)
+        if self._kv_limited:
+            self._order[g].remove(slot)
+            self._slot_jobs[slot] = None
+
+    def _finish(self, g: int, slot: int, job: Job, out: int, end: float) -> None:
+        held = job.prompt_tokens + out
+        self._release(g, slot, job, held)
+        if self._kv_limited:
+            assert self.limits is not None
+            self._cache[g].free(-(-(held - 1) // self.limits.block_tokens))
+        if self.back_s is not None and self.back_s[g] > 0:
+            self._draining[g].append((end + self.back_s[g], held))
+            self.draining_tokens[g] += held
+            if self.on_drain is not None:
+                self.on_drain(g, end, end + self.back_s[g], held)
         tt = self.totals
         if job.request_id in self.again:  # finished here before a re-seed put it back: counted once
             self.again.discard(job.request_id)
@@ -719,8 +1143,9 @@ def checked_step(lane: Lane, budget: float = math.inf, until: float = math.inf) 
 
     Raises RuntimeError when the step count did not move by exactly one step that ran (none when
     it did not run), or when more than `budget` steps ran: each step that runs emits at least one
-    token, so the output tokens offered bound the steps (the live driver passes the tokens it has
-    seen plus one per released request).
+    token (but for an engine's prefill-only steps, `Lane.silent_steps`, not counted), so the output
+    tokens offered bound the steps (the live driver passes the tokens it has seen plus one per
+    released request).
     """
     k = lane.k
     ran = lane.step(until)
@@ -729,7 +1154,7 @@ def checked_step(lane: Lane, budget: float = math.inf, until: float = math.inf) 
             f"lane {lane.spec.label}: step {k} {'ran' if ran else 'did not run'} but the step count is now"
             f" {lane.k} (engine bug)"
         )
-    if lane.k > budget:
+    if lane.k > budget and lane.k - lane.silent_steps > budget:
         raise RuntimeError(
             f"lane {lane.spec.label}: {lane.k} steps ran for {budget} output tokens offered: requests"
             " never finish (engine bug)"

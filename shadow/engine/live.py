@@ -12,14 +12,18 @@ from functools import partial
 
 from shadow.contracts.events import Cancel, Event, Finish, Route, Step, Token
 from shadow.contracts.requests import RequestRecord
-from shadow.engine.config import EngineConfig, LaneClock, LaneSpec
+from shadow.engine.config import DEFAULT_BLOCK_TOKENS, EngineConfig, LaneClock, LaneSpec
 from shadow.engine.driver import LaneDriver, Observer
 from shadow.engine.jobs import Job
 from shadow.engine.lane import Clock, Lane, LaneTotals
 from shadow.engine.rolling import Seed, SeedBook, Seeded, check_window
+from shadow.engine.servertimes import ServerTimes
 from shadow.engine.summary import LogHistogram
+from shadow.engine.twincheck import TwinCheck
 
 ACTUAL = "actual"
+PROBE_SOURCES = ("probe", "probe_interval")  # step events of an engine probe (with its counts)
+TWIN_WINDOW_S = 10.0  # the twin check's window (event time)
 
 
 @dataclass(slots=True)
@@ -35,6 +39,51 @@ class _Live(RequestRecord):
     running: bool = False  # first token seen: holds KV on its worker (mirrored load)
     seq: int = -1  # its place in the release sequence (released: >= 0)
     g: int = -1  # its worker's index once known
+
+
+class _TwinSide(Observer):
+    """The `actual` lane's side of the twin check: each worker's state when a step of its ends,
+    and the requests placed on it as they are."""
+
+    def __init__(self, driver: LiveDriver, check: TwinCheck) -> None:
+        self.driver, self.check = driver, check
+        n = len(driver.workers)
+        self.drains: list[list[tuple[float, float]]] = [[] for _ in range(n)]  # (until, tokens) heaps
+        self.draining = [0.0] * n
+
+    def drain(self, g: int, start: float, until: float, held: float) -> None:
+        """The lane's `on_drain`: a finished request still placed on worker g until `until`."""
+        heapq.heappush(self.drains[g], (until, held))
+        self.draining[g] += held
+
+    def _expire(self, g: int, upto: float, origin: float) -> None:
+        drains = self.drains[g]
+        while drains and drains[0][0] <= upto:
+            until, held = heapq.heappop(drains)
+            self.draining[g] -= held
+            self.check.lane_placed(g, origin + until, -held)
+
+    def offering(self, lane: Lane, job: Job) -> None:
+        g = self.driver.assignment(job.request_id)
+        origin = self.driver.origin
+        if g is not None and origin is not None:
+            self._expire(g, lane.now, origin)
+            self.check.lane_placed(g, origin + lane.now, job.prompt_tokens)
+
+    def stepped(self, lane: Lane) -> None:
+        origin = self.driver.origin
+        if origin is None:
+            return
+        c = lane.last_group
+        end = lane.group_now(c)
+        for g in lane.clock_groups[c]:
+            self._expire(g, end, origin)
+            bs = self.driver.block_tokens(lane, g)
+            placed = lane.loads[g] + lane.queued_tokens[g] + self.draining[g]
+            self.check.lane(g, origin + end, placed, lane.engine_running(g), lane.kv_blocks(g, bs) * bs)
+        for g in range(len(self.drains)):
+            self._expire(g, lane.now, origin)
+        self.check.lane_clock(origin + lane.now)
 
 
 def _streaming_totals() -> LaneTotals:
@@ -83,6 +132,8 @@ class LiveDriver:
         seeds: Mapping[int, Seed] | None = None,
         origin: float | None = None,
         max_lag_s: float | None = None,
+        servers: bool = True,
+        twin_window_s: float = TWIN_WINDOW_S,
     ) -> None:
         if config.workers != len(workers):
             raise ValueError(f"config has {config.workers} workers but {len(workers)} are named")
@@ -161,6 +212,17 @@ class LiveDriver:
         self.step_sources: dict[str, int] = {}  # step events by their `source` (probe, ...; "worker")
         self.worker_gap_ends: list[tuple[int, float, float]] = []
         self._gap_end = [float("-inf")] * len(workers)
+        # the servers around their engines (`ServerTimes`, from engine probe steps): the lanes take
+        # their latencies and host speed once a probe reports steps (`servers`: on)
+        n = len(workers)
+        self.servers: ServerTimes | None = ServerTimes(n, [config.step] * n) if servers else None
+        self._serving = False  # the lanes step on the servers' measurements
+        self.twin: TwinCheck | None = None
+        if actual:
+            self.twin = TwinCheck(n, twin_window_s, self._kv_tokens, names=self.workers)
+            side = _TwinSide(self, self.twin)
+            self.observe(side, ACTUAL)
+            self.lanes[0].on_drain = side.drain
 
     def take_gaps(self) -> list[array[float]]:
         """The per-token gaps per worker (the last one: no worker known) since the last take; the
@@ -204,6 +266,9 @@ class LiveDriver:
             w = -1 if ev.worker is None else self.index.get(ev.worker, -1)
             period = ev.interval_s if ev.interval_s is not None else ev.duration_s
             self.steps.append((w, ev.t, ev.duration_s, period, ev.source))
+            if (w >= 0 and ev.source in PROBE_SOURCES and ev.running is not None and ev.tokens is not None
+                    and not ev.dummy):
+                self._probe_step(w, ev, ev.engine_interval_s or period)
             return
         rid = ev.request_id
         if isinstance(ev, Route) and ev.worker not in self.index:
@@ -226,9 +291,38 @@ class LiveDriver:
             r.arrival = ev.t
         if not r.queued and r.worker is not None and r.prompt is not None and r.arrival is not None:
             r.queued = True
-            self.mirror_placed[self.index[r.worker]] += r.held
+            g = self.index[r.worker]
+            self.mirror_placed[g] += r.held
             self._tie += 1
             heapq.heappush(self._pending, (r.arrival, self._tie, rid))
+            if self.servers is not None:
+                self.servers.placed(g, r.arrival, rid, r.prompt)
+            if self.twin is not None:
+                self.twin.mirror(ev.t, self.mirror_placed)
+
+    def _probe_step(self, g: int, ev: Step, period: float) -> None:
+        """An engine probe's step of worker g (with its counts): to the servers' measurements and
+        the twin check's engine side."""
+        assert ev.running is not None and ev.tokens is not None
+        if self.servers is not None:
+            scheduled = (None if ev.decode_requests is None or ev.prefill_requests is None
+                         else ev.decode_requests + ev.prefill_requests)
+            self.servers.step(g, ev.t, period, ev.running, ev.waiting or 0, ev.tokens, ev.preemptions or 0,
+                              ev.kv_usage, self.mirror_loads[g], scheduled=scheduled,
+                              prefill_tokens=ev.prefill_tokens)
+            self._serving = True
+        if self.twin is not None:
+            self.twin.engine(g, ev.t, ev.running, ev.kv_usage or 0.0)
+
+    def _kv_tokens(self, g: int) -> float | None:
+        return None if self.servers is None else self.servers.kv_tokens(g)
+
+    def block_tokens(self, lane: Lane, g: int) -> int:
+        """The KV block size worker g's engine counts in: measured (`ServerTimes`), else the lane's
+        configured one."""
+        default = lane.limits.block_tokens if lane.limits is not None else DEFAULT_BLOCK_TOKENS
+        measured = None if self.servers is None else self.servers.block_tokens(g)
+        return measured or default
 
     def _token(self, ev: Token) -> None:
         r = self._reqs.get(ev.request_id)
@@ -264,6 +358,8 @@ class LiveDriver:
         if g >= 0:
             if r.queued:
                 self.mirror_placed[g] += dg
+                if self.twin is not None:
+                    self.twin.mirror(t, self.mirror_placed)
             if not r.running:
                 r.running = True
                 self.mirror_active[g] += 1
@@ -286,6 +382,10 @@ class LiveDriver:
         r.final = r.generated
         if r.queued and g is not None:
             self.mirror_placed[g] -= r.held
+            if self.servers is not None:
+                self.servers.ended(g, ev.t, rid, r.generated)
+            if self.twin is not None:
+                self.twin.mirror(ev.t, self.mirror_placed)
         if r.running and g is not None:
             self.mirror_active[g] -= 1
             self.mirror_loads[g] -= r.held
@@ -457,6 +557,7 @@ class LiveDriver:
         if self.origin is None:
             return
         lane_t = horizon - self.origin
+        self._serve_lanes()
         for i, driver in enumerate(self._drivers):
             # a lane held by an unknown end before its next job cannot run further either
             if self._offer_released(i, driver):
@@ -470,6 +571,8 @@ class LiveDriver:
         while self._base < low:
             self._released.popleft()
             self._base += 1
+        if self.twin is not None:
+            self.twin.settle(self.now)
 
     def _offer_released(self, i: int, driver: LaneDriver) -> bool:
         """Offer lane `i` the released jobs it has not seen, each at its arrival; False when the
@@ -497,6 +600,25 @@ class LiveDriver:
         """Step every lane on `clock` from now on (see `Lane.set_clock`)."""
         for lane in self.lanes:
             lane.set_clock(clock)
+        if self.servers is not None:
+            self.servers.set_models(clock.models or (self.config.step,) * len(self.workers))
+
+    def _serve_lanes(self) -> None:
+        """Once an engine probe reports steps: every lane at the host's measured speed, with the
+        servers' measured latencies (`ServerTimes`)."""
+        servers = self.servers
+        if servers is None or not self._serving:
+            return
+        lat = servers.latencies()
+        for lane in self.lanes:
+            if lane.speed is None:
+                lane.set_speed(self._speed)
+            if lat is not None and (lane.front_s, lane.back_s) != lat:
+                lane.set_latency(*lat)
+
+    def _speed(self, g: int, lane_t: float) -> float:
+        assert self.servers is not None
+        return self.servers.speed(g, lane_t + (self.origin or 0.0))
 
     def lag(self, lane: Lane) -> float:
         """How far `lane` runs behind the newest event time (seconds)."""

@@ -1,6 +1,7 @@
 """The shared, barrier-synchronised step clock of a group of decode engines (DP ranks).
 
-Per step: every live engine admits waiting requests into free slots, then the step lasts
+Per step: every live engine schedules (admits waiting requests into free slots, under its token
+budget and KV cache: `DecodeEngine.admit`), then the step lasts
 max_g (a·L_g + b + c1·P_g)·slow_g × time_scale, where L_g is rank g's load (Σ prompt + generated
 over its running requests), P_g the prompt tokens it prefilled locally this step and slow_g its
 slow-step fault multiplier (idle live ranks count with L_g = 0, as DP ranks run dummy batches in
@@ -93,7 +94,7 @@ class StepClock:
                 if not e.up:
                     prefilled[i] = 0
                     continue
-                prefilled[i] = e.admit(now) if e.waiting else 0
+                prefilled[i] = e.admit(now)  # (every step: a prefill may go on, a preemption be due)
                 min_load = e.load if min_load is None else min(min_load, e.load)
                 if e.running:
                     busy = True

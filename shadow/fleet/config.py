@@ -38,6 +38,7 @@ class FleetConfig:
     max_model_len: int = 32768
     kv_capacity_tokens: int = 1 << 20  # per engine
     block_size: int = 16
+    max_num_batched_tokens: int | None = None  # a decode step's token budget (None: no budget)
     kv_ttl_s: float = 480.0  # wall seconds a prefill holds unclaimed KV (VLLM_NIXL_ABORT_REQUEST_TIMEOUT)
     catch_up_s: float = 0.0  # lateness (s) the decode clock makes up to keep the model's timeline
     mean_output_tokens: int = 128  # mean of the deterministic output-length draw (no ignore_eos)
@@ -74,6 +75,8 @@ class FleetConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"fleet: {name} must be >= 1")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.slots:
+            raise ValueError("fleet: max_num_batched_tokens must be >= slots (vLLM's rule)")
         StepTimeModel(self.a, self.b)  # validates a, b
         for spec in self.faults:
             size = self.prefill if spec.target.role == "prefill" else self.decode

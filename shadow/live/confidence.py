@@ -62,7 +62,7 @@ def trust_problems(
     if fidelity is None:
         out.append("no twin fidelity yet (the actual lane has not been compared with the mirror)")
     elif fidelity >= FIDELITY_MAX:
-        out.append(f"twin fidelity {fidelity:.1%} (the actual lane's loads vs the mirror's; needs < 2%)")
+        out.append(f"twin fidelity {fidelity:.1%} (the actual lane's loads vs the fleet's; needs < 2%)")
     if measured_vs_model is not None and abs(measured_vs_model - 1.0) > DRIFT_MAX:
         out.append(f"measured steps {100 * (measured_vs_model - 1):+.0f}% against the model the lanes "
                    "simulate (the host or the fleet did not keep the model's timeline)")

@@ -431,9 +431,10 @@ class LiveLanes:
             self.fidelity_n += 1
             self.fidelity_recent.append(err)
         if ring and ring[0][0] <= t_event:
-            # placed load on both sides: running KV + prompts queued at the worker
-            for g, (x, q) in enumerate(zip(lane.loads, lane.queued_tokens, strict=True)):
-                self._lw_sum[g] += x + q
+            # placed load on both sides: running KV + prompts queued at the worker (+ the lane's
+            # requests whose streams have not ended yet: `Lane.placed_loads`)
+            for g, x in enumerate(lane.placed_loads()):
+                self._lw_sum[g] += x
             self._lw_n += 1
 
     def _on_offer(self, lane: Lane, job: Job) -> None:
@@ -622,7 +623,13 @@ class LiveLanes:
             warnings.append(f"{self.dropped_total} events dropped (lanes overloaded): lanes miss requests")
         # Load-weighted: Σ|lane − mirror| / Σ mirror over all snapshots and workers (a near-empty
         # fleet's snapshot weighs as little as its load); the unweighted mean is reported beside it.
-        fid = self.fidelity_abs / self.fidelity_tot if self.fidelity_tot > 0 else None
+        fid_mirror = self.fidelity_abs / self.fidelity_tot if self.fidelity_tot > 0 else None
+        # Against the engines' own KV where their probe reports it (`shadow.engine.twincheck`): the
+        # mirror sees the HTTP side, whose delays (measured, `servers`) no engine model predicts
+        # request by request; else against the mirror.
+        twin = None if d.twin is None else d.twin.figures()
+        fid_engine = None if twin is None else twin["kv_vs_engine"]
+        fid = fid_engine if fid_engine is not None else fid_mirror
         drift = (measured / modelled if modelled > 0 else None) if on_configured else vs_clock
         cost_fits = self.worker_clock.cost_fits()
         problems = trust_problems(clock_fit, fid, drift, self.dropped_total,
@@ -681,11 +688,17 @@ class LiveLanes:
             },
             "fidelity": {
                 "load_rel_error": fid,
+                "reference": "engine" if fid_engine is not None else "mirror",
+                "load_rel_error_mirror": fid_mirror,
                 "load_rel_error_unweighted": self.fidelity_sum / self.fidelity_n if self.fidelity_n else None,
                 "load_rel_error_recent": sum(self.fidelity_recent) / len(self.fidelity_recent)
                 if self.fidelity_recent
                 else None,
                 "samples": self.fidelity_n,
+                # time averages per window, against the mirror and the engines' own steps
+                # (`shadow.engine.twincheck`), and what the twin measured of the servers
+                "twin": twin,
+                "servers": None if d.servers is None else d.servers.describe(self.workers),
             },
             "workers": list(self.workers),
             "slots": self.slots,

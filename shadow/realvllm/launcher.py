@@ -152,6 +152,7 @@ class VllmFleetConfig:
     dp_ports: bool = False  # one API server (port, decode worker) per DP rank: external-LB mode
     moe_dp_collectives: bool = False  # add the CPU collectives an MoE model needs under DP (cpumoe)
     max_num_seqs: int = 64
+    max_num_batched_tokens: int | None = None  # a step's token budget (None: vLLM's default, 2048 on CPU)
     max_model_len: int = 2048
     kv_bytes: int = DEFAULT_KV_BYTES
     connector: str = "auto"  # P/D connector when prefill > 0: auto = NIXL if it imports, else Example
@@ -306,6 +307,8 @@ class VllmFleet:
         argv = [str(self.venv / "bin" / "vllm"), "serve", str(model),
                 "--served-model-name", cfg.served_model_name, "--host", "127.0.0.1", "--port", str(port),
                 "--max-model-len", str(cfg.max_model_len), "--max-num-seqs", str(cfg.max_num_seqs),
+                *(("--max-num-batched-tokens", str(cfg.max_num_batched_tokens))
+                  if cfg.max_num_batched_tokens is not None else ()),
                 "--dtype", "float32", "--enforce-eager", "--kv-cache-memory-bytes", str(cfg.kv_bytes)]
         if cfg.probe_url:
             # The probe (a stat logger) keeps the engine's stats on, so /metrics is still served;

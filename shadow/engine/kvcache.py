@@ -1,0 +1,68 @@
+"""The free blocks of a KV cache as vLLM V1's block pool keeps them, for what a preempted request
+finds again when it resumes (prefix caching: on by default).
+
+Free blocks wait in one queue: those never used first, then the blocks of requests that ended or
+were preempted, in the order they were freed (a request's last block first: its prompt's blocks
+stay longest). An allocation takes blocks from the front, evicting what a cached block held. A
+preempted request's full blocks stay cached until evicted: when it resumes, those still there are
+a prefix-cache hit (only the tokens past them are computed again), and it takes them back out of
+the queue. Only counts are kept: which request's blocks, and how many of them are left. Pure.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable
+
+
+class FreeBlocks:
+    """See module docstring: `allocate`, `free`, `reclaim` per request; `blocks` the cache's size."""
+
+    __slots__ = ("_freed", "_owned", "blocks", "never_used")
+
+    def __init__(self, blocks: int) -> None:
+        self.blocks = blocks
+        self.never_used = blocks
+        self._freed: deque[list[object]] = deque()  # [owner or None, count], oldest first
+        self._owned: dict[Hashable, list[object]] = {}
+
+    def allocate(self, n: int) -> None:
+        """Take `n` free blocks from the front (never-used ones first, then the oldest freed)."""
+        if n <= 0:
+            return
+        take = min(n, self.never_used)
+        self.never_used -= take
+        n -= take
+        freed = self._freed
+        while n > 0 and freed:
+            group = freed[0]
+            count = group[1]
+            assert isinstance(count, int)
+            used = min(n, count)
+            group[1] = count - used
+            n -= used
+            if group[1] == 0:
+                freed.popleft()
+                owner = group[0]
+                if owner is not None:
+                    self._owned.pop(owner, None)
+
+    def free(self, n: int, owner: Hashable | None = None) -> None:
+        """`n` blocks back to the queue; a preempted request's full blocks under its `owner` (they
+        stay cached for it), anything else's without one."""
+        if n <= 0:
+            return
+        group: list[object] = [owner, n]
+        self._freed.append(group)
+        if owner is not None:
+            self._owned[owner] = group
+
+    def reclaim(self, owner: Hashable) -> int:
+        """The blocks of `owner` still cached (0: none), taken out of the queue: its hit."""
+        group = self._owned.pop(owner, None)
+        if group is None:
+            return 0
+        count = group[1]
+        assert isinstance(count, int)
+        group[1] = 0  # left in the queue as an empty group: popped when reached
+        return count
