@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import contextlib
+import json
 import os
 import random
 import sys
@@ -161,6 +162,8 @@ def main() -> int:
     ap.add_argument("--window", type=int, default=25, help="steps per window mean (default 25)")
     ap.add_argument("--seed", type=int, default=7, help="the workload's seed (default 7)")
     ap.add_argument("--json", type=Path, default=None, help="also write the result here")
+    ap.add_argument("--dump", type=Path, default=None,
+                    help="also write every probe step event and the sampler's rows here (JSON)")
     args = ap.parse_args()
     col = Collector()
     logs = Path(f"/tmp/shadow-bench-cost-{int(time.time())}")
@@ -218,6 +221,9 @@ def main() -> int:
             top = sorted(delta.items(), key=lambda kv: -kv[1][0] - kv[1][1])[:5]
             out["engine_threads"].append({k: [round(a, 2), round(b, 2)] for k, (a, b) in top})
         out["tokens"] = tokens
+        if args.dump is not None:
+            args.dump.write_text(json.dumps({"steps": col.steps()[before:], "sampler": sampler.rows,
+                                             "capacity": capacity}))
         steps = [s for s in col.steps()[before:] if "engine_interval_s" in s and not s.get("dummy")]
         workers = sorted({s.get("worker", "") for s in steps})
         out["workers"] = {}
