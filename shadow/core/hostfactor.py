@@ -16,9 +16,10 @@ the lag, where a difference of counters and periods is off by the lag's jitter �
 Of a barrier group, s is its members' largest: the member the host held back longest is the one the
 others waited for. The host factor of a window is h = period / work (≥ 1; 1: no wait).
 
-`host_factor` summarises it over windows: the factor in use (Σ period / Σ work over the most recent
+`host_factor` summarises it over windows: the recent factor (Σ period / Σ work over the most recent
 `recent` windows: it follows a host that changes within a run, e.g. CPU burners starting), the spread
-of the per-window factors, and the wait's share of the period."""
+of the per-window factors, and the wait's share of the period. `recent_factor` is the same ratio of
+any two series (the step cost's clock factor: the periods over what a model predicts for them)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-HOST_WINDOWS = 4  # the most recent windows the host factor in use is measured over
+HOST_WINDOWS = 2  # the most recent windows the factors in use are measured over (the host moves fast)
 MAX_WAIT_SHARE = 0.99  # a window's wait share is at most this (the engine's work stays > 0)
 MIN_SPAN = 0.5  # of a member's period in a window, the span with a known wait it needs (else: unknown)
 
@@ -57,9 +58,8 @@ def recent_factor(windows: Iterable[tuple[float, float]]) -> float | None:
 @dataclass(frozen=True, slots=True)
 class HostFactor:
     """The host factor over windows whose engine work is known: `recent` (Σ period / Σ work over the
-    last `recent_windows`: what the lanes' clock multiplies the engine's cost by), the per-window
-    factors' median and 10th-90th percentiles over all `windows`, and the wait's share of the
-    period over them (1 − Σ work / Σ period)."""
+    last `recent_windows`), the per-window factors' median and 10th-90th percentiles over all
+    `windows`, and the wait's share of the period over them (1 − Σ work / Σ period)."""
 
     recent: float
     median: float

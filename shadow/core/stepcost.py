@@ -31,11 +31,16 @@ within noise of 0, by 1.) at 0.
 
 What is fitted (`CostFit.basis`): where the probe measures the engine's wait for a CPU, the engine's
 own work per step, the period less that wait (`shadow.core.hostfactor`): "engine". Its model is the
-cost routing balances; the period is that cost × the host factor, measured (not fitted) over the most
-recent windows (`CostFit.host`, `CostFit.clock_model`: what the lanes step on). Without the wait (no
-schedstat: another platform), the period itself, as before: "period". Either way `period_error` says
-how well what the lanes step on predicted each window's mean period when it closed (the model of the
-latest fit × the host factor of the windows before it): the twin's timeline, one window ahead.
+cost routing balances. The host factor (`CostFit.host`: the period over the engine's work, measured)
+says how much the host's wait adds. What the lanes step on (`CostFit.clock_model`) is the model ×
+the clock factor (`CostFit.clock_factor`): the periods of the most recent windows over what the model
+predicts for them, measured, not fitted; it is the host factor × the engine's work over its model
+(on a contended host the engine's own CPU time per step moves with the host too: caches, memory
+bandwidth), and it predicts the next window's period better than the host factor alone (measured:
+docs/results/vllm-step-cost.md). Without the wait (no schedstat: another platform), the period
+itself is fitted, as before: "period", the lanes step on its model. Either way `period_error` says
+how well what the lanes step on predicted each window's mean period when it closed (the latest fit's
+model × the clock factor of the windows before it): the twin's timeline, one window ahead.
 """
 
 from __future__ import annotations
@@ -146,6 +151,7 @@ class CostFit:
     basis: str = "period"
     basis_reason: str = ""
     host: HostFactor | None = None
+    clock_factor: float | None = None  # engine basis: the recent periods over the model's prediction
     period_error: float | None = None
     period_windows: int = 0
 
@@ -162,13 +168,9 @@ class CostFit:
 
     @property
     def clock_model(self) -> StepTimeModel | None:
-        """What a lane steps on: the model × the host factor in use on the engine basis (every term
-        scaled: κ = c/a is the engine's), the model itself on the period basis."""
-        m = self.model
-        h = self.host.recent if self.host is not None and self.basis == "engine" else 1.0
-        if m is None or h == 1.0:
-            return m
-        return StepTimeModel(a=m.a * h, b=m.b * h, c=m.c * h, p=m.p * h)
+        """What a lane steps on: the model × the clock factor on the engine basis (every term scaled:
+        κ = c/a is the engine's), the model itself on the period basis."""
+        return scaled(self.model, self.clock_factor if self.basis == "engine" else None)
 
     @property
     def host_wait_share(self) -> float | None:
@@ -190,6 +192,13 @@ class CostFit:
         if self.chosen is None or self.chosen.r2 is None:
             return None
         return "load" if self.chosen.r2 >= 0.5 else "host"
+
+
+def scaled(model: StepTimeModel | None, factor: float | None) -> StepTimeModel | None:
+    """`model` with every term × `factor` (None: as it is)."""
+    if model is None or factor is None or factor == 1.0:
+        return model
+    return StepTimeModel(a=model.a * factor, b=model.b * factor, c=model.c * factor, p=model.p * factor)
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,8 +408,8 @@ class StepCostFit:
         self._open = _Window()
         self.taken = 0  # steps taken since the start (kept or not: the windows slide)
         self.outliers = 0
-        self._fit: CostFit | None = None  # the latest form fit (the clamp's and the check's reference)
-        self._h: float | None = None  # the host factor over the last host_windows windows (None: unknown)
+        self._fit: CostFit | None = None  # the latest form fit
+        self._ref: StepTimeModel | None = None  # what the lanes step on now (the clamp's, the check's)
         self._result: CostFit | None = None  # the latest result (None: a window closed since)
 
     def add(self, period_s: float, seqs: float, kv_tokens: float, prefill_tokens: float,
@@ -411,11 +420,9 @@ class StepCostFit:
         values = (period_s, seqs, kv_tokens, prefill_tokens)
         if not (all(math.isfinite(v) and v >= 0 for v in values) and period_s > 0):
             return False
-        fit = self._fit
-        model = fit.model if fit is not None else None
-        h = self._h if fit is not None and fit.basis == "engine" else 1.0
-        if model is not None and h is not None and not prefill_tokens \
-                and period_s > self.clamp * h * model.worker_time(kv_tokens, seqs):
+        ref = self._ref
+        if ref is not None and not prefill_tokens and period_s > self.clamp * ref.worker_time(
+                kv_tokens, seqs):
             self.outliers += 1
             return False
         self.taken += 1
@@ -438,12 +445,12 @@ class StepCostFit:
         work = engine_work(period, [(a, s, MIN_SPAN * q) for a, s, q in w.host.values()])
         self._check(period, n, kv, prefill)
         self.windows.append((period, n, kv, prefill, work))
-        self._h = recent_factor((x[0], x[4]) for x in list(self.windows)[-self.host_windows:])
         self._open = _Window()
         self._new += 1
         self._result = None
         if self._new >= self.refit_every or len(self.windows) < self.min_windows + self.refit_every:
             self._refit()
+        self._ref = self._clock()
 
     def _refit(self) -> None:
         """The form fit over the windows now (at a window's close when due: what the clamp and the
@@ -451,15 +458,33 @@ class StepCostFit:
         self._fit = self._form(np.asarray(self.windows, dtype=np.float64).reshape(-1, 5))
         self._new = 0
 
-    def _check(self, period: float, n: float, kv: float, prefill: float) -> None:
-        """The clock's prediction of a window closing now: the latest fit's model × (engine basis)
-        the host factor of the windows before it."""
+    def _factor(self) -> float | None:
+        """The clock factor now (engine basis): Σ period / Σ the latest model's prediction over the
+        last `host_windows` windows; None without a model or on the period basis."""
         fit = self._fit
         model = fit.model if fit is not None else None
-        h = self._h if fit is not None and fit.basis == "engine" else 1.0
-        if model is None or h is None:
-            return
-        self.period_errors.append(abs(h * model.worker_time(kv, n, prefill) - period) / period)
+        if fit is None or model is None or fit.basis != "engine":
+            return None
+        last = list(self.windows)[-self.host_windows:]
+        return recent_factor((p, model.worker_time(kv, n, prefill)) for p, n, kv, prefill, _ in last)
+
+    def _clock(self) -> StepTimeModel | None:
+        """What the lanes step on now: the latest model × the clock factor on the engine basis (None
+        without both), the model on the period basis."""
+        fit = self._fit
+        if fit is None or fit.model is None:
+            return None
+        if fit.basis != "engine":
+            return fit.model
+        factor = self._factor()
+        return None if factor is None else scaled(fit.model, factor)
+
+    def _check(self, period: float, n: float, kv: float, prefill: float) -> None:
+        """How far the clock was off a window closing now: the latest fit's model × (engine basis)
+        the clock factor of the windows before it."""
+        clock = self._ref
+        if clock is not None:
+            self.period_errors.append(abs(clock.worker_time(kv, n, prefill) - period) / period)
 
     def result(self) -> CostFit:
         if self._result is not None:
@@ -470,6 +495,7 @@ class StepCostFit:
         data = np.asarray(self.windows, dtype=np.float64).reshape(-1, 5)
         errors = list(self.period_errors)
         self._result = replace(self._fit, host=host_factor(data[:, 0], data[:, 4], self.host_windows),
+                               clock_factor=self._factor(),
                                period_error=float(np.median(errors)) if errors else None,
                                period_windows=len(errors))
         return self._result

@@ -55,16 +55,18 @@ def cost_problem(name: str, fit: CostFit) -> str | None:
 
 def period_problem(name: str, fit: CostFit) -> str | None:
     """Why what a group's lanes step on does not keep the engine's timeline (None: it does): the
-    model × the host factor predicted its window periods, one window ahead, more than
-    PERIOD_ERROR_MAX off (median), said with the host factor and how it moved."""
+    model × the clock factor predicted its window periods, one window ahead, more than
+    PERIOD_ERROR_MAX off (median), said with the factors and how the host moved."""
     err = fit.period_error
     if err is None or err <= PERIOD_ERROR_MAX:
         return None
     h = fit.host if fit.basis == "engine" else None
-    what = "the step cost model" if h is None else "engine cost × host factor"
-    host = "" if h is None else (
-        f"; host factor {h.recent:.2f} over the last {h.recent_windows} windows, {h.low:.2f}–{h.high:.2f} "
-        f"(10th–90th percentile) over {h.windows}" + (": the host changed within the run" if h.moved else ""))
+    f = fit.clock_factor if fit.basis == "engine" else None
+    what = "the step cost model" if f is None else "engine cost × clock factor"
+    host = "" if h is None or f is None else (
+        f"; clock factor {f:.2f} over the last {h.recent_windows} windows, of which the host's wait "
+        f"{h.recent:.2f} ({h.low:.2f}–{h.high:.2f}, 10th–90th percentile over {h.windows})"
+        + (": the host changed within the run" if h.moved else ""))
     return (f"{what} of {name} predicts its {fit.window_steps}-step window periods {err:.0%} off, one window "
             f"ahead (median of {fit.period_windows}; needs ≤ {PERIOD_ERROR_MAX:.0%}){host}")
 
@@ -82,8 +84,8 @@ def host_warnings(fits: Sequence[tuple[str, CostFit]], trustworthy: bool) -> lis
                  "the figures do not hold (see the comparison's problems)")
         out.append(f"the host factor of {name} moved within the run: {h.recent:.2f} over the last "
                    f"{h.recent_windows} windows against {h.median:.2f} (median; {h.low:.2f}–{h.high:.2f}) "
-                   f"over {h.windows}: the lanes' clock follows it, the engine's cost terms stand on all "
-                   f"its windows; {holds}")
+                   f"over {h.windows}: the lanes' clock follows it (clock factor "
+                   f"{fit.clock_factor or 1:.2f}), the engine's cost terms stand on all its windows; {holds}")
     return out
 
 

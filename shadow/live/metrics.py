@@ -99,15 +99,19 @@ COST_BASIS = Family("shadow_step_cost_engine_basis", "gauge",
                     ("group",))
 HOST_FACTOR = Family("shadow_step_cost_host_factor_ratio", "gauge",
                      "A barrier group's step period over the engine's work (the host's factor, measured "
-                     "from the engine's wait for a CPU): recent (the last windows: what the lanes' clock "
-                     "multiplies the engine's cost by), median, low and high (10th and 90th "
-                     "percentiles) over the fit's windows.", "ratio", ("group", "stat"),
+                     "from the engine's wait for a CPU): recent (the last windows), median, low and high "
+                     "(10th and 90th percentiles) over the fit's windows.", "ratio", ("group", "stat"),
                      values={"stat": HOST_STATS})
+CLOCK_FACTOR = Family("shadow_step_cost_clock_factor_ratio", "gauge",
+                      "What a barrier group's lanes multiply the engine's step cost by: the last windows' "
+                      "periods over what the cost model predicts for them (the host's wait and the engine's "
+                      "work off its model).", "ratio", ("group",))
 PERIOD_ERROR = Family("shadow_step_cost_period_error_ratio", "gauge",
                       "Median absolute relative error of what a barrier group's lanes step on (the cost "
-                      "model x the host factor) against each window's mean step period, predicted one "
+                      "model x the clock factor) against each window's mean step period, predicted one "
                       "window ahead.", "ratio", ("group",))
-_COST = (COST_TERM, COST_OOS, COST_R2, COST_FORM, COST_WINDOWS, COST_BASIS, HOST_FACTOR, PERIOD_ERROR)
+_COST = (COST_TERM, COST_OOS, COST_R2, COST_FORM, COST_WINDOWS, COST_BASIS, HOST_FACTOR, CLOCK_FACTOR,
+         PERIOD_ERROR)
 FIDELITY = Family("shadow_fidelity_load_relative_error", "gauge",
                   "Actual lane loads vs mirrored loads, mean relative error.", "ratio")
 DROPPED = Family("shadow_live_events_dropped_total", "counter",
@@ -222,6 +226,7 @@ def _cost_families(groups: dict[str, Any]) -> Iterator[Metric]:
     yield COST_BASIS.sampled({name: float(g.get("basis") == "engine") for name, g in groups.items()})
     yield HOST_FACTOR.sampled({(name, stat): _float((g.get("host_factor") or {}).get(stat))
                                for name, g in groups.items() for stat in HOST_STATS})
+    yield CLOCK_FACTOR.sampled({name: _float(g.get("clock_factor")) for name, g in groups.items()})
     yield PERIOD_ERROR.sampled({name: _float(g.get("period_error")) for name, g in groups.items()})
 
 

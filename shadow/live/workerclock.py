@@ -9,9 +9,9 @@ several workers (a group steps at the max over its members: its samples are its 
 against the max over the members of n, P and L, a member's n and P as of its latest step while it
 stepped within two periods, its mirrored load L always; with each step the engine's wait for a CPU
 since the member's previous step, `host_wait`). Per worker, the model in the clock is its group's
-(else its own) chosen cost model × its host factor (`CostFit.clock_model`: the engine's cost fitted
-on its work, times the measured factor of the most recent windows; the fit of the period itself
-where the probe measures no wait), "cost fit"; without one yet (or with SSE gaps only, which
+(else its own) chosen cost model × its clock factor (`CostFit.clock_model`: the engine's cost fitted
+on its work, times the most recent windows' periods over what it predicts for them; the fit of the
+period itself where the probe measures no wait), "cost fit"; without one yet (or with SSE gaps only, which
 keep today's estimator): the per-worker linear fit τ_g = a_g·L_g + b_g of window medians against
 the mean mirrored load when it is good, "linear fit"; else its robust mean step over the recent
 windows, "mean step" (after `min_windows` windows); else the configured model. Outliers do not
@@ -53,9 +53,9 @@ class WorkerModel:
     cost: CostFit | None = None  # the cost fit of its group (of it alone when not in one)
     group: tuple[int, ...] = ()  # the workers that cost fit is of
     # of a cost fit: the cost model it fitted (the engine's own cost where the probe measures the
-    # engine's wait for a CPU: what routing balances) and the host factor `model` is it times
+    # engine's wait for a CPU: what routing balances) and the clock factor `model` is it times
     engine: StepTimeModel | None = None
-    host_factor: float | None = None
+    factor: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,8 +272,8 @@ class WorkerClock:
         cost = self.group_cost[group].result() if len(group) > 1 else w.cost.result()
         clock = cost.clock_model
         if clock is not None:
-            h = cost.host.recent if cost.host is not None and cost.basis == "engine" else None
-            return WorkerModel(clock, "cost fit", source, fit, mean, steps, cost, group, cost.model, h)
+            return WorkerModel(clock, "cost fit", source, fit, mean, steps, cost, group, cost.model,
+                               cost.clock_factor if cost.basis == "engine" else None)
         if fit.quality == "good" and fit.a_s_per_token is not None and fit.b_s is not None:
             linear = StepTimeModel(fit.a_s_per_token, fit.b_s)
             return WorkerModel(linear, "linear fit", source, fit, mean, steps, cost, group)
@@ -319,9 +319,9 @@ class WorkerClock:
                     "b_s": m.model.b,
                     "c_s_per_seq": m.model.c,
                     "p_s_per_token": m.model.p,
-                    # of a cost fit: the engine's cost the model above is `host_factor` times
+                    # of a cost fit: the engine's cost the model above is `clock_factor` times
                     "engine_model": None if m.engine is None else model_terms(m.engine),
-                    "host_factor": m.host_factor,
+                    "clock_factor": m.factor,
                     # the barrier group whose step-cost fit is its model ("cost fit")
                     "cost_group": group_name(names, m.group) if m.group else None,
                     # of the linear fit a_g·L_g + b_g (the paper's form, per worker)
@@ -386,6 +386,8 @@ def describe_cost(fit: CostFit) -> dict[str, Any]:
         "host_factor": None if host is None else {
             "recent": host.recent, "recent_windows": host.recent_windows, "median": host.median,
             "low": host.low, "high": host.high, "windows": host.windows, "moved": host.moved},
+        # what the lanes multiply the model by: the recent periods over the model's prediction
+        "clock_factor": fit.clock_factor if fit.basis == "engine" else None,
         "period_error": fit.period_error,
         "period_windows": fit.period_windows,
         "not_identified": dict(fit.not_identified),
@@ -396,12 +398,13 @@ def describe_cost(fit: CostFit) -> dict[str, Any]:
 def split_text(fit: CostFit) -> str:
     """Which part of the period is the engine's (fitted) and which the host's (measured), in words."""
     form = fit.chosen.label if fit.chosen is not None else "no form chosen yet"
-    if fit.basis != "engine" or fit.host is None:
+    h, f = fit.host, fit.clock_factor
+    if fit.basis != "engine" or h is None or f is None:
         return f"period = {form} (fitted on {fit.basis_reason or 'the step period'})"
-    h = fit.host
-    return (f"period = engine cost ({form}, fitted on the engine's work per step) × host factor "
-            f"{h.recent:.2f} (measured over the last {h.recent_windows} windows: the engine waited for a "
-            f"CPU {h.wait_share:.0%} of its period)")
+    return (f"period = engine cost ({form}, fitted on the engine's work per step) × clock factor "
+            f"{f:.2f} (measured over the last {h.recent_windows} windows: the host's wait for a CPU × "
+            f"{h.recent:.2f}, {h.wait_share:.0%} of the period over the fit's windows; the engine's work "
+            f"against its cost × {f / h.recent:.2f})")
 
 
 def group_name(names: Sequence[str], group: Sequence[int]) -> str:

@@ -241,8 +241,10 @@ def test_the_engines_terms_are_recovered_whatever_the_host_factor(
     """Steps whose engine cost has known terms, behind a host that multiplies them by a factor
     changing every 400 steps (in [low, low + width]), its wait read at jittered record times: the
     fit is on the engine's work and recovers the terms within their intervals, the host factor in
-    use is the last windows' (in the host's range), and engine cost × host factor predicts the
-    window periods one window ahead (median error < 5 %: the host changes once in 16 windows)."""
+    use is the last windows' (in the host's range), and engine cost × clock factor (the recent
+    periods over what the engine's cost predicts for them: the host factor here, the engine's work
+    being its cost) predicts the window periods one window ahead (median error < 5 %: the host
+    changes once in 16 windows)."""
     y, n, kv, prefill = synthetic(seed, terms, noise=noise)
     period, wait, span = hosted(seed + 1, y, low=low, high=low + width)
     fit = feed(StepCostFit(), period, n, kv, prefill, wait, span).result()
@@ -257,9 +259,10 @@ def test_the_engines_terms_are_recovered_whatever_the_host_factor(
     assert h is not None and low * 0.97 <= h.recent <= (low + width) * 1.03, h
     assert h.windows >= fit.windows - 4 and 0 < h.wait_share < 1  # the form is refitted every 4 windows
     assert fit.period_error is not None and fit.period_error < 0.05, fit.period_error
-    clock, model = fit.clock_model, fit.model
-    assert clock is not None and model is not None
-    assert clock.b == pytest.approx(model.b * h.recent)
+    clock, model, f = fit.clock_model, fit.model, fit.clock_factor
+    assert clock is not None and model is not None and f is not None
+    assert f == pytest.approx(h.recent, rel=0.05)  # the engine's work is its cost (within the noise)
+    assert clock.b == pytest.approx(model.b * f)
     assert clock.kappa_tokens == pytest.approx(model.kappa_tokens)  # what routing scores is the engine's
 
 
@@ -292,8 +295,10 @@ def test_the_host_factor_follows_burners_starting_and_says_it_moved() -> None:
     fit = StepCostFit()
     for k, row in enumerate(zip(period, n, kv, prefill, period - y, period, strict=True)):
         fit.add(*map(float, row))
-        if k == cut + 25 * (HOST_WINDOWS + 1):
-            assert fit.result().host is not None and fit.result().host.recent == pytest.approx(4.5, rel=0.01)  # type: ignore[union-attr]
+        if k == cut + 25 * (HOST_WINDOWS + 1):  # followed within the windows it is measured over
+            now = fit.result()
+            assert now.host is not None and now.host.recent == pytest.approx(4.5, rel=0.01)
+            assert now.clock_factor == pytest.approx(4.5, rel=0.05)
     res = fit.result()
     h = res.host
     assert h is not None and h.recent == pytest.approx(4.5, rel=0.01) and h.moved is False  # the last third

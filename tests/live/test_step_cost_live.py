@@ -12,8 +12,8 @@ import pytest
 
 from shadow.app.demo import cost_line
 from shadow.contracts.events import Event, Step
-from shadow.core.hostfactor import HostFactor
-from shadow.core.stepcost import select
+from shadow.core.hostfactor import HOST_WINDOWS, HostFactor
+from shadow.core.stepcost import PERIOD_ERROR_MAX, select
 from shadow.core.stepmodel import FitResult
 from shadow.live.confidence import cost_problem, host_warnings, period_problem, trust_problems
 from shadow.live.lanes import LiveLanes, step_counts, step_period
@@ -170,13 +170,13 @@ def test_the_engines_cost_is_fitted_apart_from_the_host_and_the_lanes_step_on_bo
     """Engines costing B + C·n behind hosts that multiply their steps by 2-6 (changing every 200
     steps, per engine), the probe sending each engine's wait for a CPU: each group's cost is fitted
     on the engine's work (its terms the engine's, within their intervals), the host factor is
-    measured over the last windows, the lanes step on the product (per worker: the engine's model
-    × its factor), which predicts the window periods one window ahead, and /metrics and the status
-    line say so."""
+    measured over the last windows, the lanes step on the engine's model × the clock factor (the
+    last windows' periods over its prediction: the host factor here), which predicts the window
+    periods one window ahead, and /metrics and the status line say so."""
     live = _run(_probe_steps(4, 2, 3000, shared=False, noise=0.03, host=(2.0, 6.0)), 2)
     rep = live.report()
     sm = rep["step_model"]
-    assert sm["cost"]["period_error_max"] == 0.10 and sm["cost"]["host_windows"] == 4
+    assert sm["cost"]["period_error_max"] == PERIOD_ERROR_MAX and sm["cost"]["host_windows"] == HOST_WINDOWS
     for g, (name, grp) in enumerate(sorted(sm["cost"]["groups"].items())):
         assert grp["basis"] == "engine", grp["basis_reason"]
         assert grp["form"] == "b + c·n", (grp["reason"], grp["forms"])
@@ -187,14 +187,16 @@ def test_the_engines_cost_is_fitted_apart_from_the_host_and_the_lanes_step_on_bo
         assert 2.0 <= h["low"] <= h["median"] <= h["high"] <= 6.0 and 2.0 <= h["recent"] <= 6.0, h
         assert 0.5 < grp["host_wait_share"] < 0.84
         assert grp["period_error"] < 0.05 and grp["period_windows"] >= 20, grp["period_error"]
-        assert "engine cost (b + c·n, fitted on the engine's work per step) × host factor" in grp["split"]
+        assert "engine cost (b + c·n, fitted on the engine's work per step) × clock factor" in grp["split"]
         worker = sm["clock"]["workers"][name]
         # (the clock was set at the last lane window's close: its factor may be a cost window older)
-        assert worker["model"] == "cost fit" and 2.0 <= worker["host_factor"] <= 6.0, worker
+        assert worker["model"] == "cost fit" and 1.8 <= worker["clock_factor"] <= 6.6, worker
         assert worker["engine_model"]["c_s_per_seq"] == pytest.approx(C, rel=0.1)
         lane = (live.lane_clock.models or ())[g]
-        assert lane.c == pytest.approx(worker["engine_model"]["c_s_per_seq"] * worker["host_factor"])
-        assert lane.b == pytest.approx(worker["engine_model"]["b_s"] * worker["host_factor"])
+        assert lane.c == pytest.approx(worker["engine_model"]["c_s_per_seq"] * worker["clock_factor"])
+        assert lane.b == pytest.approx(worker["engine_model"]["b_s"] * worker["clock_factor"])
+        # the clock factor: the host's wait × the engine's work over its cost (1 within the noise)
+        assert grp["clock_factor"] == pytest.approx(h["recent"], rel=0.1)
     assert not any("step cost" in p or "predicts" in p for p in rep["comparison"]["problems"]), \
         rep["comparison"]["problems"]
     got = {m.name: m for m in LiveCollector(live).collect()}
@@ -204,7 +206,9 @@ def test_the_engines_cost_is_fitted_apart_from_the_host_and_the_lanes_step_on_bo
     assert basis == {"d0": 1, "d1": 1}
     assert all(s.value < 0.05 for s in got["shadow_step_cost_period_error_ratio"].samples)
     line = cost_line(sm)
-    assert line is not None and "× host factor" in line and "one window ahead" in line, line
+    assert line is not None and "× clock factor" in line and "one window ahead" in line, line
+    clock = {s.labels["group"]: s.value for s in got["shadow_step_cost_clock_factor_ratio"].samples}
+    assert clock["d0"] == pytest.approx(sm["cost"]["groups"]["d0"]["clock_factor"])
 
 
 def test_a_barrier_groups_engine_work_is_its_most_held_back_members() -> None:
@@ -225,14 +229,16 @@ def test_what_the_lanes_step_on_off_the_window_periods_is_a_trust_problem_said_w
     good = select(0.004 + 3e-4 * n + rng.normal(0, 1e-5, k), n, np.zeros(k), np.zeros(k), window_steps=25)
     host = HostFactor(recent=5.2, median=3.1, low=2.5, high=4.0, windows=100, recent_windows=4,
                       wait_share=0.7)
-    off = replace(good, basis="engine", host=host, period_error=0.27, period_windows=90)
+    off = replace(good, basis="engine", host=host, clock_factor=6.1, period_error=0.27, period_windows=90)
     assert cost_problem("d0", off) is None  # the engine's cost itself is fine
     why = period_problem("d0", off)
-    assert why is not None and why.startswith("engine cost × host factor of d0 predicts its 25-step window "
+    assert why is not None and why.startswith("engine cost × clock factor of d0 predicts its 25-step window "
                                               "periods 27% off, one window ahead (median of 90; needs ≤ 10%)")
-    assert "host factor 5.20 over the last 4 windows, 2.50–4.00" in why and "changed within the run" in why
+    assert "clock factor 6.10 over the last 4 windows, of which the host's wait 5.20 (2.50–4.00" in why
+    assert why.endswith("the host changed within the run")
     assert trust_problems(FitResult(None, None, 0.1, 100, "poor"), 0.01, 1.0, 0, [("d0", off)]) == [why]
     assert period_problem("d0", replace(off, period_error=0.08)) is None
     warned = host_warnings([("d0", off)], trustworthy=False)
     assert len(warned) == 1 and "moved within the run: 5.20" in warned[0] and "do not hold" in warned[0]
+    assert "(clock factor 6.10)" in warned[0]
     assert host_warnings([("d0", replace(off, host=replace(host, recent=3.0)))], trustworthy=True) == []

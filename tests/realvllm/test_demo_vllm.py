@@ -63,8 +63,9 @@ def test_demo_on_real_engines_names_them_and_its_mirror_and_step_model_hold(engi
             assert g["host_wait_share"] is not None and 0 <= g["host_wait_share"] < 1, (name, g)
             h = g["host_factor"]
             assert 1 <= h["low"] <= h["median"] <= h["high"] and h["recent"] >= 1, (name, h)
-            hf = clock["workers"][name]["host_factor"]  # None: the clock was set before the first form
-            assert hf is None or hf >= 1, (name, clock["workers"][name])
+            cf = clock["workers"][name]["clock_factor"]  # None: the clock was set before the first form
+            assert cf is None or cf > 0, (name, clock["workers"][name])
+            assert g["clock_factor"] > 0, (name, g)
             assert g["period_error"] is not None and g["period_windows"] > 0, (name, g)
     assert "step cost: d0 " in out
     print(json.dumps({"clock": clock, "linear_model_holds": sm["linear_model_holds"],

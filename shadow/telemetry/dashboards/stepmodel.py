@@ -49,15 +49,17 @@ def _cost_panels(lay: Layout) -> None:
                "and R² on its window means.", "none",
                q(level("shadow_step_cost_oos_error_ratio", "group"), "{{group}} out-of-sample error"),
                q(level("shadow_step_cost_r2", "group"), "{{group}} R²"), max_=1, decimals=3))
-    lay.add(ts("Host factor: the period over the engine's work",
+    lay.add(ts("Host factor and clock factor",
                "Per group: the step period over the engine's own work (the period less its measured wait for "
-               "a CPU): recent (what the lanes multiply the engine's cost by) and its 10th-90th percentiles "
-               "over the fit's windows. 1: the host adds nothing.", "none",
-               q(level(HOST, "group", extra='stat="recent"'), "{{group}} recent"),
-               q(level(HOST, "group", extra='stat="low"'), "{{group}} p10"),
-               q(level(HOST, "group", extra='stat="high"'), "{{group}} p90"), min_=None))
+               "a CPU; recent, and its 10th-90th percentiles over the fit's windows; 1: the host adds "
+               "nothing), and the clock factor the lanes multiply the engine's cost by (the last windows' "
+               "periods over what the cost predicts).", "none",
+               q(level(HOST, "group", extra='stat="recent"'), "{{group}} host recent"),
+               q(level(HOST, "group", extra='stat="low"'), "{{group}} host p10"),
+               q(level(HOST, "group", extra='stat="high"'), "{{group}} host p90"),
+               q(level("shadow_step_cost_clock_factor_ratio", "group"), "{{group}} clock"), min_=None))
     lay.add(ts("Window periods: what the lanes step on, off",
-               "Per group: median error of the cost model × the host factor against each window's mean step "
+               "Per group: median error of the cost model × the clock factor against each window's mean step "
                "period, one window ahead; above 10% the lanes do not keep the engine's timeline.",
                "percentunit", q(level("shadow_step_cost_period_error_ratio", "group"), "{{group}}"),
                max_=None, decimals=1))
