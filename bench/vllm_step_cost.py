@@ -136,7 +136,8 @@ def live_fits(steps: list[dict[str, Any]], capacity: dict[str, float], workers: 
         if not period or period <= 0:
             continue
         counts = StepCounts(seqs(s), int(s.get("prefill_tokens", 0)),
-                            s.get("engine_wait_s") if with_wait else None, s.get("iteration"))
+                            s.get("engine_wait_s") if with_wait else None, s.get("iteration"),
+                            s.get("engine_run_s"))
         wait, span = host_wait(last.get(name), s["t"], period, counts) or (None, None)
         last[name] = (s["t"], period, counts)
         near = [c for t, p, c in last.values() if s["t"] - t <= 2 * max(period, p)]

@@ -5,8 +5,9 @@ A step's period (the engine's time from one step to the next) is the engine's ow
 time its main thread waited, runnable, for a CPU (Linux schedstat, sent by the engine probe): the
 host's doing, not the load's. Over a window of consecutive steps, with `wait` seconds waited over
 `span` seconds of the engine's time (the differences of its cumulative wait and of the probe's record
-times between the window's first and last steps), the host took the share s = wait / span of the
-time and the engine's work is
+times between the window's first and last steps, or of its run + wait where longer:
+`shadow.live.workerclock.host_wait`), the host took the share s = wait / span of the time and the
+engine's work is
 
     work = period × (1 − s)
 
@@ -31,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 HOST_WINDOWS = 2  # the most recent windows the factors in use are measured over (the host moves fast)
+LEVEL_WINDOWS = 8  # the most recent windows whose host factor says whether the host moved
 MAX_WAIT_SHARE = 0.99  # a window's wait share is at most this (the engine's work stays > 0)
 MIN_SPAN = 0.5  # of a member's period in a window, the span with a known wait it needs (else: unknown)
 
@@ -68,12 +70,15 @@ class HostFactor:
     windows: int
     recent_windows: int
     wait_share: float
+    level: float  # Σ period / Σ work over the last LEVEL_WINDOWS windows
 
     @property
     def moved(self) -> bool:
-        """True when the factor in use lies outside the 10th-90th percentiles of the windows: the
-        host changed within them (the clock follows it; fits over the older windows may not hold)."""
-        return not self.low <= self.recent <= self.high
+        """True when the factor of the last LEVEL_WINDOWS windows lies outside the 10th-90th
+        percentiles of the per-window factors: the host changed within the run (the clock follows
+        it; what was measured before may not hold). (A mean over several windows varies less than
+        one window: on a host that does not change it stays within them.)"""
+        return not self.low <= self.level <= self.high
 
 
 def host_factor(period_s: npt.ArrayLike, work_s: npt.ArrayLike,
@@ -90,4 +95,6 @@ def host_factor(period_s: npt.ArrayLike, work_s: npt.ArrayLike,
     k = min(recent, len(p))
     lo, med, hi = (float(x) for x in np.percentile(h, [10, 50, 90]))
     share = float(1.0 - e.sum() / p.sum())
-    return HostFactor(float(p[-k:].sum() / e[-k:].sum()), med, lo, hi, len(p), k, share)
+    j = min(LEVEL_WINDOWS, len(p))
+    return HostFactor(float(p[-k:].sum() / e[-k:].sum()), med, lo, hi, len(p), k, share,
+                      float(p[-j:].sum() / e[-j:].sum()))

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from shadow.core.hostfactor import LEVEL_WINDOWS
 from shadow.core.stepcost import OOS_ERROR_MAX, PERIOD_ERROR_MAX, CostFit
 from shadow.core.stepmodel import FitResult, StepTimeModel
 from shadow.engine.windows import FIGURES, Windows
@@ -72,9 +73,9 @@ def period_problem(name: str, fit: CostFit) -> str | None:
 
 
 def host_warnings(fits: Sequence[tuple[str, CostFit]], trustworthy: bool) -> list[str]:
-    """A warning per group whose host factor moved within the run (the one in use outside the
-    10th-90th percentiles of its windows), saying whether the figures still hold (`trustworthy`:
-    every check, the window periods' included, passes)."""
+    """A warning per group whose host factor moved within the run (that of its last windows outside
+    the 10th-90th percentiles of its windows' factors), saying whether the figures still hold
+    (`trustworthy`: every check, the window periods' included, passes)."""
     out = []
     for name, fit in fits:
         h = fit.host
@@ -82,8 +83,8 @@ def host_warnings(fits: Sequence[tuple[str, CostFit]], trustworthy: bool) -> lis
             continue
         holds = ("the figures still hold (every check passes)" if trustworthy else
                  "the figures do not hold (see the comparison's problems)")
-        out.append(f"the host factor of {name} moved within the run: {h.recent:.2f} over the last "
-                   f"{h.recent_windows} windows against {h.median:.2f} (median; {h.low:.2f}–{h.high:.2f}) "
+        out.append(f"the host factor of {name} moved within the run: {h.level:.2f} over the last "
+                   f"{LEVEL_WINDOWS} windows against {h.median:.2f} (median; {h.low:.2f}–{h.high:.2f}) "
                    f"over {h.windows}: the lanes' clock follows it (clock factor "
                    f"{fit.clock_factor or 1:.2f}), the engine's cost terms stand on all its windows; {holds}")
     return out

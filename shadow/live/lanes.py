@@ -98,7 +98,8 @@ def step_counts(ev: Step) -> StepCounts | None:
     """What the engine scheduled into the step (`StepCounts`), from its probe's fields: the
     sequences it computed (decode + prefill requests; the running count after it from older
     probes) and its prefill tokens (0 when not reported), with the engine's cumulative wait for a
-    CPU and its step index; a DP rank's padding step computed none. None without a running count."""
+    CPU and time on one, and its step index; a DP rank's padding step computed none. None without a
+    running count."""
     if ev.dummy:
         seqs, prefill = 0, 0
     elif ev.decode_requests is not None:
@@ -107,7 +108,7 @@ def step_counts(ev: Step) -> StepCounts | None:
         seqs, prefill = ev.running, ev.prefill_tokens or 0
     else:
         return None
-    return StepCounts(seqs, prefill, ev.engine_wait_s, ev.iteration)
+    return StepCounts(seqs, prefill, ev.engine_wait_s, ev.iteration, ev.engine_run_s)
 
 
 class LiveLanes:

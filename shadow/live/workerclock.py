@@ -32,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shadow.core.barrier import MIN_STEPS, BarrierChoice, choose_barrier
+from shadow.core.hostfactor import LEVEL_WINDOWS
 from shadow.core.stepcost import WINDOW_STEPS, CostFit, StepCostFit
 from shadow.core.stepmodel import FitResult, SlidingFit, StepTimeModel
 from shadow.engine.config import LaneClock
@@ -67,13 +68,16 @@ class StepCounts:
     prefill_tokens: int
     wait_s: float | None = None  # the engine's cumulative wait for a CPU at the step (its probe's)
     iteration: int | None = None  # the engine's step index (its probe's)
+    run_s: float | None = None  # the engine's cumulative time on a CPU at the step (its probe's)
 
 
 def host_wait(prev: tuple[float, float, StepCounts] | None, t: float, period: float,
               counts: StepCounts) -> tuple[float, float] | None:
     """(seconds the engine waited for a CPU, seconds of its time they are of) from its previous
-    counted step `prev` (t, period, counts) to this one at `t`: the differences of its cumulative
-    wait and of the probe's record times, when both steps carry the wait and the engine stepped
+    counted step `prev` (t, period, counts) to this one at `t`: the difference of its cumulative
+    wait, over the difference of the probe's record times, or of the engine's run + wait where that
+    is longer (a thread is never on a CPU and waiting longer than the time that passed: the record
+    time was taken apart from the read); when both steps carry the wait and the engine stepped
     throughout (consecutive iterations, or, without them, within two periods: not an idle gap,
     where it slept and did not wait); None otherwise."""
     if prev is None:
@@ -88,6 +92,8 @@ def host_wait(prev: tuple[float, float, StepCounts] | None, t: float, period: fl
         stepped = counts.iteration == c0.iteration + 1
     else:
         stepped = span <= 2 * max(period, p0)
+    if counts.run_s is not None and c0.run_s is not None and counts.run_s >= c0.run_s:
+        span = max(span, counts.run_s - c0.run_s + wait)
     return (wait, span) if stepped else None
 
 
@@ -385,7 +391,8 @@ def describe_cost(fit: CostFit) -> dict[str, Any]:
         "host_wait_share": fit.host_wait_share,
         "host_factor": None if host is None else {
             "recent": host.recent, "recent_windows": host.recent_windows, "median": host.median,
-            "low": host.low, "high": host.high, "windows": host.windows, "moved": host.moved},
+            "low": host.low, "high": host.high, "windows": host.windows, "level": host.level,
+            "level_windows": LEVEL_WINDOWS, "moved": host.moved},
         # what the lanes multiply the model by: the recent periods over the model's prediction
         "clock_factor": fit.clock_factor if fit.basis == "engine" else None,
         "period_error": fit.period_error,

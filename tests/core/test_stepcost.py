@@ -310,7 +310,20 @@ def test_the_host_factor_follows_burners_starting_and_says_it_moved() -> None:
     feed(early, period[:cut + 100], n[:cut + 100], kv[:cut + 100], prefill[:cut + 100],
          (period - y)[:cut + 100], period[:cut + 100])
     moved = early.result().host
-    assert moved is not None and moved.moved and moved.recent > moved.high  # just after the change
+    assert moved is not None and moved.moved and moved.level > moved.high  # just after the change
+
+
+def test_a_host_that_jitters_window_to_window_has_not_moved() -> None:
+    """A host factor drawn anew for every window (2-6): the recent one jumps about, the level of the
+    last windows stays within the windows' 10th-90th percentiles: not "moved"."""
+    y, n, kv, prefill = synthetic(7, {"b": 0.003, "c": 2e-4}, noise=0.02)
+    period, wait, span = hosted(8, y, regime=W, low=2.0, high=6.0)
+    fit = StepCostFit()
+    for k, row in enumerate(zip(period, n, kv, prefill, wait, span, strict=True)):
+        fit.add(*map(float, row))
+        if k > 3000 and k % 100 == 0:
+            h = fit.result().host
+            assert h is not None and not h.moved, h
 
 
 def test_engine_work_takes_the_members_largest_wait_share() -> None:

@@ -18,6 +18,7 @@ from shadow.core.stepmodel import FitResult
 from shadow.live.confidence import cost_problem, host_warnings, period_problem, trust_problems
 from shadow.live.lanes import LiveLanes, step_counts, step_period
 from shadow.live.metrics import LiveCollector
+from shadow.live.workerclock import StepCounts, host_wait
 from tests.live.sessions import feed
 
 B, C = 0.003, 0.0004  # the engine's true cost: 3 ms a step + 0.4 ms a running sequence
@@ -228,7 +229,7 @@ def test_what_the_lanes_step_on_off_the_window_periods_is_a_trust_problem_said_w
     n = rng.integers(1, 16, size=k).astype(np.float64)
     good = select(0.004 + 3e-4 * n + rng.normal(0, 1e-5, k), n, np.zeros(k), np.zeros(k), window_steps=25)
     host = HostFactor(recent=5.2, median=3.1, low=2.5, high=4.0, windows=100, recent_windows=4,
-                      wait_share=0.7)
+                      wait_share=0.7, level=5.0)
     off = replace(good, basis="engine", host=host, clock_factor=6.1, period_error=0.27, period_windows=90)
     assert cost_problem("d0", off) is None  # the engine's cost itself is fine
     why = period_problem("d0", off)
@@ -239,6 +240,24 @@ def test_what_the_lanes_step_on_off_the_window_periods_is_a_trust_problem_said_w
     assert trust_problems(FitResult(None, None, 0.1, 100, "poor"), 0.01, 1.0, 0, [("d0", off)]) == [why]
     assert period_problem("d0", replace(off, period_error=0.08)) is None
     warned = host_warnings([("d0", off)], trustworthy=False)
-    assert len(warned) == 1 and "moved within the run: 5.20" in warned[0] and "do not hold" in warned[0]
+    assert len(warned) == 1 and "moved within the run: 5.00 over the last 8 windows" in warned[0]
+    assert "do not hold" in warned[0]
     assert "(clock factor 6.10)" in warned[0]
-    assert host_warnings([("d0", replace(off, host=replace(host, recent=3.0)))], trustworthy=True) == []
+    assert host_warnings([("d0", replace(off, host=replace(host, level=3.0)))], trustworthy=True) == []
+
+
+def test_the_wait_between_two_steps_is_over_the_time_that_passed_while_the_engine_stepped() -> None:
+    """`host_wait`: the wait's difference over the record times' (or the engine's run + wait where
+    longer: the record time was taken apart from the read); None across an idle gap (iterations not
+    consecutive; without them, more than two periods apart), without the wait, or backwards."""
+    prev = (1.000, 0.010, StepCounts(4, 0, 2.000, 10, 0.500))
+    assert host_wait(prev, 1.010, 0.010, StepCounts(4, 0, 2.008, 11, 0.502)) == pytest.approx((0.008, 0.010))
+    # run + wait (0.003 + 0.009) longer than the records' 0.010: the span is the engine's
+    assert host_wait(prev, 1.010, 0.010, StepCounts(4, 0, 2.009, 11, 0.503)) == pytest.approx((0.009, 0.012))
+    assert host_wait(prev, 1.010, 0.010, StepCounts(4, 0, 2.008, 12, 0.502)) is None  # a step between
+    old = (1.000, 0.010, StepCounts(4, 0, 2.000))
+    assert host_wait(old, 1.015, 0.010, StepCounts(4, 0, 2.012)) == pytest.approx((0.012, 0.015))
+    assert host_wait(old, 1.030, 0.010, StepCounts(4, 0, 2.012)) is None  # idle between them
+    assert host_wait(old, 1.010, 0.010, StepCounts(4, 0, None)) is None
+    assert host_wait(old, 1.010, 0.010, StepCounts(4, 0, 1.9)) is None
+    assert host_wait(None, 1.010, 0.010, StepCounts(4, 0, 2.0)) is None
