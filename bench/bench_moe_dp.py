@@ -326,10 +326,11 @@ def main() -> int:
                   f"{r.client_tokens()} ({r.lost_events} events missed), "
                   f"load average {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
             for group, g in r.cost.items():  # serve's own step-cost model of the run
-                print(f"  step cost {group}: {g.get('form')} {g.get('terms')}, R² {g.get('r2')}, "
-                      f"out-of-sample {g.get('oos_error')} on {g.get('windows')} windows of "
-                      f"{g.get('window_steps')} steps; host wait share {g.get('host_wait_share')}, "
-                      f"of the residual {g.get('host_wait_r2')}", file=sys.stderr, flush=True)
+                print(f"  step cost {group} (on {g.get('basis')}): {g.get('form')} {g.get('terms')}, R² "
+                      f"{g.get('r2')}, out-of-sample {g.get('oos_error')} on {g.get('windows')} windows of "
+                      f"{g.get('window_steps')} steps; host factor {g.get('host_factor')}, clock factor "
+                      f"{g.get('clock_factor')}, window periods {g.get('period_error')} off one window ahead",
+                      file=sys.stderr, flush=True)
             t = r.twin  # the twin (the lane of shadow's own placements) against the ranks' own steps
             print(f"  twin: KV vs engine {t.get('kv_vs_engine')}, running vs engine "
                   f"{t.get('running_vs_engine')}, placed vs mirror {t.get('placed_vs_mirror')} on "

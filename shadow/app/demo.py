@@ -529,8 +529,10 @@ TERM_UNITS = {"b": (1e3, "ms"), "c": (1e3, "ms/seq"), "a": (1e9, "ns/KV token"),
 
 def cost_line(sm: dict[str, Any]) -> str | None:
     """The step-cost model of each barrier group in one line: its form, each term with its 95 %
-    interval, R² and out-of-sample error on its windows (the report's step_model.cost); for SSE
-    gaps alone, the terms they cannot identify. None before any."""
+    interval, what it is fitted on (the engine's work, or the period), R² and out-of-sample error on
+    its windows, the clock factor the lanes multiply it by (with the host's wait factor in it) and
+    how far that was off the window periods (the report's step_model.cost); for SSE gaps alone, the
+    terms they cannot identify. None before any."""
     cost = sm.get("cost") or {}
     groups = cost.get("groups") or {}
     if not groups:
@@ -545,8 +547,17 @@ def cost_line(sm: dict[str, Any]) -> str | None:
         terms = ", ".join(
             f"{t} {k * v['value']:.3g} [{k * v['low']:.3g}–{k * v['high']:.3g}] {unit}"
             for t, v in g["terms"].items() for k, unit in (TERM_UNITS[t],))
-        parts.append(f"{name} {g['form']} ({terms}); R² {_num(g.get('r2'), '.2f')}, out-of-sample "
-                     f"{_num(g.get('oos_error'), '.1%')} on {g.get('window_steps')}-step windows")
+        h = g.get("host_factor")
+        on = "the engine's work" if g.get("basis") == "engine" else "the period (no wait for a CPU measured)"
+        part = (f"{name} {g['form']} ({terms}) on {on}; R² {_num(g.get('r2'), '.2f')}, out-of-sample "
+                f"{_num(g.get('oos_error'), '.1%')} on {g.get('window_steps')}-step windows")
+        if h and g.get("clock_factor") is not None:
+            moved = ", moved" if h.get("moved") else ""
+            part += (f"; × clock factor {g['clock_factor']:.2f} (the host's wait × {h['recent']:.2f}, "
+                     f"{h['low']:.2f}–{h['high']:.2f} over {h['windows']} windows{moved})")
+        if g.get("period_error") is not None:
+            part += f"; the window periods {g['period_error']:.1%} off one window ahead"
+        parts.append(part)
     return "step cost: " + "; ".join(parts)
 
 

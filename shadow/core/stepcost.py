@@ -28,18 +28,39 @@ How a form is chosen (`select`):
    errors lying wholly above 0. So a term is kept only when every part of the run says it helps.
 The model handed on (`CostFit.model`) is the chosen form's fit with any negative estimate (one
 within noise of 0, by 1.) at 0.
+
+What is fitted (`CostFit.basis`): where the probe measures the engine's wait for a CPU, the engine's
+own work per step, the period less that wait (`shadow.core.hostfactor`): "engine". Its model is the
+cost routing balances. The host factor (`CostFit.host`: the period over the engine's work, measured)
+says how much the host's wait adds. What the lanes step on (`CostFit.clock_model`) is the model ×
+the clock factor (`CostFit.clock_factor`): the periods of the most recent windows over what the model
+predicts for them, measured, not fitted; it is the host factor × the engine's work over its model
+(on a contended host the engine's own CPU time per step moves with the host too: caches, memory
+bandwidth), and it predicts the next window's period better than the host factor alone (measured:
+docs/results/vllm-step-cost.md). Without the wait (no schedstat: another platform), the period
+itself is fitted, as before: "period", the lanes step on its model. Either way `period_error` says
+how well what the lanes step on predicted each window's mean period when it closed (the latest fit's
+model × the clock factor of the windows before it): the twin's timeline, one window ahead.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import combinations
 
 import numpy as np
 import numpy.typing as npt
 
+from shadow.core.hostfactor import (
+    HOST_WINDOWS,
+    MIN_SPAN,
+    HostFactor,
+    engine_work,
+    host_factor,
+    recent_factor,
+)
 from shadow.core.intervals import t975
 from shadow.core.stepmodel import StepTimeModel
 
@@ -54,10 +75,13 @@ WINDOW_STEPS = 25  # steps per sample (window mean)
 MAX_WINDOWS = 240  # samples the sliding fit keeps
 MIN_WINDOWS = 20  # samples before a form is chosen
 BLOCKS = 10  # contiguous blocks of the time-blocked cross-validation
-REFIT_EVERY = 4  # windows between two fits (the result stands until then)
+REFIT_EVERY = 4  # windows between two form fits (the form stands until then)
 CLAMP = 4.0  # a step beyond this multiple of the chosen model's prediction is left out (a host stall)
 COLLINEAR = 0.99  # |correlation| beyond which two columns are confounded
 OOS_ERROR_MAX = 0.10  # out-of-sample median absolute relative error the figures need
+PERIOD_ERROR_MAX = 0.10  # median error of the clock's window periods, one window ahead, the figures need
+ENGINE_SHARE = 0.75  # of the windows, those with the engine's work known for the fit to be on it
+BASES = ("engine", "period")  # what a cost fit is of: the engine's work per step, or its period
 
 
 def form_key(form: tuple[str, ...]) -> str:
@@ -107,7 +131,11 @@ class CostFit:
     """The step-cost model chosen over `windows` window means of `window_steps` steps each (`steps`
     in all, `outliers` left out): `chosen` (None: too few windows or no admissible form, `reason`
     says which), every candidate (`forms`), the terms the data cannot identify and why
-    (`not_identified`), and the spread of the window means (`mean_s`, `window_cv`)."""
+    (`not_identified`), and the spread of the window means fitted (`mean_s`, `window_cv`). What was
+    fitted: `basis` ("engine": the engine's work per step; "period": the step period, `basis_reason`
+    says why), the host factor over the windows (`host`, None without the engine's wait), and how
+    well the clock predicted the window periods one window ahead (`period_error`, median over
+    `period_windows`)."""
 
     chosen: FormFit | None
     forms: tuple[FormFit, ...]
@@ -120,21 +148,34 @@ class CostFit:
     mean_s: float | None = None
     window_cv: float | None = None
     best: str | None = None  # the label of the lowest-error admissible form
-    # the host: the engine's mean wait for a CPU over its mean period (windows where it is known),
-    # and the share of the chosen form's residual variance that wait accounts for (squared
-    # correlation over the windows)
-    host_wait_share: float | None = None
-    host_wait_r2: float | None = None
+    basis: str = "period"
+    basis_reason: str = ""
+    host: HostFactor | None = None
+    clock_factor: float | None = None  # engine basis: the recent periods over the model's prediction
+    period_error: float | None = None
+    period_windows: int = 0
 
     @property
     def model(self) -> StepTimeModel | None:
-        """The chosen form as a step model (negative estimates at 0); None without one."""
+        """The chosen form as a step model (negative estimates at 0): the engine's cost on the engine
+        basis, the period's on the period basis; None without one."""
         if self.chosen is None:
             return None
         v = {t: max(0.0, self.chosen.terms[t].value) if t in self.chosen.terms else 0.0 for t in TERMS}
         if not any(v.values()):
             return None
         return StepTimeModel(a=v["a"], b=v["b"], c=v["c"], p=v["p"])
+
+    @property
+    def clock_model(self) -> StepTimeModel | None:
+        """What a lane steps on: the model × the clock factor on the engine basis (every term scaled:
+        κ = c/a is the engine's), the model itself on the period basis."""
+        return scaled(self.model, self.clock_factor if self.basis == "engine" else None)
+
+    @property
+    def host_wait_share(self) -> float | None:
+        """The engine's wait for a CPU over its period, over the windows where it is known."""
+        return None if self.host is None else self.host.wait_share
 
     @property
     def residual_cv(self) -> float | None:
@@ -151,6 +192,13 @@ class CostFit:
         if self.chosen is None or self.chosen.r2 is None:
             return None
         return "load" if self.chosen.r2 >= 0.5 else "host"
+
+
+def scaled(model: StepTimeModel | None, factor: float | None) -> StepTimeModel | None:
+    """`model` with every term × `factor` (None: as it is)."""
+    if model is None or factor is None or factor == 1.0:
+        return model
+    return StepTimeModel(a=model.a * factor, b=model.b * factor, c=model.c * factor, p=model.p * factor)
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,15 +332,14 @@ def _beats(better: FormFit, other: FormFit) -> bool:
 
 
 def select(
-    period_s: npt.ArrayLike, seqs: npt.ArrayLike, kv_tokens: npt.ArrayLike, prefill_tokens: npt.ArrayLike,
+    cost_s: npt.ArrayLike, seqs: npt.ArrayLike, kv_tokens: npt.ArrayLike, prefill_tokens: npt.ArrayLike,
     *, window_steps: int = 1, steps: int | None = None, outliers: int = 0, blocks: int = BLOCKS,
-    min_windows: int = MIN_WINDOWS, host_wait_s: npt.ArrayLike | None = None,
+    min_windows: int = MIN_WINDOWS,
 ) -> CostFit:
-    """Choose the form over window means given in time order (see module docstring): the mean step
-    period (s, > 0), running sequences, KV tokens and prefill tokens of each window, and (optional,
-    NaN where unknown) the engine's mean wait for a CPU per step, which is not fitted: the result
-    says how much of the period and of the residual it is."""
-    y = np.asarray(period_s, dtype=np.float64)
+    """Choose the form over window means given in time order (see module docstring): the mean cost
+    per step to fit (s, > 0: the engine's work, or the period), running sequences, KV tokens and
+    prefill tokens of each window. The result's basis is "period" (the caller says otherwise)."""
+    y = np.asarray(cost_s, dtype=np.float64)
     cols = {"b": np.ones(len(y)), "c": np.asarray(seqs, dtype=np.float64),
             "a": np.asarray(kv_tokens, dtype=np.float64), "p": np.asarray(prefill_tokens, dtype=np.float64)}
     n = len(y)
@@ -314,98 +361,161 @@ def select(
         if f is best or not _beats(best, f):
             why = ("the lowest out-of-sample error" if f is best else
                    f"the form of lowest error, {best.label}, is not better beyond noise")
-            share, r2 = _host(f, cols, y, host_wait_s)
-            return CostFit(f, fits, n, window_steps, steps, outliers, unidentified, why, mean, cv, best.label,
-                           share, r2)
+            return CostFit(f, fits, n, window_steps, steps, outliers, unidentified, why, mean, cv, best.label)
     raise AssertionError("unreachable: the best form is always chosen last")  # pragma: no cover
-
-
-def _host(f: FormFit, cols: dict[str, npt.NDArray[np.float64]], y: npt.NDArray[np.float64],
-          wait: npt.ArrayLike | None) -> tuple[float | None, float | None]:
-    """The host's wait for a CPU over the period, and its share of form `f`'s residual variance,
-    over the windows where the wait is known (None with fewer than 3)."""
-    if wait is None:
-        return None, None
-    w = np.asarray(wait, dtype=np.float64)
-    known = np.isfinite(w)
-    if known.sum() < 3:
-        return None, None
-    resid = y - sum(v.value * cols[t] for t, v in f.terms.items())
-    share = float(w[known].sum() / y[known].sum())
-    r, x = resid[known], w[known]
-    r2 = float(np.corrcoef(r, x)[0, 1] ** 2) if r.std() > 0 and x.std() > 0 else None
-    return share, r2
 
 
 @dataclass
 class _Window:
     steps: int = 0
-    sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # period, n, L, P, host wait
+    sums: list[float] = field(default_factory=lambda: [0.0] * 4)  # period, n, L, P
+    # per member (a worker of the group): Σ wait, Σ span with the wait known, Σ period of its steps
+    host: dict[int, list[float]] = field(default_factory=dict)
 
 
 class StepCostFit:
     """The sliding fit: `add` one measured step at a time (its period, running sequences, KV tokens,
-    prefill tokens); every `window_steps` of them make a window mean; the last `max_windows` are
-    kept (bounded memory) and `result()` chooses the form over them (refitted every `refit_every`
-    windows, and at every window until the first fit stands).
-    Once a form is chosen, a step without prefill longer than `clamp` × what the chosen model
+    prefill tokens, and where the probe measures it the engine's wait for a CPU over a span of its
+    time ending at the step); every `window_steps` of them make a window mean (the period, the
+    features, the engine's work: `shadow.core.hostfactor.engine_work`); the last `max_windows` are
+    kept (bounded memory) and the form is chosen over them as a window closes (every `refit_every`
+    windows, and at every window until the first fit stands) on the engine's work when it is known
+    in `ENGINE_SHARE` of the windows and at least as many as a fit needs, else on the period; the
+    host factor and the period check follow every window; `result()` gives the latest of each.
+    Once a form is chosen, a step without prefill longer than `clamp` × what the clock model
     predicts for it is left out and counted (a host stall is no cost of the load; a step holding a
     prefill is always kept: its cost may be what the chosen form does not have yet); non-finite or
     negative input is ignored."""
 
     def __init__(self, window_steps: int = WINDOW_STEPS, max_windows: int = MAX_WINDOWS, *,
                  min_windows: int = MIN_WINDOWS, blocks: int = BLOCKS, clamp: float = CLAMP,
-                 refit_every: int = REFIT_EVERY) -> None:
+                 refit_every: int = REFIT_EVERY, host_windows: int = HOST_WINDOWS) -> None:
         if window_steps < 1 or max_windows < max(min_windows, 2 * blocks) or blocks < 2 or not clamp > 1 \
-                or refit_every < 1:
+                or refit_every < 1 or host_windows < 1:
             raise ValueError("step cost fit: window_steps >= 1, blocks >= 2, max_windows >= "
-                             "max(min_windows, 2 blocks), clamp > 1, refit_every >= 1")
+                             "max(min_windows, 2 blocks), clamp > 1, refit_every >= 1, host_windows >= 1")
         self.refit_every = refit_every
-        self._new = 0  # windows closed since the latest result
+        self.host_windows = host_windows
+        self._new = 0  # windows closed since the latest form fit
         self.window_steps = window_steps
         self.min_windows = min_windows
         self.blocks = blocks
         self.clamp = clamp
-        # window means of (period, n, L, P, host wait: NaN when a step of it had none)
+        # window means of (period, n, L, P, engine work: NaN when its wait is not known)
         self.windows: deque[tuple[float, float, float, float, float]] = deque(maxlen=max_windows)
+        # |clock's prediction − period| / period of each window closed once a model stood
+        self.period_errors: deque[float] = deque(maxlen=max_windows)
         self._open = _Window()
         self.taken = 0  # steps taken since the start (kept or not: the windows slide)
         self.outliers = 0
-        self._model: StepTimeModel | None = None  # of the latest result (the clamp's reference)
-        self._result: CostFit | None = None
+        self._fit: CostFit | None = None  # the latest form fit
+        self._ref: StepTimeModel | None = None  # what the lanes step on now (the clamp's, the check's)
+        self._result: CostFit | None = None  # the latest result (None: a window closed since)
 
     def add(self, period_s: float, seqs: float, kv_tokens: float, prefill_tokens: float,
-            host_wait_s: float | None = None) -> bool:
-        """One step (with the engine's wait for a CPU in it when known); False when it was left out
-        (invalid, or a stall beyond the clamp)."""
+            host_wait_s: float | None = None, span_s: float | None = None, member: int = 0) -> bool:
+        """One step; `host_wait_s`: the seconds the engine (of group member `member`) waited for a
+        CPU over the `span_s` seconds of its time ending at this step (default: the period). False
+        when it was left out (invalid, or a stall beyond the clamp)."""
         values = (period_s, seqs, kv_tokens, prefill_tokens)
         if not (all(math.isfinite(v) and v >= 0 for v in values) and period_s > 0):
             return False
-        m = self._model
-        if m is not None and not prefill_tokens and period_s > self.clamp * m.worker_time(kv_tokens, seqs):
+        ref = self._ref
+        if ref is not None and not prefill_tokens and period_s > self.clamp * ref.worker_time(
+                kv_tokens, seqs):
             self.outliers += 1
             return False
         self.taken += 1
         w = self._open
         w.steps += 1
-        wait = max(0.0, host_wait_s) if host_wait_s is not None and math.isfinite(host_wait_s) else math.nan
-        w.sums = [s + v for s, v in zip(w.sums, (*values, wait), strict=True)]
+        w.sums = [s + v for s, v in zip(w.sums, values, strict=True)]
+        span = period_s if span_s is None else span_s
+        if host_wait_s is not None and all(math.isfinite(x) and x >= 0 for x in (host_wait_s, span)):
+            acc = w.host.setdefault(member, [0.0, 0.0, 0.0])
+            acc[0] += host_wait_s
+            acc[1] += span
+        w.host.setdefault(member, [0.0, 0.0, 0.0])[2] += period_s
         if w.steps == self.window_steps:
-            k = float(w.steps)
-            self.windows.append(tuple(x / k for x in w.sums))  # type: ignore[arg-type]
-            self._open = _Window()
-            self._new += 1
-            if self._new >= self.refit_every or len(self.windows) < self.min_windows + self.refit_every:
-                self._result = None
+            self._close(w)
         return True
 
+    def _close(self, w: _Window) -> None:
+        k = float(w.steps)
+        period, n, kv, prefill = (x / k for x in w.sums)
+        work = engine_work(period, [(a, s, MIN_SPAN * q) for a, s, q in w.host.values()])
+        self._check(period, n, kv, prefill)
+        self.windows.append((period, n, kv, prefill, work))
+        self._open = _Window()
+        self._new += 1
+        self._result = None
+        if self._new >= self.refit_every or len(self.windows) < self.min_windows + self.refit_every:
+            self._refit()
+        self._ref = self._clock()
+
+    def _refit(self) -> None:
+        """The form fit over the windows now (at a window's close when due: what the clamp and the
+        period check refer to from then on, whoever asks for results and how often)."""
+        self._fit = self._form(np.asarray(self.windows, dtype=np.float64).reshape(-1, 5))
+        self._new = 0
+
+    def _factor(self) -> float | None:
+        """The clock factor now (engine basis): Σ period / Σ the latest model's prediction over the
+        last `host_windows` windows; None without a model or on the period basis."""
+        fit = self._fit
+        model = fit.model if fit is not None else None
+        if fit is None or model is None or fit.basis != "engine":
+            return None
+        last = list(self.windows)[-self.host_windows:]
+        return recent_factor((p, model.worker_time(kv, n, prefill)) for p, n, kv, prefill, _ in last)
+
+    def _clock(self) -> StepTimeModel | None:
+        """What the lanes step on now: the latest model × the clock factor on the engine basis (None
+        without both), the model on the period basis."""
+        fit = self._fit
+        if fit is None or fit.model is None:
+            return None
+        if fit.basis != "engine":
+            return fit.model
+        factor = self._factor()
+        return None if factor is None else scaled(fit.model, factor)
+
+    def _check(self, period: float, n: float, kv: float, prefill: float) -> None:
+        """How far the clock was off a window closing now: the latest fit's model × (engine basis)
+        the clock factor of the windows before it."""
+        clock = self._ref
+        if clock is not None:
+            self.period_errors.append(abs(clock.worker_time(kv, n, prefill) - period) / period)
+
     def result(self) -> CostFit:
-        if self._result is None:
-            data = np.asarray(self.windows, dtype=np.float64).reshape(-1, 5)
-            self._result = select(data[:, 0], data[:, 1], data[:, 2], data[:, 3],
-                                  window_steps=self.window_steps, steps=len(data) * self.window_steps,
-                                  outliers=self.outliers, blocks=self.blocks, min_windows=self.min_windows,
-                                  host_wait_s=data[:, 4])
-            self._model = self._result.model
-            self._new = 0
+        if self._result is not None:
+            return self._result
+        if self._fit is None:
+            self._refit()
+        assert self._fit is not None
+        data = np.asarray(self.windows, dtype=np.float64).reshape(-1, 5)
+        errors = list(self.period_errors)
+        self._result = replace(self._fit, host=host_factor(data[:, 0], data[:, 4], self.host_windows),
+                               clock_factor=self._factor(),
+                               period_error=float(np.median(errors)) if errors else None,
+                               period_windows=len(errors))
         return self._result
+
+    def _form(self, data: npt.NDArray[np.float64]) -> CostFit:
+        """The form fit over the windows, on the engine's work when it is known in enough of them."""
+        known = np.isfinite(data[:, 4]) & (data[:, 4] > 0)
+        need = max(self.min_windows, 2 * self.blocks)
+        steps = len(data) * self.window_steps
+        if known.sum() >= max(need, ENGINE_SHARE * len(data)):
+            d = data[known]
+            fit = select(d[:, 4], d[:, 1], d[:, 2], d[:, 3], window_steps=self.window_steps, steps=steps,
+                         outliers=self.outliers, blocks=self.blocks, min_windows=self.min_windows)
+            return replace(fit, basis="engine", basis_reason=(
+                "the engine's work per step (the period less its wait for a CPU, measured) in "
+                f"{int(known.sum())} of {len(data)} windows"))
+        fit = select(data[:, 0], data[:, 1], data[:, 2], data[:, 3], window_steps=self.window_steps,
+                     steps=steps, outliers=self.outliers, blocks=self.blocks, min_windows=self.min_windows)
+        why = ("the step period: the engine's wait for a CPU is not measured (the probe sends no schedstat: "
+               "another platform, or no /proc)" if not known.any() else
+               f"the step period: the engine's wait for a CPU is known in only {int(known.sum())} of "
+               f"{len(data)} windows (needs {ENGINE_SHARE:.0%} and {need})")
+        return replace(fit, basis="period", basis_reason=why)

@@ -6,9 +6,11 @@ batch means; the geometric mean of the window ratios with a 95 % t-interval on t
 or `no significant difference` from the interval, `too few windows` below three, and `not
 trustworthy` whatever the interval says when the twin is out of bounds: the step model not good
 (with an engine probe's counts: a group's step-cost model not chosen yet or more than 10 % off
-out of sample, `shadow.core.stepcost`; from SSE gaps only: the linear fit's R² < 0.9 or too few
-samples), twin fidelity at or above 2 %, measured steps more than 5 % off the model the lanes
-simulate, or events dropped before the lanes.
+out of sample on what it fitted, the engine's work per step where the probe measures its wait for
+a CPU, or the model × the host factor more than 10 % off the window periods one window ahead,
+`shadow.core.stepcost`; from SSE gaps only: the linear fit's R² < 0.9 or too few samples), twin
+fidelity at or above 2 %, measured steps more than 5 % off the model the lanes simulate, or events
+dropped before the lanes.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from shadow.core.stepcost import OOS_ERROR_MAX, CostFit
+from shadow.core.hostfactor import LEVEL_WINDOWS
+from shadow.core.stepcost import OOS_ERROR_MAX, PERIOD_ERROR_MAX, CostFit
 from shadow.core.stepmodel import FitResult, StepTimeModel
 from shadow.engine.windows import FIGURES, Windows
 
@@ -30,7 +33,8 @@ VERDICTS = ("better", "no significant difference", "worse", "too few windows", N
 
 def cost_problem(name: str, fit: CostFit) -> str | None:
     """Why a group's step-cost model cannot carry the figures (None: it can): not chosen yet, or
-    its out-of-sample error above OOS_ERROR_MAX, said with its R² and what drives the variance."""
+    its out-of-sample error above OOS_ERROR_MAX on what it fitted (the engine's work per step, or
+    the period where the wait is not measured), said with its R² and what drives the variance."""
     ch = fit.chosen
     if ch is None:
         return f"step cost model of {name} not chosen yet ({fit.reason})"
@@ -39,13 +43,51 @@ def cost_problem(name: str, fit: CostFit) -> str | None:
     err = "–" if ch.oos_error is None else f"{ch.oos_error:.0%}"
     r2 = "–" if ch.r2 is None else f"{ch.r2:.2f}"
     rest = "" if fit.residual_cv is None else f", the rest ±{fit.residual_cv:.0%} of the step"
-    if fit.host_wait_share is not None:
-        rest += f"; the engine waited for a CPU {fit.host_wait_share:.0%} of its steps' time"
-        if fit.host_wait_r2 is not None:
-            rest += f", {fit.host_wait_r2:.0%} of the rest"
-    drives = {"load": "the load drives the variance", "host": "the host, not the load, drives the variance"}
-    return (f"step cost model of {name} ({ch.label}) is {err} off out of sample on {fit.window_steps}-step "
-            f"windows (needs ≤ {OOS_ERROR_MAX:.0%}; R² {r2}: {drives.get(fit.driver or '', 'no fit')}{rest})")
+    if fit.basis == "engine":
+        on, drives = "the engine's work per step", {"load": "the load drives it",
+                                                    "host": "the load does not explain the engine's work"}
+    else:
+        on, drives = "the step period (no wait for a CPU measured)", {
+            "load": "the load drives the variance", "host": "the host, not the load, drives the variance"}
+    return (f"step cost model of {name} ({ch.label}, on {on}) is {err} off out of sample on "
+            f"{fit.window_steps}-step windows (needs ≤ {OOS_ERROR_MAX:.0%}; R² {r2}: "
+            f"{drives.get(fit.driver or '', 'no fit')}{rest})")
+
+
+def period_problem(name: str, fit: CostFit) -> str | None:
+    """Why what a group's lanes step on does not keep the engine's timeline (None: it does): the
+    model × the clock factor predicted its window periods, one window ahead, more than
+    PERIOD_ERROR_MAX off (median), said with the factors and how the host moved."""
+    err = fit.period_error
+    if err is None or err <= PERIOD_ERROR_MAX:
+        return None
+    h = fit.host if fit.basis == "engine" else None
+    f = fit.clock_factor if fit.basis == "engine" else None
+    what = "the step cost model" if f is None else "engine cost × clock factor"
+    host = "" if h is None or f is None else (
+        f"; clock factor {f:.2f} over the last {h.recent_windows} windows, of which the host's wait "
+        f"{h.recent:.2f} ({h.low:.2f}–{h.high:.2f}, 10th–90th percentile over {h.windows})"
+        + (": the host changed within the run" if h.moved else ""))
+    return (f"{what} of {name} predicts its {fit.window_steps}-step window periods {err:.0%} off, one window "
+            f"ahead (median of {fit.period_windows}; needs ≤ {PERIOD_ERROR_MAX:.0%}){host}")
+
+
+def host_warnings(fits: Sequence[tuple[str, CostFit]], trustworthy: bool) -> list[str]:
+    """A warning per group whose host factor moved within the run (that of its last windows outside
+    the 10th-90th percentiles of its windows' factors), saying whether the figures still hold
+    (`trustworthy`: every check, the window periods' included, passes)."""
+    out = []
+    for name, fit in fits:
+        h = fit.host
+        if fit.basis != "engine" or h is None or not h.moved:
+            continue
+        holds = ("the figures still hold (every check passes)" if trustworthy else
+                 "the figures do not hold (see the comparison's problems)")
+        out.append(f"the host factor of {name} moved within the run: {h.level:.2f} over the last "
+                   f"{LEVEL_WINDOWS} windows against {h.median:.2f} (median; {h.low:.2f}–{h.high:.2f}) "
+                   f"over {h.windows}: the lanes' clock follows it (clock factor "
+                   f"{fit.clock_factor or 1:.2f}), the engine's cost terms stand on all its windows; {holds}")
+    return out
 
 
 def trust_problems(
@@ -55,7 +97,8 @@ def trust_problems(
     """Why the live figures cannot be trusted (empty: they can). `cost`: the step-cost fits of the
     barrier groups by name when an engine probe feeds them (they are then the step model's test,
     else `fit`, the linear fit of SSE gaps)."""
-    out: list[str] = [p for p in (cost_problem(name, cf) for name, cf in cost) if p is not None]
+    out: list[str] = [p for name, cf in cost for p in (cost_problem(name, cf), period_problem(name, cf))
+                      if p is not None]
     if not cost and fit.quality != "good":
         r2 = "–" if fit.r2 is None else f"{fit.r2:.2f}"
         out.append(f"step model fit is {fit.quality} (R² {r2}, {fit.samples} samples; needs R² ≥ 0.9)")

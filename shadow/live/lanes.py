@@ -13,11 +13,12 @@ from typing import Any
 import numpy as np
 
 from shadow.contracts.events import Event, Step
+from shadow.core.hostfactor import HOST_WINDOWS
 from shadow.core.params import BRParams
 from shadow.core.policies import RouterOptions, make_router
 from shadow.core.pool import Pool
 from shadow.core.routers import PoolRouter, Router
-from shadow.core.stepcost import OOS_ERROR_MAX
+from shadow.core.stepcost import OOS_ERROR_MAX, PERIOD_ERROR_MAX
 from shadow.core.stepmodel import FitResult, SlidingFit, StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec
 from shadow.engine.driver import Observer
@@ -27,7 +28,7 @@ from shadow.engine.live import ACTUAL, LiveDriver
 from shadow.engine.rolling import Seed
 from shadow.engine.summary import LogHistogram, percentile
 from shadow.engine.windows import Windows, lane_figures
-from shadow.live.confidence import comparison, trust_problems
+from shadow.live.confidence import comparison, host_warnings, trust_problems
 from shadow.live.stepcheck import StepCheck
 from shadow.live.stepfit import STEP_BUCKETS, StepEstimator
 from shadow.live.workerclock import (
@@ -44,12 +45,17 @@ DEFAULT_POLICIES = ("jsq-bytes", "br0", "brh:survival")
 RECENT_WINDOWS = 30  # per lane in the report's `windows`
 COST_METHOD = (
     "per barrier group (per worker without one), from an engine probe's steps: their real period "
-    "(the engine's time since its previous step) against the sequences computed n, the mirrored KV "
-    "load L and the prefill tokens P; window means of window_steps consecutive steps; candidate forms "
-    "b with any of c·n, a·L, p·P, each fitted by least squares (terms with 95% t-intervals); the form "
-    "is the simplest whose time-blocked cross-validated error (10 blocks; median absolute relative error "
-    "on window means) the best form does not beat beyond noise (95% t-interval of the per-block "
-    "differences above 0), never one with a significantly negative term")
+    "(the engine's time since its previous step) and, where the probe measures it (Linux schedstat), "
+    "the engine's wait for a CPU, against the sequences computed n, the mirrored KV load L and the "
+    "prefill tokens P; window means of window_steps consecutive steps; the engine's work of a window is "
+    "its period less its wait's share of the engine's time (of a group: its members' largest), the host "
+    "factor its period over that work; the cost is fitted on the engine's work (basis engine; on the "
+    "period where no wait is measured: basis period): candidate forms b with any of c·n, a·L, p·P, each "
+    "fitted by least squares (terms with 95% t-intervals); the form is the simplest whose time-blocked "
+    "cross-validated error (10 blocks; median absolute relative error on window means) the best form "
+    "does not beat beyond noise (95% t-interval of the per-block differences above 0), never one with a "
+    "significantly negative term; the lanes step on the cost × the host factor of the last host_windows "
+    "windows, and period_error is how far that was off each window's mean period when it closed (median)")
 
 
 class _ActualLane(Observer):
@@ -92,15 +98,17 @@ def step_counts(ev: Step) -> StepCounts | None:
     """What the engine scheduled into the step (`StepCounts`), from its probe's fields: the
     sequences it computed (decode + prefill requests; the running count after it from older
     probes) and its prefill tokens (0 when not reported), with the engine's cumulative wait for a
-    CPU; a DP rank's padding step computed none. None without a running count."""
+    CPU and time on one, and its step index; a DP rank's padding step computed none. None without a
+    running count."""
     if ev.dummy:
-        return StepCounts(0, 0, ev.engine_wait_s)
-    if ev.decode_requests is not None:
-        return StepCounts(ev.decode_requests + (ev.prefill_requests or 0), ev.prefill_tokens or 0,
-                          ev.engine_wait_s)
-    if ev.running is None:
+        seqs, prefill = 0, 0
+    elif ev.decode_requests is not None:
+        seqs, prefill = ev.decode_requests + (ev.prefill_requests or 0), ev.prefill_tokens or 0
+    elif ev.running is not None:
+        seqs, prefill = ev.running, ev.prefill_tokens or 0
+    else:
         return None
-    return StepCounts(ev.running, ev.prefill_tokens or 0, ev.engine_wait_s)
+    return StepCounts(seqs, prefill, ev.engine_wait_s, ev.iteration, ev.engine_run_s)
 
 
 class LiveLanes:
@@ -632,8 +640,9 @@ class LiveLanes:
         fid = fid_engine if fid_engine is not None else fid_mirror
         drift = (measured / modelled if modelled > 0 else None) if on_configured else vs_clock
         cost_fits = self.worker_clock.cost_fits()
-        problems = trust_problems(clock_fit, fid, drift, self.dropped_total,
-                                  [(group_name(self.workers, grp), cf) for grp, cf in cost_fits])
+        named = [(group_name(self.workers, grp), cf) for grp, cf in cost_fits]
+        problems = trust_problems(clock_fit, fid, drift, self.dropped_total, named)
+        warnings += host_warnings(named, not problems)
         key = (self.windows.complete, tuple(problems))
         if self._comparison[0] != key:
             self._comparison = (key, comparison(self.windows, None, g, problems))
@@ -674,6 +683,8 @@ class LiveLanes:
                     "method": COST_METHOD,
                     "window_steps": self.worker_clock.window_steps,
                     "oos_error_max": OOS_ERROR_MAX,
+                    "period_error_max": PERIOD_ERROR_MAX,
+                    "host_windows": HOST_WINDOWS,
                     "groups": describe_costs(self.workers, cost_fits),
                     # without an engine probe's counts: what the estimator cannot identify
                     "not_identifiable": None if cost_fits else dict(COUNTLESS_UNIDENTIFIED),

@@ -22,6 +22,7 @@ from shadow.live.stepcheck import REASONS as STEP_REJECT_REASONS
 from shadow.live.stepfit import STEP_BUCKETS
 
 L = ("lane",)
+HOST_STATS = ("recent", "median", "low", "high")  # the host factor's stat label
 STEPS = Family("shadow_lane_steps_total", "counter", "Decode steps the lane has advanced.", "steps", L)
 SPREAD = Family("shadow_lane_spread_tokens", "gauge", "max-min KV load at the latest step.", "tokens", L)
 SPREAD_STEPS = Family("shadow_lane_spread_token_steps_total", "counter",
@@ -92,7 +93,25 @@ COST_FORM = Family("shadow_step_cost_form", "gauge",
                    values={"form": tuple(form_key(f) for f in FORMS)})
 COST_WINDOWS = Family("shadow_step_cost_windows", "gauge",
                       "Window means a barrier group's step-cost fit stands on.", "windows", ("group",))
-_COST = (COST_TERM, COST_OOS, COST_R2, COST_FORM, COST_WINDOWS)
+COST_BASIS = Family("shadow_step_cost_engine_basis", "gauge",
+                    "1 when a barrier group's step cost is fitted on the engine's work per step (the period "
+                    "less its measured wait for a CPU), 0 when on the period (no wait measured).", "bool",
+                    ("group",))
+HOST_FACTOR = Family("shadow_step_cost_host_factor_ratio", "gauge",
+                     "A barrier group's step period over the engine's work (the host's factor, measured "
+                     "from the engine's wait for a CPU): recent (the last windows), median, low and high "
+                     "(10th and 90th percentiles) over the fit's windows.", "ratio", ("group", "stat"),
+                     values={"stat": HOST_STATS})
+CLOCK_FACTOR = Family("shadow_step_cost_clock_factor_ratio", "gauge",
+                      "What a barrier group's lanes multiply the engine's step cost by: the last windows' "
+                      "periods over what the cost model predicts for them (the host's wait and the engine's "
+                      "work off its model).", "ratio", ("group",))
+PERIOD_ERROR = Family("shadow_step_cost_period_error_ratio", "gauge",
+                      "Median absolute relative error of what a barrier group's lanes step on (the cost "
+                      "model x the clock factor) against each window's mean step period, predicted one "
+                      "window ahead.", "ratio", ("group",))
+_COST = (COST_TERM, COST_OOS, COST_R2, COST_FORM, COST_WINDOWS, COST_BASIS, HOST_FACTOR, CLOCK_FACTOR,
+         PERIOD_ERROR)
 FIDELITY = Family("shadow_fidelity_load_relative_error", "gauge",
                   "Actual lane loads vs mirrored loads, mean relative error.", "ratio")
 DROPPED = Family("shadow_live_events_dropped_total", "counter",
@@ -204,6 +223,11 @@ def _cost_families(groups: dict[str, Any]) -> Iterator[Metric]:
     yield COST_R2.sampled({name: _float(g.get("r2")) for name, g in groups.items()})
     yield COST_FORM.sampled(forms)
     yield COST_WINDOWS.sampled({name: float(g.get("windows", 0)) for name, g in groups.items()})
+    yield COST_BASIS.sampled({name: float(g.get("basis") == "engine") for name, g in groups.items()})
+    yield HOST_FACTOR.sampled({(name, stat): _float((g.get("host_factor") or {}).get(stat))
+                               for name, g in groups.items() for stat in HOST_STATS})
+    yield CLOCK_FACTOR.sampled({name: _float(g.get("clock_factor")) for name, g in groups.items()})
+    yield PERIOD_ERROR.sampled({name: _float(g.get("period_error")) for name, g in groups.items()})
 
 
 def _float(value: Any) -> float | None:

@@ -7,8 +7,11 @@ busy steps: never the engine's elapsed execute time, which leaves out the forwar
 CPU executor) feed a `shadow.core.stepcost.StepCostFit` per worker, and one per barrier group of
 several workers (a group steps at the max over its members: its samples are its members' steps
 against the max over the members of n, P and L, a member's n and P as of its latest step while it
-stepped within two periods, its mirrored load L always). Per worker, the model in the clock is its
-group's (else its own) chosen cost model, "cost fit"; without one yet (or with SSE gaps only, which
+stepped within two periods, its mirrored load L always; with each step the engine's wait for a CPU
+since the member's previous step, `host_wait`). Per worker, the model in the clock is its group's
+(else its own) chosen cost model × its clock factor (`CostFit.clock_model`: the engine's cost fitted
+on its work, times the most recent windows' periods over what it predicts for them; the fit of the
+period itself where the probe measures no wait), "cost fit"; without one yet (or with SSE gaps only, which
 keep today's estimator): the per-worker linear fit τ_g = a_g·L_g + b_g of window medians against
 the mean mirrored load when it is good, "linear fit"; else its robust mean step over the recent
 windows, "mean step" (after `min_windows` windows); else the configured model. Outliers do not
@@ -29,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shadow.core.barrier import MIN_STEPS, BarrierChoice, choose_barrier
+from shadow.core.hostfactor import LEVEL_WINDOWS
 from shadow.core.stepcost import WINDOW_STEPS, CostFit, StepCostFit
 from shadow.core.stepmodel import FitResult, SlidingFit, StepTimeModel
 from shadow.engine.config import LaneClock
@@ -49,6 +53,10 @@ class WorkerModel:
     steps: int
     cost: CostFit | None = None  # the cost fit of its group (of it alone when not in one)
     group: tuple[int, ...] = ()  # the workers that cost fit is of
+    # of a cost fit: the cost model it fitted (the engine's own cost where the probe measures the
+    # engine's wait for a CPU: what routing balances) and the clock factor `model` is it times
+    engine: StepTimeModel | None = None
+    factor: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +67,34 @@ class StepCounts:
     seqs: int
     prefill_tokens: int
     wait_s: float | None = None  # the engine's cumulative wait for a CPU at the step (its probe's)
+    iteration: int | None = None  # the engine's step index (its probe's)
+    run_s: float | None = None  # the engine's cumulative time on a CPU at the step (its probe's)
+
+
+def host_wait(prev: tuple[float, float, StepCounts] | None, t: float, period: float,
+              counts: StepCounts) -> tuple[float, float] | None:
+    """(seconds the engine waited for a CPU, seconds of its time they are of) from its previous
+    counted step `prev` (t, period, counts) to this one at `t`: the difference of its cumulative
+    wait, over the difference of the probe's record times, or of the engine's run + wait where that
+    is longer (a thread is never on a CPU and waiting longer than the time that passed: the record
+    time was taken apart from the read); when both steps carry the wait and the engine stepped
+    throughout (consecutive iterations, or, without them, within two periods: not an idle gap,
+    where it slept and did not wait); None otherwise."""
+    if prev is None:
+        return None
+    t0, p0, c0 = prev
+    if counts.wait_s is None or c0.wait_s is None:
+        return None
+    wait, span = counts.wait_s - c0.wait_s, t - t0
+    if wait < 0 or span < 0:
+        return None
+    if counts.iteration is not None and c0.iteration is not None:
+        stepped = counts.iteration == c0.iteration + 1
+    else:
+        stepped = span <= 2 * max(period, p0)
+    if counts.run_s is not None and c0.run_s is not None and counts.run_s >= c0.run_s:
+        span = max(span, counts.run_s - c0.run_s + wait)
+    return (wait, span) if stepped else None
 
 
 class _Worker:
@@ -126,15 +162,13 @@ class WorkerClock:
         w.durations["events"].append(period)
         if counts is None or loads is None:
             return
-        prev = w.last
-        host = (counts.wait_s - prev[2].wait_s if prev is not None and counts.wait_s is not None
-                and prev[2].wait_s is not None and counts.wait_s >= prev[2].wait_s else None)
+        wait, span = host_wait(w.last, t, period, counts) or (None, None)
         w.last = (t, period, counts)
         wc = w.window_counts
         wc[0] += counts.seqs
         wc[1] += counts.prefill_tokens
         wc[2] += 1
-        w.cost.add(period, counts.seqs, loads[g], counts.prefill_tokens, host)
+        w.cost.add(period, counts.seqs, loads[g], counts.prefill_tokens, wait, span)
         for group, fit in self.group_cost.items():
             if g in group:
                 seqs, prefill = 0, 0
@@ -143,7 +177,8 @@ class WorkerClock:
                     if last is not None and t - last[0] <= 2 * max(period, last[1]):
                         seqs = max(seqs, last[2].seqs)
                         prefill = max(prefill, last[2].prefill_tokens)
-                fit.add(period, seqs, max(loads[h] for h in group), prefill, host)
+                load = max(loads[h] for h in group)
+                fit.add(period, seqs, load, prefill, wait, span, member=group.index(g))
 
     def add_gaps(self, gaps: Sequence[npt.NDArray[np.float64]]) -> None:
         """Per worker, its streams' per-token gaps (`gaps[g]`, kept until the window closes: the
@@ -241,8 +276,10 @@ class WorkerClock:
         source = w.source or "configured"
         group = next((grp for grp in self.group_cost if g in grp), (g,))
         cost = self.group_cost[group].result() if len(group) > 1 else w.cost.result()
-        if cost.model is not None:
-            return WorkerModel(cost.model, "cost fit", source, fit, mean, steps, cost, group)
+        clock = cost.clock_model
+        if clock is not None:
+            return WorkerModel(clock, "cost fit", source, fit, mean, steps, cost, group, cost.model,
+                               cost.clock_factor if cost.basis == "engine" else None)
         if fit.quality == "good" and fit.a_s_per_token is not None and fit.b_s is not None:
             linear = StepTimeModel(fit.a_s_per_token, fit.b_s)
             return WorkerModel(linear, "linear fit", source, fit, mean, steps, cost, group)
@@ -288,6 +325,9 @@ class WorkerClock:
                     "b_s": m.model.b,
                     "c_s_per_seq": m.model.c,
                     "p_s_per_token": m.model.p,
+                    # of a cost fit: the engine's cost the model above is `clock_factor` times
+                    "engine_model": None if m.engine is None else model_terms(m.engine),
+                    "clock_factor": m.factor,
                     # the barrier group whose step-cost fit is its model ("cost fit")
                     "cost_group": group_name(names, m.group) if m.group else None,
                     # of the linear fit a_g·L_g + b_g (the paper's form, per worker)
@@ -314,12 +354,25 @@ COUNTLESS_UNIDENTIFIED = {
 }
 
 
+def model_terms(m: StepTimeModel) -> dict[str, float]:
+    """A step model's terms as the report writes them."""
+    return {"a_s_per_token": m.a, "b_s": m.b, "c_s_per_seq": m.c, "p_s_per_token": m.p}
+
+
 def describe_cost(fit: CostFit) -> dict[str, Any]:
-    """One cost fit as the report gives it: the chosen form with each term and its 95 % interval,
-    R² and out-of-sample error on its window means, the windows it stands on, what the data cannot
-    identify, and every candidate's error."""
+    """One cost fit as the report gives it: what it fitted (`basis`: the engine's work per step, or
+    the period without the engine's wait) and in one sentence how the period splits (`split`); the
+    chosen form with each term and its 95 % interval, R² and out-of-sample error on its window
+    means, the windows it stands on, what the data cannot identify, and every candidate's error;
+    the host factor (measured: recent, median and 10th-90th percentiles of the windows, whether it
+    moved, the wait's share of the period) and how well the model × the host factor predicted the
+    window periods one window ahead (`period_error`)."""
     ch = fit.chosen
+    host = fit.host if fit.basis == "engine" else None
     return {
+        "basis": fit.basis,
+        "basis_reason": fit.basis_reason,
+        "split": split_text(fit),
         "form": ch.label if ch is not None else None,
         "terms": {t: {"value": v.value, "low": v.low, "high": v.high} for t, v in ch.terms.items()}
         if ch is not None else {},
@@ -336,10 +389,29 @@ def describe_cost(fit: CostFit) -> dict[str, Any]:
         "residual_cv": fit.residual_cv,
         "driver": fit.driver,
         "host_wait_share": fit.host_wait_share,
-        "host_wait_r2": fit.host_wait_r2,
+        "host_factor": None if host is None else {
+            "recent": host.recent, "recent_windows": host.recent_windows, "median": host.median,
+            "low": host.low, "high": host.high, "windows": host.windows, "level": host.level,
+            "level_windows": LEVEL_WINDOWS, "moved": host.moved},
+        # what the lanes multiply the model by: the recent periods over the model's prediction
+        "clock_factor": fit.clock_factor if fit.basis == "engine" else None,
+        "period_error": fit.period_error,
+        "period_windows": fit.period_windows,
         "not_identified": dict(fit.not_identified),
         "forms": {f.label: {"oos_error": f.oos_error, "r2": f.r2, "out": f.why_not} for f in fit.forms},
     }
+
+
+def split_text(fit: CostFit) -> str:
+    """Which part of the period is the engine's (fitted) and which the host's (measured), in words."""
+    form = fit.chosen.label if fit.chosen is not None else "no form chosen yet"
+    h, f = fit.host, fit.clock_factor
+    if fit.basis != "engine" or h is None or f is None:
+        return f"period = {form} (fitted on {fit.basis_reason or 'the step period'})"
+    return (f"period = engine cost ({form}, fitted on the engine's work per step) × clock factor "
+            f"{f:.2f} (measured over the last {h.recent_windows} windows: the host's wait for a CPU × "
+            f"{h.recent:.2f}, {h.wait_share:.0%} of the period over the fit's windows; the engine's work "
+            f"against its cost × {f / h.recent:.2f})")
 
 
 def group_name(names: Sequence[str], group: Sequence[int]) -> str:

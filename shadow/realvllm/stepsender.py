@@ -9,6 +9,7 @@ into an unbounded backlog.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -54,31 +55,36 @@ class StepSample(NamedTuple):
     iteration: int | None = None
     dummy: bool = False
     engine_interval_s: float | None = None
+    run_s: float | None = None  # the engine's main thread's seconds on a CPU so far, read at t
+    wait_s: float | None = None  # ... and waiting, runnable, for one
 
 
-def sample_of(t: float, engine: int, scheduler_stats: Any, iteration_stats: Any) -> StepSample:
+def sample_of(t: float, engine: int, scheduler_stats: Any, iteration_stats: Any,
+              host: tuple[float, float] | None = None) -> StepSample:
     """The StepSample of one vLLM stat-logger record (`shadow.realvllm.probe` says what each field
     is): from the step's iteration details when the engine logs them, else from its IterationStats
-    alone (read by attribute, so a vLLM without some of them gives zeros)."""
+    alone (read by attribute, so a vLLM without some of them gives zeros); `host`: the engine's
+    (run, wait) seconds read at `t` (`EngineSched.poll`)."""
     details = scheduler_stats.iteration_details
     tokens = iteration_stats.num_generation_tokens if iteration_stats is not None else 0
     preempted = iteration_stats.num_preempted_reqs if iteration_stats is not None else 0
     gaps = None if iteration_stats is None else getattr(iteration_stats, "inter_token_latencies_iter", None)
     period = min(gaps) if gaps else None
+    run_wait = host if host is not None else (None, None)
     base = (t, engine, None if details is None else details.elapsed_ms / 1000.0,
             scheduler_stats.num_running_reqs, scheduler_stats.num_waiting_reqs,
             scheduler_stats.kv_cache_usage, tokens, preempted)
     if details is not None:
         return StepSample(*base, details.num_ctx_tokens, details.num_ctx_requests,
                           details.num_generation_requests, details.iteration_index,
-                          bool(getattr(details, "is_dummy", False)), period)
+                          bool(getattr(details, "is_dummy", False)), period, *run_wait)
     prompt = getattr(iteration_stats, "prompt_token_stats", None)
     computed = getattr(prompt, "computed", None)
     if computed is None:
         computed = getattr(iteration_stats, "num_prompt_tokens", 0)
     return StepSample(*base, int(computed or 0),
                       len(getattr(iteration_stats, "time_to_first_tokens_iter", None) or ()),
-                      len(gaps or ()), engine_interval_s=period)
+                      len(gaps or ()), engine_interval_s=period, run_s=run_wait[0], wait_s=run_wait[1])
 
 
 @dataclass
@@ -121,21 +127,29 @@ class EngineCounts:
 
 
 LOOK_EVERY_S = 5.0  # an engine not found yet is looked for again at most this often
-#: An engine's scheduler statistics at two looks: (t0, run0, wait0, t1, run1, wait1).
-HostTimes = tuple[float, float, float, float, float, float]
 
 
 class EngineSched:
     """Linux's scheduler statistics of the engine-core processes of this API server (its
     descendants titled `VLLM::EngineCore`, `_DP<n>` for DP rank n): per engine, the seconds its main
     thread (the engine's busy loop and, on CPU, its forward pass) has run on a CPU and has waited,
-    runnable, for one (`/proc/<pid>/schedstat`). Found lazily; None where there is no /proc, no such
-    process (another host), or it went away."""
+    runnable, for one (`/proc/<pid>/schedstat`).
+
+    Two sides: `poll(engine)` reads an engine's statistics now through a file descriptor kept open
+    (one `pread`, about a microsecond: cheap enough for every step on the API server's loop) and
+    never looks for processes; `look(now)` (the sender thread, or `read`) finds the engines polled
+    but not found yet by scanning /proc (at most every LOOK_EVERY_S) and opens their files. An engine
+    that went away is dropped by the poll that fails and looked for again. `poll` must be called from
+    one thread; `look` from one other (or the same). None where there is no /proc or no such process
+    (another host)."""
 
     def __init__(self, root: int | None = None, proc: str = "/proc") -> None:
         self.root = os.getpid() if root is None else root
         self.proc = proc
         self._pids: dict[int, int] = {}
+        self._fds: dict[int, int] = {}  # engine -> open schedstat file (set by look, dropped by poll)
+        self._wanted: set[int] = set()  # engines polled without a file
+        self._stale: list[int] = []  # files poll dropped, closed by the next look
         self._looked: float | None = None  # when the processes were last looked for
 
     def _find(self, now: float) -> None:
@@ -177,18 +191,50 @@ class EngineSched:
             self._find(now)
         return self._pids.get(engine)
 
-    def read(self, engine: int, now: float) -> tuple[float, float] | None:
-        """(seconds on a CPU, seconds waiting for one) of engine `engine`'s main thread so far."""
-        pid = self.pid(engine, now)
-        if pid is None:
+    def look(self, now: float) -> None:
+        """Open the statistics of the engines polled but not found yet (scanning /proc at most every
+        LOOK_EVERY_S); close the files polls dropped."""
+        while self._stale:
+            with contextlib.suppress(OSError):
+                os.close(self._stale.pop())
+        for engine in sorted(self._wanted):
+            if engine in self._fds:
+                self._wanted.discard(engine)
+                continue
+            pid = self.pid(engine, now)
+            if pid is None:
+                continue
+            try:
+                fd = os.open(f"{self.proc}/{pid}/schedstat", os.O_RDONLY)
+            except OSError:
+                self._pids.pop(engine, None)
+                continue
+            self._fds[engine] = fd
+            self._wanted.discard(engine)
+
+    def poll(self, engine: int) -> tuple[float, float] | None:
+        """(seconds on a CPU, seconds waiting for one) of engine `engine`'s main thread now; None
+        until `look` has found it (asked for here), or when it went away."""
+        fd = self._fds.get(engine)
+        if fd is None:
+            self._wanted.add(engine)
             return None
         try:
-            with open(f"{self.proc}/{pid}/schedstat", encoding="ascii") as fh:
-                run, wait, _ = fh.read().split()
+            run, wait, _ = os.pread(fd, 128, 0).split()
+            return int(run) / 1e9, int(wait) / 1e9
         except (OSError, ValueError):
+            del self._fds[engine]
             self._pids.pop(engine, None)
+            self._stale.append(fd)
+            self._wanted.add(engine)
             return None
-        return int(run) / 1e9, int(wait) / 1e9
+
+    def read(self, engine: int, now: float) -> tuple[float, float] | None:
+        """`poll` after `look`: from one thread (a sampler), the engine found if needs be."""
+        if engine not in self._fds:
+            self._wanted.add(engine)
+            self.look(now)
+        return self.poll(engine)
 
 
 def events_url(base: str) -> str:
@@ -232,9 +278,7 @@ class StepSender:
         self._sleep = sleep
         self._queue: deque[StepSample] = deque()
         self._last: dict[int, StepSample] = {}
-        self.sched = sched
-        # per engine: (t, seconds run, seconds waited) at the latest look (`_host_times`)
-        self._sched_at: dict[int, tuple[float, float, float]] = {}
+        self.sched = sched  # read by the probe at each step; the sender thread finds the engines
         self._conn: http.client.HTTPConnection | None = None
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name="shadow-step-probe", daemon=True)
@@ -258,26 +302,8 @@ class StepSender:
             return None
         return self.worker.replace("{engine}", str(engine))
 
-    def _host_times(self, items: list[StepSample]) -> dict[int, HostTimes]:
-        """Per engine of `items`: its scheduler statistics at the previous look and now, (t0, run0,
-        wait0, t1, run1, wait1), for interpolating them at each step's time."""
-        out: dict[int, HostTimes] = {}
-        if self.sched is None:
-            return out
-        now = time.monotonic()
-        for engine in {s.engine for s in items}:
-            got = self.sched.read(engine, now)
-            if got is None:
-                continue
-            prev = self._sched_at.get(engine)
-            self._sched_at[engine] = (now, *got)
-            if prev is not None:
-                out[engine] = (*prev, now, *got)
-        return out
-
-    def to_event(self, s: StepSample, host: HostTimes | None = None) -> dict[str, Any]:
-        """The `step` event for one sample (uses and updates the engine's previous sample); `host`:
-        its engine's scheduler statistics at two looks around it (`_host_times`)."""
+    def to_event(self, s: StepSample) -> dict[str, Any]:
+        """The `step` event for one sample (uses and updates the engine's previous sample)."""
         prev = self._last.get(s.engine)
         self._last[s.engine] = s
         interval = s.t - prev.t if prev is not None and prev.running > 0 else None
@@ -300,11 +326,8 @@ class StepSender:
             ev["dummy"] = True
         if s.engine_interval_s is not None:
             ev["engine_interval_s"] = max(0.0, min(s.engine_interval_s, 3599.0))
-        if host is not None:
-            t0, run0, wait0, t1, run1, wait1 = host
-            f = min(1.0, max(0.0, (s.t - t0) / (t1 - t0))) if t1 > t0 else 1.0
-            ev["engine_run_s"] = run0 + f * (run1 - run0)
-            ev["engine_wait_s"] = wait0 + f * (wait1 - wait0)
+        if s.run_s is not None and s.wait_s is not None:
+            ev["engine_run_s"], ev["engine_wait_s"] = s.run_s, s.wait_s
         if interval is not None:
             ev["interval_s"] = max(0.0, interval)
         name = self.worker_name(s.engine)
@@ -333,8 +356,9 @@ class StepSender:
         items = self._take()
         if not items:
             return 0
-        host = self._host_times(items)
-        body = b"".join(orjson.dumps(self.to_event(s, host.get(s.engine))) + b"\n" for s in items)
+        if self.sched is not None:
+            self.sched.look(time.monotonic())  # the engines the probe polled without finding them
+        body = b"".join(orjson.dumps(self.to_event(s)) + b"\n" for s in items)
         if self._post(body):
             self.counts.add("sent", items)
         else:

@@ -68,6 +68,8 @@ LABELS: dict[str, str] = {
     "term": "a step-cost term: b (fixed) | c (per running sequence) | a (per KV token) | p (per prefill "
     "token)",
     "form": "a candidate step-cost form: its terms joined by + (b, b+c, ..., b+c+a+p)",
+    "stat": "a host factor's statistic: recent (the last windows) | median | low | high (10th and 90th "
+    "percentiles)",
 }
 
 _HIST_SUFFIXES = ("_bucket", "_sum", "_count", "_created")

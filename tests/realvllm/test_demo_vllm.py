@@ -50,7 +50,8 @@ def test_demo_on_real_engines_names_them_and_its_mirror_and_step_model_hold(engi
         assert clock["lane_models"][name]["b_s"] > 0
     assert "lane clock: per worker from probe" in out
     # the step cost per worker from the probe's counts: a form once enough windows are in, each
-    # term with its interval; the host's share of the period measured beside it (same host)
+    # term with its interval, fitted on the engine's work (the probe reads the engine's wait for a
+    # CPU on this host); the lanes step on it × the host factor measured over the last windows
     cost = sm["cost"]["groups"]
     assert set(cost) == {"d0", "d1"}, cost
     for name, g in cost.items():
@@ -58,8 +59,14 @@ def test_demo_on_real_engines_names_them_and_its_mirror_and_step_model_hold(engi
         if g["form"] is not None:
             assert "b" in g["terms"] and g["oos_error"] is not None and g["r2"] is not None, (name, g)
             assert all(t["low"] <= t["value"] <= t["high"] for t in g["terms"].values()), (name, g)
-            # (interpolated between the probe's looks every 0.1 s: about the period, never far above it)
-            assert g["host_wait_share"] is not None and 0 <= g["host_wait_share"] <= 1.5, (name, g)
+            assert g["basis"] == "engine", (name, g["basis_reason"])
+            assert g["host_wait_share"] is not None and 0 <= g["host_wait_share"] < 1, (name, g)
+            h = g["host_factor"]
+            assert 1 <= h["low"] <= h["median"] <= h["high"] and h["recent"] >= 1, (name, h)
+            cf = clock["workers"][name]["clock_factor"]  # None: the clock was set before the first form
+            assert cf is None or cf > 0, (name, clock["workers"][name])
+            assert g["clock_factor"] > 0, (name, g)
+            assert g["period_error"] is not None and g["period_windows"] > 0, (name, g)
     assert "step cost: d0 " in out
     print(json.dumps({"clock": clock, "linear_model_holds": sm["linear_model_holds"],
                       "warnings": doc.get("warnings")}))

@@ -219,37 +219,36 @@ def test_a_step_sample_takes_what_the_engine_scheduled_and_its_own_period() -> N
 
 
 class _Sched:
-    """EngineSched's interface with scripted readings (engine -> successive (run, wait) seconds)."""
+    """EngineSched's sender-side interface: counts the looks the sender thread makes."""
 
-    def __init__(self, readings: dict[int, list[tuple[float, float]]]) -> None:
-        self.readings = readings
+    def __init__(self) -> None:
+        self.looks = 0
 
-    def read(self, engine: int, now: float) -> tuple[float, float] | None:
-        got = self.readings.get(engine)
-        return got.pop(0) if got else None
+    def look(self, now: float) -> None:
+        self.looks += 1
 
 
 def test_sender_posts_the_scheduled_counts_and_the_engines_cpu_times(event_api: tuple[str, Mirror]) -> None:
+    """The engine's (run, wait) seconds read at a step's record time go out with it as they are;
+    a step read without them has none; the sender thread looks for the engines at each post."""
     url, _ = event_api
     before = len(_steps(url))
-    sched = _Sched({0: [(1.0, 2.0), (1.5, 4.0)]})
+    sched = _Sched()
     sender = StepSender(url, token=TOKEN, worker="d{engine}", flush_s=0.01, sched=sched)  # type: ignore[arg-type]
     try:
         t0 = time.monotonic()
-        first = sample_of(t0, 0, _stats(_details()), _iteration())
-        assert sender.offer(first)
+        assert sender.offer(sample_of(t0, 0, _stats(_details()), _iteration()))
         wait_for(lambda: sender.counts.sent == 1, "the first step sent", timeout=30)
-        assert sender.offer(first._replace(t=time.monotonic()))
+        assert sender.offer(sample_of(time.monotonic(), 0, _stats(_details()), _iteration(), (1.5, 4.0)))
         wait_for(lambda: sender.counts.sent == 2, "the second step sent", timeout=30)
     finally:
         sender.close()
     got = _valid_steps(url, before)
     assert got[0]["prefill_tokens"] == 120 and got[0]["decode_requests"] == 5 and got[0]["iteration"] == 7
     assert got[0]["engine_interval_s"] == 0.006 and "dummy" not in got[0]
-    assert "engine_wait_s" not in got[0]  # one look at the engine: nothing to interpolate yet
-    # the second step lies between the two looks: its cumulative times are on the line between them
-    assert 1.0 <= got[1]["engine_run_s"] <= 1.5 and 2.0 <= got[1]["engine_wait_s"] <= 4.0
-    assert (got[1]["engine_wait_s"] - 2.0) == pytest.approx(4 * (got[1]["engine_run_s"] - 1.0))
+    assert "engine_wait_s" not in got[0] and "engine_run_s" not in got[0]  # not read at that step
+    assert (got[1]["engine_run_s"], got[1]["engine_wait_s"]) == (1.5, 4.0)
+    assert sched.looks >= 2
 
 
 def test_engine_sched_finds_the_engine_cores_below_the_api_server(tmp_path: Path) -> None:
@@ -270,9 +269,15 @@ def test_engine_sched_finds_the_engine_cores_below_the_api_server(tmp_path: Path
     proc(103, 100, b"VLLM::EngineCore", "1000000000 0 7\n")
     proc(104, 1, b"VLLM::EngineCore_DP0", "9 9 9\n")
     sched = EngineSched(root=100, proc=str(tmp_path))
-    assert sched.read(1, 0.0) == (2.5, 0.5)
-    assert sched.read(0, 0.0) == (1.0, 0.0)
+    # the probe's side polls (never scans /proc): nothing until the sender's side has looked
+    assert sched.poll(1) is None and sched.poll(0) is None
+    sched.look(0.0)
+    assert sched.poll(1) == (2.5, 0.5) and sched.poll(0) == (1.0, 0.0)
+    (tmp_path / "101" / "schedstat").write_text("2600000000 900000000 43\n")
+    assert sched.poll(1) == (2.6, 0.9)  # read again through the file kept open
     assert sched.read(2, 0.0) is None  # no such engine here
-    (tmp_path / "101" / "schedstat").unlink()  # the engine went away
-    assert sched.read(1, 0.0) is None
+    (tmp_path / "101" / "schedstat").write_text("")  # the engine went away (its file reads nothing)
+    assert sched.poll(1) is None and sched.read(1, 1.0) is None  # not looked for again before 5 s
+    (tmp_path / "101" / "schedstat").write_text("2700000000 1000000000 44\n")
+    assert sched.read(1, 10.0) == (2.7, 1.0)  # found again
     assert EngineSched(root=100, proc=str(tmp_path / "none")).read(0, 0.0) is None

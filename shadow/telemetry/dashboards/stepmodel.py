@@ -1,5 +1,6 @@
 """Step model: the step-cost model chosen per barrier group (its form, terms with their 95 %
-intervals, out-of-sample error and R²), measured decode step times against the fitted
+intervals, out-of-sample error and R², the host factor its period is the engine's cost times, and
+how far that is off the window periods), measured decode step times against the fitted
 T = a·max_g L_g + b (the paper's form) with a, b, R² and the sample count, and the measured
 step-time distribution."""
 
@@ -14,6 +15,7 @@ B = "shadow_step_model_b_seconds"
 
 
 COST = "shadow_step_cost_term_seconds"
+HOST = "shadow_step_cost_host_factor_ratio"
 PER_SEQ = 'form=~".*c.*"'
 
 
@@ -47,6 +49,20 @@ def _cost_panels(lay: Layout) -> None:
                "and R² on its window means.", "none",
                q(level("shadow_step_cost_oos_error_ratio", "group"), "{{group}} out-of-sample error"),
                q(level("shadow_step_cost_r2", "group"), "{{group}} R²"), max_=1, decimals=3))
+    lay.add(ts("Host factor and clock factor",
+               "Per group: the step period over the engine's own work (the period less its measured wait for "
+               "a CPU; recent, and its 10th-90th percentiles over the fit's windows; 1: the host adds "
+               "nothing), and the clock factor the lanes multiply the engine's cost by (the last windows' "
+               "periods over what the cost predicts).", "none",
+               q(level(HOST, "group", extra='stat="recent"'), "{{group}} host recent"),
+               q(level(HOST, "group", extra='stat="low"'), "{{group}} host p10"),
+               q(level(HOST, "group", extra='stat="high"'), "{{group}} host p90"),
+               q(level("shadow_step_cost_clock_factor_ratio", "group"), "{{group}} clock"), min_=None))
+    lay.add(ts("Window periods: what the lanes step on, off",
+               "Per group: median error of the cost model × the clock factor against each window's mean step "
+               "period, one window ahead; above 10% the lanes do not keep the engine's timeline.",
+               "percentunit", q(level("shadow_step_cost_period_error_ratio", "group"), "{{group}}"),
+               max_=None, decimals=1))
 
 
 def _panels(lay: Layout) -> None:
