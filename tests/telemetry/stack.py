@@ -4,6 +4,8 @@ some streamed traffic through the taps (real HTTP on loopback)."""
 from __future__ import annotations
 
 import asyncio
+import random
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -14,6 +16,7 @@ import httpx
 from shadow.app.serve import ServeConfig
 from shadow.fleet import FleetConfig
 from shadow.mirror.service import TapConfig
+from shadow.realvllm.stepsender import StepSample, StepSender
 from tests.harness import FleetThread, ServeThread, TapThread
 
 
@@ -78,3 +81,37 @@ def until_step_model(stack: Stack, bursts: int = 5) -> dict[str, Any]:
         if report["step_model"].get("samples", 0) >= 2 and report["step_model"].get("r2") is not None:
             return dict(report["step_model"])
     raise AssertionError(f"no step model after {bursts} bursts of traffic")
+
+
+HOST = 1.25  # the synthetic probe's host factor: period over the engine's work
+
+
+def post_probe_steps(stack: Stack, steps: int = 1500, seed: int = 7) -> dict[str, int]:
+    """Post `steps` engine-probe `step` events per decode rank to the stack's event API through
+    the probe's own sender (`StepSender`: real HTTP, the probe's NDJSON), as vLLM's probe on DP
+    ranks in lockstep would: each step's engine work is 3 ms + 0.4 ms per running sequence (the
+    count changing every 25 steps, the same on every rank) and its period HOST times that (the rest
+    a wait for a CPU, in the probe's schedstat reads), the last one ending now. The
+    simulated fleet has no engine probe (its steps are seen through SSE only); this gives the
+    step-cost families a fit to export (a group's form is chosen from 20 windows of 25 steps per
+    rank on). Returns the events each sender posted."""
+    rng = random.Random(seed)
+    running = [rng.randint(1, 12) for _ in range(steps // 25 + 1)]
+    work = [0.003 + 0.0004 * running[k // 25] for k in range(steps)]
+    periods = [HOST * w for w in work]
+    start = time.monotonic() - sum(periods)
+    posted: dict[str, int] = {}
+    for name in stack.tap_urls:  # the fleet's ranks step in lockstep: the same steps on each
+        t, run_s, wait_s = start, 0.0, 0.0
+        sender = StepSender(stack.api, worker=name)
+        try:
+            for k, period in enumerate(periods):
+                t, run_s, wait_s = t + period, run_s + work[k], wait_s + period - work[k]
+                n = running[k // 25]
+                sender.offer(StepSample(t, 0, 0.8 * period, n, 0, 0.01 * n, n, 0, decode_requests=n,
+                                        iteration=k, engine_interval_s=period, run_s=run_s, wait_s=wait_s))
+        finally:
+            sender.close(timeout_s=30.0)
+        assert not sender.counts.rejected and sender.counts.sent == steps, sender.counts
+        posted[name] = sender.counts.sent
+    return posted

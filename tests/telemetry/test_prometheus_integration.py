@@ -22,7 +22,7 @@ from tests.live.stack import Procs
 from tests.telemetry.promql import metric_names, substitute
 from tests.telemetry.servers import Prometheus
 from tests.telemetry.servers import wait_for as _wait
-from tests.telemetry.stack import Stack, running_stack, send_traffic, until_step_model
+from tests.telemetry.stack import Stack, post_probe_steps, running_stack, send_traffic, until_step_model
 
 CATALOGUE = catalogue()
 
@@ -80,6 +80,9 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Promethe
             # traffic inside the rate window, and a step model fitted from it
             until_step_model(stack)
             _wait(lambda: prom.query("shadow_step_model_r2")["data"]["result"], 60, "a scraped step model")
+            # an engine probe's steps (the simulated fleet has none), for the step-cost families
+            post_probe_steps(stack)
+            _wait(lambda: prom.query("shadow_step_cost_r2")["data"]["result"], 60, "a scraped step-cost fit")
             yield prom, stack
         finally:
             prom.close()
