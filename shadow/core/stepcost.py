@@ -24,7 +24,7 @@ How a form is chosen (`select`):
    power to tell forms apart at the same 95 %).
 3. The best form is the admissible one of lowest out-of-sample error. The chosen form is the
    simplest admissible form (fewest terms, then lowest error) that the best one does not beat
-   beyond noise: "beyond noise" is a 95 % t-interval of the per-block differences of their block
+   beyond noise: "beyond noise" is a 95 % t-interval of the per-block log ratios of their block
    errors lying wholly above 0. So a term is kept only when every part of the run says it helps.
 The model handed on (`CostFit.model`) is the chosen form's fit with any negative estimate (one
 within noise of 0, by 1.) at 0.
@@ -77,6 +77,7 @@ MIN_WINDOWS = 20  # samples before a form is chosen
 BLOCKS = 10  # contiguous blocks of the time-blocked cross-validation
 REFIT_EVERY = 4  # windows between two form fits (the form stands until then)
 CLAMP = 4.0  # a step beyond this multiple of the chosen model's prediction is left out (a host stall)
+TINY_ERROR = 1e-9  # a block error below this is this (an exact fit: its log is finite)
 COLLINEAR = 0.99  # |correlation| beyond which two columns are confounded
 OOS_ERROR_MAX = 0.10  # out-of-sample median absolute relative error the figures need
 PERIOD_ERROR_MAX = 0.10  # median error of the clock's window periods, one window ahead, the figures need
@@ -321,11 +322,15 @@ def _fit_form(form: tuple[str, ...], d: _Design, unidentified: dict[str, str]) -
 
 
 def _beats(better: FormFit, other: FormFit) -> bool:
-    """True when `better`'s block errors are below `other`'s beyond noise (the 95 % t-interval of
-    the per-block differences wholly above 0)."""
-    d = np.asarray(other.block_errors) - np.asarray(better.block_errors)
-    if len(d) < 2 or not np.all(np.isfinite(d)):
-        return bool(np.all(np.isfinite(better.block_errors))) and not np.all(np.isfinite(other.block_errors))
+    """True when `better`'s block errors are below `other`'s beyond noise: the 95 % t-interval of
+    the per-block log ratios of their errors (other over better) wholly above 0. On the log scale a
+    form that is k times better in every block is k times better whatever each block's scale: a
+    block whose windows happen to sit near the mean (every form's error small there) does not
+    outweigh the others, as it would in differences of errors."""
+    o, b = np.asarray(other.block_errors), np.asarray(better.block_errors)
+    if len(o) < 2 or not (np.all(np.isfinite(o)) and np.all(np.isfinite(b))):
+        return bool(np.all(np.isfinite(b))) and not np.all(np.isfinite(o))
+    d = np.log(np.maximum(o, TINY_ERROR)) - np.log(np.maximum(b, TINY_ERROR))
     m = float(d.mean())
     half = t975(len(d) - 1) * float(d.std(ddof=1)) / math.sqrt(len(d))
     return m - half > 0

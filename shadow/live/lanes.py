@@ -53,7 +53,8 @@ COST_METHOD = (
     "period where no wait is measured: basis period): candidate forms b with any of c·n, a·L, p·P, each "
     "fitted by least squares (terms with 95% t-intervals); the form is the simplest whose time-blocked "
     "cross-validated error (10 blocks; median absolute relative error on window means) the best form "
-    "does not beat beyond noise (95% t-interval of the per-block differences above 0), never one with a "
+    "does not beat beyond noise (95% t-interval of the per-block log ratios of their errors above 0), "
+    "never one with a "
     "significantly negative term; the lanes step on the cost × the host factor of the last host_windows "
     "windows, and period_error is how far that was off each window's mean period when it closed (median)")
 

@@ -78,11 +78,13 @@ def test_every_strong_term_is_chosen_and_recovered_within_its_interval(
     true_form = tuple(t for t in TERMS if t in terms)
     assert set(true_form) <= set(fit.chosen.form), (fit.chosen.label, true_form, fit.reason)
     assert fit.chosen.admissible and fit.windows == 240
-    # the true form's terms within twice their 95 % half-width (a miss: p < 1e-4 per term)
+    # the true form's terms within 3 × their 95 % half-width: |z| > 5.9, p < 1e-8 per term, so a
+    # run of 40 examples × up to 4 terms misses with p < 1e-6 (at 2 half-widths it was ~1 %:
+    # hypothesis found a 4.1-sigma draw, seed 904)
     own = next(f for f in fit.forms if f.form == true_form)
     for t, v in own.terms.items():
         half = (v.high - v.low) / 2
-        assert abs(v.value - terms[t]) <= 2 * half, (t, v, terms[t])
+        assert abs(v.value - terms[t]) <= 3 * half, (t, v, terms[t])
         assert v.low <= v.value <= v.high
     assert fit.model is not None and fit.chosen.oos_error is not None and fit.chosen.oos_error < 0.1
 
