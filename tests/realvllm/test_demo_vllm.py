@@ -11,14 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from shadow.app.vllmshape import MOE_RANKS, SPARE_CORES, machine
+
 
 @pytest.mark.timeout(1500)
 def test_demo_on_real_engines_names_them_and_its_mirror_and_step_model_hold(engine_venv: Path,
                                                                              tmp_path: Path) -> None:
     report = tmp_path / "r.json"
     argv = [sys.executable, "-m", "shadow", "demo", "--fleet", "vllm", "--vllm-venv", str(engine_venv),
-            "--headless", "--duration", "25", "--report-json", str(report), "--record",
-            str(tmp_path / "r.ndjson.gz")]
+            "--vllm-fleet", "independent", "--headless", "--duration", "25", "--report-json", str(report),
+            "--record", str(tmp_path / "r.ndjson.gz")]
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as demo:
         try:
             out, err = demo.communicate(timeout=1400)
@@ -75,3 +77,35 @@ def test_demo_on_real_engines_names_them_and_its_mirror_and_step_model_hold(engi
     assert sm["sse_check"]["trusted"] is not None and sm["sse_check"]["reason"], sm["sse_check"]
     assert doc["output_counts"]["by_source"].get("chunks", 0) == 0  # shadow load asks for usage
     assert "the mirror recovered every decode decision" in out
+
+
+@pytest.mark.timeout(900)
+def test_demo_says_which_vllm_fleet_it_starts_and_why(engine_venv: Path) -> None:
+    """`--vllm-fleet auto` (the default): before any server starts, one line names the fleet and
+    the rule's reason; on a machine with fewer usable cores than the pair needs, the fallback to
+    independent servers with the cores as the reason (load average aside: it moves). The demo is
+    stopped (SIGTERM) once the fleet is starting: the choice is what this test is about."""
+    argv = [sys.executable, "-m", "shadow", "demo", "--fleet", "vllm", "--vllm-venv", str(engine_venv),
+            "--headless", "--duration", "5"]
+    seen: list[str] = []
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as demo:
+        try:
+            assert demo.stderr is not None
+            for line in demo.stderr:  # until the fleet starts (the line after the choice), or it exits
+                seen.append(line)
+                if "fleet: starting" in line:
+                    break
+        finally:
+            demo.send_signal(signal.SIGTERM)  # stops whatever it started, then exits
+            _, err = demo.communicate(timeout=300)
+    said = " ".join(" ".join(seen).split())
+    assert "fleet: starting" in said, said[-3000:] + err[-3000:]
+    assert demo.returncode == 128 + signal.SIGTERM, (demo.returncode, err[-3000:])
+    cores, _ = machine()
+    if cores < MOE_RANKS + SPARE_CORES:
+        assert (f"fleet: independent servers, not the MoE DP pair: {cores} usable cores, the pair needs "
+                f"{MOE_RANKS + SPARE_CORES}") in said, said
+        assert "(--vllm-fleet moe-dp forces it)" in said and "starting 2 real vLLM servers" in said, said
+    else:  # the load average decides: either line, with its reason
+        assert ("fleet: the MoE DP pair" in said and "rule: cores >=" in said) or \
+            ("fleet: independent servers, not the MoE DP pair: load average" in said), said
