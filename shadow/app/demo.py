@@ -401,12 +401,16 @@ class Demo:
         simulate its step model), its wall time against the model's, and the requests that failed."""
         clock = (await client.get(self.fleet_state_url, timeout=10)).json()["clock"]
         model, wall = float(clock["model_s"]), float(clock["wall_s"])
-        summary = self.load.summary if self.load is not None else None
-        return {"behind_dropped_s": float(clock["behind_dropped_s"]),
-                "requests_sent": summary.sent if summary is not None else 0,
-                "requests_failed": summary.failed if summary is not None else 0,
+        return {"behind_dropped_s": float(clock["behind_dropped_s"]), **self.request_counts(),
                 "behind_max_s": float(clock["behind_max_s"]),
                 "wall_vs_model": wall / model if model > 0 else None, "catch_up_s": self.opts.catch_up_s}
+
+    def request_counts(self) -> dict[str, int]:
+        """The requests the load sent and those that failed (a real fleet's host check: requests it
+        could not serve in time make the figures untrustworthy, as on the simulated fleet)."""
+        summary = self.load.summary if self.load is not None else None
+        return {"requests_sent": summary.sent if summary is not None else 0,
+                "requests_failed": summary.failed if summary is not None else 0}
 
     async def settle_drift(self, client: httpx.AsyncClient, timeout_s: float = 30.0) -> dict[str, Any]:
         """Wait (bounded) until the mirror's count of running requests equals every worker's own
@@ -806,5 +810,7 @@ async def _run(demo: Demo, console: Console, err: Console) -> dict[str, Any] | N
         if demo.fleet_state_url:  # the simulated fleet's clock (a real engine has its own)
             with contextlib.suppress(httpx.HTTPError, KeyError, ValueError, TypeError):
                 demo.host = await demo.check_host(client)
+        else:
+            demo.host = demo.request_counts()
         demo.drift = await demo.settle_drift(client)
         return with_host(final, demo.host)
