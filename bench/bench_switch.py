@@ -49,7 +49,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -61,11 +60,11 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_moe_dp import StepReader, probe_reaches
+from bench_moe_dp import load_with_steps, moe_pair, warm_up
 
 from shadow.base.procs import Child, shadow_argv
 from shadow.core.intervals import RatioInterval, ratio_interval
-from shadow.realvllm.launcher import VllmFleet, VllmFleetConfig, free_port_run
+from shadow.realvllm.launcher import free_port_run
 
 TOKEN = "bench-switch-token"
 WORKERS = ("d0", "d1")
@@ -94,16 +93,29 @@ def write_trace(path: Path, kind: str, n: int, seed: int, heavy_words: int) -> d
 
 @dataclass
 class Run:
+    """One arm's run: the load's outcome (`load`: ok, failed, output tokens, wall s), the probe's
+    steps, serve's report at the end, the mode controller's state (B) and the load average."""
+
     arm: str  # "A" (JSQ-bytes routes, shadow predicts) or "B" (shadow routes with br0)
-    load_before: float = 0.0
-    load_after: float = 0.0
-    wall_s: float = 0.0
-    ok: int = 0
-    failed: int = 0
-    client_tokens: int = 0
+    load_before: float
+    load_after: float = float("nan")
+    load: dict[str, Any] = field(default_factory=dict)
     steps: list[dict[str, Any]] = field(default_factory=list)
     report: dict[str, Any] = field(default_factory=dict)
-    modes: dict[str, Any] = field(default_factory=dict)  # B: the mode controller's state at the end
+    modes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> int:
+        return int(self.load["requests"]["ok"])
+
+    @property
+    def failed(self) -> int:
+        req = self.load["requests"]
+        return int(req["failed"]) + int(req["not_sent"]) + int(req["output_mismatch"])
+
+    @property
+    def wall_s(self) -> float:
+        return float(self.load["wall_s"])
 
     def busy(self) -> list[dict[str, Any]]:
         return [s for s in self.steps if s.get("tokens", 0) > 0 and not s.get("dummy")]
@@ -113,7 +125,7 @@ class Run:
         return statistics.fmean(durs) if durs else float("nan")
 
     def throughput(self) -> float:
-        return self.client_tokens / self.wall_s if self.wall_s > 0 else float("nan")
+        return int(self.load["tokens"]["output"]) / self.wall_s if self.wall_s > 0 else float("nan")
 
     def _gaps(self, key: str) -> list[float]:
         last: dict[int, float] = {0: 0.0, 1: 0.0}
@@ -173,7 +185,7 @@ def one_run(arm: str, urls: list[str], port: int, trace: Path, args: argparse.Na
         argv += ["--upstream", f"{w}={u}"]
     serve = Child(f"shadow serve ({tag})", shadow_argv(*argv), logs / f"serve-{tag}.log", timeout_s=180)
     children = [serve]
-    run = Run(arm, load_before=os.getloadavg()[0])
+    run = Run(arm, os.getloadavg()[0])
     try:
         api = serve.ready["api"]
         if arm == "A":
@@ -186,27 +198,7 @@ def one_run(arm: str, urls: list[str], port: int, trace: Path, args: argparse.Na
             target = router.ready["url"]
         else:
             target = serve.ready["active"]
-        reader = StepReader(api, probe_reaches(api, urls))
-        reader.start()
-        out = logs / f"load-{tag}.json"
-        t0 = time.monotonic()
-        done = subprocess.run(
-            shadow_argv("load", str(trace), "--target", target, "--model", "sim-llm", "--seed",
-                        str(args.seed), "--concurrency", str(args.concurrency), "--json", str(out),
-                        "--quiet"),
-            capture_output=True, text=True, check=False, timeout=3600)
-        t1 = time.monotonic()
-        if not out.exists():
-            raise RuntimeError(f"shadow load wrote no summary (exit {done.returncode}): "
-                               f"{done.stderr[-2000:]}")
-        load = json.loads(out.read_text())
-        run.wall_s = float(load["wall_s"])
-        run.client_tokens = int(load["tokens"]["output"])
-        req = load["requests"]
-        run.ok = int(req["ok"])
-        run.failed = int(req["failed"]) + int(req["not_sent"]) + int(req["output_mismatch"])
-        time.sleep(args.settle)  # the probe posts every 100 ms: let the last steps arrive
-        run.steps = [ev for ev in reader.finish() if t0 <= ev["t"] <= t1 + args.settle]
+        run.load, run.steps, _ = load_with_steps(api, urls, target, trace, args, logs / f"load-{tag}.json")
         with httpx.Client(timeout=300, trust_env=False) as c:
             run.report = c.get(f"{api}/v1/report", params={"drain": 1}).json()
             if arm == "B":
@@ -305,23 +297,16 @@ def main() -> int:
         ap.error(f"unknown workloads {sorted(unknown)}")
 
     logs = Path(f"/tmp/shadow-bench-switch-{int(time.time())}")
-    (logs / "vllm").mkdir(parents=True)
+    logs.mkdir(parents=True)
     port = free_port_run(1 + len(WORKERS))  # serve's API (the probes' target), then its taps
-    fleet = VllmFleet(VllmFleetConfig(
-        decode=1, data_parallel=2, dp_ports=True, moe_dp_collectives=True, model_size="moe",
-        max_num_seqs=args.slots, cores=(0, 1), probe_url=f"http://127.0.0.1:{port}", probe_token=TOKEN,
-        log_dir=logs / "vllm"))
+    fleet = moe_pair(port, args.slots, TOKEN, logs)
     start_load = os.getloadavg()
     say(f"logs in {logs}; load average before {start_load}")
     results: dict[str, Any] = {}
     try:
         fleet.start()
         urls = fleet.decode_urls
-        with httpx.Client(timeout=120, trust_env=False) as c:  # first forward passes, both ranks
-            for u in urls:
-                for _ in range(args.warmup):
-                    body = {"model": "sim-llm", "prompt": "warm up", "max_tokens": 8, "ignore_eos": True}
-                    c.post(f"{u}/v1/completions", json=body).raise_for_status()
+        warm_up(urls, args.warmup)
         for kind in kinds:
             results[kind] = run_workload(kind, urls, port, args, logs)
     finally:
