@@ -251,9 +251,11 @@ def say(msg: str) -> None:
 
 
 def mode_line(doc: dict[str, Any]) -> str:
-    """B: the mode at the end and what moved it (the mode controller's /v1/mode)."""
-    keep = {k: v for k, v in doc.items() if k in ("mode", "reason", "fallback_reason", "transitions")}
-    return json.dumps(keep, default=str).replace("|", "/")
+    """B: the mode at the end and the modes it went through with why (the mode controller's
+    /v1/mode): "active (start→active: flag)" when it routed with its policy throughout."""
+    moves = ", ".join(f"{t.get('from')}→{t.get('to')}: {t.get('reason')}" for t in doc.get("transitions", []))
+    fallback = f"; fallback: {doc['fallback_reason']}" if doc.get("fallback_reason") else ""
+    return f"{doc.get('current')} ({moves}){fallback}"
 
 
 def table(kind: str, res: dict[str, Any]) -> str:
