@@ -503,7 +503,9 @@ def status_lines(demo: Demo, report: dict[str, Any], elapsed_s: float) -> Text:
     fid = report.get("fidelity", {})
     p = demo.progress
     text = Text()
-    engine = demo.engine.get("engine", "real vLLM") + " servers" if o.fleet == "vllm" else "decode ranks"
+    pair = demo.fleet_choice is not None and demo.fleet_choice.moe_dp
+    engine = (demo.engine.get("engine", "real vLLM") + (" DP ranks of one MoE server" if pair else " servers")
+              if o.fleet == "vllm" else "decode ranks")
     text.append(f"{demo.trace.name} — SYNTHETIC, ρ={o.load:g}; {o.workers} {engine} × {o.slots} slots "
                 f"behind {demo.router_name}\n", style="bold")
     text.append(f"t={elapsed_s:5.1f}/{o.duration_s:g} s   requests: {p['done']} done, {p['failed']} failed, "
