@@ -48,6 +48,7 @@ import dataclasses
 import json
 import os
 import random
+import socket
 import statistics
 import sys
 import time
@@ -178,11 +179,32 @@ def serve_argv(port: int, slots: int, window: float, state: Path, active: bool) 
     return argv
 
 
+def ports_free(first: int, n: int, timeout_s: float = 120.0) -> None:
+    """Wait until ports first..first+n-1 can all be bound (serve's API and taps: the previous
+    serve's tap group releases them when it has stopped, later on a loaded host)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        busy = []
+        for p in range(first, first + n):
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    busy.append(p)
+        if not busy:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"ports {busy} still in use after {timeout_s:.0f} s")
+        time.sleep(0.2)
+
+
 def one_run(arm: str, urls: list[str], port: int, trace: Path, args: argparse.Namespace, logs: Path,
             tag: str) -> Run:
     argv = serve_argv(port, args.slots, args.compare_window, logs / f"state-{tag}", arm == "B")
     for w, u in zip(WORKERS, urls, strict=True):
         argv += ["--upstream", f"{w}={u}"]
+    ports_free(port, 1 + len(WORKERS))  # the last run's tap group may still be going away
     serve = Child(f"shadow serve ({tag})", shadow_argv(*argv), logs / f"serve-{tag}.log", timeout_s=180)
     children = [serve]
     run = Run(arm, os.getloadavg()[0])
