@@ -165,9 +165,12 @@ class Run:
 
 
 def fmt_iv(iv: RatioInterval) -> str:
+    """A B-over-A ratio with its interval and which side of 1 the interval is on: "B higher" or
+    "B lower" (whether that is better depends on the figure: throughput up, step and spread down)."""
     if iv.low is None or iv.high is None:
         return f"{iv.ratio:.3f} (n={iv.n}, no interval)" if iv.ratio else "–"
-    return f"{iv.ratio:.3f} [{iv.low:.3f}–{iv.high:.3f}] (n={iv.n}, {iv.verdict})"
+    side = "B higher" if iv.low > 1 else "B lower" if iv.high < 1 else "no significant difference"
+    return f"{iv.ratio:.3f} [{iv.low:.3f}–{iv.high:.3f}] (n={iv.n}, {side})"
 
 
 def serve_argv(port: int, slots: int, window: float, state: Path, active: bool) -> list[str]:
