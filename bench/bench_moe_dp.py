@@ -181,6 +181,26 @@ def group_cpu_s(pgid: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def moe_pair(port: int, slots: int, token: str, logs: Path) -> VllmFleet:
+    """The MoE DP pair (not started): the `moe` model under `--data-parallel-size 2`, one API
+    server per rank, rank r on core r, the CPU collectives added, each rank's step probe posting to
+    serve's event API on `port` with `token`; logs in `logs`/vllm."""
+    (logs / "vllm").mkdir(parents=True, exist_ok=True)
+    return VllmFleet(VllmFleetConfig(
+        decode=1, data_parallel=2, dp_ports=True, moe_dp_collectives=True, model_size="moe",
+        max_num_seqs=slots, cores=(0, 1), probe_url=f"http://127.0.0.1:{port}", probe_token=token,
+        log_dir=logs / "vllm"))
+
+
+def warm_up(urls: list[str], n: int) -> None:
+    """`n` short requests straight to each rank (its first forward passes)."""
+    body = {"model": "sim-llm", "prompt": "warm up", "max_tokens": 8, "ignore_eos": True}
+    with httpx.Client(timeout=120, trust_env=False) as c:
+        for u in urls:
+            for _ in range(n):
+                c.post(f"{u}/v1/completions", json=body).raise_for_status()
+
+
 def lockstep_check(fleet: VllmFleet, tokens: int = 300) -> dict[str, float]:
     """CPU of rank 1's process group while one request runs on rank 0 alone, and while idle for
     as long: a rank with no request of its own that still burns CPU is stepping dummy batches
@@ -218,6 +238,28 @@ def probe_reaches(api: str, urls: list[str], timeout_s: float = 60.0) -> int:
     return cursor
 
 
+def load_with_steps(api: str, urls: list[str], target: str, trace: Path, args: argparse.Namespace,
+                    out: Path) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
+    """`shadow load` of `trace` at `target` (`args.seed`, `args.concurrency` streams; its summary in
+    `out`) while serve's step events are read (once both ranks' probes reach it): the load's
+    summary, the step events from its start to `args.settle` s after its end, the events missed."""
+    reader = StepReader(api, probe_reaches(api, urls))
+    reader.start()
+    t0 = time.monotonic()
+    done = subprocess.run(
+        shadow_argv("load", str(trace), "--target", target, "--model", "sim-llm",
+                    "--seed", str(args.seed), "--concurrency", str(args.concurrency),
+                    "--json", str(out), "--quiet"),
+        capture_output=True, text=True, check=False, timeout=3600)
+    t1 = time.monotonic()
+    if not out.exists():
+        raise RuntimeError(f"shadow load wrote no summary (exit {done.returncode}): "
+                           f"{done.stderr[-2000:]}")
+    time.sleep(args.settle)  # the probe posts every 100 ms: let the last steps arrive
+    steps = [ev for ev in reader.finish() if t0 <= ev["t"] <= t1 + args.settle]
+    return json.loads(out.read_text()), steps, reader.lost
+
+
 def one_run(policy: str, urls: list[str], port: int, trace: Path, args: argparse.Namespace,
             logs: Path, k: int) -> Run:
     argv = ["serve", "--port", str(port), "--slots", str(args.slots), "--events-token", TOKEN,
@@ -231,27 +273,12 @@ def one_run(policy: str, urls: list[str], port: int, trace: Path, args: argparse
     run = Run(policy)
     try:
         api, active = serve.ready["api"], serve.ready["active"]
-        reader = StepReader(api, probe_reaches(api, urls))
-        reader.start()
-        out = logs / f"load-{k}-{policy}.json"
-        t0 = time.monotonic()
-        done = subprocess.run(
-            shadow_argv("load", str(trace), "--target", active, "--model", "sim-llm",
-                        "--seed", str(args.seed), "--concurrency", str(args.concurrency),
-                        "--json", str(out), "--quiet"),
-            capture_output=True, text=True, check=False, timeout=3600)
-        t1 = time.monotonic()
-        if not out.exists():
-            raise RuntimeError(f"shadow load wrote no summary (exit {done.returncode}): "
-                               f"{done.stderr[-2000:]}")
-        run.load = json.loads(out.read_text())
+        run.load, run.steps, run.lost_events = load_with_steps(api, urls, active, trace, args,
+                                                               logs / f"load-{k}-{policy}.json")
         run.wall_s = float(run.load["wall_s"])  # the load's own: first request sent to last one done
         req = run.load["requests"]
         run.ok = int(req["ok"])
         run.failed = int(req["failed"]) + int(req["not_sent"]) + int(req["output_mismatch"])
-        time.sleep(args.settle)  # the probe posts every 100 ms: let the last steps arrive
-        run.steps = [ev for ev in reader.finish() if t0 <= ev["t"] <= t1 + args.settle]
-        run.lost_events = reader.lost
         report = httpx.get(f"{api}/v1/report", timeout=30, trust_env=False).json()
         run.cost = report.get("step_model", {}).get("cost", {}).get("groups", {})
         run.twin = report.get("fidelity", {}).get("twin") or {}
@@ -300,22 +327,14 @@ def main() -> int:
     trace = logs / "workload.csv"
     shape = write_trace(trace, args.requests, args.seed)
     port = free_port_run(1 + len(WORKERS))  # serve's API, then its two taps: the same every run
-    fleet = VllmFleet(VllmFleetConfig(
-        decode=1, data_parallel=2, dp_ports=True, moe_dp_collectives=True, model_size="moe",
-        max_num_seqs=args.slots, cores=(0, 1), probe_url=f"http://127.0.0.1:{port}", probe_token=TOKEN,
-        log_dir=logs / "vllm"))
-    (logs / "vllm").mkdir()
+    fleet = moe_pair(port, args.slots, TOKEN, logs)
     print(f"logs in {logs}; workload {shape}; load average {os.getloadavg()}", file=sys.stderr, flush=True)
     runs: list[Run] = []
     lock: dict[str, float] = {}
     try:
         fleet.start()
         urls = fleet.decode_urls
-        with httpx.Client(timeout=120, trust_env=False) as c:  # first forward passes, both ranks
-            for u in urls:
-                for _ in range(args.warmup):
-                    body = {"model": "sim-llm", "prompt": "warm up", "max_tokens": 8, "ignore_eos": True}
-                    c.post(f"{u}/v1/completions", json=body).raise_for_status()
+        warm_up(urls, args.warmup)
         lock = lockstep_check(fleet)
         print(f"lockstep: {lock}", file=sys.stderr, flush=True)
         for k, policy in enumerate(order):

@@ -36,6 +36,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from shadow.app.vllmshape import MOE_MODEL, MOE_RANKS, SHAPES, FleetChoice, choose_vllm_fleet, machine
 from shadow.base.procs import Child, shadow_argv
 from shadow.base.tools import find_executable
 from shadow.loadgen import LoadOptions, LoadReport, run_load
@@ -85,6 +86,7 @@ class DemoOptions:
     prompt_divisor: int = 1  # prompts ÷ this (the real engine's context is 2,048 tokens)
     model_size: str = "tiny"  # --fleet vllm: the built-in random model
     vllm_venv: str | None = None  # --fleet vllm: the engine venv (default: $SHADOW_VLLM_VENV, .venv-vllm)
+    vllm_fleet: str = "auto"  # --fleet vllm: the MoE DP pair or independent servers (shadow.app.vllmshape)
     fleet_start_timeout_s: float = 900.0
 
     def validate(self) -> None:
@@ -92,6 +94,10 @@ class DemoOptions:
             raise ValueError(f"--fleet must be one of {', '.join(FLEETS)}, got {self.fleet!r}")
         if self.router not in ROUTERS:
             raise ValueError(f"--router must be one of {', '.join(ROUTERS)}, got {self.router!r}")
+        if self.vllm_fleet not in SHAPES:
+            raise ValueError(f"--vllm-fleet must be one of {', '.join(SHAPES)}, got {self.vllm_fleet!r}")
+        if self.fleet == "vllm" and self.vllm_fleet == "moe-dp" and self.workers != MOE_RANKS:
+            raise ValueError(f"--vllm-fleet moe-dp runs {MOE_RANKS} ranks: -G {self.workers} does not fit")
         if self.requests is not None and self.requests < 1:
             raise ValueError(f"--requests must be >= 1, got {self.requests}")
         if not (math.isfinite(self.duration_s) and self.duration_s > 0):
@@ -203,6 +209,7 @@ class Demo:
         jsq = opts.router == "jsq-bytes"
         self.router_name = "shadow router (vllm-ascend JSQ-bytes rule)" if jsq else "vllm-router"
         self.engine: dict[str, Any] = {}  # --fleet vllm: what the servers say they are
+        self.fleet_choice: FleetChoice | None = None  # --fleet vllm: the MoE DP pair or not, and why
         self.drift: dict[str, Any] = {}  # mirror − workers' own running count, after the drain
         self._reserved: socket.socket | None = None  # --fleet vllm: the sidecar's port, held until it starts
         self.trace = demo_workload(opts)
@@ -287,18 +294,24 @@ class Demo:
         reserved.bind(("127.0.0.1", 0))
         self._reserved = reserved
         api_port, token = int(reserved.getsockname()[1]), secrets.token_urlsafe(18)
-        argv = ["fleet", "--engine", "vllm", "--decode", str(o.workers), "--slots", str(o.slots),
-                "--model-size", o.model_size, "--probe-url", f"http://127.0.0.1:{api_port}",
+        choice = self.fleet_choice = choose_vllm_fleet(*machine(), o.workers, o.vllm_fleet)
+        say(choice.line())
+        size, what = (MOE_MODEL, f"the {MOE_RANKS} DP ranks of one MoE server") if choice.moe_dp else \
+            (o.model_size, f"{o.workers} real vLLM servers")
+        shape = (["--decode", "1", "--data-parallel", str(MOE_RANKS), "--dp-ports", "--moe-dp-collectives"]
+                 if choice.moe_dp else ["--decode", str(o.workers)])
+        argv = ["fleet", "--engine", "vllm", *shape, "--slots", str(o.slots),
+                "--model-size", size, "--probe-url", f"http://127.0.0.1:{api_port}",
                 "--probe-token", token, "--log-dir", str(self.workdir / "vllm"),
                 "--start-timeout", str(o.fleet_start_timeout_s)]
         if o.vllm_venv:
             argv += ["--vllm-venv", o.vllm_venv]
-        say(f"fleet: starting {o.workers} real vLLM servers ({o.model_size} model, {o.slots} slots each; "
+        say(f"fleet: starting {what} ({size} model, {o.slots} slots each; "
             "about a minute, more on a loaded machine)")
         fleet = self._spawn("fleet", shadow_argv(*argv), timeout_s=o.fleet_start_timeout_s + 60)
         decode = {f"d{g}": u for g, u in enumerate(fleet.ready["decode"])}
         self.engine = engine_identity(next(iter(decode.values())), o.vllm_venv)
-        say(f"fleet: {o.workers} × {self.engine.get('engine', 'vLLM')} ({o.model_size} model) × {o.slots} "
+        say(f"fleet: {len(decode)} × {self.engine.get('engine', 'vLLM')} ({size} model) × {o.slots} "
             f"slots; configured step model ({o.step_a:g}·max L + {o.step_b:g}) s, fitted from the probe")
         serve_args += ["--port", str(api_port), "--events-token", token]
         return decode, {}
@@ -388,12 +401,16 @@ class Demo:
         simulate its step model), its wall time against the model's, and the requests that failed."""
         clock = (await client.get(self.fleet_state_url, timeout=10)).json()["clock"]
         model, wall = float(clock["model_s"]), float(clock["wall_s"])
-        summary = self.load.summary if self.load is not None else None
-        return {"behind_dropped_s": float(clock["behind_dropped_s"]),
-                "requests_sent": summary.sent if summary is not None else 0,
-                "requests_failed": summary.failed if summary is not None else 0,
+        return {"behind_dropped_s": float(clock["behind_dropped_s"]), **self.request_counts(),
                 "behind_max_s": float(clock["behind_max_s"]),
                 "wall_vs_model": wall / model if model > 0 else None, "catch_up_s": self.opts.catch_up_s}
+
+    def request_counts(self) -> dict[str, int]:
+        """The requests the load sent and those that failed (a real fleet's host check: requests it
+        could not serve in time make the figures untrustworthy, as on the simulated fleet)."""
+        summary = self.load.summary if self.load is not None else None
+        return {"requests_sent": summary.sent if summary is not None else 0,
+                "requests_failed": summary.failed if summary is not None else 0}
 
     async def settle_drift(self, client: httpx.AsyncClient, timeout_s: float = 30.0) -> dict[str, Any]:
         """Wait (bounded) until the mirror's count of running requests equals every worker's own
@@ -413,8 +430,11 @@ class Demo:
         o = self.opts
         summary = self.load.summary if self.load is not None else None
         if o.fleet == "vllm":
+            choice = self.fleet_choice
             fleet: dict[str, Any] = {**self.engine, "workers": o.workers, "slots": o.slots,
                                      "prefill_servers": 0,
+                                     "shape": choice.shape if choice else None,
+                                     "shape_reason": choice.reason if choice else None,
                                      "configured_step": {"a_s_per_token": o.step_a, "b_s": o.step_b}}
         else:
             fleet = {"engine": "shadow fleet (simulated)", "step_a_s_per_token": o.step_a * o.time_scale,
@@ -483,7 +503,9 @@ def status_lines(demo: Demo, report: dict[str, Any], elapsed_s: float) -> Text:
     fid = report.get("fidelity", {})
     p = demo.progress
     text = Text()
-    engine = demo.engine.get("engine", "real vLLM") + " servers" if o.fleet == "vllm" else "decode ranks"
+    pair = demo.fleet_choice is not None and demo.fleet_choice.moe_dp
+    engine = (demo.engine.get("engine", "real vLLM") + (" DP ranks of one MoE server" if pair else " servers")
+              if o.fleet == "vllm" else "decode ranks")
     text.append(f"{demo.trace.name} — SYNTHETIC, ρ={o.load:g}; {o.workers} {engine} × {o.slots} slots "
                 f"behind {demo.router_name}\n", style="bold")
     text.append(f"t={elapsed_s:5.1f}/{o.duration_s:g} s   requests: {p['done']} done, {p['failed']} failed, "
@@ -790,5 +812,7 @@ async def _run(demo: Demo, console: Console, err: Console) -> dict[str, Any] | N
         if demo.fleet_state_url:  # the simulated fleet's clock (a real engine has its own)
             with contextlib.suppress(httpx.HTTPError, KeyError, ValueError, TypeError):
                 demo.host = await demo.check_host(client)
+        else:
+            demo.host = demo.request_counts()
         demo.drift = await demo.settle_drift(client)
         return with_host(final, demo.host)

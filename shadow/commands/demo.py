@@ -12,6 +12,7 @@ import sys
 
 from shadow.app.demo import FLEETS, ROUTERS, DemoOptions
 from shadow.app.logs import FORMATS, LEVELS
+from shadow.app.vllmshape import MOE_RANKS, SHAPES, SPARE_CORES
 
 D = DemoOptions()
 # --fleet vllm: two real CPU servers of the tiny model (one core each); prompts ÷ 24 so the longest
@@ -29,7 +30,8 @@ EPILOG = f"""examples:
   shadow demo --headless --duration 60 --record session.ndjson --report-json report.json
   shadow demo --router vllm-router               # the real vllm-router (pip install vllm-router)
   shadow demo --fleet vllm --headless --duration 90 --report-json r.json
-                                                 # real vLLM CPU servers (scripts/install-vllm.sh)
+                                                 # real vLLM CPU servers (scripts/install-vllm.sh): the
+                                                 # MoE DP pair where the cores allow, else independent
   shadow demo --offline                          # the offline table instead: 4,000 requests replayed
   shadow replay paper-azure --load 1.1           # ... or any offline comparison, one command away
 
@@ -94,7 +96,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    f"then: -G {VLLM.workers} -B {VLLM.slots} --load {VLLM.load:g} --step-a {VLLM.step_a:g} "
                    f"--step-b {VLLM.step_b:g}, prompts ÷ {VLLM.prompt_divisor})")
     p.add_argument("--model-size", choices=("tiny", "mid"), default=VLLM.model_size,
-                   help="--fleet vllm: the built-in random model (tiny: fast; mid: ~20 ms steps)")
+                   help="--fleet vllm, independent servers: the built-in random model (tiny: fast; mid: "
+                   "~20 ms steps)")
+    p.add_argument("--vllm-fleet", choices=SHAPES, default=VLLM.vllm_fleet,
+                   help=f"--fleet vllm: moe-dp = the {MOE_RANKS} DP ranks of one MoE server in lockstep (a "
+                   "real barrier), independent = separate servers; auto picks the pair when the machine "
+                   f"has the cores for it (>= {MOE_RANKS + SPARE_CORES} usable cores, {MOE_RANKS} of them "
+                   f"free by the load average, -G {MOE_RANKS}) and prints why not otherwise (default "
+                   f"{VLLM.vllm_fleet})")
     p.add_argument("--vllm-venv", metavar="DIR", default=None,
                    help="--fleet vllm: the engine venv (default $SHADOW_VLLM_VENV, else .venv-vllm)")
     p.add_argument("--workers", "-G", type=_positive_int, default=None,
@@ -142,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     opts = DemoOptions(
         **sized, time_scale=args.time_scale, fleet=args.fleet, prompt_divisor=base.prompt_divisor,
         drain_timeout_s=base.drain_timeout_s,
-        model_size=args.model_size, vllm_venv=args.vllm_venv,
+        model_size=args.model_size, vllm_venv=args.vllm_venv, vllm_fleet=args.vllm_fleet,
         duration_s=args.duration, requests=args.requests, router=args.router,
         router_policy=args.router_policy, seed=args.seed, record=args.record, rolling=args.rolling,
         report_json=args.report_json, headless=args.headless,

@@ -4,11 +4,14 @@ up) says so and why; the table and the last line print one estimate."""
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 from rich.console import Console
 
-from shadow.app.demo import headline, lanes_table, spread_ratio, with_host
+from shadow.app.demo import Demo, DemoOptions, headline, lanes_table, spread_ratio, with_host
+from shadow.loadgen import LoadReport
 
 
 def _report(trustworthy: bool, low: float | None, ratio: float, high: float | None,
@@ -77,3 +80,13 @@ def test_the_table_and_the_last_line_print_the_same_estimate() -> None:
     assert (ratio, ci) == ("2.00× higher", "1.67–2.50×")
     row = next(x for x in _table_text(report).splitlines() if x.lstrip().startswith("br0"))
     assert ratio in row and ci in row and ratio in headline(report) and ci in headline(report)
+
+
+def test_a_real_fleets_failed_requests_reach_its_last_line(tmp_path: Path) -> None:
+    """On the vLLM fleet (no simulated clock to check) the host check is the requests: failed
+    ones make the figures untrustworthy and the last line names them, as on the simulated fleet."""
+    demo = Demo(DemoOptions(fleet="vllm", workers=2, slots=8, prompt_divisor=24, requests=4), tmp_path)
+    assert demo.request_counts() == {"requests_sent": 0, "requests_failed": 0}  # before the load ran
+    demo.load = cast(LoadReport, SimpleNamespace(summary=SimpleNamespace(sent=12, failed=3)))
+    line = headline(with_host(_report(True, 1.8, 2.0, 2.2, "better"), demo.request_counts()))
+    assert line.startswith("figures not trustworthy — 3 of 12 requests failed"), line

@@ -11,14 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from shadow.app.vllmshape import MOE_RANKS, SPARE_CORES, machine
+
 
 @pytest.mark.timeout(1500)
 def test_demo_on_real_engines_names_them_and_its_mirror_and_step_model_hold(engine_venv: Path,
                                                                              tmp_path: Path) -> None:
     report = tmp_path / "r.json"
     argv = [sys.executable, "-m", "shadow", "demo", "--fleet", "vllm", "--vllm-venv", str(engine_venv),
-            "--headless", "--duration", "25", "--report-json", str(report), "--record",
-            str(tmp_path / "r.ndjson.gz")]
+            "--vllm-fleet", "independent", "--headless", "--duration", "25", "--report-json", str(report),
+            "--record", str(tmp_path / "r.ndjson.gz")]
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as demo:
         try:
             out, err = demo.communicate(timeout=1400)
@@ -75,3 +77,70 @@ def test_demo_on_real_engines_names_them_and_its_mirror_and_step_model_hold(engi
     assert sm["sse_check"]["trusted"] is not None and sm["sse_check"]["reason"], sm["sse_check"]
     assert doc["output_counts"]["by_source"].get("chunks", 0) == 0  # shadow load asks for usage
     assert "the mirror recovered every decode decision" in out
+
+
+@pytest.mark.timeout(900)
+def test_demo_says_which_vllm_fleet_it_starts_and_why(engine_venv: Path) -> None:
+    """`--vllm-fleet auto` (the default): before any server starts, one line names the fleet and
+    the rule's reason; on a machine with fewer usable cores than the pair needs, the fallback to
+    independent servers with the cores as the reason (load average aside: it moves). The demo is
+    stopped (SIGTERM) once the fleet is starting: the choice is what this test is about."""
+    argv = [sys.executable, "-m", "shadow", "demo", "--fleet", "vllm", "--vllm-venv", str(engine_venv),
+            "--headless", "--duration", "5"]
+    seen: list[str] = []
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as demo:
+        try:
+            assert demo.stderr is not None
+            for line in demo.stderr:  # until the fleet starts (the line after the choice), or it exits
+                seen.append(line)
+                if "fleet: starting" in line:
+                    break
+        finally:
+            demo.send_signal(signal.SIGTERM)  # stops whatever it started, then exits
+            _, err = demo.communicate(timeout=300)
+    said = " ".join(" ".join(seen).split())
+    assert "fleet: starting" in said, said[-3000:] + err[-3000:]
+    assert demo.returncode == 128 + signal.SIGTERM, (demo.returncode, err[-3000:])
+    cores, _ = machine()
+    if cores < MOE_RANKS + SPARE_CORES:
+        assert (f"fleet: independent servers, not the MoE DP pair: {cores} usable cores, the pair needs "
+                f"{MOE_RANKS + SPARE_CORES}") in said, said
+        assert "(--vllm-fleet moe-dp forces it)" in said and "starting 2 real vLLM servers" in said, said
+    else:  # the load average decides: either line, with its reason
+        assert ("fleet: the MoE DP pair" in said and "rule: cores >=" in said) or \
+            ("fleet: independent servers, not the MoE DP pair: load average" in said), said
+
+
+@pytest.mark.timeout(1500)
+def test_demo_on_the_moe_dp_pair_runs_it_and_ends_with_a_verdict_or_the_failed_check(
+        engine_venv: Path, tmp_path: Path) -> None:
+    """`--vllm-fleet moe-dp` (forced: this machine may not have the cores the rule asks for): the
+    two DP ranks of one MoE server are the decode workers, the mirror recovers the router's
+    decisions on them, and the last line is a verdict with its interval or names the check that
+    failed (which it is depends on the host's load)."""
+    report = tmp_path / "r.json"
+    argv = [sys.executable, "-m", "shadow", "demo", "--fleet", "vllm", "--vllm-venv", str(engine_venv),
+            "--vllm-fleet", "moe-dp", "--headless", "--duration", "20", "--report-json", str(report)]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as demo:
+        try:
+            out, err = demo.communicate(timeout=1400)
+        finally:
+            if demo.poll() is None:
+                demo.send_signal(signal.SIGTERM)
+                demo.communicate(timeout=120)
+    assert demo.returncode == 0, out[-3000:] + err[-3000:]
+    said = " ".join(err.split())
+    assert ("fleet: the MoE DP pair (2 ranks of the moe model in lockstep, one API server each): "
+            "forced by --vllm-fleet moe-dp") in said, said[-3000:]
+    doc = json.loads(report.read_text())
+    fleet = doc["demo"]["fleet"]
+    assert fleet["shape"] == "moe-dp" and fleet["model"]["path"].rsplit("/", 1)[-1].startswith("moe-"), fleet
+    assert doc["demo"]["requests"] > 0 and doc["demo"]["requests_failed"] == 0, doc["demo"]
+    assert doc["demo"]["decisions"]["agree"], doc["demo"]["decisions"]
+    assert set(doc["step_model"]["cost"]["groups"]) <= {"d0+d1", "d0", "d1"}, doc["step_model"]["cost"]
+    last = out.strip().splitlines()[-1]
+    cmp = doc["comparison"]
+    if cmp["trustworthy"]:
+        assert last.startswith(("BR-0 would have", "BR-0's average spread", "too few windows")), last
+    else:
+        assert last.startswith("figures not trustworthy — ") and cmp["problems"][0][:40] in last, last
