@@ -391,13 +391,25 @@ class ServeService:
 
 async def serve(config: ServeConfig) -> None:
     """Run until SIGINT/SIGTERM/SIGHUP, then drain for up to `config.drain_timeout_s` (a second
-    signal exits at once); spans go to OTLP when OTEL_EXPORTER_OTLP_* is set."""
+    signal exits at once; one while starting — waiting for a tap group to attach, say — stops it
+    there); spans go to OTLP when OTEL_EXPORTER_OTLP_* is set."""
     raise_fd_limit()
     drain = config.drain_timeout_s
     stop = stop_event(hard_exit=PROG, says=f"draining (up to {drain:g} s; a second signal exits now)")
     tracing = otlp_provider()
     svc = ServeService(config, tracing=tracing)
-    announce(await svc.start(), latency=True)
+    starting, stopping = asyncio.ensure_future(svc.start()), asyncio.ensure_future(stop.wait())
+    await asyncio.wait((starting, stopping), return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if not starting.done():
+        starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        await svc.stop()
+        logging.getLogger("shadow").warning("%s: stopped while starting", PROG)
+        if tracing is not None:
+            tracing.shutdown()
+        return
+    announce(starting.result(), latency=True)
     try:
         await stop.wait()
     finally:

@@ -112,7 +112,8 @@ def attach_flags() -> tuple[Flag, ...]:
              "STATE_DIR/taps/NAME, its attach socket, or its --attach-listen address) instead of starting "
              "one; repeatable (e.g. one per worker node). The --upstream/--prefill/--front flags still name "
              "the taps", action="append", metavar="DIR|unix:PATH|tcp://HOST:PORT"),
-        flag("--attach-token", "attach_token", "token presented to tap groups attached over TCP (env "
+        flag("--attach-token", "attach_token", "the token of the tap groups attached over TCP: the relay "
+             "and this analysis prove to each other that they hold it, and it is never sent (env "
              "SHADOW_ATTACH_TOKEN)", default=os.environ.get("SHADOW_ATTACH_TOKEN")),
         flag("--tap-group", "group", "name of the tap group this process starts or adopts (default "
              "serve-<digest of the tap configuration>)", metavar="NAME"),

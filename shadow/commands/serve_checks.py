@@ -14,7 +14,7 @@ from shadow.app.serve import check_policies
 from shadow.commands._layered import origin
 from shadow.contracts.modes import MODES
 from shadow.mirror.attach import parse_address
-from shadow.mirror.relay import MAX_NAME
+from shadow.mirror.frames import MAX_NAME
 
 NO_ACTIVE = ("without --active the existing router routes every request, so only mode shadow can be "
              "carried out")
@@ -195,6 +195,9 @@ def check_addresses(args: argparse.Namespace) -> None:
         kind, where = parse_address(str(value))
         if kind == "tcp" and not 1 <= where[1] <= 65535:
             raise ValueError(f"{_named(args, 'attach')} {value!r}: the port must be in 1..65535")
+        if kind == "tcp" and not getattr(args, "attach_token", None):
+            raise ValueError(f"{_named(args, 'attach')} {value!r}: attaching over TCP needs --attach-token "
+                             "(or SHADOW_ATTACH_TOKEN), the tap group's")
 
 
 def canary_steps(args: argparse.Namespace) -> tuple[float, ...]:

@@ -82,8 +82,9 @@ def data_plane_flags() -> tuple[Flag, ...]:
              "never limited)", type=int, default=4 << 20, metavar="BYTES"),
         flag("--queue-size", "queue_size", "copies pending for the attached analysis (items); beyond it "
              "dropped and counted", type=int, default=65536),
-        flag("--queue-bytes", "queue_bytes", "payload bytes pending for the attached analysis; beyond it "
-             "copies are dropped and counted, traffic is never affected (default 256 MiB)", type=int,
+        flag("--queue-bytes", "queue_bytes", "bytes of copies pending for the attached analyses, all "
+             "together (an equal share each); beyond its share copies are dropped for it and counted, "
+             "traffic is never affected; one that stops reading is detached (default 256 MiB)", type=int,
              default=256 << 20, metavar="BYTES"),
         flag("--retain-bytes", "retain_bytes", "copies of requests in flight (and of ended ones no analysis "
              "has acknowledged yet) kept for the snapshot an attaching analysis gets; beyond it not kept, "
@@ -127,8 +128,9 @@ def group_flags() -> tuple[Flag, ...]:
         flag("--attach-listen", "attach_listen", "also accept an analysis over TCP here (another node); "
              "needs --attach-token. The unix socket in the group's directory is always there",
              metavar="HOST:PORT"),
-        flag("--attach-token", "attach_token", "bearer token an analysis attaching over TCP must present "
-             "(env SHADOW_ATTACH_TOKEN)", default=os.environ.get("SHADOW_ATTACH_TOKEN")),
+        flag("--attach-token", "attach_token", "token an analysis attaching over TCP must prove it holds, "
+             "as this group proves it to the analysis; it is never sent (env SHADOW_ATTACH_TOKEN)",
+             default=os.environ.get("SHADOW_ATTACH_TOKEN")),
         flag("--digest", "digest", argparse.SUPPRESS),  # set by `shadow serve` for the groups it starts
         # set by `shadow serve` for a group in a temporary state directory: stop when stdin ends
         flag(BOUND_FLAG, "bound", argparse.SUPPRESS, action="store_true"),

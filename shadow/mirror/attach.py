@@ -1,8 +1,10 @@
 """The analysis side of attaching to a running tap group (the data plane): one `Attachment` per
 address, on the analysis loop.
 
-It connects (a group directory's unix socket, or `tcp://host:port` with a token), says hello, and
-feeds the relay's items to `on_items` in order: first the snapshot of the requests the relay keeps
+It connects (a group directory's unix socket, or `tcp://host:port` with a token), authenticates
+(`shadow.mirror.handshake`: the relay proves it holds the token before this side sends anything
+but a nonce; over the unix socket, the relay's uid must be ours or root), says hello, and feeds
+the relay's items to `on_items` in order: first the snapshot of the requests the relay keeps
 (so a restarted analysis rebuilds its mirrored state), then the live ones. After an end of stream
 it reconnects (backoff up to 1 s): the same relay resumes where this reader was (nothing counted
 twice); another relay (the old one died) first ends every request still open as `relay_lost`, as
@@ -10,6 +12,12 @@ does a relay that stays unreachable for `lost_after_s`. A draining relay (reload
 end while a second connection attaches to its successor. A relay that says another analysis
 replaced this one (attached under the same `name`) is not reconnected to. Acks tell the relay
 which ends are processed and recorded.
+
+A relay of another attach protocol — one that says so, or one that closes on the handshake
+`LEGACY_TRIES` times in a row, as a relay from before the handshake does — or one copying larger
+bodies than this side reads (`max_body`) is not attached to (`rejected`, with the fix in
+`last_error`); any other failure is retried. A malformed frame closes the connection (counted in
+the reader's `bad_frames`) and it attaches again.
 """
 
 from __future__ import annotations
@@ -24,7 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from shadow.base.net import read_now
-from shadow.mirror.channel import T_CTL, ChannelReader, frame, size_buffers
+from shadow.mirror import handshake
+from shadow.mirror.channel import DEFAULT_MAX_BODY, ChannelReader, size_buffers
+from shadow.mirror.frames import FrameError, Hello, Incompatible, encode_control, encode_hello
+from shadow.mirror.handshake import HandshakeError
 from shadow.mirror.proxy import TapContext
 from shadow.mirror.rundir import ATTACH, unix_connect
 
@@ -32,6 +43,9 @@ log = logging.getLogger("shadow.attach")
 
 Items = list[tuple[TapContext, int, float, Any]]
 BACKOFF_S = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+HANDSHAKE_TIMEOUT_S = 5.0  # connect to hello sent
+LEGACY_TRIES = 3  # handshakes in a row the relay closes unanswered: a relay of attach protocol 1
+_SUSPECT = ("magic", "proof", "peer")  # handshake failures said as they happen (not a restart's)
 
 
 def parse_address(address: str) -> tuple[str, Any]:
@@ -75,8 +89,10 @@ class Attachment:
         clock: Callable[[], float] = time.monotonic,
         check: Callable[[dict[str, Any]], str | None] | None = None,
         oldest_s: float | None = None,
+        max_body: int = DEFAULT_MAX_BODY,
     ) -> None:
-        """`check(hello)` names what is wrong with a relay (then it is not attached to) or None."""
+        """`check(hello)` names what is wrong with a relay (then it is not attached to) or None;
+        `max_body`: the largest request body this analysis reads (the relay's must not be larger)."""
         self.address = address
         self.kind, self.where = parse_address(address)
         self.on_items = on_items
@@ -90,6 +106,9 @@ class Attachment:
         self.conn: _Conn | None = None
         self.draining: list[_Conn] = []
         self.oldest_s = oldest_s
+        self.max_body = max_body
+        self.unanswered = 0  # handshakes in a row the relay closed without a word
+        self._said: set[str] = set()  # handshake failures warned about (once each)
         self.reader = self._new_reader()  # kept across reconnects to the same relay
         self.readers: list[ChannelReader] = [self.reader]  # every reader ever used (counters)
         self.replaced = False
@@ -102,7 +121,7 @@ class Attachment:
         self._closing = False
 
     def _new_reader(self) -> ChannelReader:
-        r = ChannelReader(self.boot_id, self.oldest_s)
+        r = ChannelReader(self.boot_id, self.oldest_s, self.max_body)
         if self.kind == "tcp":
             r.peer_host = self.where[0]
         return r
@@ -146,7 +165,7 @@ class Attachment:
                     attempt = 0
                 except (OSError, ValueError) as exc:
                     self.failures += 1
-                    self.last_error = str(exc) or type(exc).__name__
+                    self._failed(exc)
                     self._maybe_lost()
                     delay = BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]
                     attempt += 1
@@ -158,6 +177,20 @@ class Attachment:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), 0.25)
             self._maybe_lost()
+
+    def _failed(self, exc: Exception) -> None:
+        """A connection attempt failed: given up (an error) when trying again cannot help; said once
+        (a warning) when it was not the relay that answered, or not as it should."""
+        error = str(exc) or type(exc).__name__
+        unanswered = isinstance(exc, HandshakeError) and exc.reason == "unanswered"
+        self.unanswered = self.unanswered + 1 if unanswered else 0
+        if isinstance(exc, HandshakeError) and (exc.final or self.unanswered >= LEGACY_TRIES):
+            self.rejected = True
+            log.error("tap attach %s: %s", self.address, error)
+        elif isinstance(exc, HandshakeError) and exc.reason in _SUSPECT and exc.reason not in self._said:
+            self._said.add(exc.reason)
+            log.warning("tap attach %s: %s", self.address, error)
+        self.last_error = error
 
     def _maybe_lost(self) -> None:
         """Unreachable for longer than `lost_after_s`: its open requests are ended (relay_lost)."""
@@ -179,13 +212,23 @@ class Attachment:
         sock.setblocking(False)
         size_buffers(sock)
         r = self.reader
-        hello = {"token": self.token or "", "name": self.name,
-                 "resume": {"relay_id": r.relay_id, "end_seen": r.end_seen}}
         try:
-            await loop.sock_sendall(sock, frame(T_CTL, ("hello", hello)))
-        except OSError:
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
+                if self.kind == "unix":
+                    handshake.check_peer(sock, "relay")
+                    key = b""
+                else:
+                    key = (self.token or "").encode()
+                await handshake.client(loop, sock, key)
+                await loop.sock_sendall(sock, encode_hello(Hello(self.name, r.relay_id, r.end_seen)))
+        except TimeoutError:
+            sock.close()
+            raise HandshakeError("timeout", f"the relay did not answer the handshake within "
+                                 f"{HANDSHAKE_TIMEOUT_S:g} s") from None
+        except BaseException:
             sock.close()
             raise
+        self.unanswered = 0
         self._open(sock, r)
 
     def _open(self, sock: socket.socket, reader: ChannelReader) -> None:
@@ -208,7 +251,13 @@ class Attachment:
             return
         try:
             items = c.reader.feed(data)
-        except (ValueError, EOFError, TypeError) as exc:  # a broken stream: start over
+        except Incompatible as exc:  # a configuration error: not retried
+            self.rejected = True
+            self.last_error = str(exc)
+            log.error("tap attach %s: %s", self.address, exc)
+            self._closed(c)
+            return
+        except FrameError as exc:  # a broken stream: start over
             self.last_error = f"bad frame from the relay: {exc}"
             log.warning("tap attach %s: %s", self.address, self.last_error)
             self._closed(c)
@@ -269,7 +318,7 @@ class Attachment:
 
     def _send(self, c: _Conn, cmd: str, arg: Any) -> None:
         with contextlib.suppress(OSError):
-            c.sock.send(frame(T_CTL, (cmd, arg)))  # tiny: fits the socket buffer
+            c.sock.send(encode_control(cmd, arg))  # tiny: fits the socket buffer
 
     def sync(self, token: int) -> list[ChannelReader]:
         """Ask every connected relay for a mark answering `token`; the readers to wait on."""
@@ -314,6 +363,7 @@ class Attachment:
             "failures": self.failures,
             "lost_requests": sum(x.lost_total for x in self.readers),
             "torn_frames": sum(x.torn_frames for x in self.readers),
+            "bad_frames": sum(x.bad_frames for x in self.readers),
             "replaced": self.replaced,
             "rejected": self.rejected,
             "snapshot": r.snapshot,

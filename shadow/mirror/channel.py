@@ -1,4 +1,6 @@
-"""The hand-off between a relay (the data plane) and the analysis attached to it: frames on a socket.
+"""The hand-off between a relay (the data plane) and the analysis attached to it: frames on a socket
+(their layout and decoders: `shadow.mirror.frames`; the connection's authentication before any
+frame: `shadow.mirror.handshake`).
 
 Relay side, `ChannelSink`: the taps call `put`/`put_end` exactly as on a `DropQueue`. Every frame is
 also *kept* with its request until the analysis has acknowledged the request's end (bounded by
@@ -8,53 +10,96 @@ frames in the order they started (live ones and ended ones not yet acknowledged)
 then the live frames. Several analyses may attach at once, each under its name (replicas of
 `shadow serve` behind the same taps): each gets every frame, and an ended request is kept until
 every attached analysis has acknowledged it; an analysis attaching under a name already attached
-replaces that one. Nothing is waited on: frames for each analysis go to its own bounded pending
-buffer written to a non-blocking socket once per loop iteration; when it is full `put` drops for
-that analysis and counts (it sees a seq gap), `put_end` never drops. Without an analysis the
-frames are only kept.
+replaces that one. Nothing is waited on: frames for each analysis go to its own pending buffer,
+written to a non-blocking socket once per loop iteration.
+
+Memory. Kept copies: at most `retain_bytes`, plus the heads (info frames) of the requests in
+flight. Pending copies: `max_bytes` in all, shared equally by the attached analyses; a data frame
+beyond an analysis's share is dropped for it and counted (it sees a seq gap); heads, ends and marks
+are never dropped, but an analysis whose pending bytes pass its share plus another share (or plus
+the largest request head, `frame_bound(max_body)`, when that is more) is detached at once
+(`overflow`), and one that has taken nothing from its socket for `stall_s` while its share was full
+is detached (`stalled`): what was pending for it is released, and what it had not acknowledged
+stays kept for its return. A snapshot is not copied: it refers to the kept frames, joined one
+request at a time as the socket takes them. Without an analysis the frames are only kept.
 
 Analysis side, `ChannelReader`: `feed(bytes)` decodes frames back into the `(ctx, seq, t, payload)`
 items the `Analyzer` consumes, one `TapContext` per request, times moved onto this host's monotonic
 clock. It survives re-attaching to the same relay (`relay_id`): a snapshot's frames it has already
 seen are skipped, so nothing is counted twice; a new relay (restarted, replaced) first ends every
 request still open on the old one (`lost()`, reason `relay_lost`). Marks carry the relay's
-counters and answer sync requests, in stream order.
+counters and answer sync requests, in stream order. A malformed frame raises `FrameError`, and
+nothing else escapes `feed`.
 
-Frame: `<B type><I length><body>`. Data (the hot path) is packed with struct; rare frames (hello,
-request info, ends, marks, control) with marshal (only str, bytes, int, float, None, tuples, dicts).
-A request's W3C `traceparent` travels in its info frame (`TRACEPARENT_KEY`), for the analysis's spans.
-Control frames (analysis → relay): `("hello", {...})`, `("sync", token)`, `("ack", end_no)`.
+A request's W3C `traceparent` travels in its info frame, for the analysis's spans. Control frames
+(analysis → relay): hello (name, resume), sync (token), ack (end number).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import marshal
+import ctypes
 import socket
-import struct
 import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from shadow.mirror.frames import (
+    DATA,
+    DATA_BODY,
+    DATA_FIXED,
+    FIELD_MAX,
+    START,
+    START_LEN,
+    T_DATA,
+    T_END,
+    T_HELLO,
+    T_INFO,
+    T_MARK,
+    T_START,
+    FrameError,
+    FrameReader,
+    Incompatible,
+    Info,
+    clamp,
+    decode_end,
+    decode_hello,
+    decode_info,
+    decode_mark,
+    decode_start,
+    encode,
+    encode_end,
+    encode_info,
+    frame_bound,
+)
+from shadow.mirror.handshake import VERSION
 from shadow.mirror.proxy import END_RELAY_LOST, TapContext
 
-_HDR = struct.Struct("<BI")
-_DATA = struct.Struct("<BIIId")  # type, length, cid, seq, t   (length counts cid + seq + t + payload)
-_DATA_FIXED = _DATA.size - _HDR.size
-_DATA_BODY = struct.Struct("<IId")  # a data frame's body before its payload: cid, seq, t
-_START = struct.Struct("<BIId")  # type, length, cid, t
-_START_LEN = _START.size - _HDR.size
 _SEND_MAX = 256 << 10
 GONE_GRACE_S = 60.0  # what a detached analysis had not acknowledged is kept this long for its return
-T_INFO, T_DATA, T_START, T_END, T_MARK, T_CTL, T_HELLO = 1, 2, 3, 4, 5, 6, 7
-MAX_FRAME = 1 << 30
+#: An analysis whose share of the pending bytes is full and whose socket has taken nothing for this
+#: long is detached (it stopped reading: its pending copies are released).
+STALL_S = 15.0
+DEFAULT_MAX_BODY = 4 << 20  # request body bytes a relay copies (`shadow tap --max-body`'s default)
+#: why an analysis was detached (shadow_tap_analysis_detached_total's reasons)
+DETACH_REASONS = ("closed", "replaced", "stalled", "overflow", "bad_frame")
 #: Kernel buffers of a channel's socket, each end (the kernel caps them at net.core.wmem_max and
 #: rmem_max): at ~7 MB/s of frames the default 208 KiB fills when the analysis is away for 30 ms,
 #: and every full socket costs the relay a partial send and a wait for writability.
 SOCKET_BUFFER_BYTES = 4 << 20
-PROTOCOL = 1
+_FAR = 1.7e308  # a time past this is not finite
+TRIM_AFTER_BYTES = 1 << 20  # a detached analysis with this much pending: the heap is trimmed
+
+
+def trim_heap() -> None:
+    """Give the C heap's free pages back to the system (glibc's `malloc_trim`, which runs without
+    the GIL; elsewhere nothing). Without it the memory of a detached analysis's pending copies,
+    freed, stays in the process (seen: 190 -> 320 MiB with 8 analyses that never read, still 320
+    MiB after they left)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
 
 
 def size_buffers(sock: socket.socket, nbytes: int = SOCKET_BUFFER_BYTES) -> None:
@@ -64,100 +109,57 @@ def size_buffers(sock: socket.socket, nbytes: int = SOCKET_BUFFER_BYTES) -> None
             sock.setsockopt(socket.SOL_SOCKET, opt, nbytes)
 
 
-def frame(kind: int, obj: Any) -> bytes:
-    """One marshal-bodied frame."""
-    body = marshal.dumps(obj)
-    return _HDR.pack(kind, len(body)) + body
-
-
-class FrameReader:
-    """Splits a byte stream into (kind, body) frames; `feed` returns the complete ones."""
-
-    def __init__(self, max_frame: int = MAX_FRAME) -> None:
-        self._buf = bytearray()
-        self.max_frame = max_frame
-
-    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
-        buf = self.add(data)
-        out: list[tuple[int, bytes]] = []
-        pos = 0
-        while (at := self.next(pos)) is not None:
-            kind, body, pos = at
-            out.append((kind, bytes(buf[body:pos])))
-        del buf[:pos]
-        return out
-
-    @property
-    def pending(self) -> int:
-        """Bytes of an incomplete frame held."""
-        return len(self._buf)
-
-    def add(self, data: bytes) -> bytearray:
-        """Append `data`; the buffer the frames are read from (`next`), until `del buf[:pos]`."""
-        buf = self._buf
-        buf += data
-        return buf
-
-    def next(self, pos: int) -> tuple[int, int, int] | None:
-        """(kind, body start, body end) of the complete frame at `pos` of the buffer, or None."""
-        buf = self._buf
-        if len(buf) - pos < _HDR.size:
-            return None
-        kind, length = _HDR.unpack_from(buf, pos)
-        if length > self.max_frame:
-            raise ValueError(f"frame of {length} bytes")
-        body = pos + _HDR.size
-        if len(buf) - body < length:
-            return None
-        return kind, body, body + length
-
-
-# The request's traceparent rides in the info frame's header dict under a name no HTTP header can
-# have (':' is not a token character): an analysis from before it reads the same ten fields.
-TRACEPARENT_KEY = ":traceparent"
-
-
-def _info(ctx: TapContext) -> tuple[Any, ...]:
-    tp = ctx.traceparent
-    rh = ctx.resp_headers if tp is None else {**ctx.resp_headers, TRACEPARENT_KEY: tp}
-    return (
-        ctx.cid,
-        ctx.tap,
-        ctx.method,
-        ctx.path,
-        ctx.request_id,
-        ctx.body,
-        ctx.body_len,
-        ctx.t_start,
-        ctx.status,
-        rh,
-    )
+def _info(ctx: TapContext) -> tuple[Info, bool]:
+    """The request's head as sent (strings clamped to FIELD_MAX), and whether one was. (The
+    response headers' names are the tap's own: content-type, content-length, transfer-encoding.)"""
+    rid, tp, rh = ctx.request_id, ctx.traceparent, ctx.resp_headers
+    if max(len(ctx.tap), len(ctx.method), len(ctx.path), len(rid or ""), len(tp or ""),
+           max(map(len, rh.values()), default=0)) <= FIELD_MAX:
+        return Info(ctx.cid, ctx.tap, ctx.method, ctx.path, rid, ctx.body, ctx.body_len, ctx.t_start,
+                    ctx.status, rh, tp), False
+    return Info(ctx.cid, clamp(ctx.tap), clamp(ctx.method), clamp(ctx.path),
+                None if rid is None else clamp(rid), ctx.body, ctx.body_len, ctx.t_start, ctx.status,
+                {k: clamp(v) for k, v in rh.items()}, None if tp is None else clamp(tp)), True
 
 
 class _Analysis:
-    """One attached analysis: its socket, the frames pending for it, what was offered to and dropped
-    for it since it attached, and the last end it acknowledged."""
+    """One attached analysis: its socket, the frames pending for it (`out`: [frame bytes, items in
+    it, bytes counted]; a snapshot's request: [its kept frames, -1, how many]), what was offered to
+    and dropped for it since it attached, the last end it acknowledged, since when its share has
+    been full and when its socket last took bytes."""
 
-    __slots__ = ("acked", "bytes", "dropped", "n", "name", "offered", "out", "scheduled", "sock", "writing")
+    __slots__ = ("acked", "bytes", "dropped", "full_since", "n", "name", "offered", "out", "overflowing",
+                 "scheduled", "sent_at", "sock", "writing")
 
     def __init__(self, name: str, sock: socket.socket, acked: int) -> None:
         self.name = name
         self.sock = sock
-        self.out: deque[list[Any]] = deque()  # [frame bytes, items in it, payload bytes in it]
+        self.out: deque[list[Any]] = deque()
         self.n = 0  # items pending (not yet handed to the socket)
-        self.bytes = 0  # payload bytes pending
+        self.bytes = 0  # bytes pending (a snapshot's excepted: they are the kept copies)
         self.offered = 0
         self.dropped = 0
         self.acked = acked
         self.scheduled = False
         self.writing = False  # waiting for the socket to be writable (it was full)
+        self.full_since: float | None = None  # a copy was dropped for it, and it has not drained since
+        self.sent_at = time.monotonic()
+        self.overflowing = False  # to be detached: past twice its share
+
+
+def _frames_of(e: list[Any]) -> bytes:
+    """A pending entry's bytes (a snapshot's request joined now: [its frames, -1, how many])."""
+    if e[1] < 0:
+        e[0] = b"".join(e[0][: e[2]])
+        e[1] = e[2] = 0
+    return e[0]  # type: ignore[no-any-return]
 
 
 class ChannelSink:
     """Relay side (see module docstring). `attach(sock, hello, name=...)` starts a snapshot to an
-    analysis (one of that name is replaced; others go on), `detach(name)` forgets one; `ack(end_no,
-    name)` releases kept requests every attached analysis has; `mark(token, stats)` sends the relay's
-    counters in order."""
+    analysis (one of that name is replaced; others go on), `detach(name, reason)` forgets one;
+    `ack(end_no, name)` releases kept requests every attached analysis has; `mark(token, stats)`
+    sends the relay's counters in order; `reap()` detaches the analyses that stopped reading."""
 
     def __init__(
         self,
@@ -166,13 +168,18 @@ class ChannelSink:
         *,
         retain_bytes: int = 128 << 20,
         retain_ended: int = 100_000,
+        max_body: int = DEFAULT_MAX_BODY,
+        stall_s: float = STALL_S,
     ) -> None:
         if maxsize < 1:
             raise ValueError("maxsize must be >= 1")
         self.maxsize = maxsize  # items pending per analysis
-        self.max_bytes = max_bytes  # payload bytes pending per analysis
+        self.max_bytes = max_bytes  # bytes pending, over every analysis
+        self._share = self._limit = 0  # each analysis's part of it; pending past the limit detaches it
         self.retain_bytes = retain_bytes
         self.retain_ended = retain_ended
+        self.max_body = max_body  # told in the hello: the analysis's frame bound must hold it
+        self.stall_s = stall_s
         self._subs: dict[str, _Analysis] = {}  # attached analyses by name
         self._gone: dict[str, tuple[int, float]] = {}  # detached ones: (acked, when), for GONE_GRACE_S
         self.dropped_total = 0  # refused because an analysis's hand-off was full (a counter)
@@ -182,22 +189,25 @@ class ChannelSink:
         self.kept_bytes = 0
         self.unkept = 0  # data frames not kept (retain_bytes full): a later snapshot has a gap there
         self.missed = 0  # ended requests dropped before every analysis acknowledged them
+        self.clamped = 0  # request heads sent with a string cut to FIELD_MAX
         self.end_no = 0  # ends numbered in the order they happened
         self.acked = 0
         self.attaches = 0
+        self.detached = dict.fromkeys(DETACH_REASONS, 0)  # analyses detached, by why
         self.detached_items = 0  # items offered with no analysis attached (kept, not sent)
         self._next_cid = 1
         self._loop: asyncio.AbstractEventLoop | None = None
         # told (name, socket) when an analysis is detached, before its socket is closed: whoever
         # watches that socket for control frames stops watching it first
         self.on_detach: Callable[[str, socket.socket], None] | None = None
+        self._shares()
 
     def __len__(self) -> int:
         return sum(a.n for a in self._subs.values())
 
     @property
     def pending_bytes(self) -> int:
-        """Payload bytes pending, over every attached analysis."""
+        """Bytes pending, over every attached analysis (snapshots excepted)."""
         return sum(a.bytes for a in self._subs.values())
 
     @property
@@ -256,9 +266,7 @@ class ChannelSink:
     def _evict_ended(self, room: int = 0) -> None:
         """Drop the oldest ended requests not yet acknowledged by all, past the caps (counted)."""
         ended = self._ended
-        while ended and (
-            len(ended) > self.retain_ended or (room and self.kept_bytes + room > self.retain_bytes)
-        ):
+        while ended and (len(ended) > self.retain_ended or self.kept_bytes + room > self.retain_bytes):
             _, cid = ended.popleft()
             self._forget(cid)
             self.missed += 1
@@ -294,49 +302,86 @@ class ChannelSink:
         """Send to `sock` from now on as analysis `name` (replacing one of that name): a hello, every
         kept request's frames (those ended at or before `resume_end` are skipped: that analysis has
         them), a snapshot mark. Returns the requests sent."""
-        self.detach(name)
+        self.detach(name, "replaced")
         self._gone.pop(name, None)
         sock.setblocking(False)
         sub = self._subs[name] = _Analysis(name, sock, resume_end)
+        self._shares()
         self.attaches += 1
-        self._append(sub, frame(T_HELLO, {**hello, "v": PROTOCOL, "mono": time.monotonic()}))
+        mono = time.monotonic()
+        self._append(sub, encode(T_HELLO, {**hello, "v": VERSION, "mono": mono, "max_body": self.max_body}))
         sent = 0
         for ctx in self._kept.values():
             if (ctx.end_no and ctx.end_no <= resume_end) or not ctx.kept:
                 continue
-            self._append(sub, b"".join(ctx.kept))
+            sub.out.append([ctx.kept, -1, len(ctx.kept)])  # (not a copy: joined when written)
             sent += 1
         snap = {"requests": sent, "live": self.live, "unkept": self.unkept, "missed": self.missed}
-        self._append(sub, frame(T_MARK, {"token": 0, "offered": 0, "dropped": 0, "snapshot": snap}))
+        self._append(sub, encode(T_MARK, {"token": 0, "offered": 0, "dropped": 0, "snapshot": snap}))
         return sent
 
-    def detach(self, name: str | None = None) -> None:
-        """Forget analysis `name` (every one when None) and its pending frames; keeping goes on. What
-        it had not acknowledged stays kept for its return (up to GONE_GRACE_S, within the caps)."""
+    def detach(self, name: str | None = None, reason: str = "closed") -> None:
+        """Forget analysis `name` (every one when None) and its pending frames, counted under
+        `reason` (their memory goes back to the system: `trim_heap`); keeping goes on. What it had
+        not acknowledged stays kept for its return (up to GONE_GRACE_S, within the caps)."""
+        freed = 0
         for sub in self._to(name):
             self._unwatch(sub)
             del self._subs[sub.name]
+            self.detached[reason] += 1
             self._gone[sub.name] = (sub.acked, time.monotonic())
+            freed += sub.bytes
             sub.out.clear()
             sub.n = sub.bytes = 0
             if self.on_detach is not None:
                 self.on_detach(sub.name, sub.sock)
             with contextlib.suppress(OSError):
                 sub.sock.close()
+        self._shares()
         self._release()
+        if freed >= TRIM_AFTER_BYTES:  # (off the loop: it takes ~30 ms on a 400 MB heap)
+            loop = self._loop
+            if loop is not None and loop.is_running():
+                loop.run_in_executor(None, trim_heap)
+            else:
+                trim_heap()
+
+    def _shares(self) -> None:
+        """Each attached analysis's share of `max_bytes`, and the pending bytes that detach one."""
+        share = self._share = self.max_bytes // max(1, len(self._subs))
+        self._limit = share + max(share, frame_bound(self.max_body))
+
+    def reap(self, now: float | None = None) -> list[str]:
+        """Detach the analyses that stopped reading: their share full, nothing taken from their
+        socket for `stall_s`. Returns their names."""
+        now = time.monotonic() if now is None else now
+        stalled = [a.name for a in self._subs.values() if a.full_since is not None
+                   and now - max(a.full_since, a.sent_at) > self.stall_s]
+        for name in stalled:
+            self.detach(name, "stalled")
+        return stalled
+
+    def _overflow(self, sub: _Analysis) -> None:
+        if self._subs.get(sub.name) is sub:
+            self.detach(sub.name, "overflow")
 
     # -- frames ------------------------------------------------------------------------------------
 
-    def _append(self, sub: _Analysis, b: bytes, items: int = 0, nbytes: int = 0) -> None:
-        sub.out.append([b, items, nbytes])
+    def _append(self, sub: _Analysis, b: bytes, items: int = 0) -> None:
+        """Pending for `sub` (whatever its share: the callers that may drop have checked it)."""
+        n = len(b)
+        sub.out.append([b, items, n])
         sub.n += items
-        sub.bytes += nbytes
+        sub.bytes += n
         if not sub.scheduled and not sub.writing:
             sub.scheduled = True
             loop = self._loop
             if loop is None:
                 loop = self._loop = asyncio.get_running_loop()
             loop.call_soon(self._flush, sub)  # once per loop iteration, whatever was put in it
+        if sub.bytes > self._limit and not sub.overflowing:  # (only heads, ends and marks get there)
+            sub.overflowing = True
+            (self._loop or asyncio.get_running_loop()).call_soon(self._overflow, sub)
 
     def _info_frame(self, ctx: TapContext) -> bytes:
         """The request's static info (and response head once known), ahead of its items."""
@@ -346,37 +391,44 @@ class ChannelSink:
             ctx.kept = []
             self._kept[ctx.cid] = ctx
         ctx.sent = 2 if ctx.status else 1
-        b = frame(T_INFO, _info(ctx))
+        info, clamped = _info(ctx)
+        self.clamped += clamped
+        b = encode_info(info)
         self._keep(ctx, b, True)
         return b
 
     def put(self, item: tuple[TapContext, int, float, Any], nbytes: int = 0) -> bool:
         """Keep an item and hand it to every attached analysis; False when one (or none) got it, each
-        refusal counted."""
+        refusal counted. (`nbytes`, the payload's size, is the `DropQueue` interface's: the sink
+        counts whole frames.)"""
         self.put_total += 1
         ctx, seq, t, payload = item
         info = self._info_frame(ctx) if ctx.sent < 2 and (ctx.sent == 0 or ctx.status) else None
         if seq == 0:
-            b = _START.pack(T_START, _START_LEN, ctx.cid, t)
+            b = START.pack(T_START, START_LEN, ctx.cid, t)
             self._keep(ctx, b, True)
         else:
-            b = _DATA.pack(T_DATA, _DATA_FIXED + len(payload), ctx.cid, seq, t) + payload
+            b = DATA.pack(T_DATA, DATA_FIXED + len(payload), ctx.cid, seq, t) + payload
             self._keep(ctx, b, False)
         subs = self._subs
         if not subs:
             self.detached_items += 1
             return False
         ok = True
+        size = len(b)
+        share = self._share
         for sub in subs.values():
             sub.offered += 1
             if info is not None:
                 self._append(sub, info)
-            if sub.n >= self.maxsize or sub.bytes + nbytes > self.max_bytes:
+            if sub.n >= self.maxsize or sub.bytes + size > share:
                 sub.dropped += 1
                 self.dropped_total += 1
+                if sub.full_since is None:
+                    sub.full_since = time.monotonic()
                 ok = False
             else:
-                self._append(sub, b, 1, nbytes)
+                self._append(sub, b, 1)
         return ok
 
     def put_end(self, item: tuple[TapContext, int, float, Any]) -> None:
@@ -385,7 +437,7 @@ class ChannelSink:
         info = self._info_frame(ctx) if ctx.sent < 2 and (ctx.sent == 0 or ctx.status) else None
         self.end_no += 1
         ctx.end_no = self.end_no
-        b = frame(T_END, (ctx.cid, t, reason, ctx.seq, ctx.end_no))
+        b = encode_end(ctx.cid, t, reason, ctx.seq, ctx.end_no)
         self._keep(ctx, b, True)
         self._ended.append((ctx.end_no, ctx.cid))
         self._evict_ended()
@@ -419,7 +471,7 @@ class ChannelSink:
 
     def _mark(self, sub: _Analysis, token: int, body: dict[str, Any]) -> None:
         head = {"token": token, "offered": sub.offered, "dropped": sub.dropped}
-        self._append(sub, frame(T_MARK, {**head, **body}))
+        self._append(sub, encode(T_MARK, {**head, **body}))
 
     def flush(self, name: str | None = None) -> None:
         """Write what is pending to analysis `name`, or to every one (see `_flush`)."""
@@ -438,8 +490,9 @@ class ChannelSink:
             take: list[bytes] = []
             size = 0
             for e in out:
-                take.append(e[0])
-                size += len(e[0])
+                b = e[0] if e[1] >= 0 else _frames_of(e)
+                take.append(b)
+                size += len(b)
                 if size >= _SEND_MAX:
                     break
             data = b"".join(take) if len(take) > 1 else take[0]
@@ -451,6 +504,8 @@ class ChannelSink:
                 self.detach(sub.name)
                 return
             full = n < len(data)
+            if n:
+                sub.sent_at = time.monotonic()
             while n > 0:  # retire what went out
                 e = out[0]
                 size = len(e[0])
@@ -462,6 +517,8 @@ class ChannelSink:
                 else:
                     e[0] = e[0][n:]
                     n = 0
+            if sub.full_since is not None and sub.bytes <= self._share // 2 and sub.n <= self.maxsize // 2:
+                sub.full_since = None  # it drained: no longer full
             if full:
                 if not sub.writing:
                     sub.writing = True
@@ -486,7 +543,7 @@ class ChannelSink:
             with contextlib.suppress(OSError):
                 sub.sock.settimeout(timeout_s)
                 for e in sub.out:
-                    sub.sock.sendall(e[0])
+                    sub.sock.sendall(_frames_of(e))
             sub.out.clear()
             with contextlib.suppress(OSError):
                 sub.sock.close()
@@ -495,10 +552,14 @@ class ChannelSink:
 
 class ChannelReader:
     """Analysis side (see module docstring). `feed(data)` returns the decoded items; marks update
-    `offered`, `dropped`, `stats` and `token` (the last sync answered); `hello` is the relay's."""
+    `offered`, `dropped`, `stats` and `token` (the last sync answered); `hello` is the relay's.
+    Frames are read up to `frame_bound(max_body)`: a relay copying larger bodies is refused
+    (`Incompatible`)."""
 
-    def __init__(self, boot_id: str = "", oldest_s: float | None = None) -> None:
-        self._frames = FrameReader()
+    def __init__(self, boot_id: str = "", oldest_s: float | None = None,
+                 max_body: int = DEFAULT_MAX_BODY) -> None:
+        self.max_body = max_body
+        self._frames = FrameReader(frame_bound(max_body))
         # a snapshot's times older than this (s before now) are raised to it, so that an old
         # request's start is not dropped as out of bounds by the mirror (`clamped` counts them)
         self.oldest_s = oldest_s
@@ -523,6 +584,7 @@ class ChannelReader:
         self.notices: list[dict[str, Any]] = []  # relay notices (draining, replaced) not yet handled
         self.processed = 0  # items of this reader the analysis consumed (its owner counts them)
         self.torn_frames = 0  # connections that ended inside a frame (its bytes dropped)
+        self.bad_frames = 0  # connections closed on a malformed frame (FrameError)
         self.lost_total = 0  # requests ended as relay_lost (their relay died or stayed unreachable)
         self._base_offered = 0  # offered/dropped of earlier attaches (a relay counts per attach)
         self._base_dropped = 0
@@ -537,7 +599,7 @@ class ChannelReader:
         torn = self._frames.pending
         if torn:
             self.torn_frames += 1
-            self._frames = FrameReader()
+            self._frames = FrameReader(self._frames.max_frame)
         return torn
 
     @property
@@ -555,6 +617,9 @@ class ChannelReader:
         return ctx
 
     def _at(self, t: float, floor: float) -> float:
+        """`t` (on this host's clock), raised to `floor` (counted); FrameError when not finite."""
+        if not -_FAR <= t <= _FAR:
+            raise FrameError("a frame's time is not finite")
         if t < floor:
             self.clamped += 1
             return floor
@@ -573,47 +638,84 @@ class ChannelReader:
 
     def _on_hello(self, h: dict[str, Any]) -> list[tuple[TapContext, int, float, Any]]:
         """A (re)attach: the same relay keeps what was seen; another one ends what was open."""
+        if h["v"] != VERSION:
+            raise Incompatible(f"the relay's frames are of attach protocol {h['v']}, this analysis's "
+                               f"{VERSION}")
+        if h["max_body"] > self.max_body:
+            raise Incompatible(f"the tap group copies request bodies up to {h['max_body']} bytes (its "
+                               f"--max-body), over this analysis's {self.max_body}: give it --max-body "
+                               f"{h['max_body']}")
         items: list[tuple[TapContext, int, float, Any]] = []
-        rid = str(h.get("relay_id", ""))
+        rid = h["relay_id"]
         if rid != self.relay_id:
             items = self.lost(time.monotonic())
             self.end_seen = 0
             self.relay_id = rid
         self.hello = h
-        same_clock = bool(self.boot_id) and h.get("boot_id") == self.boot_id
-        self.offset = 0.0 if same_clock else time.monotonic() - float(h.get("mono", time.monotonic()))
+        same_clock = bool(self.boot_id) and h["boot_id"] == self.boot_id
+        self.offset = 0.0 if same_clock else time.monotonic() - h["mono"]
         self.snapshot_done = False
         self._base_offered += self.offered
         self._base_dropped += self.dropped
         self.offered = self.dropped = 0
         return items
 
+    def _on_mark(self, m: dict[str, Any]) -> None:
+        self.offered = m.pop("offered")
+        self.dropped = m.pop("dropped")
+        self.token = max(self.token, m.pop("token"))
+        self.marks += 1
+        snap = m.pop("snapshot", None)
+        if snap is not None:
+            self.snapshot_done = True
+            self.snapshot = snap
+        notice = m.pop("notice", None)
+        if notice is not None:
+            self.notices.append(notice)
+        if m:
+            self.stats = m
+
     def feed(self, data: bytes) -> list[tuple[TapContext, int, float, Any]]:
+        """The items in `data` (and what came before it of an incomplete frame). FrameError on a
+        malformed frame (the items decoded before it are lost with the connection)."""
         items: list[tuple[TapContext, int, float, Any]] = []
         off = self.offset
-        floor = -1e300 if self.snapshot_done or self.oldest_s is None else time.monotonic() - self.oldest_s
+        floor = -_FAR if self.snapshot_done or self.oldest_s is None else time.monotonic() - self.oldest_s
         frames = self._frames
         buf = frames.add(data)
+        try:
+            items = self._decode(buf, items, off, floor)
+        except FrameError:
+            self.bad_frames += 1
+            self._frames = FrameReader(frames.max_frame)  # (what was left of this stream is dropped)
+            raise
+        self.received += len(items)
+        return items
+
+    def _decode(self, buf: bytearray, items: list[tuple[TapContext, int, float, Any]], off: float,
+                floor: float) -> list[tuple[TapContext, int, float, Any]]:
+        frames = self._frames
         ctxs = self._ctxs
         pos = 0
         while (at := frames.next(pos)) is not None:
             kind, start, pos = at
             if kind == T_DATA:  # the hot path: read in place, one copy (the payload)
-                cid, seq, t = _DATA_BODY.unpack_from(buf, start)
+                if pos - start < DATA_FIXED:
+                    raise FrameError(f"a data frame of {pos - start} bytes")
+                cid, seq, t = DATA_BODY.unpack_from(buf, start)
                 ctx = ctxs.get(cid) or self._ctx(cid)
                 if seq <= ctx.seq:
                     self.skipped += 1  # a snapshot re-delivered what this reader has
                     continue
                 ctx.seq = seq
                 t += off
-                if t < floor:
-                    self.clamped += 1
-                    t = floor
-                items.append((ctx, seq, t, bytes(buf[start + _DATA_FIXED : pos])))
+                if not floor <= t <= _FAR:
+                    t = self._at(t, floor)
+                items.append((ctx, seq, t, bytes(buf[start + DATA_FIXED : pos])))
                 continue
             body = bytes(buf[start:pos])
             if kind == T_START:
-                cid, t = struct.unpack_from("<Id", body)
+                cid, t = decode_start(body)
                 ctx = self._ctx(cid)
                 if ctx.announced:
                     self.skipped += 1
@@ -621,48 +723,34 @@ class ChannelReader:
                 ctx.announced = True
                 items.append((ctx, 0, self._at(t + off, floor), None))
             elif kind == T_INFO:
-                (cid, tap, method, path, rid, rbody, blen, t0, status, rh) = marshal.loads(body)
-                tp = rh.pop(TRACEPARENT_KEY, None)
-                known = self._ctxs.get(cid)
+                info = decode_info(body)
+                known = self._ctxs.get(info.cid)
                 if known is None:
-                    known = self._ctxs[cid] = TapContext(tap, method, path, rid, rbody, blen,
-                                                         self._at(t0 + off, floor),
-                                                         tp if isinstance(tp, str) else None)
-                known.status = status
-                known.resp_headers = rh
+                    known = self._ctxs[info.cid] = TapContext(
+                        info.tap, info.method, info.path, info.request_id, info.body, info.body_len,
+                        self._at(info.t_start + off, floor), info.traceparent)
+                known.status = info.status
+                known.resp_headers = info.resp_headers
             elif kind == T_END:
-                cid, t, reason, seq, end_no = marshal.loads(body)
-                if end_no <= self.end_seen and cid not in self._ctxs:
+                end = decode_end(body)
+                if end.end_no <= self.end_seen and end.cid not in self._ctxs:
                     self.skipped += 1
                     continue
-                ctx = self._ctxs.pop(cid, None) or TapContext("", "", "", None, None, 0, 0.0)  # type: ignore[arg-type]
-                ctx.seq = max(ctx.seq, seq)
+                ctx = self._ctxs.pop(end.cid, None) or TapContext("", "", "", None, None, 0, 0.0)  # type: ignore[arg-type]
+                ctx.seq = max(ctx.seq, end.seq)
                 ctx.ended = True
-                self.end_seen = max(self.end_seen, end_no)
-                items.append((ctx, -1, self._at(t + off, floor), reason))
+                self.end_seen = max(self.end_seen, end.end_no)
+                items.append((ctx, -1, self._at(end.t + off, floor), end.reason))
             elif kind == T_MARK:
-                m = marshal.loads(body)
-                self.offered = m.pop("offered")
-                self.dropped = m.pop("dropped")
-                self.token = max(self.token, m.pop("token"))
-                self.marks += 1
-                snap = m.pop("snapshot", None)
-                if snap is not None:
-                    self.snapshot_done = True
-                    self.snapshot = snap
-                    floor = -1e300
-                notice = m.pop("notice", None)
-                if notice is not None:
-                    self.notices.append(notice)
-                if m:
-                    self.stats = m
+                self._on_mark(decode_mark(body))
+                if self.snapshot_done:
+                    floor = -_FAR
             elif kind == T_HELLO:
-                items += self._on_hello(marshal.loads(body))
+                items += self._on_hello(decode_hello(body))
                 off = self.offset
                 if self.oldest_s is not None:
                     floor = time.monotonic() - self.oldest_s
             else:
-                raise ValueError(f"unknown channel frame type {kind}")
+                raise FrameError(f"a frame of unknown kind {kind}")
         del buf[:pos]
-        self.received += len(items)
         return items

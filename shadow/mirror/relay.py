@@ -7,16 +7,23 @@ predecessor): one per tap, the attach socket(s) an analysis connects to, and the
 let the streams in flight finish or timed out; `ready(doc)` is called once everything accepts.
 Analyses attach by name (their hello's `name`; replicas of `shadow serve` behind the same taps each
 give theirs): up to MAX_ANALYSES at once, each getting every copy; a new one under a name already
-attached replaces that one (which is told so); an attach over TCP must present the token.
+attached replaces that one (which is told so).
+
+An attach connection is authenticated before a frame of it is read (`shadow.mirror.handshake`:
+over TCP, proof of the attach token; over the unix socket, the peer's uid must be this one's or
+root's): at most MAX_HANDSHAKES at once on each kind of socket (MAX_HANDSHAKES_PER_PEER from one
+TCP address), each within HANDSHAKE_TIMEOUT_S through its hello.
+Every refusal is counted by reason (`refused`). Then only control frames are read from it, each
+at most CONTROL_MAX bytes and decoded by type (`frames.decode_control`); a malformed one detaches
+the analysis (counted).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
-import marshal
+import logging
 import os
 import secrets
 import signal
@@ -31,16 +38,20 @@ from httptools import HttpParserError, HttpRequestParser
 from prometheus_client import CollectorRegistry, generate_latest
 
 from shadow.base.net import read_now
-from shadow.mirror.channel import T_CTL, ChannelSink, FrameReader, size_buffers
+from shadow.mirror import handshake
+from shadow.mirror.channel import ChannelSink, size_buffers
+from shadow.mirror.frames import CONTROL_MAX, HDR, FrameError, FrameReader, Hello, decode_control
+from shadow.mirror.handshake import REFUSALS, HandshakeError
 from shadow.mirror.http1 import TapLimits
 from shadow.mirror.proxy import Tap
 from shadow.mirror.relay_metrics import RelayCollector
 
 STATS_INTERVAL_S = 0.25
-HELLO_TIMEOUT_S = 5.0
-MAX_CONTROL_FRAME = 64 << 10
+HANDSHAKE_TIMEOUT_S = 5.0  # an attach connection's handshake and hello, from its accept
+MAX_HANDSHAKES = 16  # attach connections in the handshake at once, over TCP and over the unix socket
+MAX_HANDSHAKES_PER_PEER = 4  # ... from one TCP address; more are refused (busy), counted
 MAX_ANALYSES = 8  # analyses attached at once (by name); more are refused and counted
-MAX_NAME = 128
+log = logging.getLogger("shadow.relay")
 
 
 def boot_id() -> str:
@@ -125,7 +136,8 @@ class Relay:
         self.relay_id = secrets.token_hex(6)
         self.started = time.time()
         self.sink = ChannelSink(
-            spec.queue_size, spec.queue_bytes, retain_bytes=spec.retain_bytes, retain_ended=spec.retain_ended
+            spec.queue_size, spec.queue_bytes, retain_bytes=spec.retain_bytes, retain_ended=spec.retain_ended,
+            max_body=spec.max_body,
         )
         self.sink.on_detach = self._detached
         lim: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in spec.limits.items()}
@@ -143,7 +155,10 @@ class Relay:
         ]
         self.draining = False
         self.replaced = 0  # analyses that a newer attach replaced
-        self.refused = 0  # attach attempts refused (bad hello, wrong token)
+        self.refused = dict.fromkeys(REFUSALS, 0)  # attach connections refused, by reason
+        # attach connections not yet attached -> where from: "unix", or the TCP peer's address
+        self._handshaking: dict[socket.socket, str] = {}
+        self._told_protocol = False  # an analysis of another protocol was refused (said once)
         self._servers: list[asyncio.AbstractServer] = []
         self._attach_listeners: list[socket.socket] = []
         self._done = asyncio.Event()
@@ -196,6 +211,7 @@ class Relay:
             while not self._done.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._done.wait(), STATS_INTERVAL_S)
+                self.sink.reap()
                 self.mark()
         finally:
             await self._close()
@@ -266,77 +282,106 @@ class Relay:
 
     def _accept_attach(self, listener: socket.socket) -> None:
         try:
-            conn, _ = listener.accept()
+            conn, addr = listener.accept()
         except (BlockingIOError, InterruptedError, OSError):
             return
         tcp = listener.family != socket.AF_UNIX
-        task = asyncio.ensure_future(self._hello(conn, tcp))
+        peer = str(addr[0]) if tcp else "unix"
+        if self.draining or not self._room(peer):
+            self._refuse(conn, "busy" if not self.draining else "draining", handshake.head(handshake.BUSY))
+            return
+        self._handshaking[conn] = peer
+        task = asyncio.ensure_future(self._attach(conn, tcp))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda _: self._handshaking.pop(conn, None))  # (whatever happened)
 
-    async def _hello(self, conn: socket.socket, tcp: bool) -> None:
-        """Read the analysis's hello (bounded, with a deadline), check it, then attach it."""
+    def _room(self, peer: str) -> bool:
+        """Another connection from `peer` may start a handshake: fewer than MAX_HANDSHAKES over TCP
+        (the unix socket has as many of its own: abuse of the TCP port does not keep a local
+        analysis out), fewer than MAX_HANDSHAKES_PER_PEER from one TCP address."""
+        here = [p for p in self._handshaking.values() if (p == "unix") == (peer == "unix")]
+        return len(here) < MAX_HANDSHAKES and (peer == "unix" or here.count(peer) < MAX_HANDSHAKES_PER_PEER)
+
+    def _refuse(self, conn: socket.socket, reason: str, reply: bytes = b"") -> None:
+        """Close an attach connection, counted under `reason`, after `reply` (best effort). What
+        the peer had sent and is there to read (at most CONTROL_MAX) is read and dropped first, so
+        that the close is not a reset that would lose the reply."""
+        self.refused[reason] += 1
+        self._handshaking.pop(conn, None)
+        if reply:
+            with contextlib.suppress(OSError):
+                conn.setblocking(False)
+                conn.send(reply)
+                conn.recv(CONTROL_MAX)
+        conn.close()
+
+    async def _attach(self, conn: socket.socket, tcp: bool) -> None:
+        """Authenticate an attach connection, read its hello (all within HANDSHAKE_TIMEOUT_S), attach it."""
         loop = asyncio.get_running_loop()
         conn.setblocking(False)
-        frames = FrameReader(MAX_CONTROL_FRAME)
-        got: list[tuple[int, bytes]] = []
-        try:
-            async with asyncio.timeout(HELLO_TIMEOUT_S):
-                while not got:
-                    data = await loop.sock_recv(conn, 65536)
-                    if not data:
-                        raise ConnectionError("closed before its hello")
-                    got = frames.feed(data)
-            kind, body = got.pop(0)
-            cmd, hello = marshal.loads(body) if kind == T_CTL else ("", None)
-            if cmd != "hello" or not isinstance(hello, dict):
-                raise ValueError("the first frame must be a hello")
-        except (TimeoutError, OSError, ValueError, EOFError, TypeError):
-            self.refused += 1
-            conn.close()
-            return
         token = self.spec.attach_token
-        if tcp and (not token or not hmac.compare_digest(str(hello.get("token", "")), token)):
-            self.refused += 1
-            conn.close()
+        try:
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
+                if tcp and not token:
+                    raise HandshakeError("proof", "no attach token: TCP attaches are refused")
+                await handshake.server(loop, conn, token.encode() if tcp and token else b"", unix=not tcp)
+                head = await handshake.recv_exact(loop, conn, HDR.size, "before its hello")
+                kind, length = HDR.unpack(head)
+                if length > CONTROL_MAX:
+                    raise FrameError(f"a hello of {length} bytes")
+                body = await handshake.recv_exact(loop, conn, length, "in its hello")
+                cmd, hello = decode_control(kind, body)
+                if not isinstance(hello, Hello):
+                    raise FrameError(f"the first frame is {cmd}, not a hello")
+        except HandshakeError as exc:
+            if exc.reason == "protocol" and not self._told_protocol:
+                self._told_protocol = True
+                log.warning("shadow relay: refused an attach: %s", exc)
+            self._refuse(conn, exc.reason, exc.reply)
             return
+        except TimeoutError:
+            self._refuse(conn, "timeout")
+            return
+        except FrameError:
+            self._refuse(conn, "hello")
+            return
+        except OSError:
+            self._refuse(conn, "closed")
+            return
+        self._handshaking.pop(conn, None)
+        name = hello.name
         if self.draining:
-            conn.close()  # a successor takes attaches now
+            self._refuse(conn, "draining")  # a successor takes attaches now
             return
-        name = hello.get("name", "")
-        if not isinstance(name, str) or len(name) > MAX_NAME or (
-            self.sink.sock(name) is None and self.sink.attached >= MAX_ANALYSES
-        ):
-            self.refused += 1
-            conn.close()
+        if self.sink.sock(name) is None and self.sink.attached >= MAX_ANALYSES:
+            self._refuse(conn, "full")
             return
         if self.sink.sock(name) is not None:
             self.replaced += 1
             self.sink.send_notice({"replaced": True}, to=name)
             self.sink.flush(name)  # (attach below detaches it; its hook stops watching it)
-        resume = hello.get("resume") or {}
-        resume_end = int(resume.get("end_seen", 0)) if resume.get("relay_id") == self.relay_id else 0
+        resume_end = hello.end_seen if hello.relay_id == self.relay_id else 0
         size_buffers(conn)
         self.sink.attach(conn, self.hello(), resume_end, name=name)
-        for kind, body in got:  # control frames that came with the hello
-            self._control(name, kind, body)
-        loop.add_reader(conn.fileno(), self._on_control, name, conn, frames)
+        loop.add_reader(conn.fileno(), self._on_control, name, conn, FrameReader(CONTROL_MAX))
 
     def _on_control(self, name: str, conn: socket.socket, frames: FrameReader) -> None:
         data = read_now(lambda: conn.recv(65536))
         if data is None:
             return
+        reason = "closed"
         try:
             if data:
                 for kind, body in frames.feed(data):
                     if self.sink.sock(name) is conn:
                         self._control(name, kind, body)
                 return
-        except (ValueError, EOFError, TypeError):
-            pass
+        except FrameError:
+            reason = "bad_frame"
         self._unwatch(conn)  # closed, or a bad frame
         if self.sink.sock(name) is conn:
-            self.sink.detach(name)
+            self.sink.detach(name, reason)
 
     def _detached(self, name: str, conn: socket.socket) -> None:
         """The sink detached analysis `name` (its socket broke, or it was replaced or ended): stop
@@ -351,13 +396,14 @@ class Relay:
                 asyncio.get_running_loop().remove_reader(fd)
 
     def _control(self, name: str, kind: int, body: bytes) -> None:
-        if kind != T_CTL:
-            return
-        cmd, arg = marshal.loads(body)
+        """One control frame of analysis `name` (FrameError when malformed, or a second hello)."""
+        cmd, arg = decode_control(kind, body)
         if cmd == "sync":
-            self.mark(int(arg), to=name)
+            self.mark(arg, to=name)
         elif cmd == "ack":
-            self.sink.ack(int(arg), name)
+            self.sink.ack(arg, name)
+        else:
+            raise FrameError("a second hello")
 
 
 class _AdminConn(asyncio.Protocol):

@@ -11,6 +11,9 @@ from typing import Any
 from prometheus_client.core import Metric
 
 from shadow.base.families import Family, SourceCollector
+from shadow.mirror.channel import DETACH_REASONS
+from shadow.mirror.frames import FIELD_MAX
+from shadow.mirror.handshake import REFUSALS
 from shadow.mirror.proxy import CUT_REASONS, REJECT_REASONS, Tap
 from shadow.mirror.relayview import RemoteTap
 
@@ -95,8 +98,37 @@ MISSED = Family(
 ATTACH_REFUSED = Family(
     "shadow_tap_attach_refused_total",
     "counter",
-    "Attach attempts refused (no valid hello, a wrong token, 8 analyses already attached).",
+    "Attach connections refused, by reason: busy (too many in the handshake), timeout, closed, magic "
+    "(not the attach handshake), protocol (another shadow version), proof (not the attach token), peer "
+    "(another uid on the unix socket), hello (a malformed hello), full (8 analyses attached), draining.",
+    "connections",
+    ("reason",),
+    {"reason": REFUSALS},
+)
+DETACHED = Family(
+    "shadow_tap_analysis_detached_total",
+    "counter",
+    "Analyses detached, by reason: closed (it left, or its socket broke), replaced (another attached under "
+    "its name), stalled (it took nothing while its share of --queue-bytes was full), overflow (what "
+    "cannot be dropped for it passed another share, or one largest request head), bad_frame (a malformed "
+    "control frame).",
     "analyses",
+    ("reason",),
+    {"reason": DETACH_REASONS},
+)
+PENDING_BYTES = Family(
+    "shadow_tap_handoff_pending_bytes",
+    "gauge",
+    "Bytes of copies waiting to be written to the attached analyses, all together (snapshots excepted: "
+    "they are the kept copies).",
+    "bytes",
+)
+CLAMPED = Family(
+    "shadow_tap_heads_clamped_total",
+    "counter",
+    f"Request heads sent to the analysis with a string (path, request id, header) cut to {FIELD_MAX} "
+    "characters.",
+    "requests",
 )
 RESTARTS = Family(
     "shadow_tap_relay_restarts_total",
@@ -124,6 +156,9 @@ FAMILIES = (
     UNKEPT,
     MISSED,
     ATTACH_REFUSED,
+    DETACHED,
+    PENDING_BYTES,
+    CLAMPED,
     RESTARTS,
     STARTED,
 )
@@ -147,6 +182,9 @@ class RelayCollector(SourceCollector[Any]):
         yield KEPT_REQUESTS.value(sink.kept_requests)
         yield UNKEPT.value(sink.unkept)
         yield MISSED.value(sink.missed)
-        yield ATTACH_REFUSED.value(r.refused)
+        yield ATTACH_REFUSED.sampled(dict(r.refused))
+        yield DETACHED.sampled(dict(sink.detached))
+        yield PENDING_BYTES.value(sink.pending_bytes)
+        yield CLAMPED.value(sink.clamped)
         yield RESTARTS.value(r.spec.restarts)
         yield STARTED.value(r.started)

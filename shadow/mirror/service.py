@@ -555,7 +555,7 @@ class TapService:
             self.attachments.append(Attachment(address, self._on_items, token=c.attach_token, boot_id=me,
                                                name=c.analysis_name,
                                                clock=self.clock, check=self._check_hello,
-                                               oldest_s=max(1.0, c.event_skew_s - 5.0)))
+                                               oldest_s=max(1.0, c.event_skew_s - 5.0), max_body=c.max_body))
         self.analysis.start()
         await asyncio.wrap_future(self.analysis.submit(self._start_analysis(api_sock)))
         h, p = api_sock.getsockname()[:2]

@@ -233,6 +233,8 @@ BAD_START_PROCESS = [
      "--lease-etcd 'http://127.0.0.1:70000': the port must be in 1..65535"),
     (["--attach", "tcp://127.0.0.1:70000"], {}, "--attach 'tcp://127.0.0.1:70000': the port must be in "
      "1..65535"),
+    (["--attach", "tcp://127.0.0.1:9"], {}, "--attach 'tcp://127.0.0.1:9': attaching over TCP needs "
+     "--attach-token"),
     (["--worker", "d1"], {}, "--worker must be NAME=URL, got 'd1'"),
     (["--worker", "d0=http://127.0.0.1:8"], {}, "--worker name 'd0' given twice"),
     (["--policies", "br0,nope"], {}, "--policies: unknown policy 'nope'"),

@@ -1,12 +1,17 @@
-"""Test helpers: a raw HTTP/1.1 client for the taps; a stream read with the official openai client."""
+"""Test helpers: a raw HTTP/1.1 client for the taps; a stream read with the official openai client;
+attaching to a relay by hand."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import Any, TypeVar
 
 import openai
 import pytest
+
+from shadow.mirror import handshake
+from shadow.mirror.frames import T_CTL, Hello, encode, encode_hello
 
 T = TypeVar("T")
 
@@ -80,3 +85,34 @@ async def openai_stream_error(base_url: str, raises: type[openai.APIError] = ope
     finally:
         await client.close()
     return got, raised.value
+
+
+def _exactly(sock: socket.socket, n: int) -> bytes:
+    """`n` bytes from a blocking socket (fewer when it closes first)."""
+    buf = b""
+    while len(buf) < n and (chunk := sock.recv(n - len(buf))):
+        buf += chunk
+    return buf
+
+
+def attach_by_hand(sock: socket.socket, name: Any, key: bytes = b"") -> bytes:
+    """Attach to a relay on a connected blocking socket as an analysis does — the handshake with
+    `key` (the attach token; empty on the unix socket), then a hello under `name` (any JSON value:
+    a wrong one is for the relay to refuse) — and return what the relay sent first (b"": refused)."""
+    msg, nonce = handshake.opening()
+    sock.sendall(msg)
+    head = _exactly(sock, handshake.HEAD)
+    if len(head) < handshake.HEAD:
+        return b""
+    handshake.answer_status(head)
+    sock.sendall(handshake.prove(key, nonce, _exactly(sock, handshake.ANSWER)))
+    sock.sendall(encode_hello(Hello(name, "", 0)) if isinstance(name, str) else
+                 encode(T_CTL, ["hello", {"name": name}]))
+    return sock.recv(1 << 16)
+
+
+async def attach_on_loop(sock: socket.socket, name: str, key: bytes = b"") -> None:
+    """`attach_by_hand`'s handshake and hello, on the running loop (a non-blocking socket)."""
+    loop = asyncio.get_running_loop()
+    await handshake.client(loop, sock, key)
+    await loop.sock_sendall(sock, encode_hello(Hello(name, "", 0)))

@@ -8,18 +8,20 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from shadow.mirror import handshake
 from shadow.mirror.attach import Attachment
-from shadow.mirror.channel import _DATA, _DATA_FIXED, T_DATA, T_HELLO, T_MARK, FrameReader, frame
+from shadow.mirror.frames import DATA, DATA_FIXED, HDR, T_DATA, T_HELLO, T_MARK, encode
 from shadow.mirror.rundir import unix_listen
 
 
 def _hello(relay_id: str) -> bytes:
-    return frame(T_HELLO, {"relay_id": relay_id, "v": 1, "mono": 0.0, "taps": {}})
+    return encode(T_HELLO, {"relay_id": relay_id, "v": handshake.VERSION, "mono": 0.0, "taps": [],
+                            "max_body": 4 << 20})
 
 
 def _snapshot_mark() -> bytes:
     snap = {"requests": 0, "live": 0, "unkept": 0, "missed": 0}
-    return frame(T_MARK, {"token": 0, "offered": 0, "dropped": 0, "snapshot": snap})
+    return encode(T_MARK, {"token": 0, "offered": 0, "dropped": 0, "snapshot": snap})
 
 
 def test_a_frame_torn_by_a_cut_connection_does_not_corrupt_the_next_one(tmp_path: Path) -> None:
@@ -28,16 +30,16 @@ def test_a_frame_torn_by_a_cut_connection_does_not_corrupt_the_next_one(tmp_path
         server = unix_listen(tmp_path / "attach.sock")
         server.setblocking(False)
         payload = b"data: x\n\n"
-        data = _DATA.pack(T_DATA, _DATA_FIXED + len(payload), 1, 1, 0.0) + payload
+        data = DATA.pack(T_DATA, DATA_FIXED + len(payload), 1, 1, 0.0) + payload
         a = Attachment(f"unix:{tmp_path / 'attach.sock'}", lambda r, items: None)
         a.start()
         try:
             for n, tail in enumerate((data[: len(data) // 2], _snapshot_mark())):
                 conn, _ = await loop.sock_accept(server)
                 conn.setblocking(False)
-                hello = FrameReader()
-                while not hello.feed(await loop.sock_recv(conn, 1 << 16)):
-                    pass  # the analysis's hello, one frame
+                await handshake.server(loop, conn, b"")
+                _, length = HDR.unpack(await handshake.recv_exact(loop, conn, HDR.size, "head"))
+                await handshake.recv_exact(loop, conn, length, "hello")  # the analysis's hello, one frame
                 # the first stream ends inside a data frame; the second is a whole one (same relay)
                 await loop.sock_sendall(conn, _hello("r1") + tail)
                 if n == 0:

@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from shadow.base.procs import read_json_line, shadow_argv
-from shadow.mirror.channel import T_CTL, frame
 from shadow.mirror.rundir import RunDir, unix_connect
+from tests.mirror.helpers import attach_by_hand
 from tests.mirror.stub_worker import ThreadServer, create_stub
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -152,8 +152,7 @@ def _hello(path: Path, name: Any) -> tuple[socket.socket, bytes]:
     sent first (b"" = refused)."""
     sock = unix_connect(path)
     sock.settimeout(30)
-    sock.sendall(frame(T_CTL, ("hello", {"name": name})))
-    return sock, sock.recv(1 << 16)
+    return sock, attach_by_hand(sock, name)
 
 
 def test_replicas_attach_side_by_side_each_sees_everything_and_a_name_replaces_only_its_own(
@@ -197,7 +196,8 @@ def test_replicas_attach_side_by_side_each_sees_everything_and_a_name_replaces_o
             # as is a name that is not a string
             attach = Path(ready["dir"]) / "attach.sock"
             metrics = ready["metrics"] + "/metrics"
-            refused = _metric(httpx.get(metrics).text, "shadow_tap_attach_refused_total")
+            full, bad = (f'shadow_tap_attach_refused_total{{reason="{r}"}}' for r in ("full", "hello"))
+            refused = _metric(httpx.get(metrics).text, full), _metric(httpx.get(metrics).text, bad)
             held = [_hello(attach, f"n{i}") for i in range(6)]
             assert all(first for _, first in held)
             _wait(lambda: _metric(httpx.get(metrics).text, "shadow_tap_analysis_attached") == 8, "8 attached")
@@ -205,7 +205,8 @@ def test_replicas_attach_side_by_side_each_sees_everything_and_a_name_replaces_o
                 sock, first = _hello(attach, name)
                 sock.close()
                 assert first == b"", name
-            assert _metric(httpx.get(metrics).text, "shadow_tap_attach_refused_total") == refused + 2
+            text = httpx.get(metrics).text
+            assert (_metric(text, full), _metric(text, bad)) == (refused[0] + 1, refused[1] + 1)
             for sock, _ in held:
                 sock.close()
         finally:

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from shadow.mirror.channel import T_CTL, T_HELLO, FrameReader, frame
+from shadow.mirror.frames import T_HELLO, FrameReader, frame_bound
 from shadow.mirror.relay import Relay, RelaySockets, RelaySpec
 from shadow.mirror.rundir import unix_listen
+from tests.mirror.helpers import attach_on_loop
 
 
 async def _attach(path: Path, name: str) -> socket.socket:
@@ -23,8 +24,8 @@ async def _attach(path: Path, name: str) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.setblocking(False)
     await loop.sock_connect(sock, str(path))
-    await loop.sock_sendall(sock, frame(T_CTL, ("hello", {"name": name})))
-    frames = FrameReader()
+    await attach_on_loop(sock, name)
+    frames = FrameReader(frame_bound(4 << 20))
     got: list[tuple[int, bytes]] = []
     while not any(k == T_HELLO for k, _ in got):
         data = await loop.sock_recv(sock, 1 << 16)

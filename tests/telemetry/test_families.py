@@ -101,8 +101,8 @@ def _collectors() -> list[tuple[DeclaredCollector, tuple[Family, ...]]]:
     relay_tap = SimpleNamespace(name="a", requests=0, connect_errors=0, rejected={}, cut={}, connections=0,
                                 inflight=lambda: 0)
     sink = SimpleNamespace(attached=None, attaches=0, dropped_total=0, kept_bytes=0, kept_requests=0,
-                           unkept=0, missed=0)
-    relay = SimpleNamespace(taps=[relay_tap], sink=sink, refused=0, spec=SimpleNamespace(restarts=0),
+                           unkept=0, missed=0, detached={}, pending_bytes=0, clamped=0)
+    relay = SimpleNamespace(taps=[relay_tap], sink=sink, refused={}, spec=SimpleNamespace(restarts=0),
                             started=0.0)
     capture = SimpleNamespace(byte_counts=lambda: {"to_server": 0, "to_client": 0, "gap": 0}, segments=0,
                               requests=0, seen_ratio=lambda: 1.0, kernel_drops=0, parse_errors=0, flows={})
