@@ -134,7 +134,7 @@ def traced() -> Iterator[None]:
         tracemalloc.stop()
 
 
-# 60 streams of up to 12 frames per test: each shaped frame kind ~70 times. Under tracemalloc a
+# 60 streams of 1-12 frames per test (~130 adversarial frames, ~14 of each kind). Under tracemalloc a
 # stream costs up to ~1 s of CPU on a loaded 2-core host (200 examples took 150-170 s at load 15,
 # near pytest's 300 s timeout, which then surfaced as a hypothesis FlakyStrategyDefinition).
 _FUZZ = settings(max_examples=60, deadline=None,
