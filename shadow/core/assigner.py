@@ -39,14 +39,12 @@ def _stage1_worker(scorer: Scorer, free: Sequence[int]) -> int:
 
 def _stage2_worker(scorer: Scorer, free: Sequence[int]) -> int:
     """The most free slots, then the largest margin, then the lowest index (-1: none free)."""
-    top = max(free, default=0)
-    if top <= 0:
-        return -1
-    most = [g for g, c in enumerate(free) if c == top]
-    if len(most) == 1:
-        return most[0]
     margins = scorer.margins()  # one call, not one per worker
-    return max(most, key=margins.__getitem__)  # (the first of equal margins: the lowest index)
+    best, best_c, best_m = -1, 0, 0.0
+    for g, c in enumerate(free):
+        if c > best_c or (c == best_c and c > 0 and margins[g] > best_m):
+            best, best_c, best_m = g, c, margins[g]
+    return best
 
 
 def stage1_tied(scorer: Scorer, free: Sequence[int]) -> int:

@@ -171,6 +171,7 @@ class BRHScorer(_Tokens):
         "_beta",
         "_d",
         "_dirty",
+        "_dm",
         "_env",
         "_h",
         "_newcomer",
@@ -211,6 +212,7 @@ class BRHScorer(_Tokens):
         self._thr = self._alpha / self._beta * self._D
         self._thr_eps = self._thr * (1 - 1e-12)
         self._pre = np.zeros((2, params.horizon + 2), dtype=np.float64)
+        self._dm = np.stack([self._d, np.zeros_like(self._d)])
         self._h = np.arange(params.horizon + 1, dtype=np.float64)
         self._env = self._proj.max(axis=0)
         self._sorted: list[list[float]] = [[] for _ in range(self.workers)]
@@ -224,15 +226,16 @@ class BRHScorer(_Tokens):
         (Called once per Stage-2 pop when the envelope rose: few array calls, one list
         conversion for both prefix sums.)"""
         self._dirty.discard(g)
-        margins = self._env - self._proj[g]
+        dm = self._dm  # [γ^h, m_{g,h}]
+        margins = dm[1]
+        np.subtract(self._env, self._proj[g], out=margins)
         order = margins.argsort(kind="stable")
-        sm = margins[order]
-        sd = self._d[order]
-        pre = self._pre  # [0, Σ d], [0, Σ d·m]: row 0 of each stays 0
-        sd.cumsum(out=pre[0, 1:])
-        (sd * sm).cumsum(out=pre[1, 1:])
+        s = dm[:, order]  # [d sorted, m sorted]
+        sm_l = s[1].tolist()
+        s[1] *= s[0]
+        pre = self._pre  # [0, Σ d], [0, Σ d·m]: column 0 stays 0
+        s.cumsum(axis=1, out=pre[:, 1:])
         w, v = pre.tolist()
-        sm_l = sm.tolist()
         # Δ* = first sorted margin where the d-weight of margins at or below it reaches (α/β)·D.
         j = min(bisect.bisect_left(w, self._thr_eps, 1) - 1, len(sm_l) - 1)
         self._sorted[g] = sm_l
