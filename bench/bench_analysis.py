@@ -34,7 +34,7 @@ and analyses each read on its own), the lanes processing the queue once per step
 report's figures (lanes, fidelity, step fit, agreement, requests; everything but decision times
 and the host's load) must equal the fast run's; a difference is printed and the exit status is 1.
 On f6df15e the figures depend on the read size (what one analysis batch holds): see
-docs/design/scale.md, "What batching changes".
+docs/scale.md, "What batching changes".
 """
 
 from __future__ import annotations
@@ -130,7 +130,6 @@ class FleetFrames:
         """One decode step: every stream's token (sent every `coalesce` steps), ends, new requests."""
         self.t += self.step_s
         t, k, out = self.t, self.k, self.out
-        keep: list[list[Any]] = []
         ended = 0
         for st in self.streams:
             st[4] = gen = st[4] + 1
@@ -150,11 +149,8 @@ class FleetFrames:
                 self.frames += 1
                 self.outstanding[st[1]] -= st[2]
                 ended += 1
-            else:
-                keep.append(st)
-        self.streams = keep
-        for _ in range(ended):
-            self.streams.append(self._new())
+        # the finished leave their slots to as many new requests (placed now, streaming next step)
+        self.streams = [st for st in self.streams if st[4] < st[3]] + [self._new() for _ in range(ended)]
         data = b"".join(out)
         out.clear()
         return data
@@ -170,15 +166,22 @@ class Clock:
         return self.t
 
 
-def service(workers: int, slots: int, step_s: float, policies: str,
-            clock: Callable[[], float]) -> ServeService:
+def service(workers: int, slots: int, step_s: float, policies: str, clock: Callable[[], float],
+            shards: int = 0, ray: str | None = None) -> ServeService:
     """`shadow serve`'s analysis objects, not started (no sockets, no threads): driven by hand."""
     tap = TapConfig(upstreams={f"d{g}": f"http://127.0.0.1:{9000 + g}" for g in range(workers)}, slots=slots,
                     scrape_interval_s=0, relay="process", attach=("unix:/nonexistent.sock",),
                     event_skew_s=3600.0)
     cfg = ServeConfig(tap=tap, policies=tuple(p for p in policies.split(",") if p), step_a=1e-12,
-                      step_b=step_s, live_queue_size=100_000_000)
+                      step_b=step_s, live_queue_size=100_000_000, lane_shards=shards, lane_ray=ray)
     return ServeService(cfg, clock=clock)
+
+
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def reads(data: bytes, size: int) -> Iterator[bytes]:
@@ -194,11 +197,11 @@ def rss_mb() -> float:
 class Run:
     """One pass over the input: the service, the reader, per-stage CPU, the lag model."""
 
-    def __init__(self, args: argparse.Namespace, g: int, b: int, read: int) -> None:
+    def __init__(self, args: argparse.Namespace, g: int, b: int, read: int, shards: int = 0) -> None:
         self.args, self.read = args, read
         self.step_s = args.step_ms / 1e3
-        self.clock = Clock()
-        self.svc = service(g, b, self.step_s, args.policies, self.clock)
+        self.clock = Clock()  # the analysis' clock: event time (a shard replays the lanes' moves)
+        self.svc = service(g, b, self.step_s, args.policies, self.clock, shards, args.ray)
         self.live = self.svc.live
         self.reader = ChannelReader()
         self.fleet = FleetFrames(g, b, self.step_s, args.coalesce, args.seed)
@@ -211,7 +214,7 @@ class Run:
     def lanes(self) -> None:
         live = self.live
         live.process_now()
-        live.driver.advance_to(live.driver.now)
+        live.advance_to(live.driver.now)
         if self.clock.t - self.last_publish >= PUBLISH_S:
             live._publish()
             self.last_publish = self.clock.t
@@ -252,7 +255,23 @@ class Run:
         for k in range(warm + meas):
             self.step(k >= warm)
         self.live.drain()
-        return self.live.report()
+        sharded = self.svc.sharded
+        if sharded is None:
+            return self.live.report()
+        c0 = time.process_time()
+        rep = sharded.report()
+        self.cpu["lanes"] += time.process_time() - c0
+        return rep
+
+    def shard_cpu_s(self) -> float | None:
+        """CPU seconds of the shard processes (None: no shard processes)."""
+        sharded = self.svc.sharded
+        procs = getattr(sharded.shards, "_procs", None) if sharded is not None else None
+        return sum(proc_cpu_s(p.pid) for p in procs) if procs else None
+
+    def close(self) -> None:
+        if self.svc.sharded is not None:
+            self.svc.sharded.close()
 
 
 def strip(x: Any) -> Any:
@@ -278,8 +297,10 @@ def diff(a: Any, b: Any, path: str = "") -> list[str]:
 def one(args: argparse.Namespace, fleet: str) -> bool:
     g, b = (int(x) for x in fleet.lower().split("x"))
     step_s = args.step_ms / 1e3
-    fast = Run(args, g, b, READ)
+    fast = Run(args, g, b, READ, args.lane_shards)
     rep = fast.run()
+    shard_cpu = fast.shard_cpu_s()
+    fast.close()
     cpu = sum(fast.cpu.values())
     secs = args.seconds
     rate = fast.tokens / secs
@@ -300,13 +321,18 @@ def one(args: argparse.Namespace, fleet: str) -> bool:
           f"(frame generation, not counted: {fast.gen_s:.2f} s)")
     lanes = ", ".join(f"{k} {v['steps']} steps" for k, v in rep["lanes"].items())
     print(f"  lanes: {lanes}; open requests {rep['requests']['open']}")
+    if args.lane_shards:
+        where = f"Ray actors at {args.ray}" if args.ray else "processes"
+        cpu_txt = f"; their CPU {shard_cpu:.2f} s" if shard_cpu is not None else ""
+        print(f"  lanes of the policies in {args.lane_shards} shards ({where}){cpu_txt}; the central "
+              "process's lanes figure above: the actual lane, the moves' pickling and the merge")
     if args.no_check:
         return True
     del fast
     ref = Run(args, g, b, args.check_read)
     rep_ref = ref.run()
     d = diff(strip(rep), strip(rep_ref))
-    print(f"  check against a reference run ({args.check_read}-byte reads, each analysed on its own): "
+    print(f"  check against a reference run (one process, {args.check_read}-byte reads): "
           + ("report figures equal" if not d else f"{len(d)} DIFFERENT"))
     for line in d[:20]:
         print("    " + line)
@@ -323,6 +349,9 @@ def main() -> None:
     ap.add_argument("--policies", default="jsq-bytes,br0,brh:survival")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-check", action="store_true", help="skip the reference run's comparison")
+    ap.add_argument("--lane-shards", type=int, default=0, help="the policies' lanes in this many processes "
+                    "(shadow serve --lane-shards; default 0: in the analysis process)")
+    ap.add_argument("--ray", default=None, metavar="ADDRESS", help="with --lane-shards: as Ray actors there")
     ap.add_argument("--check-read", type=int, default=READ, help="the reference run's read size in bytes "
                     "(default: the fast run's)")
     args = ap.parse_args()
