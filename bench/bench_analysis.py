@@ -71,7 +71,7 @@ T0 = 1000.0
 _PAD = "x" * 24
 SSE_HEADERS = {"content-type": "text/event-stream; charset=utf-8", "transfer-encoding": "chunked"}
 # report fields that measure this process (CPU, wall time, the host), not the traffic
-VOLATILE = frozenset({"load_average", "busy_s"})
+VOLATILE = frozenset({"host_load_average", "busy_s"})
 VOLATILE_PREFIX = ("decision_",)  # a lane's decision times (perf_counter)
 
 
