@@ -7,8 +7,12 @@ average differ."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +20,7 @@ import pytest
 from shadow.app.serve import ServeConfig
 from shadow.contracts.events import Event, Step
 from shadow.live.lanes import LiveLanes
-from shadow.live.shards import LocalShards, ProcessShards, RayShards, ShardedLanes, Shards, deal
+from shadow.live.shards import LocalShards, ProcessShards, ShardedLanes, Shards, deal
 from shadow.mirror.service import TapConfig
 from tests.live.sessions import session_events
 from tests.replay.test_sweep_ray import _env, ray_head  # noqa: F401 (the local Ray instance, a fixture)
@@ -87,10 +91,14 @@ def _sharded(events: list[Event], rolling: bool, shards: int,
         sharded.close()
 
 
-@pytest.fixture(scope="module")
-def events() -> list[Event]:
+def _events() -> list[Event]:
     evs, _ = session_events(60, G, B, rho=1.1, seed=3)
     return _probe(evs, G)
+
+
+@pytest.fixture(scope="module")
+def events() -> list[Event]:
+    return _events()
 
 
 def _same(want: dict[str, Any], got: dict[str, Any]) -> None:
@@ -136,18 +144,30 @@ def test_serve_takes_ray_only_with_shards() -> None:
         ServeConfig(tap=tap, lane_shards=-1).validate()
 
 
+#: The sharded run on Ray, in a process of its own started with Ray's settings in its environment
+#: (as an operator's `shadow serve --ray` is): prints the report without its timings, as JSON.
+RAY_RUN = """
+import json, sys
+from shadow.live.shards import RayShards
+from tests.live.test_lane_shards import _events, _sharded, _untimed
+got, _ = _sharded(_events(), True, 2, lambda s: RayShards(s, sys.argv[1]))
+import ray
+assert not ray.is_initialized()  # the session the shards started is shut down
+print("REPORT " + json.dumps(_untimed(got)))
+"""
+
+
 @pytest.mark.integration
 def test_shards_on_a_local_ray_instance_give_the_one_process_report(
-    events: list[Event], ray_head: str, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+    events: list[Event], ray_head: str  # noqa: F811
 ) -> None:
-    ray = pytest.importorskip("ray", reason="the `ray` extra is not installed (scripts/test.sh installs it)")
-    for k, v in _env().items():
-        if k.startswith("RAY_"):
-            monkeypatch.setenv(k, v)
-    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
-    want = _one_process(events, True)
-    got, _ = _sharded(events, True, 2, lambda s: RayShards(s, ray_head))
-    assert not ray.is_initialized()  # the session this test's shards started is shut down
+    pytest.importorskip("ray", reason="the `ray` extra is not installed (scripts/test.sh installs it)")
+    want = json.loads(json.dumps(_untimed(_one_process(events, True))))
+    root = Path(__file__).resolve().parents[2]
+    env = {**_env(), "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.run([sys.executable, "-c", RAY_RUN, ray_head], cwd=root, capture_output=True, text=True,
+                          timeout=280, env=env)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("REPORT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    got = json.loads(lines[-1][len("REPORT "):])
     _same(want, got)
-
-
