@@ -210,7 +210,7 @@ class ServeService:
         report.add_api_route("/v1/report", self._report, methods=["GET"])
         listeners: list[Listener] = [self.live.listener]
         routers = [report]
-        collectors: list[Collector] = [LiveCollector(self.live)]
+        collectors: list[Collector] = [LiveCollector(self.sharded or self.live)]  # (shards: merged)
         if self.mode_control is not None:
             listeners.append(self.mode_control.calibration)
             routers.append(self.mode_control.router)

@@ -20,6 +20,7 @@ import pytest
 from shadow.app.serve import ServeConfig
 from shadow.contracts.events import Event, Step
 from shadow.live.lanes import LiveLanes
+from shadow.live.metrics import LiveCollector
 from shadow.live.shards import LocalShards, ProcessShards, ShardedLanes, Shards, deal
 from shadow.mirror.service import TapConfig
 from tests.live.sessions import session_events
@@ -171,3 +172,14 @@ def test_shards_on_a_local_ray_instance_give_the_one_process_report(
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
     got = json.loads(lines[-1][len("REPORT "):])
     _same(want, got)
+
+
+def test_metrics_read_the_merged_report(events: list[Event]) -> None:
+    """/metrics (`LiveCollector`) of a sharded service reads the merged report: every lane's series."""
+    sharded = ShardedLanes(_settings(False), 2, LocalShards)
+    try:
+        _drive(sharded.live, events[: len(events) // 4])
+        values = {v for m in LiveCollector(sharded).collect() for s in m.samples for v in s.labels.values()}
+    finally:
+        sharded.close()
+    assert {"actual", "jsq-bytes", "br0", "brh-survival", "bra-survival"} <= values
