@@ -49,10 +49,11 @@ from shadow.engine.config import LaneClock, LaneSpec
 from shadow.engine.settings import LaneSettings
 from shadow.live.lanes import DEFAULT_POLICIES, LiveLanes
 from shadow.live.metrics import LiveCollector
-from shadow.live.shards import shard_lanes
+from shadow.live.shards import ProcessShards, RayShards, ShardedLanes, Shards
 from shadow.live.stepfit import SOURCES
 from shadow.mirror.hub import Listener
 from shadow.mirror.service import TapConfig, TapService
+from shadow.replay.sweep_ray import connect, import_ray
 from shadow.telemetry.httpspans import TapSpans
 from shadow.telemetry.tracing import MirrorSpans, RoutingSpans, get_tracer, otlp_provider
 
@@ -60,6 +61,22 @@ Job = Callable[[], Coroutine[Any, Any, None]]
 #: How often a recording is told the live lanes' clock when it changed (and once more at stop).
 CLOCK_RECORD_S = 1.0
 PROG = "shadow serve"
+
+
+def ray_shards(address: str | None) -> Callable[[list[dict[str, Any]]], Shards]:
+    """Lane shards as Ray actors on the cluster at `address` (Ray's own lookup when None), joined as
+    `shadow sweep --ray` joins it."""
+
+    def start(settings: list[dict[str, Any]]) -> Shards:
+        ray = import_ray()
+        return RayShards(settings, ray, lambda: connect(ray, address))
+
+    return start
+
+
+def shard_lanes(settings: dict[str, Any], shards: int, ray: str | None = None) -> ShardedLanes:
+    """`ShardedLanes` in `shards` processes, or Ray actors on the cluster at `ray`."""
+    return ShardedLanes(settings, shards, ray_shards(ray) if ray is not None else ProcessShards)
 
 
 def check_policies(policies: tuple[str, ...]) -> tuple[str, ...]:

@@ -17,7 +17,8 @@ the moves are pickled once per send for all shards; what it spreads is the polic
 their routing decisions and steps.
 
 Runners: `LocalShards` (in this process: the reference), `ProcessShards` (one process each, a pipe
-each) and `RayShards` (one Ray actor each; `address` as `shadow sweep --ray`'s).
+each) and `RayShards` (one Ray actor each; `shadow.app.serve.ray_shards(address)` connects as
+`shadow sweep --ray` does).
 """
 
 from __future__ import annotations
@@ -167,16 +168,15 @@ class _RayShard:
 
 
 class RayShards:
-    """One Ray actor per shard on the cluster at `address` (`shadow.replay.sweep_ray.connect`: Ray's
-    own lookup when None); a session this process did not start is left running on close."""
+    """One Ray actor per shard: `ray` is the imported module, `connect()` joins the cluster (called
+    when this process has no Ray session yet; `shadow.app.serve.ray_shards` gives both); a session
+    this process did not start is left running on close."""
 
-    def __init__(self, settings: Sequence[dict[str, Any]], address: str | None) -> None:
-        from shadow.replay.sweep_ray import connect, import_ray
-
-        ray = self._ray = import_ray()
+    def __init__(self, settings: Sequence[dict[str, Any]], ray: Any, connect: Callable[[], None]) -> None:
+        self._ray = ray
         self._owned = not ray.is_initialized()
         if self._owned:
-            connect(ray, address)
+            connect()
         actor = ray.remote(num_cpus=1)(_RayShard)
         self._actors = [actor.remote(s) for s in settings]
         self._pending: list[Any] = []
@@ -275,10 +275,3 @@ class ShardedLanes:
 
     def close(self) -> None:
         self.shards.close()
-
-
-def shard_lanes(settings: dict[str, Any], shards: int, ray: str | None = None) -> ShardedLanes:
-    """`ShardedLanes` in `shards` processes, or Ray actors on the cluster at `ray`."""
-    if ray is not None:
-        return ShardedLanes(settings, shards, lambda s: RayShards(s, ray))
-    return ShardedLanes(settings, shards, ProcessShards)

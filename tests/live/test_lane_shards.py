@@ -149,9 +149,9 @@ def test_serve_takes_ray_only_with_shards() -> None:
 #: (as an operator's `shadow serve --ray` is): prints the report without its timings, as JSON.
 RAY_RUN = """
 import json, sys
-from shadow.live.shards import RayShards
+from shadow.app.serve import ray_shards
 from tests.live.test_lane_shards import _events, _sharded, _untimed
-got, _ = _sharded(_events(), True, 2, lambda s: RayShards(s, sys.argv[1]))
+got, _ = _sharded(_events(), True, 2, ray_shards(sys.argv[1]))
 import ray
 assert not ray.is_initialized()  # the session the shards started is shut down
 print("REPORT " + json.dumps(_untimed(got)))
