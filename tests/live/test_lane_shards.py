@@ -7,6 +7,8 @@ average differ."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import os
 import subprocess
@@ -15,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from shadow.app.serve import ServeConfig
@@ -23,6 +26,8 @@ from shadow.live.lanes import LiveLanes
 from shadow.live.metrics import LiveCollector
 from shadow.live.shards import LocalShards, ProcessShards, ShardedLanes, Shards, deal
 from shadow.mirror.service import TapConfig
+from tests.harness import ServeThread
+from tests.live import test_serve_api as serve_api
 from tests.live.sessions import session_events
 from tests.replay.test_sweep_ray import _env, ray_head  # noqa: F401 (the local Ray instance, a fixture)
 
@@ -183,3 +188,22 @@ def test_metrics_read_the_merged_report(events: list[Event]) -> None:
     finally:
         sharded.close()
     assert {"actual", "jsq-bytes", "br0", "brh-survival", "bra-survival"} <= values
+
+
+def test_a_sharded_serve_gives_the_lanes_of_one_process_over_http() -> None:
+    """`shadow serve --lane-shards 2` in process over real HTTP (shard processes, the lanes' own
+    thread teeing its moves): /v1/report's lanes as one process's, /metrics with every lane."""
+    events, _ = session_events(120, serve_api.G, serve_api.B, rho=1.0, token_every=4)
+    one, _ = serve_api._run([events])
+    with ServeThread(dataclasses.replace(serve_api._config(), lane_shards=2)) as s:
+        api = s.ready["api"]
+        asyncio.run(serve_api._post(api, [events]))
+        two = httpx.get(api + "/v1/report", params={"drain": 1}, timeout=120).json()
+        metrics = httpx.get(api + "/metrics", timeout=60).text
+    assert list(two["lanes"]) == list(one["lanes"]) == ["actual", "jsq-bytes", "br0", "brh-survival"]
+    for label, lane in one["lanes"].items():
+        for key in ("avg_spread_tokens", "avg_imbalance_tokens", "steps", "requests_finished", "agreements"):
+            assert two["lanes"][label][key] == lane[key], (label, key)
+    assert two["comparison"]["lanes"].keys() == one["comparison"]["lanes"].keys()
+    for label in one["lanes"]:
+        assert f'shadow_lane_steps_total{{lane="{label}"}}' in metrics
