@@ -10,7 +10,8 @@ ratio is read against); per bench the geometric mean of the ratios of its own fi
 says whether lower or higher is better), and the CPU seconds of the whole run of each side.
 
 Presets (arguments and what is read from the output):
-  decision  bench_decision.py --quick --rounds 50 --clock cpu; P50 ms of one round per (G, waiting, policy)
+  decision  bench_decision.py --quick --rounds 50 --clock cpu; P50 and P99 ms of one round per (G, waiting,
+            policy)
   engine    bench_engine.py --lanes rr,jsq-bytes,br0,brh:survival (10,000 paper-azure requests at rho=1.1,
             G=8, B=64); M request-steps/s per lane (its perf_counter reads the CPU clock)
   live      bench_live.py --seconds 10 (G=64, B=256, 60 ms steps); CPU cores the lanes need
@@ -50,7 +51,11 @@ class Preset:
 
 def _decision(out: str) -> dict[str, float]:
     row = re.compile(r"^\s*(\d+)\s+(\d+)\s+\d+\s+(\S+)\s+([\d.]+)\s+([\d.]+)", re.M)
-    return {f"G={g} waiting={w} {p} p50": float(p50) for g, w, p, p50, _ in row.findall(out)}
+    out_ = {}
+    for g, w, p, p50, p99 in row.findall(out):
+        out_[f"G={g} waiting={w} {p} p50"] = float(p50)
+        out_[f"G={g} waiting={w} {p} p99"] = float(p99)
+    return out_
 
 
 def _engine(out: str) -> dict[str, float]:

@@ -49,9 +49,11 @@ from shadow.engine.config import LaneClock, LaneSpec
 from shadow.engine.settings import LaneSettings
 from shadow.live.lanes import DEFAULT_POLICIES, LiveLanes
 from shadow.live.metrics import LiveCollector
+from shadow.live.shards import ProcessShards, RayShards, ShardedLanes, Shards
 from shadow.live.stepfit import SOURCES
 from shadow.mirror.hub import Listener
 from shadow.mirror.service import TapConfig, TapService
+from shadow.replay.sweep_ray import connect, import_ray
 from shadow.telemetry.httpspans import TapSpans
 from shadow.telemetry.tracing import MirrorSpans, RoutingSpans, get_tracer, otlp_provider
 
@@ -59,6 +61,22 @@ Job = Callable[[], Coroutine[Any, Any, None]]
 #: How often a recording is told the live lanes' clock when it changed (and once more at stop).
 CLOCK_RECORD_S = 1.0
 PROG = "shadow serve"
+
+
+def ray_shards(address: str | None) -> Callable[[list[dict[str, Any]]], Shards]:
+    """Lane shards as Ray actors on the cluster at `address` (Ray's own lookup when None), joined as
+    `shadow sweep --ray` joins it."""
+
+    def start(settings: list[dict[str, Any]]) -> Shards:
+        ray = import_ray()
+        return RayShards(settings, ray, lambda: connect(ray, address))
+
+    return start
+
+
+def shard_lanes(settings: dict[str, Any], shards: int, ray: str | None = None) -> ShardedLanes:
+    """`ShardedLanes` in `shards` processes, or Ray actors on the cluster at `ray`."""
+    return ShardedLanes(settings, shards, ray_shards(ray) if ray is not None else ProcessShards)
 
 
 def check_policies(policies: tuple[str, ...]) -> tuple[str, ...]:
@@ -130,6 +148,8 @@ class ServeConfig:
     active: ActiveSettings | None = None  # --active: the front listener is shadow's own proxy
     drain_timeout_s: float = 30.0  # on a stop signal: how long requests in flight may take to finish
     lease: LeaseSettings | None = None  # replicas: only the lease holder routes, standbys pass on
+    lane_shards: int = 0  # > 0: the policies' lanes in this many processes (`shadow.live.shards`)
+    lane_ray: str | None = None  # with lane_shards: as Ray actors on the cluster at this address
 
     def validate(self) -> None:
         check_policies(self.policies)
@@ -152,6 +172,10 @@ class ServeConfig:
         if not 0 < self.compare_window_s < 1e9:
             raise ValueError(f"--compare-window must be > 0 s, got {self.compare_window_s}")
         StepTimeModel(self.step_a, self.step_b)
+        if self.lane_shards < 0:
+            raise ValueError(f"--lane-shards must be >= 0, got {self.lane_shards}")
+        if self.lane_ray is not None and not self.lane_shards:
+            raise ValueError("--ray runs lane shards: give --lane-shards N")
         if self.active is not None and self.tap.capture is not None:
             raise ValueError("--active routes through taps; --capture only reads the traffic: not both")
 
@@ -178,13 +202,16 @@ class ServeService:
         tracer = get_tracer(tracing) if tracing is not None else None
         self.spans = RoutingSpans(tracer) if tracer is not None else None
         step = StepTimeModel(config.step_a, config.step_b)
-        self.live = LiveLanes(
+        lanes: dict[str, Any] = dict(
             workers=config.workers, slots=config.tap.slots, policies=config.policies, lag_s=config.lag_s,
             step=step, step_source=config.step_source, lane_clock=config.lane_clock, br=config.br,
             queue_size=config.live_queue_size, window_s=config.step_window_s,
             compare_window_s=config.compare_window_s,
             rolling_s=config.compare_window_s if config.rolling else None, clock=clock,
         )
+        # --lane-shards: the policies' lanes in other processes (or Ray actors), one report
+        self.sharded = shard_lanes(lanes, config.lane_shards, config.lane_ray) if config.lane_shards else None
+        self.live = self.sharded.live if self.sharded is not None else LiveLanes(**lanes)
         mc = config.mode_config
         if mc is not None:  # only an active proxy carries out canary, active and fallback
             mc = dataclasses.replace(mc, active_available=config.active is not None)
@@ -200,7 +227,7 @@ class ServeService:
         report.add_api_route("/v1/report", self._report, methods=["GET"])
         listeners: list[Listener] = [self.live.listener]
         routers = [report]
-        collectors: list[Collector] = [LiveCollector(self.live)]
+        collectors: list[Collector] = [LiveCollector(self.sharded or self.live)]  # (shards: merged)
         if self.mode_control is not None:
             listeners.append(self.mode_control.calibration)
             routers.append(self.mode_control.router)
@@ -315,7 +342,8 @@ class ServeService:
         if drain:
             await self.tap.drain()
             await asyncio.to_thread(self.live.drain)
-        report = self.live.report()
+        sharded = self.sharded
+        report = await asyncio.to_thread(sharded.report) if sharded is not None else self.live.report()
         outputs = self.tap.output_counts()
         report = {**report, "output_counts": outputs}
         if "warning" in outputs:
@@ -427,6 +455,8 @@ class ServeService:
             self._note_clock()  # the lanes' last clock, before the recording closes
         await self.tap.stop(drain_timeout_s=max(0.0, deadline - loop.time()))
         await asyncio.to_thread(self.live.stop)
+        if self.sharded is not None:
+            await asyncio.to_thread(self.sharded.close)
 
 
 async def serve(config: ServeConfig) -> None:

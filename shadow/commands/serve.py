@@ -102,6 +102,12 @@ LANE_FLAGS = (
          default=0.5, **SECONDS),
     flag("--live-queue-size", "live_queue_size", "events waiting for the lanes; beyond it events are "
          "dropped and counted (default 200000)", type=int, default=200_000, metavar="EVENTS"),
+    flag("--lane-shards", "lane_shards", "run the policies' lanes in this many processes beside the "
+         "analysis, one report (default: none, in the analysis process)", type=int,
+         default=ServeConfig.lane_shards, metavar="N"),
+    flag("--ray", "lane_ray", "with --lane-shards: the shards as Ray actors on the cluster at this "
+         "address (as `shadow sweep --ray`; default: local processes)", default=ServeConfig.lane_ray,
+         metavar="ADDRESS"),
 )
 
 

@@ -14,7 +14,6 @@ tokens (fewer first) before their index; in token units the keys are the paper's
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from functools import partial
 
 from shadow.core.cost import RouteCost
 from shadow.core.fscore import Scorer
@@ -28,24 +27,23 @@ Assignment = tuple[Hashable, int]
 def _stage1_worker(scorer: Scorer, free: Sequence[int]) -> int:
     best = -1
     best_key: tuple[int, float, float, int] | None = None
+    margins = scorer.margins()
     for g, c in enumerate(free):
         if c <= 0:
             continue
-        key = (c, scorer.margin(g), -scorer.load(g), -g)
+        key = (c, margins[g], -scorer.load(g), -g)
         if best_key is None or key > best_key:
             best, best_key = g, key
     return best
 
 
 def _stage2_worker(scorer: Scorer, free: Sequence[int]) -> int:
-    best = -1
-    best_key: tuple[int, float, int] | None = None
+    """The most free slots, then the largest margin, then the lowest index (-1: none free)."""
+    margins = scorer.margins()  # one call, not one per worker
+    best, best_c, best_m = -1, 0, 0.0
     for g, c in enumerate(free):
-        if c <= 0:
-            continue
-        key = (c, scorer.margin(g), -g)
-        if best_key is None or key > best_key:
-            best, best_key = g, key
+        if c > best_c or (c == best_c and c > 0 and margins[g] > best_m):
+            best, best_c, best_m = g, c, margins[g]
     return best
 
 
@@ -113,7 +111,7 @@ def assign_round(
     total_free = sum(free)
     while pool and total_free > threshold:
         g = stage1(scorer, free)
-        entry = pool.best_single(partial(scorer.score, g), scorer.peak(g), cost)
+        entry = pool.best_single(scorer.score_of(g), scorer.peak(g), cost)
         assert entry is not None  # pool is non-empty
         admit(g, (entry,))
         total_free -= 1
@@ -128,7 +126,7 @@ def assign_round(
         peak = scorer.peak(g)
         entries = pool.window(params.r_max, now, params.age_s) if window is None else window(g, peak)
         cap = min(free[g], params.r_max)
-        score = partial(scorer.score, g)
+        score = scorer.score_of(g)
         chosen, value = subset(entries, cap, score, peak, params.exhaustive_max, cost)
         if not chosen or value <= 0:
             single = best_of(entries, score, cost)  # starvation guard

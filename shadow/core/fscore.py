@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Protocol
 
 import numpy as np
@@ -35,6 +36,10 @@ class Scorer(Protocol):
     cost: RouteCost
 
     def score(self, g: int, delta: float) -> float: ...
+
+    def score_of(self, g: int) -> Callable[[float], float]:
+        """score(g, ·) as one function of Δ, the same values; valid until the next `admit`."""
+        ...
 
     def peak(self, g: int) -> float: ...
 
@@ -85,6 +90,9 @@ class BR0Scorer(_Tokens):
     def score(self, g: int, delta: float) -> float:
         over = delta - (self._max - self._loads[g])
         return delta - self.workers * over if over > 0 else delta
+
+    def score_of(self, g: int) -> Callable[[float], float]:
+        return partial(self.score, g)
 
     def peak(self, g: int) -> float:
         return self._max - self._loads[g]
@@ -163,13 +171,16 @@ class BRHScorer(_Tokens):
         "_beta",
         "_d",
         "_dirty",
+        "_dm",
         "_env",
         "_h",
         "_newcomer",
         "_peak",
+        "_pre",
         "_proj",
         "_sorted",
         "_thr",
+        "_thr_eps",
         "_v",
         "_w",
         "cost",
@@ -199,6 +210,9 @@ class BRHScorer(_Tokens):
         self._d = params.gamma ** np.arange(params.horizon + 1, dtype=np.float64)
         self._D = float(self._d.sum())
         self._thr = self._alpha / self._beta * self._D
+        self._thr_eps = self._thr * (1 - 1e-12)
+        self._pre = np.zeros((2, params.horizon + 2), dtype=np.float64)
+        self._dm = np.stack([self._d, np.zeros_like(self._d)])
         self._h = np.arange(params.horizon + 1, dtype=np.float64)
         self._env = self._proj.max(axis=0)
         self._sorted: list[list[float]] = [[] for _ in range(self.workers)]
@@ -208,20 +222,25 @@ class BRHScorer(_Tokens):
         self._dirty: set[int] = set(range(self.workers))
 
     def _row(self, g: int) -> None:
-        """Sort worker g's margins m_{g,h} with their weights γ^h; prefix sums; the peak Δ*_g."""
+        """Sort worker g's margins m_{g,h} with their weights γ^h; prefix sums; the peak Δ*_g.
+        (Called once per Stage-2 pop when the envelope rose: few array calls, one list
+        conversion for both prefix sums.)"""
         self._dirty.discard(g)
-        margins = self._env - self._proj[g]
-        order = np.argsort(margins, kind="stable")
-        sm = margins[order]
-        sd = self._d[order]
-        w = np.cumsum(sd)
-        v = np.cumsum(sd * sm)
-        sm_l = sm.tolist()
+        dm = self._dm  # [γ^h, m_{g,h}]
+        margins = dm[1]
+        np.subtract(self._env, self._proj[g], out=margins)
+        order = margins.argsort(kind="stable")
+        s = dm[:, order]  # [d sorted, m sorted]
+        sm_l = s[1].tolist()
+        s[1] *= s[0]
+        pre = self._pre  # [0, Σ d], [0, Σ d·m]: column 0 stays 0
+        s.cumsum(axis=1, out=pre[:, 1:])
+        w, v = pre.tolist()
         # Δ* = first sorted margin where the d-weight of margins at or below it reaches (α/β)·D.
-        j = min(int(np.searchsorted(w, self._thr * (1 - 1e-12), side="left")), len(sm_l) - 1)
+        j = min(bisect.bisect_left(w, self._thr_eps, 1) - 1, len(sm_l) - 1)
         self._sorted[g] = sm_l
-        self._w[g] = [0.0, *w.tolist()]
-        self._v[g] = [0.0, *v.tolist()]
+        self._w[g] = w
+        self._v[g] = v
         self._peak[g] = sm_l[j]
 
     def score(self, g: int, delta: float) -> float:
@@ -229,6 +248,21 @@ class BRHScorer(_Tokens):
             self._row(g)
         j = bisect.bisect_left(self._sorted[g], delta)  # number of margins < Δ
         return self._alpha * self._D * delta - self._beta * (delta * self._w[g][j] - self._v[g][j])
+
+    def score_of(self, g: int) -> Callable[[float], float]:
+        """`score(g, ·)` with worker g's sorted margins and prefix sums bound (the same arithmetic:
+        (α·D)·Δ − β·(Δ·W_j − V_j)): the Stage-2 subset search calls it per candidate subset."""
+        if g in self._dirty:
+            self._row(g)
+        sm, w, v = self._sorted[g], self._w[g], self._v[g]
+        ad, beta = self._alpha * self._D, self._beta
+        left = bisect.bisect_left
+
+        def f(delta: float) -> float:
+            j = left(sm, delta)
+            return ad * delta - beta * (delta * w[j] - v[j])
+
+        return f
 
     def peak(self, g: int) -> float:
         if g in self._dirty:
@@ -262,8 +296,9 @@ class BRHScorer(_Tokens):
             else:
                 row[:n] += cost.token * (e.prompt_tokens + self._h[:n]) + cost.seq
         self._add_tokens(g, entries)
-        if np.any(row > self._env):
-            np.maximum(self._env, row, out=self._env)
+        env = self._env
+        if (row > env).any():
+            np.maximum(env, row, out=env)
             self._dirty.update(range(self.workers))
         else:
             self._dirty.add(g)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -156,6 +156,27 @@ class Windows(Observer):
         self._mark[i] = (k, t.steps, t.sum_spread, t.sum_imbalance, t.sum_max, t.tokens, t.sum_idle_s,
                          t.worker_time_s)
         self.passed[i] = k
+
+    @classmethod
+    def view(cls, window_s: float, booked: Mapping[str, tuple[Sequence[WindowTotals], int]]) -> Windows:
+        """Windows booked elsewhere (lanes in other processes): per label, in order, its windows and
+        how many it has passed; read like the observer that booked them (`complete`, `series`,
+        `recent`, `compare`). It observes nothing."""
+        if not (math.isfinite(window_s) and window_s > 0):
+            raise ValueError(f"window must be > 0 s, got {window_s!r}")
+        w = cls.__new__(cls)
+        w.window_s = window_s
+        w.labels = list(booked)
+        w._index = {}
+        w._mark = []
+        w.done = [deque(done, maxlen=max(1, len(done))) for done, _ in booked.values()]
+        w.passed = [passed for _, passed in booked.values()]
+        return w
+
+    def booked(self, label: str) -> tuple[list[WindowTotals], int]:
+        """Lane `label`'s windows kept and how many it has passed (what `view` takes)."""
+        i = self.labels.index(label)
+        return list(self.done[i]), self.passed[i]
 
     @property
     def complete(self) -> int:

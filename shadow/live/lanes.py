@@ -112,6 +112,17 @@ def step_counts(ev: Step) -> StepCounts | None:
     return StepCounts(seqs, prefill, ev.engine_wait_s, ev.iteration, ev.engine_run_s)
 
 
+def window_fields(last: dict[str, Any]) -> dict[str, Any]:
+    """A lane's last complete window (rolling: from its seed), beside its cumulative figures."""
+    return {
+        "window_index": last.get("index"),
+        "window_avg_spread_tokens": last.get("avg_spread_tokens"),
+        "window_avg_imbalance_tokens": last.get("avg_imbalance_tokens"),
+        "window_barrier_idle_fraction": last.get("barrier_idle_fraction"),
+        "window_throughput_tokens_per_s": last.get("throughput_tokens_per_s"),
+    }
+
+
 class LiveLanes:
     """The live lanes of `shadow serve`, off the relay loop.
 
@@ -234,6 +245,9 @@ class LiveLanes:
         self._lock = threading.Lock()  # serialises the worker thread with drain()/process_now()
         self._thread: threading.Thread | None = None
         self.busy_s = 0.0  # CPU seconds the worker thread spent (thread_time)
+        # told what moves the lanes, in order — ("batch", the events one `process_now` applied),
+        # ("advance", t), ("drain", None) — so lane shards replay it (`shadow.live.shards`)
+        self.tee: Callable[[str, Any], None] | None = None
         self._publish()
 
     # -- relay side ---------------------------------------------------------------------------
@@ -270,7 +284,7 @@ class LiveLanes:
         while not self._stop.is_set():
             with self._lock:
                 self.process_now()
-                self.driver.advance_to(self.live_now())
+                self.advance_to(self.live_now())
                 wall = self.clock()
                 if wall - last_publish >= self.publish_s:
                     self._publish()
@@ -285,13 +299,22 @@ class LiveLanes:
         """The newest event time plus the wall time since it was processed."""
         return self.driver.now + max(0.0, self.clock() - self._last_event_wall)
 
+    def advance_to(self, t: float) -> None:
+        """Run the lanes up to event time `t` (less the lag), as far as known ends allow."""
+        self.driver.advance_to(t)
+        if self.tee is not None:
+            self.tee("advance", t)
+
     def process_now(self, limit: int = 1_000_000) -> int:
         """Apply up to `limit` queued events (worker thread, or tests without the thread)."""
         q, d = self._queue, self.driver
         n = 0
         before = d.now
+        taken: list[Event] | None = [] if self.tee is not None else None
         while q and n < limit:
             ev = q.popleft()
+            if taken is not None:
+                taken.append(ev)
             try:
                 d.apply(ev)
             except Exception:
@@ -303,6 +326,8 @@ class LiveLanes:
             if n % 512 == 0:
                 self._observe()
         self.processed += n
+        if taken and self.tee is not None:
+            self.tee("batch", taken)
         if d.seeds.new:
             seeds, d.seeds.new = d.seeds.new, []
             if self.seed_sink is not None:
@@ -468,6 +493,8 @@ class LiveLanes:
         try:
             self.process_now()
             self.driver.drain()
+            if self.tee is not None:
+                self.tee("drain", None)
             self._publish()
         finally:
             self._lock.release()
@@ -562,12 +589,7 @@ class LiveLanes:
                 "spread_tokens": max(loads) - min(loads),
                 "imbalance_tokens": len(loads) * max(loads) - sum(loads),
                 "lookahead_stalls": t.stalls,
-                # the last complete window (rolling: from its seed), beside the cumulative figures
-                "window_index": last.get("index"),
-                "window_avg_spread_tokens": last.get("avg_spread_tokens"),
-                "window_avg_imbalance_tokens": last.get("avg_imbalance_tokens"),
-                "window_barrier_idle_fraction": last.get("barrier_idle_fraction"),
-                "window_throughput_tokens_per_s": last.get("throughput_tokens_per_s"),
+                **window_fields(last),
                 "reseeds": lane.reseeds,
                 # rolling: requests a re-seed took out before they finished here (reality ended them)
                 "requests_dropped": lane.dropped_unfinished,

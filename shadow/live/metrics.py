@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from itertools import accumulate
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client.core import Metric
 
@@ -17,7 +17,7 @@ from shadow.base.families import Family, SourceCollector
 from shadow.core.stepcost import FORMS, TERMS, form_key, form_label
 from shadow.engine.windows import FIGURES
 from shadow.live.confidence import VERDICTS
-from shadow.live.lanes import DECISION_BUCKETS, LiveLanes
+from shadow.live.lanes import DECISION_BUCKETS
 from shadow.live.stepcheck import REASONS as STEP_REJECT_REASONS
 from shadow.live.stepfit import STEP_BUCKETS
 
@@ -154,7 +154,13 @@ FAMILIES = (
 )
 
 
-class LiveCollector(SourceCollector[LiveLanes]):
+class Reporting(Protocol):
+    """What the collector reads: the live report (`LiveLanes`, or `ShardedLanes` merging its shards)."""
+
+    def report(self) -> dict[str, Any]: ...
+
+
+class LiveCollector(SourceCollector[Reporting]):
     """See module docstring."""
 
     families = FAMILIES

@@ -731,8 +731,19 @@ class _UpstreamConn(asyncio.Protocol):
         self.sse = False  # the response is an event stream (a cut gets an SSE error event)
         self.tail = b""  # the last bytes of body written to the client (is an event open?)
 
+    _out: list[bytes] | None = None  # set while a read is parsed: the client's bytes, written after it
+
     def usable(self) -> bool:
         return self.alive and self.transport is not None and not self.transport.is_closing()
+
+    def _write(self, client: _ClientConn, data: bytes) -> None:
+        """To the client: with the read being parsed (in order), else now."""
+        out = self._out
+        if out is not None:
+            out.append(data)
+        else:
+            assert client.transport is not None
+            client.transport.write(data)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -792,8 +803,17 @@ class _UpstreamConn(asyncio.Protocol):
             self.close()  # bytes nobody asked for
             return
         self.got_bytes = True
+        # what the parser delivers from this read goes to the client in one write (the chunks
+        # that arrived together, a last chunk and its terminator): one syscall, not one per chunk
+        out: list[bytes] = []
+        self._out = out
         try:
-            self.parser.feed_data(data)
+            try:
+                self.parser.feed_data(data)
+            finally:
+                self._out = None
+                if out and client.transport is not None:
+                    client.transport.write(out[0] if len(out) == 1 else b"".join(out))
         except HttpParserError:
             if self.stop_at_head:
                 self.finished = True  # a HEAD response ends at its head (the parser cannot be told)
@@ -836,7 +856,8 @@ class _UpstreamConn(asyncio.Protocol):
             self.interim = True
             if client.http11:
                 lines = kept_headers(hdrs)
-                client.transport.write(
+                self._write(
+                    client,
                     b"HTTP/1.1 %d %s\r\n%s\r\n"
                     % (status, self.reason, b"".join(ln + b"\r\n" for ln in lines))
                 )
@@ -875,7 +896,8 @@ class _UpstreamConn(asyncio.Protocol):
         self.sse = "event-stream" in ctx.resp_headers.get("content-type", "")
         if req.rewrite and status == 200 and self.rechunk:
             self.rw = FrameRewriter(req.rewrite)  # --inject-usage: the client gets rewritten frames
-        client.transport.write(
+        self._write(
+            client,
             b"HTTP/1.1 %d %s\r\n%s\r\n" % (status, self.reason, b"".join(ln + b"\r\n" for ln in lines))
         )
         if self.stop_at_head:
@@ -897,12 +919,12 @@ class _UpstreamConn(asyncio.Protocol):
             out = rw.feed(body)
             if out:
                 self.tail = out[-TAIL_BYTES:] if len(out) >= TAIL_BYTES else (self.tail + out)[-TAIL_BYTES:]
-                client.transport.write(b"%x\r\n%b\r\n" % (len(out), out))
+                self._write(client, b"%x\r\n%b\r\n" % (len(out), out))
         elif self.rechunk:
             self.tail = body[-TAIL_BYTES:] if len(body) >= TAIL_BYTES else (self.tail + body)[-TAIL_BYTES:]
-            client.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+            self._write(client, b"%x\r\n%b\r\n" % (len(body), body))
         else:
-            client.transport.write(body)
+            self._write(client, body)
 
     def on_message_complete(self) -> None:
         if self.interim:
@@ -918,9 +940,9 @@ class _UpstreamConn(asyncio.Protocol):
         if rw is not None:
             rest = rw.flush()
             if rest:
-                client.transport.write(b"%x\r\n%b\r\n" % (len(rest), rest))
+                self._write(client, b"%x\r\n%b\r\n" % (len(rest), rest))
         if self.rechunk:
-            client.transport.write(b"0\r\n%s\r\n" % b"".join(t + b"\r\n" for t in self.trailers))
+            self._write(client, b"0\r\n%s\r\n" % b"".join(t + b"\r\n" for t in self.trailers))
 
     def _finish(self) -> None:
         client, req = self.client, self.req

@@ -1,0 +1,109 @@
+"""The relay writes what one upstream read delivers to the client in one write (#35): a response
+whose head, chunks and terminator arrive together leaves as one write, byte for byte what the
+per-chunk writes sent, and every read of the upstream gives at most one write to the client."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from shadow.mirror import proxy
+from shadow.mirror.dropqueue import DropQueue
+from shadow.mirror.proxy import END_COMPLETE, Tap
+from tests.mirror.test_proxy import SSE_RESP, _items_through_end, _read_request, _talk, _with_tap
+
+SSE_EVENTS = b"".join(b"%x\r\n%b\r\n" % (len(e), e) for e in (b'data: {"t":%d}\n\n' % i for i in range(20)))
+
+
+class _Counting:
+    """A client transport that counts the relay's writes (everything else passes through)."""
+
+    def __init__(self, inner: Any, writes: list[bytes]) -> None:
+        self._inner = inner
+        self._writes = writes
+
+    def write(self, data: bytes) -> None:
+        self._writes.append(bytes(data))
+        self._inner.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> tuple[list[bytes], list[int]]:
+    """(the client writes, the upstream reads' sizes) of every relayed exchange in the test."""
+    writes: list[bytes] = []
+    reads: list[int] = []
+    made = proxy._ClientConn.connection_made
+    received = proxy._UpstreamConn.data_received
+
+    def connection_made(self: proxy._ClientConn, transport: asyncio.BaseTransport) -> None:
+        made(self, transport)
+        self.transport = _Counting(self.transport, writes)  # type: ignore[assignment]
+
+    def data_received(self: proxy._UpstreamConn, data: bytes) -> None:
+        reads.append(len(data))
+        received(self, data)
+
+    monkeypatch.setattr(proxy._ClientConn, "connection_made", connection_made)
+    monkeypatch.setattr(proxy._UpstreamConn, "data_received", data_received)
+    return writes, reads
+
+
+def test_a_response_read_at_once_leaves_in_one_write(counted: tuple[list[bytes], list[int]]) -> None:
+    writes, reads = counted
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, seen: list[bytes]) -> None:
+        seen.append(await _read_request(r))
+        w.write(head + SSE_EVENTS + b"0\r\n\r\n")  # one write: it arrives in one read or a few
+        await w.drain()
+
+    async def client(tap: Tap, q: DropQueue, seen: list[bytes]) -> None:
+        out = await _talk(tap, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+                          until=b"0\r\n\r\n")
+        _, body = out.split(b"\r\n\r\n", 1)
+        assert body == SSE_EVENTS + b"0\r\n\r\n"  # the same chunks, the same order
+        items = await _items_through_end(q)
+        assert [s for s, _ in items if s > 0] == list(range(1, 21))  # the copy: still one item per chunk
+        assert items[-1] == (-1, END_COMPLETE)
+
+    asyncio.run(_with_tap(handler, client))
+    assert reads, "the upstream's response was never read"
+    assert len(writes) <= len(reads), f"{len(writes)} client writes for {len(reads)} upstream reads"
+    assert b"".join(writes).split(b"\r\n\r\n", 1)[1] == SSE_EVENTS + b"0\r\n\r\n"
+
+
+def test_chunks_read_apart_are_written_apart(counted: tuple[list[bytes], list[int]]) -> None:
+    """A chunk alone in its read is written when read (nothing waits for more)."""
+    writes, reads = counted
+    events = (b"data: 1\n\n", b"data: 2\n\n")
+    reached = [asyncio.Event() for _ in events]  # (one loop: the handler waits on the client)
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, seen: list[bytes]) -> None:
+        seen.append(await _read_request(r))
+        w.write(SSE_RESP.split(b"\r\n\r\n", 1)[0] + b"\r\n\r\n")
+        for ev, done in zip(events, reached, strict=True):
+            w.write(b"%x\r\n%b\r\n" % (len(ev), ev))
+            await w.drain()
+            await done.wait()  # the client has this chunk before the next one is sent
+        w.write(b"0\r\n\r\n")
+        await w.drain()
+
+    async def client(tap: Tap, q: DropQueue, seen: list[bytes]) -> None:
+        r, w = await asyncio.open_connection(tap.host, tap.port)
+        w.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        await w.drain()
+        for ev, done in zip(events, reached, strict=True):
+            await r.readuntil(ev)
+            done.set()
+        await r.readuntil(b"0\r\n\r\n")
+        w.close()
+        await _items_through_end(q)
+
+    asyncio.run(_with_tap(handler, client))
+    # the head may share a read with the first chunk; each later chunk was alone in its read
+    assert len(writes) <= len(reads) and len(writes) >= len(events)
