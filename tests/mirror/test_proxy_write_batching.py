@@ -107,3 +107,60 @@ def test_chunks_read_apart_are_written_apart(counted: tuple[list[bytes], list[in
     asyncio.run(_with_tap(handler, client))
     # the head may share a read with the first chunk; each later chunk was alone in its read
     assert len(writes) <= len(reads) and len(writes) >= len(events)
+
+
+@pytest.mark.parametrize("closing", [b"Connection: close\r\n", b""], ids=["connection-close", "http10"])
+def test_a_response_read_at_once_ends_before_a_staged_close(closing: bytes) -> None:
+    """The whole response in one read, to a client whose connection ends after it (its own
+    `Connection: close`, or HTTP/1.0): every byte, terminator included, before the FIN."""
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    version = b"HTTP/1.1" if closing else b"HTTP/1.0"
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, seen: list[bytes]) -> None:
+        seen.append(await _read_request(r))
+        w.write(head + SSE_EVENTS + b"0\r\n\r\n")  # one write: the terminator in the read of the rest
+        await w.drain()
+
+    async def client(tap: Tap, q: DropQueue, seen: list[bytes]) -> None:
+        out = await _talk(tap, b"POST /v1/completions " + version + b"\r\nHost: x\r\n" + closing
+                          + b"Content-Length: 0\r\n\r\n")  # read to the connection's end
+        _, body = out.split(b"\r\n\r\n", 1)
+        events = b"".join(e for e in (b'data: {"t":%d}\n\n' % i for i in range(20)))
+        assert (body == SSE_EVENTS + b"0\r\n\r\n") if closing else (body == events), body[-40:]
+        items = await _items_through_end(q)
+        assert items[-1] == (-1, END_COMPLETE)
+
+    asyncio.run(_with_tap(handler, client))
+
+
+def test_a_broken_pipelined_request_is_answered_after_the_response_read_at_once() -> None:
+    """A valid request, then bad bytes pipelined behind it: the first response (read at once from
+    the upstream) reaches the client whole, and only then the 400 for the bad request."""
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    gate = asyncio.Event()
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, seen: list[bytes]) -> None:
+        seen.append(await _read_request(r))
+        await gate.wait()  # the bad bytes reached the tap before the response is sent
+        w.write(head + SSE_EVENTS + b"0\r\n\r\n")
+        await w.drain()
+
+    async def client(tap: Tap, q: DropQueue, seen: list[bytes]) -> None:
+        r, w = await asyncio.open_connection(tap.host, tap.port)
+        w.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        await w.drain()
+        while not seen:  # the request reached the upstream
+            await asyncio.sleep(0)
+        w.write(b"GARBAGE\r\n\r\n")
+        await w.drain()
+        while "bad_framing" not in tap.rejected:  # the tap parsed (and refused) the bad bytes
+            await asyncio.sleep(0)
+        gate.set()
+        out = await asyncio.wait_for(r.read(-1), 5)
+        first, rest = out.split(b"0\r\n\r\n", 1)
+        assert first.split(b"\r\n\r\n", 1)[1] == SSE_EVENTS
+        assert rest.startswith(b"HTTP/1.1 400 "), rest[:60]
+        w.close()
+        await _items_through_end(q)
+
+    asyncio.run(_with_tap(handler, client))
