@@ -29,7 +29,7 @@ from shadow.core.cost import RouteCost
 from shadow.core.policies import RouterOptions, make_router
 from shadow.core.predictors import Predictor, contribution
 from shadow.core.routers import PoolRouter, Router
-from shadow.core.snapshot import STAY_BASIS, FleetSnapshot, Projection
+from shadow.core.snapshot import KV_CAPACITY, STAY_BASIS, FleetSnapshot, Projection
 from shadow.core.stay import StayBasis, predicted_basis
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import DEFAULT_BLOCK_TOKENS, EngineConfig, LaneClock, LaneSpec
@@ -251,10 +251,14 @@ class Lane:
                 seed=config.seed,
                 assignments=forced,
                 workers=g,
+                view_age_s=spec.view_age_s,
             ),
         )
         self.predictor: Predictor | None = self.router.predictor
-        self._extras = {STAY_BASIS.name: self.stay_basis}
+        self._extras: dict[str, object] = {STAY_BASIS.name: self.stay_basis}
+        if self._kv_limited:
+            assert config.limits is not None and config.limits.kv_tokens is not None
+            self._extras[KV_CAPACITY.name] = [float(config.limits.kv_tokens)] * g
         self._fleet: FleetSnapshot | None = None  # built by the first `snapshot`
         self._fleet_free: list[int] = []  # its free slots, refreshed by each `snapshot`
         self._update_engine()

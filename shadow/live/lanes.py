@@ -217,9 +217,9 @@ class LiveLanes:
         self.fidelity_recent: deque[float] = deque(maxlen=120)
         # agreement: what each policy would have chosen in the router's place
         self._agree: dict[str, Router] = {}
-        options = RouterOptions(br=self.config.br, seed=seed)
         for spec in self.specs:
             if spec.policy != "brh":  # BR-H's choice needs its own predictor state: not compared
+                options = RouterOptions(br=self.config.br, seed=seed, view_age_s=spec.view_age_s)
                 self._agree[spec.label] = make_router(spec.policy, options)
         self.agreements: dict[str, int] = dict.fromkeys(self._agree, 0)
         self.decisions: dict[str, int] = dict.fromkeys(self._agree, 0)

@@ -13,7 +13,7 @@ import numpy as np
 from shadow.core.bra import BRAParams
 from shadow.core.intervals import mean_interval, ratio_interval
 from shadow.core.params import BRParams
-from shadow.core.policies import policy
+from shadow.core.policies import BASELINE_KINDS, policy
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec
 from shadow.engine.driver import Admission, LaneDriver, Observer
@@ -332,7 +332,7 @@ def summarise(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     for (name, g, rho), rs in sorted(cells.items()):
         rs = sorted(rs, key=lambda r: r["seed"])
         labels = list(rs[0]["lanes"])
-        base = [lb for lb in labels if policy(rs[0]["lanes"][lb]["policy"]).kind == "baseline"]
+        base = [lb for lb in labels if policy(rs[0]["lanes"][lb]["policy"]).kind in BASELINE_KINDS]
 
         def mean_of(label: str, key: str, rs: list[dict[str, Any]] = rs) -> float:
             vals = [r["lanes"][label][key] for r in rs if r["lanes"][label][key] is not None]
