@@ -32,6 +32,7 @@ from shadow.core.routers import PoolRouter, Router
 from shadow.core.snapshot import KV_CAPACITY, STAY_BASIS, FleetSnapshot, Projection
 from shadow.core.stay import StayBasis, predicted_basis
 from shadow.core.stepmodel import StepTimeModel
+from shadow.engine.balance import BalanceTally
 from shadow.engine.config import DEFAULT_BLOCK_TOKENS, EngineConfig, LaneClock, LaneSpec
 from shadow.engine.jobs import Job
 from shadow.engine.kvcache import FreeBlocks
@@ -130,6 +131,7 @@ class LaneTotals:
     decision_s: SampleSink = field(default_factory=_samples)
     trajectory_t: list[float] = field(default_factory=list)
     trajectory_loads: list[list[float]] = field(default_factory=list)
+    balance: BalanceTally = field(default_factory=BalanceTally)  # balance in the field's units
 
 
 class Lane:
@@ -502,6 +504,7 @@ class Lane:
         tt.sum_imbalance += imb
         tt.sum_idle_s += idle
         tt.sum_max += mx
+        tt.balance.add(mx, mn, tot, n_workers, t_step)
         if self._record_all:
             tt.trajectory_t.append(self.now)
             tt.trajectory_loads.append(list(loads))

@@ -29,6 +29,7 @@ from shadow.engine.rolling import Seed
 from shadow.engine.summary import LogHistogram, percentile
 from shadow.engine.windows import Windows, lane_figures
 from shadow.live.confidence import comparison, host_warnings, trust_problems
+from shadow.live.routerrule import router_rule
 from shadow.live.stepcheck import StepCheck
 from shadow.live.stepfit import STEP_BUCKETS, StepEstimator
 from shadow.live.workerclock import (
@@ -648,6 +649,8 @@ class LiveLanes:
             self._comparison = (key, comparison(self.windows, None, g, problems))
         self._snapshot = {
             "lanes": lanes,
+            # which compared lane's rule is closest to the real router's placements
+            "router_rule": router_rule(lanes),
             "step_model": {
                 "a_s_per_token": fit.a_s_per_token,
                 "b_s": fit.b_s,

@@ -69,7 +69,7 @@ LABELS: dict[str, str] = {
     "token)",
     "form": "a candidate step-cost form: its terms joined by + (b, b+c, ..., b+c+a+p)",
     "stat": "a host factor's statistic: recent (the last windows) | median | low | high (10th and 90th "
-    "percentiles)",
+    "percentiles); a lane's balance ratio: mean | p10; its max/min ratio: p50 | p90 | p95",
 }
 
 _HIST_SUFFIXES = ("_bucket", "_sum", "_count", "_created")
