@@ -9,18 +9,16 @@ Per step (G workers, max L = max_g L_g, mean L = Σ L_g / G):
 Identity: 1 − r = (G·max L − Σ L_g) / (G·max L) = I(k) / (G·max L), shadow's I(k) in their units.
 Speed-of-light throughput (NVIDIA: sol_time = Σ_k t_k·r_k, sol_tps = elapsed / sol_time × tps) with
 elapsed = Σ_k t_k is throughput / (time-weighted mean r). Steps with max L = 0 hold no tokens and
-are left out. Bounded memory: r in 1/1000 bins, max/min in 1 % log bins up to 10^6.
+are left out. Bounded memory and a few float operations per step: r and min/max (the inverse of
+max/min) in 1/1000 bins, so max/min is exact to 0.1 % near 1 and coarser far from it (at 100: ±10 %);
+below min/max = 0.001 (max/min > 1000, a worker holding nothing included) it counts as infinite.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-_R_BINS = 1000
-_LOG_STEP = math.log1p(0.01)
-_MM_TOP = 1e6  # max/min beyond it falls in the last bin
-_MM_BINS = int(math.log(_MM_TOP) / _LOG_STEP) + 2
+_BINS = 1000
 
 
 class BalanceTally:
@@ -29,8 +27,8 @@ class BalanceTally:
     __slots__ = ("_mm", "_r_time", "steps", "sum_t", "sum_tr", "zero_min")
 
     def __init__(self) -> None:
-        self._r_time = [0.0] * (_R_BINS + 1)  # step time per balance-ratio bin
-        self._mm = [0] * _MM_BINS  # steps per max/min bin (1 % wide from 1)
+        self._r_time = [0.0] * (_BINS + 1)  # step time per balance-ratio bin
+        self._mm = [0] * (_BINS + 1)  # steps per min/max bin (bin 0: max/min > 1000 or infinite)
         self.steps = 0
         self.sum_t = 0.0
         self.sum_tr = 0.0
@@ -44,10 +42,9 @@ class BalanceTally:
         self.steps += 1
         self.sum_t += t_step
         self.sum_tr += t_step * r
-        self._r_time[min(int(r * _R_BINS), _R_BINS)] += t_step
-        if mn > 0:
-            self._mm[min(int(math.log(min(mx / mn, _MM_TOP)) / _LOG_STEP), _MM_BINS - 1)] += 1
-        else:
+        self._r_time[min(int(r * _BINS), _BINS)] += t_step
+        self._mm[min(int(mn / mx * _BINS), _BINS)] += 1
+        if mn <= 0:
             self.zero_min += 1
 
     def ratio_mean(self) -> float | None:
@@ -62,20 +59,21 @@ class BalanceTally:
         for i, t in enumerate(self._r_time):
             acc += t
             if acc >= target and t > 0:
-                return i / _R_BINS
+                return i / _BINS
         return 1.0
 
     def max_min_quantile(self, q: float) -> float | None:
-        """max/min at quantile `q` over the steps (a bin's upper edge; None when it is infinite
-        or before any step)."""
+        """max/min at quantile `q` over the steps: from the min/max bins, highest first (the upper
+        edge of max/min's bin; None when it is beyond 1000 or infinite, or before any step)."""
         if not self.steps:
             return None
         target, acc = q * self.steps, 0
-        for i, n in enumerate(self._mm):
+        for i in range(_BINS, -1, -1):
+            n = self._mm[i]
             acc += n
             if acc >= target and n > 0:
-                return math.exp((i + 1) * _LOG_STEP)
-        return None  # in the steps where a worker held nothing
+                return _BINS / i if i else None
+        return None
 
     def figures(self, throughput_tokens_per_s: float | None) -> dict[str, Any]:
         """The balance figures, with speed-of-light throughput from the lane's throughput."""

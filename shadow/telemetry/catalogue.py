@@ -95,8 +95,8 @@ BALANCE_UNITS: tuple[str, ...] = (
     "ratio is shadow's I(k) over G·max L, and BF-IO's `avg_imbalance` is I(k) itself; idle rate = 1 − r; SOL",
     "throughput / throughput = 1 / mean r. These are in KV tokens: barrier idle (time) weighs them by",
     "the step model (idle = a·I(k) / (G·T(k)) with T = a·max L + b), so it is smaller by the fixed",
-    "part b of the step. Steps with max L = 0 are left out; r is kept in 1/1000 bins and max/min in",
-    "1 % bins (percentiles exact to a bin).",
+    "part b of the step. Steps with max L = 0 are left out; r and min/max are kept in 1/1000 bins",
+    "(percentiles exact to a bin: max/min to 0.1 % near 1, ±10 % at 100; beyond 1000 it counts as ∞).",
 )
 
 _HIST_SUFFIXES = ("_bucket", "_sum", "_count", "_created")
