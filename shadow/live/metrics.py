@@ -54,7 +54,8 @@ SOL_THROUGHPUT = Family("shadow_lane_sol_throughput_tokens_per_second", "gauge",
                         "ratio, what it would deliver perfectly balanced.", "tokens/s", L)
 MAX_MIN = Family("shadow_lane_max_min_ratio", "gauge",
                  "Per-step largest over smallest worker KV load (SGLang's max/min) at p50/p90/p95 over "
-                 "steps; absent where it is infinite (a worker held nothing) or over 1000 at that quantile.", "ratio",
+                 "steps; absent where it is infinite (a worker held nothing) or over 1000 at that quantile.",
+                 "ratio",
                  ("lane", "stat"), values={"stat": ("p50", "p90", "p95")})
 LAG = Family("shadow_lane_lag_seconds", "gauge", "How far the lane runs behind the live clock.", "seconds", L)
 
