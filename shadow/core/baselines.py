@@ -41,6 +41,15 @@ class BindState:
     waiting: list[int] = field(default_factory=list)
     kv_usage: list[float] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        # Built by hand without what the engines publish: none published (nothing running or
+        # waiting that the router would know of, KV used = kv_tokens, usage unknown).
+        if self.kv_tokens and not self.running:
+            g = len(self.free_slots)
+            self.kv_used = self.kv_used or list(self.kv_tokens)
+            self.running, self.waiting = [0] * g, self.waiting or [0] * g
+            self.kv_usage = self.kv_usage or [0.0] * g
+
     @classmethod
     def of(cls, fleet: FleetSnapshot, *, engines: bool = False) -> BindState:
         """A fresh state from `fleet` (the snapshot's sequences are copied, never written); `engines`:
