@@ -3,6 +3,7 @@
     python scripts/results_tables.py grid FILE.json [LANE ...]      # one row per (G, ρ)
     python scripts/results_tables.py lanes FILE.json                # every lane of every cell
     python scripts/results_tables.py targets FILE.json [LANE]       # the issue's targets, per cell
+    python scripts/results_tables.py balance FILE.json [LANE ...]   # balance ratio per (G, ρ) and lane
     python scripts/results_tables.py merge OUT.json A.json B.json ...  # lanes of separate runs, one file
     python scripts/results_tables.py relabel OUT.json IN.json OLD=NEW ...  # rename lanes (e.g. an old
                                                                            # default kept beside the new)
@@ -79,6 +80,21 @@ def lanes_table(doc: dict[str, Any]) -> str:
                 )
                 + " |"
             )
+    return "\n".join(rows)
+
+
+def balance(doc: dict[str, Any], lanes: list[str]) -> str:
+    """Per (G, ρ): each lane's balance ratio (NVIDIA's mean/max KV load, step-time-weighted over the
+    window), mean over seeds ± the 95 % half-width; every lane when none is named."""
+    names = lanes or list(doc["summary"][0]["lanes"])
+    head = ["G", "ρ", *names]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    for c in doc["summary"]:
+        cells = [str(c["workers"]), f"{c['load']:g}"]
+        for lb in names:
+            r = c["lanes"].get(lb)
+            cells.append(ci([100 * x for x in r["balance_ratio"]], ".1f") + " %" if r else "–")
+        rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
@@ -208,6 +224,8 @@ def main() -> None:
     print(f"`{doc['command']}`\n")
     if kind == "grid":
         print(grid(doc, lanes or ["br0", "brh-survival", "bra"]))
+    elif kind == "balance":
+        print(balance(doc, lanes))
     elif kind == "targets":
         print(targets(doc, lanes[0] if lanes else "bra"))
     else:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from shadow.core.snapshot import FleetSnapshot
+from shadow.core.snapshot import KV_CAPACITY, FleetSnapshot
 
 
 @dataclass(slots=True)
@@ -23,19 +23,74 @@ class BindState:
     finished (without counts: minus the free slots, so more free slots read as a shorter queue).
     outstanding_tokens: their summed forwarded size, the vllm-ascend proxy's byte score (without
     them: the loads). free_slots: free running slots.
+
+    What an engine publishes of itself (the incumbents' rules read these, `shadow.core.incumbents`):
+    kv_used: KV tokens its running requests hold; running / waiting: requests running / queued at
+    it (without counts: none); kv_usage: the fraction of its KV cache in use (0 when the cache's size
+    is unknown). `outstanding`, `outstanding_tokens` and `free_slots` are what the router itself
+    knows (its own ledger); the rest is what it reads of the engines, which may be stale
+    (`StaleView`).
     """
 
     kv_tokens: list[float]
     outstanding: list[int]
     outstanding_tokens: list[float]
     free_slots: list[int]
+    kv_used: list[float] = field(default_factory=list)
+    running: list[int] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)
+    kv_usage: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        # Built by hand without what the engines publish: none published (nothing running or
+        # waiting that the router would know of, KV used = kv_tokens, usage unknown).
+        if self.kv_tokens and not self.running:
+            g = len(self.free_slots)
+            self.kv_used = self.kv_used or list(self.kv_tokens)
+            self.running, self.waiting = [0] * g, self.waiting or [0] * g
+            self.kv_usage = self.kv_usage or [0.0] * g
 
     @classmethod
-    def of(cls, fleet: FleetSnapshot) -> BindState:
-        """A fresh state from `fleet` (the snapshot's sequences are copied, never written)."""
-        loads, queued, free = fleet.loads, fleet.queued_tokens, fleet.free_slots
+    def of(cls, fleet: FleetSnapshot, *, engines: bool = False) -> BindState:
+        """A fresh state from `fleet` (the snapshot's sequences are copied, never written); `engines`:
+        with what the engines publish of themselves (kv_used, running, waiting, kv_usage), which
+        only the incumbents' rules read."""
+        state = cls.of_ledger(fleet)
+        if engines:
+            state.publish(fleet)
+        else:
+            state.kv_tokens = _held_and_queued(fleet)
+        return state
+
+    def publish(self, fleet: FleetSnapshot) -> None:
+        """Replace what the engines publish of themselves by `fleet`'s (a refresh of a stale view)."""
+        loads = fleet.loads
+        self.kv_tokens = _held_and_queued(fleet)
+        self.kv_used = list(loads)
+        running = fleet.running
+        self.running = [0] * len(loads) if running is None else list(running)
+        out, cap = fleet.outstanding, fleet.extra(KV_CAPACITY)
+        if out is None or running is None:
+            self.waiting = [0] * len(loads)
+        else:
+            self.waiting = [o - r for o, r in zip(out, running, strict=True)]
+        if cap is None:
+            self.kv_usage = [0.0] * len(loads)
+        else:
+            self.kv_usage = [x / c if c else 0.0 for x, c in zip(loads, cap, strict=True)]
+
+    def own(self, fleet: FleetSnapshot) -> None:
+        """Replace what the router knows itself (its ledger, the free slots) by `fleet`'s."""
+        fresh = BindState.of_ledger(fleet)
+        self.outstanding, self.outstanding_tokens, self.free_slots = (
+            fresh.outstanding, fresh.outstanding_tokens, fresh.free_slots)
+
+    @classmethod
+    def of_ledger(cls, fleet: FleetSnapshot) -> BindState:
+        """Only the router's own ledger and the free slots of `fleet` (nothing published)."""
+        loads, free = fleet.loads, fleet.free_slots
         return cls(
-            kv_tokens=list(loads) if queued is None else [x + q for x, q in zip(loads, queued, strict=True)],
+            kv_tokens=[],
             outstanding=[-c for c in free] if fleet.outstanding is None else list(fleet.outstanding),
             outstanding_tokens=list(loads if fleet.outstanding_tokens is None else fleet.outstanding_tokens),
             free_slots=list(free),
@@ -43,13 +98,21 @@ class BindState:
 
     @property
     def workers(self) -> int:
-        return len(self.kv_tokens)
+        return len(self.free_slots)
+
+
+def _held_and_queued(fleet: FleetSnapshot) -> list[float]:
+    """KV tokens held plus prompt tokens queued, per worker."""
+    loads, queued = fleet.loads, fleet.queued_tokens
+    return list(loads) if queued is None else [x + q for x, q in zip(loads, queued, strict=True)]
 
 
 class Baseline:
     """Base class: `pick` returns a worker index for a request of `prompt_tokens`."""
 
     name = "baseline"
+    #: reads what the engines publish of themselves (`BindState.of(..., engines=True)`)
+    engines = False
 
     def __init__(self, rng: random.Random) -> None:
         self.rng = rng
@@ -64,6 +127,13 @@ class Baseline:
 
     def pick(self, state: BindState, prompt_tokens: int, only_free: bool = False) -> int:
         raise NotImplementedError
+
+    def charge(self, state: BindState, g: int, prompt_tokens: int) -> None:
+        """What the router's view adds at worker `g` for a request it just placed there, before
+        the engines tell (a live router's own counters; an incumbent's optimistic increment)."""
+        state.kv_tokens[g] += prompt_tokens
+        state.outstanding[g] += 1
+        state.outstanding_tokens[g] += prompt_tokens
 
 
 class _ByKey(Baseline):
@@ -151,9 +221,7 @@ def bind_all(baseline: Baseline, state: BindState, prompts: Sequence[int], only_
     out: list[int] = []
     for s in prompts:
         g = baseline.pick(state, s, only_free)
-        state.kv_tokens[g] += s
-        state.outstanding[g] += 1
-        state.outstanding_tokens[g] += s
+        baseline.charge(state, g, s)
         if only_free:
             state.free_slots[g] -= 1
         out.append(g)

@@ -7,6 +7,7 @@ parameter dataclass, which picks its part of a caller's `RouterOptions`.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
@@ -23,13 +24,24 @@ from shadow.core.baselines import (
     UniformRandom,
 )
 from shadow.core.bra import BRAParams
+from shadow.core.incumbents import (
+    SglangTotalRequests,
+    SglangTotalTokens,
+    SmgMinTokens,
+    TrtllmADP,
+    VllmDP,
+    VllmDPLegacy,
+)
 from shadow.core.params import BRParams
 from shadow.core.predictors import PREDICTORS, make_predictor
 from shadow.core.routers import BindingRouter, ForcedRouter, PoolRouter, Router
 
-#: baseline: binds each request at arrival; pool: places from a waiting pool into free slots;
-#: forced: replays given placements (the real router's, the `actual` lane).
-Kind = Literal["baseline", "pool", "forced"]
+#: baseline: binds each request at arrival; incumbent: likewise, a production router's own rule
+#: (`shadow.core.incumbents`), read at its default staleness; pool: places from a waiting pool into
+#: free slots; forced: replays given placements (the real router's, the `actual` lane).
+Kind = Literal["baseline", "incumbent", "pool", "forced"]
+#: The kinds that bind at arrival by a rule: what a comparison's "best baseline" is taken from.
+BASELINE_KINDS: tuple[Kind, ...] = ("baseline", "incumbent")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,18 +55,21 @@ class RouterOptions:
     only_free: bool = False
     assignments: Mapping[Hashable, int] | None = None
     workers: int = 0
+    view_age_s: float | None = None  # None: the policy's own default (`Policy.view_age_s`)
 
 
 @dataclass(frozen=True, slots=True)
 class BaselineParams:
-    """A baseline's random stream seed; `only_free`: bind only into free slots (a routing round)."""
+    """A baseline's random stream seed; `only_free`: bind only into free slots (a routing round);
+    `view_age_s`: the age of its view of the engines at most (`StaleView`; None: its default)."""
 
     seed: int = 0
     only_free: bool = False
+    view_age_s: float | None = None
 
     @classmethod
     def of(cls, o: RouterOptions) -> BaselineParams:
-        return cls(o.seed, o.only_free)
+        return cls(o.seed, o.only_free, o.view_age_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,10 +79,11 @@ class BalanceRouteParams:
 
     br: BRParams = field(default_factory=BRParams)
     predictor: str | None = None
+    view_age_s: float | None = None
 
     @classmethod
     def of(cls, o: RouterOptions) -> BalanceRouteParams:
-        return cls(o.br, o.predictor)
+        return cls(o.br, o.predictor, o.view_age_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,10 +93,11 @@ class AdaptiveParams:
     br: BRParams = field(default_factory=BRParams)
     bra: BRAParams = field(default_factory=BRAParams)
     predictor: str | None = None
+    view_age_s: float | None = None
 
     @classmethod
     def of(cls, o: RouterOptions) -> AdaptiveParams:
-        return cls(o.br, o.bra, o.predictor)
+        return cls(o.br, o.bra, o.predictor, o.view_age_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,13 +116,20 @@ class ForcedParams:
 
 P = TypeVar("P")
 
+#: The incumbents' default view ages: vLLM's DP coordinator publishes every 100 ms; SGLang's DP
+#: controller refreshes at most every 20 ms; SMG polls every --load-monitor-interval, 10 s.
+VLLM_DP_VIEW_S = 0.100
+SGLANG_VIEW_S = 0.020
+SMG_VIEW_S = 10.0
+
 
 @dataclass(frozen=True, slots=True)
 class Policy(Generic[P]):
     """One policy: its name and kind, a one-line summary, its parameters (`select` takes them from a
     caller's options) and the factory of its router. `predicted`: takes a length predictor (a lane
     needs one); `active`: active mode can route with it; `renamed`: old names active mode accepted
-    for it, each meaning exactly this policy there."""
+    for it, each meaning exactly this policy there; `view_age_s`: the age of the view of the engines
+    it routes on by default (an incumbent's refresh period; a lane's `name@AGE` overrides it)."""
 
     name: str
     kind: Kind
@@ -117,6 +141,7 @@ class Policy(Generic[P]):
     active: bool = False
     renamed: tuple[str, ...] = ()
     rule: type[Baseline] | None = None  # a baseline's rule
+    view_age_s: float = 0.0
 
     @property
     def binds_at_arrival(self) -> bool:
@@ -129,8 +154,9 @@ class Policy(Generic[P]):
         return self.factory(self.select(options))
 
 
-def _baseline(rule: type[Baseline], p: BaselineParams) -> Router:
-    return BindingRouter(rule(random.Random(p.seed)), only_free=p.only_free)
+def _baseline(rule: type[Baseline], default_age_s: float, p: BaselineParams) -> Router:
+    age = default_age_s if p.view_age_s is None else p.view_age_s
+    return BindingRouter(rule(random.Random(p.seed)), only_free=p.only_free, view_age_s=age)
 
 
 def _check_predictor(variant: str, predictor: str | None) -> None:
@@ -140,12 +166,14 @@ def _check_predictor(variant: str, predictor: str | None) -> None:
 
 def _balance_route(variant: str, p: BalanceRouteParams) -> Router:
     _check_predictor(variant, p.predictor)
-    return PoolRouter(variant, p.br, make_predictor(p.predictor) if p.predictor else None)
+    return PoolRouter(variant, p.br, make_predictor(p.predictor) if p.predictor else None,
+                      view_age_s=p.view_age_s or 0.0)
 
 
 def _adaptive(p: AdaptiveParams) -> Router:
     _check_predictor("bra", p.predictor)
-    return PoolRouter("bra", p.br, make_predictor(p.predictor) if p.predictor else None, p.bra)
+    return PoolRouter("bra", p.br, make_predictor(p.predictor) if p.predictor else None, p.bra,
+                      view_age_s=p.view_age_s or 0.0)
 
 
 def _forced(p: ForcedParams) -> Router:
@@ -158,18 +186,25 @@ def _rule(
     aliases: tuple[str, ...] = (),
     active: bool = False,
     renamed: tuple[str, ...] = (),
+    kind: Kind = "baseline",
+    view_age_s: float = 0.0,
 ) -> Policy[BaselineParams]:
     return Policy(
         rule.name,
-        "baseline",
+        kind,
         summary,
         BaselineParams.of,
-        partial(_baseline, rule),
+        partial(_baseline, rule, view_age_s),
         aliases=aliases,
         active=active,
         renamed=renamed,
         rule=rule,
+        view_age_s=view_age_s,
     )
+
+
+def _incumbent(rule: type[Baseline], summary: str, view_age_s: float) -> Policy[BaselineParams]:
+    return _rule(rule, summary, kind="incumbent", view_age_s=view_age_s)
 
 
 REGISTRY: Mapping[str, Policy[Any]] = {
@@ -186,6 +221,29 @@ REGISTRY: Mapping[str, Policy[Any]] = {
             renamed=("jsq",),
         ),
         _rule(LeastTokens, "least KV tokens held plus prompt tokens queued"),
+        _incumbent(VllmDP, "vLLM's DP load balancer (vllm-project/vllm vllm/v1/engine/core_client.py "
+                   "DPLBAsyncMPClient, PR #49204): min max(inflight, waiting+running) + "
+                   "6·waiting·max(0, kv_usage-0.5), ties rotated (PR #47420); counts published every "
+                   "100 ms", VLLM_DP_VIEW_S),
+        _incumbent(VllmDPLegacy, "vLLM's DP load balancer before PR #49204 (vllm-project/vllm "
+                   "vllm/v1/engine/core_client.py DPLBAsyncMPClient): min 4·waiting + running, ties "
+                   "to the first engine; counts published every 100 ms", VLLM_DP_VIEW_S),
+        _incumbent(SglangTotalTokens, "SGLang's DP controller --load-balance-method total_tokens "
+                   "(sgl-project/sglang python/sglang/srt/managers/data_parallel_controller.py "
+                   "DPBudget, PR #21699): min total tokens, ties fewer requests; +input length "
+                   "between refreshes (at most every 20 ms)", SGLANG_VIEW_S),
+        _incumbent(SglangTotalRequests, "SGLang's DP controller --load-balance-method total_requests "
+                   "(sgl-project/sglang python/sglang/srt/managers/data_parallel_controller.py "
+                   "DPBudget): min running+waiting requests; +1 between refreshes (at most every "
+                   "20 ms)", SGLANG_VIEW_S),
+        _incumbent(SmgMinTokens, "SMG's --dp-minimum-tokens-scheduler (lightseekorg/smg "
+                   "model_gateway/src/policies/dp_min_token.rs, worker/monitor.rs, PR #1007): min "
+                   "cached num_used_tokens, +ceil(1.3·words) per dispatch; polled every "
+                   "--load-monitor-interval (10 s)", SMG_VIEW_S),
+        _incumbent(TrtllmADP, "TensorRT-LLM's DefaultADPRouter (NVIDIA/TensorRT-LLM "
+                   "tensorrt_llm/_torch/pyexecutor/scheduler/adp_router.py, PR #11633): min-heap on "
+                   "(Σ prompt lengths, requests), each rank capped at ceil(total/G); per-iteration "
+                   "allgather (current)", 0.0),
         Policy("br0", "pool", "BalanceRoute BR-0 over a prompt pool", BalanceRouteParams.of,
                partial(_balance_route, "br0"), active=True),
         Policy("brh", "pool", "BalanceRoute BR-H (horizon look-ahead with a length predictor)",
@@ -209,7 +267,7 @@ def names(kind: Kind | None = None, *, active: bool | None = None) -> tuple[str,
 
 
 #: Policies one can pick by name for a lane, `schedule_round` or a sweep (all but `forced`).
-POLICIES: tuple[str, ...] = (*names("baseline"), *names("pool"))
+POLICIES: tuple[str, ...] = (*names("baseline"), *names("incumbent"), *names("pool"))
 #: Policies active mode routes with (BalanceRoute's first).
 ACTIVE: tuple[str, ...] = (*names("pool", active=True), *names("baseline", active=True))
 #: The `policy` label of actively routed requests: the active policies and `router` (shadow mode).
@@ -261,11 +319,50 @@ def make_baseline(name: str, rng: random.Random) -> Baseline:
 
 
 def lane_names() -> str:
-    """The lane names for `--help`: every policy, `name[:predictor]` where one takes a predictor."""
+    """The lane names for `--help`: every policy, `name[:predictor]` where one takes a predictor,
+    an incumbent with its default view age (`name@AGE` sets any policy's)."""
     preds = "|".join(PREDICTORS)
-    return ", ".join(
-        f"{p.name}[:{preds}]" if p.predicted else p.name for p in REGISTRY.values() if p.kind != "forced"
+
+    def one(p: Policy[Any]) -> str:
+        name = f"{p.name}[:{preds}]" if p.predicted else p.name
+        return f"{name} (@{format_age(p.view_age_s)})" if p.view_age_s else name
+
+    return ", ".join(one(p) for p in REGISTRY.values() if p.kind != "forced") + (
+        "; any lane takes @AGE (e.g. vllm-dp@10ms, br0@100ms, jsq-bytes@0): the age of its view of "
+        "the engines, refreshed when a decision finds it that old"
     )
+
+
+_AGE_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def parse_age(text: str) -> float:
+    """A view age: "100ms", "10s", "250us", "0" (a bare number is seconds); ValueError otherwise."""
+    t = text.strip()
+    for unit in ("us", "ms", "s"):
+        if t.endswith(unit):
+            number, scale = t[: -len(unit)], _AGE_UNITS[unit]
+            break
+    else:
+        number, scale = t, 1.0
+    try:
+        age = float(number) * scale
+    except ValueError:
+        raise ValueError(f"a view age is a number with us, ms or s (e.g. 100ms), got {text!r}") from None
+    if not (age >= 0 and math.isfinite(age)):
+        raise ValueError(f"a view age must be finite and >= 0, got {text!r}")
+    return age
+
+
+def format_age(age_s: float) -> str:
+    """`parse_age`'s inverse in the shortest unit that keeps it whole where one does ("100ms")."""
+    if age_s == 0:
+        return "0"
+    for unit in ("s", "ms", "us"):
+        x = age_s / _AGE_UNITS[unit]
+        if abs(x - round(x)) < 1e-9 * max(1.0, abs(x)):
+            return f"{round(x)}{unit}"
+    return f"{age_s:g}s"
 
 
 def active_names() -> str:

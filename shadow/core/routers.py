@@ -12,7 +12,9 @@ names them. Pure: time and randomness are arguments; nothing here reads a clock.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Mapping
+from dataclasses import replace
 from typing import Protocol
 
 from shadow.core.balanceroute import BalanceRoute
@@ -74,23 +76,56 @@ class _Binding:
         return len(self._waiting) < n
 
 
+class StaleView:
+    """A router's view of the engines, `age_s` old at most: replaced by the fleet's state at the
+    first decision `age_s` or more after the last replacement (SGLang's throttled refresh; a
+    periodic publication every `age_s` is older on average: its view is replaced when a decision
+    finds it due), and between replacements only the router's own ledger and free slots are
+    current while the rule's optimistic increments (`Baseline.charge`) accumulate on the rest.
+    `age_s` = 0 replaces it at every decision: exactly the fresh view."""
+
+    def __init__(self, age_s: float) -> None:
+        if not age_s >= 0:
+            raise ValueError(f"a view's age must be >= 0 s, got {age_s!r}")
+        self.age_s = age_s
+        self._state: BindState | None = None
+        self._at = -math.inf
+        self.refreshes = 0
+
+    def state(self, fleet: FleetSnapshot, now: float, engines: bool) -> BindState:
+        """The view at `now` (written by the caller's charges until the next refresh)."""
+        st = self._state
+        if st is None or not 0 <= now - self._at < self.age_s or st.workers != fleet.workers:
+            st = self._state = BindState.of(fleet, engines=engines)
+            self._at = now
+            self.refreshes += 1
+        else:
+            st.own(fleet)
+        return st
+
+
 class BindingRouter(_Binding):
-    """A baseline (rr, random, p2c, jsq, jsq-bytes, least-tokens) as a stateful router.
+    """A baseline (rr, random, p2c, jsq, jsq-bytes, least-tokens) or an incumbent's rule
+    (`shadow.core.incumbents`) as a stateful router.
 
     `only_free`: place only on workers with a free slot, at most as many as there are free slots
-    (a routing round); otherwise every waiting request is bound (an engine queues it).
+    (a routing round); otherwise every waiting request is bound (an engine queues it). `view_age_s`
+    > 0: the rule reads a `StaleView` of the engines that old at most (0: the fleet as it is).
     """
 
-    def __init__(self, baseline: Baseline, *, only_free: bool = False) -> None:
+    def __init__(self, baseline: Baseline, *, only_free: bool = False, view_age_s: float = 0.0) -> None:
         super().__init__()
         self.baseline = baseline
         self.name = baseline.name
         self.only_free = only_free
+        self.view = StaleView(view_age_s) if view_age_s > 0 else None
 
     def decide(self, fleet: FleetSnapshot, now: float) -> list[Decision]:
         if not self._waiting:
             return []
-        state = BindState.of(fleet)
+        view = self.view
+        engines = self.baseline.engines
+        state = BindState.of(fleet, engines=engines) if view is None else view.state(fleet, now, engines)
         if self.only_free:
             n = sum(max(0, c) for c in state.free_slots)
             take, self._waiting = self._waiting[:n], self._waiting[n:]
@@ -132,6 +167,7 @@ class PoolRouter:
         params: BRParams,
         predictor: Predictor | None = None,
         bra: BRAParams | None = None,
+        view_age_s: float = 0.0,
     ) -> None:
         self.br: BalanceRoute | BalanceRouteAdaptive = (
             BalanceRouteAdaptive(params, bra)
@@ -141,6 +177,7 @@ class PoolRouter:
         self.name = variant
         self.pool = Pool()
         self.predictor = predictor
+        self.view = StaleLoads(view_age_s) if view_age_s > 0 else None
 
     def on_arrive(
         self, request_id: Hashable, prompt_tokens: int, now: float, predicted_steps: float | None = None
@@ -164,9 +201,18 @@ class PoolRouter:
     def decide(self, fleet: FleetSnapshot, now: float) -> list[Decision]:
         if not self.pool:
             return []
-        free = fleet.free_slots
-        if not any(c > 0 for c in free):
+        if not any(c > 0 for c in fleet.free_slots):
             return []
+        view = self.view
+        if view is None:
+            return self._round(fleet, now)
+        sizes = {e.request_id: e.prompt_tokens for e in self.pool}
+        out = self._round(view.fleet(fleet, now), now)
+        view.placed([(g, sizes[rid]) for rid, g in out])
+        return out
+
+    def _round(self, fleet: FleetSnapshot, now: float) -> list[Decision]:
+        free = fleet.free_slots
         br = self.br
         cost = fleet.cost
         seqs = None if cost.paper else fleet.seqs()
@@ -186,3 +232,33 @@ class PoolRouter:
         if br.variant == "brh":
             return br.round(fleet.loads, free, self.pool, now, *fleet.active(), cost=cost, seqs=seqs)
         return br.round(fleet.loads, free, self.pool, now, cost=cost, seqs=seqs)
+
+
+class StaleLoads:
+    """BR-0/BR-H/BRA's view of the KV loads and running sequences, `age_s` old at most (as
+    `StaleView`: replaced at the first round due, else the last view plus each request placed
+    since: its prompt tokens, one sequence). Free slots, BR-H's projection and BRA's basis stay
+    current: only the loads the rounds balance are stale."""
+
+    def __init__(self, age_s: float) -> None:
+        if not age_s >= 0:
+            raise ValueError(f"a view's age must be >= 0 s, got {age_s!r}")
+        self.age_s = age_s
+        self._loads: list[float] = []
+        self._running: list[int] = []
+        self._at = -math.inf
+
+    def fleet(self, fleet: FleetSnapshot, now: float) -> FleetSnapshot:
+        """`fleet` with the view's loads (and running sequences)."""
+        if not 0 <= now - self._at < self.age_s or len(self._loads) != fleet.workers:
+            self._loads = list(fleet.loads)
+            seqs = fleet.seqs()
+            self._running = [0] * fleet.workers if seqs is None else list(seqs)
+            self._at = now
+        return replace(fleet, loads=self._loads, running=self._running)
+
+    def placed(self, decisions: list[tuple[int, int]]) -> None:
+        """(worker, prompt tokens) of each request just placed: the view's optimistic increments."""
+        for g, tokens in decisions:
+            self._loads[g] += tokens
+            self._running[g] += 1

@@ -39,6 +39,9 @@ class Extra(Generic[T]):
         return f"Extra({self.name!r})"
 
 
+#: Each worker's KV cache in tokens (what an engine's KV usage is a fraction of), where known.
+KV_CAPACITY: Extra[Sequence[float]] = Extra("kv_capacity")
+
 #: BRA's predicted thin-pool basis of a kind ("life", "stay", ...), None when there is none.
 STAY_BASIS: Extra[Callable[[str], StayBasis | None]] = Extra("stay_basis")
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from shadow.core.bra import BRAParams
 from shadow.core.params import BRParams
-from shadow.core.policies import REGISTRY, lookup
+from shadow.core.policies import REGISTRY, format_age, lookup, parse_age
 from shadow.core.predictors import PREDICTORS
 from shadow.core.stepmodel import StepTimeModel
 
@@ -131,11 +131,14 @@ class EngineConfig:
 
 @dataclass(frozen=True, slots=True)
 class LaneSpec:
-    """One lane: a policy (and for BR-H a predictor). `forced` replays given assignments."""
+    """One lane: a policy (and for BR-H a predictor). `forced` replays given assignments.
+    `view_age_s`: the age of the lane's view of the engines at most (None: its policy's default,
+    `Policy.view_age_s`; `shadow.core.routers.StaleView`)."""
 
     policy: str
     predictor: str | None = None
     name: str = ""
+    view_age_s: float | None = None
 
     def __post_init__(self) -> None:
         p = lookup(self.policy)
@@ -155,15 +158,19 @@ class LaneSpec:
         """Display name: e.g. "brh-survival"; the oracle lane is marked as an offline bound."""
         if self.name:
             return self.name
-        return f"{self.policy}-{self.predictor}" if self.predictor is not None else self.policy
+        base = f"{self.policy}-{self.predictor}" if self.predictor is not None else self.policy
+        return base if self.view_age_s is None else f"{base}@{format_age(self.view_age_s)}"
 
     @classmethod
     def parse(cls, text: str) -> LaneSpec:
-        """ "jsq", "br0", "brh" (= brh:survival), "brh:oracle", "brh:exactmatch"; "bra" likewise."""
-        policy, _, predictor = text.strip().partition(":")
+        """ "jsq", "br0", "brh" (= brh:survival), "brh:oracle", "brh:exactmatch"; "bra" likewise;
+        any of them with "@AGE" ("vllm-dp@10ms", "br0@100ms"; `parse_age`): its view's age."""
+        head, at, age = text.strip().partition("@")
+        view_age_s = parse_age(age) if at else None
+        policy, _, predictor = head.partition(":")
         p = lookup(policy)
         if p is not None and p.predicted:
-            return cls(policy, predictor or "survival")
+            return cls(policy, predictor or "survival", view_age_s=view_age_s)
         if predictor:
             raise ValueError(f"policy {policy!r} takes no predictor (got {text!r})")
-        return cls(policy)
+        return cls(policy, view_age_s=view_age_s)

@@ -29,9 +29,10 @@ from shadow.core.cost import RouteCost
 from shadow.core.policies import RouterOptions, make_router
 from shadow.core.predictors import Predictor, contribution
 from shadow.core.routers import PoolRouter, Router
-from shadow.core.snapshot import STAY_BASIS, FleetSnapshot, Projection
+from shadow.core.snapshot import KV_CAPACITY, STAY_BASIS, FleetSnapshot, Projection
 from shadow.core.stay import StayBasis, predicted_basis
 from shadow.core.stepmodel import StepTimeModel
+from shadow.engine.balance import BalanceTally
 from shadow.engine.config import DEFAULT_BLOCK_TOKENS, EngineConfig, LaneClock, LaneSpec
 from shadow.engine.jobs import Job
 from shadow.engine.kvcache import FreeBlocks
@@ -130,6 +131,7 @@ class LaneTotals:
     decision_s: SampleSink = field(default_factory=_samples)
     trajectory_t: list[float] = field(default_factory=list)
     trajectory_loads: list[list[float]] = field(default_factory=list)
+    balance: BalanceTally = field(default_factory=BalanceTally)  # balance in the field's units
 
 
 class Lane:
@@ -251,10 +253,14 @@ class Lane:
                 seed=config.seed,
                 assignments=forced,
                 workers=g,
+                view_age_s=spec.view_age_s,
             ),
         )
         self.predictor: Predictor | None = self.router.predictor
-        self._extras = {STAY_BASIS.name: self.stay_basis}
+        self._extras: dict[str, object] = {STAY_BASIS.name: self.stay_basis}
+        if self._kv_limited:
+            assert config.limits is not None and config.limits.kv_tokens is not None
+            self._extras[KV_CAPACITY.name] = [float(config.limits.kv_tokens)] * g
         self._fleet: FleetSnapshot | None = None  # built by the first `snapshot`
         self._fleet_free: list[int] = []  # its free slots, refreshed by each `snapshot`
         self._update_engine()
@@ -498,6 +504,7 @@ class Lane:
         tt.sum_imbalance += imb
         tt.sum_idle_s += idle
         tt.sum_max += mx
+        tt.balance.add(mx, mn, tot, n_workers, t_step)
         if self._record_all:
             tt.trajectory_t.append(self.now)
             tt.trajectory_loads.append(list(loads))

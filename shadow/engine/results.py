@@ -37,6 +37,7 @@ class LaneResult:
     decision_ms_p50: float | None
     decision_ms_p99: float | None
     makespan_s: float
+    balance: dict[str, Any] = field(default_factory=dict)  # `shadow.engine.balance` figures
     trajectory_t: list[float] = field(default_factory=list, repr=False)
     trajectory_loads: list[list[float]] = field(default_factory=list, repr=False)
 
@@ -45,6 +46,7 @@ class LaneResult:
         out = asdict(self)
         out.pop("trajectory_t")
         out.pop("trajectory_loads")
+        out.update(out.pop("balance"))
         return out
 
 
@@ -55,6 +57,7 @@ def lane_result(lane: Lane, requests: int, points: int) -> LaneResult:
     makespan = max(t.last_finish_s - (t.first_arrival_s if t.finished else 0.0), 0.0)
     total_worker_time = t.worker_time_s
     traj_t, traj_l = t.trajectory_t, t.trajectory_loads
+    throughput = t.tokens / makespan if makespan > 0 else 0.0
     if points and len(traj_t) > points:
         stride = -(-len(traj_t) // points)
         traj_t, traj_l = traj_t[::stride], traj_l[::stride]
@@ -70,7 +73,7 @@ def lane_result(lane: Lane, requests: int, points: int) -> LaneResult:
         avg_spread_tokens=t.sum_spread / steps,
         avg_imbalance_tokens=t.sum_imbalance / steps,
         barrier_idle_fraction=t.sum_idle_s / total_worker_time if total_worker_time > 0 else 0.0,
-        throughput_tokens_per_s=t.tokens / makespan if makespan > 0 else 0.0,
+        throughput_tokens_per_s=throughput,
         mean_step_ms=1e3 * t.busy_time_s / steps,
         tpot_p50_ms=_pct(t.tpot_s, 50, 1e3),
         tpot_p95_ms=_pct(t.tpot_s, 95, 1e3),
@@ -81,6 +84,7 @@ def lane_result(lane: Lane, requests: int, points: int) -> LaneResult:
         decision_ms_p50=_pct(t.decision_s, 50, 1e3),
         decision_ms_p99=_pct(t.decision_s, 99, 1e3),
         makespan_s=makespan,
+        balance=t.balance.figures(throughput),
         trajectory_t=list(traj_t),
         trajectory_loads=[list(x) for x in traj_l],
     )

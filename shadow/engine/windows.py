@@ -91,6 +91,7 @@ def lane_figures(t: LaneTotals, step: StepTimeModel | None, workers: int) -> dic
         idle = step.a * t.sum_imbalance / (workers * busy) if busy > 0 else 0.0
         throughput = t.tokens / busy if busy > 0 else 0.0
     return {
+        **t.balance.figures(throughput),  # balance in the field's units (`shadow.engine.balance`)
         "steps": t.steps,
         "requests_finished": t.finished,
         "avg_spread_tokens": t.sum_spread / steps,

@@ -29,6 +29,7 @@ from shadow.engine.rolling import Seed
 from shadow.engine.summary import LogHistogram, percentile
 from shadow.engine.windows import Windows, lane_figures
 from shadow.live.confidence import comparison, host_warnings, trust_problems
+from shadow.live.routerrule import router_rule
 from shadow.live.stepcheck import StepCheck
 from shadow.live.stepfit import STEP_BUCKETS, StepEstimator
 from shadow.live.workerclock import (
@@ -229,9 +230,9 @@ class LiveLanes:
         self.fidelity_recent: deque[float] = deque(maxlen=120)
         # agreement: what each policy would have chosen in the router's place
         self._agree: dict[str, Router] = {}
-        options = RouterOptions(br=self.config.br, seed=seed)
         for spec in self.specs:
             if spec.policy != "brh":  # BR-H's choice needs its own predictor state: not compared
+                options = RouterOptions(br=self.config.br, seed=seed, view_age_s=spec.view_age_s)
                 self._agree[spec.label] = make_router(spec.policy, options)
         self.agreements: dict[str, int] = dict.fromkeys(self._agree, 0)
         self.decisions: dict[str, int] = dict.fromkeys(self._agree, 0)
@@ -671,6 +672,8 @@ class LiveLanes:
             self._comparison = (key, comparison(self.windows, None, g, problems))
         self._snapshot = {
             "lanes": lanes,
+            # which compared lane's rule is closest to the real router's placements
+            "router_rule": router_rule(lanes),
             "step_model": {
                 "a_s_per_token": fit.a_s_per_token,
                 "b_s": fit.b_s,

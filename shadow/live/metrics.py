@@ -42,6 +42,21 @@ FINISHED = Family("shadow_lane_requests_finished_total", "counter",
                   "Requests the lane has finished.", "requests", L)
 STALLS = Family("shadow_lane_lookahead_stalls_total", "counter",
                 "Steps held because a running request's end was not yet known.", "steps", L)
+BALANCE = Family("shadow_lane_balance_ratio", "gauge",
+                 "Balance ratio (NVIDIA's avg/max): mean over workers of the KV load over the largest, "
+                 "per step; its step-time-weighted mean and 10th percentile (1 - it = I(k)/(G*max L)).",
+                 "ratio", ("lane", "stat"), values={"stat": ("mean", "p10")})
+IDLE_RATE = Family("shadow_lane_idle_rate_ratio", "gauge",
+                   "Idle rate (BF-IO's): mean over workers of 1 - L_g/max L, step-time-weighted "
+                   "(= 1 - the mean balance ratio).", "ratio", L)
+SOL_THROUGHPUT = Family("shadow_lane_sol_throughput_tokens_per_second", "gauge",
+                        "Speed-of-light throughput (NVIDIA's): the lane's throughput over its mean balance "
+                        "ratio, what it would deliver perfectly balanced.", "tokens/s", L)
+MAX_MIN = Family("shadow_lane_max_min_ratio", "gauge",
+                 "Per-step largest over smallest worker KV load (SGLang's max/min) at p50/p90/p95 over "
+                 "steps; absent where it is infinite (a worker held nothing) or over 1000 at that quantile.",
+                 "ratio",
+                 ("lane", "stat"), values={"stat": ("p50", "p90", "p95")})
 LAG = Family("shadow_lane_lag_seconds", "gauge", "How far the lane runs behind the live clock.", "seconds", L)
 
 
@@ -143,12 +158,18 @@ _PER_LANE = (
     (W_SPREAD, "window_avg_spread_tokens"), (W_IMBALANCE, "window_avg_imbalance_tokens"),
     (W_IDLE, "window_barrier_idle_fraction"), (W_THROUGHPUT, "window_throughput_tokens_per_s"),
     (RESEEDS, "reseeds"), (CUTS, "windows_cut"),
+    (IDLE_RATE, "idle_rate"), (SOL_THROUGHPUT, "sol_throughput_tokens_per_s"),
+)
+#: The families of a lane figure per statistic: (family, {stat: the lane report's key}).
+_PER_LANE_STAT = (
+    (BALANCE, {"mean": "balance_ratio_mean", "p10": "balance_ratio_p10"}),
+    (MAX_MIN, {"p50": "max_min_ratio_p50", "p90": "max_min_ratio_p90", "p95": "max_min_ratio_p95"}),
 )
 #: The step model's gauges with the report's step_model key each.
 _STEP_MODEL = ((MODEL_A, "a_s_per_token"), (MODEL_B, "b_s"), (MODEL_R2, "r2"), (MODEL_SAMPLES, "samples"))
 
 FAMILIES = (
-    *(f for f, _ in _PER_LANE), WORKER_LOAD, WORKER_ACTIVE, DECISION_SECONDS,
+    *(f for f, _ in _PER_LANE), BALANCE, MAX_MIN, WORKER_LOAD, WORKER_ACTIVE, DECISION_SECONDS,
     *(f for f, _ in _STEP_MODEL), *_COST, STEP_SECONDS, FIDELITY, DROPPED, STEPS_REJECTED, VS_ACTUAL, VERDICT,
     TRUSTWORTHY,
 )
@@ -170,6 +191,9 @@ class LiveCollector(SourceCollector[Reporting]):
         lanes: dict[str, Any] = rep.get("lanes", {})
         for fam, key in _PER_LANE:
             yield fam.sampled({label: _float(v.get(key)) for label, v in lanes.items()})
+        for fam, keys in _PER_LANE_STAT:
+            yield fam.sampled({(label, stat): _float(v.get(key)) for label, v in lanes.items()
+                               for stat, key in keys.items()})
         for fam, key in ((WORKER_LOAD, "worker_running_loads"), (WORKER_ACTIVE, "worker_active")):
             per_worker = fam.gauge_family()
             for label, v in lanes.items():

@@ -12,7 +12,7 @@ from typing import Any
 
 from shadow.core.cost import RouteCost
 from shadow.core.params import BRParams
-from shadow.core.policies import policy
+from shadow.core.policies import BASELINE_KINDS, policy
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import EngineConfig, LaneClock, LaneSpec, PrefillConfig
 from shadow.engine.jobs import jobs_from
@@ -64,7 +64,7 @@ class ReplayReport:
 
     def best_baseline(self, metric: str = "avg_spread_tokens", lower: bool = True) -> str | None:
         """Label of the best baseline lane by `metric`."""
-        cands = [r for r in self.results.values() if policy(r.policy).kind == "baseline"]
+        cands = [r for r in self.results.values() if policy(r.policy).kind in BASELINE_KINDS]
         if not cands:
             return None
         pick = min if lower else max

@@ -13,7 +13,7 @@ import numpy as np
 from shadow.core.bra import BRAParams
 from shadow.core.intervals import mean_interval, ratio_interval
 from shadow.core.params import BRParams
-from shadow.core.policies import policy
+from shadow.core.policies import BASELINE_KINDS, policy
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec
 from shadow.engine.driver import Admission, LaneDriver, Observer
@@ -277,13 +277,16 @@ def drive(
     ttft = _exact(tt.ttft_s)[f0:f1]
     dec = _exact(tt.decision_s)[int(snap["decisions"]) : int(end["decisions"])]
     g = lane.config.workers
+    weighed = end["balance_t"] - snap["balance_t"]
+    ratio = (end["balance_tr"] - snap["balance_tr"]) / weighed if weighed > 0 else None
+    throughput = (end["tokens"] - snap["tokens"]) / span if span > 0 else 0.0
     return {
         "steps": int(steps),
         "spread_steps": (end["spread"] - snap["spread"]) / steps if steps else 0.0,
         "spread_seconds": spread_time / busy if busy > 0 else 0.0,
         "imbalance": (end["imbalance"] - snap["imbalance"]) / steps if steps else 0.0,
         "idle_fraction": (end["idle"] - snap["idle"]) / (g * busy) if busy > 0 else 0.0,
-        "throughput_tps": (end["tokens"] - snap["tokens"]) / span if span > 0 else 0.0,
+        "throughput_tps": throughput,
         "running_per_step": (end["tokens"] - snap["tokens"]) / steps if steps else 0.0,
         "mean_step_ms": 1e3 * busy / steps if steps else 0.0,
         "mean_load": (end["load"] - snap["load"]) / steps if steps else 0.0,
@@ -293,6 +296,10 @@ def drive(
         "ttft_p50_ms": _pct(ttft, 50),
         "ttft_p99_ms": _pct(ttft, 99),
         "decision_p99_ms": _pct(dec, 99),
+        # NVIDIA's balance ratio over the window (step-time-weighted mean of mean/max KV load) and
+        # its speed-of-light throughput (`shadow.engine.balance`)
+        "balance_ratio": ratio,
+        "sol_throughput_tps": throughput / ratio if ratio else None,
     }
 
 
@@ -311,6 +318,8 @@ def _snapshot(lane: Lane, sum_load: float = 0.0) -> dict[str, float]:
         "tpot": len(t.tpot_s),
         "shed": t.shed,
         "decisions": len(t.decision_s),
+        "balance_t": t.balance.sum_t,
+        "balance_tr": t.balance.sum_tr,
     }
 
 
@@ -332,7 +341,7 @@ def summarise(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     for (name, g, rho), rs in sorted(cells.items()):
         rs = sorted(rs, key=lambda r: r["seed"])
         labels = list(rs[0]["lanes"])
-        base = [lb for lb in labels if policy(rs[0]["lanes"][lb]["policy"]).kind == "baseline"]
+        base = [lb for lb in labels if policy(rs[0]["lanes"][lb]["policy"]).kind in BASELINE_KINDS]
 
         def mean_of(label: str, key: str, rs: list[dict[str, Any]] = rs) -> float:
             vals = [r["lanes"][label][key] for r in rs if r["lanes"][label][key] is not None]
@@ -355,8 +364,10 @@ def summarise(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "ttft_p99_ms",
                 "shed_fraction",
                 "decision_p99_ms",
+                "balance_ratio",
+                "sol_throughput_tps",
             ):
-                vals = [r["lanes"][lb][key] for r in rs if r["lanes"][lb][key] is not None]
+                vals = [v for r in rs if (v := r["lanes"][lb].get(key)) is not None]  # (older files: none)
                 row[key] = mean_interval(vals) if vals else NO_INTERVAL
             if best_s is not None:
                 row["spread_x"] = _paired(rs, best_s, lb, "spread_steps", invert=True)

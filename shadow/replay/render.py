@@ -98,9 +98,37 @@ def render_report(report: ReplayReport, console: Console) -> None:
             "–" if r.policy == "forced" else f"{_f(r.decision_ms_p50, '.3f')}/{_f(r.decision_ms_p99, '.3f')}",
         )
     console.print(table)
+    console.print(balance_table(report))
     for line in comparison_lines(report):
         console.print(line)
     console.print(f"[dim]replayed in {report.wall_s:.1f} s; throughput and times come from the step model[/]")
+
+
+def balance_table(report: ReplayReport) -> Table:
+    """Balance in the field's units per lane (`shadow.engine.balance`): NVIDIA's balance ratio
+    (time-weighted mean and p10) and speed-of-light throughput, BF-IO's idle rate, SGLang's max/min."""
+    table = Table(title="balance in the field's units (per step, KV tokens; 1 − ratio = I(k)/(G·max L))")
+    for name in ("policy", "balance ratio\nmean", "balance ratio\np10", "idle\nrate",
+                 "SOL throughput\n(tok/s)", "max/min\np50", "max/min\np90", "max/min\np95"):
+        table.add_column(name, justify="left" if name == "policy" else "right")
+    for label, r in report.results.items():
+        b = r.balance
+        table.add_row(
+            label,
+            _f(b.get("balance_ratio_mean"), ".1%"),
+            _f(b.get("balance_ratio_p10"), ".1%"),
+            _f(b.get("idle_rate"), ".1%"),
+            _f(b.get("sol_throughput_tokens_per_s"), ",.0f"),
+            *(_ratio(b, f"max_min_ratio_p{q}") for q in (50, 90, 95)),
+        )
+    return table
+
+
+def _ratio(b: dict[str, Any], key: str) -> str:
+    """A max/min ratio; "∞" where a worker held nothing (no ratio before any step: "–")."""
+    if not b.get("zero_min_fraction") and b.get(key) is None:
+        return "–"
+    return "∞" if b.get(key) is None else f"{b[key]:.2f}"
 
 
 def _cost_terms(c: dict[str, Any]) -> str:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from shadow.core.policies import policy
+from shadow.core.policies import BASELINE_KINDS, policy
 from shadow.engine.config import LaneSpec
 from shadow.replay.experiment import ReplaySetup, run_replay
 from shadow.traces import Trace
@@ -47,7 +47,7 @@ def run_sweep(
     on_cell: Callable[[str], None] | None = None,
 ) -> list[SweepRow]:
     """Every (G, ρ, β, γ) cell; `base.policies` are split into baselines and BR lanes."""
-    baselines = tuple(p for p in base.policies if policy(LaneSpec.parse(p).policy).kind == "baseline")
+    baselines = tuple(p for p in base.policies if policy(LaneSpec.parse(p).policy).kind in BASELINE_KINDS)
     brs = tuple(p for p in base.policies if p not in baselines)
     if not baselines or not brs:
         raise ValueError("a sweep needs at least one baseline and one BR policy")

@@ -69,8 +69,35 @@ LABELS: dict[str, str] = {
     "token)",
     "form": "a candidate step-cost form: its terms joined by + (b, b+c, ..., b+c+a+p)",
     "stat": "a host factor's statistic: recent (the last windows) | median | low | high (10th and 90th "
-    "percentiles)",
+    "percentiles); a lane's balance ratio: mean | p10; its max/min ratio: p50 | p90 | p95",
 }
+
+#: docs/metrics.md's section on the balance figures in the field's units and how they relate.
+BALANCE_UNITS: tuple[str, ...] = (
+    "## Balance in the field's units",
+    "",
+    "Per lane, from each decode step's per-worker KV loads L_g (G workers; `shadow.engine.balance`),",
+    "beside spread and I(k) = Σ_g (max L − L_g) = G·max L − Σ_g L_g, in `/v1/report` (each lane),",
+    "`shadow replay`'s second table and JSON, and the families below:",
+    "",
+    "| figure | per step | over the run | family |",
+    "|---|---|---|---|",
+    "| balance ratio (NVIDIA TRT-LLM ADP blog: avg/max tokens per rank) | r = mean L / max L | "
+    "step-time-weighted mean; p10 of the time | `shadow_lane_balance_ratio{stat=mean\\|p10}` |",
+    "| idle rate (BF-IO) | mean_g (1 − L_g / max L) = 1 − r | step-time-weighted mean | "
+    "`shadow_lane_idle_rate_ratio` |",
+    "| speed-of-light throughput (NVIDIA: sol_tps = elapsed / Σ_k t_k·r_k × tps) | – | "
+    "throughput / mean r | `shadow_lane_sol_throughput_tokens_per_second` |",
+    "| max/min (SGLang PR #25235) | max L / min L (∞ when a worker holds nothing) | p50, p90, p95 over "
+    "steps | `shadow_lane_max_min_ratio{stat=p50\\|p90\\|p95}` |",
+    "",
+    "Identities: 1 − r = (G·max L − Σ_g L_g) / (G·max L) = I(k) / (G·max L): NVIDIA's 1 − balance",
+    "ratio is shadow's I(k) over G·max L, and BF-IO's `avg_imbalance` is I(k) itself; idle rate = 1 − r; SOL",
+    "throughput / throughput = 1 / mean r. These are in KV tokens: barrier idle (time) weighs them by",
+    "the step model (idle = a·I(k) / (G·T(k)) with T = a·max L + b), so it is smaller by the fixed",
+    "part b of the step. Steps with max L = 0 are left out; r and min/max are kept in 1/1000 bins",
+    "(percentiles exact to a bin: max/min to 0.1 % near 1, ±10 % at 100; beyond 1000 it counts as ∞).",
+)
 
 _HIST_SUFFIXES = ("_bucket", "_sum", "_count", "_created")
 
@@ -203,6 +230,7 @@ class Catalogue:
             exporter = f"{e.exporter} (--{e.only})" if e.only else e.exporter
             text = f"{e.help} {e.family.note}" if e.family.note else e.help
             out.append(f"| `{e.name}` | {e.type} | {e.family.unit} | {labels} | {exporter} | {_cell(text)} |")
+        out += ["", *BALANCE_UNITS]
         out += ["", "## Labels", "", "| label | bounded by |", "|---|---|"]
         out += [f"| `{k}` | {_cell(v)} |" for k, v in LABELS.items()]
         out += ["", "## Closed label sets", "",

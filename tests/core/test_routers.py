@@ -14,7 +14,7 @@ from shadow.core.params import BRParams
 from shadow.core.policies import REGISTRY, RouterOptions, make_router, names
 from shadow.core.snapshot import FleetSnapshot
 
-BASELINES = names("baseline")
+BASELINES = (*names("baseline"), *names("incumbent"))  # every rule that binds at arrival
 POOL_ROUTERS = names("pool")
 ROUTERS = REGISTRY
 

@@ -60,6 +60,31 @@ def _panels(lay: Layout) -> None:
                "Instantaneous max − min KV load per lane (noisier than the average beside).",
                "suffix: tok", q(level("shadow_lane_spread_tokens", "lane"), "{{lane}}")))
 
+    lay.row("Balance in the field's units")
+    lay.add(ts("Balance ratio (NVIDIA's avg/max)",
+               "Per lane, mean over workers of the KV load over the largest, per step: its step-time-"
+               "weighted mean (solid) and 10th percentile. 1 − it = I(k)/(G·max L); NVIDIA's TRT-LLM ADP "
+               "blog reports 54.1 % → 87.7 %.",
+               "percentunit",
+               q(level("shadow_lane_balance_ratio", "lane", 'stat="mean"'), "{{lane}} mean"),
+               q(level("shadow_lane_balance_ratio", "lane", 'stat="p10"'), "{{lane}} p10"), max_=1), w=6)
+    lay.add(ts("Idle rate (BF-IO's)",
+               "Per lane, mean over workers of 1 − L_g / max L, step-time-weighted: the share of the "
+               "fleet's KV capacity at the barrier's pace left unused (= 1 − the mean balance ratio).",
+               "percentunit", q(level("shadow_lane_idle_rate_ratio", "lane"), "{{lane}}"), max_=1), w=6)
+    lay.add(ts("Speed-of-light throughput",
+               "Per lane, throughput over its mean balance ratio (NVIDIA's SOL TPS): what the lane's "
+               "traffic would give perfectly balanced; the gap to the throughput panel is what "
+               "imbalance costs.",
+               "suffix: tok/s",
+               q(level("shadow_lane_sol_throughput_tokens_per_second", "lane", agg="sum"), "{{lane}}")), w=6)
+    lay.add(ts("Max/min KV load per step (SGLang's)",
+               "Per lane, the largest over the smallest worker's KV load per step at p50 and p95 over "
+               "steps (no point where a worker held nothing: infinite).",
+               "none",
+               q(level("shadow_lane_max_min_ratio", "lane", 'stat="p50"'), "{{lane}} p50"),
+               q(level("shadow_lane_max_min_ratio", "lane", 'stat="p95"'), "{{lane}} p95"), min_=1), w=6)
+
     lay.row("Estimated service by lane")
     lay.add(ts("Estimated decode throughput",
                "Output tokens per second each lane would deliver, from its loads and the fitted step "
