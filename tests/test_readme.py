@@ -84,6 +84,10 @@ def _named() -> tuple[list[tuple[str, list[str]]], list[tuple[str | None, str]]]
     commands: list[tuple[str, list[str]]] = []
     alone: list[tuple[str | None, str]] = []
     for row, span in _spans():
+        if span.lstrip().startswith("```") and not span.lstrip().startswith("```bash"):
+            alone.extend((None, f) for f in FLAG.findall(span))  # a picture, not a shell
+            commands.extend((c, []) for c in re.findall(r"\bshadow ([a-z]+)", span))
+            continue
         for program, words, part in _commands_in(span):
             if program == "shadow" and words and not words[0].startswith("-"):
                 commands.append((words[0], FLAG.findall(" ".join(words))))
