@@ -33,12 +33,15 @@ class RequestEvent:
 
 @dataclass(frozen=True, slots=True)
 class Arrive(RequestEvent):
-    """A request reached the router (before any decode placement)."""
+    """A request reached the router (before any decode placement). `body_bytes`: the size in bytes
+    of its request body as the tap saw it (never the body itself; absent from older recordings and
+    producers that do not see the body): what the vllm-ascend proxy's JSQ rule scores."""
 
     kind: ClassVar[str] = "arrive"
     prompt_tokens: int | None = None
     prompt_key: str | None = None
     max_tokens: int | None = None
+    body_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +168,7 @@ def _validate(event: Event) -> None:
     rid = getattr(event, "request_id", None)
     if rid is not None and (not isinstance(rid, str) or not rid or len(rid) > 256):
         raise ValueError(f"{event.kind}: request_id must be a non-empty string of at most 256 characters")
-    for name in ("prompt_tokens", "max_tokens", "generated"):
+    for name in ("prompt_tokens", "max_tokens", "generated", "body_bytes"):
         value = getattr(event, name, None)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise ValueError(f"{event.kind}: {name} must be an integer >= 0")

@@ -11,12 +11,13 @@ from shadow.contracts.events import Arrive, Route
 @dataclass(slots=True)
 class RequestRecord:
     """The worker it was routed to, its prompt tokens (None until an event sizes it), its prompt
-    key, and the tokens generated so far."""
+    key, the tokens generated so far, and its request body's size in bytes (None: not told)."""
 
     worker: str | None = None
     prompt: int | None = None
     key: str | None = None
     generated: int = 0
+    body_bytes: int | None = None
 
     @property
     def held(self) -> int:
@@ -24,11 +25,13 @@ class RequestRecord:
         return (self.prompt or 0) + self.generated
 
     def learn(self, ev: Arrive | Route) -> None:
-        """The first prompt size, prompt key and worker an Arrive or Route tells count."""
+        """The first prompt size, prompt key, body size and worker an Arrive or Route tells count."""
         if isinstance(ev, Arrive):
             if self.prompt is None:
                 self.prompt = ev.prompt_tokens
             self.key = self.key or ev.prompt_key
+            if self.body_bytes is None:
+                self.body_bytes = ev.body_bytes
         else:
             if self.worker is None:
                 self.worker = ev.worker

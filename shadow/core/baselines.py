@@ -13,6 +13,10 @@ from dataclasses import dataclass, field
 
 from shadow.core.snapshot import KV_CAPACITY, FleetSnapshot
 
+#: Bytes per token in the vllm-ascend proxy's (and `shadow router`'s) estimates: a body of n bytes
+#: counts n / 4 tokens. Where a request's body size is unknown, 4 × its prompt tokens stands in.
+BODY_BYTES_PER_TOKEN = 4
+
 
 @dataclass(slots=True)
 class BindState:
@@ -21,13 +25,15 @@ class BindState:
 
     kv_tokens: KV tokens held plus prompt tokens queued there. outstanding: requests sent and not
     finished (without counts: minus the free slots, so more free slots read as a shorter queue).
-    outstanding_tokens: their summed forwarded size, the vllm-ascend proxy's byte score (without
-    them: the loads). free_slots: free running slots.
+    outstanding_tokens: their summed forwarded size in tokens (without them: the loads).
+    outstanding_bytes: their summed request-body bytes, the vllm-ascend proxy's decode score
+    (without them: BODY_BYTES_PER_TOKEN × outstanding_tokens). free_slots: free running slots.
 
     What an engine publishes of itself (the incumbents' rules read these, `shadow.core.incumbents`):
     kv_used: KV tokens its running requests hold; running / waiting: requests running / queued at
     it (without counts: none); kv_usage: the fraction of its KV cache in use (0 when the cache's size
-    is unknown). `outstanding`, `outstanding_tokens` and `free_slots` are what the router itself
+    is unknown). `outstanding`, `outstanding_tokens`, `outstanding_bytes` and `free_slots` are what
+    the router itself
     knows (its own ledger); the rest is what it reads of the engines, which may be stale
     (`StaleView`).
     """
@@ -40,8 +46,11 @@ class BindState:
     running: list[int] = field(default_factory=list)
     waiting: list[int] = field(default_factory=list)
     kv_usage: list[float] = field(default_factory=list)
+    outstanding_bytes: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        if not self.outstanding_bytes:
+            self.outstanding_bytes = [BODY_BYTES_PER_TOKEN * x for x in self.outstanding_tokens]
         # Built by hand without what the engines publish: none published (nothing running or
         # waiting that the router would know of, KV used = kv_tokens, usage unknown).
         if self.kv_tokens and not self.running:
@@ -82,18 +91,19 @@ class BindState:
     def own(self, fleet: FleetSnapshot) -> None:
         """Replace what the router knows itself (its ledger, the free slots) by `fleet`'s."""
         fresh = BindState.of_ledger(fleet)
-        self.outstanding, self.outstanding_tokens, self.free_slots = (
-            fresh.outstanding, fresh.outstanding_tokens, fresh.free_slots)
+        self.outstanding, self.outstanding_tokens, self.outstanding_bytes, self.free_slots = (
+            fresh.outstanding, fresh.outstanding_tokens, fresh.outstanding_bytes, fresh.free_slots)
 
     @classmethod
     def of_ledger(cls, fleet: FleetSnapshot) -> BindState:
         """Only the router's own ledger and the free slots of `fleet` (nothing published)."""
-        loads, free = fleet.loads, fleet.free_slots
+        loads, free, body = fleet.loads, fleet.free_slots, fleet.outstanding_bytes
         return cls(
             kv_tokens=[],
             outstanding=[-c for c in free] if fleet.outstanding is None else list(fleet.outstanding),
             outstanding_tokens=list(loads if fleet.outstanding_tokens is None else fleet.outstanding_tokens),
             free_slots=list(free),
+            outstanding_bytes=[] if body is None else list(body),
         )
 
     @property
@@ -134,6 +144,8 @@ class Baseline:
         state.kv_tokens[g] += prompt_tokens
         state.outstanding[g] += 1
         state.outstanding_tokens[g] += prompt_tokens
+        # (its body's size is not told to the rule: the estimate, until the next snapshot's ledger)
+        state.outstanding_bytes[g] += BODY_BYTES_PER_TOKEN * prompt_tokens
 
 
 class _ByKey(Baseline):
@@ -199,12 +211,15 @@ class JoinShortestQueue(_ByKey):
 
 
 class JoinShortestQueueBytes(_ByKey):
-    """vllm-ascend P/D proxy rule: least outstanding forwarded size, ties to first registered."""
+    """vllm-ascend P/D proxy rule: least outstanding request-body bytes (each request's body size,
+    held until its stream ends), ties to the first registered. Where a body's size is unknown
+    (traces, recordings without it) BODY_BYTES_PER_TOKEN × its prompt tokens stands in: the order of
+    outstanding prompt tokens."""
 
     name = "jsq-bytes"
 
     def key(self, state: BindState, g: int) -> float:
-        return state.outstanding_tokens[g]
+        return state.outstanding_bytes[g]
 
 
 class LeastTokens(_ByKey):

@@ -216,7 +216,9 @@ REGISTRY: Mapping[str, Policy[Any]] = {
         _rule(JoinShortestQueue, "JSQ-count: fewest outstanding requests"),
         _rule(
             JoinShortestQueueBytes,
-            "JSQ-bytes, the vllm-ascend P/D proxy's rule: least outstanding forwarded prompt tokens",
+            "JSQ-bytes, the vllm-ascend P/D proxy's rule (examples/disaggregated_prefill_v1/"
+            "load_balance_proxy_server_example.py): least outstanding request-body bytes, held until "
+            "the stream ends (without body sizes, e.g. traces: 4 bytes per prompt token)",
             active=True,
             renamed=("jsq",),
         ),

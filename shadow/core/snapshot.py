@@ -51,8 +51,10 @@ class FleetSnapshot:
     """Per worker: `loads` (KV tokens of running requests) and `free_slots`; where the caller knows
     them, `outstanding` requests sent and not finished, their forwarded prompt tokens
     (`outstanding_tokens`), prompt tokens queued at the worker (`queued_tokens`) and prompt tokens
-    of running requests (`prompt_loads`); `projection`, computed on demand, is BR-H's view of the
-    active requests; `extras` holds caller-specific attributes under `Extra` keys.
+    of running requests (`prompt_loads`), and the request-body bytes of the requests sent and not
+    finished (`outstanding_bytes`: the vllm-ascend proxy's decode score); `projection`, computed on
+    demand, is BR-H's view of the active requests; `extras` holds caller-specific attributes
+    under `Extra` keys.
 
     `cost` is what a running sequence costs the fleet's step, in the units BalanceRoute's policies
     balance (`shadow.core.cost`; the paper's KV tokens by default): the caller that knows the
@@ -70,6 +72,7 @@ class FleetSnapshot:
     extras: Mapping[str, object] = field(default_factory=lambda: _NO_EXTRAS)
     running: Sequence[int] | None = None
     cost: RouteCost = TOKENS
+    outstanding_bytes: Sequence[float] | None = None
 
     @property
     def workers(self) -> int:

@@ -28,6 +28,7 @@ class Recorded:
     output_tokens: int
     prompt_key: str | None
     worker: str | None
+    body_bytes: int | None = None  # the request body's size, where the recording has it
 
 
 @dataclass(slots=True)
@@ -83,7 +84,7 @@ def _outcome(rid: str, p: _Partial) -> Recorded | str:
         return "no_prompt_tokens"
     if p.generated < 1:
         return "no_tokens"
-    return Recorded(rid, arrival, p.prompt, p.generated, p.key, p.worker)
+    return Recorded(rid, arrival, p.prompt, p.generated, p.key, p.worker, p.body_bytes)
 
 
 def recorded_requests(events: Iterable[Event]) -> FeedOutcome:

@@ -161,6 +161,9 @@ class Lane:
         self.running: list[int] = [0] * g
         self.queued_tokens: list[float] = [0.0] * g
         self.running_prompt: list[float] = [0.0] * g  # prompt tokens of running requests
+        # request-body bytes placed on each worker and not finished (`Job.forwarded_bytes`), by request
+        self.held_bytes: list[float] = [0.0] * g
+        self._bytes_at: dict[Hashable, tuple[int, float]] = {}
         self.queues: list[deque[tuple[Job, float]]] = [deque() for _ in range(g)]
         self.totals = LaneTotals()
         self._free_slots: list[list[int]] = [list(range((w + 1) * b - 1, w * b - 1, -1)) for w in range(g)]
@@ -298,8 +301,25 @@ class Lane:
         self.totals.decision_s.append(self.clock() - t0)
         self.queues[g].append((job, ready_s))
         self.queued_tokens[g] += job.prompt_tokens
+        self._hold(g, job)
         if self.front_s is not None:
             self._admissible[rid] = ready_s + self.front_s[g]
+
+    def _hold(self, g: int, job: Job) -> None:
+        """`job` is placed on worker g: its body bytes count there until it finishes (once: a
+        preempted request queued again on its worker is still held)."""
+        rid = job.request_id
+        if rid not in self._bytes_at:
+            size = job.forwarded_bytes
+            self._bytes_at[rid] = (g, size)
+            self.held_bytes[g] += size
+
+    def _unhold(self, rid: Hashable) -> None:
+        """The request finished or left its worker: its body bytes no longer count there."""
+        held = self._bytes_at.pop(rid, None)
+        if held is not None:
+            g, size = held
+            self.held_bytes[g] -= size
 
     def snapshot(self, free_slots: Sequence[int] | None = None) -> FleetSnapshot:
         """The lane as a router sees it now: views over the lane's own lists, valid until the lane
@@ -316,6 +336,7 @@ class Lane:
                 outstanding_tokens=_Added(queued, self.running_prompt),
                 queued_tokens=queued,
                 prompt_loads=self.running_prompt,
+                outstanding_bytes=self.held_bytes,
                 projection=None if self.predictor is None else self.projection,
                 extras=self._extras,
                 running=self.running,
@@ -362,6 +383,7 @@ class Lane:
                 while queue and queue[0][1] < before:
                     job, _ = queue.popleft()
                     self.queued_tokens[g] -= job.prompt_tokens
+                    self._unhold(job.request_id)
                     self._inflight.remove(job.request_id)
                     shed += 1
         self.totals.shed += shed
@@ -392,6 +414,8 @@ class Lane:
         self.loads = [0.0] * g
         self.running = [0] * g
         self.running_prompt = [0.0] * g
+        self.held_bytes = [0.0] * g
+        self._bytes_at = {}
         self._fleet = None  # its views read the lists just replaced
         self._free_slots = [list(range((w + 1) * b - 1, w * b - 1, -1)) for w in range(g)]
         self.slot_active[:] = False
@@ -576,6 +600,7 @@ class Lane:
             if not any(free):
                 return
         for entry, g, ready in self._decide(free):
+            self._hold(g, entry)
             if self._free(g):
                 self._start(g, entry, ready)
             else:  # its worker is in the middle of a step: it starts at the step's end
@@ -709,6 +734,7 @@ class Lane:
             free = [b - r - len(q) for r, q in zip(running, queues, strict=True)]
             if any(f > 0 for f in free):
                 for entry, g, ready in self._decide(free):
+                    self._hold(g, entry)
                     queues[g].append((entry, ready))
                     self.queued_tokens[g] += entry.prompt_tokens
                     if self.front_s is not None:
@@ -1053,6 +1079,7 @@ class Lane:
             self._slot_ref[slot] = k
         self.loads[g] += job.prompt_tokens + age
         self.running_prompt[g] += job.prompt_tokens
+        self._hold(g, job)
         self.running[g] += 1
         self._grun[c] += 1
         if self._engine and (not age or resumed):
@@ -1117,6 +1144,7 @@ class Lane:
     def _finish(self, g: int, slot: int, job: Job, out: int, end: float) -> None:
         held = job.prompt_tokens + out
         self._release(g, slot, job, held)
+        self._unhold(job.request_id)
         if self._kv_limited:
             assert self.limits is not None
             self._cache[g].free(-(-(held - 1) // self.limits.block_tokens))

@@ -537,7 +537,7 @@ class LiveDriver:
             r.released = True
             r.seq = self._base + len(self._released)
             self._assign[rid] = self.index[r.worker]
-            self._released.append(Job(rid, arrival - self.origin, max(1, r.prompt), 1, r.key))
+            self._released.append(Job(rid, arrival - self.origin, max(1, r.prompt), 1, r.key, r.body_bytes))
             self.released += 1
             self._step_budget += 1  # a request runs at least one step
 

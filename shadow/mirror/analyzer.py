@@ -121,6 +121,22 @@ def prompt_key(req: dict[str, Any]) -> str | None:
 CHAT_MESSAGE_TOKENS = 4  # template tokens per chat message, before calibration
 
 
+#: What a P/D proxy adds to the client's body in the decode leg, before the KV handle's JSON.
+_KV_MEMBER = b',"kv_transfer_params":'
+
+
+def client_body_bytes(body_len: int, req: dict[str, Any]) -> int:
+    """The client's request-body size in bytes (what the vllm-ascend proxy's JSQ rule scores) from
+    a decode leg's body of `body_len` bytes, parsed as `req` ({} when not parsed): the leg's size,
+    less the `kv_transfer_params` member a P/D proxy appends to the decode leg (as compact JSON, the
+    form `shadow router` sends; a proxy that serialises it otherwise leaves a few bytes' error)."""
+    kv = req.get("kv_transfer_params")
+    if kv is None:
+        return body_len
+    member = len(_KV_MEMBER) + len(json.dumps(kv, separators=(",", ":"), ensure_ascii=False).encode())
+    return max(0, body_len - member)
+
+
 def estimate_prompt_tokens(req: dict[str, Any]) -> int | None:
     """Prompt tokens read from a request body: exact for token-id prompts, else a word count
     (+ CHAT_MESSAGE_TOKENS per chat message) that `PromptCalibration` scales to the workers' counts."""
@@ -368,7 +384,8 @@ class Analyzer:
             leg.estimate = estimate_prompt_tokens(req)
             if leg.estimate is not None:
                 arrive_prompt = self.calibration.scale(leg.estimate)
-        mirror.emit(Arrive(mid, t_arr, arrive_prompt, self.prompt_key(req) if req else None, mt), "tap", now)
+        mirror.emit(Arrive(mid, t_arr, arrive_prompt, self.prompt_key(req) if req else None, mt,
+                           client_body_bytes(ctx.body_len, req)), "tap", now)
         leg.prompt_known = prompt is not None
         if tap in self.front_taps:
             return leg  # the route comes with the response (see _decision)

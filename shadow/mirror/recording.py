@@ -7,7 +7,8 @@ part starts with the header, so each part replays on its own):
   serve`, what its live lanes ran with (policies, step model and its source, lag, BR parameters,
   seed), so that a replay reproduces them without flags (version 1 headers have no `lanes`);
 - `{"type": "request", "request_id", "arrival_t", "prompt_tokens", "output_tokens", "worker",
-  "prompt_key", "end", "t_end"}` — one line when a request ends (folded from its events by
+  "prompt_key", "body_bytes", "end", "t_end"}` (body_bytes: the request body's size, where the
+  taps saw it) — one line when a request ends (folded from its events by
   `shadow.engine.feed.RequestFolder`, exactly as an event-by-event recording is replayed);
 - `{"type": "steps", "worker", "t", "n", "sum_s", "min_s", "max_s"}` — measured decode steps
   aggregated per worker every `step_every_s` seconds;
@@ -54,6 +55,8 @@ def request_line(r: Recorded, end: str | None = None, t_end: float | None = None
     }
     if r.prompt_key is not None:
         out["prompt_key"] = r.prompt_key
+    if r.body_bytes is not None:
+        out["body_bytes"] = r.body_bytes
     if end is not None:
         out["end"] = end
     if t_end is not None:

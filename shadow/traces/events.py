@@ -35,7 +35,7 @@ RECORD_TYPES = ("session", "request", "steps", "seed", "clock")
 
 def _request(obj: dict[str, Any]) -> Recorded:
     rid, t, s, o = obj["request_id"], obj["arrival_t"], obj["prompt_tokens"], obj["output_tokens"]
-    w, key = obj.get("worker"), obj.get("prompt_key")
+    w, key, size = obj.get("worker"), obj.get("prompt_key"), obj.get("body_bytes")
     if not isinstance(rid, str) or not rid:
         raise ValueError("request_id must be a non-empty string")
     if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(float(t)):
@@ -49,7 +49,9 @@ def _request(obj: dict[str, Any]) -> Recorded:
         raise ValueError("worker must be a string")
     if key is not None and not isinstance(key, str):
         raise ValueError("prompt_key must be a string")
-    return Recorded(rid, float(t), s, o, key, w)
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
+        raise ValueError("body_bytes must be an integer >= 0")
+    return Recorded(rid, float(t), s, o, key, w, size)
 
 
 def _header(obj: dict[str, Any], workers: list[str] | None, limits: TraceLimits) -> list[str] | None:
@@ -192,7 +194,8 @@ def load_events(
                                 f"{limits.max_workers} (the limit)")
     first = recs[0].arrival_s
     requests = tuple(
-        TraceRequest(r.arrival_s - first, max(1, r.prompt_tokens), r.output_tokens, r.prompt_key, r.worker)
+        TraceRequest(r.arrival_s - first, max(1, r.prompt_tokens), r.output_tokens, r.prompt_key, r.worker,
+                     r.body_bytes)
         for r in recs
     )
     dropped = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in sorted(outcome.dropped.items()))

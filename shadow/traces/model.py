@@ -61,8 +61,10 @@ class TraceRequest:
     prompt_tokens: int
     output_tokens: int
     prompt_key: str | None = None
-    # Recorded sessions only: the decode worker the real router chose (for the `actual` lane).
+    # Recorded sessions only: the decode worker the real router chose (for the `actual` lane), and
+    # the request body's size in bytes where the taps saw it (what `jsq-bytes` scores).
     worker: str | None = None
+    body_bytes: int | None = None
 
     def __post_init__(self) -> None:
         arrival = self.arrival_s

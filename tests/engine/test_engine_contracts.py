@@ -159,6 +159,20 @@ def test_placement_is_the_arrival_and_the_first_known_size_counts() -> None:
 # -- jobs and configuration ---------------------------------------------------------------------
 
 
+def test_the_body_size_is_optional_and_travels_from_arrive_to_job() -> None:
+    old = from_dict({"type": "arrive", "request_id": "a", "t": 0.0, "prompt_tokens": 7})
+    assert isinstance(old, Arrive) and old.body_bytes is None  # older producers and recordings
+    new = Arrive("b", 0.5, prompt_tokens=7, body_bytes=120)
+    assert from_dict(to_dict(new)) == new and to_dict(new)["body_bytes"] == 120
+    with pytest.raises(ValueError, match="body_bytes"):
+        from_dict({"type": "arrive", "request_id": "c", "t": 0.0, "body_bytes": -1})
+    out = recorded_requests([old, Route("a", 1.0, "d0"), Finish("a", 2.0, "stop", 3),
+                             new, Route("b", 1.0, "d1"), Finish("b", 2.0, "stop", 3)])
+    assert {r.request_id: r.body_bytes for r in out.requests} == {"a": None, "b": 120}
+    jobs = jobs_from(out.requests)
+    assert [j.forwarded_bytes for j in jobs] == [28.0, 120.0]  # without one: 4 bytes per prompt token
+
+
 def test_jobs_from_numbers_in_order_and_validates() -> None:
     rows = [Job("x", -1.0, 0, 1, "k"), Job("y", -1.0, 5, 2), Job("z", 3, 1, 1)]
     jobs = jobs_from(rows)

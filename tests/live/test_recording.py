@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shadow.contracts.events import Step, to_dict
+from shadow.contracts.events import Arrive, Finish, Route, Step, to_dict
 from shadow.mirror.recording import CompactRecorder
 from shadow.replay.experiment import ReplaySetup, run_replay
 from shadow.traces import TraceError, load_trace
@@ -92,4 +92,22 @@ def test_bad_records_are_one_line_errors(tmp_path: Path) -> None:
         '{"type":"request","request_id":"a","arrival_t":1,"prompt_tokens":5,"output_tokens":3,"worker":"d9"}\n'
     )
     with pytest.raises(TraceError, match=r"workers \['d9'\] not in the header"):
+        load_trace(bad)
+
+
+def test_the_body_size_is_recorded_and_replayed_and_optional(tmp_path: Path) -> None:
+    events = [Arrive("a", 0.0, prompt_tokens=50, body_bytes=900), Route("a", 0.1, "d0", 50),
+              Finish("a", 1.0, "length", 4),
+              Arrive("b", 0.2, prompt_tokens=60), Route("b", 0.3, "d1", 60), Finish("b", 1.2, "length", 4)]
+    path = tmp_path / "session.ndjson"
+    _record(path, events)
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    sizes = {x["request_id"]: x.get("body_bytes") for x in lines if x["type"] == "request"}
+    assert sizes == {"a": 900, "b": None}  # left out where the taps did not see it
+    trace = load_trace(path)
+    assert [(r.prompt_tokens, r.body_bytes) for r in trace.requests] == [(50, 900), (60, None)]
+    bad = tmp_path / "bad.ndjson"
+    bad.write_text('{"type":"session","version":2,"workers":["d0"],"slots":4}\n{"type":"request","request_id":"a",'
+                   '"arrival_t":1,"prompt_tokens":5,"output_tokens":3,"worker":"d0","body_bytes":"9"}\n')
+    with pytest.raises(TraceError, match="body_bytes must be an integer >= 0"):
         load_trace(bad)

@@ -1,12 +1,15 @@
 """Which rule the real router is (the live report's `router_rule`): with `shadow router` in its
 JSQ-bytes mode as the real router (the demo's loop: simulated fleet, taps, `shadow serve`), the lane
-whose choices agree most with its placements is `jsq-bytes`, among the incumbents' rules and the
-other baselines.
+whose choices agree most with its placements is `jsq-bytes`, strictly (no other lane ties it), among
+the incumbents' rules and the other baselines.
 
-The router scores request-body bytes / 4, the lanes the mirrored prompt tokens (the events carry no
-body size): where the two orders differ they both miss, and SGLang's total_tokens (prompt plus the
-few generated tokens, ties alike) then misses on the same placements — it may tie, never lead.
-Rules on other signals (request counts, rotation, BalanceRoute) agree less."""
+The router scores request-body bytes; the taps put each request's body size in its Arrive event
+(`body_bytes`) and the `jsq-bytes` lane scores the same bytes, held until the stream ends (the
+decode leg's body less the KV handle the router adds to it). What is left between them is when a
+stream ends: the router's ledger at the real stream's end, the lanes' `actual` fleet at the step its
+model ends it. SGLang's total_tokens (prompt plus generated tokens) orders the workers
+otherwise wherever bytes and tokens disagree; rules on other signals (request counts, rotation,
+BalanceRoute) agree less."""
 
 from __future__ import annotations
 
@@ -20,6 +23,11 @@ from shadow.app.demo import DemoOptions, run_demo
 
 pytestmark = pytest.mark.integration
 
+#: The agreement `jsq-bytes` must reach. Not 100 %: the lanes' `actual` fleet ends a stream at the
+#: step its model says, the router at the real end, tens of ms apart on a loaded host, and the demo's
+#: streams end often enough for that to change the least-loaded worker (runs measured 70-81 %; a
+#: ledger in event time over the recorded taps' own ends, 90 %).
+AGREEMENT_MIN = 0.6
 POLICIES = ("jsq-bytes", "vllm-dp", "vllm-dp-legacy", "sglang-tokens", "sglang-requests", "smg-min-tokens",
             "trtllm-adp", "rr", "br0")
 
@@ -37,7 +45,10 @@ def test_the_report_names_jsq_bytes_behind_the_jsq_bytes_router(tmp_path: Path) 
     assert compared == {"jsq-bytes", "vllm-dp", "vllm-dp-legacy", "sglang-tokens", "sglang-requests",
                         "smg-min-tokens", "trtllm-adp", "rr", "br0"}
     assert rule["decisions"] == lanes["jsq-bytes"]["decisions"] == doc["demo"]["requests_ok"]
-    assert rule["closest_lane"] == "jsq-bytes" and set(rule["tied"]) <= {"jsq-bytes", "sglang-tokens"}, rule
+    print("router_rule:", json.dumps(rule, sort_keys=True))
+    assert rule["closest_lane"] == "jsq-bytes" and rule["tied"] == ["jsq-bytes"], rule
     assert rule["agreement_rate"] == lanes["jsq-bytes"]["agreement_rate"] == max(rule["by_lane"].values())
-    for other in ("rr", "vllm-dp", "vllm-dp-legacy", "sglang-requests", "br0"):
-        assert rule["by_lane"][other] < rule["agreement_rate"], (other, rule)
+    assert rule["agreement_rate"] >= AGREEMENT_MIN, rule
+    for other, rate in rule["by_lane"].items():
+        if other != "jsq-bytes":
+            assert rate < rule["agreement_rate"], (other, rule)

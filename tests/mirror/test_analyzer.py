@@ -265,3 +265,27 @@ def test_prompt_token_ids_give_the_engine_count_in_plain_mode() -> None:
     routes = [ev for ev in r.events("a") if isinstance(ev, Route)]
     assert routes[-1].prompt_tokens == 11  # the engine's count replaces the body's estimate (3)
     assert r.events("a")[-1] == Finish("a", 3.0, "length", 2)
+
+
+def test_arrive_carries_the_client_body_size_never_the_body() -> None:
+    import orjson
+
+    r = Rig()
+    client = {"model": "m", "prompt": "secret words", "stream": True, "max_tokens": 3}
+    plain = orjson.dumps(client)
+    r.run(r.ctx("d0", plain, rid="a"), _sse(3))
+    arrive = r.events("a")[0]
+    assert isinstance(arrive, Arrive) and arrive.body_bytes == len(plain)
+    assert "secret" not in repr(arrive)
+    # P/D: the decode leg is the client's body plus the KV handle `shadow router` appends (orjson,
+    # compact): the Arrive still says the client's body size, what the router scored.
+    kv = {"do_remote_prefill": True, "remote_engine_id": "e1", "remote_block_ids": [1, 2, 3], "x": "é"}
+    leg = orjson.dumps({**client, "kv_transfer_params": kv})
+    r.run(r.ctx("d1", leg, rid="b"), _sse(2))
+    arrive = r.events("b")[0]
+    assert isinstance(arrive, Arrive) and arrive.body_bytes == len(plain)
+    # a body too large to keep: its size still counts
+    big = TapContext("d0", "POST", "/v1/completions", "c", None, 9_000_000, 1.0)
+    r.run(big, _sse(1))
+    arrive = r.events("c")[0]
+    assert isinstance(arrive, Arrive) and arrive.body_bytes == 9_000_000
