@@ -68,6 +68,7 @@ NOT_RESENT = canned(
 )
 HEAD_TOO_LARGE = canned(431, "Request Header Fields Too Large", "request head too large")
 TIMEOUT = canned(408, "Request Timeout", "request head not received in time")
+BODY_TIMEOUT = canned(408, "Request Timeout", "request body not received in time")
 BUSY = canned(503, "Service Unavailable", "connection limit reached")
 NOT_RELAYED = canned(404, "Not Found", "path not relayed by this tap (see --allow-path)")
 NO_UPGRADE = canned(501, "Not Implemented", "protocol upgrades are not relayed")
