@@ -7,10 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import socket
 import struct
+import termios
 from collections.abc import Callable
 from typing import Any
+
+# A client deadline (head, body) that runs more than this after it passed ran on a loop that did
+# not run meanwhile (starved or blocked): the time lost is given back to the client (`Conn`).
+STALL_S = 1.0
+# Deadlines on the client's pace: judged only once the loop has read what the client sent (`Conn`).
+CLIENT_PACED = frozenset(("header", "body"))
 
 
 def head_fault(http11: bool, te: list[bytes], hosts: int) -> str | None:
@@ -85,7 +93,13 @@ class Conn(asyncio.Protocol):
     """One client connection of a front. Reading pauses while any reason to pause holds (`_pause`,
     `_resume`), and for "buffer" while more than a cap of bytes are held (`_hold`, `_release`:
     resumes at half the cap). One deadline at a time (`arm(kind, s)`: `_deadline(kind)` runs when it
-    passes, unless the connection closed first). `on_message_begin` / `on_url` collect the head."""
+    passes, unless the connection closed first). A deadline on the client's pace (CLIENT_PACED)
+    judges the client only, never the loop: it waits again when it ran more than STALL_S late (the
+    loop did not run: the time lost is added), when bytes wait unread in the socket (judged again
+    after the loop's next read: uvloop runs due timers before it polls again), and, for a body,
+    while reading is paused (the front stopped reading, not the client sending; its whole length
+    again). A peer that really sends nothing still meets it. `on_message_begin` / `on_url` collect
+    the head."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -94,6 +108,8 @@ class Conn(asyncio.Protocol):
         self._pauses: set[str] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_kind = ""
+        self._timer_due = 0.0  # loop time the armed deadline is due
+        self._timer_span = 0.0  # its length as armed
         self._linger_left = 0  # bytes still dropped while lingering (`_linger`)
         self._in_head = False
         self._head_fed = 0
@@ -123,8 +139,14 @@ class Conn(asyncio.Protocol):
 
     def arm(self, kind: str, seconds: float) -> None:
         self.disarm()
+        self._timer_span = seconds
+        self._wait(kind, seconds)
+
+    def _wait(self, kind: str, seconds: float) -> None:
+        loop = asyncio.get_running_loop()
         self._timer_kind = kind
-        self._timer = asyncio.get_running_loop().call_later(seconds, self._expired)
+        self._timer_due = loop.time() + seconds
+        self._timer = loop.call_later(seconds, self._expired)
 
     @property
     def quiet(self) -> bool:
@@ -141,8 +163,34 @@ class Conn(asyncio.Protocol):
         kind, self._timer, self._timer_kind = self._timer_kind, None, ""
         if kind == "linger":
             self._linger_cut()
-        elif not self.closed:
+        elif not self.closed and not (kind in CLIENT_PACED and self._waits_again(kind)):
             self._deadline(kind)
+
+    def _waits_again(self, kind: str) -> bool:
+        """The client-paced deadline `kind` ran: re-armed (True) unless it is the client's silence."""
+        late = asyncio.get_running_loop().time() - self._timer_due
+        if late > STALL_S:
+            self._wait(kind, late)
+        elif self._pauses:
+            if kind != "body":
+                return False
+            self._wait(kind, self._timer_span)
+        elif self._unread():
+            self._wait(kind, 0.0)
+        else:
+            return False
+        return True
+
+    def _unread(self) -> bool:
+        """Bytes wait in the socket that the loop has not read yet."""
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        if sock is None:
+            return False
+        try:
+            n: int = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+        except (OSError, ValueError):
+            return False
+        return n > 0
 
     def _linger(self, seconds: float, max_bytes: int, idle: dict[Any, None]) -> None:
         """End the connection after its last response without losing that response: what was

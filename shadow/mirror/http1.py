@@ -41,7 +41,8 @@ class TapLimits:
 
     max_head: int = 64 << 10  # request line + headers, bytes (431 beyond)
     max_headers: int = 128  # header lines per message (431 beyond)
-    header_timeout_s: float = 10.0  # a head begun must be complete within this (408 + close)
+    header_timeout_s: float = 10.0  # a head begun must be complete within this (408 + close; never
+    # while its bytes wait unread or the loop was stalled: `front.Conn`); also a body's longest silence
     idle_timeout_s: float = 60.0  # connection without a request: new or kept alive (closed)
     max_connections: int = 4096  # client connections; beyond it the oldest idle one is closed, else 503
     max_buffer: int = 256 << 10  # request bytes held (upstream not writable, pipelined) before reading pauses
@@ -68,6 +69,7 @@ NOT_RESENT = canned(
 )
 HEAD_TOO_LARGE = canned(431, "Request Header Fields Too Large", "request head too large")
 TIMEOUT = canned(408, "Request Timeout", "request head not received in time")
+BODY_TIMEOUT = canned(408, "Request Timeout", "request body not received in time")
 BUSY = canned(503, "Service Unavailable", "connection limit reached")
 NOT_RELAYED = canned(404, "Not Found", "path not relayed by this tap (see --allow-path)")
 NO_UPGRADE = canned(501, "Not Implemented", "protocol upgrades are not relayed")

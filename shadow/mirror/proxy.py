@@ -35,6 +35,7 @@ from shadow.base.front import Conn, Front, head_fault
 from shadow.mirror.http1 import (
     BAD_GATEWAY,
     BAD_REQUEST,
+    BODY_TIMEOUT,
     BUSY,
     HEAD_TOO_LARGE,
     IDEMPOTENT,
@@ -379,7 +380,7 @@ class _ClientConn(Conn):
     def _deadline(self, kind: str) -> None:
         if kind == "body":  # the request body stalled: the request is abandoned upstream too
             if self._parsing is not None:
-                self._reject(_Reject(TIMEOUT, "body_timeout"))
+                self._reject(_Reject(BODY_TIMEOUT, "body_timeout"))
             return
         if self.active is not None:
             return
