@@ -151,7 +151,10 @@ def serialize(p: Part, trick: str | None = None, at: int = 0) -> bytes:
         i = at % (len(lines) + 1)
         ends = [b"\r\n"] * (len(lines) + 1)
         ends[i] = b"\n" if trick == "bare_lf" else b"\r"
-        return b"".join(ln + e for ln, e in zip([*lines, b""], ends, strict=True)) + payload
+        data = b"".join(ln + e for ln, e in zip([*lines, b""], ends, strict=True)) + payload
+        # a CR that ends the bytes is a CRLF cut short (a head still coming: a 408 in time), not a
+        # bare CR: a byte follows it that is no LF
+        return data + b"x" if data.endswith(b"\r") else data
     return b"\r\n".join(lines) + b"\r\n\r\n" + payload
 
 
