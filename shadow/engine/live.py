@@ -490,7 +490,7 @@ class LiveDriver:
                                                          arrival=s.arrival, queued=True,
                                                          running=s.generated >= 1)
                 self._assign[s.request_id] = g
-                job = Job(s.request_id, s.arrival - self.origin, max(1, s.prompt), 1, s.key)
+                job = Job(s.request_id, s.arrival - self.origin, max(1, s.prompt), 1, s.key, r.body_bytes)
                 if s.generated >= 1:
                     running.append((g, job, s.generated))
                 else:

@@ -34,6 +34,7 @@ from shadow.engine.config import LaneSpec
 from shadow.engine.windows import Windows, WindowTotals
 from shadow.live.confidence import comparison
 from shadow.live.lanes import RECENT_WINDOWS, LiveLanes, window_fields
+from shadow.live.routerrule import router_rule
 
 #: the live driver's counts summed over its lanes (in the report's `rolling` block)
 PER_LANE_COUNTERS = ("reseeds", "seed_unknown_worker")
@@ -264,6 +265,7 @@ class ShardedLanes:
             for label in labels
         }
         rep["windows"] = {**rep["windows"], "lanes": recent}
+        rep["router_rule"] = router_rule(rep["lanes"])  # each shard compares its own lanes
         rep["comparison"] = comparison(windows, None, g, rep["comparison"]["problems"])
         # the driver's counts over its lanes: every shard counts its own actual lane, as the
         # central one does: each shard adds what it counts beyond that
