@@ -421,12 +421,12 @@ class LiveDriver:
             if self._offer_released(i, driver):
                 driver.advance(lane_t)
 
-    def know(self, seeded: Seeded, output_tokens: int) -> None:
+    def know(self, seeded: Seeded, output_tokens: int, body_bytes: int | None = None) -> None:
         """A replay of one window: a request its seed holds that arrived before the window, with
-        its recorded output length (it enters the lanes only through the seed)."""
+        its recorded output length and body size (it enters the lanes only through the seed)."""
         if seeded.request_id not in self._reqs:
             self._reqs[seeded.request_id] = _Live(
-                seeded.worker, seeded.prompt, seeded.key, output_tokens, arrival=seeded.arrival,
+                seeded.worker, seeded.prompt, seeded.key, output_tokens, body_bytes, arrival=seeded.arrival,
                 final=output_tokens, queued=True)
 
     def _take_seeds(self, upto: float) -> None:

@@ -66,9 +66,10 @@ def replay_rolling(
         if start is not None and end is not None and not start <= r.arrival_s < end:
             i = held.get(r.request_id)
             if i is not None:  # in flight at the window's start: enters through the seed
-                driver.know(seeds[only].requests[i], r.output_tokens)  # type: ignore[index]
+                driver.know(seeds[only].requests[i], r.output_tokens, r.body_bytes)  # type: ignore[index]
             continue
-        driver.apply(Arrive(r.request_id, r.arrival_s, r.prompt_tokens, r.prompt_key))
+        driver.apply(Arrive(r.request_id, r.arrival_s, r.prompt_tokens, r.prompt_key,
+                            body_bytes=r.body_bytes))
         driver.apply(Route(r.request_id, r.arrival_s, r.worker or "", r.prompt_tokens))
         driver.apply(Finish(r.request_id, r.arrival_s, "stop", r.output_tokens))
     driver.drain()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
+import zlib
 
-from shadow.contracts.events import Event
+from shadow.contracts.events import Arrive, Event
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec
 from shadow.engine.live import LiveDriver
@@ -26,9 +28,11 @@ def fleet(g: int, b: int, *, rate: float, out: int, every: int, seed: int, route
 
 
 def live_session(real: EventFleet, seconds: float, specs: list[LaneSpec], *, rolling: float | None,
-                 lag: float = 1.0) -> tuple[LiveDriver, Windows, list[Event], float]:
+                 lag: float = 1.0, bodies: bool = False) -> tuple[LiveDriver, Windows, list[Event], float]:
     """Live lanes beside `real` for `seconds` of arrivals (then it drains), advanced after every
-    step; returns the driver, its windows, every event, and the largest lag seen."""
+    step; returns the driver, its windows, every event, and the largest lag seen. `bodies`: every
+    arrival carries a body size as a tap's would (2–9 bytes per prompt token, by request id), so
+    jsq-bytes scores what it was sent, not the per-token estimate."""
     config = EngineConfig(workers=real.g, slots=real.b, step=StepTimeModel(a=1e-9, b=STEP))
     driver = LiveDriver(config, specs, [f"d{g}" for g in range(real.g)], clock, lag_s=lag, rolling_s=rolling)
     windows = Windows(driver.lanes, rolling or 5.0)
@@ -39,6 +43,8 @@ def live_session(real: EventFleet, seconds: float, specs: list[LaneSpec], *, rol
     while real.t < end or real.busy():
         real.arrivals = real.t < end
         batch = real.step()
+        if bodies:
+            batch = [_with_body(ev) for ev in batch]
         events += batch
         for ev in batch:
             driver.apply(ev)
@@ -46,3 +52,10 @@ def live_session(real: EventFleet, seconds: float, specs: list[LaneSpec], *, rol
         worst = max(worst, *(driver.lag(lane) for lane in driver.lanes))
     driver.drain()
     return driver, windows, events, worst
+
+
+def _with_body(ev: Event) -> Event:
+    if not isinstance(ev, Arrive) or ev.prompt_tokens is None:
+        return ev
+    per_token = 2 + zlib.crc32(ev.request_id.encode()) % 8
+    return dataclasses.replace(ev, body_bytes=per_token * ev.prompt_tokens)

@@ -110,11 +110,12 @@ def _agree(live: Windows, replayed: Windows, labels: list[str], first: int, last
 
 
 def test_replay_gives_every_window_the_live_figures() -> None:
-    """Live lanes at ρ above capacity (real queues) with lag and ends learned late; the recording
-    (requests as ended, seeds as taken) replayed offline: every window's totals are the live ones,
-    in one pass for all lanes, and one window alone from its seed for the history-free ones."""
+    """Live lanes at ρ above capacity (real queues) with lag and ends learned late, arrivals
+    carrying their body sizes (jsq-bytes scores them); the recording (requests as ended, seeds as
+    taken) replayed offline: every window's totals are the live ones, in one pass for all lanes,
+    and one window alone from its seed for the history-free ones."""
     driver, windows, events, _ = live_session(fleet(3, 4, rate=16.0, out=40, every=4, seed=7, route="jsq"),
-                                              60.0, SPECS, rolling=5.0)
+                                              60.0, SPECS, rolling=5.0, bodies=True)
     seeds = {s.window: Seed.from_json(s.to_json()) for s in driver.seeds.new}  # as a recording has them
     assert len(seeds) >= 11 and any(r.generated == 0 for s in seeds.values() for r in s.requests)
     for lane in driver.lanes:  # every request finished in the lane once, or was taken out by a re-seed
