@@ -174,10 +174,12 @@ class BRHScorer(_Tokens):
         "_dm",
         "_env",
         "_h",
+        "_m0",
         "_newcomer",
         "_peak",
         "_pre",
         "_proj",
+        "_s",
         "_sorted",
         "_thr",
         "_thr_eps",
@@ -211,7 +213,8 @@ class BRHScorer(_Tokens):
         self._D = float(self._d.sum())
         self._thr = self._alpha / self._beta * self._D
         self._thr_eps = self._thr * (1 - 1e-12)
-        self._pre = np.zeros((2, params.horizon + 2), dtype=np.float64)
+        self._pre = np.zeros((3, params.horizon + 2), dtype=np.float64)
+        self._s = np.empty((2, params.horizon + 1), dtype=np.float64)
         self._dm = np.stack([self._d, np.zeros_like(self._d)])
         self._h = np.arange(params.horizon + 1, dtype=np.float64)
         self._env = self._proj.max(axis=0)
@@ -220,22 +223,24 @@ class BRHScorer(_Tokens):
         self._v: list[list[float]] = [[] for _ in range(self.workers)]
         self._peak: list[float] = [0.0] * self.workers
         self._dirty: set[int] = set(range(self.workers))
+        self._m0: list[float] = (self._env[0] - self._proj[:, 0]).tolist()  # margins(), kept by admit
 
     def _row(self, g: int) -> None:
         """Sort worker g's margins m_{g,h} with their weights γ^h; prefix sums; the peak Δ*_g.
-        (Called once per Stage-2 pop when the envelope rose: few array calls, one list
-        conversion for both prefix sums.)"""
+        (Called once per Stage-2 pop when the envelope rose: few array calls into preallocated
+        buffers, one list conversion for the sorted margins and both prefix sums.)"""
         self._dirty.discard(g)
         dm = self._dm  # [γ^h, m_{g,h}]
         margins = dm[1]
         np.subtract(self._env, self._proj[g], out=margins)
-        order = margins.argsort(kind="stable")
-        s = dm[:, order]  # [d sorted, m sorted]
-        sm_l = s[1].tolist()
+        s = self._s  # [d sorted, m sorted], then [d sorted, d·m sorted]
+        np.take(dm, margins.argsort(kind="stable"), axis=1, out=s)
+        pre = self._pre  # [0, Σ d], [0, Σ d·m], [0, m sorted]: column 0 stays 0
+        pre[2, 1:] = s[1]
         s[1] *= s[0]
-        pre = self._pre  # [0, Σ d], [0, Σ d·m]: column 0 stays 0
-        s.cumsum(axis=1, out=pre[:, 1:])
-        w, v = pre.tolist()
+        s.cumsum(axis=1, out=pre[:2, 1:])
+        w, v, sm_l = pre.tolist()
+        del sm_l[0]
         # Δ* = first sorted margin where the d-weight of margins at or below it reaches (α/β)·D.
         j = min(bisect.bisect_left(w, self._thr_eps, 1) - 1, len(sm_l) - 1)
         self._sorted[g] = sm_l
@@ -273,7 +278,7 @@ class BRHScorer(_Tokens):
         return float(self._env[0] - self._proj[g, 0])
 
     def margins(self) -> list[float]:
-        return (self._env[0] - self._proj[:, 0]).tolist()  # type: ignore[no-any-return]
+        return self._m0.copy()
 
     def load(self, g: int) -> float:
         return float(self._proj[g, 0])
@@ -297,11 +302,16 @@ class BRHScorer(_Tokens):
                 row[:n] += cost.token * (e.prompt_tokens + self._h[:n]) + cost.seq
         self._add_tokens(g, entries)
         env = self._env
+        top = env[0]
         if (row > env).any():
             np.maximum(env, row, out=env)
             self._dirty.update(range(self.workers))
         else:
             self._dirty.add(g)
+        if env[0] != top:  # every margin moved: the same subtraction as a fresh scorer's
+            self._m0 = (env[0] - self._proj[:, 0]).tolist()
+        else:
+            self._m0[g] = float(top - row[0])
 
     def projection(self) -> FloatArray:
         """A copy of the current projection (after admissions)."""
