@@ -125,6 +125,9 @@ def test_brh_admit_updates_projection_incrementally() -> None:
     assert scorer.score(0, 300) == pytest.approx(fresh.score(0, 300))
 
 
+Request = tuple[int, float | None]  # (prompt tokens, predicted steps or None: the whole horizon)
+
+
 @settings(max_examples=150, deadline=None)  # no wall-clock limit in a test (loaded CI machines)
 @given(
     workers=st.integers(1, 6),
@@ -138,7 +141,7 @@ def test_brh_admit_updates_projection_incrementally() -> None:
     ),
 )
 def test_brh_state_kept_through_admissions_is_a_fresh_scorers_bit_for_bit(
-    workers: int, horizon: int, kappa: int, seed: int, admits: list[tuple[int, list[tuple[int, float | None]]]]
+    workers: int, horizon: int, kappa: int, seed: int, admits: list[tuple[int, list[Request]]]
 ) -> None:
     """What admit keeps (margins, rows rebuilt into reused buffers, peaks, scores) equals what a
     scorer built on the resulting projection computes, exactly, whether or not the envelope rose."""
