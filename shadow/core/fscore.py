@@ -139,18 +139,20 @@ def project_loads(
     workers = len(loads)
     width = horizon + 1
     base = np.asarray(loads, dtype=np.float64)
-    proj = np.repeat(base[:, None], width, axis=1)
     if active_worker.size == 0:
-        return proj
-    steps = np.where(active_steps >= horizon, width, np.clip(np.ceil(active_steps), 1, width))
+        return np.repeat(base[:, None], width, axis=1)
+    # ufuncs rather than np.where/np.clip (Python wrappers that cost more than the work): the same values
+    steps = np.minimum(np.maximum(np.ceil(active_steps), 1), width)
+    steps[active_steps >= horizon] = width
     last = steps.astype(np.int64) - 1  # request present for h in [0, last]
     flat = active_worker * width + last
     size = workers * width
     cnt = np.bincount(flat, minlength=size).reshape(workers, width).astype(np.float64)
     sw = np.bincount(flat, weights=active_load, minlength=size).reshape(workers, width)
     # Present at h iff last >= h: reverse cumulative sums along h.
-    cnt = np.cumsum(cnt[:, ::-1], axis=1)[:, ::-1]
-    sw = np.cumsum(sw[:, ::-1], axis=1)[:, ::-1]
+    accumulate = np.add.accumulate  # cumsum's ufunc
+    cnt = accumulate(cnt[:, ::-1], axis=1)[:, ::-1]
+    sw = accumulate(sw[:, ::-1], axis=1)[:, ::-1]
     h = np.arange(width, dtype=np.float64)
     covered = sw[:, 0]
     grown = h[None, :] * cnt if growth == 1.0 else (growth * h)[None, :] * cnt
@@ -210,14 +212,15 @@ class BRHScorer(_Tokens):
         self._beta = float(params.beta)
         self._newcomer = params.newcomer
         self._d = params.gamma ** np.arange(params.horizon + 1, dtype=np.float64)
-        self._D = float(self._d.sum())
+        self._D = float(np.add.reduce(self._d))  # .sum()'s ufunc
         self._thr = self._alpha / self._beta * self._D
         self._thr_eps = self._thr * (1 - 1e-12)
         self._pre = np.zeros((3, params.horizon + 2), dtype=np.float64)
         self._s = np.empty((2, params.horizon + 1), dtype=np.float64)
-        self._dm = np.stack([self._d, np.zeros_like(self._d)])
+        self._dm = np.zeros((2, params.horizon + 1), dtype=np.float64)
+        self._dm[0] = self._d
         self._h = np.arange(params.horizon + 1, dtype=np.float64)
-        self._env = self._proj.max(axis=0)
+        self._env = np.maximum.reduce(self._proj, axis=0)  # .max()'s ufunc
         self._sorted: list[list[float]] = [[] for _ in range(self.workers)]
         self._w: list[list[float]] = [[] for _ in range(self.workers)]
         self._v: list[list[float]] = [[] for _ in range(self.workers)]
@@ -234,7 +237,7 @@ class BRHScorer(_Tokens):
         margins = dm[1]
         np.subtract(self._env, self._proj[g], out=margins)
         s = self._s  # [d sorted, m sorted], then [d sorted, d·m sorted]
-        np.take(dm, margins.argsort(kind="stable"), axis=1, out=s)
+        dm.take(margins.argsort(kind="stable"), axis=1, out=s)
         pre = self._pre  # [0, Σ d], [0, Σ d·m], [0, m sorted]: column 0 stays 0
         pre[2, 1:] = s[1]
         s[1] *= s[0]
