@@ -139,18 +139,20 @@ def project_loads(
     workers = len(loads)
     width = horizon + 1
     base = np.asarray(loads, dtype=np.float64)
-    proj = np.repeat(base[:, None], width, axis=1)
     if active_worker.size == 0:
-        return proj
-    steps = np.where(active_steps >= horizon, width, np.clip(np.ceil(active_steps), 1, width))
+        return np.repeat(base[:, None], width, axis=1)
+    # ufuncs rather than np.where/np.clip (Python wrappers that cost more than the work): the same values
+    steps = np.minimum(np.maximum(np.ceil(active_steps), 1), width)
+    steps[active_steps >= horizon] = width
     last = steps.astype(np.int64) - 1  # request present for h in [0, last]
     flat = active_worker * width + last
     size = workers * width
     cnt = np.bincount(flat, minlength=size).reshape(workers, width).astype(np.float64)
     sw = np.bincount(flat, weights=active_load, minlength=size).reshape(workers, width)
     # Present at h iff last >= h: reverse cumulative sums along h.
-    cnt = np.cumsum(cnt[:, ::-1], axis=1)[:, ::-1]
-    sw = np.cumsum(sw[:, ::-1], axis=1)[:, ::-1]
+    accumulate = np.add.accumulate  # cumsum's ufunc
+    cnt = accumulate(cnt[:, ::-1], axis=1)[:, ::-1]
+    sw = accumulate(sw[:, ::-1], axis=1)[:, ::-1]
     h = np.arange(width, dtype=np.float64)
     covered = sw[:, 0]
     grown = h[None, :] * cnt if growth == 1.0 else (growth * h)[None, :] * cnt
@@ -174,10 +176,12 @@ class BRHScorer(_Tokens):
         "_dm",
         "_env",
         "_h",
+        "_m0",
         "_newcomer",
         "_peak",
         "_pre",
         "_proj",
+        "_s",
         "_sorted",
         "_thr",
         "_thr_eps",
@@ -208,34 +212,38 @@ class BRHScorer(_Tokens):
         self._beta = float(params.beta)
         self._newcomer = params.newcomer
         self._d = params.gamma ** np.arange(params.horizon + 1, dtype=np.float64)
-        self._D = float(self._d.sum())
+        self._D = float(np.add.reduce(self._d))  # .sum()'s ufunc
         self._thr = self._alpha / self._beta * self._D
         self._thr_eps = self._thr * (1 - 1e-12)
-        self._pre = np.zeros((2, params.horizon + 2), dtype=np.float64)
-        self._dm = np.stack([self._d, np.zeros_like(self._d)])
+        self._pre = np.zeros((3, params.horizon + 2), dtype=np.float64)
+        self._s = np.empty((2, params.horizon + 1), dtype=np.float64)
+        self._dm = np.zeros((2, params.horizon + 1), dtype=np.float64)
+        self._dm[0] = self._d
         self._h = np.arange(params.horizon + 1, dtype=np.float64)
-        self._env = self._proj.max(axis=0)
+        self._env = np.maximum.reduce(self._proj, axis=0)  # .max()'s ufunc
         self._sorted: list[list[float]] = [[] for _ in range(self.workers)]
         self._w: list[list[float]] = [[] for _ in range(self.workers)]
         self._v: list[list[float]] = [[] for _ in range(self.workers)]
         self._peak: list[float] = [0.0] * self.workers
         self._dirty: set[int] = set(range(self.workers))
+        self._m0: list[float] = (self._env[0] - self._proj[:, 0]).tolist()  # margins(), kept by admit
 
     def _row(self, g: int) -> None:
         """Sort worker g's margins m_{g,h} with their weights γ^h; prefix sums; the peak Δ*_g.
-        (Called once per Stage-2 pop when the envelope rose: few array calls, one list
-        conversion for both prefix sums.)"""
+        (Called once per Stage-2 pop when the envelope rose: few array calls into preallocated
+        buffers, one list conversion for the sorted margins and both prefix sums.)"""
         self._dirty.discard(g)
         dm = self._dm  # [γ^h, m_{g,h}]
         margins = dm[1]
         np.subtract(self._env, self._proj[g], out=margins)
-        order = margins.argsort(kind="stable")
-        s = dm[:, order]  # [d sorted, m sorted]
-        sm_l = s[1].tolist()
+        s = self._s  # [d sorted, m sorted], then [d sorted, d·m sorted]
+        dm.take(margins.argsort(kind="stable"), axis=1, out=s)
+        pre = self._pre  # [0, Σ d], [0, Σ d·m], [0, m sorted]: column 0 stays 0
+        pre[2, 1:] = s[1]
         s[1] *= s[0]
-        pre = self._pre  # [0, Σ d], [0, Σ d·m]: column 0 stays 0
-        s.cumsum(axis=1, out=pre[:, 1:])
-        w, v = pre.tolist()
+        np.add.accumulate(s, axis=1, out=pre[:2, 1:])  # cumsum's ufunc, without its wrapper
+        w, v, sm_l = pre.tolist()
+        del sm_l[0]
         # Δ* = first sorted margin where the d-weight of margins at or below it reaches (α/β)·D.
         j = min(bisect.bisect_left(w, self._thr_eps, 1) - 1, len(sm_l) - 1)
         self._sorted[g] = sm_l
@@ -273,7 +281,7 @@ class BRHScorer(_Tokens):
         return float(self._env[0] - self._proj[g, 0])
 
     def margins(self) -> list[float]:
-        return (self._env[0] - self._proj[:, 0]).tolist()  # type: ignore[no-any-return]
+        return self._m0.copy()
 
     def load(self, g: int) -> float:
         return float(self._proj[g, 0])
@@ -297,11 +305,16 @@ class BRHScorer(_Tokens):
                 row[:n] += cost.token * (e.prompt_tokens + self._h[:n]) + cost.seq
         self._add_tokens(g, entries)
         env = self._env
-        if (row > env).any():
+        top = env[0]
+        if np.count_nonzero(row > env):  # (faster than .any(), the same test)
             np.maximum(env, row, out=env)
             self._dirty.update(range(self.workers))
         else:
             self._dirty.add(g)
+        if env[0] != top:  # every margin moved: the same subtraction as a fresh scorer's
+            self._m0 = (env[0] - self._proj[:, 0]).tolist()
+        else:
+            self._m0[g] = float(top - row[0])
 
     def projection(self) -> FloatArray:
         """A copy of the current projection (after admissions)."""

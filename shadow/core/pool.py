@@ -85,6 +85,8 @@ class Pool:
                     break
                 out.append(entry)
                 taken.add(seq)
+        if not out and size >= 0:  # nothing aged: the first `size` in pool order
+            return [self._by_seq[seq] for _, seq in self._keys[:size]]
         for _, seq in self._keys:
             if len(out) == size:
                 break

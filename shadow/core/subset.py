@@ -25,24 +25,36 @@ from shadow.core.pool import PoolEntry
 Score = Callable[[float], float]
 
 
+def _subsets(n: int, cap: int) -> tuple[tuple[int, int, int], ...]:
+    """The subsets of n items with 1..cap members as bit masks, ascending, each with the mask
+    without its lowest member and that member's index (its sum = that mask's sum + its weight)."""
+    masks = (m for m in range(1, 1 << n) if m.bit_count() <= cap)
+    return tuple((m, m & (m - 1), (m & -m).bit_length() - 1) for m in masks)
+
+
+#: `_subsets(n, cap)` for windows up to this size (the default exhaustive_max is 4), built once.
+SUBSETS_UP_TO = 8
+_SUBSETS = tuple(tuple(_subsets(n, cap) for cap in range(n + 1)) for n in range(SUBSETS_UP_TO + 1))
+
+
 def exhaustive(
     window: Sequence[PoolEntry], cap: int, score: Score, cost: RouteCost = TOKENS
 ) -> tuple[list[PoolEntry], float]:
-    """Best non-empty subset with at most `cap` members: (subset, F)."""
+    """Best non-empty subset with at most `cap` members: (subset, F). Subsets are scored in
+    ascending mask order; ties go to the older (`_older`)."""
     n = len(window)
     # a subset weighs the sum of its members' weights (Σ s_i + κ·j: linear)
     if cost.paper:
         weights: list[float] = [e.prompt_tokens for e in window]
     else:
         weights = [cost.weight(e.prompt_tokens) for e in window]
+    cap = max(0, min(cap, n))
+    subsets = _SUBSETS[n][cap] if n <= SUBSETS_UP_TO else _subsets(n, cap)
     sums: list[float] = [0] * (1 << n)
     best_mask, best_f = 0, -math.inf
-    for mask in range(1, 1 << n):
-        low = mask & -mask
-        sums[mask] = sums[mask ^ low] + weights[low.bit_length() - 1]
-        if mask.bit_count() > cap:
-            continue
-        f = score(sums[mask])
+    for mask, rest, i in subsets:
+        total = sums[mask] = sums[rest] + weights[i]
+        f = score(total)
         if f > best_f or (f == best_f and _older(window, mask, best_mask)):
             best_mask, best_f = mask, f
     return [e for i, e in enumerate(window) if best_mask >> i & 1], best_f

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shadow.core.cost import TOKENS, RouteCost
 from shadow.core.fscore import BR0Scorer, BRHScorer, project_loads
 from shadow.core.params import BRParams, br0_equivalent
 from shadow.core.pool import PoolEntry
@@ -122,3 +123,47 @@ def test_brh_admit_updates_projection_incrementally() -> None:
     fresh = BRHScorer(scorer.projection(), params)
     assert scorer.peak(0) == fresh.peak(0)
     assert scorer.score(0, 300) == pytest.approx(fresh.score(0, 300))
+
+
+Request = tuple[int, float | None]  # (prompt tokens, predicted steps or None: the whole horizon)
+
+
+@settings(max_examples=150, deadline=None)  # no wall-clock limit in a test (loaded CI machines)
+@given(
+    workers=st.integers(1, 6),
+    horizon=st.integers(0, 8),
+    kappa=st.sampled_from([0, 37]),
+    seed=st.integers(0, 2**32 - 1),
+    admits=st.lists(
+        st.tuples(st.integers(0, 5), st.lists(st.tuples(st.integers(0, 3000), st.none() | st.floats(0, 12)),
+                                              min_size=1, max_size=3)),
+        max_size=12,
+    ),
+)
+def test_brh_state_kept_through_admissions_is_a_fresh_scorers_bit_for_bit(
+    workers: int, horizon: int, kappa: int, seed: int, admits: list[tuple[int, list[Request]]]
+) -> None:
+    """What admit keeps (margins, rows rebuilt into reused buffers, peaks, scores) equals what a
+    scorer built on the resulting projection computes, exactly, whether or not the envelope rose."""
+    rng = np.random.default_rng(seed)
+    proj = rng.integers(0, 20_000, size=(workers, 1)) + rng.integers(0, 9, size=(workers, horizon + 1))
+    params = BRParams(horizon=horizon, beta=7.0)
+    cost = RouteCost(1.0, float(kappa)) if kappa else TOKENS
+    scorer = BRHScorer(proj.astype(np.float64), params, cost)
+    seq = 0
+    for g, reqs in admits:
+        g %= workers
+        scorer.peak(g)  # the row is built (and its buffers reused) before it changes
+        entries = []
+        for tokens, steps in reqs:
+            entries.append(PoolEntry(f"r{seq}", tokens, seq, 0.0, steps))
+            seq += 1
+        scorer.admit(g, entries)
+        fresh = BRHScorer(scorer.projection(), params, cost)
+        assert scorer.margins() == fresh.margins()
+        assert [scorer.margin(w) for w in range(workers)] == fresh.margins()
+        for w in range(workers):
+            assert scorer.peak(w) == fresh.peak(w)
+            for delta in (0.0, 1.0, 500.0, 5_000.0, scorer.peak(w)):
+                assert scorer.score(w, delta) == fresh.score(w, delta)
+                assert scorer.score_of(w)(delta) == fresh.score_of(w)(delta)
