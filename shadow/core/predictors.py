@@ -21,8 +21,15 @@ IntArray = npt.NDArray[np.int64]
 
 
 def contribution(p_fin: FloatArray, mu_rem: FloatArray, horizon: int) -> FloatArray:
-    """ĉ = (1 − p_fin)·H + p_fin·mu_rem, clipped to [0, H]."""
-    return np.clip((1.0 - p_fin) * horizon + p_fin * mu_rem, 0.0, float(horizon))
+    """ĉ = (1 − p_fin)·H + p_fin·mu_rem, clipped to [0, H]; ValueError if a predictor gave a
+    non-finite p_fin or mu_rem (every prediction reaches BR-H's projection through here, and a NaN
+    step count has no place in it: it would become an arbitrary integer index)."""
+    with np.errstate(invalid="ignore"):  # inf − inf: NaN, refused below
+        c = (1.0 - p_fin) * horizon + p_fin * mu_rem
+    if not np.isfinite(c).all():
+        bad = int(np.count_nonzero(~np.isfinite(c)))
+        raise ValueError(f"a length predictor gave {bad} non-finite prediction(s) of {c.size}")
+    return np.clip(c, 0.0, float(horizon))
 
 
 class Predictor(Protocol):

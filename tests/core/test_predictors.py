@@ -112,3 +112,16 @@ def test_exactmatch_batch_equals_per_bucket_survival(
         ref = SurvivalPredictor(own if len(own) >= min_samples else [o for _, o in data])
         rp, rmu = ref.predict(np.asarray([age]), horizon=h)
         assert p[i] == pytest.approx(rp[0]) and mu[i] == pytest.approx(rmu[0])
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_prediction_is_refused_before_it_reaches_brh(bad: float) -> None:
+    """ĉ feeds BR-H's projection as an integer index: a NaN or infinite p_fin or mu_rem is a
+    predictor defect, refused with a clear error instead of becoming an arbitrary step count."""
+    p = np.asarray([0.5, bad], dtype=np.float64)
+    mu = np.asarray([3.0, 4.0], dtype=np.float64)
+    with pytest.raises(ValueError, match="1 non-finite prediction"):
+        contribution(p, mu, 16)
+    with pytest.raises(ValueError, match="non-finite"):
+        contribution(mu, p, 16)
+    assert contribution(mu * 0 + 0.5, mu, 16).tolist() == [9.5, 10.0]
