@@ -66,7 +66,7 @@ class ModeSetting:
     pin: bool | None = None
 
     def validate(self) -> None:
-        """ValueError with a one-line reason (an old policy spelling is valid: see `active_policy`)."""
+        """ValueError with a one-line reason (a retired policy spelling included: see `active_policy`)."""
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.policy is not None:
@@ -228,9 +228,7 @@ class ModeController:
             raise ModeUnavailable(f"mode {setting.mode} refused: {why}")
         policy = None
         if setting.policy is not None:
-            policy, deprecated = active_policy(setting.policy)
-            if deprecated is not None:
-                log.warning("shadow mode (%s): %s", reason, deprecated)
+            policy = active_policy(setting.policy)
         with self._lock:
             self.last_writer = reason
             prev = "start" if reason in START_REASONS else self._current()

@@ -406,14 +406,11 @@ MODE_VALUES = (("mode", "mode"), ("policy", "active_policy"), ("canary_fraction"
 
 
 def _active_policy(name: str) -> str:
-    """`--active-policy`: the policy's name; an old spelling is taken with a warning on stderr."""
+    """`--active-policy`: the policy's name (an unknown or retired one: a usage error naming why)."""
     try:
-        policy, deprecated = active_policy(name)
+        return active_policy(name)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    if deprecated is not None:
-        print(f"shadow serve: warning: --active-policy: {deprecated}", file=sys.stderr)
-    return policy
 
 
 #: The active proxy's flags after --active, each filling an `ActiveSettings` field.

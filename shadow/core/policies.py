@@ -127,8 +127,8 @@ SMG_VIEW_S = 10.0
 class Policy(Generic[P]):
     """One policy: its name and kind, a one-line summary, its parameters (`select` takes them from a
     caller's options) and the factory of its router. `predicted`: takes a length predictor (a lane
-    needs one); `active`: active mode can route with it; `renamed`: old names active mode accepted
-    for it, each meaning exactly this policy there; `view_age_s`: the age of the view of the engines
+    needs one); `active`: active mode can route with it; `retired`: old names active mode took
+    for it and now refuses, naming this policy; `view_age_s`: the age of the view of the engines
     it routes on by default (an incumbent's refresh period; a lane's `name@AGE` overrides it)."""
 
     name: str
@@ -139,7 +139,7 @@ class Policy(Generic[P]):
     aliases: tuple[str, ...] = ()
     predicted: bool = False
     active: bool = False
-    renamed: tuple[str, ...] = ()
+    retired: tuple[str, ...] = ()
     rule: type[Baseline] | None = None  # a baseline's rule
     view_age_s: float = 0.0
 
@@ -185,7 +185,7 @@ def _rule(
     summary: str,
     aliases: tuple[str, ...] = (),
     active: bool = False,
-    renamed: tuple[str, ...] = (),
+    retired: tuple[str, ...] = (),
     kind: Kind = "baseline",
     view_age_s: float = 0.0,
 ) -> Policy[BaselineParams]:
@@ -197,7 +197,7 @@ def _rule(
         partial(_baseline, rule, view_age_s),
         aliases=aliases,
         active=active,
-        renamed=renamed,
+        retired=retired,
         rule=rule,
         view_age_s=view_age_s,
     )
@@ -220,7 +220,7 @@ REGISTRY: Mapping[str, Policy[Any]] = {
             "load_balance_proxy_server_example.py): least outstanding request-body bytes, held until "
             "the stream ends (without body sizes, e.g. traces: 4 bytes per prompt token)",
             active=True,
-            renamed=("jsq",),
+            retired=("jsq",),
         ),
         _rule(LeastTokens, "least KV tokens held plus prompt tokens queued"),
         _incumbent(VllmDP, "vLLM's DP load balancer (vllm-project/vllm vllm/v1/engine/core_client.py "
@@ -294,22 +294,23 @@ def make_router(name: str, options: RouterOptions | None = None) -> Router:
     return policy(name).make(options or RouterOptions())
 
 
-def active_policy(name: str) -> tuple[str, str | None]:
-    """The active policy `name` means and, for an old spelling, the warning to give for it.
+def active_policy(name: str) -> str:
+    """The active policy `name` means (an alias gives its policy's name).
 
-    ValueError naming the active policies when `name` is none of them.
+    ValueError naming the active policies when `name` is none of them, and for a retired old
+    spelling the policy it meant (a name means one policy everywhere: `jsq` is JSQ-count).
     """
-    for renamed in REGISTRY.values():
-        if name in renamed.renamed:
-            return renamed.name, (
-                f"active policy {name!r} is deprecated: it is the old spelling of {renamed.name!r} "
-                f"({renamed.summary}), which runs; say {renamed.name!r} "
-                f"(elsewhere {name!r} is {policy(name).summary})"
+    for meant in REGISTRY.values():
+        if name in meant.retired:
+            raise ValueError(
+                f"active policy {name!r} is retired: it was the old spelling of {meant.name!r} "
+                f"({meant.summary}); say {meant.name!r} ({name!r} is {policy(name).summary}, "
+                f"which active mode does not run)"
             )
     p = lookup(name)
     if p is None or not p.active:
         raise ValueError(f"policy must be one of {', '.join(ACTIVE)}, got {name!r}")
-    return p.name, None
+    return p.name
 
 
 def make_baseline(name: str, rng: random.Random) -> Baseline:

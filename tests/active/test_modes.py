@@ -308,26 +308,29 @@ def test_upstream_failures_trip_and_on_calls_never_raise() -> None:
     assert c.snapshot()["observed"]["upstream_calls"] == 11
 
 
-def test_the_mode_controller_takes_the_old_spelling_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="shadow.active.modes"):
-        c = ModeController(ModeConfig(mode="active", policy="jsq"))
-    assert c.snapshot()["configured_policy"] == "jsq-bytes" and c.choose("r1").policy == "jsq-bytes"
-    assert any("deprecated" in r.getMessage() and "(default)" in r.getMessage() for r in caplog.records)
+def test_the_mode_controller_refuses_the_retired_spelling_and_keeps_its_setting() -> None:
+    refused = ModeController(ModeConfig(mode="active", policy="jsq"))  # at start: shadow, and why
+    assert refused.choose("r0").mode == "shadow"
+    assert "retired" in refused.snapshot()["last_flag_error"] and "say 'jsq-bytes'" in refused.last_error
+    c = ModeController(ModeConfig(mode="active", policy="jsq-bytes"))
+    with pytest.raises(ValueError, match="retired"):
+        c.apply(ModeSetting("active", "jsq"), "operator")
+    assert c.choose("r1").policy == "jsq-bytes"  # the refused setting changed nothing
     c.apply(ModeSetting("active", "br0"), "operator")
     assert c.choose("r1").policy == "br0"
     with pytest.raises(ValueError, match="policy must be one of"):
         ModeSetting("active", "jsq-count").validate()
 
 
-def test_serve_takes_the_old_active_spelling_with_a_warning_and_refuses_unknown_ones(
+def test_serve_refuses_the_retired_spelling_and_unknown_policies(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from shadow.commands.serve import build_parser
 
-    args = build_parser().parse_args(["--upstream", "d0=http://127.0.0.1:1", "--active-policy", "jsq"])
-    assert args.active_policy == "jsq-bytes"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--upstream", "d0=http://127.0.0.1:1", "--active-policy", "jsq"])
     err = capsys.readouterr().err
-    assert "warning: --active-policy" in err and "'jsq-bytes'" in err
+    assert "--active-policy" in err and "retired" in err and "say 'jsq-bytes'" in err
     assert build_parser().parse_args(["--upstream", "d0=http://127.0.0.1:1"]).active_policy == "br0"
     assert capsys.readouterr().err == ""
     with pytest.raises(SystemExit):

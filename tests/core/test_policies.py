@@ -1,6 +1,6 @@
 """The policy registry: one meaning per name, each factory fed only its own parameters, the tables
-the CLI and the metrics use derived from it, and the old active spelling `jsq` kept as exactly
-what it ran (JSQ-bytes) with a warning — while `jsq` itself stays JSQ-count."""
+the CLI and the metrics use derived from it, and the old active spelling `jsq` (it ran JSQ-bytes)
+refused with an error naming `jsq-bytes` — `jsq` is JSQ-count everywhere."""
 
 from __future__ import annotations
 
@@ -74,12 +74,12 @@ def test_one_meaning_per_name_jsq_is_count_and_jsq_bytes_is_bytes_everywhere() -
     assert "jsq" not in ACTIVE  # active mode does not run JSQ-count
 
 
-def test_the_old_active_spelling_runs_exactly_what_it_ran_and_says_so() -> None:
-    assert active_policy("jsq-bytes") == ("jsq-bytes", None) and active_policy("br0") == ("br0", None)
-    name, warning = active_policy("jsq")
-    assert name == "jsq-bytes"
-    assert warning is not None and "deprecated" in warning and "'jsq-bytes'" in warning
-    assert "JSQ-count" in warning  # what `jsq` means elsewhere
+def test_the_retired_active_spelling_is_refused_naming_what_it_meant() -> None:
+    assert active_policy("jsq-bytes") == "jsq-bytes" and active_policy("br0") == "br0"
+    assert active_policy("round-robin") == "rr"  # an alias still names its policy
+    with pytest.raises(ValueError, match=r"^active policy 'jsq' is retired: .*say 'jsq-bytes'") as err:
+        active_policy("jsq")
+    assert "JSQ-count" in str(err.value)  # what `jsq` is
     for bad in ("jsq-count", "bra", "random", "forced", "nope"):
         with pytest.raises(ValueError, match=r"^policy must be one of br0, brh, rr, jsq-bytes, got "):
             active_policy(bad)
