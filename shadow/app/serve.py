@@ -292,7 +292,7 @@ class ServeService:
         default = (c.step_a, c.step_b) == (DEFAULT_A_S_PER_TOKEN, DEFAULT_B_S)
         return LaneSettings(
             policies=tuple(c.policies), step=live.step, slots=live.slots,
-            step_source="default" if default else "configured", lag_s=c.lag_s, br=live.config.br,
+            step_origin="default" if default else "configured", lag_s=c.lag_s, br=live.config.br,
             seed=live.config.seed, rolling_s=live.rolling_s, clock=c.lane_clock,
         )
 

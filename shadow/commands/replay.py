@@ -127,7 +127,7 @@ def recorded_setup(
     head = ("replaying the live lanes' settings (not their measured clock)" if measured and fitted is None
             else "replaying as the live lanes ran")
     err.print(f"{head}: {','.join(recorded.policies)}; step model "
-              f"{recorded.step.describe()} ({recorded.step_source}); {recorded.slots} slots")
+              f"{recorded.step.describe()} ({recorded.step_origin}); {recorded.slots} slots")
     if fitted is not None:
         models = fitted[1].models or ()
         err.print(f"on the live lanes' last measured clock (recorded at t={fitted[0]:g}, of "

@@ -16,7 +16,8 @@ from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import LaneClock, LaneSpec
 from shadow.engine.rolling import check_window
 
-STEP_SOURCES = ("configured", "default")
+#: Where the lanes' step model came from: given to the sidecar, or its built-in default.
+STEP_ORIGINS = ("configured", "default")
 #: The clock the live lanes stepped on: `configured` (the step model above) or `measured` (per-worker
 #: step models fitted live: a recording carries them as `clock` lines, `clock_to_json`).
 CLOCKS = ("configured", "measured")
@@ -34,7 +35,7 @@ class LaneSettings:
     policies: tuple[str, ...]
     step: StepTimeModel
     slots: int
-    step_source: str = "configured"
+    step_origin: str = "configured"  # one of STEP_ORIGINS (the file key is `step.source`)
     lag_s: float = 0.0
     br: BRParams = field(default_factory=BRParams)
     seed: int = 0
@@ -46,8 +47,8 @@ class LaneSettings:
             raise ValueError("policies: none given")
         for p in self.policies:
             LaneSpec.parse(p)
-        if self.step_source not in STEP_SOURCES:
-            raise ValueError(f"step source must be one of {STEP_SOURCES}, got {self.step_source!r}")
+        if self.step_origin not in STEP_ORIGINS:
+            raise ValueError(f"step origin must be one of {STEP_ORIGINS}, got {self.step_origin!r}")
         if isinstance(self.slots, bool) or not isinstance(self.slots, int) or self.slots < 1:
             raise ValueError(f"slots must be an integer >= 1, got {self.slots!r}")
         if not (math.isfinite(self.lag_s) and self.lag_s >= 0):
@@ -59,7 +60,7 @@ class LaneSettings:
             raise ValueError(f"clock must be one of {CLOCKS}, got {self.clock!r}")
 
     def to_json(self) -> dict[str, Any]:
-        step: dict[str, Any] = {"a_s_per_token": self.step.a, "b_s": self.step.b, "source": self.step_source}
+        step: dict[str, Any] = {"a_s_per_token": self.step.a, "b_s": self.step.b, "source": self.step_origin}
         if not self.step.linear:  # the cost model's per-sequence and prefill terms (absent: 0)
             step |= {"c_s_per_seq": self.step.c, "p_s_per_prefill_token": self.step.p}
         out = {
@@ -103,7 +104,7 @@ class LaneSettings:
                 policies=tuple(policies),
                 step=StepTimeModel(float(a), float(b), float(c), float(p)),
                 slots=obj["slots"],
-                step_source=step.get("source", "configured"),
+                step_origin=step.get("source", "configured"),
                 lag_s=float(obj.get("lag_s", 0.0)),
                 br=BRParams.from_mapping(dict(br)),
                 seed=obj.get("seed", 0),
