@@ -140,7 +140,7 @@ class Dispatcher:
 
     def make_router(self, policy: str) -> Router:
         """The router of an active policy name (ValueError naming the active ones)."""
-        name, _ = active_policy(policy)
+        name = active_policy(policy)
         predictor = self.config.brh_predictor if name == "brh" else None
         return make_router(name, RouterOptions(br=self.params, predictor=predictor))
 
