@@ -93,7 +93,7 @@ def host_factor(period_s: npt.ArrayLike, work_s: npt.ArrayLike,
         return None
     h = p / e
     k = min(recent, len(p))
-    lo, med, hi = (float(x) for x in np.percentile(h, [10, 50, 90]))
+    lo, med, hi = (float(np.quantile(h, q)) for q in (0.1, 0.5, 0.9))  # as stats.quantile
     share = float(1.0 - e.sum() / p.sum())
     j = min(LEVEL_WINDOWS, len(p))
     return HostFactor(float(p[-k:].sum() / e[-k:].sum()), med, lo, hi, len(p), k, share,

@@ -6,12 +6,16 @@
 - `fisher_greater(fx, nx, fy, ny)`: Fisher's exact test on the 2×2 table of failures, H1 "x fails
   more often than y" (equal to scipy.stats.fisher_exact(..., alternative="greater")).
 Both return a p-value: small means the canary is worse beyond chance.
+- `quantile(values, q)`: the one exact-sample quantile every report uses.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
 
 
 def _ranks(values: Sequence[float]) -> tuple[list[float], float]:
@@ -69,12 +73,10 @@ def fisher_greater(fx: int, nx: int, fy: int, ny: int) -> float:
     return min(1.0, p)
 
 
-def quantile(values: Sequence[float], q: float) -> float | None:
-    """The `q` quantile (linear between order statistics), None for no values."""
-    if not values:
+def quantile(values: Sequence[float] | npt.NDArray[np.float64], q: float) -> float | None:
+    """The `q` quantile (0–1) of exact samples, linear between order statistics (numpy's and R's
+    default, type 7); None for no values. Every exact percentile the project reports is this one
+    (histograms and sketches answer within their bins instead)."""
+    if not len(values):
         return None
-    s = sorted(values)
-    pos = q * (len(s) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+    return float(np.quantile(np.asarray(values, dtype=np.float64), q))

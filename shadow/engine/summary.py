@@ -8,9 +8,12 @@ array whatever the number of samples; percentiles are exact to within one bucket
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
+
+from shadow.core.stats import quantile
 
 
 class SampleSink(Protocol):
@@ -82,11 +85,8 @@ class LogHistogram:
         return math.exp(self._log_lo + (i + 0.5) * self._step)
 
 
-def percentile(values: SampleSink, q: float, scale: float = 1.0) -> float | None:
-    """q-th percentile of a list (exact) or a LogHistogram (within 1%), times `scale`."""
-    if isinstance(values, LogHistogram):
-        p = values.percentile(q)
-        return None if p is None else p * scale
-    if not len(values):
-        return None
-    return float(np.percentile(np.asarray(values), q)) * scale
+def percentile(values: SampleSink | Sequence[float], q: float, scale: float = 1.0) -> float | None:
+    """q-th percentile of a list (exact: `core.stats.quantile`) or a LogHistogram (within 1%),
+    times `scale`; None without samples."""
+    p = values.percentile(q) if isinstance(values, LogHistogram) else quantile(values, q / 100.0)  # type: ignore[arg-type]
+    return None if p is None else p * scale

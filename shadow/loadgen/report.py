@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from shadow.core.stats import quantile
 from shadow.loadgen.sender import RequestResult
 
 
@@ -25,7 +26,7 @@ def _percentiles(values: Iterable[float | None], qs: Sequence[int]) -> dict[str,
         empty: dict[str, float | None] = {f"p{q}": None for q in qs}
         empty["mean"] = None
         return empty
-    out: dict[str, float | None] = {f"p{q}": float(np.percentile(data, q)) for q in qs}
+    out: dict[str, float | None] = {f"p{q}": quantile(data, q / 100.0) for q in qs}
     out["mean"] = float(data.mean())
     return out
 

@@ -19,7 +19,7 @@ from shadow.engine.config import EngineConfig, LaneSpec
 from shadow.engine.driver import Admission, LaneDriver, Observer
 from shadow.engine.jobs import Job, jobs_from
 from shadow.engine.lane import Clock, Lane
-from shadow.engine.summary import SampleSink
+from shadow.engine.summary import SampleSink, percentile
 from shadow.traces import (
     DEFAULT_LIMITS,
     Trace,
@@ -324,7 +324,7 @@ def _snapshot(lane: Lane, sum_load: float = 0.0) -> dict[str, float]:
 
 
 def _pct(values: Sequence[float], q: float) -> float | None:
-    return float(np.percentile(np.asarray(values), q)) * 1e3 if len(values) else None
+    return percentile(values, q, 1e3)
 
 
 # -- aggregation over seeds -----------------------------------------------------------------

@@ -47,3 +47,16 @@ def test_a_clear_difference_is_significant_and_none_is_not() -> None:
     with pytest.raises(ValueError):
         fisher_greater(5, 4, 0, 1)
     assert quantile([3.0, 1.0, 2.0], 0.5) == 2.0 and quantile([], 0.5) is None
+
+
+@given(st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=50), st.floats(0.0, 1.0))
+def test_quantile_is_linear_between_order_statistics(values: list[float], q: float) -> None:
+    """The one exact quantile: type 7 (linear between order statistics), as scipy's default."""
+    s = sorted(values)
+    pos = q * (len(s) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    want = s[lo] + (s[hi] - s[lo]) * (pos - lo)
+    got = quantile(values, q)
+    assert got is not None and got == pytest.approx(want, rel=1e-9, abs=1e-6)
+    assert got == pytest.approx(float(sp.mstats.mquantiles(values, [q], alphap=1, betap=1)[0]), abs=1e-6)
