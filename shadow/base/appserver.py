@@ -1,4 +1,9 @@
-"""One ASGI app served by uvicorn on one listening socket, inside the running event loop."""
+"""One ASGI app served by uvicorn on one listening socket, inside the running event loop.
+
+Only the simulated fleet serves through it, on purpose: vLLM's API server is uvicorn, so the fleet
+answers on the wire as uvicorn does (keep-alive, errors, chunking). Every listener of shadow's own
+(router, active proxy, analysis API) is `shadow.base.listener.AsgiListener`, with its caps.
+"""
 
 from __future__ import annotations
 
