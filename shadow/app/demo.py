@@ -39,6 +39,7 @@ from rich.text import Text
 from shadow.app.vllmshape import MOE_MODEL, MOE_RANKS, SHAPES, FleetChoice, choose_vllm_fleet, machine
 from shadow.base.procs import Child, shadow_argv
 from shadow.base.tools import find_executable
+from shadow.contracts.report import RatioFigure, Report, StepModelReport
 from shadow.loadgen import LoadOptions, LoadReport, run_load
 from shadow.traces import Trace, at_load, estimate_capacity_rps, resolve
 
@@ -361,11 +362,12 @@ class Demo:
         self.load = await run_load(self.trace, self.router_url, opts, progress=_Sink(), stop=stop)
         return self.load
 
-    async def report(self, client: httpx.AsyncClient, drain: bool = False) -> dict[str, Any]:
+    async def report(self, client: httpx.AsyncClient, drain: bool = False) -> Report:
+        """`/v1/report`, read through its types (`shadow.contracts.report`)."""
         r = await client.get(self.api + "/v1/report", params={"drain": 1} if drain else None,
                              timeout=self.opts.drain_timeout_s)
         r.raise_for_status()
-        doc: dict[str, Any] = r.json()
+        doc: Report = r.json()
         return doc
 
     async def check_decisions(self, client: httpx.AsyncClient) -> dict[str, Any]:
@@ -462,7 +464,7 @@ def _num(v: Any, fmt: str, scale: float = 1.0) -> str:
     return "–" if v is None else format(v * scale, fmt)
 
 
-def lanes_table(report: dict[str, Any]) -> Table:
+def lanes_table(report: Report) -> Table:
     """actual vs each lane: the figures of /v1/report, with the spread ratio against actual (the
     comparison's estimate over windows and its interval, as the last line gives them: `spread_ratio`).
 
@@ -470,12 +472,12 @@ def lanes_table(report: dict[str, Any]) -> Table:
     tok/s from the step model (TPOT is in the report); done: requests finished; agree: share of the router's
     decisions this policy would have made identically; with rolling lanes, `last W` is the spread over
     the last complete window (re-seeded from the mirrored fleet) and `lag` how far the lane runs behind."""
-    lanes: dict[str, Any] = report.get("lanes", {})
+    lanes = report["lanes"]
     title = "live lanes (same traffic; actual = the router's real placements)"
     table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1),
                   collapse_padding=True)
-    compared = report.get("comparison", {}).get("lanes", {})
-    rolling = report.get("rolling", {}).get("window_s")
+    compared = report["comparison"]["lanes"]
+    rolling = report["rolling"]["window_s"]
     cols = ["lane", "spread", "vs actual", "95% CI", "verdict", "I(k)", "idle", "tok/s", "steps", "done",
             "agree"]
     if rolling:
@@ -483,24 +485,23 @@ def lanes_table(report: dict[str, Any]) -> Table:
     for col in cols:
         table.add_column(col, justify="left" if col in ("lane", "verdict") else "right", no_wrap=True)
     for label, f in lanes.items():
-        iv = compared.get(label, {}).get("spread", {})
-        spread = f.get("avg_spread_tokens")
+        iv = compared.get(label, {}).get("spread")
         ratio, ci = ("–", "–") if label == "actual" else spread_ratio(iv)
-        window = [_num(f.get("window_avg_spread_tokens"), ",.0f"), _num(f.get("lag_s"), ".1f") + " s"]
-        table.add_row(label, _num(spread, ",.0f"), *(window if rolling else []), ratio, ci,
-                      iv.get("verdict", "–"),
-                      _num(f.get("avg_imbalance_tokens"), ",.0f"),
-                      _num(f.get("barrier_idle_fraction"), ".1f", 100) + "%",
-                      _num(f.get("throughput_tokens_per_s"), ",.0f"), str(f.get("steps", "–")),
-                      str(f.get("requests_finished", "–")),
-                      "–" if label == "actual" else _num(f.get("agreement_rate"), ".0%"))
+        window = [_num(f["window_avg_spread_tokens"], ",.0f"), _num(f["lag_s"], ".1f") + " s"]
+        table.add_row(label, _num(f["avg_spread_tokens"], ",.0f"), *(window if rolling else []), ratio, ci,
+                      "–" if iv is None else iv["verdict"],
+                      _num(f["avg_imbalance_tokens"], ",.0f"),
+                      _num(f["barrier_idle_fraction"], ".1f", 100) + "%",
+                      _num(f["throughput_tokens_per_s"], ",.0f"), str(f["steps"]),
+                      str(f["requests_finished"]),
+                      "–" if label == "actual" else _num(f["agreement_rate"], ".0%"))
     return table
 
 
-def status_lines(demo: Demo, report: dict[str, Any], elapsed_s: float) -> Text:
+def status_lines(demo: Demo, report: Report, elapsed_s: float) -> Text:
     o = demo.opts
-    sm = report.get("step_model", {})
-    fid = report.get("fidelity", {})
+    sm = report["step_model"]
+    fid = report["fidelity"]
     p = demo.progress
     text = Text()
     pair = demo.fleet_choice is not None and demo.fleet_choice.moe_dp
@@ -511,27 +512,27 @@ def status_lines(demo: Demo, report: dict[str, Any], elapsed_s: float) -> Text:
     text.append(f"t={elapsed_s:5.1f}/{o.duration_s:g} s   requests: {p['done']} done, {p['failed']} failed, "
                 f"{p['in_flight']} in flight of {len(demo.trace)}\n")
     truth = "configured" if o.fleet == "vllm" else "fleet truth"
-    text.append(f"step model fit: a={_num(sm.get('a_s_per_token'), '.3g')} s/token, "
-                f"b={_num(sm.get('b_s'), '.3g')} s, R²={_num(sm.get('r2'), '.3f')}, "
-                f"{sm.get('samples', 0)} samples{_step_sources(sm)}   "
+    text.append(f"step model fit: a={_num(sm['a_s_per_token'], '.3g')} s/token, "
+                f"b={_num(sm['b_s'], '.3g')} s, R²={_num(sm['r2'], '.3f')}, "
+                f"{sm['samples']} samples{_step_sources(sm)}   "
                 f"({truth}: a={o.step_a * o.time_scale:.3g}, b={o.step_b * o.time_scale:.3g})\n")
     text.append(clock_line(sm) + "\n")
     cost = cost_line(sm)
     if cost:
         text.append(cost + "\n")
-    err = _num(fid.get("load_rel_error"), ".1%")
-    against = {"engine": "the engines' own KV"}.get(fid.get("reference", "mirror"), "mirror")
+    err = _num(fid["load_rel_error"], ".1%")
+    against = {"engine": "the engines' own KV"}.get(fid["reference"], "mirror")
     text.append(f"twin fidelity: load error {err} (actual lane vs {against})\n")
-    for w in report.get("warnings", []):
+    for w in report["warnings"]:
         text.append(f"warning: {w}\n", style="yellow")
     text.append(f"metrics: {demo.api}/metrics   report: {demo.api}/v1/report", style="dim")
     return text
 
 
-def clock_line(sm: dict[str, Any]) -> str:
+def clock_line(sm: StepModelReport) -> str:
     """The lanes' clock in one line: the model in use, its source, each worker's step, and whether
     the linear model holds (the report's step_model)."""
-    clock = sm.get("clock") or {}
+    clock = sm["clock"]
     workers = clock.get("workers") or {}
     steps = ", ".join(
         f"{name} {1e3 * w['b_s']:.1f} ms" if w.get("model") == "mean step" else
@@ -539,8 +540,8 @@ def clock_line(sm: dict[str, Any]) -> str:
         else f"{name} step cost fit" if w.get("model") == "cost fit"
         else f"{name} configured" for name, w in workers.items())
     holds = {True: "linear model holds", False: "linear model does NOT hold",
-             None: "linear fit not decided"}[sm.get("linear_model_holds")]
-    return (f"lane clock: {sm.get('model_in_use', '–')} from {sm.get('model_source', '–')}"
+             None: "linear fit not decided"}[sm["linear_model_holds"]]
+    return (f"lane clock: {sm['model_in_use']} from {sm['model_source']}"
             f"{' (' + steps + ')' if steps else ''}; {holds}")
 
 
@@ -549,13 +550,13 @@ TERM_UNITS = {"b": (1e3, "ms"), "c": (1e3, "ms/seq"), "a": (1e9, "ns/KV token"),
               "p": (1e6, "µs/prefill token")}
 
 
-def cost_line(sm: dict[str, Any]) -> str | None:
+def cost_line(sm: StepModelReport) -> str | None:
     """The step-cost model of each barrier group in one line: its form, each term with its 95 %
     interval, what it is fitted on (the engine's work, or the period), R² and out-of-sample error on
     its windows, the clock factor the lanes multiply it by (with the host's wait factor in it) and
     how far that was off the window periods (the report's step_model.cost); for SSE gaps alone, the
     terms they cannot identify. None before any."""
-    cost = sm.get("cost") or {}
+    cost = sm["cost"]
     groups = cost.get("groups") or {}
     if not groups:
         missing = ", ".join(sorted(cost.get("not_identifiable") or {}))
@@ -583,25 +584,25 @@ def cost_line(sm: dict[str, Any]) -> str | None:
     return "step cost: " + "; ".join(parts)
 
 
-def _step_sources(sm: dict[str, Any]) -> str:
+def _step_sources(sm: StepModelReport) -> str:
     """Where the fit's samples came from, e.g. " from the engine probe" (the report's step_model)."""
-    src = sm.get("samples_from")
+    src = sm["samples_from"]
     return f" from {src}" if src else ""
 
 
-def headline(report: dict[str, Any]) -> str:
+def headline(report: Report) -> str:
     """The demo's last line: BR-0 against the router with its interval and verdict, and never a
     ratio the report's own checks contradict (then: not trustworthy, and why)."""
-    cmp = report.get("comparison", {})
-    iv = cmp.get("lanes", {}).get("br0", {}).get("spread", {})
-    if not iv or iv.get("ratio") is None:
+    cmp = report["comparison"]
+    iv = cmp["lanes"].get("br0", {}).get("spread")
+    if iv is None or iv["ratio"] is None:
         return "not enough steps yet for a comparison"
-    if not cmp.get("trustworthy"):
-        return ("figures not trustworthy — " + "; ".join(cmp.get("problems", [])) +
+    if not cmp["trustworthy"]:
+        return ("figures not trustworthy — " + "; ".join(cmp["problems"]) +
                 ": no verdict on BR-0 against the router")
-    n, w = iv["windows"], cmp.get("window_s", 0)
+    n, w = iv["windows"], cmp["window_s"]
     ratio, ci = spread_ratio(iv)
-    if iv.get("low") is None:
+    if iv["low"] is None:
         return f"too few windows for a verdict ({n} of {w:g} s, 3 needed): BR-0's spread so far {ratio}"
     over = f"95% CI over {n} windows of {w:g} s"
     if iv["verdict"] == "better":
@@ -611,12 +612,14 @@ def headline(report: dict[str, Any]) -> str:
     return f"BR-0's average spread: no significant difference from the router's ({ratio}, {ci}, {over})"
 
 
-def spread_ratio(iv: dict[str, Any]) -> tuple[str, str]:
+def spread_ratio(iv: RatioFigure | None) -> tuple[str, str]:
     """A lane's spread against the router's, as the table and the last line both print it: the
     comparison's estimate (`comparison.lanes[lane].spread`: ratio > 1 when the lane's spread is
     lower) as "X× lower" or "X× higher", and its 95 % interval read the same way ("–" when there is
     none). One estimate, never a second one computed from totals."""
-    ratio, low, high = iv.get("ratio"), iv.get("low"), iv.get("high")
+    if iv is None:
+        return "–", "–"
+    ratio, low, high = iv["ratio"], iv["low"], iv["high"]
     if not ratio:
         return "–", "–"
     if ratio >= 1.0:
@@ -626,13 +629,11 @@ def spread_ratio(iv: dict[str, Any]) -> tuple[str, str]:
     return f"{1 / ratio:.2f}× higher", ci
 
 
-def with_host(report: dict[str, Any], host: dict[str, Any]) -> dict[str, Any]:
+def with_host(report: Report, host: dict[str, Any]) -> Report:
     """The report with the host's problems among the comparison's: a fleet that fell behind its
     step model (lateness beyond its catch-up dropped) is not the fleet the lanes simulated, and
     requests that failed (the chain could not serve them in time) are not the traffic planned."""
-    cmp = report.get("comparison")
-    if not isinstance(cmp, dict):
-        return report
+    cmp = report["comparison"]
     problems: list[str] = []
     dropped = host.get("behind_dropped_s") or 0.0
     if dropped > 0:
@@ -643,10 +644,11 @@ def with_host(report: dict[str, Any], host: dict[str, Any]) -> dict[str, Any]:
         problems.append(f"{failed} of {sent} requests failed (the host could not serve the load in time)")
     if not problems:
         return report
-    cmp = {**cmp, "trustworthy": False, "problems": [*cmp.get("problems", []), *problems]}
-    lanes = {label: {fig: {**iv, "verdict": "not trustworthy"} for fig, iv in figs.items()}
-             for label, figs in cmp.get("lanes", {}).items()}
-    return {**report, "comparison": {**cmp, "lanes": lanes}}
+    lanes: dict[str, dict[str, RatioFigure]] = {
+        label: {fig: {**iv, "verdict": "not trustworthy"} for fig, iv in figs.items()}
+        for label, figs in cmp["lanes"].items()}
+    return {**report, "comparison": {**cmp, "trustworthy": False, "problems": [*cmp["problems"], *problems],
+                                     "lanes": lanes}}
 
 
 def replay_command(record: str) -> str:
@@ -674,9 +676,8 @@ def run_demo(opts: DemoOptions, console: Console, err: Console) -> int:
         name = signal.Signals(stops.received).name if stops.received else "SIGINT"
         err.print(f"shadow demo: interrupted ({name}); load, router, sidecar and fleet stopped")
         return 128 + (stops.received or signal.SIGINT)
-    final["demo"] = demo.demo_block()
-    if opts.report_json:
-        Path(opts.report_json).write_text(json.dumps(final, indent=2) + "\n")
+    if opts.report_json:  # the report, and the demo's own block beside its sections
+        Path(opts.report_json).write_text(json.dumps({**final, "demo": demo.demo_block()}, indent=2) + "\n")
         err.print(f"wrote {opts.report_json}")
     if opts.record:
         if opts.fleet == "vllm":  # the lanes stepped on the measured clock, which no recording carries
@@ -702,7 +703,7 @@ def run_demo(opts: DemoOptions, console: Console, err: Console) -> int:
         verdict = "[green]0 on every worker[/]" if drift["zero"] else "[red]not 0[/]"
         console.print(f"drift (mirrored − the workers' own running + waiting) after the drain: "
                       f"{drift['per_worker']}: {verdict}")
-    style = "bold" if final.get("comparison", {}).get("trustworthy") else "bold yellow"
+    style = "bold" if final["comparison"]["trustworthy"] else "bold yellow"
     console.print(headline(final), style=style, markup=False, soft_wrap=True)  # one line for machines
     return 0
 
@@ -757,14 +758,14 @@ class _StopSignals:
 
 
 async def _main(demo: Demo, console: Console, err: Console,
-                stops: _StopSignals) -> dict[str, Any] | None:
+                stops: _StopSignals) -> Report | None:
     me = asyncio.current_task()
     assert me is not None
     with stops.cancelling(me):
         return await _run(demo, console, err)
 
 
-async def _run(demo: Demo, console: Console, err: Console) -> dict[str, Any] | None:
+async def _run(demo: Demo, console: Console, err: Console) -> Report | None:
     stop = asyncio.Event()
     opts = demo.opts
     async with httpx.AsyncClient() as client:

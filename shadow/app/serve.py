@@ -41,6 +41,7 @@ from shadow.base.listener import AsgiListener, ListenerLimits
 from shadow.base.loopthread import LoopThread
 from shadow.base.runtime import loop_runner, raise_fd_limit
 from shadow.contracts.modes import ModeSource, StaticModeSource
+from shadow.contracts.report import report_schema
 from shadow.core.cost import RouteCost
 from shadow.core.params import BRParams
 from shadow.core.routers import Router
@@ -223,8 +224,10 @@ class ServeService:
             if mc is not None and mc.oracle_interval_s > 0
             else None
         )
+        self._schema: dict[str, Any] | None = None
         report = APIRouter()
         report.add_api_route("/v1/report", self._report, methods=["GET"])
+        report.add_api_route("/v1/report/schema", self._report_schema, methods=["GET"])
         listeners: list[Listener] = [self.live.listener]
         routers = [report]
         collectors: list[Collector] = [LiveCollector(self.sharded or self.live)]  # (shards: merged)
@@ -337,6 +340,12 @@ class ServeService:
         while True:
             self._note_clock()
             await asyncio.sleep(CLOCK_RECORD_S)
+
+    async def _report_schema(self) -> Response:
+        """The report's JSON Schema (`shadow.contracts.report`), derived once on first ask."""
+        if self._schema is None:
+            self._schema = report_schema()
+        return JSONResponse(self._schema, media_type="application/schema+json")
 
     async def _report(self, drain: bool = Query(False)) -> Response:
         if drain:

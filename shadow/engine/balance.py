@@ -16,7 +16,7 @@ below min/max = 0.001 (max/min > 1000, a worker holding nothing included) it cou
 
 from __future__ import annotations
 
-from typing import Any
+from shadow.contracts.report import BalanceFigures
 
 _BINS = 1000
 
@@ -75,7 +75,7 @@ class BalanceTally:
                 return _BINS / i if i else None
         return None
 
-    def figures(self, throughput_tokens_per_s: float | None) -> dict[str, Any]:
+    def figures(self, throughput_tokens_per_s: float | None) -> BalanceFigures:
         """The balance figures, with speed-of-light throughput from the lane's throughput."""
         r = self.ratio_mean()
         return {

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from shadow.contracts.report import BalanceFigures
+from shadow.engine.balance import BalanceTally
 from shadow.engine.lane import Lane
 from shadow.engine.summary import percentile
 
@@ -37,7 +39,7 @@ class LaneResult:
     decision_ms_p50: float | None
     decision_ms_p99: float | None
     makespan_s: float
-    balance: dict[str, Any] = field(default_factory=dict)  # `shadow.engine.balance` figures
+    balance: BalanceFigures = field(default_factory=lambda: BalanceTally().figures(None))  # `engine.balance`
     trajectory_t: list[float] = field(default_factory=list, repr=False)
     trajectory_loads: list[list[float]] = field(default_factory=list, repr=False)
 

@@ -16,8 +16,8 @@ import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+from shadow.contracts.report import LaneFigures, WindowFigures
 from shadow.core.intervals import MIN_SAMPLES, RatioInterval, ratio_interval
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.driver import Observer
@@ -63,7 +63,7 @@ class WindowTotals:
             return step.a * self.sum_imbalance / (workers * busy)
         return self.tokens / busy
 
-    def figures(self, step: StepTimeModel | None, workers: int) -> dict[str, Any]:
+    def figures(self, step: StepTimeModel | None, workers: int) -> WindowFigures:
         """This window as reports give it (the per-window twins of `lane_figures`)."""
         return {
             "index": self.index,
@@ -76,7 +76,7 @@ class WindowTotals:
         }
 
 
-def lane_figures(t: LaneTotals, step: StepTimeModel | None, workers: int) -> dict[str, Any]:
+def lane_figures(t: LaneTotals, step: StepTimeModel | None, workers: int) -> LaneFigures:
     """A lane's cumulative figures under `step` (re-priced from its sums; None: on the lane's own
     clock, the step times it stepped): spread, I(k), barrier idle, throughput and TPOT over every
     step it ran. On its own clock, throughput is tokens per second of stepping over the fleet

@@ -16,8 +16,8 @@ dropped before the lanes.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
+from shadow.contracts.report import Comparison, RatioFigure
 from shadow.core.hostfactor import LEVEL_WINDOWS
 from shadow.core.stepcost import OOS_ERROR_MAX, PERIOD_ERROR_MAX, CostFit
 from shadow.core.stepmodel import FitResult, StepTimeModel
@@ -116,10 +116,10 @@ def trust_problems(
 
 def comparison(
     windows: Windows, step: StepTimeModel | None, workers: int, problems: list[str]
-) -> dict[str, Any]:
+) -> Comparison:
     """The `comparison` block of the live report (see module docstring); `step` None: the lanes'
     figures on their own clock (the measured one)."""
-    lanes: dict[str, Any] = {}
+    lanes: dict[str, dict[str, RatioFigure]] = {}
     if REFERENCE in windows.labels:
         for label in windows.labels:
             if label == REFERENCE:

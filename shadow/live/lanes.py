@@ -13,6 +13,17 @@ from typing import Any
 import numpy as np
 
 from shadow.contracts.events import Event, Step
+from shadow.contracts.report import (
+    Comparison,
+    FidelityReport,
+    LaneReport,
+    LaneState,
+    LastWindow,
+    Report,
+    RollingReport,
+    StepModelReport,
+    WindowFigures,
+)
 from shadow.core.hostfactor import HOST_WINDOWS
 from shadow.core.params import BRParams
 from shadow.core.policies import RouterOptions, make_router
@@ -113,14 +124,18 @@ def step_counts(ev: Step) -> StepCounts | None:
     return StepCounts(seqs, prefill, ev.engine_wait_s, ev.iteration, ev.engine_run_s)
 
 
-def window_fields(last: dict[str, Any]) -> dict[str, Any]:
-    """A lane's last complete window (rolling: from its seed), beside its cumulative figures."""
+def window_fields(last: WindowFigures | None) -> LastWindow:
+    """A lane's last complete window (rolling: from its seed; None: none yet), beside its
+    cumulative figures."""
+    if last is None:
+        return {"window_index": None, "window_avg_spread_tokens": None, "window_avg_imbalance_tokens": None,
+                "window_barrier_idle_fraction": None, "window_throughput_tokens_per_s": None}
     return {
-        "window_index": last.get("index"),
-        "window_avg_spread_tokens": last.get("avg_spread_tokens"),
-        "window_avg_imbalance_tokens": last.get("avg_imbalance_tokens"),
-        "window_barrier_idle_fraction": last.get("barrier_idle_fraction"),
-        "window_throughput_tokens_per_s": last.get("throughput_tokens_per_s"),
+        "window_index": last["index"],
+        "window_avg_spread_tokens": last["avg_spread_tokens"],
+        "window_avg_imbalance_tokens": last["avg_imbalance_tokens"],
+        "window_barrier_idle_fraction": last["barrier_idle_fraction"],
+        "window_throughput_tokens_per_s": last["throughput_tokens_per_s"],
     }
 
 
@@ -183,7 +198,8 @@ class LiveLanes:
         self.rolling_s = self.driver.rolling_s
         self.windows = Windows(self.driver.lanes, self.rolling_s or compare_window_s)
         self.driver.observe(self.windows)
-        self._comparison: tuple[Any, dict[str, Any]] = ((), {})
+        self._comparison_key: tuple[int, tuple[str, ...]] | None = None  # what it was computed for
+        self._comparison: Comparison  # set by the first _publish
         self.clock = clock
         self.queue_size = queue_size
         self.tick_s = tick_s
@@ -237,7 +253,7 @@ class LiveLanes:
         self.agreements: dict[str, int] = dict.fromkeys(self._agree, 0)
         self.decisions: dict[str, int] = dict.fromkeys(self._agree, 0)
         self.driver.observe(_ActualLane(self), ACTUAL)
-        self._snapshot: dict[str, Any] = {}
+        self._snapshot: Report
         self._last_event_wall = clock()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -502,8 +518,8 @@ class LiveLanes:
 
     # -- snapshot -----------------------------------------------------------------------------
 
-    def report(self) -> dict[str, Any]:
-        """The latest published report (see `shadow.live` for the fields)."""
+    def report(self) -> Report:
+        """The latest published report (`shadow.contracts.report.Report`)."""
         return self._snapshot
 
     def _step_means(self) -> dict[str, float | None]:
@@ -571,172 +587,88 @@ class LiveLanes:
         return choice.model, "+".join(sources), worst, poor
 
     def _publish(self) -> None:
+        """Build the report (`shadow.contracts.report.Report`) from the lanes' state now."""
         d = self.driver
         fit = self.fit.result()
         g = len(self.workers)
         clock_model, clock_source, clock_fit, poor = self._clock_view()
-        lanes: dict[str, Any] = {}
-        recent: dict[str, list[dict[str, Any]]] = {}
+        lanes: dict[str, LaneReport] = {}
+        recent: dict[str, list[WindowFigures]] = {}
         for lane in d.lanes:
-            t = lane.totals
-            loads = lane.loads
-            queued = lane.queued_tokens
             label = lane.spec.label
             recent[label] = [w.figures(None, g) for w in self.windows.recent(label, RECENT_WINDOWS)]
-            last = recent[label][-1] if recent[label] else {}
-            lanes[label] = {
-                "policy": lane.spec.policy,
-                **lane_figures(t, None, g),  # on the lanes' own (measured) clock
-                "spread_tokens": max(loads) - min(loads),
-                "imbalance_tokens": len(loads) * max(loads) - sum(loads),
-                "lookahead_stalls": t.stalls,
-                **window_fields(last),
-                "reseeds": lane.reseeds,
-                # rolling: requests a re-seed took out before they finished here (reality ended them)
-                "requests_dropped": lane.dropped_unfinished,
-                "windows_cut": d.cuts.get(label, 0),
-                "lag_s": d.lag(lane),
-                "waiting": lane.waiting,
-                "worker_loads": {w: loads[i] + queued[i] for i, w in enumerate(self.workers)},
-                "worker_running_loads": {w: loads[i] for i, w in enumerate(self.workers)},
-                "worker_active": {w: lane.running[i] for i, w in enumerate(self.workers)},
-                "agreements": self.agreements.get(label),
-                "decisions": self.decisions.get(label),
-                "agreement_rate": self.agreements[label] / self.decisions[label]
-                if self.decisions.get(label)
-                else None,
-                "decision_ms_p50": percentile(t.decision_s, 50, 1e3),
-                "decision_ms_p99": percentile(t.decision_s, 99, 1e3),
-                "decision_buckets": t.decision_s.cumulative(DECISION_BUCKETS)
-                if isinstance(t.decision_s, LogHistogram)
-                else [],
-                "decision_count": len(t.decision_s),
-                "decision_sum_s": t.decision_s.total if isinstance(t.decision_s, LogHistogram) else 0.0,
-            }
-        warnings: list[str] = []
-        fleet_wide = clock_model.startswith("fleet-wide")
+            lanes[label] = {**lane_figures(lane.totals, None, g),  # on the lanes' own (measured) clock
+                            **window_fields(recent[label][-1] if recent[label] else None),
+                            **self._lane_state(lane)}
         on_configured = clock_source == "configured"
-        on_cost = self.measured_clock and any(m.kind == "cost fit" for m in self._worker_models)
-        uses = (f"the lanes step on the configured model a={self.step.a:g} s/token, b={self.step.b:g} s"
-                if on_configured else "the lanes step on the measured mean step")
-        if on_cost:
-            pass  # the step-cost model is the clock: its own checks below (trust_problems)
-        elif fleet_wide and fit.quality == "poor":
-            warnings.append(
-                f"the linear step model T = a·max L + b does not hold for these workers (R²={_r(fit.r2, 3)} "
-                f"over {fit.samples} samples from {self._samples_from()}): {uses}, which does not follow "
-                "the load"
-            )
-        elif fleet_wide and fit.quality != "good":
-            warnings.append(
-                f"step model fit is {fit.quality} (R²={_r(fit.r2, 3)}, {fit.samples} samples): {uses}"
-            )
-        if poor:
-            names = ", ".join(
-                f"{name} (R²={_r(m.fit.r2, 3)} over {m.fit.samples} samples from "
-                f"{'the engine probe' if m.source == 'probe' else m.source}; mean step "
-                f"{1e3 * (m.mean_step_s or 0.0):.2f} ms)" for name, m in poor)
-            warnings.append(
-                f"the linear step model τ = a·L + b does not hold per worker for {names}: "
-                f"{'their lanes step' if len(poor) > 1 else 'its lane steps'} on the measured mean step, "
-                "which does not follow the load"
-            )
         measured, modelled = self._model_check
-        mean_step = self._measured_mean()
         vs_clock = self.worker_clock.measured_vs_clock()
-        if on_configured and modelled > 0 and abs(measured / modelled - 1.0) > 0.05:
-            ms = f" (mean {1e3 * mean_step:.2f} ms per step)" if mean_step is not None else ""
-            warnings.append(
-                f"measured steps{ms} are {100 * (measured / modelled - 1):+.0f}% against the configured "
-                "model the lanes simulate: lanes drift from the fleet's real timing (set --step-a/--step-b "
-                "from the fit)"
-            )
-        if self.dropped_total:
-            warnings.append(f"{self.dropped_total} events dropped (lanes overloaded): lanes miss requests")
-        # Load-weighted: Σ|lane − mirror| / Σ mirror over all snapshots and workers (a near-empty
-        # fleet's snapshot weighs as little as its load); the unweighted mean is reported beside it.
-        fid_mirror = self.fidelity_abs / self.fidelity_tot if self.fidelity_tot > 0 else None
-        # Against the engines' own KV where their probe reports it (`shadow.engine.twincheck`): the
-        # mirror sees the HTTP side, whose delays (measured, `servers`) no engine model predicts
-        # request by request; else against the mirror.
-        twin = None if d.twin is None else d.twin.figures()
-        fid_engine = None if twin is None else twin["kv_vs_engine"]
-        fid = fid_engine if fid_engine is not None else fid_mirror
+        fidelity = self._fidelity()
+        fid = fidelity["load_rel_error"]
         drift = (measured / modelled if modelled > 0 else None) if on_configured else vs_clock
         cost_fits = self.worker_clock.cost_fits()
         named = [(group_name(self.workers, grp), cf) for grp, cf in cost_fits]
         problems = trust_problems(clock_fit, fid, drift, self.dropped_total, named)
+        warnings = self._warnings(fit, clock_model, on_configured, poor)
         warnings += host_warnings(named, not problems)
         key = (self.windows.complete, tuple(problems))
-        if self._comparison[0] != key:
-            self._comparison = (key, comparison(self.windows, None, g, problems))
+        if self._comparison_key != key:
+            self._comparison_key, self._comparison = key, comparison(self.windows, None, g, problems)
+        step_model: StepModelReport = {
+            "a_s_per_token": fit.a_s_per_token,
+            "b_s": fit.b_s,
+            "r2": fit.r2,
+            "samples": fit.samples,
+            "quality": fit.quality,
+            "max_load_range_tokens": [fit.x_min, fit.x_max],
+            "source": self.estimator.source,
+            "samples_by_source": dict(self.estimator.samples),
+            "samples_from": self._samples_from(),
+            "step_event_sources": dict(self.driver.step_sources),
+            # step events the lanes left out, by reason (`shadow.live.stepcheck`)
+            "step_events_rejected": dict(self.step_check.rejected),
+            "configured": {"a_s_per_token": self.step.a, "b_s": self.step.b},
+            # the clock the lanes step on: its model, where its samples came from
+            "model_in_use": clock_model,
+            "model_source": clock_source,
+            "figures_use": "configured" if on_configured else "measured",
+            # False: enough samples, and the model in use (a·max L + b fleet-wide, a_g·L_g + b_g
+            # per worker) does not explain them (see the warning)
+            "linear_model_holds": False if poor else {"good": True, "poor": False}.get(clock_fit.quality),
+            "clock": {
+                **self.worker_clock.describe(self.workers, self._worker_models),
+                # what each worker's lane steps on now (under one barrier: the fleet's model)
+                "lane_models": {
+                    name: {"a_s_per_token": m.a, "b_s": m.b, "c_s_per_seq": m.c, "p_s_per_token": m.p}
+                    for name, m in zip(self.workers, self.lane_clock.models or (), strict=False)
+                },
+            },
+            # the step-cost model of each barrier group (`shadow.core.stepcost`), from an engine
+            # probe's counts; SSE gaps alone cannot identify some terms
+            "cost": {
+                "method": COST_METHOD,
+                "window_steps": self.worker_clock.window_steps,
+                "oos_error_max": OOS_ERROR_MAX,
+                "period_error_max": PERIOD_ERROR_MAX,
+                "host_windows": HOST_WINDOWS,
+                "groups": describe_costs(self.workers, cost_fits),
+                # without an engine probe's counts: what the estimator cannot identify
+                "not_identifiable": None if cost_fits else dict(COUNTLESS_UNIDENTIFIED),
+            },
+            "host_load_average": _load_average(),
+            "measured_vs_configured": (measured / modelled) if modelled > 0 else None,
+            "measured_vs_clock": vs_clock,
+            # per step: worker-reported steps averaged; SSE windows (equal length, one median
+            # each) weighted by the steps they hold (harmonic mean)
+            "measured_step_mean_s": self._step_means(),
+            "sse_check": self._sse_check(),
+        }
         self._snapshot = {
             "lanes": lanes,
             # which compared lane's rule is closest to the real router's placements
             "router_rule": router_rule(lanes),
-            "step_model": {
-                "a_s_per_token": fit.a_s_per_token,
-                "b_s": fit.b_s,
-                "r2": fit.r2,
-                "samples": fit.samples,
-                "quality": fit.quality,
-                "max_load_range_tokens": [fit.x_min, fit.x_max],
-                "source": self.estimator.source,
-                "samples_by_source": dict(self.estimator.samples),
-                "samples_from": self._samples_from(),
-                "step_event_sources": dict(self.driver.step_sources),
-                # step events the lanes left out, by reason (`shadow.live.stepcheck`)
-                "step_events_rejected": dict(self.step_check.rejected),
-                "configured": {"a_s_per_token": self.step.a, "b_s": self.step.b},
-                # the clock the lanes step on: its model, where its samples came from
-                "model_in_use": clock_model,
-                "model_source": clock_source,
-                "figures_use": "configured" if on_configured else "measured",
-                # False: enough samples, and the model in use (a·max L + b fleet-wide, a_g·L_g + b_g
-                # per worker) does not explain them (see the warning)
-                "linear_model_holds": False if poor else {"good": True, "poor": False}.get(clock_fit.quality),
-                "clock": {
-                    **self.worker_clock.describe(self.workers, self._worker_models),
-                    # what each worker's lane steps on now (under one barrier: the fleet's model)
-                    "lane_models": {
-                        name: {"a_s_per_token": m.a, "b_s": m.b, "c_s_per_seq": m.c, "p_s_per_token": m.p}
-                        for name, m in zip(self.workers, self.lane_clock.models or (), strict=False)
-                    },
-                },
-                # the step-cost model of each barrier group (`shadow.core.stepcost`), from an engine
-                # probe's counts; SSE gaps alone cannot identify some terms
-                "cost": {
-                    "method": COST_METHOD,
-                    "window_steps": self.worker_clock.window_steps,
-                    "oos_error_max": OOS_ERROR_MAX,
-                    "period_error_max": PERIOD_ERROR_MAX,
-                    "host_windows": HOST_WINDOWS,
-                    "groups": describe_costs(self.workers, cost_fits),
-                    # without an engine probe's counts: what the estimator cannot identify
-                    "not_identifiable": None if cost_fits else dict(COUNTLESS_UNIDENTIFIED),
-                },
-                "host_load_average": _load_average(),
-                "measured_vs_configured": (measured / modelled) if modelled > 0 else None,
-                "measured_vs_clock": vs_clock,
-                # per step: worker-reported steps averaged; SSE windows (equal length, one median
-                # each) weighted by the steps they hold (harmonic mean)
-                "measured_step_mean_s": self._step_means(),
-                "sse_check": self._sse_check(),
-            },
-            "fidelity": {
-                "load_rel_error": fid,
-                "reference": "engine" if fid_engine is not None else "mirror",
-                "load_rel_error_mirror": fid_mirror,
-                "load_rel_error_unweighted": self.fidelity_sum / self.fidelity_n if self.fidelity_n else None,
-                "load_rel_error_recent": sum(self.fidelity_recent) / len(self.fidelity_recent)
-                if self.fidelity_recent
-                else None,
-                "samples": self.fidelity_n,
-                # time averages per window, against the mirror and the engines' own steps
-                # (`shadow.engine.twincheck`), and what the twin measured of the servers
-                "twin": twin,
-                "servers": None if d.servers is None else d.servers.describe(self.workers),
-            },
+            "step_model": step_model,
+            "fidelity": fidelity,
             "workers": list(self.workers),
             "slots": self.slots,
             "lag_s": d.lag_s,
@@ -765,18 +697,117 @@ class LiveLanes:
             },
             "cpu_s": self.busy_s,
             "warnings": warnings,
-            "comparison": self._comparison[1],
-            "rolling": {
-                "window_s": self.rolling_s,
-                "max_lag_s": d.max_lag_s,
-                "windows_complete": self.windows.complete,
-                "reseeds": d.reseeds,
-                "seed_unknown_worker": d.seed_unknown_worker,
-                "meaning": "every lane re-seeded from the mirrored fleet at each boundary of "
-                f"{self.rolling_s:g} s: a window's figures say what each policy would have done from "
-                "the same starting state; cumulative figures sum the windows"
-                if self.rolling_s is not None else
-                "off: each lane runs on from its own state since the start (lag can grow under overload)",
-            },
+            "comparison": self._comparison,
+            "rolling": self._rolling(),
             "windows": {"window_s": self.windows.window_s, "lanes": recent},
+        }
+
+    def _lane_state(self, lane: Lane) -> LaneState:
+        """What `lane` holds now and how its decisions went (beside its figures in the report)."""
+        t, loads, queued, label = lane.totals, lane.loads, lane.queued_tokens, lane.spec.label
+        dec = t.decision_s
+        return {
+            "policy": lane.spec.policy,
+            "spread_tokens": max(loads) - min(loads),
+            "imbalance_tokens": len(loads) * max(loads) - sum(loads),
+            "lookahead_stalls": t.stalls,
+            "reseeds": lane.reseeds,
+            # rolling: requests a re-seed took out before they finished here (reality ended them)
+            "requests_dropped": lane.dropped_unfinished,
+            "windows_cut": self.driver.cuts.get(label, 0),
+            "lag_s": self.driver.lag(lane),
+            "waiting": lane.waiting,
+            "worker_loads": {w: loads[i] + queued[i] for i, w in enumerate(self.workers)},
+            "worker_running_loads": {w: loads[i] for i, w in enumerate(self.workers)},
+            "worker_active": {w: lane.running[i] for i, w in enumerate(self.workers)},
+            "agreements": self.agreements.get(label),
+            "decisions": self.decisions.get(label),
+            "agreement_rate": self.agreements[label] / self.decisions[label]
+            if self.decisions.get(label) else None,
+            "decision_ms_p50": percentile(dec, 50, 1e3),
+            "decision_ms_p99": percentile(dec, 99, 1e3),
+            "decision_buckets": dec.cumulative(DECISION_BUCKETS) if isinstance(dec, LogHistogram) else [],
+            "decision_count": len(dec),
+            "decision_sum_s": dec.total if isinstance(dec, LogHistogram) else 0.0,
+        }
+
+    def _warnings(self, fit: FitResult, clock_model: str, on_configured: bool,
+                  poor: list[tuple[str, WorkerModel]]) -> list[str]:
+        """What an operator must know before reading the figures: the step model and the clock."""
+        warnings: list[str] = []
+        fleet_wide = clock_model.startswith("fleet-wide")
+        on_cost = self.measured_clock and any(m.kind == "cost fit" for m in self._worker_models)
+        uses = (f"the lanes step on the configured model a={self.step.a:g} s/token, b={self.step.b:g} s"
+                if on_configured else "the lanes step on the measured mean step")
+        if on_cost:
+            pass  # the step-cost model is the clock: its own checks (trust_problems)
+        elif fleet_wide and fit.quality == "poor":
+            warnings.append(
+                f"the linear step model T = a·max L + b does not hold for these workers (R²={_r(fit.r2, 3)} "
+                f"over {fit.samples} samples from {self._samples_from()}): {uses}, which does not follow "
+                "the load"
+            )
+        elif fleet_wide and fit.quality != "good":
+            warnings.append(
+                f"step model fit is {fit.quality} (R²={_r(fit.r2, 3)}, {fit.samples} samples): {uses}"
+            )
+        if poor:
+            names = ", ".join(
+                f"{name} (R²={_r(m.fit.r2, 3)} over {m.fit.samples} samples from "
+                f"{'the engine probe' if m.source == 'probe' else m.source}; mean step "
+                f"{1e3 * (m.mean_step_s or 0.0):.2f} ms)" for name, m in poor)
+            warnings.append(
+                f"the linear step model τ = a·L + b does not hold per worker for {names}: "
+                f"{'their lanes step' if len(poor) > 1 else 'its lane steps'} on the measured mean step, "
+                "which does not follow the load"
+            )
+        measured, modelled = self._model_check
+        mean_step = self._measured_mean()
+        if on_configured and modelled > 0 and abs(measured / modelled - 1.0) > 0.05:
+            ms = f" (mean {1e3 * mean_step:.2f} ms per step)" if mean_step is not None else ""
+            warnings.append(
+                f"measured steps{ms} are {100 * (measured / modelled - 1):+.0f}% against the configured "
+                "model the lanes simulate: lanes drift from the fleet's real timing (set --step-a/--step-b "
+                "from the fit)"
+            )
+        if self.dropped_total:
+            warnings.append(f"{self.dropped_total} events dropped (lanes overloaded): lanes miss requests")
+        return warnings
+
+    def _fidelity(self) -> FidelityReport:
+        """The twin check. Load-weighted: Σ|lane − mirror| / Σ mirror over all snapshots and workers
+        (a near-empty fleet's snapshot weighs as little as its load; the unweighted mean beside it);
+        against the engines' own KV where their probe reports it (`shadow.engine.twincheck`: the
+        mirror sees the HTTP side, whose delays no engine model predicts request by request)."""
+        d = self.driver
+        fid_mirror = self.fidelity_abs / self.fidelity_tot if self.fidelity_tot > 0 else None
+        twin = None if d.twin is None else d.twin.figures()
+        fid_engine = None if twin is None else twin["kv_vs_engine"]
+        recent = self.fidelity_recent
+        return {
+            "load_rel_error": fid_engine if fid_engine is not None else fid_mirror,
+            "reference": "engine" if fid_engine is not None else "mirror",
+            "load_rel_error_mirror": fid_mirror,
+            "load_rel_error_unweighted": self.fidelity_sum / self.fidelity_n if self.fidelity_n else None,
+            "load_rel_error_recent": sum(recent) / len(recent) if recent else None,
+            "samples": self.fidelity_n,
+            # time averages per window, against the mirror and the engines' own steps, and what the
+            # twin measured of the servers
+            "twin": twin,
+            "servers": None if d.servers is None else d.servers.describe(self.workers),
+        }
+
+    def _rolling(self) -> RollingReport:
+        d = self.driver
+        return {
+            "window_s": self.rolling_s,
+            "max_lag_s": d.max_lag_s,
+            "windows_complete": self.windows.complete,
+            "reseeds": d.reseeds,
+            "seed_unknown_worker": d.seed_unknown_worker,
+            "meaning": "every lane re-seeded from the mirrored fleet at each boundary of "
+            f"{self.rolling_s:g} s: a window's figures say what each policy would have done from "
+            "the same starting state; cumulative figures sum the windows"
+            if self.rolling_s is not None else
+            "off: each lane runs on from its own state since the start (lag can grow under overload)",
         }

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from prometheus_client.core import Metric
 
 from shadow.base.families import Family, SourceCollector
+from shadow.contracts.report import Report
 from shadow.core.stepcost import FORMS, TERMS, form_key, form_label
 from shadow.engine.windows import FIGURES
 from shadow.live.confidence import VERDICTS
@@ -178,7 +179,7 @@ FAMILIES = (
 class Reporting(Protocol):
     """What the collector reads: the live report (`LiveLanes`, or `ShardedLanes` merging its shards)."""
 
-    def report(self) -> dict[str, Any]: ...
+    def report(self) -> Report: ...
 
 
 class LiveCollector(SourceCollector[Reporting]):

@@ -11,8 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from shadow.contracts.report import RouterRule
 
-def router_rule(lanes: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+
+def router_rule(lanes: Mapping[str, Mapping[str, Any]]) -> RouterRule:
     """From the report's lanes ({label: {"policy", "agreements", "decisions", "agreement_rate"}}):
     `closest_lane` (the highest agreement rate; None before any decision compared), `tied` (every
     lane at that rate, in report order), `agreement_rate` and `decisions` of the closest, and

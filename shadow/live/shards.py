@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
+from shadow.contracts.report import LaneReport, Report
 from shadow.engine.config import LaneSpec
 from shadow.engine.windows import Windows, WindowTotals
 from shadow.live.confidence import comparison
@@ -237,21 +238,21 @@ class ShardedLanes:
             self.shards.send(pickle.dumps(moves, protocol=pickle.HIGHEST_PROTOCOL))
             self.sent += 1
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> Report:
         """The central report with every policy's lane, as one process gives it (the lanes' state
         at this moment: the central lanes wait meanwhile)."""
         with self.live._lock:
             return self._report()
 
-    def _report(self) -> dict[str, Any]:
+    def _report(self) -> Report:
         self.flush()
         parts = self.shards.parts()
         live = self.live
         live._publish()
-        rep = dict(live.report())
+        rep = live.report().copy()
         actual = next(iter(rep["lanes"]))
         booked: dict[str, tuple[Sequence[WindowTotals], int]] = {actual: live.windows.booked(actual)}
-        entries: dict[str, dict[str, Any]] = {actual: rep["lanes"][actual]}
+        entries: dict[str, LaneReport] = {actual: rep["lanes"][actual]}
         for part in parts:
             booked.update(part["windows"])
             entries.update(part["lanes"])
@@ -261,7 +262,7 @@ class ShardedLanes:
         recent = {label: [w.figures(None, g) for w in windows.recent(label, RECENT_WINDOWS)]
                   for label in labels}
         rep["lanes"] = {
-            label: {**entries[label], **window_fields(recent[label][-1] if recent[label] else {})}
+            label: {**entries[label], **window_fields(recent[label][-1] if recent[label] else None)}
             for label in labels
         }
         rep["windows"] = {**rep["windows"], "lanes": recent}
@@ -272,7 +273,8 @@ class ShardedLanes:
         d = live.driver
         counts = {name: getattr(d, name) + sum(p["counters"][name] - getattr(d, name) for p in parts)
                   for name in PER_LANE_COUNTERS}
-        rep["rolling"] = {**rep["rolling"], "windows_complete": windows.complete, **counts}
+        rep["rolling"] = {**rep["rolling"], "windows_complete": windows.complete,
+                          "reseeds": counts["reseeds"], "seed_unknown_worker": counts["seed_unknown_worker"]}
         return rep
 
     def close(self) -> None:

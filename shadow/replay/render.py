@@ -7,6 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from shadow.contracts.report import BalanceFigures
 from shadow.replay.experiment import ReplayReport
 
 
@@ -124,11 +125,12 @@ def balance_table(report: ReplayReport) -> Table:
     return table
 
 
-def _ratio(b: dict[str, Any], key: str) -> str:
+def _ratio(b: BalanceFigures, key: str) -> str:
     """A max/min ratio; "∞" where a worker held nothing (no ratio before any step: "–")."""
-    if not b.get("zero_min_fraction") and b.get(key) is None:
-        return "–"
-    return "∞" if b.get(key) is None else f"{b[key]:.2f}"
+    value = b.get(key)
+    if value is None:
+        return "∞" if b["zero_min_fraction"] else "–"
+    return f"{value:.2f}"
 
 
 def _cost_terms(c: dict[str, Any]) -> str:

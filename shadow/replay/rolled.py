@@ -15,6 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from shadow.contracts.report import WindowFigures
 from shadow.engine.config import EngineConfig, LaneSpec
 from shadow.engine.rolled import replay_rolling
 from shadow.engine.windows import lane_figures
@@ -31,7 +32,7 @@ class RolledReport:
     window_s: float
     only: int | None
     lanes: dict[str, dict[str, Any]]
-    windows: dict[str, list[dict[str, Any]]]
+    windows: dict[str, list[WindowFigures]]
     config: dict[str, Any]
 
     def to_json(self) -> dict[str, Any]:
@@ -53,7 +54,7 @@ def run_rolled(trace: Trace, setup: ReplaySetup, only: int | None = None) -> Rol
     rolled = replay_rolling(trace.recorded, trace.seeds, config, specs, workers, time.perf_counter, only=only)
     g = len(workers)
     lanes: dict[str, dict[str, Any]] = {}
-    windows: dict[str, list[dict[str, Any]]] = {}
+    windows: dict[str, list[WindowFigures]] = {}
     for lane in rolled.driver.lanes:
         label = lane.spec.label
         series = rolled.series(label)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import pytest
 
 from tests.active.saturation import compare, table
+from tests.reportschema import check_report
 
 pytestmark = pytest.mark.integration
 
@@ -68,6 +69,7 @@ def test_live_lanes_keep_running_in_active_mode_and_metrics_are_exported() -> No
         tokens, exact = asyncio.run(_drive(ready["active"], jobs, 8, fleet["decode"][0], 0, marks))
         assert exact and tokens == sum(j.max_tokens for j in jobs)
         report = httpx.get(ready["api"] + "/v1/report?drain=1", timeout=30).json()
+        check_report(report)  # with the active proxy's `mode` section
         lanes = report["lanes"]
         assert lanes["actual"]["requests_finished"] == len(jobs)
         assert {"actual", "br0"} <= set(lanes)

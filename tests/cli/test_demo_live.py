@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from shadow.base.tools import find_executable
+from tests.reportschema import check_report
 
 pytestmark = pytest.mark.integration
 
@@ -36,6 +37,7 @@ def _demo(tmp_path: Path, *extra: str) -> tuple[dict[str, Any], subprocess.Compl
 
 
 def _check_structure(doc: dict[str, Any], router: str, rolling: bool = False) -> None:
+    check_report(doc)  # the report's sections as the published schema says; the demo's block beside
     assert set(doc["lanes"]) == LANES
     for label, lane in doc["lanes"].items():
         assert set(lane) >= LANE_KEYS, label

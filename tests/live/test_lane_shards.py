@@ -30,6 +30,7 @@ from tests.harness import ServeThread
 from tests.live import test_serve_api as serve_api
 from tests.live.sessions import session_events
 from tests.replay.test_sweep_ray import _env, ray_head  # noqa: F401 (the local Ray instance, a fixture)
+from tests.reportschema import check_report
 
 POLICIES = ("jsq-bytes", "br0", "brh:survival", "bra")
 G, B = 4, 8
@@ -127,6 +128,8 @@ def test_shards_in_this_process_give_the_one_process_report(events: list[Event],
     got, sharded = _sharded(events, rolling, shards, LocalShards)
     assert sharded.sent > 0
     _same(want, got)
+    check_report(want)  # both as the published schema says (the cost fit's groups, rolling or not)
+    check_report(got)
 
 
 def test_shards_in_processes_give_the_one_process_report(events: list[Event]) -> None:
@@ -200,6 +203,9 @@ def test_a_sharded_serve_gives_the_lanes_of_one_process_over_http() -> None:
         asyncio.run(serve_api._post(api, [events]))
         two = httpx.get(api + "/v1/report", params={"drain": 1}, timeout=120).json()
         metrics = httpx.get(api + "/metrics", timeout=60).text
+        schema = httpx.get(api + "/v1/report/schema", timeout=60)
+    assert schema.headers["content-type"] == "application/schema+json"
+    check_report(two, schema.json())
     assert list(two["lanes"]) == list(one["lanes"]) == ["actual", "jsq-bytes", "br0", "brh-survival"]
     for label, lane in one["lanes"].items():
         for key in ("avg_spread_tokens", "avg_imbalance_tokens", "steps", "requests_finished", "agreements"):

@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from shadow.realvllm.launcher import repo_root
 from tests.realvllm.conftest import MODEL_NAME, Tier
 from tests.realvllm.helpers import latest_seq, metric, raw_stream, sse_payloads, wait_for
+from tests.reportschema import check_report
 
 
 def _state(api: str) -> dict[str, Any]:
@@ -31,6 +32,7 @@ def _finished(api: str, worker: str) -> int:
 
 def _report(api: str) -> dict[str, Any]:
     report: dict[str, Any] = httpx.get(f"{api}/v1/report", timeout=60, trust_env=False).json()
+    check_report(report)  # a real engine's report (probe, twin, cost fit) as the schema says
     return report
 
 
