@@ -29,7 +29,7 @@ from shadow.core.params import BRParams
 from shadow.core.policies import RouterOptions, make_router
 from shadow.core.pool import Pool
 from shadow.core.routers import PoolRouter, Router
-from shadow.core.stepcost import OOS_ERROR_MAX, PERIOD_ERROR_MAX
+from shadow.core.stepcost import OOS_ERROR_MAX, PERIOD_ERROR_MAX, CostFit
 from shadow.core.stepmodel import FitResult, SlidingFit, StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec
 from shadow.engine.driver import Observer
@@ -614,7 +614,56 @@ class LiveLanes:
         key = (self.windows.complete, tuple(problems))
         if self._comparison_key != key:
             self._comparison_key, self._comparison = key, comparison(self.windows, None, g, problems)
-        step_model: StepModelReport = {
+        step_model = self._step_model(fit, (clock_model, clock_source, clock_fit), bool(poor), cost_fits)
+        self._snapshot = {
+            "lanes": lanes,
+            # which compared lane's rule is closest to the real router's placements
+            "router_rule": router_rule(lanes),
+            "step_model": step_model,
+            "fidelity": fidelity,
+            "workers": list(self.workers),
+            "slots": self.slots,
+            "lag_s": d.lag_s,
+            "mirrored": {
+                "worker_loads": dict(zip(self.workers, d.mirror_loads, strict=True)),
+                "worker_placed_loads": dict(zip(self.workers, d.mirror_placed, strict=True)),
+                "worker_active": dict(zip(self.workers, d.mirror_active, strict=True)),
+            },
+            "events": {
+                "enqueued": self.enqueued,
+                "processed": self.processed,
+                "dropped": dict(self.dropped),
+                "queue_depth": len(self._queue),
+                "queue_capacity": self.queue_size,
+            },
+            "requests": {
+                "released": d.released,
+                "open": d.open_requests(),
+                "late": d.late,
+                "dropped": dict(d.dropped),
+                "unknown_worker_routes": d.unknown_worker,
+            },
+            "step_histogram": {
+                s: {"buckets": list(STEP_BUCKETS), "counts": list(h), "sum": self.step_sum[s]}
+                for s, h in self.step_hist.items()
+            },
+            "cpu_s": self.busy_s,
+            "warnings": warnings,
+            "comparison": self._comparison,
+            "rolling": self._rolling(),
+            "windows": {"window_s": self.windows.window_s, "lanes": recent},
+        }
+
+    def _step_model(self, fit: FitResult, clock: tuple[str, str, FitResult], poor: bool,
+                    cost_fits: list[tuple[tuple[int, ...], CostFit]]) -> StepModelReport:
+        """The report's `step_model`: the fleet-wide fit, the clock in use (`_clock_view`: its model
+        in words, its samples' source, the fit it stands on; `poor`: some worker's linear fit does
+        not hold) and the step-cost model of each barrier group."""
+        clock_model, clock_source, clock_fit = clock
+        on_configured = clock_source == "configured"
+        measured, modelled = self._model_check
+        vs_clock = self.worker_clock.measured_vs_clock()
+        return {
             "a_s_per_token": fit.a_s_per_token,
             "b_s": fit.b_s,
             "r2": fit.r2,
@@ -662,44 +711,6 @@ class LiveLanes:
             # each) weighted by the steps they hold (harmonic mean)
             "measured_step_mean_s": self._step_means(),
             "sse_check": self._sse_check(),
-        }
-        self._snapshot = {
-            "lanes": lanes,
-            # which compared lane's rule is closest to the real router's placements
-            "router_rule": router_rule(lanes),
-            "step_model": step_model,
-            "fidelity": fidelity,
-            "workers": list(self.workers),
-            "slots": self.slots,
-            "lag_s": d.lag_s,
-            "mirrored": {
-                "worker_loads": dict(zip(self.workers, d.mirror_loads, strict=True)),
-                "worker_placed_loads": dict(zip(self.workers, d.mirror_placed, strict=True)),
-                "worker_active": dict(zip(self.workers, d.mirror_active, strict=True)),
-            },
-            "events": {
-                "enqueued": self.enqueued,
-                "processed": self.processed,
-                "dropped": dict(self.dropped),
-                "queue_depth": len(self._queue),
-                "queue_capacity": self.queue_size,
-            },
-            "requests": {
-                "released": d.released,
-                "open": d.open_requests(),
-                "late": d.late,
-                "dropped": dict(d.dropped),
-                "unknown_worker_routes": d.unknown_worker,
-            },
-            "step_histogram": {
-                s: {"buckets": list(STEP_BUCKETS), "counts": list(h), "sum": self.step_sum[s]}
-                for s, h in self.step_hist.items()
-            },
-            "cpu_s": self.busy_s,
-            "warnings": warnings,
-            "comparison": self._comparison,
-            "rolling": self._rolling(),
-            "windows": {"window_s": self.windows.window_s, "lanes": recent},
         }
 
     def _lane_state(self, lane: Lane) -> LaneState:
