@@ -420,7 +420,7 @@ ACTIVE_FLAGS = (
     flag("--active-max-connections", "max_connections", "client connections to the proxy; beyond it the "
          "oldest idle one is closed, else 503 (default 1024)", type=int, default=1024),
     flag("--active-policy", "policy", f"policy of active mode ({active_names()}; brh with the survival "
-         "predictor); the old spelling jsq still means jsq-bytes here, with a warning (default br0)",
+         "predictor; jsq, JSQ-count, is not one: its old use here for jsq-bytes is refused) (default br0)",
          type=_active_policy, default="br0", metavar=f"{{{','.join(ACTIVE)}}}"),
     flag("--transfer-cap", "transfer_cap", "KV transfers in flight per decode worker (dispatched, no token "
          "yet) (default 8)", default=8, **COUNT),
