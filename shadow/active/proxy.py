@@ -49,6 +49,7 @@ from shadow.active.ledger import Ledger, LoadSource, NoSource
 from shadow.active.metrics import ActiveMetrics
 from shadow.active.prefill import KvPoller, PrefillChooser, Prefiller, prefill_score
 from shadow.active.upstream import Unsent, send
+from shadow.base.knobs import AT_LEAST_ONE, NON_NEGATIVE, OPEN_FRACTION, POSITIVE_S, check_knobs, knob
 from shadow.base.logthrottle import Throttled
 from shadow.contracts.labels import STREAM_INCOMPLETE, prompt_bucket
 from shadow.contracts.modes import ModeSource, StaticModeSource
@@ -117,14 +118,33 @@ class ActiveConfig:
     prefill: dict[str, str] = field(default_factory=dict)
     prefill_metrics: dict[str, str] = field(default_factory=dict)  # default: <prefill url>/metrics
     router_url: str | None = None
-    transfer_cap: int = 8
-    dispatch_ahead: int = 0  # placed per worker beyond its free slots (hides the dispatch round trip)
-    pool_ttl_s: float = 60.0
+    # the operator's settings (`shadow serve --active`): flags, YAML keys and env variables from here
+    transfer_cap: int = knob(
+        8, "--transfer-cap", "KV transfers in flight per decode worker (dispatched, no token yet)",
+        AT_LEAST_ONE, metavar="N")
+    dispatch_ahead: int = knob(
+        0, "--dispatch-ahead", "pool routers place up to N requests per decode worker beyond its free slots "
+        "(they queue there and start the moment a slot frees, hiding the dispatch round trip)",
+        NON_NEGATIVE, metavar="N")
+    pool_ttl_s: float = knob(
+        60.0, "--pool-ttl", "a request waiting longer in the Prompt Pool gets 503 and its prefill KV is "
+        "released", POSITIVE_S, metavar="SECONDS")
+    bypass: bool = knob(
+        False, "--pool-bypass", "policy br0 only: place each request when its prefill is done (BR-0's "
+        "single-request score over running + dispatched-not-yet-running load, workers with a free slot "
+        "first, the worker queues it) instead of in pool rounds; it waits in the pool only while every "
+        "decode worker is at its --transfer-cap")
+    kv_pause: float = knob(
+        0.9, "--kv-pause", "no new prefill to a prefiller at this KV usage (its /metrics)", OPEN_FRACTION,
+        metavar="FRACTION")
+    kv_resume: float = knob(
+        0.8, "--kv-resume", "... until it is below this again", OPEN_FRACTION, metavar="FRACTION")
+    upstream_idle_s: float = knob(
+        UPSTREAM_IDLE_S, "--upstream-idle", "an upstream (prefiller, decode worker, router) that sends "
+        "nothing for this long fails its request: 502 before its answer began, a cut stream after (counted "
+        "as upstream_idle); it covers the wait for a prefill too", POSITIVE_S, metavar="SECONDS")
     tick_s: float = 0.05
-    bypass: bool = False
     br: BRParams = field(default_factory=BRParams)
-    kv_pause: float = 0.9
-    kv_resume: float = 0.8
     kv_poll_s: float = 1.0
     kv_backpressure: bool = True  # scrape the prefillers' KV usage and pause the full ones
     prefill_rule: str = "least"  # least outstanding work, or "rr" (round-robin)
@@ -136,7 +156,6 @@ class ActiveConfig:
     max_connections: int = 1024
     resume_budget_bytes: int = 256 << 20  # all streams' bytes kept for recompute continuations
     timeout_s: float = 600.0
-    upstream_idle_s: float = UPSTREAM_IDLE_S  # longest silence of an upstream's answer (before or in it)
     api_key: str | None = None
 
     def __post_init__(self) -> None:
@@ -149,14 +168,13 @@ class ActiveConfig:
         ]:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"backend URL must start with http:// or https://, got {url!r}")
-        if self.slots < 1 or self.transfer_cap < 1:
-            raise ValueError("slots and the transfer cap must be >= 1")
-        if not self.pool_ttl_s > 0 or not self.tick_s > 0:
-            raise ValueError("pool TTL and tick must be > 0 s")
+        check_knobs(self)
+        if self.slots < 1:
+            raise ValueError("slots must be >= 1")
+        if not self.tick_s > 0:
+            raise ValueError("the tick must be > 0 s")
         if self.retries < 0 or self.max_body_bytes < 1 or self.max_connections < 1:
             raise ValueError("retries must be >= 0; body limit and connections >= 1")
-        if not self.upstream_idle_s > 0:
-            raise ValueError(f"upstream idle deadline must be > 0 s, got {self.upstream_idle_s}")
 
 
 class _Failed(Exception):

@@ -35,7 +35,7 @@ from shadow.active.lease import LeaseConfig
 from shadow.active.ledger import MirrorSource
 from shadow.active.modes import ModeConfig
 from shadow.active.oraclegap import OracleGap
-from shadow.active.proxy import UPSTREAM_IDLE_S, ActiveConfig, ActiveProxy
+from shadow.active.proxy import ActiveConfig, ActiveProxy
 from shadow.app.process import announce, stop_event
 from shadow.base.listener import AsgiListener, ListenerLimits
 from shadow.base.loopthread import LoopThread
@@ -105,17 +105,9 @@ class ActiveSettings:
     host: str = "127.0.0.1"
     port: int = 0
     policy: str = "br0"
-    transfer_cap: int = 8
-    dispatch_ahead: int = 0
-    pool_ttl_s: float = 60.0
-    bypass: bool = False
-    kv_pause: float = 0.9
-    kv_resume: float = 0.8
-    kv_poll_s: float = 1.0
-    retries: int = 3
-    tick_s: float = 0.05
     max_connections: int = 1024  # client connections to the proxy (oldest idle closed first, else 503)
-    upstream_idle_s: float = UPSTREAM_IDLE_S  # an upstream silent this long failed the request
+    #: the proxy's settings given (`ActiveConfig`'s knobs, by field name); the rest at its defaults
+    settings: dict[str, Any] = field(default_factory=dict)
     router_factory: Callable[[str], Router] | None = None  # tests: the decode router per policy
 
 
@@ -406,18 +398,9 @@ class ServeService:
             prefill={n: taps[n] for n in t.prefill},
             prefill_metrics={n: u.rstrip("/") + "/metrics" for n, u in t.prefill.items()},
             router_url=taps[front] if front is not None else None,
-            transfer_cap=a.transfer_cap,
-            dispatch_ahead=a.dispatch_ahead,
-            pool_ttl_s=a.pool_ttl_s,
-            tick_s=a.tick_s,
-            bypass=a.bypass,
             br=self.config.br,
-            kv_pause=a.kv_pause,
-            kv_resume=a.kv_resume,
-            kv_poll_s=a.kv_poll_s,
-            retries=a.retries,
             max_body_bytes=t.max_body,
-            upstream_idle_s=a.upstream_idle_s,
+            **a.settings,
         )
 
     async def _start_active(self, taps: dict[str, str]) -> str:

@@ -28,9 +28,10 @@ from shadow.active.cohorts import ClientConfig
 from shadow.active.fallback import GuardConfig
 from shadow.active.lease import DEFAULT_CALL_TIMEOUT_S
 from shadow.active.modes import ModeConfig
-from shadow.active.proxy import UPSTREAM_IDLE_S
+from shadow.active.proxy import ActiveConfig
 from shadow.app import serve as serve_app
 from shadow.app.serve import ActiveSettings, LeaseSettings, ServeConfig, check_policies
+from shadow.base.knobs import argument, knobs
 from shadow.commands import tap as tap_cmd
 from shadow.commands._flags import Flag, add_flags, fields, flag
 from shadow.commands._layered import explicit_only, given, origin, resolve
@@ -413,7 +414,8 @@ def _active_policy(name: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-#: The active proxy's flags after --active, each filling an `ActiveSettings` field.
+#: The active proxy's listener and policy flags after --active, each filling an `ActiveSettings`
+#: field; its other settings' flags are derived from `ActiveConfig` (`shadow.base.knobs`).
 ACTIVE_FLAGS = (
     flag("--active-host", "host", "the proxy's bind address (default 127.0.0.1)", default="127.0.0.1"),
     flag("--active-port", "port", "the proxy's port (default 0 = a free port)", type=int, default=0),
@@ -422,26 +424,6 @@ ACTIVE_FLAGS = (
     flag("--active-policy", "policy", f"policy of active mode ({active_names()}; brh with the survival "
          "predictor; jsq, JSQ-count, is not one: its old use here for jsq-bytes is refused) (default br0)",
          type=_active_policy, default="br0", metavar=f"{{{','.join(ACTIVE)}}}"),
-    flag("--transfer-cap", "transfer_cap", "KV transfers in flight per decode worker (dispatched, no token "
-         "yet) (default 8)", default=8, **COUNT),
-    flag("--dispatch-ahead", "dispatch_ahead", "pool routers place up to N requests per decode worker "
-         "beyond its free slots (they queue there and start the moment a slot frees, hiding the dispatch "
-         "round trip) (default 0)", default=0, **COUNT),
-    flag("--pool-ttl", "pool_ttl_s", "a request waiting longer in the Prompt Pool gets 503 and its prefill "
-         "KV is released (default 60)", default=60.0, **SECONDS),
-    flag("--pool-bypass", "bypass", "policy br0 only: place each request when its prefill is done (BR-0's "
-         "single-request score over running + dispatched-not-yet-running load, workers with a free slot "
-         "first, the worker queues it) instead of in pool rounds; it waits in the pool only while every "
-         "decode worker is at its --transfer-cap", action="store_true"),
-    flag("--kv-pause", "kv_pause", "no new prefill to a prefiller at this KV usage (its /metrics) (default "
-         "0.9)", default=0.9, **FRACTION),
-    flag("--kv-resume", "kv_resume", "... until it is below this again (default 0.8)",
-         default=0.8, **FRACTION),
-    flag("--upstream-idle", "upstream_idle_s", "an upstream (prefiller, decode worker, router) that "
-         "sends nothing for this long fails its request: 502 before its answer began, a cut stream "
-         "after (counted as upstream_idle); it covers the wait for a prefill too "
-         f"(default {UPSTREAM_IDLE_S:g})",
-         default=UPSTREAM_IDLE_S, **SECONDS),
 )
 
 
@@ -471,6 +453,8 @@ def add_active_arguments(p: argparse.ArgumentParser) -> None:
                    "requests to the --front router, in active/fallback it routes the P/D flow itself "
                    "through the taps (its URL is `active` in the ready line)")
     add_flags(g, ACTIVE_FLAGS)
+    for f, k in knobs(ActiveConfig):
+        g.add_argument(k.flag, dest=k.dest, **argument(f, k))
     add_flags(p.add_argument_group("replicas (leader lease)"), LEASE_FLAGS)
 
 
@@ -486,7 +470,8 @@ def lease_settings(args: argparse.Namespace) -> LeaseSettings | None:
 def active_settings(args: argparse.Namespace) -> ActiveSettings | None:
     if not getattr(args, "active", False):
         return None
-    return ActiveSettings(**fields(args, ACTIVE_FLAGS))
+    settings = {f.name: getattr(args, k.dest) for f, k in knobs(ActiveConfig)}
+    return ActiveSettings(**fields(args, ACTIVE_FLAGS), settings=settings)
 
 
 def _parser(p: argparse.ArgumentParser, *, explicit: bool) -> argparse.ArgumentParser:

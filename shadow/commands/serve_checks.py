@@ -10,7 +10,9 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from shadow.active.canary import CanaryConfig
+from shadow.active.proxy import ActiveConfig
 from shadow.app.serve import check_policies
+from shadow.base.knobs import knob_rules
 from shadow.commands._layered import origin
 from shadow.contracts.modes import MODES
 from shadow.mirror.attach import parse_address
@@ -76,8 +78,10 @@ def lease_seconds(v: float) -> bool:
     return math.isfinite(v) and v >= 2 and v == int(v)
 
 
-#: (option dest, rule, what the rule asks) for the numbers: seconds, fractions and counts.
+#: (option dest, rule, what the rule asks) for the numbers: seconds, fractions and counts (and,
+#: derived from where they are declared, the active proxy's settings: `ActiveConfig`).
 NUMBERS: tuple[tuple[str, Rule, str], ...] = (
+    *knob_rules(ActiveConfig),
     ("scrape_interval", non_negative, ">= 0 s (0 = reconciliation off)"),
     ("ttl", positive, "> 0 s"),
     ("phantom_age", positive, "> 0 s"),
@@ -99,11 +103,6 @@ NUMBERS: tuple[tuple[str, Rule, str], ...] = (
     ("trip_upstream_min_calls", at_least_one, ">= 1"),
     ("holddown", positive, "> 0 s"),
     ("holddown_max", positive, "> 0 s"),
-    ("pool_ttl", positive, "> 0 s"),
-    ("upstream_idle", positive, "> 0 s"),
-    ("transfer_cap", at_least_one, ">= 1"),
-    ("dispatch_ahead", non_negative, ">= 0"),
-    ("kv_pause", open_fraction, "a fraction in (0, 1]"),
     ("trip_client_error_rate", open_fraction, "a fraction in (0, 1]"),
     ("trip_client_min_requests", at_least_one, ">= 1"),
     ("trip_client_window", positive, "> 0 s"),
@@ -116,7 +115,6 @@ NUMBERS: tuple[tuple[str, Rule, str], ...] = (
     ("canary_error_margin", non_negative, ">= 0"),
     ("canary_ttft_margin", non_negative, ">= 0"),
     ("canary_tpot_margin", non_negative, ">= 0"),
-    ("kv_resume", open_fraction, "a fraction in (0, 1]"),
     ("degrade_calibration", open_fraction, "a fraction in (0, 1]"),
     ("degrade_oracle_gap", positive, "> 0"),
     ("degrade_net_gain", finite, "a finite number"),

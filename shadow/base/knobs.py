@@ -1,0 +1,89 @@
+"""Settings declared once: a config dataclass's field is where a setting's name, type, default,
+help, bounds and flag are written, and everything else is derived from it.
+
+    transfer_cap: int = knob(8, "--transfer-cap", "KV transfers in flight per decode worker", AT_LEAST_ONE)
+
+gives the command its flag (`knob_flags`: type from the default, "(default 8)" appended to the
+help), and through the command's layered options (`shadow.commands._layered`) its YAML key
+`transfer_cap` and its environment variable (`SHADOW_SERVE_TRANSFER_CAP`); the start-up check that
+names the flag and where its value came from (`knob_rules`), and the dataclass's own check
+(`check_knobs`, one line naming the flag). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+KNOB = "shadow.knob"  # the dataclass field metadata key
+
+
+@dataclass(frozen=True)
+class Bound:
+    """What a numeric setting must be: `ok(value)`, said as `asks` ("> 0 s")."""
+
+    ok: Callable[[float], bool]
+    asks: str
+
+
+POSITIVE_S = Bound(lambda v: math.isfinite(v) and v > 0, "> 0 s")
+NON_NEGATIVE = Bound(lambda v: math.isfinite(v) and v >= 0, ">= 0")
+AT_LEAST_ONE = Bound(lambda v: v >= 1, ">= 1")
+OPEN_FRACTION = Bound(lambda v: math.isfinite(v) and 0 < v <= 1, "a fraction in (0, 1]")
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A setting's flag, help (without its default: derived), bound and `add_argument` extras
+    (`metavar`, `action`, a `type` other than the default's)."""
+
+    flag: str
+    help: str
+    bound: Bound | None
+    kw: Mapping[str, Any]
+
+    @property
+    def dest(self) -> str:
+        """The option's name in a parsed namespace (and the YAML key, the env variable's tail)."""
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+def knob(default: Any, flag: str, help: str, bound: Bound | None = None, **kw: Any) -> Any:
+    """A dataclass field with `default` that is the setting `flag` (see module docstring)."""
+    return dataclasses.field(default=default, metadata={KNOB: Knob(flag, help, bound, kw)})
+
+
+def knobs(cls: type) -> Iterator[tuple[dataclasses.Field[Any], Knob]]:
+    """The fields of dataclass `cls` that are settings, in declaration order, with their knob."""
+    for f in dataclasses.fields(cls):
+        k = f.metadata.get(KNOB)
+        if isinstance(k, Knob):
+            yield f, k
+
+
+def argument(f: dataclasses.Field[Any], k: Knob) -> dict[str, Any]:
+    """`add_argument`'s keywords for setting `k` of field `f`: a boolean is a switch; anything
+    else takes the default's type, the default, and its help ends with "(default X)"."""
+    default = f.default
+    if isinstance(default, bool):
+        return {"action": "store_true", "help": k.help, **k.kw}
+    shown = format(default, "g") if isinstance(default, float) else default
+    return {"type": type(default), "default": default, "help": f"{k.help} (default {shown})", **k.kw}
+
+
+def knob_rules(cls: type) -> tuple[tuple[str, Callable[[float], bool], str], ...]:
+    """(option dest, rule, what it asks) of every bounded setting of `cls`, for a command's
+    start-up check of values from flags, files and the environment."""
+    return tuple((k.dest, k.bound.ok, k.bound.asks) for _, k in knobs(cls) if k.bound is not None)
+
+
+def check_knobs(obj: Any) -> None:
+    """ValueError of one line naming the flag of the first setting of dataclass `obj` out of its
+    bound."""
+    for f, k in knobs(type(obj)):
+        v = getattr(obj, f.name)
+        if k.bound is not None and not isinstance(v, bool) and not k.bound.ok(float(v)):
+            raise ValueError(f"{k.flag} must be {k.bound.asks}, got {v}")
