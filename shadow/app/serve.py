@@ -37,6 +37,15 @@ from shadow.active.modes import ModeConfig
 from shadow.active.oraclegap import OracleGap
 from shadow.active.proxy import ActiveConfig, ActiveProxy
 from shadow.app.process import announce, stop_event
+from shadow.base.knobs import (
+    AT_LEAST_ONE,
+    NON_NEGATIVE,
+    NON_NEGATIVE_S,
+    POSITIVE_S,
+    Bound,
+    check_knobs,
+    knob,
+)
 from shadow.base.listener import AsgiListener, ListenerLimits
 from shadow.base.loopthread import LoopThread
 from shadow.base.runtime import loop_runner, raise_fd_limit
@@ -127,22 +136,47 @@ class ServeConfig:
 
     tap: TapConfig
     policies: tuple[str, ...] = DEFAULT_POLICIES
-    lag_s: float = 2.0
-    step_source: str = "auto"
-    lane_clock: str = "measured"  # or "configured": the lanes step on --step-a/--step-b only
-    step_a: float = DEFAULT_A_S_PER_TOKEN
-    step_b: float = DEFAULT_B_S
-    live_queue_size: int = 200_000
-    step_window_s: float = 0.5
-    compare_window_s: float = 60.0  # lanes vs actual: one ratio per window, an interval over windows
-    rolling: bool = False  # re-seed every lane from the mirrored fleet at every compare window boundary
+    # the live lanes' settings: their flags, YAML keys and env variables from here (`shadow.base.knobs`)
+    lag_s: float = knob(
+        2.0, "--lag", "lanes run this far behind the live clock, so that late events still count",
+        Bound(lambda v: 0 <= v <= 3600, "in [0, 3600] s"), metavar="SECONDS")
+    step_source: str = knob(
+        "auto", "--step-source", "measured step times: worker `step` events, SSE inter-chunk gaps, or auto "
+        "(events when reported, else SSE)", choices=SOURCES)
+    lane_clock: str = knob(
+        "measured", "--lane-clock", "the clock the lanes step on: measured (per-worker step models and "
+        "barrier groups from the workers' measured steps; the configured model until measured) or "
+        "configured (--step-a/--step-b, one fleet-wide barrier)", choices=("measured", "configured"))
+    step_a: float = knob(
+        DEFAULT_A_S_PER_TOKEN, "--step-a", "step model the lanes simulate: seconds per KV token of max load",
+        NON_NEGATIVE_S)
+    step_b: float = knob(
+        DEFAULT_B_S, "--step-b", "step model the lanes simulate: fixed seconds per step", NON_NEGATIVE_S)
+    compare_window_s: float = knob(
+        60.0, "--compare-window", "each lane is compared with `actual` window by window: one ratio per "
+        "window of this many seconds, a 95%% interval over windows", Bound(lambda v: 0 < v < 1e9, "> 0 s"),
+        metavar="SECONDS")
+    rolling: bool = knob(
+        False, "--rolling", "rolling counterfactual: at every --compare-window boundary each lane is "
+        "re-seeded from the mirrored fleet (what each policy would have done over the next window from the "
+        "same state); a lane more than one window behind is re-seeded ahead (its window cut), so lag stays "
+        "within --lag + one window under any overload")
+    step_window_s: float = knob(
+        0.5, "--step-window", "window of one measured step-time sample", POSITIVE_S, metavar="SECONDS")
+    live_queue_size: int = knob(
+        200_000, "--live-queue-size", "events waiting for the lanes; beyond it events are dropped and "
+        "counted", AT_LEAST_ONE, metavar="EVENTS")
+    lane_shards: int = knob(
+        0, "--lane-shards", "run the policies' lanes in this many processes beside the analysis, one "
+        "report (0: in the analysis process)", NON_NEGATIVE, metavar="N")
+    lane_ray: str | None = knob(
+        None, "--ray", "with --lane-shards: the shards as Ray actors on the cluster at this address (as "
+        "`shadow sweep --ray`; none: local processes)", metavar="ADDRESS")
     br: BRParams = field(default_factory=BRParams)
     mode_config: ModeConfig | None = None  # the mode controller (active routing); None: none
     active: ActiveSettings | None = None  # --active: the front listener is shadow's own proxy
     drain_timeout_s: float = 30.0  # on a stop signal: how long requests in flight may take to finish
     lease: LeaseSettings | None = None  # replicas: only the lease holder routes, standbys pass on
-    lane_shards: int = 0  # > 0: the policies' lanes in this many processes (`shadow.live.shards`)
-    lane_ray: str | None = None  # with lane_shards: as Ray actors on the cluster at this address
 
     def validate(self) -> None:
         check_policies(self.policies)
@@ -150,23 +184,10 @@ class ServeConfig:
             raise ValueError(
                 "give the decode slots per worker (--slots B): the lanes simulate B slots per worker"
             )
-        if not 0 <= self.lag_s <= 3600:
-            raise ValueError(f"--lag must be in [0, 3600] s, got {self.lag_s}")
-        if self.step_source not in SOURCES:
-            raise ValueError(f"--step-source must be one of {', '.join(SOURCES)}, got {self.step_source!r}")
-        if self.lane_clock not in ("measured", "configured"):
-            raise ValueError(f"--lane-clock must be measured or configured, got {self.lane_clock!r}")
-        if self.live_queue_size < 1:
-            raise ValueError(f"--live-queue-size must be >= 1, got {self.live_queue_size}")
-        if not self.step_window_s > 0:
-            raise ValueError(f"--step-window must be > 0 s, got {self.step_window_s}")
+        check_knobs(self)
         if not self.drain_timeout_s >= 0:
             raise ValueError(f"--drain-timeout must be >= 0 s, got {self.drain_timeout_s}")
-        if not 0 < self.compare_window_s < 1e9:
-            raise ValueError(f"--compare-window must be > 0 s, got {self.compare_window_s}")
         StepTimeModel(self.step_a, self.step_b)
-        if self.lane_shards < 0:
-            raise ValueError(f"--lane-shards must be >= 0, got {self.lane_shards}")
         if self.lane_ray is not None and not self.lane_shards:
             raise ValueError("--ray runs lane shards: give --lane-shards N")
         if self.active is not None and self.tap.capture is not None:

@@ -31,6 +31,7 @@ class Bound:
 
 POSITIVE_S = Bound(lambda v: math.isfinite(v) and v > 0, "> 0 s")
 NON_NEGATIVE = Bound(lambda v: math.isfinite(v) and v >= 0, ">= 0")
+NON_NEGATIVE_S = Bound(lambda v: math.isfinite(v) and v >= 0, ">= 0 s")
 AT_LEAST_ONE = Bound(lambda v: v >= 1, ">= 1")
 OPEN_FRACTION = Bound(lambda v: math.isfinite(v) and 0 < v <= 1, "a fraction in (0, 1]")
 
@@ -65,13 +66,15 @@ def knobs(cls: type) -> Iterator[tuple[dataclasses.Field[Any], Knob]]:
 
 
 def argument(f: dataclasses.Field[Any], k: Knob) -> dict[str, Any]:
-    """`add_argument`'s keywords for setting `k` of field `f`: a boolean is a switch; anything
-    else takes the default's type, the default, and its help ends with "(default X)"."""
+    """`add_argument`'s keywords for setting `k` of field `f`: a boolean is a switch (off by
+    default); anything else takes the default's type (a None default: `k.kw`'s), the default,
+    and its help ends with "(default X)" (None: "(default: none)")."""
     default = f.default
     if isinstance(default, bool):
         return {"action": "store_true", "help": k.help, **k.kw}
-    shown = format(default, "g") if isinstance(default, float) else default
-    return {"type": type(default), "default": default, "help": f"{k.help} (default {shown})", **k.kw}
+    shown = "none" if default is None else format(default, "g") if isinstance(default, float) else default
+    typed = {} if default is None or "choices" in k.kw else {"type": type(default)}
+    return {**typed, "default": default, "help": f"{k.help} (default {shown})", **k.kw}
 
 
 def knob_rules(cls: type) -> tuple[tuple[str, Callable[[float], bool], str], ...]:
@@ -82,8 +85,11 @@ def knob_rules(cls: type) -> tuple[tuple[str, Callable[[float], bool], str], ...
 
 def check_knobs(obj: Any) -> None:
     """ValueError of one line naming the flag of the first setting of dataclass `obj` out of its
-    bound."""
+    bound or its choices."""
     for f, k in knobs(type(obj)):
         v = getattr(obj, f.name)
-        if k.bound is not None and not isinstance(v, bool) and not k.bound.ok(float(v)):
+        choices = k.kw.get("choices")
+        if choices is not None and v not in choices:
+            raise ValueError(f"{k.flag} must be one of {', '.join(map(str, choices))}, got {v!r}")
+        if k.bound is not None and v is not None and not isinstance(v, bool) and not k.bound.ok(float(v)):
             raise ValueError(f"{k.flag} must be {k.bound.asks}, got {v}")

@@ -38,7 +38,6 @@ from shadow.commands._layered import explicit_only, given, origin, resolve
 from shadow.commands._service import add_log_arguments, run_reporting, start_logging
 from shadow.commands.serve_checks import canary_steps, check_start_values
 from shadow.core.policies import ACTIVE, active_names, active_policy, lane_names
-from shadow.core.stepmodel import DEFAULT_A_S_PER_TOKEN, DEFAULT_B_S
 from shadow.live.lanes import DEFAULT_POLICIES
 from shadow.mirror.keys import key_location, open_secret
 from shadow.mirror.service import TapConfig
@@ -74,43 +73,6 @@ EPILOG = """examples:
 SECONDS = {"type": float, "metavar": "SECONDS"}
 FRACTION = {"type": float, "metavar": "FRACTION"}
 COUNT = {"type": int, "metavar": "N"}
-
-#: The live lanes' flags after --config and --policies, each filling a `ServeConfig` field.
-LANE_FLAGS = (
-    flag("--lag", "lag_s", "lanes run this far behind the live clock, so that late events still count "
-         "(default 2.0)", default=2.0, **SECONDS),
-    flag("--step-source", "step_source", "measured step times: worker `step` events, SSE inter-chunk gaps, "
-         "or auto (events when reported, else SSE) (default auto)",
-         choices=("auto", "events", "sse"), default="auto"),
-    flag("--lane-clock", "lane_clock", "the clock the lanes step on: measured (per-worker step models and "
-         "barrier groups from the workers' measured steps; the configured model until measured) or "
-         "configured (--step-a/--step-b, one fleet-wide barrier) (default measured)",
-         choices=("measured", "configured"), default="measured"),
-    flag("--step-a", "step_a",
-         f"step model the lanes simulate: seconds per KV token of max load (default {DEFAULT_A_S_PER_TOKEN})",
-         type=float, default=DEFAULT_A_S_PER_TOKEN),
-    flag("--step-b", "step_b",
-         f"step model the lanes simulate: fixed seconds per step (default {DEFAULT_B_S})",
-         type=float, default=DEFAULT_B_S),
-    flag("--compare-window", "compare_window_s", "each lane is compared with `actual` window by window: one "
-         "ratio per window of this many seconds, a 95%% interval over windows (default 60)", default=60.0,
-         **SECONDS),
-    flag("--rolling", "rolling", "rolling counterfactual: at every --compare-window boundary each lane is "
-         "re-seeded from the mirrored fleet (what each policy would have done over the next window from "
-         "the same state); a lane more than one window behind is re-seeded ahead (its window cut), so "
-         "lag stays within --lag + one window under any overload (default off)", action="store_true"),
-    flag("--step-window", "step_window_s", "window of one measured step-time sample (default 0.5)",
-         default=0.5, **SECONDS),
-    flag("--live-queue-size", "live_queue_size", "events waiting for the lanes; beyond it events are "
-         "dropped and counted (default 200000)", type=int, default=200_000, metavar="EVENTS"),
-    flag("--lane-shards", "lane_shards", "run the policies' lanes in this many processes beside the "
-         "analysis, one report (default: none, in the analysis process)", type=int,
-         default=ServeConfig.lane_shards, metavar="N"),
-    flag("--ray", "lane_ray", "with --lane-shards: the shards as Ray actors on the cluster at this "
-         "address (as `shadow sweep --ray`; default: local processes)", default=ServeConfig.lane_ray,
-         metavar="ADDRESS"),
-)
-
 
 def attach_flags() -> tuple[Flag, ...]:
     """Where the analysis finds its tap groups (built per call: a default comes from the environment)."""
@@ -237,7 +199,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=",".join(DEFAULT_POLICIES),
         help=f"comma-separated lanes beside `actual`: {lane_names()} (default {','.join(DEFAULT_POLICIES)})",
     )
-    add_flags(g, LANE_FLAGS)
+    for f, k in knobs(ServeConfig):  # the lanes' settings, declared on ServeConfig
+        g.add_argument(k.flag, dest=k.dest, **argument(f, k))
 
 
 #: The automatic fallback's flags, each filling a `GuardConfig` field (--trip-window fills the
@@ -524,7 +487,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     return ServeConfig(
         tap=tap,
         policies=policies,
-        **fields(args, LANE_FLAGS),
+        **{f.name: getattr(args, k.dest) for f, k in knobs(ServeConfig)},
         mode_config=mode_config_from_args(args),
         active=active_settings(args),
         drain_timeout_s=args.drain_timeout,

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 from shadow.active.canary import CanaryConfig
 from shadow.active.proxy import ActiveConfig
-from shadow.app.serve import check_policies
+from shadow.app.serve import ServeConfig, check_policies
 from shadow.base.knobs import knob_rules
 from shadow.commands._layered import origin
 from shadow.contracts.modes import MODES
@@ -79,8 +79,9 @@ def lease_seconds(v: float) -> bool:
 
 
 #: (option dest, rule, what the rule asks) for the numbers: seconds, fractions and counts (and,
-#: derived from where they are declared, the active proxy's settings: `ActiveConfig`).
+#: derived from where they are declared, the live lanes' and the active proxy's settings).
 NUMBERS: tuple[tuple[str, Rule, str], ...] = (
+    *knob_rules(ServeConfig),
     *knob_rules(ActiveConfig),
     ("scrape_interval", non_negative, ">= 0 s (0 = reconciliation off)"),
     ("ttl", positive, "> 0 s"),
@@ -121,9 +122,6 @@ NUMBERS: tuple[tuple[str, Rule, str], ...] = (
     ("active_max_connections", at_least_one, ">= 1"),
     ("api_max_connections", at_least_one, ">= 1"),
     ("lease_ttl", lease_seconds, "a whole number of seconds >= 2 (etcd's minimum lease at its defaults)"),
-    ("step_a", non_negative, ">= 0 s"),
-    ("step_b", non_negative, ">= 0 s"),
-    ("step_window", positive, "> 0 s"),
     ("analysis_nice", niceness, "in 0..19"),
     ("max_body", at_least_one, ">= 1"),
     ("max_head", at_least_one, ">= 1"),

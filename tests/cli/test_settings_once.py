@@ -1,8 +1,8 @@
-"""A setting is declared once (`shadow.base.knobs`): the active proxy's settings are fields of
-`ActiveConfig`, and `shadow serve` derives from them their flags (default and help), their YAML
-keys and environment variables (through the layered options), and their checks — shown here for
-`transfer_cap` by introspection, and for every one of them; and no flag of theirs is written a
-second time anywhere in `shadow/`."""
+"""A setting is declared once (`shadow.base.knobs`): the live lanes' settings are fields of
+`ServeConfig` and the active proxy's of `ActiveConfig`, and `shadow serve` derives from them their
+flags (default and help), their YAML keys and environment variables (through the layered
+options), and their checks — shown here for `transfer_cap` by introspection, and for every one of
+them; and no flag of theirs is written a second time anywhere in `shadow/`."""
 
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ import pytest
 
 import shadow
 from shadow.active.proxy import ActiveConfig
+from shadow.app.serve import ServeConfig
 from shadow.base.knobs import KNOB, Knob, knobs
 from shadow.commands.serve import active_settings, build_parser, config_from_args, resolve_args
 
 BASE = ["--upstream", "d0=http://127.0.0.1:1", "--active"]
-KNOBS = [(f.name, k) for f, k in knobs(ActiveConfig)]
+KNOBS = [(cls, f, k) for cls in (ServeConfig, ActiveConfig) for f, k in knobs(cls)]
 
 
 def _action(dest: str) -> argparse.Action:
@@ -60,22 +61,35 @@ def test_transfer_cap_is_one_field_and_everything_else_derives_from_it(tmp_path:
         ActiveConfig(decode={"d0": "http://x"}, slots=1, transfer_cap=0)
 
 
-@pytest.mark.parametrize(("name", "k"), KNOBS, ids=[n for n, _ in KNOBS])
-def test_every_setting_of_the_proxy_is_a_flag_a_yaml_key_and_an_env_variable(name: str, k: Knob) -> None:
-    field = next(f for f in dataclasses.fields(ActiveConfig) if f.name == name)
+@pytest.mark.parametrize(("cls", "field", "k"), KNOBS, ids=[k.flag for _, _, k in KNOBS])
+def test_every_declared_setting_is_a_flag_a_yaml_key_and_an_env_variable(
+    cls: type, field: dataclasses.Field[object], k: Knob, tmp_path: Path
+) -> None:
     action = _action(k.dest)
-    assert action.option_strings == [k.flag]
-    assert action.default == field.default or (field.default is False and action.default is False)
-    value = "1" if isinstance(field.default, bool) else str(field.default)
-    args = resolve_args(_explicit(BASE), {f"SHADOW_SERVE_{k.dest.upper()}": value})
-    settings = active_settings(args)
-    assert settings is not None and name in settings.settings
-    assert args.option_sources[k.dest] == f"env SHADOW_SERVE_{k.dest.upper()}"
+    assert action.option_strings == [k.flag] and action.default == field.default
+    value = {bool: "1", type(None): "http://127.0.0.1:1"}.get(type(field.default), str(field.default))
+    env = f"SHADOW_SERVE_{k.dest.upper()}"
+    args = resolve_args(_explicit(BASE), {env: value})
+    assert args.option_sources[k.dest] == f"env {env}"
+    yaml_file = tmp_path / "serve.yaml"
+    yaml_file.write_text(f"{k.dest}: {value}\n")
+    from_yaml = resolve_args(_explicit([*BASE, "--config", str(yaml_file)]), {})
+    assert from_yaml.option_sources[k.dest] == f"config {yaml_file}"
+    typed = True if isinstance(field.default, bool) else action.type(value) if action.type else value
+    assert getattr(from_yaml, k.dest) == getattr(args, k.dest) == typed
+    if cls is ActiveConfig:  # the proxy's settings reach it by field name
+        settings = active_settings(args)
+        assert settings is not None and settings.settings[field.name] == getattr(args, k.dest)
 
 
-def test_no_setting_of_the_proxy_is_declared_twice() -> None:
-    """grep: no `flag("--X"` or `add_argument("--X"` for a setting of `ActiveConfig` in shadow/."""
-    src = "\n".join(p.read_text() for p in Path(shadow.__file__).parent.rglob("*.py"))
-    for _, k in KNOBS:
+def test_no_declared_setting_is_written_again_where_serve_builds_its_options() -> None:
+    """grep: no `flag("--X"` or `add_argument("--X"` for a declared setting in the modules that build
+    `shadow serve`'s options and config (another command may have a flag of the same spelling for a
+    setting of its own: `shadow demo --step-a` is the simulated fleet's step)."""
+    root = Path(shadow.__file__).parent
+    src = "\n".join((root / m).read_text() for m in (
+        "commands/serve.py", "commands/serve_checks.py", "commands/tap.py", "commands/_flags.py",
+        "app/serve.py", "active/proxy.py"))
+    for _, _, k in KNOBS:
         declared = re.findall(r'(?:flag|add_argument)\(\s*"' + re.escape(k.flag) + '"', src)
         assert declared == [], k.flag
