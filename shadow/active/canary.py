@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shadow.active.cohorts import Outcome, p50
+from shadow.base.knobs import AT_LEAST_TWO, NON_NEGATIVE, OPEN_UNIT, POSITIVE_S, check_knobs, knob
 from shadow.core.stats import fisher_greater, mann_whitney_greater
 
 METRICS = ("error_rate", "ttft", "tpot", "spread")
@@ -42,13 +43,26 @@ class CanaryConfig:
     """Steps and the tests' thresholds (`steps` empty: canary at a fixed fraction, no analysis)."""
 
     steps: tuple[float, ...] = ()
-    min_requests: int = 100
-    min_step_s: float = 30.0
-    max_step_s: float = 900.0
-    alpha: float = 0.05
-    error_margin: float = 0.01
-    ttft_margin: float = 0.25
-    tpot_margin: float = 0.10
+    min_requests: int = knob(
+        100, "--canary-min-requests", "finished requests each cohort needs in a step before its verdict",
+        AT_LEAST_TWO, metavar="N")
+    min_step_s: float = knob(30.0, "--canary-min-step", "shortest step", POSITIVE_S, metavar="SECONDS")
+    max_step_s: float = knob(
+        900.0, "--canary-max-step", "a step without enough requests by then ends the canary", POSITIVE_S,
+        metavar="SECONDS")
+    alpha: float = knob(
+        0.05, "--canary-alpha", "level of the one-sided tests (non-inferiority Mann-Whitney U for TTFT and "
+        "TPOT, Fisher's exact for errors; the fleet's spread is reported, not judged)", OPEN_UNIT,
+        metavar="FRACTION")
+    error_margin: float = knob(
+        0.01, "--canary-error-margin", "error rate the canary may exceed the router's by (absolute)",
+        NON_NEGATIVE, metavar="FRACTION")
+    ttft_margin: float = knob(
+        0.25, "--canary-ttft-margin", "a step passes only when the canary's TTFT is shown below (1 + this) "
+        "x the router's (non-inferiority margin)", NON_NEGATIVE, metavar="RATIO")
+    tpot_margin: float = knob(
+        0.10, "--canary-tpot-margin", "... and its TPOT below (1 + this) x the router's", NON_NEGATIVE,
+        metavar="RATIO")
     spread_margin: float = 0.10
     spread_batch: int = 20
     min_batches: int = 4
@@ -56,19 +70,19 @@ class CanaryConfig:
     spread_blocks: bool = False
 
     def validate(self) -> None:
+        """ValueError of one line: a setting out of its bound (naming its flag), or steps, batches
+        and step times that do not fit together."""
+        check_knobs(self)
         s = self.steps
         if any(not (math.isfinite(f) and 0 < f < 1) for f in s) or list(s) != sorted(set(s)):
             raise ValueError(f"canary steps must be increasing fractions in (0, 1), got {list(s)}")
-        batches_ok = 2 <= self.min_batches <= self.baseline_batches
-        if self.min_requests < 2 or self.spread_batch < 1 or not batches_ok:
-            raise ValueError("canary min requests and spread batches must be >= 2")
-        if not (0 < self.min_step_s <= self.max_step_s and math.isfinite(self.max_step_s)):
+        if self.spread_batch < 1 or not 2 <= self.min_batches <= self.baseline_batches:
+            raise ValueError("canary spread batches must be >= 2")
+        if not (self.min_step_s <= self.max_step_s and math.isfinite(self.max_step_s)):
             raise ValueError(f"canary step time must satisfy 0 < min {self.min_step_s} <= max "
                              f"{self.max_step_s}")
-        if not 0 < self.alpha < 1:
-            raise ValueError(f"canary alpha must be in (0, 1), got {self.alpha}")
-        if min(self.error_margin, self.ttft_margin, self.tpot_margin, self.spread_margin) < 0:
-            raise ValueError("canary margins must be >= 0")
+        if self.spread_margin < 0:
+            raise ValueError("the canary's spread margin must be >= 0")
 
 
 @dataclass

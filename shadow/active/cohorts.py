@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from shadow.base.knobs import AT_LEAST_ONE, OPEN_FRACTION, OVER_ONE, POSITIVE_S, check_knobs, knob
 from shadow.core.stats import quantile
 
 COHORTS = ("shadow", "router")
@@ -79,21 +80,24 @@ class CohortWindow:
 class ClientConfig:
     """Thresholds of the client-felt fallback checks (defaults are `shadow serve`'s)."""
 
-    client_error_rate: float = 0.2
-    client_min_requests: int = 20
-    client_window_s: float = 30.0
-    slo_ratio: float = 2.0
-    slo_min_requests: int = 30
+    client_error_rate: float = knob(
+        0.2, "--trip-client-error-rate", "fraction of shadow-routed requests failing for their clients "
+        "(rejections, upstream errors, cut streams, timeouts; not a client's own 4xx) over "
+        "--trip-client-window that trips fallback ...", OPEN_FRACTION, metavar="FRACTION")
+    client_min_requests: int = knob(
+        20, "--trip-client-min-requests", "... given at least N of them", AT_LEAST_ONE, metavar="N")
+    client_window_s: float = knob(
+        30.0, "--trip-client-window", "window of the client-felt checks", POSITIVE_S, metavar="SECONDS")
+    slo_ratio: float = knob(
+        2.0, "--trip-slo-ratio", "shadow-routed TTFT or TPOT P50 over this many times the router-routed one "
+        "(same window in canary, the recent shadow-mode baseline in active) trips fallback ...", OVER_ONE,
+        metavar="RATIO")
+    slo_min_requests: int = knob(
+        30, "--trip-slo-min-requests", "... given N requests on both sides", AT_LEAST_ONE, metavar="N")
 
     def validate(self) -> None:
-        if not 0 < self.client_error_rate <= 1:
-            raise ValueError(f"client error rate must be in (0, 1], got {self.client_error_rate}")
-        if self.client_min_requests < 1 or self.slo_min_requests < 1:
-            raise ValueError("client check request counts must be >= 1")
-        if not self.client_window_s > 0:
-            raise ValueError(f"client window must be > 0 s, got {self.client_window_s}")
-        if not self.slo_ratio > 1:
-            raise ValueError(f"SLO ratio must be > 1, got {self.slo_ratio}")
+        """ValueError of one line naming the flag of a value out of its bound."""
+        check_knobs(self)
 
 
 def p50(values: Iterable[float | None]) -> tuple[float | None, int]:

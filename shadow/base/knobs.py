@@ -12,6 +12,7 @@ names the flag and where its value came from (`knob_rules`), and the dataclass's
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 from collections.abc import Callable, Iterator, Mapping
@@ -34,6 +35,10 @@ NON_NEGATIVE = Bound(lambda v: math.isfinite(v) and v >= 0, ">= 0")
 NON_NEGATIVE_S = Bound(lambda v: math.isfinite(v) and v >= 0, ">= 0 s")
 AT_LEAST_ONE = Bound(lambda v: v >= 1, ">= 1")
 OPEN_FRACTION = Bound(lambda v: math.isfinite(v) and 0 < v <= 1, "a fraction in (0, 1]")
+FRACTION = Bound(lambda v: math.isfinite(v) and 0 <= v <= 1, "a fraction in [0, 1]")
+OPEN_UNIT = Bound(lambda v: math.isfinite(v) and 0 < v < 1, "in (0, 1)")
+OVER_ONE = Bound(lambda v: math.isfinite(v) and v > 1, "> 1")
+AT_LEAST_TWO = Bound(lambda v: v >= 2, ">= 2")
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,17 @@ def argument(f: dataclasses.Field[Any], k: Knob) -> dict[str, Any]:
     shown = "none" if default is None else format(default, "g") if isinstance(default, float) else default
     typed = {} if default is None or "choices" in k.kw else {"type": type(default)}
     return {**typed, "default": default, "help": f"{k.help} (default {shown})", **k.kw}
+
+
+def add_knobs(group: argparse._ActionsContainer, cls: type) -> None:
+    """Declare the flag of every setting of dataclass `cls` on a parser or an argument group."""
+    for f, k in knobs(cls):
+        group.add_argument(k.flag, dest=k.dest, **argument(f, k))
+
+
+def knob_values(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+    """{field name: parsed value} of every setting of dataclass `cls` (its keyword arguments)."""
+    return {f.name: getattr(args, k.dest) for f, k in knobs(cls)}
 
 
 def knob_rules(cls: type) -> tuple[tuple[str, Callable[[float], bool], str], ...]:

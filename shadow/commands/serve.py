@@ -31,7 +31,7 @@ from shadow.active.modes import ModeConfig
 from shadow.active.proxy import ActiveConfig
 from shadow.app import serve as serve_app
 from shadow.app.serve import ActiveSettings, LeaseSettings, ServeConfig, check_policies
-from shadow.base.knobs import argument, knobs
+from shadow.base.knobs import add_knobs, knob_values
 from shadow.commands import tap as tap_cmd
 from shadow.commands._flags import Flag, add_flags, fields, flag
 from shadow.commands._layered import explicit_only, given, origin, resolve
@@ -199,8 +199,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=",".join(DEFAULT_POLICIES),
         help=f"comma-separated lanes beside `actual`: {lane_names()} (default {','.join(DEFAULT_POLICIES)})",
     )
-    for f, k in knobs(ServeConfig):  # the lanes' settings, declared on ServeConfig
-        g.add_argument(k.flag, dest=k.dest, **argument(f, k))
+    add_knobs(g, ServeConfig)  # the lanes' settings, declared on ServeConfig
 
 
 #: The automatic fallback's flags, each filling a `GuardConfig` field (--trip-window fills the
@@ -234,43 +233,12 @@ GUARD_FLAGS = (
 )
 
 
-#: The client-felt fallback checks' flags, each filling a `ClientConfig` field.
-CLIENT_FLAGS = (
-    flag("--trip-client-error-rate", "client_error_rate", "fraction of shadow-routed requests failing for "
-         "their clients (rejections, upstream errors, cut streams, timeouts; not a client's own 4xx) over "
-         "--trip-client-window that trips fallback (default 0.2) ...", default=0.2, **FRACTION),
-    flag("--trip-client-min-requests", "client_min_requests", "... given at least N of them (default 20)",
-         default=20, **COUNT),
-    flag("--trip-client-window", "client_window_s", "window of the client-felt checks (default 30)",
-         default=30.0, **SECONDS),
-    flag("--trip-slo-ratio", "slo_ratio", "shadow-routed TTFT or TPOT P50 over this many times the router-"
-         "routed one (same window in canary, the recent shadow-mode baseline in active) trips fallback "
-         "(default 2.0) ...", type=float, default=2.0, metavar="RATIO"),
-    flag("--trip-slo-min-requests", "slo_min_requests", "... given N requests on both sides (default 30)",
-         default=30, **COUNT),
-)
-
-#: The canary analysis' flags, each filling a `CanaryConfig` field (--canary-steps: a list).
+#: The canary analysis' steps (its other settings are declared on `CanaryConfig`).
 CANARY_FLAGS = (
     flag("--canary-steps", None, "analysed canary: comma-separated increasing fractions (e.g. "
          "0.01,0.05,0.25); mode canary then runs each step, promoted to the next (and after the last to "
          "active) only when the canary cohort is no worse than the router cohort, else back to shadow with "
          "the reason (default: none, canary stays at --canary-fraction)", metavar="F,F,..."),
-    flag("--canary-min-requests", "min_requests", "finished requests each cohort needs in a step before "
-         "its verdict (default 100)", default=100, **COUNT),
-    flag("--canary-min-step", "min_step_s", "shortest step (default 30)", default=30.0, **SECONDS),
-    flag("--canary-max-step", "max_step_s", "a step without enough requests by then ends the canary "
-         "(default 900)", default=900.0, **SECONDS),
-    flag("--canary-alpha", "alpha", "level of the one-sided tests (non-inferiority Mann-Whitney U for TTFT "
-         "and TPOT, Fisher's exact for errors; the fleet's spread is reported, not judged) (default 0.05)",
-         default=0.05, **FRACTION),
-    flag("--canary-error-margin", "error_margin", "error rate the canary may exceed the router's by "
-         "(absolute, default 0.01)", default=0.01, **FRACTION),
-    flag("--canary-ttft-margin", "ttft_margin", "a step passes only when the canary's TTFT is shown below "
-         "(1 + this) x the router's (non-inferiority margin, default 0.25)", type=float, default=0.25,
-         metavar="RATIO"),
-    flag("--canary-tpot-margin", "tpot_margin", "... and its TPOT below (1 + this) x the router's "
-         "(default 0.1)", type=float, default=0.10, metavar="RATIO"),
 )
 
 
@@ -307,8 +275,9 @@ def add_mode_arguments(p: argparse.ArgumentParser) -> None:
                    "SHADOW_SERVE_ADMIN_TOKEN: flags show in ps); without one, PUT /v1/mode is off")
     g.add_argument("--admin-token-file", metavar="FILE", help="read the admin token from FILE")
     add_flags(g, GUARD_FLAGS)
-    add_flags(g, CLIENT_FLAGS)
+    add_knobs(g, ClientConfig)
     add_flags(g, CANARY_FLAGS)
+    add_knobs(g, CanaryConfig)
     g.add_argument("--oracle-interval", type=float, default=60.0, metavar="SECONDS",
                    help="how often BR-H and the Oracle are replayed on the last 300 finished requests "
                    "(CPU: ~0.3 s a run; 0 = off) (default 60)")
@@ -337,9 +306,9 @@ def mode_config_from_args(args: argparse.Namespace) -> ModeConfig | None:
         return None
     guards = GuardConfig(**fields(args, GUARD_FLAGS), upstream_window_s=args.trip_window)
     guards.validate()
-    clients = ClientConfig(**fields(args, CLIENT_FLAGS))
+    clients = ClientConfig(**knob_values(args, ClientConfig))
     clients.validate()
-    canary = CanaryConfig(steps=canary_steps(args), **fields(args, CANARY_FLAGS))
+    canary = CanaryConfig(steps=canary_steps(args), **knob_values(args, CanaryConfig))
     try:
         canary.validate()
     except ValueError as exc:
@@ -416,8 +385,7 @@ def add_active_arguments(p: argparse.ArgumentParser) -> None:
                    "requests to the --front router, in active/fallback it routes the P/D flow itself "
                    "through the taps (its URL is `active` in the ready line)")
     add_flags(g, ACTIVE_FLAGS)
-    for f, k in knobs(ActiveConfig):
-        g.add_argument(k.flag, dest=k.dest, **argument(f, k))
+    add_knobs(g, ActiveConfig)
     add_flags(p.add_argument_group("replicas (leader lease)"), LEASE_FLAGS)
 
 
@@ -433,8 +401,7 @@ def lease_settings(args: argparse.Namespace) -> LeaseSettings | None:
 def active_settings(args: argparse.Namespace) -> ActiveSettings | None:
     if not getattr(args, "active", False):
         return None
-    settings = {f.name: getattr(args, k.dest) for f, k in knobs(ActiveConfig)}
-    return ActiveSettings(**fields(args, ACTIVE_FLAGS), settings=settings)
+    return ActiveSettings(**fields(args, ACTIVE_FLAGS), settings=knob_values(args, ActiveConfig))
 
 
 def _parser(p: argparse.ArgumentParser, *, explicit: bool) -> argparse.ArgumentParser:
@@ -487,7 +454,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     return ServeConfig(
         tap=tap,
         policies=policies,
-        **{f.name: getattr(args, k.dest) for f, k in knobs(ServeConfig)},
+        **knob_values(args, ServeConfig),
         mode_config=mode_config_from_args(args),
         active=active_settings(args),
         drain_timeout_s=args.drain_timeout,

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from shadow.active.canary import CanaryConfig
+from shadow.active.cohorts import ClientConfig
 from shadow.active.proxy import ActiveConfig
 from shadow.app.serve import ServeConfig, check_policies
 from shadow.base.knobs import knob_rules
@@ -40,20 +41,8 @@ def open_fraction(v: float) -> bool:
     return math.isfinite(v) and 0 < v <= 1
 
 
-def open_unit(v: float) -> bool:
-    return math.isfinite(v) and 0 < v < 1
-
-
-def over_one(v: float) -> bool:
-    return math.isfinite(v) and v > 1
-
-
 def at_least_one(v: float) -> bool:
     return v >= 1
-
-
-def at_least_two(v: float) -> bool:
-    return v >= 2
 
 
 def finite(v: float) -> bool:
@@ -79,10 +68,10 @@ def lease_seconds(v: float) -> bool:
 
 
 #: (option dest, rule, what the rule asks) for the numbers: seconds, fractions and counts (and,
-#: derived from where they are declared, the live lanes' and the active proxy's settings).
+#: derived from where they are declared, the settings of the lanes, the proxy, the client-felt checks
+#: and the canary).
 NUMBERS: tuple[tuple[str, Rule, str], ...] = (
-    *knob_rules(ServeConfig),
-    *knob_rules(ActiveConfig),
+    *(rule for cls in (ServeConfig, ActiveConfig, ClientConfig, CanaryConfig) for rule in knob_rules(cls)),
     ("scrape_interval", non_negative, ">= 0 s (0 = reconciliation off)"),
     ("ttl", positive, "> 0 s"),
     ("phantom_age", positive, "> 0 s"),
@@ -104,18 +93,6 @@ NUMBERS: tuple[tuple[str, Rule, str], ...] = (
     ("trip_upstream_min_calls", at_least_one, ">= 1"),
     ("holddown", positive, "> 0 s"),
     ("holddown_max", positive, "> 0 s"),
-    ("trip_client_error_rate", open_fraction, "a fraction in (0, 1]"),
-    ("trip_client_min_requests", at_least_one, ">= 1"),
-    ("trip_client_window", positive, "> 0 s"),
-    ("trip_slo_ratio", over_one, "> 1"),
-    ("trip_slo_min_requests", at_least_one, ">= 1"),
-    ("canary_min_requests", at_least_two, ">= 2"),
-    ("canary_min_step", positive, "> 0 s"),
-    ("canary_max_step", positive, "> 0 s"),
-    ("canary_alpha", open_unit, "in (0, 1)"),
-    ("canary_error_margin", non_negative, ">= 0"),
-    ("canary_ttft_margin", non_negative, ">= 0"),
-    ("canary_tpot_margin", non_negative, ">= 0"),
     ("degrade_calibration", open_fraction, "a fraction in (0, 1]"),
     ("degrade_oracle_gap", positive, "> 0"),
     ("degrade_net_gain", finite, "a finite number"),
