@@ -15,6 +15,8 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from shadow.base.knobs import AT_LEAST_ONE, OPEN_FRACTION, POSITIVE_S, Bound, check_knobs, knob
+
 #: Trip reasons in the order they are checked (the first failing one is reported).
 TRIP_ORDER: tuple[str, ...] = (
     "decision_error",
@@ -33,50 +35,59 @@ class GuardConfig:
     """Thresholds of the fallback checks and of the BR-H degrade (defaults are what `shadow serve`
     uses)."""
 
-    decision_budget_s: float = 0.020  # one decision round over this is "slow"
-    slow_count: int = 5  # ... this many slow rounds within `slow_window_s` trip
-    slow_window_s: float = 10.0
+    decision_budget_s: float = knob(
+        0.020, "--decision-budget", "a routing decision round slower than this counts as slow", POSITIVE_S,
+        metavar="SECONDS")
+    slow_count: int = knob(
+        5, "--trip-slow-count", "this many slow decisions within --trip-window trip fallback", AT_LEAST_ONE,
+        metavar="N")
+    slow_window_s: float = knob(  # (serve gives the upstream window the same)
+        10.0, "--trip-window", "window of the slow-decision and upstream-failure counts", POSITIVE_S,
+        metavar="SECONDS")
     decision_errors: int = 1  # this many raising decisions within `slow_window_s` trip
-    drift_requests: float = 16.0  # |mirrored − worker-reported| requests on any worker trips
-    stale_s: float = 15.0  # no good /metrics scrape of a worker for this long trips
-    upstream_error_rate: float = 0.5  # failed fraction of one upstream's calls in the window ...
-    upstream_min_calls: int = 10  # ... with at least this many calls in the window
+    drift_requests: float = knob(
+        16.0, "--trip-drift", "mirror drift (mirrored − worker-reported requests) on any worker that trips "
+        "fallback", Bound(lambda v: math.isfinite(v) and v > 0, "> 0 requests"), metavar="REQUESTS")
+    stale_s: float = knob(
+        15.0, "--trip-stale", "no good /metrics scrape of a worker for this long trips fallback", POSITIVE_S,
+        metavar="SECONDS")
+    upstream_error_rate: float = knob(
+        0.5, "--trip-upstream-error-rate", "failed fraction of one upstream's calls in the window that trips "
+        "fallback ...", OPEN_FRACTION, metavar="FRACTION")
+    upstream_min_calls: int = knob(
+        10, "--trip-upstream-min-calls", "... given at least N calls in the window", AT_LEAST_ONE,
+        metavar="N")
     upstream_window_s: float = 10.0
-    holddown_s: float = 10.0  # first hold-down; doubles on repeated trips
-    holddown_max_s: float = 300.0
+    holddown_s: float = knob(
+        10.0, "--holddown", "first hold-down before recovery from fallback is tried; doubles on each "
+        "repeated trip", POSITIVE_S, metavar="SECONDS")
+    holddown_max_s: float = knob(
+        300.0, "--holddown-max", "cap of the doubling hold-down", POSITIVE_S, metavar="SECONDS")
     reset_after_s: float = 600.0  # healthy this long after a recovery: hold-down back to `holddown_s`
     # BR-H → BR-0 (softer step)
-    calibration_max: float = 0.15  # expected calibration error of end probabilities
+    calibration_max: float = knob(
+        0.15, "--degrade-calibration", "BR-H end-probability calibration error above which active BR-H runs "
+        "BR-0", OPEN_FRACTION, metavar="ECE")
     calibration_min_samples: int = 200
-    oracle_gap_max: float = 1.0  # BR-H spread / Oracle spread − 1
-    net_gain_min: float = 0.0  # BR-H's gain over BR-0 (fraction of BR-0's spread) below this
+    oracle_gap_max: float = knob(
+        1.0, "--degrade-oracle-gap", "BR-H's spread over the Oracle's on the recent window, minus 1, above "
+        "which active BR-H runs BR-0", Bound(lambda v: math.isfinite(v) and v > 0, "> 0"), metavar="RATIO")
+    net_gain_min: float = knob(
+        0.0, "--degrade-net-gain", "BR-H's spread gain over BR-0 in the live lanes below which active BR-H "
+        "runs BR-0", Bound(math.isfinite, "a finite number"), metavar="FRACTION")
     net_gain_min_steps: int = 500  # live-lane steps before the net gain counts
 
     def validate(self) -> None:
-        """ValueError with a one-line reason for a value out of range."""
-        positive = {
-            "decision budget": self.decision_budget_s,
-            "slow window": self.slow_window_s,
-            "drift threshold": self.drift_requests,
-            "stale telemetry age": self.stale_s,
-            "upstream window": self.upstream_window_s,
-            "hold-down": self.holddown_s,
-        }
-        for what, v in positive.items():
-            if not (v > 0 and math.isfinite(v)):
-                raise ValueError(f"{what} must be a positive number of seconds/requests, got {v}")
+        """ValueError with a one-line reason: a setting out of its bound (naming its flag), or values
+        that do not fit together."""
+        check_knobs(self)
+        if not (self.upstream_window_s > 0 and math.isfinite(self.upstream_window_s)):
+            raise ValueError(f"upstream window must be > 0 s, got {self.upstream_window_s}")
         if self.holddown_max_s < self.holddown_s:
             raise ValueError(f"hold-down cap {self.holddown_max_s} s is below the hold-down "
                              f"{self.holddown_s} s")
-        if self.slow_count < 1 or self.decision_errors < 1 or self.upstream_min_calls < 1:
-            raise ValueError("trip counts must be >= 1")
-        if not 0 < self.upstream_error_rate <= 1:
-            raise ValueError(f"upstream error rate must be in (0, 1], got {self.upstream_error_rate}")
-        if not self.oracle_gap_max > 0:
-            raise ValueError(f"oracle gap threshold must be > 0, got {self.oracle_gap_max}")
-        if not 0 < self.calibration_max <= 1:
-            raise ValueError(f"calibration threshold must be in (0, 1], got {self.calibration_max}")
-
+        if self.decision_errors < 1:
+            raise ValueError("the decision error count that trips must be >= 1")
 
 @dataclass(frozen=True)
 class Signals:

@@ -202,37 +202,6 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     add_knobs(g, ServeConfig)  # the lanes' settings, declared on ServeConfig
 
 
-#: The automatic fallback's flags, each filling a `GuardConfig` field (--trip-window fills the
-#: upstream window too).
-GUARD_FLAGS = (
-    flag("--decision-budget", "decision_budget_s", "a routing decision round slower than this counts as "
-         "slow (default 0.02)", default=0.020, **SECONDS),
-    flag("--trip-slow-count", "slow_count", "this many slow decisions within --trip-window trip fallback "
-         "(default 5)", default=5, **COUNT),
-    flag("--trip-window", "slow_window_s", "window of the slow-decision and upstream-failure counts "
-         "(default 10)", default=10.0, **SECONDS),
-    flag("--trip-drift", "drift_requests", "mirror drift (mirrored − worker-reported requests) on any "
-         "worker that trips fallback (default 16)", type=float, default=16.0, metavar="REQUESTS"),
-    flag("--trip-stale", "stale_s", "no good /metrics scrape of a worker for this long trips fallback "
-         "(default 15)", default=15.0, **SECONDS),
-    flag("--trip-upstream-error-rate", "upstream_error_rate", "failed fraction of one upstream's calls in "
-         "the window that trips fallback (default 0.5) ...", default=0.5, **FRACTION),
-    flag("--trip-upstream-min-calls", "upstream_min_calls", "... given at least N calls in the window "
-         "(default 10)", default=10, **COUNT),
-    flag("--holddown", "holddown_s", "first hold-down before recovery from fallback is tried; doubles on "
-         "each repeated trip (default 10)", default=10.0, **SECONDS),
-    flag("--holddown-max", "holddown_max_s", "cap of the doubling hold-down (default 300)",
-         default=300.0, **SECONDS),
-    flag("--degrade-calibration", "calibration_max", "BR-H end-probability calibration error above which "
-         "active BR-H runs BR-0 (default 0.15)", type=float, default=0.15, metavar="ECE"),
-    flag("--degrade-net-gain", "net_gain_min", "BR-H's spread gain over BR-0 in the live lanes below which "
-         "active BR-H runs BR-0 (default 0.0)", default=0.0, **FRACTION),
-    flag("--degrade-oracle-gap", "oracle_gap_max", "BR-H's spread over the Oracle's on the recent window, "
-         "minus 1, above which active BR-H runs BR-0 (default 1.0)",
-         type=float, default=1.0, metavar="RATIO"),
-)
-
-
 #: The canary analysis' steps (its other settings are declared on `CanaryConfig`).
 CANARY_FLAGS = (
     flag("--canary-steps", None, "analysed canary: comma-separated increasing fractions (e.g. "
@@ -274,7 +243,7 @@ def add_mode_arguments(p: argparse.ArgumentParser) -> None:
                    help="bearer token of PUT /v1/mode (prefer --admin-token-file or the environment "
                    "SHADOW_SERVE_ADMIN_TOKEN: flags show in ps); without one, PUT /v1/mode is off")
     g.add_argument("--admin-token-file", metavar="FILE", help="read the admin token from FILE")
-    add_flags(g, GUARD_FLAGS)
+    add_knobs(g, GuardConfig)
     add_knobs(g, ClientConfig)
     add_flags(g, CANARY_FLAGS)
     add_knobs(g, CanaryConfig)
@@ -304,7 +273,7 @@ def mode_config_from_args(args: argparse.Namespace) -> ModeConfig | None:
     wanted = getattr(args, "active", False) or args.mode_file or token or args.mode or args.pin_mode
     if not wanted:
         return None
-    guards = GuardConfig(**fields(args, GUARD_FLAGS), upstream_window_s=args.trip_window)
+    guards = GuardConfig(**knob_values(args, GuardConfig), upstream_window_s=args.trip_window)
     guards.validate()
     clients = ClientConfig(**knob_values(args, ClientConfig))
     clients.validate()

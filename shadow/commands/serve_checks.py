@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 from shadow.active.canary import CanaryConfig
 from shadow.active.cohorts import ClientConfig
+from shadow.active.fallback import GuardConfig
 from shadow.active.proxy import ActiveConfig
 from shadow.app.serve import ServeConfig, check_policies
 from shadow.base.knobs import knob_rules
@@ -37,16 +38,8 @@ def fraction(v: float) -> bool:
     return math.isfinite(v) and 0 <= v <= 1
 
 
-def open_fraction(v: float) -> bool:
-    return math.isfinite(v) and 0 < v <= 1
-
-
 def at_least_one(v: float) -> bool:
     return v >= 1
-
-
-def finite(v: float) -> bool:
-    return math.isfinite(v)
 
 
 def port(v: float) -> bool:
@@ -67,11 +60,14 @@ def lease_seconds(v: float) -> bool:
     return math.isfinite(v) and v >= 2 and v == int(v)
 
 
-#: (option dest, rule, what the rule asks) for the numbers: seconds, fractions and counts (and,
-#: derived from where they are declared, the settings of the lanes, the proxy, the client-felt checks
-#: and the canary).
+#: The configs whose fields declare `shadow serve`'s settings (`shadow.base.knobs`): the lanes', the
+#: active proxy's, the fallback's, the client-felt checks' and the canary's.
+DECLARED: tuple[type, ...] = (ServeConfig, ActiveConfig, GuardConfig, ClientConfig, CanaryConfig)
+
+#: (option dest, rule, what the rule asks) for the numbers: seconds, fractions and counts (those of
+#: the settings DECLARED derived from their declarations).
 NUMBERS: tuple[tuple[str, Rule, str], ...] = (
-    *(rule for cls in (ServeConfig, ActiveConfig, ClientConfig, CanaryConfig) for rule in knob_rules(cls)),
+    *(rule for cls in DECLARED for rule in knob_rules(cls)),
     ("scrape_interval", non_negative, ">= 0 s (0 = reconciliation off)"),
     ("ttl", positive, "> 0 s"),
     ("phantom_age", positive, "> 0 s"),
@@ -84,18 +80,6 @@ NUMBERS: tuple[tuple[str, Rule, str], ...] = (
     ("mode_file_interval", positive, "> 0 s"),
     ("mode_check_interval", positive, "> 0 s"),
     ("oracle_interval", non_negative, ">= 0 s (0 = off)"),
-    ("decision_budget", positive, "> 0 s"),
-    ("trip_slow_count", at_least_one, ">= 1"),
-    ("trip_window", positive, "> 0 s"),
-    ("trip_drift", positive, "> 0 requests"),
-    ("trip_stale", positive, "> 0 s"),
-    ("trip_upstream_error_rate", open_fraction, "a fraction in (0, 1]"),
-    ("trip_upstream_min_calls", at_least_one, ">= 1"),
-    ("holddown", positive, "> 0 s"),
-    ("holddown_max", positive, "> 0 s"),
-    ("degrade_calibration", open_fraction, "a fraction in (0, 1]"),
-    ("degrade_oracle_gap", positive, "> 0"),
-    ("degrade_net_gain", finite, "a finite number"),
     ("active_max_connections", at_least_one, ">= 1"),
     ("api_max_connections", at_least_one, ">= 1"),
     ("lease_ttl", lease_seconds, "a whole number of seconds >= 2 (etcd's minimum lease at its defaults)"),

@@ -164,7 +164,7 @@ def test_degrade_reasons_and_its_own_hold_down() -> None:
 def test_bad_config_is_refused_with_a_reason() -> None:
     with pytest.raises(ValueError, match="hold-down cap"):
         GuardConfig(holddown_s=10, holddown_max_s=5).validate()
-    with pytest.raises(ValueError, match="decision budget"):
+    with pytest.raises(ValueError, match=r"^--decision-budget must be > 0 s, got 0$"):  # named by its flag
         GuardConfig(decision_budget_s=0).validate()
-    with pytest.raises(ValueError, match="upstream error rate"):
+    with pytest.raises(ValueError, match=r"^--trip-upstream-error-rate must be a fraction in \(0, 1\]"):
         GuardConfig(upstream_error_rate=0).validate()

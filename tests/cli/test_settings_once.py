@@ -1,6 +1,7 @@
 """A setting is declared once (`shadow.base.knobs`): the live lanes' settings are fields of
-`ServeConfig`, the active proxy's of `ActiveConfig`, the client-felt checks' of `ClientConfig` and
-the canary's of `CanaryConfig`, and `shadow serve` derives from them their
+`ServeConfig`, the active proxy's of `ActiveConfig`, the fallback's of `GuardConfig`, the
+client-felt checks' of `ClientConfig` and the canary's of `CanaryConfig` (`serve_checks.DECLARED`),
+and `shadow serve` derives from them their
 flags (default and help), their YAML keys and environment variables (through the layered
 options), and their checks — shown here for `transfer_cap` by introspection, and for every one of
 them; and no flag of theirs is written a second time anywhere in `shadow/`."""
@@ -15,15 +16,12 @@ from pathlib import Path
 import pytest
 
 import shadow
-from shadow.active.canary import CanaryConfig
-from shadow.active.cohorts import ClientConfig
 from shadow.active.proxy import ActiveConfig
-from shadow.app.serve import ServeConfig
 from shadow.base.knobs import KNOB, Knob, knobs
 from shadow.commands.serve import active_settings, build_parser, config_from_args, resolve_args
+from shadow.commands.serve_checks import DECLARED
 
 BASE = ["--upstream", "d0=http://127.0.0.1:1", "--active"]
-DECLARED = (ServeConfig, ActiveConfig, ClientConfig, CanaryConfig)
 KNOBS = [(cls, f, k) for cls in DECLARED for f, k in knobs(cls)]
 
 
@@ -93,7 +91,7 @@ def test_no_declared_setting_is_written_again_where_serve_builds_its_options() -
     root = Path(shadow.__file__).parent
     src = "\n".join((root / m).read_text() for m in (
         "commands/serve.py", "commands/serve_checks.py", "commands/tap.py", "commands/_flags.py",
-        "app/serve.py", "active/proxy.py", "active/cohorts.py", "active/canary.py"))
+        "app/serve.py", "active/proxy.py", "active/cohorts.py", "active/canary.py", "active/fallback.py"))
     for _, _, k in KNOBS:
         declared = re.findall(r'(?:flag|add_argument)\(\s*"' + re.escape(k.flag) + '"', src)
         assert declared == [], k.flag
