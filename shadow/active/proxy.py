@@ -49,6 +49,7 @@ from shadow.active.ledger import Ledger, LoadSource, NoSource
 from shadow.active.metrics import ActiveMetrics
 from shadow.active.prefill import KvPoller, PrefillChooser, Prefiller, prefill_score
 from shadow.active.upstream import Unsent, send
+from shadow.base.hopbyhop import HOP_BY_HOP
 from shadow.base.knobs import AT_LEAST_ONE, NON_NEGATIVE, OPEN_FRACTION, POSITIVE_S, check_knobs, knob
 from shadow.base.logthrottle import Throttled
 from shadow.contracts.labels import STREAM_INCOMPLETE, prompt_bucket
@@ -81,21 +82,9 @@ PREFILL_KV_PARAMS: dict[str, Any] = {
     "remote_host": None,
     "remote_port": None,
 }
-# Not relayed in shadow-mode passthrough (connection-level, or re-framed by our server).
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-    }
-)
+#: Not relayed in shadow-mode passthrough: the hop-by-hop headers, those our server re-frames, and
+#: proxy credentials (consumed here, never passed on).
+PASSTHROUGH_DROPS = HOP_BY_HOP | {"host", "content-length", "proxy-authenticate", "proxy-authorization"}
 MAX_ABORTED = 4096  # abandoned KV handles remembered per prefiller
 MAX_RESUME_BYTES = 4 << 20  # stream bytes kept per request for a recompute continuation
 DONE_TAIL = 32  # bytes of a relayed stream kept to see its end marker
@@ -983,7 +972,7 @@ class ActiveProxy:
         if request.url.query:
             url += "?" + request.url.query
         passed = [(k, v) for k, v in request.headers.items()
-                  if k.lower() not in HOP_BY_HOP and k.lower() not in TRACE_HEADERS]
+                  if k.lower() not in PASSTHROUGH_DROPS and k.lower() not in TRACE_HEADERS]
         client = self._client(self.router_url)
         bucket = prompt_bucket(len(raw) // 4)  # not parsed in shadow mode: bytes / 4 as tokens
         upstream: httpx.Response | None = None
@@ -1013,7 +1002,7 @@ class ActiveProxy:
             self._count("shadow", "router", "upstream_error", 502)
             return self._error(502, "router unreachable", "router_unreachable")
         self.modes.on_upstream("router", "router", upstream.status_code < 500)
-        out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
+        out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in PASSTHROUGH_DROPS}
         self.metrics.inflight.labels("router", "router").inc()
 
         sse = "event-stream" in upstream.headers.get("content-type", "")

@@ -8,6 +8,7 @@ import urllib.parse
 from dataclasses import dataclass
 
 from shadow.base import listener
+from shadow.base.hopbyhop import HOP_BY_HOP_BYTES
 from shadow.contracts.ids import request_hash
 
 # The inference API (OpenAI-compatible, vLLM's side endpoints) — what a router sends a worker.
@@ -30,9 +31,9 @@ DEFAULT_ALLOW_PATHS: tuple[str, ...] = (
     "/invocations",
 )
 
-HOP_BY_HOP = frozenset(
-    (b"connection", b"keep-alive", b"proxy-connection", b"te", b"upgrade", b"expect", b"trailer")
-)
+#: not relayed by a tap: the hop-by-hop headers but Transfer-Encoding (a body's framing is relayed
+#: as it came, its header with it), and Expect (the tap answers it)
+HOP_BY_HOP = (HOP_BY_HOP_BYTES - {b"transfer-encoding"}) | {b"expect"}
 
 
 @dataclass(frozen=True)

@@ -90,13 +90,16 @@ def test_shadow_mode_passes_bytes_status_and_headers_unchanged() -> None:
             through = await c.post(
                 url + "/v1/completions",
                 content=raw,
-                headers={"content-type": "application/json", "x-client": "c1"},
+                headers={"content-type": "application/json", "x-client": "c1", "te": "trailers",
+                         "proxy-connection": "keep-alive", "proxy-authorization": "Basic c2VjcmV0"},
             )
             assert through.content == direct.content == b"".join(chunks)
             assert through.status_code == direct.status_code == 200
             assert through.headers["x-router"] == "r1"
             assert router.raws[1] == router.raws[0] == raw  # body bytes as sent
             assert router.calls[1][0]["x-client"] == "c1"
+            # hop-by-hop headers (shadow.base.hopbyhop) and proxy credentials stay with this hop
+            assert not {"proxy-connection", "proxy-authorization", "te"} & set(router.calls[1][0])
             limited = await c.post(url + "/v1/completions", content=raw)
             assert limited.status_code == 429 and limited.content == b'{"error": "slow down"}'
             assert limited.headers["retry-after"] == "3"
