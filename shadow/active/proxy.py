@@ -147,6 +147,10 @@ class ActiveConfig:
     timeout_s: float = 600.0
     api_key: str | None = None
 
+    def backoff_s(self, retry: int) -> float:
+        """The wait before retry `retry` (1, 2, ...) of an upstream call: `retry_delay_s` doubling."""
+        return self.retry_delay_s * 2.0 ** (retry - 1)
+
     def __post_init__(self) -> None:
         if not self.decode:
             raise ValueError("need at least one decode backend")
@@ -586,7 +590,7 @@ class ActiveProxy:
                 if len(failed_prefill) >= len(self.prefill.prefillers):
                     failed_prefill.clear()
             try:
-                await _race(asyncio.sleep(self.config.retry_delay_s * (2 ** (attempt - 1))), gone)
+                await _race(asyncio.sleep(self.config.backoff_s(attempt)), gone)
             except BaseException:
                 self._abort_kv(flow, kv)
                 raise
@@ -991,7 +995,7 @@ class ActiveProxy:
                 if attempt == self.config.retries:
                     break
                 self.metrics.retries.labels("router").inc()
-                await asyncio.sleep(self.config.retry_delay_s * (2**attempt))
+                await asyncio.sleep(self.config.backoff_s(attempt + 1))
             except httpx.HTTPError as exc:  # written: the router may be running it, never sent again
                 self._upstream_failed("router", "router")
                 self._count("shadow", "router", "upstream_error", 502)
