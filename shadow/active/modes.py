@@ -37,6 +37,7 @@ from shadow.active.cohorts import (
     cohort_of,
 )
 from shadow.active.fallback import Degrade, GuardConfig, Guards, Signals
+from shadow.base.knobs import FRACTION, NON_NEGATIVE_S, POSITIVE_S, knob
 from shadow.contracts.labels import FAILED_OUTCOMES
 from shadow.contracts.modes import MODES, START_REASONS, RouteChoice
 from shadow.core.policies import active_policy
@@ -86,13 +87,24 @@ class ModeConfig:
 
     mode: str = "shadow"
     policy: str = "br0"
-    canary_fraction: float = 0.05
-    pin: bool = False
-    mode_file: str | None = None
-    mode_file_interval_s: float = 0.5
+    canary_fraction: float = knob(
+        0.05, "--canary-fraction", "fraction of request ids canary mode routes actively, by a hash of the id",
+        FRACTION, metavar="F")
+    pin: bool = knob(False, "--pin-mode", "pin the mode: no automatic fallback, no BR-H degrade")
+    mode_file: str | None = knob(
+        None, "--mode-file", "watched flag file, YAML or JSON {mode, policy, canary_fraction, pin}; replace "
+        "it atomically (write + rename); polled every --mode-file-interval. With PUT /v1/mode the last "
+        "writer wins: every write of the file applies it (also of the same bytes, e.g. after a PUT), a PUT "
+        "holds until the file is written again", metavar="FILE")
+    mode_file_interval_s: float = knob(
+        0.5, "--mode-file-interval", "how often the flag file is read", POSITIVE_S, metavar="SECONDS")
     admin_token: str | None = None
-    check_interval_s: float = 0.25
-    oracle_interval_s: float = 60.0  # BR-H vs Oracle replay of the recent window (0: off)
+    check_interval_s: float = knob(
+        0.25, "--mode-check-interval", "how often health signals (drift, scrape age, lanes) are checked",
+        POSITIVE_S, metavar="SECONDS")
+    oracle_interval_s: float = knob(
+        60.0, "--oracle-interval", "how often BR-H and the Oracle are replayed on the last 300 finished "
+        "requests (CPU: ~0.3 s a run; 0 = off)", NON_NEGATIVE_S, metavar="SECONDS")
     guards: GuardConfig = field(default_factory=GuardConfig)
     clients: ClientConfig = field(default_factory=ClientConfig)
     canary: CanaryConfig = field(default_factory=CanaryConfig)  # steps given: analysed canaries

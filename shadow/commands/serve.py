@@ -227,18 +227,7 @@ def add_mode_arguments(p: argparse.ArgumentParser) -> None:
                    help="mode at start: shadow, canary, active, fallback (default: with --active, shadow "
                    "when a --front router is there to pass requests to, else active; without --active, "
                    "shadow, the only mode it can carry out); canary and active run --active-policy")
-    g.add_argument("--canary-fraction", type=float, default=0.05, metavar="F",
-                   help="fraction of request ids canary mode routes actively, by a hash of the id "
-                   "(default 0.05)")
-    g.add_argument("--pin-mode", action="store_true",
-                   help="pin the mode: no automatic fallback, no BR-H degrade (default off)")
-    g.add_argument("--mode-file", metavar="FILE",
-                   help="watched flag file, YAML or JSON {mode, policy, canary_fraction, pin}; "
-                   "replace it atomically (write + rename); polled every --mode-file-interval. With PUT "
-                   "/v1/mode the last writer wins: every write of the file applies it (also of the same "
-                   "bytes, e.g. after a PUT), a PUT holds until the file is written again")
-    g.add_argument("--mode-file-interval", type=float, default=0.5, metavar="SECONDS",
-                   help="how often the flag file is read (default 0.5)")
+    add_knobs(g, ModeConfig)
     g.add_argument("--admin-token", metavar="TOKEN",
                    help="bearer token of PUT /v1/mode (prefer --admin-token-file or the environment "
                    "SHADOW_SERVE_ADMIN_TOKEN: flags show in ps); without one, PUT /v1/mode is off")
@@ -247,11 +236,6 @@ def add_mode_arguments(p: argparse.ArgumentParser) -> None:
     add_knobs(g, ClientConfig)
     add_flags(g, CANARY_FLAGS)
     add_knobs(g, CanaryConfig)
-    g.add_argument("--oracle-interval", type=float, default=60.0, metavar="SECONDS",
-                   help="how often BR-H and the Oracle are replayed on the last 300 finished requests "
-                   "(CPU: ~0.3 s a run; 0 = off) (default 60)")
-    g.add_argument("--mode-check-interval", type=float, default=0.25, metavar="SECONDS",
-                   help="how often health signals (drift, scrape age, lanes) are checked (default 0.25)")
 
 
 def mode_config_from_args(args: argparse.Namespace) -> ModeConfig | None:
@@ -286,13 +270,8 @@ def mode_config_from_args(args: argparse.Namespace) -> ModeConfig | None:
     return ModeConfig(
         mode=str(args.mode or ("active" if active and not getattr(args, "front", None) else "shadow")),
         policy=str(getattr(args, "active_policy", "br0")),
-        canary_fraction=args.canary_fraction,
-        pin=bool(args.pin_mode),
-        mode_file=args.mode_file,
-        mode_file_interval_s=args.mode_file_interval,
+        **knob_values(args, ModeConfig),
         admin_token=token,
-        check_interval_s=args.mode_check_interval,
-        oracle_interval_s=args.oracle_interval,
         guards=guards,
         clients=clients,
         canary=canary,

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 from shadow.active.canary import CanaryConfig
 from shadow.active.cohorts import ClientConfig
 from shadow.active.fallback import GuardConfig
+from shadow.active.modes import ModeConfig
 from shadow.active.proxy import ActiveConfig
 from shadow.app.serve import ServeConfig, check_policies
 from shadow.base.knobs import knob_rules
@@ -61,8 +62,8 @@ def lease_seconds(v: float) -> bool:
 
 
 #: The configs whose fields declare `shadow serve`'s settings (`shadow.base.knobs`): the lanes', the
-#: active proxy's, the fallback's, the client-felt checks' and the canary's.
-DECLARED: tuple[type, ...] = (ServeConfig, ActiveConfig, GuardConfig, ClientConfig, CanaryConfig)
+#: active proxy's, the mode controller's, the fallback's, the client-felt checks' and the canary's.
+DECLARED: tuple[type, ...] = (ServeConfig, ActiveConfig, ModeConfig, GuardConfig, ClientConfig, CanaryConfig)
 
 #: (option dest, rule, what the rule asks) for the numbers: seconds, fractions and counts (those of
 #: the settings DECLARED derived from their declarations).
@@ -76,10 +77,6 @@ NUMBERS: tuple[tuple[str, Rule, str], ...] = (
     ("drain_timeout", non_negative, ">= 0 s"),
     ("queue_size", at_least_one, ">= 1"),
     ("max_connections", at_least_one, ">= 1"),
-    ("canary_fraction", fraction, "a fraction in [0, 1]"),
-    ("mode_file_interval", positive, "> 0 s"),
-    ("mode_check_interval", positive, "> 0 s"),
-    ("oracle_interval", non_negative, ">= 0 s (0 = off)"),
     ("active_max_connections", at_least_one, ">= 1"),
     ("api_max_connections", at_least_one, ">= 1"),
     ("lease_ttl", lease_seconds, "a whole number of seconds >= 2 (etcd's minimum lease at its defaults)"),

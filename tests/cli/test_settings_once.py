@@ -1,10 +1,10 @@
-"""A setting is declared once (`shadow.base.knobs`): the live lanes' settings are fields of
-`ServeConfig`, the active proxy's of `ActiveConfig`, the fallback's of `GuardConfig`, the
-client-felt checks' of `ClientConfig` and the canary's of `CanaryConfig` (`serve_checks.DECLARED`),
-and `shadow serve` derives from them their
-flags (default and help), their YAML keys and environment variables (through the layered
-options), and their checks — shown here for `transfer_cap` by introspection, and for every one of
-them; and no flag of theirs is written a second time anywhere in `shadow/`."""
+"""A setting is declared once (`shadow.base.knobs`): `shadow serve`'s settings are fields of the
+configs that use them (`serve_checks.DECLARED`: the live lanes' `ServeConfig`, the active proxy's
+`ActiveConfig`, the mode controller's `ModeConfig`, the fallback's `GuardConfig`, the client-felt
+checks' `ClientConfig`, the canary's `CanaryConfig`), and the command derives from them their flags
+(default and help), their YAML keys and environment variables (through the layered options), and
+their checks — shown here for `transfer_cap` by introspection, and for every one of them; and no
+flag of theirs is written a second time where serve builds its options."""
 
 from __future__ import annotations
 
@@ -91,7 +91,8 @@ def test_no_declared_setting_is_written_again_where_serve_builds_its_options() -
     root = Path(shadow.__file__).parent
     src = "\n".join((root / m).read_text() for m in (
         "commands/serve.py", "commands/serve_checks.py", "commands/tap.py", "commands/_flags.py",
-        "app/serve.py", "active/proxy.py", "active/cohorts.py", "active/canary.py", "active/fallback.py"))
+        "app/serve.py", "active/proxy.py", "active/cohorts.py", "active/canary.py", "active/fallback.py",
+        "active/modes.py"))
     for _, _, k in KNOBS:
         declared = re.findall(r'(?:flag|add_argument)\(\s*"' + re.escape(k.flag) + '"', src)
         assert declared == [], k.flag
