@@ -71,7 +71,6 @@ EPILOG = """examples:
 
 
 SECONDS = {"type": float, "metavar": "SECONDS"}
-FRACTION = {"type": float, "metavar": "FRACTION"}
 COUNT = {"type": int, "metavar": "N"}
 
 def attach_flags() -> tuple[Flag, ...]:
