@@ -73,6 +73,7 @@ EPILOG = """examples:
 SECONDS = {"type": float, "metavar": "SECONDS"}
 COUNT = {"type": int, "metavar": "N"}
 
+
 def attach_flags() -> tuple[Flag, ...]:
     """Where the analysis finds its tap groups (built per call: a default comes from the environment)."""
     return (
