@@ -27,9 +27,7 @@ from typing import Any, Protocol
 
 from shadow.base.ordered import expire
 from shadow.contracts.events import Arrive, Cancel, Finish, FinishReason, Route, Token
-from shadow.mirror.hub import Mirror
-from shadow.mirror.keys import KeySecret
-from shadow.mirror.proxy import (
+from shadow.contracts.tapwire import (
     END_CLIENT_CANCEL,
     END_COMPLETE,
     END_RELAY_LOST,
@@ -37,6 +35,8 @@ from shadow.mirror.proxy import (
     END_UPSTREAM_ERROR,
     TapContext,
 )
+from shadow.mirror.hub import Mirror
+from shadow.mirror.keys import KeySecret
 from shadow.vllm.sse import DEFAULT_MAX_FRAME, StreamParser, parse_json_body
 
 ROLE_OTHER, ROLE_PREFILL, ROLE_DECODE = "other", "prefill", "decode"

@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from shadow.base.net import read_now
+from shadow.contracts.tapwire import TapContext
 from shadow.mirror import handshake
 from shadow.mirror.channel import DEFAULT_MAX_BODY, ChannelReader, size_buffers
 from shadow.mirror.frames import FrameError, Hello, Incompatible, encode_control, encode_hello
 from shadow.mirror.handshake import HandshakeError
-from shadow.mirror.proxy import TapContext
 from shadow.mirror.rundir import ATTACH, unix_connect
 
 log = logging.getLogger("shadow.attach")

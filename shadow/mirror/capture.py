@@ -20,9 +20,7 @@ from typing import Any
 
 from httptools import HttpParserError, HttpRequestParser, HttpResponseParser
 
-from shadow.mirror.http1 import head_ids
-from shadow.mirror.packets import FIN, RST, SYN, PacketSocket, Segment
-from shadow.mirror.proxy import (
+from shadow.contracts.tapwire import (
     END_CLIENT_CANCEL,
     END_COMPLETE,
     END_UPSTREAM_CUT,
@@ -30,6 +28,8 @@ from shadow.mirror.proxy import (
     Handoff,
     TapContext,
 )
+from shadow.mirror.http1 import head_ids
+from shadow.mirror.packets import FIN, RST, SYN, PacketSocket, Segment
 from shadow.mirror.reassembly import GAP, Direction
 
 _METHODS = (b"GET ", b"POST ", b"PUT ", b"HEAD ", b"DELETE ", b"OPTIONS ", b"PATCH ")

@@ -46,6 +46,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from shadow.contracts.tapwire import END_RELAY_LOST, TapContext
 from shadow.mirror.frames import (
     DATA,
     DATA_BODY,
@@ -75,7 +76,6 @@ from shadow.mirror.frames import (
     frame_bound,
 )
 from shadow.mirror.handshake import VERSION
-from shadow.mirror.proxy import END_RELAY_LOST, TapContext
 
 _SEND_MAX = 256 << 10
 GONE_GRACE_S = 60.0  # what a detached analysis had not acknowledged is kept this long for its return

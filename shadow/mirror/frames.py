@@ -28,7 +28,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import orjson
 
-from shadow.mirror.proxy import CUT_REASONS, END_REASONS, REJECT_REASONS
+from shadow.contracts.tapwire import CUT_REASONS, END_REASONS, REJECT_REASONS
 
 T_INFO, T_DATA, T_START, T_END, T_MARK, T_CTL, T_HELLO = 1, 2, 3, 4, 5, 6, 7
 HDR = struct.Struct("<BI")

@@ -13,12 +13,13 @@ from prometheus_client.core import Metric
 
 from shadow.base.families import DeclaredCollector, Family, SourceCollector
 from shadow.contracts.events import EVENT_TYPES
+from shadow.contracts.tapwire import CUT_REASONS
 from shadow.mirror.analyzer import OUTPUT_SOURCES, Analyzer
 from shadow.mirror.capture import Capture
 from shadow.mirror.dropqueue import DropQueue
 from shadow.mirror.emitter import Emitter
 from shadow.mirror.hub import SOURCES, Mirror
-from shadow.mirror.proxy import CUT_REASONS, Tap
+from shadow.mirror.proxy import Tap
 from shadow.mirror.reconcile import Reconciler
 from shadow.mirror.relay_metrics import TapFamilies
 from shadow.mirror.relayview import RemoteQueue, RemoteTap

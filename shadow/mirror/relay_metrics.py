@@ -11,10 +11,11 @@ from typing import Any
 from prometheus_client.core import Metric
 
 from shadow.base.families import Family, SourceCollector
+from shadow.contracts.tapwire import CUT_REASONS, REJECT_REASONS
 from shadow.mirror.channel import DETACH_REASONS
 from shadow.mirror.frames import FIELD_MAX
 from shadow.mirror.handshake import REFUSALS
-from shadow.mirror.proxy import CUT_REASONS, REJECT_REASONS, Tap
+from shadow.mirror.proxy import Tap
 from shadow.mirror.relayview import RemoteTap
 
 W = ("worker",)

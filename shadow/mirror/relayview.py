@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from shadow.contracts.tapwire import CUT_REASONS, REJECT_REASONS
 from shadow.mirror.channel import ChannelReader
-from shadow.mirror.proxy import CUT_REASONS, REJECT_REASONS
 
 
 def _reachable(url: str, peer_host: str) -> str:

@@ -49,6 +49,7 @@ from shadow.base.pidlock import PidLock
 from shadow.base.procinfo import ProcessInfo
 from shadow.base.security import Untrusted
 from shadow.contracts.events import MAX_REQUEST_TOKENS
+from shadow.contracts.tapwire import TapContext
 from shadow.mirror.analyzer import Analyzer, RequestSpans
 from shadow.mirror.api import create_app
 from shadow.mirror.attach import Attachment
@@ -62,7 +63,7 @@ from shadow.mirror.http1 import DEFAULT_ALLOW_PATHS, TapLimits
 from shadow.mirror.hub import Listener, Mirror
 from shadow.mirror.keys import KeySecret, state_dir
 from shadow.mirror.metrics import CaptureCollector, MirrorCollector
-from shadow.mirror.proxy import Tap, TapContext
+from shadow.mirror.proxy import Tap
 from shadow.mirror.reconcile import Reconciler
 from shadow.mirror.recording import CompactRecorder
 from shadow.mirror.rejectlog import RejectionLog

@@ -6,9 +6,9 @@ import json
 from typing import Any
 
 from shadow.contracts.events import Arrive, Cancel, Finish, Route, Token
+from shadow.contracts.tapwire import END_CLIENT_CANCEL, END_COMPLETE, END_UPSTREAM_CUT, TapContext
 from shadow.mirror.analyzer import Analyzer
 from shadow.mirror.hub import Mirror
-from shadow.mirror.proxy import END_CLIENT_CANCEL, END_COMPLETE, END_UPSTREAM_CUT, TapContext
 from shadow.mirror.state import MirrorState
 
 SSE = {"content-type": "text/event-stream; charset=utf-8"}

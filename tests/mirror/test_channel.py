@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from shadow.contracts.tapwire import END_RELAY_LOST, TapContext
 from shadow.mirror.channel import ChannelReader, ChannelSink
-from shadow.mirror.proxy import END_RELAY_LOST, TapContext
 
 HELLO = {"relay_id": "r1", "boot_id": "b", "taps": []}
 

@@ -8,9 +8,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from shadow.contracts.ids import request_hash
+from shadow.contracts.tapwire import END_COMPLETE, END_UPSTREAM_CUT, END_UPSTREAM_ERROR
 from shadow.mirror.dropqueue import DropQueue
 from shadow.mirror.http1 import TapLimits
-from shadow.mirror.proxy import END_COMPLETE, END_UPSTREAM_CUT, END_UPSTREAM_ERROR, Tap
+from shadow.mirror.proxy import Tap
 
 ALL_PATHS = TapLimits(allow_paths=("/",))  # framing tests: every path relayed
 

@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
+from shadow.contracts.tapwire import END_COMPLETE
 from shadow.mirror import proxy
 from shadow.mirror.dropqueue import DropQueue
-from shadow.mirror.proxy import END_COMPLETE, Tap
+from shadow.mirror.proxy import Tap
 from tests.mirror.test_proxy import SSE_RESP, _items_through_end, _read_request, _talk, _with_tap
 
 SSE_EVENTS = b"".join(b"%x\r\n%b\r\n" % (len(e), e) for e in (b'data: {"t":%d}\n\n' % i for i in range(20)))

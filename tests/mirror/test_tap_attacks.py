@@ -20,10 +20,11 @@ import pytest
 
 from shadow.base.loopthread import LoopThread
 from shadow.base.security import bearer_ok
+from shadow.contracts.tapwire import END_UPSTREAM_CUT
 from shadow.mirror.dropqueue import DropQueue
 from shadow.mirror.http1 import TapLimits
 from shadow.mirror.keys import KeySecret, load_or_create_secret
-from shadow.mirror.proxy import END_UPSTREAM_CUT, Tap
+from shadow.mirror.proxy import Tap
 from shadow.mirror.service import TapConfig
 from tests.harness import TapThread
 from tests.mirror.h11_upstream import H11Server, Recorder, recording_app

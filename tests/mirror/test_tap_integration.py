@@ -16,7 +16,7 @@ import pytest
 
 from shadow.contracts.events import Cancel, Finish, Route
 from shadow.contracts.ids import request_hash
-from shadow.mirror.proxy import TapContext
+from shadow.contracts.tapwire import TapContext
 from shadow.mirror.service import TapConfig
 from tests.harness import TapThread
 from tests.mirror.helpers import dechunk, http_post, raw_request, split_response

@@ -16,10 +16,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
 
+from shadow.contracts.tapwire import TapContext
 from shadow.mirror.analyzer import Analyzer
 from shadow.mirror.http1 import head_ids
 from shadow.mirror.hub import Mirror
-from shadow.mirror.proxy import TapContext
 from shadow.mirror.state import MirrorState
 from shadow.telemetry import attrs
 from shadow.telemetry.httpspans import TapSpans
