@@ -207,3 +207,35 @@ def test_the_checks_catch_what_they_should(tmp_path: Path) -> None:
     assert any("mirror/m.py:1 imports shadow.telemetry.t" in b and "sideways" in b for b in bad), bad
     assert not any("telemetry/t.py" in b for b in bad), bad
     assert cycles(found) == [["shadow.core.a", "shadow.engine.b"]]
+
+
+#: The data plane: the modules the relay process (`shadow tap`, assembled in `shadow.app.tap`) runs,
+#: the only ones of `shadow.mirror` it may load. Everything else there is the analysis (the mirror's
+#: state, the SSE analysis, the API, the reconciler): the data plane must outlive it, so it never
+#: imports it; the contract between the two is `shadow.contracts.tapwire`.
+DATA_PLANE = frozenset(
+    f"shadow.mirror.{m}" for m in ("channel", "frames", "handshake", "http1", "keys", "proxy", "relay",
+                                   "relay_metrics", "relayview", "rundir", "supervisor", "usage_inject")
+) | {"shadow.mirror", "shadow.app.tap"}
+
+
+def _closure(start: str, found: list[Import]) -> set[str]:
+    edges: dict[str, set[str]] = defaultdict(set)
+    for imp in found:
+        edges[imp.source].add(imp.target)
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo += edges.get(m, ())
+    return seen
+
+
+def test_the_data_plane_never_imports_the_analysis() -> None:
+    """Every shadow module the relay process can load, also inside functions: only the data plane's
+    own modules of `mirror` and the floors below the wings (contracts, vllm, base)."""
+    loaded = _closure("shadow.app.tap", imports(modules()))
+    wrong = sorted(m for m in loaded if m not in DATA_PLANE and tier(room(m)) > 0)
+    assert not wrong, f"the data plane imports the analysis (or another wing): {wrong}"
