@@ -77,7 +77,9 @@ log = logging.getLogger("shadow.mirror")
 
 @dataclass
 class TapConfig:
-    """What `shadow tap` is told. Upstreams are {name: base URL}; prefill ones get taps too.
+    """What the analysis side of `shadow serve` is told about the taps it runs or attaches to (the
+    data plane process itself is configured by `shadow.mirror.relay.RelaySpec`). Upstreams are
+    {name: base URL}; prefill ones get taps too.
 
     Front mode: `front` taps sit in front of routers ({name: router URL}); `workers` names the
     decode workers behind them ({name: URL}, no tap) so that decisions read from the router's
@@ -161,7 +163,8 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 class TapService:
-    """See module docstring."""
+    """The analysis process's mirror (see module docstring): it runs in `shadow serve`, never in the
+    data plane (`shadow tap`), which it starts, adopts or attaches to."""
 
     def __init__(
         self,
