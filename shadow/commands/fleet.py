@@ -31,7 +31,7 @@ Decode legs must carry the kv_transfer_params a prefill server returned (P/D, as
 """
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Any) -> None:  # long by design: the command's flags, one statement each
     p = subparsers.add_parser(
         "fleet",
         help="run a simulated vLLM prefill/decode fleet (OpenAI API, SSE, /metrics, P/D, faults)",

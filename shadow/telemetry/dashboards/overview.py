@@ -11,7 +11,7 @@ BR = 'lane=~"br.*"'
 SPREAD = "shadow_lane_spread_token_steps_total"
 
 
-def _panels(lay: Layout) -> None:
+def _panels(lay: Layout) -> None:  # long by design: one statement per panel, in the dashboard's order
     lay.row("Headline")
     lay.add(st(
         "What BR would save: barrier idle",

@@ -21,7 +21,7 @@ def _listed(values: tuple[str, ...]) -> str:
     return ", ".join(values)
 
 
-def _panels(lay: Layout) -> None:
+def _panels(lay: Layout) -> None:  # long by design: one statement per panel, in the dashboard's order
     lay.row("Mode")
     lay.add(st("Fallback active",
                "1 while automatic fallback routes round-robin (alert ShadowFallbackActive); 0 otherwise.",
