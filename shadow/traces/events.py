@@ -131,6 +131,22 @@ def _check_span(name: str, recs: Iterable[Recorded], seeds: dict[int, Seed], lim
         )
 
 
+def _check_workers(name: str, recs: list[Recorded], workers: list[str] | None, limits: TraceLimits) -> None:
+    """TraceError when a request was placed on a worker the header does not name (without a header:
+    on more workers than the limit)."""
+    if workers:
+        unknown = sorted({r.worker for r in recs if r.worker is not None and r.worker not in workers})
+        if unknown:
+            raise TraceError.at(
+                name, None, f"requests placed on workers {show(unknown)} not in the header {show(workers)}"
+            )
+    else:
+        seen = len({r.worker for r in recs if r.worker is not None})
+        if seen > limits.max_workers:
+            raise TraceError.at(name, None, f"requests placed on {seen} workers, more than "
+                                f"{limits.max_workers} (the limit)")
+
+
 def load_events(
     path: str | os.PathLike[str], *, limit: int | None = None, limits: TraceLimits = DEFAULT_LIMITS
 ) -> Trace:
@@ -181,17 +197,7 @@ def load_events(
     if not recs:
         detail = ", ".join(f"{k}: {v}" for k, v in sorted(outcome.dropped.items())) or "no requests"
         raise TraceError.at(name, None, f"no complete request in the recording ({detail})")
-    if workers:
-        unknown = sorted({r.worker for r in recs if r.worker is not None and r.worker not in workers})
-        if unknown:
-            raise TraceError.at(
-                name, None, f"requests placed on workers {show(unknown)} not in the header {show(workers)}"
-            )
-    else:
-        seen = len({r.worker for r in recs if r.worker is not None})
-        if seen > limits.max_workers:
-            raise TraceError.at(name, None, f"requests placed on {seen} workers, more than "
-                                f"{limits.max_workers} (the limit)")
+    _check_workers(name, recs, workers, limits)
     first = recs[0].arrival_s
     requests = tuple(
         TraceRequest(r.arrival_s - first, max(1, r.prompt_tokens), r.output_tokens, r.prompt_key, r.worker,
