@@ -3,7 +3,7 @@ help, bounds and flag are written, and everything else is derived from it.
 
     transfer_cap: int = knob(8, "--transfer-cap", "KV transfers in flight per decode worker", AT_LEAST_ONE)
 
-gives the command its flag (`knob_flags`: type from the default, "(default 8)" appended to the
+gives the command its flag (`add_knobs`, `argument`: type from the default, "(default 8)" appended to the
 help), and through the command's layered options (`shadow.commands._layered`) its YAML key
 `transfer_cap` and its environment variable (`SHADOW_SERVE_TRANSFER_CAP`); the start-up check that
 names the flag and where its value came from (`knob_rules`), and the dataclass's own check
