@@ -441,7 +441,8 @@ def test_relay_process_serves_the_taps_and_the_analysis_thread_yields_to_it() ->
             (att,) = t.svc.attachments
             assert att.attached and att.relay["pid"] not in (os.getpid(), group.proc.pid)
             tid = t.svc.analysis.thread.native_id
-            assert os.getpriority(os.PRIO_PROCESS, tid) == os.getpriority(os.PRIO_PROCESS, 0) + 7
+            # 7 below the process (capped at 19: a suite run under `nice` starts nearer the floor)
+            assert os.getpriority(os.PRIO_PROCESS, tid) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 7)
             raw = asyncio.run(
                 raw_request(
                     "127.0.0.1",
