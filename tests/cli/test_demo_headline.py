@@ -11,15 +11,28 @@ from typing import Any, cast
 from rich.console import Console
 
 from shadow.app.demo import Demo, DemoOptions, headline, lanes_table, spread_ratio, with_host
+from shadow.live.lanes import LiveLanes
 from shadow.loadgen import LoadReport
+from tests.reportschema import check_report
 
 
 def _report(trustworthy: bool, low: float | None, ratio: float, high: float | None,
             verdict: str) -> dict[str, Any]:
-    iv = {"ratio": ratio, "low": low, "high": high, "windows": 7, "verdict": verdict}
-    return {"comparison": {"trustworthy": trustworthy, "window_s": 10.0,
-                           "problems": [] if trustworthy else ["twin fidelity 16.6% (needs < 2%)"],
-                           "lanes": {"br0": {"spread": iv}}}}
+    """A whole report (a fresh lanes' one, as the demo reads it through its types) with BR-0's
+    spread against actual as given."""
+    report: dict[str, Any] = dict(LiveLanes(workers=["d0", "d1"], slots=4, policies=["br0"]).report())
+    iv = {"ratio": ratio, "low": low, "high": high, "windows": 7, "skipped": 0, "verdict": verdict,
+          "interval_verdict": verdict}
+    report["comparison"] = {**report["comparison"], "trustworthy": trustworthy, "window_s": 10.0,
+                            "problems": [] if trustworthy else ["twin fidelity 16.6% (needs < 2%)"],
+                            "lanes": {"br0": {"spread": iv}}}
+    check_report(report)
+    return report
+
+
+def _spreads(report: dict[str, Any], actual: float, br0: float) -> None:
+    for label, spread in (("actual", actual), ("br0", br0)):
+        report["lanes"][label] = {**report["lanes"][label], "avg_spread_tokens": spread}
 
 
 def test_a_trusted_better_lane_is_said_with_its_interval() -> None:
@@ -67,7 +80,7 @@ def test_the_table_and_the_last_line_print_the_same_estimate() -> None:
     # The lanes' cumulative spreads (1,000 vs 450: 2.22x by totals) differ from the comparison's
     # estimate over windows (3.65x): both the table and the last line print the comparison's.
     report = _report(True, 1.87, 3.65, 5.43, "better")
-    report["lanes"] = {"actual": {"avg_spread_tokens": 1000.0}, "br0": {"avg_spread_tokens": 450.0}}
+    _spreads(report, 1000.0, 450.0)
     line = headline(report)
     row = next(x for x in _table_text(report).splitlines() if x.lstrip().startswith("br0"))
     assert "3.65× lower" in line and "1.87–5.43×" in line
@@ -75,7 +88,7 @@ def test_the_table_and_the_last_line_print_the_same_estimate() -> None:
     assert "2.22" not in row
     # worse: "higher", the interval read the same way round in both
     report = _report(True, 0.4, 0.5, 0.6, "worse")
-    report["lanes"] = {"actual": {"avg_spread_tokens": 1000.0}, "br0": {"avg_spread_tokens": 1900.0}}
+    _spreads(report, 1000.0, 1900.0)
     ratio, ci = spread_ratio(report["comparison"]["lanes"]["br0"]["spread"])
     assert (ratio, ci) == ("2.00× higher", "1.67–2.50×")
     row = next(x for x in _table_text(report).splitlines() if x.lstrip().startswith("br0"))

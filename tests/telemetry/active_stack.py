@@ -105,7 +105,7 @@ class _Proc:
                 self.proc.wait(15)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-                self.proc.wait(5)
+                self.proc.wait()  # SIGKILL cannot be refused: on a loaded host reaping may take a while
         self._log.close()
 
 

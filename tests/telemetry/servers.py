@@ -252,7 +252,12 @@ def traced_serve_process(rx: OtlpReceiver, serve_args: list[str], env: dict[str,
                                 stdin=subprocess.DEVNULL, text=True)
         try:
             assert proc.stdout is not None
-            yield json.loads(proc.stdout.readline())
+            line = proc.stdout.readline()
+            if not line.strip():  # it ended before its ready line: say why (its stderr)
+                _, err = proc.communicate(timeout=60)
+                raise AssertionError(f"shadow serve exited {proc.returncode} before its ready line: "
+                                     f"{err[-2000:]}")
+            yield json.loads(line)
         finally:
             proc.send_signal(signal.SIGTERM)
             _, err = proc.communicate(timeout=30)
