@@ -12,11 +12,13 @@ from functools import partial
 
 from shadow.contracts.events import Cancel, Event, Finish, Route, Step, Token
 from shadow.contracts.requests import RequestRecord
+from shadow.core.baselines import BODY_BYTES_PER_TOKEN
 from shadow.engine.config import DEFAULT_BLOCK_TOKENS, EngineConfig, LaneClock, LaneSpec
 from shadow.engine.driver import LaneDriver, Observer
 from shadow.engine.jobs import Job
 from shadow.engine.lane import Clock, Lane, LaneTotals
 from shadow.engine.rolling import Seed, SeedBook, Seeded, check_window
+from shadow.engine.routerview import RouterViews
 from shadow.engine.servertimes import ServerTimes
 from shadow.engine.summary import LogHistogram
 from shadow.engine.twincheck import TwinCheck
@@ -217,6 +219,8 @@ class LiveDriver:
         n = len(workers)
         self.servers: ServerTimes | None = ServerTimes(n, [config.step] * n) if servers else None
         self._serving = False  # the lanes step on the servers' measurements
+        # the router's own view at each placement (`watch_router`: for the agreement ledger)
+        self.views: RouterViews | None = None
         self.twin: TwinCheck | None = None
         if actual:
             self.twin = TwinCheck(n, twin_window_s, self._kv_tokens, names=self.workers)
@@ -241,6 +245,12 @@ class LiveDriver:
                 driver.observers.append(observer)
 
     # -- events ------------------------------------------------------------------------------
+
+    def watch_router(self) -> RouterViews:
+        """Keep the router's own view at each placement from now on (`RouterViews`)."""
+        if self.views is None:
+            self.views = RouterViews(len(self.workers))
+        return self.views
 
     def end_of(self, request_id: Hashable) -> tuple[int, int | None]:
         r = self._reqs.get(str(request_id))
@@ -292,6 +302,10 @@ class LiveDriver:
         if not r.queued and r.worker is not None and r.prompt is not None and r.arrival is not None:
             r.queued = True
             g = self.index[r.worker]
+            if self.views is not None:
+                prompt = max(1, r.prompt)
+                size = BODY_BYTES_PER_TOKEN * prompt if r.body_bytes is None else r.body_bytes
+                self.views.placed(rid, g, prompt, size, self.mirror_active, self.mirror_loads)
             self.mirror_placed[g] += r.held
             self._tie += 1
             heapq.heappush(self._pending, (r.arrival, self._tie, rid))
@@ -364,6 +378,8 @@ class LiveDriver:
                 r.running = True
                 self.mirror_active[g] += 1
                 self.mirror_loads[g] += r.held
+                if self.views is not None:
+                    self.views.started(ev.request_id)
             else:
                 self.mirror_loads[g] += dg
 
@@ -380,6 +396,8 @@ class LiveDriver:
                 self.mirror_loads[g] += extra  # released just below with the rest
             r.generated = ev.generated
         r.final = r.generated
+        if self.views is not None:
+            self.views.ended(rid)
         if r.queued and g is not None:
             self.mirror_placed[g] -= r.held
             if self.servers is not None:
@@ -397,6 +415,8 @@ class LiveDriver:
             # never released, and a request without tokens is no request (as the offline feed)
             r.queued = False
             self._reqs.pop(rid, None)
+            if self.views is not None:
+                self.views.forget(rid)
             self._drop("no_tokens")
 
     def _lane_done(self, request_id: Hashable) -> None:
@@ -412,6 +432,8 @@ class LiveDriver:
         if r.lanes_done >= len(self.lanes) and not self.seeds.holds(rid):
             del self._reqs[rid]
             self._assign.pop(rid, None)
+            if self.views is not None:
+                self.views.forget(rid)
 
     # -- rolling -----------------------------------------------------------------------------
 

@@ -252,6 +252,9 @@ class LiveLanes:
                 self._agree[spec.label] = make_router(spec.policy, options)
         self.agreements: dict[str, int] = dict.fromkeys(self._agree, 0)
         self.decisions: dict[str, int] = dict.fromkeys(self._agree, 0)
+        # each rule is asked on the router's own view at the placement (its ledger and the mirror's
+        # running requests), not on the actual lane's modelled fleet
+        self._views = self.driver.watch_router() if self._agree else None
         self.driver.observe(_ActualLane(self), ACTUAL)
         self._snapshot: Report
         self._last_event_wall = clock()
@@ -492,7 +495,10 @@ class LiveLanes:
         if not self._agree:
             return
         actual = self.driver.assignment(job.request_id)
+        view = None if self._views is None else self._views.take(job.request_id)
         fleet = lane.snapshot()
+        if view is not None:  # else a request the lanes know only from a seed: the lane's model
+            fleet = view.snapshot(self.config.slots, fleet.cost, fleet.extras)
         for label, router in self._agree.items():
             router.on_arrive(job.request_id, job.prompt_tokens, lane.now)
             picks = router.decide(fleet, lane.now)

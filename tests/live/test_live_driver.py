@@ -172,3 +172,48 @@ def test_agreement_counts_what_each_policy_would_have_chosen_and_keeps_nothing()
     assert 0 < lanes["br0"]["decisions"] <= 6
     assert set(lanes) == {"actual", "jsq-bytes", "br0"}
     assert all(r.waiting() == 0 for r in live._agree.values())
+
+
+def test_agreement_asks_each_rule_on_the_routers_view_not_the_lanes_model() -> None:
+    """A JSQ-bytes router (least outstanding body bytes, held to the stream's real end, ties to the
+    first worker) places 300 requests whose streams last far longer than the lanes' step model
+    says (0.2 s a token against its 20 ms): the lanes' `actual` fleet ends them early and orders the
+    workers otherwise, but the rules are asked on the router's own view, so `jsq-bytes` agrees with
+    every placement and the rules on other signals do not."""
+    import random
+
+    from shadow.live.lanes import LiveLanes
+
+    rng = random.Random(7)
+    workers = ["d0", "d1", "d2"]
+    held = [0.0] * 3
+    ends: list[tuple[float, str, int, int, int]] = []  # (end, rid, worker, bytes, output)
+    events: list[Event] = []
+    t = 0.0
+    for i in range(300):
+        t += rng.expovariate(8.0)
+        while ends and min(ends)[0] <= t:
+            _end, _rid, g, size, _out = min(ends)
+            ends.remove(min(ends))
+            held[g] -= size
+        prompt = rng.randint(10, 400)
+        size = prompt * rng.randint(2, 9)
+        out = rng.randint(2, 40)
+        g = min(range(3), key=lambda w: (held[w], w))
+        held[g] += size
+        end = t + 0.05 + 0.2 * out
+        ends.append((end, f"r{i}", g, size, out))
+        events += [Arrive(f"r{i}", t, prompt, body_bytes=size), Route(f"r{i}", t, workers[g], prompt),
+                   Token(f"r{i}", t + 0.05, 1), Finish(f"r{i}", end, "stop", out)]
+    events.sort(key=lambda ev: ev.t)
+    live = LiveLanes(workers=workers, slots=64, policies=["jsq-bytes", "sglang-tokens", "jsq"], lag_s=1.0)
+    for ev in events:
+        live.listener(ev)
+    live.process_now()
+    live.driver.drain()
+    live._publish()
+    lanes = live.report()["lanes"]
+    assert lanes["jsq-bytes"]["decisions"] == 300
+    assert lanes["jsq-bytes"]["agreements"] == 300
+    assert lanes["sglang-tokens"]["agreements"] < 300 and lanes["jsq"]["agreements"] < 300
+    assert live.report()["router_rule"]["closest_lane"] == "jsq-bytes"
