@@ -93,10 +93,10 @@ def knob_values(args: argparse.Namespace, cls: type) -> dict[str, Any]:
     return {f.name: getattr(args, k.dest) for f, k in knobs(cls)}
 
 
-def knob_rules(cls: type) -> tuple[tuple[str, Callable[[float], bool], str], ...]:
-    """(option dest, rule, what it asks) of every bounded setting of `cls`, for a command's
-    start-up check of values from flags, files and the environment."""
-    return tuple((k.dest, k.bound.ok, k.bound.asks) for _, k in knobs(cls) if k.bound is not None)
+def knob_rules(cls: type) -> tuple[tuple[str, Bound], ...]:
+    """(option dest, bound) of every bounded setting of `cls`, for a command's start-up check of
+    values from flags, files and the environment."""
+    return tuple((k.dest, k.bound) for _, k in knobs(cls) if k.bound is not None)
 
 
 def check_knobs(obj: Any) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from shadow.active.canary import CanaryConfig
@@ -15,7 +14,7 @@ from shadow.active.fallback import GuardConfig
 from shadow.active.modes import ModeConfig
 from shadow.active.proxy import ActiveConfig
 from shadow.app.serve import ServeConfig, check_policies
-from shadow.base.knobs import knob_rules
+from shadow.base.knobs import AT_LEAST_ONE, NON_NEGATIVE, NON_NEGATIVE_S, POSITIVE_S, Bound, knob_rules
 from shadow.commands._layered import origin
 from shadow.contracts.modes import MODES
 from shadow.mirror.attach import parse_address
@@ -24,75 +23,50 @@ from shadow.mirror.frames import MAX_NAME
 NO_ACTIVE = ("without --active the existing router routes every request, so only mode shadow can be "
              "carried out")
 
-Rule = Callable[[float], bool]
-
-
-def positive(v: float) -> bool:
-    return math.isfinite(v) and v > 0
-
-
-def non_negative(v: float) -> bool:
-    return math.isfinite(v) and v >= 0
-
-
-def fraction(v: float) -> bool:
-    return math.isfinite(v) and 0 <= v <= 1
-
-
-def at_least_one(v: float) -> bool:
-    return v >= 1
-
-
-def port(v: float) -> bool:
-    return 0 <= v <= 65535
-
-
-def niceness(v: float) -> bool:
-    return 0 <= v <= 19
-
-
-def rotation_size(v: float) -> bool:
-    return v >= 4096  # the recording's smallest rotation size (shadow.mirror.recording)
-
-
-def lease_seconds(v: float) -> bool:
-    """etcd grants a lease of at least its minimum TTL (ceil(1.5 election timeouts): 2 s at its
-    defaults) whatever is asked, and takes whole seconds."""
-    return math.isfinite(v) and v >= 2 and v == int(v)
+#: What the settings not declared on a config (`shadow.base.knobs`) must be, beyond knobs' own bounds.
+PORT = Bound(lambda v: 0 <= v <= 65535, "a port in 0..65535 (0 = a free one)")
+NICENESS = Bound(lambda v: 0 <= v <= 19, "in 0..19")
+#: the recording's smallest rotation size (shadow.mirror.recording)
+ROTATION_SIZE = Bound(lambda v: v >= 4096, ">= 4096 bytes")
+#: etcd grants a lease of at least its minimum TTL (ceil(1.5 election timeouts): 2 s at its
+#: defaults) whatever is asked, and takes whole seconds.
+LEASE_SECONDS = Bound(lambda v: math.isfinite(v) and v >= 2 and v == int(v),
+                      "a whole number of seconds >= 2 (etcd's minimum lease at its defaults)")
+RECONCILE_S = Bound(NON_NEGATIVE_S.ok, ">= 0 s (0 = reconciliation off)")
 
 
 #: The configs whose fields declare `shadow serve`'s settings (`shadow.base.knobs`): the lanes', the
 #: active proxy's, the mode controller's, the fallback's, the client-felt checks' and the canary's.
 DECLARED: tuple[type, ...] = (ServeConfig, ActiveConfig, ModeConfig, GuardConfig, ClientConfig, CanaryConfig)
 
-#: (option dest, rule, what the rule asks) for the numbers: seconds, fractions and counts (those of
-#: the settings DECLARED derived from their declarations).
-NUMBERS: tuple[tuple[str, Rule, str], ...] = (
+#: (option dest, bound) for the numbers: seconds, fractions and counts (those of the settings
+#: DECLARED derived from their declarations).
+NUMBERS: tuple[tuple[str, Bound], ...] = (
     *(rule for cls in DECLARED for rule in knob_rules(cls)),
-    ("scrape_interval", non_negative, ">= 0 s (0 = reconciliation off)"),
-    ("ttl", positive, "> 0 s"),
-    ("phantom_age", positive, "> 0 s"),
-    ("header_timeout", positive, "> 0 s"),
-    ("idle_timeout", positive, "> 0 s"),
-    ("drain_timeout", non_negative, ">= 0 s"),
-    ("queue_size", at_least_one, ">= 1"),
-    ("max_connections", at_least_one, ">= 1"),
-    ("active_max_connections", at_least_one, ">= 1"),
-    ("api_max_connections", at_least_one, ">= 1"),
-    ("lease_ttl", lease_seconds, "a whole number of seconds >= 2 (etcd's minimum lease at its defaults)"),
-    ("analysis_nice", niceness, "in 0..19"),
-    ("max_body", at_least_one, ">= 1"),
-    ("max_head", at_least_one, ">= 1"),
-    ("queue_bytes", at_least_one, ">= 1"),
-    ("retain_bytes", non_negative, ">= 0"),
-    ("retain_ended", non_negative, ">= 0"),
-    ("ring_bytes", non_negative, ">= 0"),
-    ("max_id_len", at_least_one, ">= 1"),
-    ("max_live", at_least_one, ">= 1"),
-    ("record_max_bytes", rotation_size, ">= 4096 bytes"),
-    ("port", port, "a port in 0..65535 (0 = a free one)"),
-    ("active_port", port, "a port in 0..65535 (0 = a free one)"),
-    ("tap_metrics_port", port, "a port in 0..65535 (0 = a free one)"),
+    ("scrape_interval", RECONCILE_S),
+    ("ttl", POSITIVE_S),
+    ("phantom_age", POSITIVE_S),
+    ("header_timeout", POSITIVE_S),
+    ("idle_timeout", POSITIVE_S),
+    ("drain_timeout", NON_NEGATIVE_S),
+    ("queue_size", AT_LEAST_ONE),
+    ("max_connections", AT_LEAST_ONE),
+    ("active_max_connections", AT_LEAST_ONE),
+    ("api_max_connections", AT_LEAST_ONE),
+    ("lease_ttl", LEASE_SECONDS),
+    ("analysis_nice", NICENESS),
+    ("max_body", AT_LEAST_ONE),
+    ("max_head", AT_LEAST_ONE),
+    ("queue_bytes", AT_LEAST_ONE),
+    ("retain_bytes", NON_NEGATIVE),
+    ("retain_ended", NON_NEGATIVE),
+    ("ring_bytes", NON_NEGATIVE),
+    ("max_id_len", AT_LEAST_ONE),
+    ("max_live", AT_LEAST_ONE),
+    ("record_max_bytes", ROTATION_SIZE),
+    ("port", PORT),
+    ("active_port", PORT),
+    ("tap_metrics_port", PORT),
 )
 
 #: The options naming upstreams as NAME=URL (repeatable), and those holding one URL.
@@ -175,12 +149,12 @@ def canary_steps(args: argparse.Namespace) -> tuple[float, ...]:
 
 def check_start_values(args: argparse.Namespace) -> None:
     """ValueError naming the first flag whose value shadow serve cannot run with."""
-    for dest, ok, asks in NUMBERS:
+    for dest, bound in NUMBERS:
         v = getattr(args, dest, None)
         if v is None or isinstance(v, bool):
             continue
-        if not ok(float(v)):
-            raise ValueError(f"{_named(args, dest)} must be {asks}, got {v}")
+        if not bound.ok(float(v)):
+            raise ValueError(f"{_named(args, dest)} must be {bound.asks}, got {v}")
     check_addresses(args)
     canary_steps(args)
     policies = getattr(args, "policies", None)
