@@ -152,6 +152,16 @@ def test_registry_rejects_unknown_names_and_misplaced_predictors() -> None:
         make_router("forced")
 
 
+def _drained_report(live, events):  # type: ignore[no-untyped-def]
+    """`live`'s report once it has applied `events` and drained."""
+    for ev in events:
+        live.listener(ev)
+    live.process_now()
+    live.driver.drain()
+    live._publish()
+    return live.report()
+
+
 def test_agreement_counts_what_each_policy_would_have_chosen_and_keeps_nothing() -> None:
     from shadow.live.lanes import LiveLanes
 
@@ -161,12 +171,7 @@ def test_agreement_counts_what_each_policy_would_have_chosen_and_keeps_nothing()
         t = 10.0 + i
         events += [Arrive(f"r{i}", t, 100 + i), Route(f"r{i}", t, w, 100 + i)]
         events.append(Finish(f"r{i}", t + 0.5, "stop", 3))
-    for ev in events:
-        live.listener(ev)
-    live.process_now()
-    live.driver.drain()
-    live._publish()
-    lanes = live.report()["lanes"]
+    lanes = _drained_report(live, events)["lanes"]
     # jsq-bytes (least outstanding prompt tokens, ties to d0) agrees on an empty fleet only with d0
     assert lanes["jsq-bytes"]["decisions"] == 6 and lanes["jsq-bytes"]["agreements"] == 3
     assert 0 < lanes["br0"]["decisions"] <= 6
@@ -207,12 +212,7 @@ def test_agreement_asks_each_rule_on_the_routers_view_not_the_lanes_model() -> N
                    Token(f"r{i}", t + 0.05, 1), Finish(f"r{i}", end, "stop", out)]
     events.sort(key=lambda ev: ev.t)
     live = LiveLanes(workers=workers, slots=64, policies=["jsq-bytes", "sglang-tokens", "jsq"], lag_s=1.0)
-    for ev in events:
-        live.listener(ev)
-    live.process_now()
-    live.driver.drain()
-    live._publish()
-    lanes = live.report()["lanes"]
+    lanes = _drained_report(live, events)["lanes"]
     assert lanes["jsq-bytes"]["decisions"] == 300
     assert lanes["jsq-bytes"]["agreements"] == 300
     assert lanes["sglang-tokens"]["agreements"] < 300 and lanes["jsq"]["agreements"] < 300
