@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shadow.base.knobs import check_knobs
 from shadow.base.net import bind_listen
 from shadow.base.runtime import raise_fd_limit
 from shadow.base.security import Untrusted
@@ -86,14 +87,8 @@ class TapGroupConfig(RelayBounds):
             )
         if self.attach_token is not None and len(self.attach_token) < 16:
             raise ValueError("the attach token must be at least 16 characters")
-        for k, v in (
-            ("--retain-bytes", self.retain_bytes),
-            ("--retain-ended", self.retain_ended),
-            ("--queue-size", self.queue_size),
-            ("--queue-bytes", self.queue_bytes),
-        ):
-            if v < 1:
-                raise ValueError(f"{k} must be >= 1, got {v}")
+        check_knobs(self)  # the relay's bounds (`RelayBounds`)
+        check_knobs(self.limits)
         if not self.drain_timeout_s >= 0:
             raise ValueError(f"--drain-timeout must be >= 0 s, got {self.drain_timeout_s}")
 

@@ -109,3 +109,15 @@ def check_knobs(obj: Any) -> None:
             raise ValueError(f"{k.flag} must be one of {', '.join(map(str, choices))}, got {v!r}")
         if k.bound is not None and v is not None and not isinstance(v, bool) and not k.bound.ok(float(v)):
             raise ValueError(f"{k.flag} must be {k.bound.asks}, got {v}")
+
+
+def knob_argv(obj: Any) -> list[str]:
+    """The command line that gives every setting of dataclass `obj` its value (a switch only when on)."""
+    argv: list[str] = []
+    for f, k in knobs(type(obj)):
+        v = getattr(obj, f.name)
+        if isinstance(v, bool):
+            argv += [k.flag] if v else []
+        elif v is not None:
+            argv += [k.flag, str(v)]
+    return argv

@@ -39,7 +39,9 @@ from shadow.commands._service import add_log_arguments, run_reporting, start_log
 from shadow.commands.serve_checks import canary_steps, check_start_values
 from shadow.core.policies import ACTIVE, active_names, active_policy, lane_names
 from shadow.live.lanes import DEFAULT_POLICIES
+from shadow.mirror.http1 import TapLimits
 from shadow.mirror.keys import key_location, open_secret
+from shadow.mirror.relay import RelayBounds
 from shadow.mirror.service import TapConfig
 
 PROG = "shadow serve"
@@ -165,9 +167,10 @@ def tap_config_from_args(args: argparse.Namespace) -> TapConfig:
         print(f"{PROG}: give --upstream NAME=URL (in-path taps) or --front NAME=URL (front mode)",
               file=sys.stderr)
         raise SystemExit(2)  # a usage error, as argparse's
-    lim = tap_cmd.limits_from_args(args)
     return TapConfig(
         **fields(args, tap_cmd.data_plane_flags()),
+        **knob_values(args, RelayBounds),
+        **knob_values(args, TapLimits),
         **fields(args, attach_flags()),
         **fields(args, mirror_flags()),
         upstreams=tap_cmd.pairs(args.upstream, "--upstream", PROG),
@@ -177,10 +180,6 @@ def tap_config_from_args(args: argparse.Namespace) -> TapConfig:
         metrics_of=tap_cmd.pairs(args.metrics_of, "--metrics-of", PROG),
         port=args.port,
         allow_paths=tuple(args.allow_path),
-        max_connections=lim.max_connections,
-        header_timeout_s=lim.header_timeout_s,
-        idle_timeout_s=lim.idle_timeout_s,
-        max_head=lim.max_head,
         key_secret=open_secret(key_location(args.key_file, args.state_dir, os.environ), log.warning),
         relay="thread" if args.capture else args.relay,
         attach=tuple(args.attach or ()),

@@ -19,6 +19,8 @@ from shadow.commands._layered import origin
 from shadow.contracts.modes import MODES
 from shadow.mirror.attach import parse_address
 from shadow.mirror.frames import MAX_NAME
+from shadow.mirror.http1 import TapLimits
+from shadow.mirror.relay import RelayBounds
 
 NO_ACTIVE = ("without --active the existing router routes every request, so only mode shadow can be "
              "carried out")
@@ -36,8 +38,10 @@ RECONCILE_S = Bound(NON_NEGATIVE_S.ok, ">= 0 s (0 = reconciliation off)")
 
 
 #: The configs whose fields declare `shadow serve`'s settings (`shadow.base.knobs`): the lanes', the
-#: active proxy's, the mode controller's, the fallback's, the client-felt checks' and the canary's.
-DECLARED: tuple[type, ...] = (ServeConfig, ActiveConfig, ModeConfig, GuardConfig, ClientConfig, CanaryConfig)
+#: active proxy's, the mode controller's, the fallback's, the client-felt checks', the canary's, and
+#: the data plane's (the relay's bounds and the taps' limits, shared with `shadow tap`).
+DECLARED: tuple[type, ...] = (ServeConfig, ActiveConfig, ModeConfig, GuardConfig, ClientConfig, CanaryConfig,
+                              RelayBounds, TapLimits)
 
 #: (option dest, bound) for the numbers: seconds, fractions and counts (those of the settings
 #: DECLARED derived from their declarations).
@@ -46,20 +50,11 @@ NUMBERS: tuple[tuple[str, Bound], ...] = (
     ("scrape_interval", RECONCILE_S),
     ("ttl", POSITIVE_S),
     ("phantom_age", POSITIVE_S),
-    ("header_timeout", POSITIVE_S),
-    ("idle_timeout", POSITIVE_S),
     ("drain_timeout", NON_NEGATIVE_S),
-    ("queue_size", AT_LEAST_ONE),
-    ("max_connections", AT_LEAST_ONE),
     ("active_max_connections", AT_LEAST_ONE),
     ("api_max_connections", AT_LEAST_ONE),
     ("lease_ttl", LEASE_SECONDS),
     ("analysis_nice", NICENESS),
-    ("max_body", AT_LEAST_ONE),
-    ("max_head", AT_LEAST_ONE),
-    ("queue_bytes", AT_LEAST_ONE),
-    ("retain_bytes", NON_NEGATIVE),
-    ("retain_ended", NON_NEGATIVE),
     ("ring_bytes", NON_NEGATIVE),
     ("max_id_len", AT_LEAST_ONE),
     ("max_live", AT_LEAST_ONE),

@@ -42,12 +42,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from shadow.app import tap as tap_app
-from shadow.base.runtime import LOOPS
+from shadow.base.knobs import add_knobs, knob_values
 from shadow.commands._flags import Flag, add_flags, fields, flag
 from shadow.commands._help import add_command, run_alone
 from shadow.commands._service import add_log_arguments, run_reporting, start_logging
 from shadow.mirror.groups import BOUND_FLAG
 from shadow.mirror.http1 import DEFAULT_ALLOW_PATHS, TapLimits
+from shadow.mirror.relay import RelayBounds
 
 PROG = "shadow tap"
 SUMMARY = "the data plane: in-path taps, in a process that outlives the analysis"
@@ -68,8 +69,9 @@ def pairs(values: Sequence[str] | None, what: str, prog: str = PROG) -> dict[str
 
 
 def data_plane_flags() -> tuple[Flag, ...]:
-    """The taps and their bounds, shared by `shadow tap` and `shadow serve`; `fills` names the field
-    of both `TapGroupConfig` and `TapConfig` (the limits go through `limits_from_args`)."""
+    """The taps, shared by `shadow tap` and `shadow serve`; `fills` names the field of both
+    `TapGroupConfig` and `TapConfig`. The relay's bounds and the taps' limits are declared on
+    `RelayBounds` and `TapLimits` (`shadow.base.knobs`; `add_data_plane_arguments`)."""
     pair = {"action": "append", "metavar": "NAME=URL"}
     return (
         flag("--upstream", None, "a decode (or plain) worker to put a tap in front of; repeatable", **pair),
@@ -78,37 +80,10 @@ def data_plane_flags() -> tuple[Flag, ...]:
              **pair),
         flag("--prefill", None, "a prefill worker (P/D) to put a tap in front of; repeatable", **pair),
         flag("--host", "host", "bind address (default 127.0.0.1)", default="127.0.0.1"),
-        flag("--max-body", "max_body", "largest request/response body copied for the analysis (traffic is "
-             "never limited)", type=int, default=4 << 20, metavar="BYTES"),
-        flag("--queue-size", "queue_size", "copies pending for the attached analysis (items); beyond it "
-             "dropped and counted", type=int, default=65536),
-        flag("--queue-bytes", "queue_bytes", "bytes of copies pending for the attached analyses, all "
-             "together (an equal share each); beyond its share copies are dropped for it and counted, "
-             "traffic is never affected; one that stops reading is detached (default 256 MiB)", type=int,
-             default=256 << 20, metavar="BYTES"),
-        flag("--retain-bytes", "retain_bytes", "copies of requests in flight (and of ended ones no analysis "
-             "has acknowledged yet) kept for the snapshot an attaching analysis gets; beyond it not kept, "
-             "counted (128 MiB)", type=int, default=128 << 20, metavar="BYTES"),
-        flag("--retain-ended", "retain_ended", "ended requests kept while no analysis acknowledged them "
-             "(default 100000)", type=int, default=100_000, metavar="N"),
-        flag("--loop", "loop", "the relay's event loop: uvloop roughly halves its CPU per chunk; auto = "
-             "uvloop when installed", choices=LOOPS, default="auto"),
-        flag("--inject-usage", "inject_usage", "ask workers for continuous usage stats (exact token counts) "
-             "and strip them from what clients receive unless they asked; changes the wire bytes, off by "
-             "default", action="store_true"),
         flag("--allow-path", None, "relay this path too (a trailing / makes it a prefix); repeatable. "
              "Default list: " + " ".join(DEFAULT_ALLOW_PATHS), action="append", metavar="PATH", default=[]),
         flag("--drain-timeout", "drain_timeout_s", "on stop, wait this long for in-flight requests to "
              "finish (default 30)", type=float, default=30.0, metavar="S"),
-        flag("--max-connections", None, "client connections per tap; beyond it the oldest idle one is "
-             "closed, else 503 (default 4096)", type=int, default=4096),
-        flag("--header-timeout", None, "a request head begun must be complete within this, else 408 "
-             "(default 10)", type=float, default=10.0, metavar="S"),
-        flag("--idle-timeout", None, "a connection without a request, new or kept alive, is closed "
-             "after this, with no answer (default 60)", type=float, default=60.0,
-             metavar="S"),
-        flag("--max-head", None, "request head size cap, 431 beyond (65536)", type=int, default=64 << 10,
-             metavar="BYTES"),
         flag("--state-dir", "state_dir", "where tap groups (and the prompt-key secret) are kept: "
              "STATE_DIR/taps/NAME; default $SHADOW_STATE_DIR, systemd's $STATE_DIRECTORY, else "
              "$XDG_STATE_HOME/shadow or ~/.local/state/shadow", metavar="DIR"),
@@ -139,6 +114,8 @@ def group_flags() -> tuple[Flag, ...]:
 
 def add_data_plane_arguments(p: argparse._ActionsContainer) -> None:
     add_flags(p, data_plane_flags())
+    add_knobs(p, RelayBounds)
+    add_knobs(p, TapLimits)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -179,13 +156,7 @@ def register(subparsers: Any) -> None:
 
 
 def limits_from_args(args: argparse.Namespace) -> TapLimits:
-    return TapLimits(
-        max_head=args.max_head,
-        header_timeout_s=args.header_timeout,
-        idle_timeout_s=args.idle_timeout,
-        max_connections=args.max_connections,
-        allow_paths=DEFAULT_ALLOW_PATHS + tuple(args.allow_path),
-    )
+    return TapLimits(**knob_values(args, TapLimits), allow_paths=DEFAULT_ALLOW_PATHS + tuple(args.allow_path))
 
 
 def config_from_args(args: argparse.Namespace) -> tap_app.TapGroupConfig:
@@ -195,6 +166,7 @@ def config_from_args(args: argparse.Namespace) -> tap_app.TapGroupConfig:
         raise SystemExit(2)  # a usage error, as argparse's
     return tap_app.TapGroupConfig(
         **fields(args, data_plane_flags()),
+        **knob_values(args, RelayBounds),
         **fields(args, group_flags()),
         upstreams=pairs(args.upstream, "--upstream"),
         prefill=pairs(args.prefill, "--prefill"),

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from shadow.base import listener
 from shadow.base.hopbyhop import HOP_BY_HOP_BYTES
+from shadow.base.knobs import AT_LEAST_ONE, POSITIVE_S, knob
 from shadow.contracts.ids import request_hash
 
 # The inference API (OpenAI-compatible, vLLM's side endpoints) — what a router sends a worker.
@@ -40,12 +41,16 @@ HOP_BY_HOP = (HOP_BY_HOP_BYTES - {b"transfer-encoding"}) | {b"expect"}
 class TapLimits:
     """Per-tap caps and timeouts; every one has a counter in `Tap.rejected` when it bites."""
 
-    max_head: int = 64 << 10  # request line + headers, bytes (431 beyond)
+    max_head: int = knob(64 << 10, "--max-head", "request head size cap (request line + headers), 431 beyond",
+                         AT_LEAST_ONE, metavar="BYTES")
     max_headers: int = 128  # header lines per message (431 beyond)
-    header_timeout_s: float = 10.0  # a head begun must be complete within this (408 + close; never
-    # while its bytes wait unread or the loop was stalled: `front.Conn`); also a body's longest silence
-    idle_timeout_s: float = 60.0  # connection without a request: new or kept alive (closed)
-    max_connections: int = 4096  # client connections; beyond it the oldest idle one is closed, else 503
+    # never while its bytes wait unread or the loop was stalled (`front.Conn`)
+    header_timeout_s: float = knob(10.0, "--header-timeout", "a request head begun must be complete within "
+                                   "this, else 408; also a body's longest silence", POSITIVE_S, metavar="S")
+    idle_timeout_s: float = knob(60.0, "--idle-timeout", "a connection without a request, new or kept alive, "
+                                 "is closed after this, with no answer", POSITIVE_S, metavar="S")
+    max_connections: int = knob(4096, "--max-connections", "client connections per tap; beyond it the oldest "
+                                "idle one is closed, else 503", AT_LEAST_ONE)
     max_buffer: int = 256 << 10  # request bytes held (upstream not writable, pipelined) before reading pauses
     # Pooled upstream connections idle longer are not reused. Servers (vLLM/uvicorn) close idle
     # keep-alive connections after 5 s counted from when they sent the response end; the tap stamps

@@ -37,7 +37,9 @@ from typing import Any
 from httptools import HttpParserError, HttpRequestParser
 from prometheus_client import CollectorRegistry, generate_latest
 
+from shadow.base.knobs import AT_LEAST_ONE, knob, knob_argv
 from shadow.base.net import read_now
+from shadow.base.runtime import LOOPS
 from shadow.mirror import handshake
 from shadow.mirror.channel import ChannelSink, size_buffers
 from shadow.mirror.frames import CONTROL_MAX, HDR, FrameError, FrameReader, Hello, decode_control
@@ -68,17 +70,32 @@ class RelayBounds:
     """How a relay copies and hands off: body copy cap, usage injection, the hand-off's and the
     kept copies' bounds, the event loop; what `shadow tap` is told and its relays are given."""
 
-    max_body: int = 4 << 20
-    inject_usage: bool = False
-    queue_size: int = 65536
-    queue_bytes: int = 256 << 20
-    retain_bytes: int = 128 << 20
-    retain_ended: int = 100_000
-    loop: str = "auto"
+    max_body: int = knob(4 << 20, "--max-body", "largest request/response body copied for the analysis "
+                         "(traffic is never limited)", AT_LEAST_ONE, metavar="BYTES")
+    inject_usage: bool = knob(False, "--inject-usage", "ask workers for continuous usage stats (exact token "
+                              "counts) and strip them from what clients receive unless they asked; changes "
+                              "the wire bytes, off by default")
+    queue_size: int = knob(65536, "--queue-size", "copies pending for the attached analysis (items); beyond "
+                           "it dropped and counted", AT_LEAST_ONE)
+    queue_bytes: int = knob(256 << 20, "--queue-bytes", "bytes of copies pending for the attached analyses, "
+                            "all together (an equal share each); beyond its share copies are dropped for it "
+                            "and counted, traffic is never affected; one that stops reading is detached",
+                            AT_LEAST_ONE, metavar="BYTES")
+    retain_bytes: int = knob(128 << 20, "--retain-bytes", "copies of requests in flight (and of ended ones "
+                             "no analysis has acknowledged yet) kept for the snapshot an attaching analysis "
+                             "gets; beyond it not kept, counted", AT_LEAST_ONE, metavar="BYTES")
+    retain_ended: int = knob(100_000, "--retain-ended", "ended requests kept while no analysis acknowledged "
+                             "them", AT_LEAST_ONE, metavar="N")
+    loop: str = knob("auto", "--loop", "the relay's event loop: uvloop roughly halves its CPU per chunk; "
+                     "auto = uvloop when installed", choices=LOOPS)
 
     def bounds(self) -> dict[str, Any]:
         """These fields by name (to build another `RelayBounds` from this one)."""
         return {k: getattr(self, k) for k in RelayBounds.__dataclass_fields__}
+
+    def argv(self) -> list[str]:
+        """`shadow tap`'s flags for these bounds."""
+        return knob_argv(self)
 
 
 @dataclass

@@ -41,6 +41,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.registry import Collector
 
 from shadow import __version__
+from shadow.base.knobs import knob_argv
 from shadow.base.listener import AsgiListener, ListenerLimits
 from shadow.base.listener_metrics import ListenerCollector
 from shadow.base.loopthread import LoopThread
@@ -67,7 +68,7 @@ from shadow.mirror.proxy import Tap
 from shadow.mirror.reconcile import Reconciler
 from shadow.mirror.recording import CompactRecorder
 from shadow.mirror.rejectlog import RejectionLog
-from shadow.mirror.relay import boot_id
+from shadow.mirror.relay import RelayBounds, boot_id
 from shadow.mirror.relayview import RemoteQueue, RemoteTap
 from shadow.mirror.rundir import GROUPS, digest, hold_analysis_lock, prepare_state_dir
 from shadow.mirror.state import MirrorState
@@ -96,8 +97,8 @@ class TapConfig:
     record: str | None = None
     record_max_bytes: int | None = None  # rotate the recording at this size (None: never)
     record_lanes: dict[str, Any] | None = None  # what live lanes run with, for the recording's header
-    max_body: int = 4 << 20
-    queue_size: int = 65536
+    max_body: int = RelayBounds.max_body
+    queue_size: int = RelayBounds.queue_size
     slots: int | None = None
     ttl_s: float = 300.0
     phantom_age_s: float = 120.0
@@ -106,19 +107,20 @@ class TapConfig:
     forward_to: str | None = None  # post every event to another shadow's /v1/events
     hook: Callable[[TapContext, bytes], None] | None = None  # tests: analysis fault injection
     pace_s: float = 0.0  # tests: slow analysis consumer
-    inject_usage: bool = False  # ask workers for continuous usage; strip what the client did not ask for
+    # ask workers for continuous usage; strip what the client did not ask for
+    inject_usage: bool = RelayBounds.inject_usage
     events_token: str | None = None  # bearer token for POST /v1/events (required off loopback)
     events_token_required: bool = False  # another token guards the process: no events without theirs
     probe_token: str | None = None  # bearer token admitting `step` lines only (the engine probe's)
     forward_token: str | None = None  # bearer token sent with --forward posts
-    # caps and timeouts of the in-path taps (see TapLimits) and of the mirror
-    max_connections: int = 4096
-    header_timeout_s: float = 10.0
-    idle_timeout_s: float = 60.0
-    max_head: int = 64 << 10
+    # caps and timeouts of the in-path taps (declared on TapLimits) and of the mirror
+    max_connections: int = TapLimits.max_connections
+    header_timeout_s: float = TapLimits.header_timeout_s
+    idle_timeout_s: float = TapLimits.idle_timeout_s
+    max_head: int = TapLimits.max_head
     api_max_connections: int = 256  # the API/admin listener's connection cap (oldest idle closed first)
     allow_paths: tuple[str, ...] = ()  # relayed in addition to DEFAULT_ALLOW_PATHS
-    queue_bytes: int = 256 << 20
+    queue_bytes: int = RelayBounds.queue_bytes
     max_live: int = 1_000_000  # mirrored requests alive at once; beyond it new ones are dropped and counted
     max_id_len: int = 256  # request ids, worker names and prompt keys longer than this are rejected
     event_skew_s: float = 60.0  # an event's time must be within this of the clock (else dropped)
@@ -129,7 +131,7 @@ class TapConfig:
     # "process": the taps relay in a tap group of their own (a `shadow tap` process that outlives
     # this one); "thread": on the caller's loop, analysis on a thread (tests, embedding)
     relay: str = "thread"
-    loop: str = "auto"  # the relay process's event loop: auto (uvloop when installed), uvloop, asyncio
+    loop: str = RelayBounds.loop  # the relay process's event loop (auto: uvloop when installed)
     # With a relay process: niceness added to the analysis thread (0 = none), so that when both
     # share a core the kernel runs the relay first and the analysis falls behind (and drops) instead
     analysis_nice: int = 0
@@ -145,8 +147,9 @@ class TapConfig:
     stop_taps: bool = True  # stop() also stops a group this service started (the CLI: False)
     drain_timeout_s: float = 30.0  # a started group drains this long when it is stopped
     admin_port: int = 0  # a started group's /metrics and /health port (0: a free one)
-    retain_bytes: int = 128 << 20  # a started group keeps this much of live requests for a snapshot
-    retain_ended: int = 100_000
+    # a started group keeps this much of live requests for a snapshot
+    retain_bytes: int = RelayBounds.retain_bytes
+    retain_ended: int = RelayBounds.retain_ended
     # passive capture: read the traffic to the configured servers off this interface (AF_PACKET,
     # needs root) instead of relaying it; nothing is in the path
     capture: str | None = None
@@ -501,19 +504,14 @@ class TapService:
         name = c.group or f"serve-{dig[:12]}"
         argv = ["tap", "--name", name, "--state-dir", str(self._state_dir()), "--digest", dig,
                 "--host", c.host, "--port", str(data_plane["port"]), "--metrics-port", str(c.admin_port),
-                "--max-body", str(c.max_body), "--queue-size", str(c.queue_size),
-                "--queue-bytes", str(c.queue_bytes), "--retain-bytes", str(c.retain_bytes),
-                "--retain-ended", str(c.retain_ended), "--loop", c.loop,
-                "--drain-timeout", str(c.drain_timeout_s), "--max-connections", str(lim.max_connections),
-                "--header-timeout", str(lim.header_timeout_s), "--idle-timeout", str(lim.idle_timeout_s),
-                "--max-head", str(lim.max_head)]
+                "--drain-timeout", str(c.drain_timeout_s),
+                *RelayBounds(**{k: getattr(c, k) for k in RelayBounds.__dataclass_fields__}).argv(),
+                *knob_argv(lim)]
         for flag, pairs in (("--upstream", c.upstreams), ("--prefill", c.prefill), ("--front", c.front)):
             for n, u in pairs.items():
                 argv += [flag, f"{n}={u}"]
         for path in c.allow_paths:
             argv += ["--allow-path", path]
-        if c.inject_usage:
-            argv.append("--inject-usage")
         return shadow_argv(*argv), dig
 
     def _state_dir(self) -> Path:
