@@ -19,13 +19,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from shadow.app import capture as capture_app
+from shadow.base.knobs import add_knobs, knob_values
 from shadow.commands._flags import Flag, add_flags, fields, flag
 from shadow.commands._help import add_command, run_alone
 from shadow.commands._service import run_reporting
 from shadow.commands.serve import mirror_flags
 from shadow.commands.tap import pairs
 from shadow.mirror.keys import key_location, open_secret
-from shadow.mirror.service import TapConfig
+from shadow.mirror.service import MirrorBounds, TapConfig
 
 PROG = "shadow capture"
 SUMMARY = "mirror the router's traffic passively, off an interface"
@@ -66,7 +67,9 @@ def capture_flags() -> tuple[Flag, ...]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_flags(p, capture_flags())
-    add_flags(p.add_argument_group("the mirror"), mirror_flags())
+    mirror = p.add_argument_group("the mirror")
+    add_flags(mirror, mirror_flags())
+    add_knobs(mirror, MirrorBounds)
 
 
 def register(subparsers: Any) -> None:
@@ -79,6 +82,7 @@ def config_from_args(args: argparse.Namespace) -> TapConfig:
     return TapConfig(
         **fields(args, capture_flags()),
         **fields(args, mirror_flags()),
+        **knob_values(args, MirrorBounds),
         upstreams=pairs(args.upstream, "--upstream", PROG),
         prefill=pairs(args.prefill, "--prefill", PROG),
         front=pairs(args.front, "--front", PROG),

@@ -42,7 +42,7 @@ from shadow.live.lanes import DEFAULT_POLICIES
 from shadow.mirror.http1 import TapLimits
 from shadow.mirror.keys import key_location, open_secret
 from shadow.mirror.relay import RelayBounds
-from shadow.mirror.service import TapConfig
+from shadow.mirror.service import MirrorBounds, TapConfig
 
 PROG = "shadow serve"
 ENV_PREFIX = "SHADOW_SERVE_"
@@ -116,27 +116,12 @@ def mirror_flags() -> tuple[Flag, ...]:
              "/metrics)", **pair),
         flag("--record", "record", "record the session compactly (one line per request, step aggregates; "
              "gzip if FILE ends in .gz); `shadow replay FILE` replays it", metavar="FILE"),
-        flag("--record-max-bytes", "record_max_bytes", "rotate the recording at about this size (FILE.1, "
-             "FILE.2, ...; default: never)", type=int, default=None, metavar="BYTES"),
         flag("--slots", "slots", "decode slots per worker", type=int, default=None),
-        flag("--ttl", "ttl_s", "reap requests silent this long (s)", type=float, default=300.0),
-        flag("--phantom-age", "phantom_age_s", "count as phantom when silent this long (s)", type=float,
-             default=120.0),
-        flag("--scrape-interval", "scrape_interval_s", "reconciliation period (s); 0 = off", type=float,
-             default=5.0),
         flag("--forward", "forward_to", "also POST every event to another shadow's event API",
              metavar="URL"),
         flag("--forward-token", "forward_token", "bearer token for --forward posts (env "
              "SHADOW_FORWARD_TOKEN); failures are counted in shadow_mirror_forward_errors_total",
              default=os.environ.get("SHADOW_FORWARD_TOKEN")),
-        flag("--api-max-connections", "api_max_connections", "connections to the API/admin listener; beyond "
-             "it the oldest idle one is closed, else 503 (default 256)", type=int, default=256),
-        flag("--max-live", "max_live", "mirrored requests alive at once; new ones beyond it are dropped and "
-             "counted (default 1e6)", type=int, default=1_000_000),
-        flag("--max-id-len", "max_id_len", "longest request id / worker / prompt key accepted by the event "
-             "API (default 256)", type=int, default=256),
-        flag("--ring-bytes", "ring_bytes", "recent-events buffer served by GET /v1/events, approximate bytes "
-             "(default 16 MiB)", type=int, default=16 << 20, metavar="BYTES"),
         flag("--key-file", None, "secret for prompt keys (HMAC, hex), created when missing, or a mounted "
              "Secret; default $SHADOW_KEY_FILE, else STATE_DIR/prompt-key. Named (flag, env, state dir) and "
              "not creatable: exit 1; the default location not writable: a fresh in-memory secret and a "
@@ -158,7 +143,9 @@ def add_mirror_arguments(p: argparse.ArgumentParser) -> None:
                    help="API port; taps this process starts take the following ports (default 0: all "
                    "ephemeral)")
     add_flags(p.add_argument_group("the data plane (tap groups)"), attach_flags())
-    add_flags(p.add_argument_group("the mirror"), mirror_flags())
+    mirror = p.add_argument_group("the mirror")
+    add_flags(mirror, mirror_flags())
+    add_knobs(mirror, MirrorBounds)
 
 
 def tap_config_from_args(args: argparse.Namespace) -> TapConfig:
@@ -173,6 +160,7 @@ def tap_config_from_args(args: argparse.Namespace) -> TapConfig:
         **knob_values(args, TapLimits),
         **fields(args, attach_flags()),
         **fields(args, mirror_flags()),
+        **knob_values(args, MirrorBounds),
         upstreams=tap_cmd.pairs(args.upstream, "--upstream", PROG),
         prefill=tap_cmd.pairs(args.prefill, "--prefill", PROG),
         front=tap_cmd.pairs(args.front, "--front", PROG),

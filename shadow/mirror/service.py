@@ -41,7 +41,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.registry import Collector
 
 from shadow import __version__
-from shadow.base.knobs import knob_argv
+from shadow.base.knobs import AT_LEAST_ONE, NON_NEGATIVE, NON_NEGATIVE_S, POSITIVE_S, Bound, knob, knob_argv
 from shadow.base.listener import AsgiListener, ListenerLimits
 from shadow.base.listener_metrics import ListenerCollector
 from shadow.base.loopthread import LoopThread
@@ -76,8 +76,36 @@ from shadow.mirror.state import MirrorState
 log = logging.getLogger("shadow.mirror")
 
 
+#: the recording's smallest rotation size (`shadow.mirror.recording`)
+ROTATION_SIZE = Bound(lambda v: v >= 4096, ">= 4096 bytes")
+RECONCILE_S = Bound(NON_NEGATIVE_S.ok, ">= 0 s (0 = reconciliation off)")
+
+
+@dataclass(kw_only=True)
+class MirrorBounds:
+    """What the mirror keeps, reaps and serves: the settings `shadow serve` and `shadow capture` share
+    (declared here once: `shadow.base.knobs`)."""
+
+    record_max_bytes: int | None = knob(None, "--record-max-bytes", "rotate the recording at about this "
+                                        "size (FILE.1, FILE.2, ...; none: never)", ROTATION_SIZE, type=int,
+                                        metavar="BYTES")
+    ttl_s: float = knob(300.0, "--ttl", "reap requests silent this long (s)", POSITIVE_S)
+    phantom_age_s: float = knob(120.0, "--phantom-age", "count as phantom when silent this long (s)",
+                                POSITIVE_S)
+    scrape_interval_s: float = knob(5.0, "--scrape-interval", "reconciliation period (s); 0 = off",
+                                    RECONCILE_S)
+    api_max_connections: int = knob(256, "--api-max-connections", "connections to the API/admin listener; "
+                                    "beyond it the oldest idle one is closed, else 503", AT_LEAST_ONE)
+    max_live: int = knob(1_000_000, "--max-live", "mirrored requests alive at once; new ones beyond it are "
+                         "dropped and counted", AT_LEAST_ONE)
+    max_id_len: int = knob(256, "--max-id-len", "longest request id / worker / prompt key accepted by the "
+                           "event API", AT_LEAST_ONE)
+    ring_bytes: int = knob(16 << 20, "--ring-bytes", "recent-events buffer served by GET /v1/events, "
+                           "approximate bytes", NON_NEGATIVE, metavar="BYTES")
+
+
 @dataclass
-class TapConfig:
+class TapConfig(MirrorBounds):
     """What the analysis side of `shadow serve` is told about the taps it runs or attaches to (the
     data plane process itself is configured by `shadow.mirror.relay.RelaySpec`). Upstreams are
     {name: base URL}; prefill ones get taps too.
@@ -95,14 +123,10 @@ class TapConfig:
     host: str = "127.0.0.1"
     port: int = 0  # API port; taps on port+1.. when non-zero, else ephemeral
     record: str | None = None
-    record_max_bytes: int | None = None  # rotate the recording at this size (None: never)
     record_lanes: dict[str, Any] | None = None  # what live lanes run with, for the recording's header
     max_body: int = RelayBounds.max_body
     queue_size: int = RelayBounds.queue_size
     slots: int | None = None
-    ttl_s: float = 300.0
-    phantom_age_s: float = 120.0
-    scrape_interval_s: float = 5.0  # 0 disables reconciliation
     tick_s: float = 0.25
     forward_to: str | None = None  # post every event to another shadow's /v1/events
     hook: Callable[[TapContext, bytes], None] | None = None  # tests: analysis fault injection
@@ -118,14 +142,10 @@ class TapConfig:
     header_timeout_s: float = TapLimits.header_timeout_s
     idle_timeout_s: float = TapLimits.idle_timeout_s
     max_head: int = TapLimits.max_head
-    api_max_connections: int = 256  # the API/admin listener's connection cap (oldest idle closed first)
     allow_paths: tuple[str, ...] = ()  # relayed in addition to DEFAULT_ALLOW_PATHS
     queue_bytes: int = RelayBounds.queue_bytes
-    max_live: int = 1_000_000  # mirrored requests alive at once; beyond it new ones are dropped and counted
-    max_id_len: int = 256  # request ids, worker names and prompt keys longer than this are rejected
     event_skew_s: float = 60.0  # an event's time must be within this of the clock (else dropped)
     max_request_tokens: int = MAX_REQUEST_TOKENS  # token counts one event may claim (else dropped)
-    ring_bytes: int = 16 << 20  # the recent-events buffer (GET /v1/events), approximate bytes
     key_secret: bytes | None = None  # HMAC key of prompt keys; None = a fresh random one
     switch_interval_s: float | None = 0.0005  # GIL hand-over bound between relay and analysis threads
     # "process": the taps relay in a tap group of their own (a `shadow tap` process that outlives

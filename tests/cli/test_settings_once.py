@@ -70,7 +70,8 @@ def test_every_declared_setting_is_a_flag_a_yaml_key_and_an_env_variable(
 ) -> None:
     action = _action(k.dest)
     assert action.option_strings == [k.flag] and action.default == field.default
-    value = {bool: "1", type(None): "http://127.0.0.1:1"}.get(type(field.default), str(field.default))
+    none = "8192" if action.type is int else "http://127.0.0.1:1"  # of its type, where None is the default
+    value = {bool: "1", type(None): none}.get(type(field.default), str(field.default))
     env = f"SHADOW_SERVE_{k.dest.upper()}"
     args = resolve_args(_explicit(BASE), {env: value})
     assert args.option_sources[k.dest] == f"env {env}"
