@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from shadow.active.control import ModeControl
 from shadow.active.etcdlease import EtcdLease
 from shadow.active.health import UNREACHABLE, HealthPoll, HealthReader
 from shadow.active.leader import LeaderElector
-from shadow.active.lease import LeaseConfig
+from shadow.active.lease import DEFAULT_CALL_TIMEOUT_S, LeaseConfig
 from shadow.active.ledger import MirrorSource
 from shadow.active.modes import ModeConfig
 from shadow.active.oraclegap import OracleGap
@@ -41,6 +42,7 @@ from shadow.base.knobs import (
     AT_LEAST_ONE,
     NON_NEGATIVE,
     NON_NEGATIVE_S,
+    PORT,
     POSITIVE_S,
     Bound,
     check_knobs,
@@ -111,13 +113,20 @@ def check_policies(policies: tuple[str, ...]) -> tuple[str, ...]:
 class ActiveSettings:
     """`shadow serve --active`: the proxy's listener and knobs (legs go to the taps)."""
 
-    host: str = "127.0.0.1"
-    port: int = 0
+    host: str = knob("127.0.0.1", "--active-host", "the proxy's bind address")
+    port: int = knob(0, "--active-port", "the proxy's port (0 = a free port)", PORT)
     policy: str = "br0"
-    max_connections: int = 1024  # client connections to the proxy (oldest idle closed first, else 503)
+    max_connections: int = knob(1024, "--active-max-connections", "client connections to the proxy; beyond "
+                                "it the oldest idle one is closed, else 503", AT_LEAST_ONE)
     #: the proxy's settings given (`ActiveConfig`'s knobs, by field name); the rest at its defaults
     settings: dict[str, Any] = field(default_factory=dict)
     router_factory: Callable[[str], Router] | None = None  # tests: the decode router per policy
+
+
+#: etcd grants a lease of at least its minimum TTL (ceil(1.5 election timeouts): 2 s at its
+#: defaults) whatever is asked, and takes whole seconds.
+LEASE_SECONDS = Bound(lambda v: math.isfinite(v) and v >= 2 and v == int(v),
+                      "a whole number of seconds >= 2 (etcd's minimum lease at its defaults)")
 
 
 @dataclass
@@ -125,9 +134,12 @@ class LeaseSettings:
     """Replicas of `shadow serve --active`: the leader lease on etcd (`--lease-etcd`)."""
 
     endpoint: str
-    key: str = "/shadow/leader"
+    key: str = knob("/shadow/leader", "--lease-key", "the lease's etcd key, one per fleet")
     holder: str = ""
-    ttl_s: float = 2.0
+    ttl_s: float = knob(2.0, "--lease-ttl", "lease TTL in whole seconds (>= 2: etcd's minimum); renewed "
+                        "without waiting for answers, often enough that renewals answered within etcd's "
+                        f"{DEFAULT_CALL_TIMEOUT_S:g} s call timeout keep it, and a replica stops routing "
+                        "TTL/4 before its lease can lapse", LEASE_SECONDS, metavar="SECONDS")
 
 
 @dataclass

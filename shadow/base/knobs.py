@@ -39,6 +39,8 @@ FRACTION = Bound(lambda v: math.isfinite(v) and 0 <= v <= 1, "a fraction in [0, 
 OPEN_UNIT = Bound(lambda v: math.isfinite(v) and 0 < v < 1, "in (0, 1)")
 OVER_ONE = Bound(lambda v: math.isfinite(v) and v > 1, "> 1")
 AT_LEAST_TWO = Bound(lambda v: v >= 2, ">= 2")
+PORT = Bound(lambda v: 0 <= v <= 65535, "a port in 0..65535 (0 = a free one)")
+NICENESS = Bound(lambda v: 0 <= v <= 19, "in 0..19")
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,6 @@ from typing import Any, NoReturn
 from shadow.active.canary import CanaryConfig
 from shadow.active.cohorts import ClientConfig
 from shadow.active.fallback import GuardConfig
-from shadow.active.lease import DEFAULT_CALL_TIMEOUT_S
 from shadow.active.modes import ModeConfig
 from shadow.active.proxy import ActiveConfig
 from shadow.app import serve as serve_app
@@ -42,7 +41,7 @@ from shadow.live.lanes import DEFAULT_POLICIES
 from shadow.mirror.http1 import TapLimits
 from shadow.mirror.keys import key_location, open_secret
 from shadow.mirror.relay import RelayBounds
-from shadow.mirror.service import MirrorBounds, TapConfig
+from shadow.mirror.service import TapConfig
 
 PROG = "shadow serve"
 ENV_PREFIX = "SHADOW_SERVE_"
@@ -72,8 +71,6 @@ EPILOG = """examples:
 """
 
 
-SECONDS = {"type": float, "metavar": "SECONDS"}
-COUNT = {"type": int, "metavar": "N"}
 
 
 def attach_flags() -> tuple[Flag, ...]:
@@ -88,8 +85,6 @@ def attach_flags() -> tuple[Flag, ...]:
              "SHADOW_ATTACH_TOKEN)", default=os.environ.get("SHADOW_ATTACH_TOKEN")),
         flag("--tap-group", "group", "name of the tap group this process starts or adopts (default "
              "serve-<digest of the tap configuration>)", metavar="NAME"),
-        flag("--tap-metrics-port", "admin_port", "/metrics and /health port of the tap group this process "
-             "starts (default 0: a free one)", type=int, default=0),
         flag("--stop-taps", "stop_taps", "stop the tap group this process started when it exits (default: "
              "leave it serving, so that the router keeps working across restarts and upgrades of this "
              "process)", action="store_true"),
@@ -99,9 +94,6 @@ def attach_flags() -> tuple[Flag, ...]:
         flag("--capture", "capture", "passive mode: read the traffic to the --upstream/--prefill/--front "
              "servers off this interface (needs root or CAP_NET_RAW) instead of relaying it; nothing in the "
              "path", metavar="IFACE"),
-        flag("--analysis-nice", "analysis_nice", "lower the analysis thread's priority by N (0-19; default "
-             "0), so that a core shared with the relay serves the relay first (the analysis drops and counts "
-             "instead)", default=0, **COUNT),
     )
 
 
@@ -139,13 +131,10 @@ def mirror_flags() -> tuple[Flag, ...]:
 
 def add_mirror_arguments(p: argparse.ArgumentParser) -> None:
     """The analysis' options: its API port, its tap groups, the mirror."""
-    p.add_argument("--port", type=int, default=0,
-                   help="API port; taps this process starts take the following ports (default 0: all "
-                   "ephemeral)")
     add_flags(p.add_argument_group("the data plane (tap groups)"), attach_flags())
-    mirror = p.add_argument_group("the mirror")
+    mirror = p.add_argument_group("the mirror (and its API)")
     add_flags(mirror, mirror_flags())
-    add_knobs(mirror, MirrorBounds)
+    add_knobs(mirror, TapConfig)
 
 
 def tap_config_from_args(args: argparse.Namespace) -> TapConfig:
@@ -160,13 +149,12 @@ def tap_config_from_args(args: argparse.Namespace) -> TapConfig:
         **knob_values(args, TapLimits),
         **fields(args, attach_flags()),
         **fields(args, mirror_flags()),
-        **knob_values(args, MirrorBounds),
+        **knob_values(args, TapConfig),
         upstreams=tap_cmd.pairs(args.upstream, "--upstream", PROG),
         prefill=tap_cmd.pairs(args.prefill, "--prefill", PROG),
         front=tap_cmd.pairs(args.front, "--front", PROG),
         workers=tap_cmd.pairs(args.worker, "--worker", PROG),
         metrics_of=tap_cmd.pairs(args.metrics_of, "--metrics-of", PROG),
-        port=args.port,
         allow_paths=tuple(args.allow_path),
         key_secret=open_secret(key_location(args.key_file, args.state_dir, os.environ), log.warning),
         relay="thread" if args.capture else args.relay,
@@ -281,30 +269,20 @@ def _active_policy(name: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-#: The active proxy's listener and policy flags after --active, each filling an `ActiveSettings`
-#: field; its other settings' flags are derived from `ActiveConfig` (`shadow.base.knobs`).
+#: The active proxy's policy flag after --active, filling an `ActiveSettings` field; its listener's
+#: flags are derived from `ActiveSettings`, its other settings' from `ActiveConfig` (`shadow.base.knobs`).
 ACTIVE_FLAGS = (
-    flag("--active-host", "host", "the proxy's bind address (default 127.0.0.1)", default="127.0.0.1"),
-    flag("--active-port", "port", "the proxy's port (default 0 = a free port)", type=int, default=0),
-    flag("--active-max-connections", "max_connections", "client connections to the proxy; beyond it the "
-         "oldest idle one is closed, else 503 (default 1024)", type=int, default=1024),
     flag("--active-policy", "policy", f"policy of active mode ({active_names()}; brh with the survival "
          "predictor; jsq, JSQ-count, is not one: its old use here for jsq-bytes is refused) (default br0)",
          type=_active_policy, default="br0", metavar=f"{{{','.join(ACTIVE)}}}"),
 )
 
 
-#: Replicas' leader lease flags, each filling a `LeaseSettings` field.
+#: Replicas' leader lease flags, each filling a `LeaseSettings` field (its key and TTL: knobs of it).
 LEASE_FLAGS = (
     flag("--lease-etcd", "endpoint", "replicas: etcd's client URL (its v3 JSON gateway); only the holder of "
          "the leader lease routes, the others (standbys) pass every request to the --front router until "
          "the lease lapses and one of them takes it", metavar="URL"),
-    flag("--lease-key", "key", "the lease's etcd key, one per fleet (default /shadow/leader)",
-         default="/shadow/leader"),
-    flag("--lease-ttl", "ttl_s", "lease TTL in whole seconds (>= 2: etcd's minimum); renewed without waiting "
-         f"for answers, often enough that renewals answered within etcd's {DEFAULT_CALL_TIMEOUT_S:g} s call "
-         "timeout keep it, and a replica stops routing TTL/4 before its lease can lapse (default 2)",
-         default=2.0, **SECONDS),
     flag("--replica-id", "holder", "this replica's name, in the lease and at the tap groups it attaches to: "
          "replicas attach side by side, each getting every copy, and one of the same name replaces its "
          "predecessor (default HOSTNAME-PID with --lease-etcd; else none: a new serve replaces the old)",
@@ -320,14 +298,17 @@ def add_active_arguments(p: argparse.ArgumentParser) -> None:
                    "requests to the --front router, in active/fallback it routes the P/D flow itself "
                    "through the taps (its URL is `active` in the ready line)")
     add_flags(g, ACTIVE_FLAGS)
+    add_knobs(g, ActiveSettings)
     add_knobs(g, ActiveConfig)
-    add_flags(p.add_argument_group("replicas (leader lease)"), LEASE_FLAGS)
+    lease = p.add_argument_group("replicas (leader lease)")
+    add_flags(lease, LEASE_FLAGS)
+    add_knobs(lease, LeaseSettings)
 
 
 def lease_settings(args: argparse.Namespace) -> LeaseSettings | None:
     if not getattr(args, "lease_etcd", None):
         return None
-    got = fields(args, LEASE_FLAGS)
+    got = {**fields(args, LEASE_FLAGS), **knob_values(args, LeaseSettings)}
     if not got.get("holder"):
         got["holder"] = f"{socket.gethostname()}-{os.getpid()}"
     return LeaseSettings(**got)
@@ -336,7 +317,8 @@ def lease_settings(args: argparse.Namespace) -> LeaseSettings | None:
 def active_settings(args: argparse.Namespace) -> ActiveSettings | None:
     if not getattr(args, "active", False):
         return None
-    return ActiveSettings(**fields(args, ACTIVE_FLAGS), settings=knob_values(args, ActiveConfig))
+    return ActiveSettings(**fields(args, ACTIVE_FLAGS), **knob_values(args, ActiveSettings),
+                          settings=knob_values(args, ActiveConfig))
 
 
 def _parser(p: argparse.ArgumentParser, *, explicit: bool) -> argparse.ArgumentParser:

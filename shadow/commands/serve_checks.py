@@ -5,7 +5,6 @@ ports, the addresses (NAME=URL, URL, tcp://HOST:PORT), --canary-steps and --poli
 from __future__ import annotations
 
 import argparse
-import math
 from urllib.parse import urlsplit
 
 from shadow.active.canary import CanaryConfig
@@ -13,46 +12,32 @@ from shadow.active.cohorts import ClientConfig
 from shadow.active.fallback import GuardConfig
 from shadow.active.modes import ModeConfig
 from shadow.active.proxy import ActiveConfig
-from shadow.app.serve import ServeConfig, check_policies
-from shadow.base.knobs import AT_LEAST_ONE, NON_NEGATIVE_S, Bound, knob_rules
+from shadow.app.serve import ActiveSettings, LeaseSettings, ServeConfig, check_policies
+from shadow.base.knobs import NON_NEGATIVE_S, Bound, knob_rules
 from shadow.commands._layered import origin
 from shadow.contracts.modes import MODES
 from shadow.mirror.attach import parse_address
 from shadow.mirror.frames import MAX_NAME
 from shadow.mirror.http1 import TapLimits
 from shadow.mirror.relay import RelayBounds
-from shadow.mirror.service import MirrorBounds
+from shadow.mirror.service import TapConfig
 
 NO_ACTIVE = ("without --active the existing router routes every request, so only mode shadow can be "
              "carried out")
 
-#: What the settings not declared on a config (`shadow.base.knobs`) must be, beyond knobs' own bounds.
-PORT = Bound(lambda v: 0 <= v <= 65535, "a port in 0..65535 (0 = a free one)")
-NICENESS = Bound(lambda v: 0 <= v <= 19, "in 0..19")
-#: etcd grants a lease of at least its minimum TTL (ceil(1.5 election timeouts): 2 s at its
-#: defaults) whatever is asked, and takes whole seconds.
-LEASE_SECONDS = Bound(lambda v: math.isfinite(v) and v >= 2 and v == int(v),
-                      "a whole number of seconds >= 2 (etcd's minimum lease at its defaults)")
-
-
 #: The configs whose fields declare `shadow serve`'s settings (`shadow.base.knobs`): the lanes', the
 #: active proxy's, the mode controller's, the fallback's, the client-felt checks', the canary's, and
 #: the data plane's (the relay's bounds and the taps' limits, shared with `shadow tap`) and the
-#: mirror's (shared with `shadow capture`).
+#: mirror's (`TapConfig`; its `MirrorBounds` shared with `shadow capture`), the active listener's and
+#: the leader lease's.
 DECLARED: tuple[type, ...] = (ServeConfig, ActiveConfig, ModeConfig, GuardConfig, ClientConfig, CanaryConfig,
-                              RelayBounds, TapLimits, MirrorBounds)
+                              RelayBounds, TapLimits, TapConfig, ActiveSettings, LeaseSettings)
 
 #: (option dest, bound) for the numbers: seconds, fractions and counts (those of the settings
 #: DECLARED derived from their declarations).
 NUMBERS: tuple[tuple[str, Bound], ...] = (
     *(rule for cls in DECLARED for rule in knob_rules(cls)),
     ("drain_timeout", NON_NEGATIVE_S),
-    ("active_max_connections", AT_LEAST_ONE),
-    ("lease_ttl", LEASE_SECONDS),
-    ("analysis_nice", NICENESS),
-    ("port", PORT),
-    ("active_port", PORT),
-    ("tap_metrics_port", PORT),
 )
 
 #: The options naming upstreams as NAME=URL (repeatable), and those holding one URL.

@@ -41,7 +41,18 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.registry import Collector
 
 from shadow import __version__
-from shadow.base.knobs import AT_LEAST_ONE, NON_NEGATIVE, NON_NEGATIVE_S, POSITIVE_S, Bound, knob, knob_argv
+from shadow.base.knobs import (
+    AT_LEAST_ONE,
+    NICENESS,
+    NON_NEGATIVE,
+    NON_NEGATIVE_S,
+    PORT,
+    POSITIVE_S,
+    Bound,
+    check_knobs,
+    knob,
+    knob_argv,
+)
 from shadow.base.listener import AsgiListener, ListenerLimits
 from shadow.base.listener_metrics import ListenerCollector
 from shadow.base.loopthread import LoopThread
@@ -121,7 +132,8 @@ class TapConfig(MirrorBounds):
     workers: dict[str, str] = field(default_factory=dict)
     metrics_of: dict[str, str] = field(default_factory=dict)  # default: <upstream>/metrics
     host: str = "127.0.0.1"
-    port: int = 0  # API port; taps on port+1.. when non-zero, else ephemeral
+    port: int = knob(0, "--port", "API port; taps this process starts take the following ports (0: all "
+                     "ephemeral)", PORT)
     record: str | None = None
     record_lanes: dict[str, Any] | None = None  # what live lanes run with, for the recording's header
     max_body: int = RelayBounds.max_body
@@ -154,7 +166,9 @@ class TapConfig(MirrorBounds):
     loop: str = RelayBounds.loop  # the relay process's event loop (auto: uvloop when installed)
     # With a relay process: niceness added to the analysis thread (0 = none), so that when both
     # share a core the kernel runs the relay first and the analysis falls behind (and drops) instead
-    analysis_nice: int = 0
+    analysis_nice: int = knob(0, "--analysis-nice", "lower the analysis thread's priority by N, so that a "
+                              "core shared with the relay serves the relay first (the analysis drops and "
+                              "counts instead)", NICENESS, metavar="N")
     # relay="process": the tap groups to attach to (a group directory, unix:PATH or tcp://HOST:PORT);
     # none = start (or adopt) one group for the configured taps in STATE_DIR/taps/
     attach: tuple[str, ...] = ()
@@ -166,7 +180,8 @@ class TapConfig(MirrorBounds):
     group: str | None = None  # the started group's name (default serve-<configuration digest>)
     stop_taps: bool = True  # stop() also stops a group this service started (the CLI: False)
     drain_timeout_s: float = 30.0  # a started group drains this long when it is stopped
-    admin_port: int = 0  # a started group's /metrics and /health port (0: a free one)
+    admin_port: int = knob(0, "--tap-metrics-port", "/metrics and /health port of the tap group this "
+                           "process starts (0: a free one)", PORT)
     # a started group keeps this much of live requests for a snapshot
     retain_bytes: int = RelayBounds.retain_bytes
     retain_ended: int = RelayBounds.retain_ended
@@ -213,8 +228,7 @@ class TapService:
         self.clock = clock
         if c.relay not in ("thread", "process"):
             raise ValueError(f"relay must be 'thread' or 'process', got {c.relay!r}")
-        if not 0 <= c.analysis_nice <= 19:
-            raise ValueError(f"--analysis-nice must be in 0..19, got {c.analysis_nice}")
+        check_knobs(c)
         if c.attach and c.relay != "process":
             raise ValueError("attaching to tap groups needs relay='process'")
         if c.capture is not None and (c.relay != "thread" or c.attach):

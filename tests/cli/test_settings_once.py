@@ -1,8 +1,9 @@
 """A setting is declared once (`shadow.base.knobs`): `shadow serve`'s settings are fields of the
 configs that use them (`serve_checks.DECLARED`: the live lanes' `ServeConfig`, the active proxy's
 `ActiveConfig`, the mode controller's `ModeConfig`, the fallback's `GuardConfig`, the client-felt
-checks' `ClientConfig`, the canary's `CanaryConfig`, the data plane's `RelayBounds` and `TapLimits`,
-shared with `shadow tap`), and the command derives from them their flags
+checks' `ClientConfig`, the canary's `CanaryConfig`, the data plane's `RelayBounds` and `TapLimits`
+shared with `shadow tap`, the mirror's `TapConfig`, the active listener's `ActiveSettings` and the
+lease's `LeaseSettings`), and the command derives from them their flags
 (default and help), their YAML keys and environment variables (through the layered options), and
 their checks — shown here for `transfer_cap` by introspection, and for every one of them; and no
 flag of theirs is written a second time where serve builds its options."""
@@ -95,8 +96,12 @@ def test_no_declared_setting_is_written_again_where_serve_builds_its_options() -
         "commands/serve.py", "commands/serve_checks.py", "commands/tap.py", "commands/_flags.py",
         "app/serve.py", "active/proxy.py", "active/cohorts.py", "active/canary.py", "active/fallback.py",
         "active/modes.py", "app/tap.py", "mirror/service.py"))
+    # `shadow tap`'s own --port (its first tap's port; serve's is its API's): declared in `group_flags`,
+    # which serve does not use, and given to the tap group serve starts (API port + 1)
+    others = {"--port": 1}
     for _, _, k in KNOBS:
         declared = re.findall(r'(?:flag|add_argument)\(\s*"' + re.escape(k.flag) + '"', src)
-        assert declared == [], k.flag
+        assert len(declared) == others.get(k.flag, 0), k.flag
         # nor spelt into a command line by hand (the tap group serve starts: `knob_argv`)
-        assert re.findall('"' + re.escape(k.flag) + r'",\s*(?:str\(|f")', src) == [], k.flag
+        spelt = re.findall('"' + re.escape(k.flag) + r'",\s*(?:str\(|f")', src)
+        assert len(spelt) == others.get(k.flag, 0), k.flag
