@@ -151,6 +151,24 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _reserve_ports(n: int, tries: int = 64) -> list[socket.socket]:
+    """n consecutive loopback ports, the first an ephemeral one, held bound (not listening) so that
+    no other socket takes one of them until they are closed."""
+    for _ in range(tries):
+        held = [socket.socket()]
+        try:
+            held[0].bind(("127.0.0.1", 0))
+            first = int(held[0].getsockname()[1])
+            for k in range(1, n):
+                held.append(socket.socket())
+                held[-1].bind(("127.0.0.1", first + k))
+            return held
+        except (OSError, OverflowError):  # one is taken, or past 65535: another block
+            for sock in held:
+                sock.close()
+    raise RuntimeError(f"no {n} consecutive free ports on 127.0.0.1 in {tries} tries")
+
+
 def _wait_healthy(url: str, child: Child, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -212,7 +230,8 @@ class Demo:
         self.engine: dict[str, Any] = {}  # --fleet vllm: what the servers say they are
         self.fleet_choice: FleetChoice | None = None  # --fleet vllm: the MoE DP pair or not, and why
         self.drift: dict[str, Any] = {}  # mirror − workers' own running count, after the drain
-        self._reserved: socket.socket | None = None  # --fleet vllm: the sidecar's port, held until it starts
+        # --fleet vllm: the sidecar's API port and its taps' (the following ones), held until it starts
+        self._reserved: list[socket.socket] = []
         self.trace = demo_workload(opts)
         self.load: LoadReport | None = None
         self.progress = {"done": 0, "failed": 0, "in_flight": 0}
@@ -289,13 +308,13 @@ class Demo:
         sidecar's event API (its port chosen here, with an events token); `serve_args` gain both."""
         o = self.opts
         # The probes need the sidecar's port before it starts (the servers read it at start, and
-        # take minutes to start): the port stays bound here until just before the sidecar binds it,
-        # so no other socket (an outgoing connection's ephemeral port) takes it meanwhile.
-        reserved = socket.socket()
-        reserved.bind(("127.0.0.1", 0))
-        self._reserved = reserved
-        api_port, token = int(reserved.getsockname()[1]), secrets.token_urlsafe(18)
+        # take minutes to start); its taps take the following ports. They stay bound here until just
+        # before the sidecar binds them, so that no other socket (an engine's own ports, an outgoing
+        # connection's) takes one meanwhile.
         choice = self.fleet_choice = choose_vllm_fleet(*machine(), o.workers, o.vllm_fleet)
+        taps = MOE_RANKS if choice.moe_dp else o.workers
+        self._reserved = _reserve_ports(1 + taps)
+        api_port, token = int(self._reserved[0].getsockname()[1]), secrets.token_urlsafe(18)
         say(choice.line())
         size, what = (MOE_MODEL, f"the {MOE_RANKS} DP ranks of one MoE server") if choice.moe_dp else \
             (o.model_size, f"{o.workers} real vLLM servers")
@@ -318,9 +337,9 @@ class Demo:
         return decode, {}
 
     def _release_port(self) -> None:
-        if self._reserved is not None:
-            self._reserved.close()
-            self._reserved = None
+        for sock in self._reserved:
+            sock.close()
+        self._reserved = []
 
     def _spawn(self, name: str, argv: list[str], json_ready: bool = True,
                timeout_s: float | None = None) -> Child:

@@ -77,3 +77,26 @@ def test_the_demo_command_carries_the_flag_and_checks_it() -> None:
     with pytest.raises(ValueError, match="--vllm-fleet"):
         DemoOptions(vllm_fleet="pair").validate()
     DemoOptions(fleet="vllm", workers=2, vllm_fleet="moe-dp").validate()
+
+
+def test_the_sidecars_port_and_its_taps_ports_are_held_until_it_starts() -> None:
+    """`shadow demo --fleet vllm` picks serve's API port before the engines start (their probes post
+    there) and serve's taps take the following ports: all of them stay bound until serve starts, so
+    that an engine's own sockets cannot take one (a CI run lost the MoE demo to a tap port taken)."""
+    import socket
+
+    from shadow.app.demo import _reserve_ports
+
+    held = _reserve_ports(3)
+    try:
+        ports = [s.getsockname()[1] for s in held]
+        assert ports == [ports[0], ports[0] + 1, ports[0] + 2]
+        for port in ports:
+            with socket.socket() as other, pytest.raises(OSError):
+                other.bind(("127.0.0.1", port))
+    finally:
+        for s in held:
+            s.close()
+    for port in ports:  # released: serve can bind them
+        with socket.socket() as again:
+            again.bind(("127.0.0.1", port))
