@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import heatmap, prometheus
 
-from shadow.telemetry.dashboards._kit import RATE, heat, legend, q, rate, sel
+from shadow.telemetry.dashboards._kit import RATE, heat, named, q, rate, sel
 
 
 def quantile(phi: float, hist: str, by: str = "", extra: str = "") -> str:
@@ -16,7 +16,7 @@ def quantile(phi: float, hist: str, by: str = "", extra: str = "") -> str:
 def quantiles(hist: str, by: str = "", phis: tuple[float, ...] = (0.5, 0.95, 0.99),
               extra: str = "") -> list[prometheus.Dataquery]:
     """One target per quantile, legends `p50 {{by}}` ...."""
-    return [q(quantile(phi, hist, by, extra), f"p{round(phi * 100)} {legend(by)}".strip()) for phi in phis]
+    return [q(quantile(phi, hist, by, extra), named(f"p{round(phi * 100)}", by)) for phi in phis]
 
 
 def bucket_heat(title: str, description: str, unit: str, hist: str) -> heatmap.Panel:

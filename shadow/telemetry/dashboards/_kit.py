@@ -86,6 +86,11 @@ def _by(by: str) -> str:
     return f" by ({by})" if by else ""
 
 
+def named(name: str, by: str) -> str:
+    """A series' legend: `name`, then the labels of `by` ("retry", "leg" -> "retry {{leg}}")."""
+    return f"{name} {legend(by)}".strip()
+
+
 def q(expr: str, legend: str = "", ref: str = "A", *, instant: bool = False,
       heat: bool = False) -> prometheus.Dataquery:
     """One target; panels renumber their targets A, B, C, ... in order."""
@@ -97,6 +102,18 @@ def q(expr: str, legend: str = "", ref: str = "A", *, instant: bool = False,
     if heat:
         t = t.format(pm.PromQueryFormat.HEATMAP)
     return t
+
+
+def rates(metric: str, by: str = "", extra: str = "", *, fn: str = "rate",
+          name: str = "") -> prometheus.Dataquery:
+    """One target: a counter's `rate` by `by`, a series per label value, named `named(name, by)`."""
+    return q(rate(metric, by, extra, fn=fn), named(name, by))
+
+
+def levels(metric: str, by: str = "", extra: str = "", *, agg: str = "max",
+           name: str = "") -> prometheus.Dataquery:
+    """One target: a gauge's `level` by `by`, a series per label value, named `named(name, by)`."""
+    return q(level(metric, by, extra, agg=agg), named(name, by))
 
 
 def ts(title: str, description: str, unit: str, *targets: prometheus.Dataquery,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from shadow.contracts.labels import PROMPT_BUCKETS
 from shadow.telemetry.dashboards._hist import quantile, quantiles
-from shadow.telemetry.dashboards._kit import Board, Layout, q, rate, ts
+from shadow.telemetry.dashboards._kit import Board, Layout, q, rates, ts
 
 METRICS = (
     ("Time to first token", "shadow_router_first_token_seconds",
@@ -32,8 +32,7 @@ def _panels(lay: Layout) -> None:
     lay.add(ts("Finished requests by prompt length",
                "Requests per second finished through the proxy, by prompt-length bucket and mode (the "
                "weight behind each quantile above).",
-               "reqps", q(rate("shadow_router_completion_seconds_count", "mode, prompt_bucket"),
-                          "{{mode}} {{prompt_bucket}}")), w=24)
+               "reqps", rates("shadow_router_completion_seconds_count", "mode, prompt_bucket")), w=24)
 
 
 BOARD = Board("shadow-fairness", "shadow / Fairness",

@@ -3,7 +3,7 @@ them, the load distribution across workers, free slots, and per-worker loads ins
 
 from __future__ import annotations
 
-from shadow.telemetry.dashboards._kit import Board, Layout, heat, level, q, rate, ts
+from shadow.telemetry.dashboards._kit import Board, Layout, heat, level, levels, q, rates, ts
 
 LANE = 'lane=~"$lane"'
 
@@ -39,22 +39,20 @@ def _panels(lay: Layout) -> None:
                max_=1))
     lay.add(ts("Finished requests per worker",
                "Requests per second that ended normally on each worker, from the mirror.",
-               "reqps", q(rate("shadow_mirror_requests_finished_total", "worker"), "{{worker}}")))
+               "reqps", rates("shadow_mirror_requests_finished_total", "worker")))
     lay.add(ts("Relayed requests per tap",
                "HTTP requests per second each tap relayed (all legs).",
-               "reqps", q(rate("shadow_mirror_tap_requests_total", "worker"), "{{worker}}")))
+               "reqps", rates("shadow_mirror_tap_requests_total", "worker")))
     lay.row("Per-worker load inside the lanes")
     lay.add(ts("KV load per worker in lane $lane",
                "Each lane's counterfactual per-worker KV load (lane `actual` replays the router's real "
                "placements).",
                "suffix: tok",
-               q(level("shadow_lane_worker_load_tokens", "lane, worker", LANE, agg="sum"),
-                 "{{lane}} {{worker}}")))
+               levels("shadow_lane_worker_load_tokens", "lane, worker", LANE, agg="sum")))
     lay.add(ts("Active requests per worker in lane $lane",
                "Each lane's counterfactual running requests per worker.",
                "short",
-               q(level("shadow_lane_worker_active_requests", "lane, worker", LANE, agg="sum"),
-                 "{{lane}} {{worker}}")))
+               levels("shadow_lane_worker_active_requests", "lane, worker", LANE, agg="sum")))
 
 
 BOARD = Board("shadow-fleet", "shadow / Fleet",

@@ -3,12 +3,31 @@ the twin's fidelity and the step model's fit beside every figure."""
 
 from __future__ import annotations
 
+from grafana_foundation_sdk.builders import prometheus
+
 from shadow.telemetry.dashboards._hist import quantile
-from shadow.telemetry.dashboards._kit import Board, Layout, level, per_step, q, rate, sel, st, ts
+from shadow.telemetry.dashboards._kit import (
+    Board,
+    Layout,
+    level,
+    levels,
+    per_step,
+    q,
+    rate,
+    rates,
+    sel,
+    st,
+    ts,
+)
 
 ACTUAL = 'lane="actual"'
 BR = 'lane=~"br.*"'
 SPREAD = "shadow_lane_spread_token_steps_total"
+
+
+def _per_stat(metric: str, *stats: str) -> list[prometheus.Dataquery]:
+    """A lane figure's gauge per lane at each of `stats` (its `stat` label), legends "{{lane}} stat"."""
+    return [q(level(metric, "lane", f'stat="{s}"'), "{{lane}} " + s) for s in stats]
 
 
 def _panels(lay: Layout) -> None:  # long by design: one statement per panel, in the dashboard's order
@@ -55,10 +74,10 @@ def _panels(lay: Layout) -> None:  # long by design: one statement per panel, in
     lay.add(ts("Barrier idle by lane",
                "Fraction of step time the ranks wait at the barrier for the most loaded one, over the "
                "report window, from the fitted step model.",
-               "percentunit", q(level("shadow_lane_barrier_idle_ratio", "lane"), "{{lane}}"), max_=1))
+               "percentunit", levels("shadow_lane_barrier_idle_ratio", "lane"), max_=1))
     lay.add(ts("Spread at the latest step",
                "Instantaneous max − min KV load per lane (noisier than the average beside).",
-               "suffix: tok", q(level("shadow_lane_spread_tokens", "lane"), "{{lane}}")))
+               "suffix: tok", levels("shadow_lane_spread_tokens", "lane")))
 
     lay.row("Balance in the field's units")
     lay.add(ts("Balance ratio (NVIDIA's avg/max)",
@@ -66,40 +85,38 @@ def _panels(lay: Layout) -> None:  # long by design: one statement per panel, in
                "weighted mean (solid) and 10th percentile. 1 − it = I(k)/(G·max L); NVIDIA's TRT-LLM ADP "
                "blog reports 54.1 % → 87.7 %.",
                "percentunit",
-               q(level("shadow_lane_balance_ratio", "lane", 'stat="mean"'), "{{lane}} mean"),
-               q(level("shadow_lane_balance_ratio", "lane", 'stat="p10"'), "{{lane}} p10"), max_=1), w=6)
+               *_per_stat("shadow_lane_balance_ratio", "mean", "p10"), max_=1), w=6)
     lay.add(ts("Idle rate (BF-IO's)",
                "Per lane, mean over workers of 1 − L_g / max L, step-time-weighted: the share of the "
                "fleet's KV capacity at the barrier's pace left unused (= 1 − the mean balance ratio).",
-               "percentunit", q(level("shadow_lane_idle_rate_ratio", "lane"), "{{lane}}"), max_=1), w=6)
+               "percentunit", levels("shadow_lane_idle_rate_ratio", "lane"), max_=1), w=6)
     lay.add(ts("Speed-of-light throughput",
                "Per lane, throughput over its mean balance ratio (NVIDIA's SOL TPS): what the lane's "
                "traffic would give perfectly balanced; the gap to the throughput panel is what "
                "imbalance costs.",
                "suffix: tok/s",
-               q(level("shadow_lane_sol_throughput_tokens_per_second", "lane", agg="sum"), "{{lane}}")), w=6)
+               levels("shadow_lane_sol_throughput_tokens_per_second", "lane", agg="sum")), w=6)
     lay.add(ts("Max/min KV load per step (SGLang's)",
                "Per lane, the largest over the smallest worker's KV load per step at p50 and p95 over "
                "steps (no point where a worker held nothing: infinite).",
                "none",
-               q(level("shadow_lane_max_min_ratio", "lane", 'stat="p50"'), "{{lane}} p50"),
-               q(level("shadow_lane_max_min_ratio", "lane", 'stat="p95"'), "{{lane}} p95"), min_=1), w=6)
+               *_per_stat("shadow_lane_max_min_ratio", "p50", "p95"), min_=1), w=6)
 
     lay.row("Estimated service by lane")
     lay.add(ts("Estimated decode throughput",
                "Output tokens per second each lane would deliver, from its loads and the fitted step "
                "model.",
                "suffix: tok/s",
-               q(level("shadow_lane_throughput_tokens_per_second", "lane", agg="sum"), "{{lane}}")))
+               levels("shadow_lane_throughput_tokens_per_second", "lane", agg="sum")))
     lay.add(ts("Estimated TPOT",
                "Mean time per output token in each lane, from the fitted step model.",
-               "s", q(level("shadow_lane_tpot_seconds", "lane"), "{{lane}}")))
+               "s", levels("shadow_lane_tpot_seconds", "lane")))
     lay.add(ts("Fidelity and fit",
                "Twin fidelity error (actual lane vs mirror) and step-model R², the two figures every "
                "counterfactual number depends on.",
                "percentunit",
-               q(level("shadow_fidelity_load_relative_error", "instance"), "load error {{instance}}"),
-               q(level("shadow_step_model_r2", "instance", agg="min"), "R² {{instance}}"), max_=1))
+               levels("shadow_fidelity_load_relative_error", "instance", name="load error"),
+               levels("shadow_step_model_r2", "instance", agg="min", name="R²"), max_=1))
     lay.add(ts("Agreement with the router",
                "Share of the router's decisions each lane's policy would have made identically.",
                "percentunit",
@@ -109,10 +126,10 @@ def _panels(lay: Layout) -> None:  # long by design: one statement per panel, in
     lay.row("Lanes")
     lay.add(ts("Requests finished per lane",
                "Requests each lane finished per second (all lanes see the same traffic).",
-               "reqps", q(rate("shadow_lane_requests_finished_total", "lane"), "{{lane}}")), w=8)
+               "reqps", rates("shadow_lane_requests_finished_total", "lane")), w=8)
     lay.add(ts("Lane lag",
                "How far each lane runs behind the live clock (lanes wait for real request ends).",
-               "s", q(level("shadow_lane_lag_seconds", "lane"), "{{lane}}")), w=8)
+               "s", levels("shadow_lane_lag_seconds", "lane")), w=8)
     lay.add(ts("Policy compute time p99",
                "99th percentile of one routing round's compute time per lane.",
                "s", q(quantile(0.99, "shadow_lane_decision_duration_seconds", "lane"), "{{lane}}")), w=8)

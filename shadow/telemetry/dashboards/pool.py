@@ -5,17 +5,17 @@ routing round's compute time split into BalanceRoute's Stage 1 and Stage 2."""
 from __future__ import annotations
 
 from shadow.telemetry.dashboards._hist import bucket_heat, quantiles
-from shadow.telemetry.dashboards._kit import Board, Layout, level, q, rate, ts
+from shadow.telemetry.dashboards._kit import Board, Layout, levels, q, rate, rates, ts
 
 
 def _panels(lay: Layout) -> None:
     lay.row("Prompt Pool")
     lay.add(ts("Pool depth", "Requests waiting in the Prompt Pool: prefill done, decode not yet dispatched.",
-               "short", q(level("shadow_pool_requests", "instance", agg="sum"), "waiting {{instance}}")), w=8)
+               "short", levels("shadow_pool_requests", "instance", agg="sum", name="waiting")), w=8)
     lay.add(ts("Oldest pool entry",
                "Age of the oldest entry in the Prompt Pool: it grows when decode capacity is short or "
                "the scores pass it over (the starvation guard bounds it).",
-               "s", q(level("shadow_pool_oldest_seconds", "instance"), "{{instance}}")), w=8)
+               "s", levels("shadow_pool_oldest_seconds", "instance")), w=8)
     lay.add(ts("Pool wait quantiles",
                "p50, p95 and p99 of the time from prefill done to decode dispatch (alert "
                "ShadowPoolWaitRising when the tail rises with throughput).",
@@ -23,8 +23,8 @@ def _panels(lay: Layout) -> None:
     lay.add(ts("TTL expiries and starvation guard",
                "Pool entries per second released by the TTL reaper, and dispatched by the age "
                "(starvation) guard rather than by score.",
-               "ops", q(rate("shadow_pool_reaped_total"), "TTL expiries"),
-               q(rate("shadow_pool_starvation_guard_total"), "starvation guard")), w=12)
+               "ops", rates("shadow_pool_reaped_total", name="TTL expiries"),
+               rates("shadow_pool_starvation_guard_total", name="starvation guard")), w=12)
     lay.add(ts("Starvation-guard share of dispatches",
                "Share of pool dispatches over the window made by the age guard: high means the "
                "scores keep passing the same requests over.",
@@ -34,7 +34,7 @@ def _panels(lay: Layout) -> None:
     lay.row("KV transfer")
     lay.add(ts("KV transfers in flight",
                "KV transfers in flight per decode worker (bounded by the transfer cap).",
-               "short", q(level("shadow_router_kv_transfers_inflight", "worker", agg="sum"), "{{worker}}")),
+               "short", levels("shadow_router_kv_transfers_inflight", "worker", agg="sum")),
             w=8)
     lay.add(ts("KV transfer time quantiles",
                "p50, p95 and p99 of decode dispatch to first decode token (KV transfer plus queueing "
@@ -44,10 +44,10 @@ def _panels(lay: Layout) -> None:
                "Per second: upstream retries by leg, decode legs ended as `recomputed`, waits "
                "caused by back-pressure by reason, and streams over the resume budget (they could "
                "not continue a recomputed end).",
-               "ops", q(rate("shadow_router_retries_total", "leg"), "retry {{leg}}"),
-               q(rate("shadow_router_recomputed_total"), "recomputed"),
-               q(rate("shadow_router_backpressure_total", "reason"), "wait {{reason}}"),
-               q(rate("shadow_router_resume_dropped_total"), "resume dropped")), w=8)
+               "ops", rates("shadow_router_retries_total", "leg", name="retry"),
+               rates("shadow_router_recomputed_total", name="recomputed"),
+               rates("shadow_router_backpressure_total", "reason", name="wait"),
+               rates("shadow_router_resume_dropped_total", name="resume dropped")), w=8)
     lay.row("Routing time")
     lay.add(ts("Routing time by stage: P50 / P95 / P99",
                "Compute time of BalanceRoute's Stage 1 and Stage 2 within each routing round.",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from shadow.contracts.labels import LOOKUP_RESULTS
 from shadow.contracts.modes import DEGRADE_REASONS
-from shadow.telemetry.dashboards._kit import Board, Layout, level, per_step, q, rate, st, ts
+from shadow.telemetry.dashboards._kit import Board, Layout, level, levels, per_step, q, rate, rates, st, ts
 
 HIT = 'result="hit"'
 BRH = 'lane=~"brh.*"'
@@ -47,13 +47,13 @@ def _panels(lay: Layout) -> None:
     lay.row("Over time")
     lay.add(ts("Prompt-key lookups",
                f"BR-H predictor prompt-key lookups per second, by result ({', '.join(LOOKUP_RESULTS)}).",
-               "ops", q(rate(LOOKUPS, "result"), "{{result}}")), w=8)
+               "ops", rates(LOOKUPS, "result")), w=8)
     lay.add(ts("Calibration error and Oracle gap",
                "The calibration error of BR-H's end probabilities and its spread's excess over the "
                "Oracle bound (alert ShadowPredictorDrift).",
                "percentunit",
-               q(level("shadow_predictor_calibration_error", "instance"), "calibration {{instance}}"),
-               q(level("shadow_predictor_oracle_gap_ratio", "instance"), "oracle gap {{instance}}")), w=8)
+               levels("shadow_predictor_calibration_error", "instance", name="calibration"),
+               levels("shadow_predictor_oracle_gap_ratio", "instance", name="oracle gap")), w=8)
     lay.add(ts("BR-H net gain over BR-0",
                "From the live lanes on the same traffic: BR-H's throughput over BR-0's minus 1, and "
                "BR-0's barrier-idle fraction minus BR-H's (both positive when BR-H helps).",
@@ -67,8 +67,8 @@ def _panels(lay: Layout) -> None:
     lay.add(ts("Degradations to BR-0",
                f"BR-H → BR-0 degradations over the window, by reason ({', '.join(DEGRADE_REASONS)}), and "
                "the policy active mode runs now.",
-               "short", q(rate("shadow_policy_degraded_total", "reason", fn="increase"), "{{reason}}"),
-               q(level("shadow_policy_active", "policy"), "running {{policy}}")), w=12)
+               "short", rates("shadow_policy_degraded_total", "reason", fn="increase"),
+               levels("shadow_policy_active", "policy", name="running")), w=12)
 
 
 BOARD = Board("shadow-predictors", "shadow / Predictors",

@@ -10,7 +10,7 @@ from shadow.contracts.labels import BACKPRESSURE_REASONS, FAILED_OUTCOMES, LEGS,
 from shadow.contracts.modes import MODES, RouteMode
 from shadow.core.policies import ACTIVE
 from shadow.telemetry.dashboards._hist import quantiles
-from shadow.telemetry.dashboards._kit import Board, Layout, level, q, rate, st, ts
+from shadow.telemetry.dashboards._kit import Board, Layout, level, levels, q, rate, rates, st, ts
 
 ROUTED = 'mode!="shadow"'
 FAILED = f'outcome=~"{"|".join(FAILED_OUTCOMES)}"'
@@ -43,15 +43,15 @@ def _panels(lay: Layout) -> None:  # long by design: one statement per panel, in
                decimals=1), w=6, h=5)
     lay.add(ts("Operator mode",
                f"1 for the mode an operator set ({_listed(MODES)}), 0 for the others.",
-               "none", q(level("shadow_mode", "mode"), "{{mode}}"), max_=1), w=8)
+               "none", levels("shadow_mode", "mode"), max_=1), w=8)
     lay.add(ts("Policy active mode runs",
                f"1 for the policy active mode runs now ({_listed(ACTIVE)}); BR-H degrades to BR-0 "
                "when its predictor drifts.",
-               "none", q(level("shadow_policy_active", "policy"), "{{policy}}"), max_=1), w=8)
+               "none", levels("shadow_policy_active", "policy"), max_=1), w=8)
     lay.add(ts("Fallback trips and transitions by reason",
                "Automatic fallbacks by trigger, and transitions into each mode by reason (operator, "
                "flag file, drift, decision_slow, recovered, ...), counted over the window.",
-               "short", q(rate("shadow_fallback_trips_total", "reason", fn="increase"), "trip {{reason}}"),
+               "short", rates("shadow_fallback_trips_total", "reason", fn="increase", name="trip"),
                q(rate("shadow_mode_transitions_total", "mode, reason", fn="increase"),
                  "→ {{mode}} ({{reason}})")), w=8)
     lay.row("Decisions")
@@ -62,71 +62,70 @@ def _panels(lay: Layout) -> None:  # long by design: one statement per panel, in
     lay.add(ts("Decision rounds",
                "Dispatch rounds per second, by policy (pool policies coalesce several requests into "
                "one round).",
-               "ops", q(rate("shadow_router_decision_duration_seconds_count", "policy"), "{{policy}}")), w=12)
+               "ops", rates("shadow_router_decision_duration_seconds_count", "policy")), w=12)
     lay.row("Requests")
     lay.add(ts("Requests by mode, policy and outcome",
                f"Requests per second through the proxy by effective mode ({_listed(get_args(RouteMode))}), "
                f"policy and outcome ({_listed(OUTCOMES)}).",
-               "reqps", q(rate(REQUESTS, "mode, policy, outcome"), "{{mode}} {{policy}} {{outcome}}")), w=12)
+               "reqps", rates(REQUESTS, "mode, policy, outcome")), w=12)
     lay.add(ts("Failed share of requests",
                f"Share of requests per second ending in {_listed(FAILED_OUTCOMES)}, by effective mode.",
                "percentunit", q(f"{rate(REQUESTS, 'mode', FAILED)} / {rate(REQUESTS, 'mode')}", "{{mode}}"),
                max_=1), w=12)
     lay.add(ts("Upstream errors",
                f"Failed upstream calls per second, by leg ({_listed(LEGS)}) and worker.",
-               "ops", q(rate("shadow_router_upstream_errors_total", "leg, worker"), "{{leg}} {{worker}}")),
+               "ops", rates("shadow_router_upstream_errors_total", "leg, worker")),
             w=8)
     lay.add(ts("Retries",
                "Upstream retries per second before the first byte reached a client, by leg.",
-               "ops", q(rate("shadow_router_retries_total", "leg"), "{{leg}}")), w=8)
+               "ops", rates("shadow_router_retries_total", "leg")), w=8)
     lay.add(ts("In flight per upstream",
                "Requests in flight from the proxy to each upstream, by leg and worker.",
-               "short", q(level("shadow_router_inflight", "leg, worker", agg="sum"), "{{leg}} {{worker}}")),
+               "short", levels("shadow_router_inflight", "leg, worker", agg="sum")),
             w=8)
     lay.add(ts("Streams cut",
                "Client streams the proxy cut after their first byte (an SSE error event, then an aborted "
                "body, so the client sees the failure), by leg and reason, counted over the window.",
-               "short", q(rate("shadow_router_streams_cut_total", "leg, reason", fn="increase"),
-                          "{{leg}} {{reason}}")), w=12)
+               "short", rates("shadow_router_streams_cut_total", "leg, reason", fn="increase")), w=12)
     lay.add(ts("Requests by cohort and result",
                "Finished requests per second as their clients saw them: shadow (routed by shadow's policy) "
                "and router (passed to the existing router), ok or failed (not the client's own 4xx).",
-               "reqps", q(rate("shadow_cohort_requests_total", "cohort, result"), "{{cohort}} {{result}}")),
+               "reqps", rates("shadow_cohort_requests_total", "cohort, result")),
             w=12)
     lay.row("Canary analysis")
     lay.add(ts("Canary step",
                "Fraction of requests the canary under analysis routes by shadow's policy (0: no canary "
                "under analysis).",
-               "percentunit", q(level("shadow_canary_step_fraction", "instance"), "{{instance}}"), max_=1),
+               "percentunit", levels("shadow_canary_step_fraction", "instance"), max_=1),
             w=8)
     lay.add(ts("Canary verdicts",
                "Verdicts of the canary's steps (pass: on to the next step; fail: back to shadow; promoted: "
                "active), counted over the window.",
-               "short", q(rate("shadow_canary_verdicts_total", "verdict", fn="increase"), "{{verdict}}")),
+               "short", rates("shadow_canary_verdicts_total", "verdict", fn="increase")),
             w=8)
     lay.add(ts("Canary p-values",
                "One-sided p-value of the last verdict's test that the canary is worse, by metric (Fisher's "
                "exact test on errors, Mann-Whitney U on TTFT, TPOT and spread); low means worse.",
-               "none", q(level("shadow_canary_p_value", "metric", agg="min"), "{{metric}}"), max_=1), w=8)
+               "none", levels("shadow_canary_p_value", "metric", agg="min"), max_=1), w=8)
     lay.row("Decode workers")
     lay.add(ts("Placements per decode worker",
                "Requests placed on each decode worker per second, by policy (rr in fallback).",
-               "reqps", q(rate("shadow_router_placements_total", "worker, policy"), "{{worker}} {{policy}}")),
+               "reqps", rates("shadow_router_placements_total", "worker, policy")),
             w=12)
     lay.add(ts("Decode workers up",
                "1 while a decode worker takes placements; 0 while it is down (the proxy could not reach "
                "it, or its telemetry says so), as of the last routing round.",
-               "none", q(level("shadow_router_worker_up", "worker", agg="min"), "{{worker}}"), max_=1), w=12)
+               "none", levels("shadow_router_worker_up", "worker", agg="min"), max_=1), w=12)
     lay.row("Prompt Pool")
     lay.add(ts("Pool depth",
                "Requests waiting in the Prompt Pool (prefill done, decode not yet dispatched).",
-               "short", q(level("shadow_pool_requests", "instance", agg="sum"), "{{instance}}")), w=8)
+               "short", levels("shadow_pool_requests", "instance", agg="sum")), w=8)
     lay.add(ts("Pool wait quantiles",
                "p50, p95 and p99 of the time from prefill done to decode dispatch.",
                "s", *quantiles("shadow_pool_wait_seconds")), w=8)
     lay.add(ts("Back-pressure waits",
                f"Waits per second caused by back-pressure, by reason ({_listed(BACKPRESSURE_REASONS)}).",
-               "ops", q(rate("shadow_router_backpressure_total", "reason"), "{{reason}}")), w=8)
+               "ops", rates("shadow_router_backpressure_total", "reason")), w=8)
 
 
 BOARD = Board("shadow-router", "shadow / Router",

@@ -7,7 +7,7 @@ step-time distribution."""
 from __future__ import annotations
 
 from shadow.telemetry.dashboards._hist import bucket_heat, quantiles
-from shadow.telemetry.dashboards._kit import Board, Layout, level, q, rate, st, ts
+from shadow.telemetry.dashboards._kit import Board, Layout, level, levels, q, rate, st, ts
 
 ACTUAL = 'lane="actual"'
 A = "shadow_step_model_a_seconds_per_token"
@@ -61,7 +61,7 @@ def _cost_panels(lay: Layout) -> None:
     lay.add(ts("Window periods: what the lanes step on, off",
                "Per group: median error of the cost model × the clock factor against each window's mean step "
                "period, one window ahead; above 10% the lanes do not keep the engine's timeline.",
-               "percentunit", q(level("shadow_step_cost_period_error_ratio", "group"), "{{group}}"),
+               "percentunit", levels("shadow_step_cost_period_error_ratio", "group"),
                max_=None, decimals=1))
 
 
@@ -88,7 +88,7 @@ def _panels(lay: Layout) -> None:
                q(f'{level(A)} * {level("shadow_lane_worker_load_tokens", extra=ACTUAL)} + {level(B)}',
                  "modelled")))
     lay.add(ts("Fit quality over time", "R² of the fit over time; it should stay above 0.8.",
-               "none", q(level("shadow_step_model_r2", "instance", agg="min"), "R² {{instance}}"), max_=1,
+               "none", levels("shadow_step_model_r2", "instance", agg="min", name="R²"), max_=1,
                decimals=3))
     lay.add(bucket_heat("Measured step-time distribution",
                         "Measured step times per window (histogram buckets, all sources).",
