@@ -5,8 +5,8 @@
     python bench/bench_analysis.py --fleet 256x256 --no-check
 
 What `shadow serve` runs between the attach channel and `/v1/report`, in one process, fed the
-frames a relay sends: attach-channel bytes (`shadow.mirror.frames`: info, start, data, end) read
-in 1 MiB reads as the attachment reads them → `ChannelReader` → `TapService`'s analysis
+frames a relay sends: attach-channel bytes (`shadow.contracts.frames`: info, start, data, end) read
+in 1 MiB reads as the attachment reads them → `ChannelReader` → `MirrorService`'s analysis
 (`Analyzer`: vLLM SSE parsing, per-stream folding, Arrive/Route/Token/Finish into the `Mirror` and
 its state) → the live lanes (`LiveLanes` of a `ServeService`: queue intake, step-time windows and
 fit, fidelity, agreement, lanes actual + `--policies` advancing, a snapshot every 0.25 s of fleet
@@ -50,8 +50,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from shadow.app.serve import ServeConfig, ServeService
-from shadow.mirror.channel import ChannelReader
-from shadow.mirror.frames import (
+from shadow.contracts.frames import (
     DATA,
     DATA_FIXED,
     START,
@@ -62,7 +61,8 @@ from shadow.mirror.frames import (
     encode_end,
     encode_info,
 )
-from shadow.mirror.service import TapConfig
+from shadow.mirror.channel_reader import ChannelReader
+from shadow.mirror.service import MirrorConfig
 from shadow.traces import resolve
 
 READ = 1 << 20  # an attachment's read (shadow.mirror.attach)
@@ -169,9 +169,10 @@ class Clock:
 def service(workers: int, slots: int, step_s: float, policies: str, clock: Callable[[], float],
             shards: int = 0, ray: str | None = None) -> ServeService:
     """`shadow serve`'s analysis objects, not started (no sockets, no threads): driven by hand."""
-    tap = TapConfig(upstreams={f"d{g}": f"http://127.0.0.1:{9000 + g}" for g in range(workers)}, slots=slots,
-                    scrape_interval_s=0, relay="process", attach=("unix:/nonexistent.sock",),
-                    event_skew_s=3600.0)
+    tap = MirrorConfig(
+        upstreams={f"d{g}": f"http://127.0.0.1:{9000 + g}" for g in range(workers)}, slots=slots,
+        scrape_interval_s=0, relay="process", attach=("unix:/nonexistent.sock",),
+        event_skew_s=3600.0)
     cfg = ServeConfig(tap=tap, policies=tuple(p for p in policies.split(",") if p), step_a=1e-12,
                       step_b=step_s, live_queue_size=100_000_000, lane_shards=shards, lane_ray=ray)
     return ServeService(cfg, clock=clock)

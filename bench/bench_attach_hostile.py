@@ -221,8 +221,8 @@ def _attach_by_hand(root: Path, path: str, name: str) -> socket.socket:
     s.connect(path)
     s.settimeout(30)
     if (root / "shadow" / "mirror" / "handshake.py").exists():
-        from shadow.mirror import handshake
-        from shadow.mirror.frames import Hello, encode_hello
+        from shadow.contracts import handshake
+        from shadow.contracts.frames import Hello, encode_hello
 
         msg, nonce = handshake.opening()
         s.sendall(msg)

@@ -210,9 +210,9 @@ def _start_upstream(step_s: float, tokens: int, groups: int) -> tuple[mp.Process
 # data plane became a process of its own): attached to the tap group, or with the taps in-process.
 _ANALYSIS_BOOT = """
 import asyncio, json, sys
-from shadow.mirror.service import TapConfig, TapService
+from shadow.mirror.service import MirrorConfig, MirrorService
 async def main():
-    svc = TapService(TapConfig(**json.loads(sys.argv[1])))
+    svc = MirrorService(MirrorConfig(**json.loads(sys.argv[1])))
     print(json.dumps(await svc.start()), flush=True)
     await asyncio.Event().wait()
 asyncio.run(main())
@@ -252,7 +252,7 @@ def _popen(argv: list[str], root: Path) -> tuple[subprocess.Popen[str], dict]:  
 
 
 def _start_tap(upstream_port: int, record: str, extra: list[str], root: Path, state: str) -> _UnderTest:
-    """Before the split (no shadow/mirror/relay.py): `shadow tap` ran the relay and the mirror's
+    """Before the split (no shadow/dataplane/relay.py): `shadow tap` ran the relay and the mirror's
     analysis itself. After it: the data plane `shadow tap` plus a mirror-only analysis attached to
     it (`--relay thread` in `extra`: one process, the taps in it)."""
     up = f"http://127.0.0.1:{upstream_port}"

@@ -16,10 +16,10 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from shadow.app.serve import ServeConfig, ServeService
 from shadow.base.loopthread import LoopThread
+from shadow.dataplane.rundir import groups, pid_alive
+from shadow.dataplane.supervisor import control
 from shadow.fleet import Fleet, FleetConfig
-from shadow.mirror.rundir import groups, pid_alive
-from shadow.mirror.service import TapConfig, TapService
-from shadow.mirror.supervisor import control
+from shadow.mirror.service import MirrorConfig, MirrorService
 
 T = TypeVar("T")
 
@@ -119,7 +119,7 @@ class TapThread:
     mirrored state lives; `settle()` waits for the analysis watermark.
     """
 
-    def __init__(self, config: TapConfig) -> None:
+    def __init__(self, config: MirrorConfig) -> None:
         self.config = config
         self.relay = LoopThread("shadow-tap")
         self.svc: Any = None
@@ -154,7 +154,7 @@ class TapThread:
 
     def _build(self) -> Any:
         """The service to run (built on its loop): here the tap service, which is also `svc`."""
-        self.svc = TapService(self.config)
+        self.svc = MirrorService(self.config)
         return self.svc
 
     def __enter__(self) -> TapThread:

@@ -8,11 +8,14 @@ Tiers, lowest first (a room is `shadow/<room>/` or a top-level module of `shadow
 1. `core`: the pure routing core.
 2. `engine`: the pure fleet engine over the core.
 3. the wings: `traces`, `fleet`, `realvllm` (real vLLM servers: model builder, launcher, step
-   probe), `loadgen`, `mirror`, `telemetry`.
-4. what runs on the wings: `live`, `active`, `replay`.
-5. `app`: assembles processes from every wing.
-6. `commands`: the CLI's sub-commands.
-7. `cli`: `shadow/cli.py` and `shadow/__main__.py`.
+   probe), `loadgen`, `telemetry`, and the two sources of traffic copies: `dataplane` (the process
+   in the traffic's path: taps, relay, supervisor) and `capture` (passive, off an interface).
+4. `mirror`: the analysis process's own room (attachment, SSE analysis, mirrored state, event API).
+   The data plane sits below it and so can never import it: it must outlive the analysis.
+5. what runs on the mirror: `live`, `active`, `replay`.
+6. `app`: assembles processes from every wing.
+7. `commands`: the CLI's sub-commands.
+8. `cli`: `shadow/cli.py` and `shadow/__main__.py`.
 
 A module may import its own room and any room of a lower tier. Rooms of one tier may not import
 each other, except the pairs in `SIDEWAYS` (each with its reason). Every import counts: at module
@@ -32,7 +35,8 @@ TIERS: tuple[tuple[str, ...], ...] = (
     ("contracts", "vllm", "base", "shadow"),
     ("core",),
     ("engine",),
-    ("traces", "fleet", "realvllm", "loadgen", "mirror", "telemetry"),
+    ("traces", "fleet", "realvllm", "loadgen", "telemetry", "dataplane", "capture"),
+    ("mirror",),
     ("live", "active", "replay"),
     ("app",),
     ("commands",),
@@ -40,7 +44,10 @@ TIERS: tuple[tuple[str, ...], ...] = (
 )
 
 #: Allowed imports between rooms of one tier: (from, to) -> why.
-SIDEWAYS: dict[tuple[str, str], str] = {}
+SIDEWAYS: dict[tuple[str, str], str] = {
+    ("capture", "dataplane"): "passive capture frames HTTP/1.1 with the taps' own llhttp pieces "
+    "(`dataplane.http1`), so both read a request alike",
+}
 
 #: Top-level modules of `shadow/` that belong to a room other than their own name.
 MODULE_ROOMS = {"__main__": "cli", "cli": "cli"}
@@ -191,32 +198,29 @@ def test_sideways_pairs_are_used_and_within_one_tier() -> None:
 def test_the_checks_catch_what_they_should(tmp_path: Path) -> None:
     """Upward, sideways, in-function imports and cycles are all found on a small made-up package."""
     pkg = tmp_path / "shadow"
-    for d in ("core", "engine", "mirror", "telemetry", "contracts"):
+    for d in ("core", "engine", "fleet", "telemetry", "contracts"):
         (pkg / d).mkdir(parents=True)
         (pkg / d / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
     (pkg / "core" / "a.py").write_text("def f():\n    from shadow.engine import b\n")
     (pkg / "engine" / "b.py").write_text("from shadow.core import a\n")
-    (pkg / "mirror" / "m.py").write_text("from ..telemetry.t import X\n")
+    (pkg / "fleet" / "m.py").write_text("from ..telemetry.t import X\n")
     (pkg / "telemetry" / "t.py").write_text("import shadow.contracts.e\nX = 1\n")
     (pkg / "contracts" / "e.py").write_text("")
     mods = modules(pkg)
     found = imports(mods)
     bad = violations(found, pkg)
     assert any("core/a.py:2 imports shadow.engine" in b and "points up" in b for b in bad), bad
-    assert any("mirror/m.py:1 imports shadow.telemetry.t" in b and "sideways" in b for b in bad), bad
+    assert any("fleet/m.py:1 imports shadow.telemetry.t" in b and "sideways" in b for b in bad), bad
     assert not any("telemetry/t.py" in b for b in bad), bad
     assert cycles(found) == [["shadow.core.a", "shadow.engine.b"]]
 
 
-#: The data plane: the modules the relay process (`shadow tap`, assembled in `shadow.app.tap`) runs,
-#: the only ones of `shadow.mirror` it may load. Everything else there is the analysis (the mirror's
-#: state, the SSE analysis, the API, the reconciler): the data plane must outlive it, so it never
-#: imports it; the contract between the two is `shadow.contracts.tapwire`.
-DATA_PLANE = frozenset(
-    f"shadow.mirror.{m}" for m in ("channel", "frames", "handshake", "http1", "keys", "proxy", "relay",
-                                   "relay_metrics", "relayview", "rundir", "supervisor", "usage_inject")
-) | {"shadow.mirror", "shadow.app.tap"}
+#: The data plane: the modules the relay process (`shadow tap`, assembled in `shadow.app.tap`) runs:
+#: its own room and the floors. The analysis (`shadow.mirror`: the mirror's state, the SSE analysis,
+#: the API, the reconciler) sits a tier above it; the data plane must outlive it, so it never imports
+#: it; the contract between the two is `shadow.contracts` (`tapwire`, `frames`, `handshake`).
+DATA_PLANE_ROOMS = frozenset({"dataplane"})
 
 
 def _closure(start: str, found: list[Import]) -> set[str]:
@@ -235,7 +239,8 @@ def _closure(start: str, found: list[Import]) -> set[str]:
 
 def test_the_data_plane_never_imports_the_analysis() -> None:
     """Every shadow module the relay process can load, also inside functions: only the data plane's
-    own modules of `mirror` and the floors below the wings (contracts, vllm, base)."""
-    loaded = _closure("shadow.app.tap", imports(modules()))
-    wrong = sorted(m for m in loaded if m not in DATA_PLANE and tier(room(m)) > 0)
+    own room and the floors below the wings (contracts, vllm, base)."""
+    loaded = _closure("shadow.app.tap", imports(modules())) - {"shadow.app.tap"}
+    assert "shadow.dataplane.relay" in loaded  # the closure is the relay's
+    wrong = sorted(m for m in loaded if room(m) not in DATA_PLANE_ROOMS and tier(room(m)) > 0)
     assert not wrong, f"the data plane imports the analysis (or another wing): {wrong}"

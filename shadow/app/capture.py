@@ -5,16 +5,16 @@ from __future__ import annotations
 import asyncio
 
 from shadow.app.process import announce, stop_event
-from shadow.mirror.service import TapConfig, TapService
+from shadow.mirror.service import MirrorConfig, MirrorService
 
 PROG = "shadow capture"
 
 
-async def serve(config: TapConfig) -> None:
+async def serve(config: MirrorConfig) -> None:
     """Run until SIGINT/SIGTERM (a second one exits at once). OSError when the packet socket
     cannot be opened (not root, no such interface)."""
     stop = stop_event(hard_exit=PROG)
-    svc = TapService(config)
+    svc = MirrorService(config)
     announce(await svc.start())
     try:
         await stop.wait()
@@ -22,6 +22,6 @@ async def serve(config: TapConfig) -> None:
         await svc.stop()
 
 
-def run(config: TapConfig) -> None:
+def run(config: MirrorConfig) -> None:
     """`serve` on asyncio (ValueError: bad configuration; OSError: socket, ports, files)."""
     asyncio.run(serve(config))

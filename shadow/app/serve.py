@@ -1,7 +1,7 @@
 """`shadow serve` in one process: the mirror of `shadow tap` with the live lanes, the mode
 controller, the active proxy and tracing, each given what it reads and feeds at construction.
 
-    svc = ServeService(ServeConfig(tap=TapConfig(upstreams={...}, slots=64)))
+    svc = ServeService(ServeConfig(tap=MirrorConfig(upstreams={...}, slots=64)))
     ready = await svc.start()      # {"taps": {name: url}, "api": url[, "active": url]}
     ...                            # GET {api}/v1/report[?drain=1], {api}/metrics
     await svc.stop()
@@ -64,7 +64,7 @@ from shadow.live.metrics import LiveCollector
 from shadow.live.shards import ProcessShards, RayShards, ShardedLanes, Shards
 from shadow.live.stepfit import SOURCES
 from shadow.mirror.hub import Listener
-from shadow.mirror.service import TapConfig, TapService
+from shadow.mirror.service import MirrorConfig, MirrorService
 from shadow.replay.sweep_ray import connect, import_ray
 from shadow.telemetry.httpspans import TapSpans
 from shadow.telemetry.tracing import MirrorSpans, RoutingSpans, get_tracer, otlp_provider
@@ -146,7 +146,7 @@ class LeaseSettings:
 class ServeConfig:
     """What `shadow serve` is told: the tap configuration plus the live lanes'."""
 
-    tap: TapConfig
+    tap: MirrorConfig
     policies: tuple[str, ...] = DEFAULT_POLICIES
     # the live lanes' settings: their flags, YAML keys and env variables from here (`shadow.base.knobs`)
     lag_s: float = knob(
@@ -269,7 +269,7 @@ class ServeService:
             tap_config = dataclasses.replace(tap_config, events_token_required=True)
         if tap_config.record:
             tap_config = dataclasses.replace(tap_config, record_lanes=self.lane_settings().to_json())
-        self.tap = TapService(tap_config, clock=clock, listeners=listeners, collectors=collectors,
+        self.tap = MirrorService(tap_config, clock=clock, listeners=listeners, collectors=collectors,
                               routers=routers, spans=TapSpans(tracer) if tracer is not None else None)
         if self.tap.recorder is not None:  # the recording carries the seeds: a replay starts windows alike
             self.live.seed_sink = self.tap.recorder.seed

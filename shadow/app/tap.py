@@ -33,11 +33,11 @@ from shadow.base.knobs import check_knobs
 from shadow.base.net import bind_listen
 from shadow.base.runtime import raise_fd_limit
 from shadow.base.security import Untrusted
-from shadow.mirror.http1 import TapLimits
-from shadow.mirror.keys import state_dir
-from shadow.mirror.relay import RelayBounds, RelaySockets, RelaySpec
-from shadow.mirror.rundir import RunDir, digest, groups, unix_listen
-from shadow.mirror.supervisor import Supervisor, control
+from shadow.base.statedir import state_dir
+from shadow.dataplane.http1 import TapLimits
+from shadow.dataplane.relay import RelayBounds, RelaySockets, RelaySpec
+from shadow.dataplane.rundir import RunDir, digest, groups, unix_listen
+from shadow.dataplane.supervisor import Supervisor, control
 
 PROG = "shadow tap"
 SD_LISTEN_FDS_START = 3

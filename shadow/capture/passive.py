@@ -20,6 +20,8 @@ from typing import Any
 
 from httptools import HttpParserError, HttpRequestParser, HttpResponseParser
 
+from shadow.capture.packets import FIN, RST, SYN, PacketSocket, Segment
+from shadow.capture.reassembly import GAP, Direction
 from shadow.contracts.tapwire import (
     END_CLIENT_CANCEL,
     END_COMPLETE,
@@ -28,9 +30,7 @@ from shadow.contracts.tapwire import (
     Handoff,
     TapContext,
 )
-from shadow.mirror.http1 import head_ids
-from shadow.mirror.packets import FIN, RST, SYN, PacketSocket, Segment
-from shadow.mirror.reassembly import GAP, Direction
+from shadow.dataplane.http1 import head_ids
 
 _METHODS = (b"GET ", b"POST ", b"PUT ", b"HEAD ", b"DELETE ", b"OPTIONS ", b"PATCH ")
 _KEPT_HEADERS = ("content-type", "content-length", "transfer-encoding")

@@ -26,7 +26,7 @@ from shadow.commands._service import run_reporting
 from shadow.commands.serve import mirror_flags
 from shadow.commands.tap import pairs
 from shadow.mirror.keys import key_location, open_secret
-from shadow.mirror.service import MirrorBounds, TapConfig
+from shadow.mirror.service import MirrorBounds, MirrorConfig
 
 PROG = "shadow capture"
 SUMMARY = "mirror the router's traffic passively, off an interface"
@@ -76,10 +76,10 @@ def register(subparsers: Any) -> None:
     add_command(subparsers, "capture", SUMMARY, __doc__, EPILOG, run, add_arguments)
 
 
-def config_from_args(args: argparse.Namespace) -> TapConfig:
+def config_from_args(args: argparse.Namespace) -> MirrorConfig:
     if not args.upstream and not args.prefill and not args.front:
         raise SystemExit(f"{PROG}: give the servers to watch: --upstream NAME=URL (and --prefill, --front)")
-    return TapConfig(
+    return MirrorConfig(
         **fields(args, capture_flags()),
         **fields(args, mirror_flags()),
         **knob_values(args, MirrorBounds),

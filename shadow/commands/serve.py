@@ -37,11 +37,11 @@ from shadow.commands._layered import explicit_only, given, origin, resolve
 from shadow.commands._service import add_log_arguments, run_reporting, start_logging
 from shadow.commands.serve_checks import canary_steps, check_start_values
 from shadow.core.policies import ACTIVE, active_names, active_policy, lane_names
+from shadow.dataplane.http1 import TapLimits
+from shadow.dataplane.relay import RelayBounds
 from shadow.live.lanes import DEFAULT_POLICIES
-from shadow.mirror.http1 import TapLimits
 from shadow.mirror.keys import key_location, open_secret
-from shadow.mirror.relay import RelayBounds
-from shadow.mirror.service import TapConfig
+from shadow.mirror.service import MirrorConfig
 
 PROG = "shadow serve"
 ENV_PREFIX = "SHADOW_SERVE_"
@@ -134,22 +134,22 @@ def add_mirror_arguments(p: argparse.ArgumentParser) -> None:
     add_flags(p.add_argument_group("the data plane (tap groups)"), attach_flags())
     mirror = p.add_argument_group("the mirror (and its API)")
     add_flags(mirror, mirror_flags())
-    add_knobs(mirror, TapConfig)
+    add_knobs(mirror, MirrorConfig)
 
 
-def tap_config_from_args(args: argparse.Namespace) -> TapConfig:
+def tap_config_from_args(args: argparse.Namespace) -> MirrorConfig:
     """The mirror's configuration (taps, attachments, bounds) from serve's options."""
     if not args.upstream and not args.front and not getattr(args, "worker", None):
         print(f"{PROG}: give --upstream NAME=URL (in-path taps) or --front NAME=URL (front mode)",
               file=sys.stderr)
         raise SystemExit(2)  # a usage error, as argparse's
-    return TapConfig(
+    return MirrorConfig(
         **fields(args, tap_cmd.data_plane_flags()),
         **knob_values(args, RelayBounds),
         **knob_values(args, TapLimits),
         **fields(args, attach_flags()),
         **fields(args, mirror_flags()),
-        **knob_values(args, TapConfig),
+        **knob_values(args, MirrorConfig),
         upstreams=tap_cmd.pairs(args.upstream, "--upstream", PROG),
         prefill=tap_cmd.pairs(args.prefill, "--prefill", PROG),
         front=tap_cmd.pairs(args.front, "--front", PROG),

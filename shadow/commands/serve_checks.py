@@ -15,12 +15,12 @@ from shadow.active.proxy import ActiveConfig
 from shadow.app.serve import ActiveSettings, LeaseSettings, ServeConfig, check_policies
 from shadow.base.knobs import NON_NEGATIVE_S, Bound, knob_rules
 from shadow.commands._layered import origin
+from shadow.contracts.frames import MAX_NAME
 from shadow.contracts.modes import MODES
+from shadow.dataplane.http1 import TapLimits
+from shadow.dataplane.relay import RelayBounds
 from shadow.mirror.attach import parse_address
-from shadow.mirror.frames import MAX_NAME
-from shadow.mirror.http1 import TapLimits
-from shadow.mirror.relay import RelayBounds
-from shadow.mirror.service import TapConfig
+from shadow.mirror.service import MirrorConfig
 
 NO_ACTIVE = ("without --active the existing router routes every request, so only mode shadow can be "
              "carried out")
@@ -28,10 +28,10 @@ NO_ACTIVE = ("without --active the existing router routes every request, so only
 #: The configs whose fields declare `shadow serve`'s settings (`shadow.base.knobs`): the lanes', the
 #: active proxy's, the mode controller's, the fallback's, the client-felt checks', the canary's, and
 #: the data plane's (the relay's bounds and the taps' limits, shared with `shadow tap`) and the
-#: mirror's (`TapConfig`; its `MirrorBounds` shared with `shadow capture`), the active listener's and
+#: mirror's (`MirrorConfig`; its `MirrorBounds` shared with `shadow capture`), the active listener's and
 #: the leader lease's.
 DECLARED: tuple[type, ...] = (ServeConfig, ActiveConfig, ModeConfig, GuardConfig, ClientConfig, CanaryConfig,
-                              RelayBounds, TapLimits, TapConfig, ActiveSettings, LeaseSettings)
+                              RelayBounds, TapLimits, MirrorConfig, ActiveSettings, LeaseSettings)
 
 #: (option dest, bound) for the numbers: seconds, fractions and counts (those of the settings
 #: DECLARED derived from their declarations).

@@ -46,9 +46,9 @@ from shadow.base.knobs import add_knobs, knob_values
 from shadow.commands._flags import Flag, add_flags, fields, flag
 from shadow.commands._help import add_command, run_alone
 from shadow.commands._service import add_log_arguments, run_reporting, start_logging
+from shadow.dataplane.http1 import DEFAULT_ALLOW_PATHS, TapLimits
+from shadow.dataplane.relay import RelayBounds
 from shadow.mirror.groups import BOUND_FLAG
-from shadow.mirror.http1 import DEFAULT_ALLOW_PATHS, TapLimits
-from shadow.mirror.relay import RelayBounds
 
 PROG = "shadow tap"
 SUMMARY = "the data plane: in-path taps, in a process that outlives the analysis"
@@ -70,7 +70,7 @@ def pairs(values: Sequence[str] | None, what: str, prog: str = PROG) -> dict[str
 
 def data_plane_flags() -> tuple[Flag, ...]:
     """The taps, shared by `shadow tap` and `shadow serve`; `fills` names the field of both
-    `TapGroupConfig` and `TapConfig`. The relay's bounds and the taps' limits are declared on
+    `TapGroupConfig` and `MirrorConfig`. The relay's bounds and the taps' limits are declared on
     `RelayBounds` and `TapLimits` (`shadow.base.knobs`; `add_data_plane_arguments`)."""
     pair = {"action": "append", "metavar": "NAME=URL"}
     return (

@@ -49,6 +49,8 @@ _U32 = (1 << 32) - 1
 _I64 = (1 << 63) - 1
 ROLES = ("decode", "prefill", "front")
 
+DEFAULT_MAX_BODY = 4 << 20  # request body bytes a relay copies (`shadow tap --max-body`'s default)
+
 
 def frame_bound(max_body: int) -> int:
     """The largest frame a relay copying request bodies up to `max_body` bytes sends: an info

@@ -1,7 +1,7 @@
 """The wire contract between the data plane and the analysis: what a tap hands over per request
 (`TapContext`, through a `Handoff`: a queue in one process, the attach channel between two), how a
 request ended (`END_*`), and the bounded label sets both sides count by (`REJECT_REASONS`,
-`CUT_REASONS`). The relay (`shadow.mirror.proxy`) fills it; the analysis (`shadow.mirror.analyzer`,
+`CUT_REASONS`). The relay (`shadow.dataplane.tap`) fills it; the analysis (`shadow.mirror.analyzer`,
 `.channel`, `.capture`) reads it. Imports nothing else from shadow."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Analyses attach by name (their hello's `name`; replicas of `shadow serve` behind
 give theirs): up to MAX_ANALYSES at once, each getting every copy; a new one under a name already
 attached replaces that one (which is told so).
 
-An attach connection is authenticated before a frame of it is read (`shadow.mirror.handshake`:
+An attach connection is authenticated before a frame of it is read (`shadow.contracts.handshake`:
 over TCP, proof of the attach token; over the unix socket, the peer's uid must be this one's or
 root's): at most MAX_HANDSHAKES at once on each kind of socket (MAX_HANDSHAKES_PER_PEER from one
 TCP address), each within HANDSHAKE_TIMEOUT_S through its hello.
@@ -38,15 +38,15 @@ from httptools import HttpParserError, HttpRequestParser
 from prometheus_client import CollectorRegistry, generate_latest
 
 from shadow.base.knobs import AT_LEAST_ONE, knob, knob_argv
-from shadow.base.net import read_now
+from shadow.base.net import read_now, size_buffers
 from shadow.base.runtime import LOOPS
-from shadow.mirror import handshake
-from shadow.mirror.channel import ChannelSink, size_buffers
-from shadow.mirror.frames import CONTROL_MAX, HDR, FrameError, FrameReader, Hello, decode_control
-from shadow.mirror.handshake import REFUSALS, HandshakeError
-from shadow.mirror.http1 import TapLimits
-from shadow.mirror.proxy import Tap
-from shadow.mirror.relay_metrics import RelayCollector
+from shadow.contracts import handshake
+from shadow.contracts.frames import CONTROL_MAX, HDR, FrameError, FrameReader, Hello, decode_control
+from shadow.contracts.handshake import REFUSALS, HandshakeError
+from shadow.dataplane.channel import ChannelSink
+from shadow.dataplane.http1 import TapLimits
+from shadow.dataplane.relay_metrics import RelayCollector
+from shadow.dataplane.tap import Tap
 
 STATS_INTERVAL_S = 0.25
 HANDSHAKE_TIMEOUT_S = 5.0  # an attach connection's handshake and hello, from its accept

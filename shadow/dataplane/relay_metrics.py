@@ -6,19 +6,34 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client.core import Metric
 
 from shadow.base.families import Family, SourceCollector
+from shadow.contracts.frames import FIELD_MAX
+from shadow.contracts.handshake import REFUSALS
 from shadow.contracts.tapwire import CUT_REASONS, REJECT_REASONS
-from shadow.mirror.channel import DETACH_REASONS
-from shadow.mirror.frames import FIELD_MAX
-from shadow.mirror.handshake import REFUSALS
-from shadow.mirror.proxy import Tap
-from shadow.mirror.relayview import RemoteTap
+from shadow.dataplane.channel import DETACH_REASONS
 
 W = ("worker",)
+
+
+class TapCounts(Protocol):
+    """What `TapFamilies` reads of a tap: a `Tap` here, or the analysis's view of a relay's tap."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def requests(self) -> int: ...
+    @property
+    def connect_errors(self) -> int: ...
+    @property
+    def rejected(self) -> dict[str, int]: ...
+    @property
+    def cut(self) -> dict[str, int]: ...
+    @property
+    def connections(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -32,7 +47,7 @@ class TapFamilies:
     cut: Family
     connections: Family
 
-    def collect(self, taps: Collection[Tap | RemoteTap]) -> Iterator[Metric]:
+    def collect(self, taps: Collection[TapCounts]) -> Iterator[Metric]:
         """One sample per tap (and per reason) of each family."""
         yield self.requests.sampled({t.name: t.requests for t in taps})
         yield self.connect_errors.sampled({t.name: t.connect_errors for t in taps})

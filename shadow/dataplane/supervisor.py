@@ -1,5 +1,5 @@
 """The data-plane process of a tap group: it holds the listening sockets for the group's lifetime and
-keeps one relay (`shadow.mirror.relay`) serving them.
+keeps one relay (`shadow.dataplane.relay`) serving them.
 
 - A relay that dies (a crash, `kill -9`) is replaced at once by a fork of this process (no new
   interpreter to start): its streams are cut — the kernel closes their sockets mid-body — and
@@ -38,12 +38,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from shadow.base.net import read_now
 from shadow.base.pids import die_with_parent, start_time
-from shadow.mirror.relay import RelaySockets, RelaySpec
-from shadow.mirror.rundir import RunDir, unix_listen
+from shadow.dataplane.relay import RelaySockets, RelaySpec
+from shadow.dataplane.rundir import RunDir, unix_listen
 
 RESTART_BACKOFF_S = (0.0, 0.05, 0.1, 0.2, 0.5)  # after 1, 2, 3, 4, 5+ crashes within CRASH_WINDOW_S
 CRASH_WINDOW_S = 10.0
@@ -69,6 +70,83 @@ class _Worker:
         self.buf = b""
         self.draining = False
         self.started = time.monotonic()
+
+
+class _Control:
+    """The group's control socket (`run_dir.control`): one JSON line in (`{"cmd": ...}`), one out,
+    per connection; a reload's answer waits for the new relay (`reload_waiters`)."""
+
+    PARTIAL = object()  # `read`'s answer while a command's line is incomplete
+
+    def __init__(self, sel: selectors.BaseSelector) -> None:
+        self.sel = sel
+        self.listener: socket.socket | None = None
+        self.conns: dict[socket.socket, bytes] = {}
+        self.reload_waiters: list[socket.socket] = []
+
+    def listen(self, path: Path) -> None:
+        self.listener = unix_listen(path)
+        self.listener.setblocking(False)
+        self.sel.register(self.listener, selectors.EVENT_READ, "ctl")
+
+    def sockets(self) -> list[socket.socket]:
+        return [*([self.listener] if self.listener is not None else []), *self.conns]
+
+    def accept(self) -> None:
+        assert self.listener is not None
+        try:
+            conn, _ = self.listener.accept()
+        except (BlockingIOError, InterruptedError, OSError):
+            return
+        conn.setblocking(False)
+        self.conns[conn] = b""
+        self.sel.register(conn, selectors.EVENT_READ, conn)
+
+    def read(self, conn: socket.socket) -> Any:
+        """The command of `conn`'s first line once it is whole (None if it is not JSON with a
+        "cmd"), else PARTIAL; a connection that closes early or sends too much is closed."""
+        data = read_now(lambda: conn.recv(CONTROL_MAX))
+        if data is None:
+            return self.PARTIAL
+        buf = self.conns.get(conn, b"") + data
+        if not data or len(buf) > CONTROL_MAX:
+            self._close(conn)
+            return self.PARTIAL
+        self.conns[conn] = buf
+        if b"\n" not in buf:
+            return self.PARTIAL
+        self.sel.unregister(conn)
+        try:
+            return json.loads(buf.split(b"\n", 1)[0]).get("cmd")
+        except (ValueError, AttributeError):
+            return None
+
+    def reply(self, conn: socket.socket, doc: dict[str, Any]) -> None:
+        with contextlib.suppress(OSError):
+            conn.setblocking(True)
+            conn.settimeout(2.0)
+            conn.sendall(json.dumps(doc).encode() + b"\n")
+        self.conns.pop(conn, None)
+        with contextlib.suppress(OSError):
+            conn.close()
+
+    def answer_reloads(self, doc: dict[str, Any]) -> None:
+        waiters, self.reload_waiters = self.reload_waiters, []
+        for conn in waiters:
+            self.reply(conn, doc)
+
+    def _close(self, conn: socket.socket) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(conn)
+        self.conns.pop(conn, None)
+        conn.close()
+
+    def close(self) -> None:
+        for conn in list(self.conns):
+            with contextlib.suppress(OSError):
+                conn.close()
+        if self.listener is not None:
+            self.listener.close()
 
 
 class Supervisor:
@@ -103,9 +181,7 @@ class Supervisor:
         self.sel = selectors.DefaultSelector()
         self._signals: list[int] = []
         self._wake_r, self._wake_w = socket.socketpair()
-        self._ctl: socket.socket | None = None
-        self._ctl_conns: dict[socket.socket, bytes] = {}
-        self._reload_waiters: list[socket.socket] = []
+        self._ctl = _Control(self.sel)
         self._restart_at = 0.0
         self._lifeline = lifeline_fd
         self._pid = os.getpid()
@@ -120,9 +196,7 @@ class Supervisor:
             signal.signal(sig, self._on_signal)
         self.sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         if self.run_dir is not None:
-            self._ctl = unix_listen(self.run_dir.control)
-            self._ctl.setblocking(False)
-            self.sel.register(self._ctl, selectors.EVENT_READ, "ctl")
+            self._ctl.listen(self.run_dir.control)
         if self._lifeline is not None:
             os.set_blocking(self._lifeline, False)
             self.sel.register(self._lifeline, selectors.EVENT_READ, "lifeline")
@@ -152,13 +226,15 @@ class Supervisor:
                 while self._wake_r.recv(4096):
                     pass
         elif what == "ctl":
-            self._accept_ctl()
+            self._ctl.accept()
         elif what == "lifeline":
             self._read_lifeline()
         elif isinstance(what, _Worker):
             self._read_ready(what)
         elif isinstance(what, socket.socket):
-            self._read_ctl(what)
+            conn, cmd = what, self._ctl.read(what)
+            if cmd is not _Control.PARTIAL:
+                self._command(conn, cmd)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self._signals.append(signum)
@@ -194,15 +270,14 @@ class Supervisor:
                 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
                     signal.signal(sig, signal.SIG_DFL)
                 self.sel.close()
-                for s in (self._wake_r, self._wake_w, self._ctl, *self._ctl_conns):
-                    if s is not None:
-                        s.close()
+                for s in (self._wake_r, self._wake_w, *self._ctl.sockets()):
+                    s.close()
                 for wk in self.workers.values():
                     with contextlib.suppress(OSError):
                         os.close(wk.ready_fd)
                 if self.run_dir is not None and self.run_dir.lock_fd is not None:
                     os.close(self.run_dir.lock_fd)  # the group's lock is the supervisor's alone
-                from shadow.mirror.relay import serve_relay
+                from shadow.dataplane.relay import serve_relay
 
                 code = (
                     serve_relay(spec, self.sockets, w, self.drain_timeout_s)
@@ -224,7 +299,7 @@ class Supervisor:
             "attach": [s.fileno() for s in self.sockets.attach],
             "admin": self.sockets.admin.fileno() if self.sockets.admin is not None else None,
         }
-        boot = "from shadow.mirror.relay import main; main()"
+        boot = "from shadow.dataplane.relay import main; main()"
         parent = self._pid
 
         def tie() -> None:  # in the child, before exec (this process has one thread)
@@ -293,7 +368,7 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(old.pid, signal.SIGUSR2)  # hand over: drain, leaving idle connections be
             log(f"reloaded: relay pid {worker.pid} serves; pid {old.pid if old else '-'} drains its streams")
-            self._answer_reloads({"ok": True, "relay_pid": worker.pid})
+            self._ctl.answer_reloads({"ok": True, "relay_pid": worker.pid})
         self._write_record()
         if not self.announced and worker is self.current and self.on_ready is not None:
             self.announced = True
@@ -322,7 +397,8 @@ class Supervisor:
                     f"reload failed: the new relay (pid {pid}) exited ({how}) before accepting; "
                     f"pid {self.current.pid if self.current else '-'} still serves"
                 )
-                self._answer_reloads({"ok": False, "error": f"the new relay exited ({how}) before accepting"})
+                error = f"the new relay exited ({how}) before accepting"
+                self._ctl.answer_reloads({"ok": False, "error": error})
             elif worker is self.current:
                 self.current = None
                 if not self.stopping:
@@ -366,7 +442,7 @@ class Supervisor:
         for s in self.sockets.all():  # the relays close theirs as they begin to drain
             with contextlib.suppress(OSError):
                 s.close()
-        self._answer_reloads({"ok": False, "error": "stopping"})
+        self._ctl.answer_reloads({"ok": False, "error": "stopping"})
 
     def status(self) -> dict[str, Any]:
         cur = self.current
@@ -402,74 +478,26 @@ class Supervisor:
         log("the process this group is bound to ended: stopping")
         self.stop()
 
-    def _accept_ctl(self) -> None:
-        assert self._ctl is not None
-        try:
-            conn, _ = self._ctl.accept()
-        except (BlockingIOError, InterruptedError, OSError):
-            return
-        conn.setblocking(False)
-        self._ctl_conns[conn] = b""
-        self.sel.register(conn, selectors.EVENT_READ, conn)
-
-    def _read_ctl(self, conn: socket.socket) -> None:
-        data = read_now(lambda: conn.recv(CONTROL_MAX))
-        if data is None:
-            return
-        buf = self._ctl_conns.get(conn, b"") + data
-        if not data or len(buf) > CONTROL_MAX:
-            self._close_ctl(conn)
-            return
-        self._ctl_conns[conn] = buf
-        if b"\n" not in buf:
-            return
-        self.sel.unregister(conn)
-        try:
-            cmd = json.loads(buf.split(b"\n", 1)[0]).get("cmd")
-        except (ValueError, AttributeError):
-            cmd = None
+    def _command(self, conn: socket.socket, cmd: Any) -> None:
+        """Carry out one control command and answer it (a reload: once the new relay accepts)."""
         if cmd == "status":
-            self._reply(conn, {"ok": True, **self.status()})
+            self._ctl.reply(conn, {"ok": True, **self.status()})
         elif cmd == "stop":
-            self._reply(conn, {"ok": True})
+            self._ctl.reply(conn, {"ok": True})
             self.stop()
         elif cmd == "reload":
             if self.reload():
-                self._reload_waiters.append(conn)
+                self._ctl.reload_waiters.append(conn)
             else:
-                self._reply(
+                self._ctl.reply(
                     conn, {"ok": False, "error": "a reload is under way" if self.pending else "not serving"}
                 )
         else:
-            self._reply(conn, {"ok": False, "error": "unknown command (status, reload, stop)"})
-
-    def _reply(self, conn: socket.socket, doc: dict[str, Any]) -> None:
-        with contextlib.suppress(OSError):
-            conn.setblocking(True)
-            conn.settimeout(2.0)
-            conn.sendall(json.dumps(doc).encode() + b"\n")
-        self._ctl_conns.pop(conn, None)
-        with contextlib.suppress(OSError):
-            conn.close()
-
-    def _close_ctl(self, conn: socket.socket) -> None:
-        with contextlib.suppress(KeyError, ValueError):
-            self.sel.unregister(conn)
-        self._ctl_conns.pop(conn, None)
-        conn.close()
-
-    def _answer_reloads(self, doc: dict[str, Any]) -> None:
-        waiters, self._reload_waiters = self._reload_waiters, []
-        for conn in waiters:
-            self._reply(conn, doc)
+            self._ctl.reply(conn, {"ok": False, "error": "unknown command (status, reload, stop)"})
 
     def _shutdown(self) -> None:
         signal.set_wakeup_fd(-1)
-        for conn in list(self._ctl_conns):
-            with contextlib.suppress(OSError):
-                conn.close()
-        if self._ctl is not None:
-            self._ctl.close()
+        self._ctl.close()
         for s in self.sockets.all():
             with contextlib.suppress(OSError):
                 s.close()
@@ -480,7 +508,7 @@ class Supervisor:
 
 def control(run_dir: RunDir, cmd: str, timeout_s: float = 180.0) -> dict[str, Any]:
     """Send one command to a running group's supervisor; its answer (OSError: nobody listens)."""
-    from shadow.mirror.rundir import unix_connect
+    from shadow.dataplane.rundir import unix_connect
 
     sock = unix_connect(run_dir.control, timeout_s=timeout_s)
     with sock:

@@ -42,7 +42,7 @@ from shadow.contracts.tapwire import (
     Handoff,
     TapContext,
 )
-from shadow.mirror.http1 import (
+from shadow.dataplane.http1 import (
     BAD_GATEWAY,
     BAD_REQUEST,
     BODY_TIMEOUT,
@@ -60,7 +60,7 @@ from shadow.mirror.http1 import (
     kept_headers,
     path_allowed,
 )
-from shadow.mirror.usage_inject import FrameRewriter, inject_request
+from shadow.dataplane.usage_inject import FrameRewriter, inject_request
 from shadow.vllm.errors import TAIL_BYTES, cut_event
 
 _BODY_NONE, _BODY_LENGTH, _BODY_CHUNKED, _BODY_CLOSE = 0, 1, 2, 3

@@ -1,6 +1,6 @@
 """The analysis side of the taps: turns copied request/response bytes into normalised events.
 
-Consumes `(ctx, seq, t, payload)` items from the taps' `DropQueue` (see `shadow.mirror.proxy`),
+Consumes `(ctx, seq, t, payload)` items from the taps' `DropQueue` (see `shadow.dataplane.tap`),
 classifies each request as a prefill leg (`kv_transfer_params.do_remote_decode == true`, or a
 non-streaming `max_tokens == 1` request with `kv_transfer_params` or on a tap declared prefill) or a
 decode leg, pairs P/D legs by the hash of their `X-Request-Id` (the mirror knows a request by that

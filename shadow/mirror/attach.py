@@ -2,7 +2,7 @@
 address, on the analysis loop.
 
 It connects (a group directory's unix socket, or `tcp://host:port` with a token), authenticates
-(`shadow.mirror.handshake`: the relay proves it holds the token before this side sends anything
+(`shadow.contracts.handshake`: the relay proves it holds the token before this side sends anything
 but a nonce; over the unix socket, the relay's uid must be ours or root), says hello, and feeds
 the relay's items to `on_items` in order: first the snapshot of the requests the relay keeps
 (so a restarted analysis rebuilds its mirrored state), then the live ones. After an end of stream
@@ -31,13 +31,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from shadow.base.net import read_now
+from shadow.base.net import read_now, size_buffers
+from shadow.contracts import handshake
+from shadow.contracts.frames import (
+    DEFAULT_MAX_BODY,
+    FrameError,
+    Hello,
+    Incompatible,
+    encode_control,
+    encode_hello,
+)
+from shadow.contracts.handshake import HandshakeError
 from shadow.contracts.tapwire import TapContext
-from shadow.mirror import handshake
-from shadow.mirror.channel import DEFAULT_MAX_BODY, ChannelReader, size_buffers
-from shadow.mirror.frames import FrameError, Hello, Incompatible, encode_control, encode_hello
-from shadow.mirror.handshake import HandshakeError
-from shadow.mirror.rundir import ATTACH, unix_connect
+from shadow.dataplane.rundir import ATTACH, unix_connect
+from shadow.mirror.channel_reader import ChannelReader
 
 log = logging.getLogger("shadow.attach")
 

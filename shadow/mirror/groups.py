@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from shadow.base.procs import log_tail
-from shadow.mirror.rundir import RunDir
-from shadow.mirror.supervisor import control
+from shadow.dataplane.rundir import RunDir
+from shadow.dataplane.supervisor import control
 
 LOG = "tap.log"
 BOUND_FLAG = "--bound"  # `shadow tap`'s (hidden) flag: stop when stdin ends

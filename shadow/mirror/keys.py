@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from shadow.base.security import Untrusted, check_key_file, check_private_dir, private_dir
+from shadow.base.statedir import state_dir
 
 SECRET_BYTES = 32
 MAX_KEY_FILE = 4096  # bytes read of a key file (a hex secret is 64)
@@ -113,17 +114,6 @@ class KeyLocation:
     path: Path
     explicit: bool
     kept: bool = True
-
-
-def state_dir(flag: str | None, environ: Mapping[str, str]) -> tuple[Path, bool]:
-    """--state-dir, else $SHADOW_STATE_DIR, else systemd's $STATE_DIRECTORY (first entry), else
-    $XDG_STATE_HOME/shadow, else ~/.local/state/shadow; with whether the operator chose it."""
-    for value in (flag, environ.get("SHADOW_STATE_DIR"), environ.get("STATE_DIRECTORY", "").split(":")[0]):
-        if value:
-            return Path(value).expanduser(), True
-    xdg = environ.get("XDG_STATE_HOME")
-    base = Path(xdg) if xdg else Path(environ.get("HOME") or os.path.expanduser("~")) / ".local" / "state"
-    return base / "shadow", False
 
 
 def key_location(key_file: str | None, state: str | None, environ: Mapping[str, str]) -> KeyLocation:

@@ -12,16 +12,16 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from prometheus_client.core import Metric
 
 from shadow.base.families import DeclaredCollector, Family, SourceCollector
+from shadow.capture.passive import Capture
 from shadow.contracts.events import EVENT_TYPES
 from shadow.contracts.tapwire import CUT_REASONS
+from shadow.dataplane.dropqueue import DropQueue
+from shadow.dataplane.relay_metrics import TapFamilies
+from shadow.dataplane.tap import Tap
 from shadow.mirror.analyzer import OUTPUT_SOURCES, Analyzer
-from shadow.mirror.capture import Capture
-from shadow.mirror.dropqueue import DropQueue
 from shadow.mirror.emitter import Emitter
 from shadow.mirror.hub import SOURCES, Mirror
-from shadow.mirror.proxy import Tap
 from shadow.mirror.reconcile import Reconciler
-from shadow.mirror.relay_metrics import TapFamilies
 from shadow.mirror.relayview import RemoteQueue, RemoteTap
 
 W = ("worker",)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shadow.contracts.tapwire import CUT_REASONS, REJECT_REASONS
-from shadow.mirror.channel import ChannelReader
+from shadow.mirror.channel_reader import ChannelReader
 
 
 def _reachable(url: str, peer_host: str) -> str:

@@ -1,12 +1,12 @@
 """Assembly of a running mirror: taps (or an attachment to them), analysis, state, reconciliation,
 the event API, housekeeping.
 
-`TapService(config)`: `await start()` binds everything and returns the ready document
+`MirrorService(config)`: `await start()` binds everything and returns the ready document
 `{"taps": {name: url}, "api": url}`; `await stop(drain_timeout_s=0)` ends everything (with
 in-process taps: stops accepting and lets in-flight requests finish first). The relay only relays:
 
 - `relay="process"` (what `shadow serve` runs): the taps relay in a tap group of their own — a
-  `shadow tap` process (`shadow.mirror.supervisor`) this service starts detached, or adopts after
+  `shadow tap` process (`shadow.dataplane.supervisor`) this service starts detached, or adopts after
   its own restart (found through the state directory), or the groups named by `attach` — and the
   analysis attaches to them (`shadow.mirror.attach`): a snapshot of the requests they keep, then
   their live copies; full = dropped and counted. Nothing done in this process, including dying,
@@ -60,28 +60,29 @@ from shadow.base.net import bind_listen
 from shadow.base.pidlock import PidLock
 from shadow.base.procinfo import ProcessInfo
 from shadow.base.security import Untrusted
+from shadow.base.statedir import state_dir
+from shadow.capture.passive import Capture, capture_targets
 from shadow.contracts.events import MAX_REQUEST_TOKENS
 from shadow.contracts.tapwire import TapContext
+from shadow.dataplane.dropqueue import DropQueue
+from shadow.dataplane.http1 import DEFAULT_ALLOW_PATHS, TapLimits
+from shadow.dataplane.relay import RelayBounds, boot_id
+from shadow.dataplane.rundir import GROUPS, digest, hold_analysis_lock, prepare_state_dir
+from shadow.dataplane.tap import Tap
 from shadow.mirror.analyzer import Analyzer, RequestSpans
 from shadow.mirror.api import create_app
 from shadow.mirror.attach import Attachment
 from shadow.mirror.bounds import EventBounds
-from shadow.mirror.capture import Capture, capture_targets
-from shadow.mirror.channel import ChannelReader
-from shadow.mirror.dropqueue import DropQueue
+from shadow.mirror.channel_reader import ChannelReader
 from shadow.mirror.emitter import Emitter
 from shadow.mirror.groups import ManagedGroup
-from shadow.mirror.http1 import DEFAULT_ALLOW_PATHS, TapLimits
 from shadow.mirror.hub import Listener, Mirror
-from shadow.mirror.keys import KeySecret, state_dir
+from shadow.mirror.keys import KeySecret
 from shadow.mirror.metrics import CaptureCollector, MirrorCollector
-from shadow.mirror.proxy import Tap
 from shadow.mirror.reconcile import Reconciler
 from shadow.mirror.recording import CompactRecorder
 from shadow.mirror.rejectlog import RejectionLog
-from shadow.mirror.relay import RelayBounds, boot_id
 from shadow.mirror.relayview import RemoteQueue, RemoteTap
-from shadow.mirror.rundir import GROUPS, digest, hold_analysis_lock, prepare_state_dir
 from shadow.mirror.state import MirrorState
 
 log = logging.getLogger("shadow.mirror")
@@ -116,9 +117,9 @@ class MirrorBounds:
 
 
 @dataclass
-class TapConfig(MirrorBounds):
+class MirrorConfig(MirrorBounds):
     """What the analysis side of `shadow serve` is told about the taps it runs or attaches to (the
-    data plane process itself is configured by `shadow.mirror.relay.RelaySpec`). Upstreams are
+    data plane process itself is configured by `shadow.dataplane.relay.RelaySpec`). Upstreams are
     {name: base URL}; prefill ones get taps too.
 
     Front mode: `front` taps sit in front of routers ({name: router URL}); `workers` names the
@@ -200,13 +201,13 @@ def _bind(host: str, port: int) -> socket.socket:
     return bind_listen(host, port)  # errors name host:port
 
 
-class TapService:
+class MirrorService:
     """The analysis process's mirror (see module docstring): it runs in `shadow serve`, never in the
     data plane (`shadow tap`), which it starts, adopts or attaches to."""
 
     def __init__(
         self,
-        config: TapConfig,
+        config: MirrorConfig,
         *,
         clock: Callable[[], float] = time.monotonic,
         listeners: Sequence[Listener] = (),

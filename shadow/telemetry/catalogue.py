@@ -14,7 +14,7 @@ from shadow.base.families import Family, MetricType
 
 #: Exporters and what they are, as docs/metrics.md explains them.
 EXPORTERS: dict[str, str] = {
-    "tap": "the mirror, the analysis side of the taps (`shadow serve`, `shadow capture`)",
+    "mirror": "the analysis: the mirror, fed by the taps (`shadow serve`, `shadow capture`)",
     "capture": "passive capture, beside the mirror's families (`shadow capture`, `shadow serve --capture`)",
     "dataplane": "`shadow tap`, the data plane: its own /metrics on --metrics-port (scraped to page when a "
     "tap is down)",

@@ -12,7 +12,7 @@ import pytest
 
 from shadow.active.modes import ModeConfig
 from shadow.app.serve import ActiveSettings, ServeConfig
-from shadow.mirror.service import TapConfig
+from shadow.mirror.service import MirrorConfig
 from tests.active.procs import shadow_process
 from tests.harness import ServeThread
 
@@ -21,7 +21,7 @@ TOKEN = "s3cret-admin-token-0123456789"
 
 def _config(token: str | None) -> ServeConfig:
     workers = {"d0": "http://127.0.0.1:9", "d1": "http://127.0.0.1:9"}  # event-fed: nothing tapped
-    tap = TapConfig(upstreams={}, workers=workers, slots=8, scrape_interval_s=0)
+    tap = MirrorConfig(upstreams={}, workers=workers, slots=8, scrape_interval_s=0)
     return ServeConfig(tap=tap, mode_config=ModeConfig(mode="shadow", admin_token=token),
                        active=ActiveSettings())
 

@@ -58,7 +58,7 @@ from shadow.core.policies import make_router
 from shadow.core.routers import Router
 from shadow.core.snapshot import FleetSnapshot
 from shadow.fleet import FleetConfig
-from shadow.mirror.service import TapConfig
+from shadow.mirror.service import MirrorConfig
 from tests.active.test_decision_exception import RaisingRouter
 from tests.alerts.test_alertmanager_integration import Traffic
 from tests.harness import FleetThread, ServeThread
@@ -108,7 +108,7 @@ def canary_stack(tmp: Path, routers: Callable[[str], Router] | None = None) -> I
         router = _Proc([shadow, "router", "--port", "0", *[x for t in dtaps for x in ("--decode", t)],
                         "--prefill", f"http://127.0.0.1:{base + 3}"], tmp / "router.log")
         try:
-            tap = TapConfig({f"d{g}": u for g, u in enumerate(fleet.decode_urls)},
+            tap = MirrorConfig({f"d{g}": u for g, u in enumerate(fleet.decode_urls)},
                             prefill={"p0": fleet.prefill_urls[0]}, front={"router": router.ready["url"]},
                             slots=8, port=base, scrape_interval_s=0.5)
             mode = ModeConfig(mode="shadow", admin_token=ADMIN_TOKEN, check_interval_s=0.05, canary=CANARY,

@@ -17,7 +17,7 @@ from shadow.contracts.modes import StaticModeSource
 from shadow.core.cost import SEQUENCES, TOKENS, RouteCost
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import LaneClock
-from shadow.mirror.service import TapConfig
+from shadow.mirror.service import MirrorConfig
 from tests.active.stubs import FixedSource
 
 # d0 runs six short requests (600 KV tokens), d1 one long one (700): the bytes say d0, the
@@ -74,7 +74,7 @@ def test_the_cost_is_asked_at_every_round() -> None:
 
 
 def test_serve_active_gives_its_policy_the_lanes_cost() -> None:
-    tap = TapConfig({"d0": "http://127.0.0.1:1", "d1": "http://127.0.0.1:2"}, slots=8)
+    tap = MirrorConfig({"d0": "http://127.0.0.1:1", "d1": "http://127.0.0.1:2"}, slots=8)
     svc = ServeService(ServeConfig(tap))  # constructed, never started
     assert svc.route_cost() == RouteCost.of(svc.live.step) == TOKENS  # the configured model until measured
     fitted = StepTimeModel(2e-6, 0.02, c=1e-3)

@@ -22,7 +22,7 @@ from shadow.core.policies import make_router
 from shadow.core.routers import Router
 from shadow.core.snapshot import FleetSnapshot
 from shadow.fleet import FleetConfig
-from shadow.mirror.service import TapConfig
+from shadow.mirror.service import MirrorConfig
 from tests.active.test_fallback_e2e import metric, wait_for
 from tests.active.test_mode_flips import metric_sum
 from tests.harness import FleetThread, ServeThread
@@ -72,7 +72,7 @@ def test_a_raising_policy_trips_decision_error_and_every_stream_completes() -> N
         return make_router(policy)
 
     with FleetThread(FleetConfig(prefill=1, decode=2, slots=8, base_port=0, time_scale=0.25)) as fleet:
-        tap = TapConfig(
+        tap = MirrorConfig(
             {f"d{g}": u for g, u in enumerate(fleet.decode_urls)},
             prefill={"p0": fleet.prefill_urls[0]},
             slots=8,

@@ -21,9 +21,9 @@ import pytest
 
 from shadow.base.front import Front
 from shadow.base.listener import AsgiListener
-from shadow.mirror.dropqueue import DropQueue
-from shadow.mirror.http1 import TapLimits
-from shadow.mirror.proxy import Tap
+from shadow.dataplane.dropqueue import DropQueue
+from shadow.dataplane.http1 import TapLimits
+from shadow.dataplane.tap import Tap
 
 REQ = b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}"
 FRONTS = pytest.mark.parametrize("kind", ["tap", "listener"])

@@ -25,9 +25,9 @@ import pytest
 
 from shadow.base.listener import AsgiListener, ListenerLimits
 from shadow.base.loopthread import LoopThread
-from shadow.mirror.dropqueue import DropQueue
-from shadow.mirror.http1 import TapLimits
-from shadow.mirror.proxy import Tap
+from shadow.dataplane.dropqueue import DropQueue
+from shadow.dataplane.http1 import TapLimits
+from shadow.dataplane.tap import Tap
 from tests.active.raw_upstream import Exchange, RawUpstream
 from tests.active.test_proxy_framing_fuzz import wait_for
 from tests.mirror.h11_upstream import unread

@@ -2,7 +2,7 @@
 configs that use them (`serve_checks.DECLARED`: the live lanes' `ServeConfig`, the active proxy's
 `ActiveConfig`, the mode controller's `ModeConfig`, the fallback's `GuardConfig`, the client-felt
 checks' `ClientConfig`, the canary's `CanaryConfig`, the data plane's `RelayBounds` and `TapLimits`
-shared with `shadow tap`, the mirror's `TapConfig`, the active listener's `ActiveSettings` and the
+shared with `shadow tap`, the mirror's `MirrorConfig`, the active listener's `ActiveSettings` and the
 lease's `LeaseSettings`), and the command derives from them their flags
 (default and help), their YAML keys and environment variables (through the layered options), and
 their checks — shown here for `transfer_cap` by introspection, and for every one of them; and no

@@ -17,9 +17,9 @@ import pytest
 
 from shadow.base.procs import shadow_argv
 from shadow.base.security import Untrusted
+from shadow.dataplane.rundir import RunDir
 from shadow.mirror.groups import ManagedGroup
 from shadow.mirror.keys import KEY_FILE_NAME, key_location, load_or_create_secret, open_secret
-from shadow.mirror.rundir import RunDir
 
 NOBODY = 65534
 

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from shadow.base.procs import shadow_argv
-from shadow.mirror.rundir import RunDir
+from shadow.dataplane.rundir import RunDir
 from tests.live.stack import MODEL, Procs, Streams, router, wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from shadow.app.serve import ServeConfig
-from shadow.mirror.service import TapConfig
+from shadow.mirror.service import MirrorConfig
 from tests.harness import ServeThread
 from tests.live.test_live_fleet import _fleet_steps, _start, _stop
 
@@ -44,7 +44,7 @@ def test_two_independent_servers_get_a_measured_clock_each(tmp_path: Path) -> No
                                    "--port", "0", "--a", "1e-9", "--b", str(b), "--catch-up", "1"],
                                   tmp_path / f"fleet-{name}.log")
         workers = {name: urls["decode"][0] for name, (_, urls) in fleets.items()}
-        tap = TapConfig(workers, slots=SLOTS, scrape_interval_s=0)
+        tap = MirrorConfig(workers, slots=SLOTS, scrape_interval_s=0)
         with ServeThread(ServeConfig(tap=tap, policies=("jsq-bytes", "br0"), lag_s=1.0)) as serve:
             taps, api = serve.ready["taps"], serve.ready["api"]
             truth0 = {name: _fleet_steps(u) for name, u in workers.items()}
@@ -92,7 +92,7 @@ def test_dp_ranks_of_one_fleet_share_the_fleet_wide_barrier(tmp_path: Path) -> N
                          "--a", "1e-9", "--b", "0.012", "--catch-up", "1"], tmp_path / "fleet.log")
     try:
         workers = {f"d{g}": u for g, u in enumerate(urls["decode"])}
-        tap = TapConfig(workers, slots=SLOTS, scrape_interval_s=0)
+        tap = MirrorConfig(workers, slots=SLOTS, scrape_interval_s=0)
         with ServeThread(ServeConfig(tap=tap, policies=("jsq-bytes",), lag_s=1.0)) as serve:
             taps, api = serve.ready["taps"], serve.ready["api"]
             stop = threading.Event()

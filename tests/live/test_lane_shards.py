@@ -25,7 +25,7 @@ from shadow.contracts.events import Event, Step
 from shadow.live.lanes import LiveLanes
 from shadow.live.metrics import LiveCollector
 from shadow.live.shards import LocalShards, ProcessShards, ShardedLanes, Shards, deal
-from shadow.mirror.service import TapConfig
+from shadow.mirror.service import MirrorConfig
 from tests.harness import ServeThread
 from tests.live import test_serve_api as serve_api
 from tests.live.sessions import session_events
@@ -146,7 +146,7 @@ def test_policies_are_dealt_round_robin_to_non_empty_shards() -> None:
 
 
 def test_serve_takes_ray_only_with_shards() -> None:
-    tap = TapConfig(upstreams={"d0": "http://127.0.0.1:1"}, slots=4)
+    tap = MirrorConfig(upstreams={"d0": "http://127.0.0.1:1"}, slots=4)
     with pytest.raises(ValueError, match="--lane-shards"):
         ServeConfig(tap=tap, lane_ray="127.0.0.1:6379").validate()
     with pytest.raises(ValueError, match="--lane-shards"):

@@ -27,7 +27,7 @@ import pytest
 
 from shadow.app.serve import ServeConfig
 from shadow.core.stepmodel import StepTimeModel
-from shadow.mirror.service import TapConfig
+from shadow.mirror.service import MirrorConfig
 from shadow.replay.experiment import ReplaySetup, run_replay
 from shadow.traces import at_load, estimate_capacity_rps, load_trace, resolve
 from tests.harness import ServeThread
@@ -138,7 +138,7 @@ def test_live_lanes_beside_vllm_router_match_the_fleet_and_the_replay(tmp_path: 
     try:
         decode = {f"d{g}": u for g, u in enumerate(urls["decode"])}
         prefill = {f"p{i}": u for i, u in enumerate(urls["prefill"])}
-        tap = TapConfig(decode, prefill=prefill, slots=B, record=str(record), scrape_interval_s=0)
+        tap = MirrorConfig(decode, prefill=prefill, slots=B, record=str(record), scrape_interval_s=0)
         # the lanes on the fleet's own model (as the replay below): their consistency is checked here
         config = ServeConfig(tap=tap, policies=POLICIES, step_a=A, step_b=B_S, lag_s=2.0,
                              lane_clock="configured")

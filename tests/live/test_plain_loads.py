@@ -8,7 +8,7 @@ import threading
 import httpx
 
 from shadow.fleet import FleetConfig
-from shadow.mirror.service import TapConfig
+from shadow.mirror.service import MirrorConfig
 from tests.harness import FleetThread, TapThread
 
 
@@ -26,7 +26,7 @@ def test_plain_mode_mirrored_load_matches_the_workers_own_figure() -> None:
     cfg = FleetConfig(prefill=0, decode=1, slots=8, base_port=0, a=1e-7, b=0.02)
     with FleetThread(cfg) as fleet:
         worker = fleet.decode_urls[0]
-        with TapThread(TapConfig({"d0": worker}, slots=8, scrape_interval_s=0)) as tap:
+        with TapThread(MirrorConfig({"d0": worker}, slots=8, scrape_interval_s=0)) as tap:
             url = tap.ready["taps"]["d0"]
             started = threading.Barrier(7)
             stop = threading.Event()

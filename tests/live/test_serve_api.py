@@ -12,7 +12,7 @@ from shadow.app.serve import ServeConfig
 from shadow.contracts.events import Event
 from shadow.live import LiveLanes
 from shadow.mirror.emitter import Emitter
-from shadow.mirror.service import TapConfig
+from shadow.mirror.service import MirrorConfig
 from tests.harness import ServeThread
 from tests.live.sessions import session_events
 
@@ -48,7 +48,7 @@ def _config(lag: float = 3600.0) -> ServeConfig:
     workers = {f"d{i}": f"http://127.0.0.1:9/{i}" for i in range(G)}  # event-API fed: no taps
     # a whole session (minutes of event time from t=1000) is posted at once: the event-time bound
     # is opened wide here (a live feed's times stay within a minute of the receiver's clock)
-    tap = TapConfig(upstreams={}, workers=workers, slots=B, scrape_interval_s=0, event_skew_s=1e12)
+    tap = MirrorConfig(upstreams={}, workers=workers, slots=B, scrape_interval_s=0, event_skew_s=1e12)
     # the lanes on the configured model: the same lanes however the events were batched
     return ServeConfig(tap=tap, lag_s=lag, lane_clock="configured")
 

@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from shadow.app.serve import ServeConfig
-from shadow.mirror.service import TapConfig
+from shadow.mirror.service import MirrorConfig
 from tests.harness import ServeThread
 from tests.live.test_live_fleet import _stop, start_fleet
 
@@ -47,7 +47,7 @@ def test_lanes_that_cannot_keep_up_drop_and_count_while_every_stream_completes(t
     fleet, urls = start_fleet(tmp_path, prefill=0)
     try:
         names = [f"d{g}" for g in range(G)]
-        tap = TapConfig(dict(zip(names, urls["decode"], strict=True)), slots=B, scrape_interval_s=0)
+        tap = MirrorConfig(dict(zip(names, urls["decode"], strict=True)), slots=B, scrape_interval_s=0)
         with ServeThread(ServeConfig(tap=tap, live_queue_size=QUEUE)) as s:
             taps, api, live = s.ready["taps"], s.ready["api"], s.serve.live
             model = httpx.get(urls["decode"][0] + "/v1/models", timeout=5).json()["data"][0]["id"]

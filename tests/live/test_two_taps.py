@@ -33,7 +33,7 @@ import pytest
 from shadow.app.serve import ServeConfig
 from shadow.core.stepmodel import StepTimeModel
 from shadow.live.lanes import DEFAULT_POLICIES
-from shadow.mirror.service import TapConfig
+from shadow.mirror.service import MirrorConfig
 from shadow.replay.experiment import ReplaySetup, run_replay
 from shadow.traces import load_trace
 from tests.harness import ServeThread
@@ -69,7 +69,7 @@ def test_two_tap_processes_attached_to_give_the_lanes_of_one_tap(tmp_path: Path)
     try:
         lag = 3600.0
         one = ServeConfig(
-            tap=TapConfig(
+            tap=MirrorConfig(
                 dict(zip(names, urls["decode"], strict=True)),
                 slots=B,
                 scrape_interval_s=0,
@@ -93,7 +93,7 @@ def test_two_tap_processes_attached_to_give_the_lanes_of_one_tap(tmp_path: Path)
                 outer.update(ready["taps"])
                 dirs.append(ready["dir"])
             two = ServeConfig(  # S2 has no taps of its own: it attaches to the two tap processes
-                tap=TapConfig(
+                tap=MirrorConfig(
                     upstreams={n: inner[n] for n in names},
                     slots=B,
                     scrape_interval_s=0,

@@ -10,8 +10,8 @@ from typing import Any, TypeVar
 import openai
 import pytest
 
-from shadow.mirror import handshake
-from shadow.mirror.frames import T_CTL, Hello, encode, encode_hello
+from shadow.contracts import handshake
+from shadow.contracts.frames import T_CTL, Hello, encode, encode_hello
 
 T = TypeVar("T")
 

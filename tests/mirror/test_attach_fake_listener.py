@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from shadow.base.procs import shadow_argv
-from shadow.mirror import handshake
+from shadow.contracts import handshake
 from tests.live.stack import Procs, free_port, wait
 from tests.mirror.stub_worker import ThreadServer, create_stub
 

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from shadow.mirror import handshake
+from shadow.contracts import handshake
+from shadow.dataplane.relay import Relay, RelaySockets, RelaySpec
+from shadow.dataplane.rundir import unix_listen
 from shadow.mirror.attach import LEGACY_TRIES, Attachment
-from shadow.mirror.relay import Relay, RelaySockets, RelaySpec
-from shadow.mirror.rundir import unix_listen
 
 NOBODY = 65534
 SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")  # one another uid may run

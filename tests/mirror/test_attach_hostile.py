@@ -19,9 +19,9 @@ import httpx
 import pytest
 
 from shadow.base.procs import shadow_argv
-from shadow.mirror import handshake
-from shadow.mirror.frames import T_HELLO
-from shadow.mirror.rundir import RunDir
+from shadow.contracts import handshake
+from shadow.contracts.frames import T_HELLO
+from shadow.dataplane.rundir import RunDir
 from tests.live.stack import Procs, free_port, wait
 from tests.mirror.helpers import attach_by_hand
 from tests.mirror.stub_worker import ThreadServer, create_stub

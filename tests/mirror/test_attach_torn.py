@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from shadow.mirror import handshake
+from shadow.contracts import handshake
+from shadow.contracts.frames import DATA, DATA_FIXED, HDR, T_DATA, T_HELLO, T_MARK, encode
+from shadow.dataplane.rundir import unix_listen
 from shadow.mirror.attach import Attachment
-from shadow.mirror.frames import DATA, DATA_FIXED, HDR, T_DATA, T_HELLO, T_MARK, encode
-from shadow.mirror.rundir import unix_listen
 
 
 def _hello(relay_id: str) -> bytes:
@@ -57,7 +57,7 @@ def test_a_frame_torn_by_a_cut_connection_does_not_corrupt_the_next_one(tmp_path
 
 
 def test_a_reader_restarted_between_streams_drops_only_the_torn_bytes() -> None:
-    from shadow.mirror.channel import ChannelReader
+    from shadow.mirror.channel_reader import ChannelReader
 
     r = ChannelReader()
     whole = _hello("r1")

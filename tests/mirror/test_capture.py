@@ -22,10 +22,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shadow.base.procs import shadow_argv
+from shadow.capture.packets import PacketSocket, bpf_program
+from shadow.capture.reassembly import GAP, Direction
 from shadow.fleet import FleetConfig
-from shadow.mirror.packets import PacketSocket, bpf_program
-from shadow.mirror.reassembly import GAP, Direction
-from shadow.mirror.service import TapConfig
+from shadow.mirror.service import MirrorConfig
 from tests.harness import FleetThread, TapThread
 from tests.live.stack import Procs, Streams, router, wait
 
@@ -128,7 +128,7 @@ def test_capture_beside_the_taps_sees_the_same_decisions_and_tokens_and_can_die_
         with FleetThread(FleetConfig(prefill=1, decode=2, slots=16, base_port=0, time_scale=0.25)) as ft:
             decode = {f"d{i}": u for i, u in enumerate(ft.decode_urls)}
             tap_rec, cap_rec = tmp_path / "tap.ndjson", tmp_path / "capture.ndjson"
-            cfg = TapConfig(
+            cfg = MirrorConfig(
                 decode, prefill={"p0": ft.prefill_urls[0]}, scrape_interval_s=0, record=str(tap_rec)
             )
             with TapThread(cfg) as taps:

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from shadow.contracts.tapwire import END_RELAY_LOST, TapContext
-from shadow.mirror.channel import ChannelReader, ChannelSink
+from shadow.dataplane.channel import ChannelSink
+from shadow.mirror.channel_reader import ChannelReader
 
 HELLO = {"relay_id": "r1", "boot_id": "b", "taps": []}
 
@@ -315,7 +316,7 @@ TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 def test_the_traceparent_reaches_the_analysis_in_the_ten_field_info_frame() -> None:
     """The request head's traceparent arrives with the request, in a field of its own of the info
     frame (not among the response headers the analysis reads)."""
-    from shadow.mirror.frames import T_INFO, FrameReader, decode_info, frame_bound
+    from shadow.contracts.frames import T_INFO, FrameReader, decode_info, frame_bound
 
     async def main() -> None:
         tx, rx = socket.socketpair()

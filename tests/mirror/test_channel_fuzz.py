@@ -23,11 +23,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shadow.mirror import frames as f
-from shadow.mirror import handshake
-from shadow.mirror.channel import ChannelReader
-from shadow.mirror.frames import FrameError, FrameReader
-from shadow.mirror.relay import Relay, RelaySockets, RelaySpec
+from shadow.contracts import frames as f
+from shadow.contracts import handshake
+from shadow.contracts.frames import FrameError, FrameReader
+from shadow.dataplane.relay import Relay, RelaySockets, RelaySpec
+from shadow.mirror.channel_reader import ChannelReader
 
 PER_BYTE = 64  # peak bytes a decoder may take per byte it holds (Python objects from JSON: ~30)
 SLACK = 256 << 10  # and a constant (an exception, a traceback, the first frames' interned names)

@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import socket
 
+from shadow.contracts.frames import frame_bound
 from shadow.contracts.tapwire import TapContext
-from shadow.mirror.channel import STALL_S, ChannelReader, ChannelSink
-from shadow.mirror.frames import frame_bound
+from shadow.dataplane.channel import STALL_S, ChannelSink
+from shadow.mirror.channel_reader import ChannelReader
 
 HELLO = {"relay_id": "r1", "boot_id": "b", "taps": []}
 PAYLOAD = b"data: " + bytes(1000) + b"\n\n"

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from shadow.base.procs import read_json_line, shadow_argv
-from shadow.mirror.rundir import RunDir, unix_connect
+from shadow.dataplane.rundir import RunDir, unix_connect
 from tests.mirror.helpers import attach_by_hand
 from tests.mirror.stub_worker import ThreadServer, create_stub
 

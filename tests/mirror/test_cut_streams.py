@@ -19,8 +19,8 @@ import pytest
 
 from shadow.base.procs import read_json_line, shadow_argv
 from shadow.contracts.tapwire import END_UPSTREAM_CUT
-from shadow.mirror.dropqueue import DropQueue
-from shadow.mirror.proxy import Tap
+from shadow.dataplane.dropqueue import DropQueue
+from shadow.dataplane.tap import Tap
 from shadow.vllm.errors import cut_event, event_open
 from tests.mirror.helpers import dechunk, openai_stream_error
 

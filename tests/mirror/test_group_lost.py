@@ -21,8 +21,8 @@ import pytest
 
 from shadow.base.pids import start_time
 from shadow.base.procs import shadow_argv
+from shadow.dataplane.rundir import RunDir, groups
 from shadow.mirror.groups import ManagedGroup
-from shadow.mirror.rundir import RunDir, groups
 from tests.active.procs import shadow_process
 from tests.active.raw_upstream import Held, RawUpstream
 from tests.live.stack import wait

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from shadow.base.procs import shadow_argv
+from shadow.dataplane.rundir import RunDir
 from shadow.mirror.groups import ManagedGroup
-from shadow.mirror.rundir import RunDir
 from tests.active.procs import shadow_process
 from tests.telemetry.servers import wait_for
 

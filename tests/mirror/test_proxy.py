@@ -9,9 +9,9 @@ from typing import Any
 
 from shadow.contracts.ids import request_hash
 from shadow.contracts.tapwire import END_COMPLETE, END_UPSTREAM_CUT, END_UPSTREAM_ERROR
-from shadow.mirror.dropqueue import DropQueue
-from shadow.mirror.http1 import TapLimits
-from shadow.mirror.proxy import Tap
+from shadow.dataplane.dropqueue import DropQueue
+from shadow.dataplane.http1 import TapLimits
+from shadow.dataplane.tap import Tap
 
 ALL_PATHS = TapLimits(allow_paths=("/",))  # framing tests: every path relayed
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from shadow.contracts.tapwire import END_COMPLETE
-from shadow.mirror import proxy
-from shadow.mirror.dropqueue import DropQueue
-from shadow.mirror.proxy import Tap
+from shadow.dataplane import tap as proxy
+from shadow.dataplane.dropqueue import DropQueue
+from shadow.dataplane.tap import Tap
 from tests.mirror.test_proxy import SSE_RESP, _items_through_end, _read_request, _talk, _with_tap
 
 SSE_EVENTS = b"".join(b"%x\r\n%b\r\n" % (len(e), e) for e in (b'data: {"t":%d}\n\n' % i for i in range(20)))

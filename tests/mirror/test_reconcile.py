@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from shadow.contracts.events import Finish, Route
-from shadow.mirror.dropqueue import DropQueue
+from shadow.dataplane.dropqueue import DropQueue
 from shadow.mirror.hub import Mirror
 from shadow.mirror.metrics import MirrorCollector
 from shadow.mirror.reconcile import Reconciler

@@ -9,7 +9,7 @@ import pytest
 from openai import OpenAI
 
 from shadow.fleet import FleetConfig
-from shadow.mirror.service import TapConfig
+from shadow.mirror.service import MirrorConfig
 from shadow.replay import ReplaySetup, run_replay
 from shadow.traces import load_trace
 from tests.harness import FleetThread, TapThread
@@ -21,7 +21,7 @@ def test_recorded_session_replays_through_the_engine(tmp_path: Path) -> None:
     rec = tmp_path / "session.ndjson"
     with FleetThread(FleetConfig(prefill=0, decode=2, base_port=0, time_scale=0.1)) as ft:
         decode = {f"d{i}": u for i, u in enumerate(ft.decode_urls)}
-        with TapThread(TapConfig(decode, record=str(rec), scrape_interval_s=0)) as t:
+        with TapThread(MirrorConfig(decode, record=str(rec), scrape_interval_s=0)) as t:
             sent: Counter[str] = Counter()
             for i in range(12):
                 name = f"d{i % 3 % 2}"  # an uneven split: d0 gets 8, d1 gets 4

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from shadow.mirror.frames import T_HELLO, FrameReader, frame_bound
-from shadow.mirror.relay import Relay, RelaySockets, RelaySpec
-from shadow.mirror.rundir import unix_listen
+from shadow.contracts.frames import T_HELLO, FrameReader, frame_bound
+from shadow.dataplane.relay import Relay, RelaySockets, RelaySpec
+from shadow.dataplane.rundir import unix_listen
 from tests.mirror.helpers import attach_on_loop
 
 

@@ -21,11 +21,11 @@ import pytest
 from shadow.base.loopthread import LoopThread
 from shadow.base.security import bearer_ok
 from shadow.contracts.tapwire import END_UPSTREAM_CUT
-from shadow.mirror.dropqueue import DropQueue
-from shadow.mirror.http1 import TapLimits
+from shadow.dataplane.dropqueue import DropQueue
+from shadow.dataplane.http1 import TapLimits
+from shadow.dataplane.tap import Tap
 from shadow.mirror.keys import KeySecret, load_or_create_secret
-from shadow.mirror.proxy import Tap
-from shadow.mirror.service import TapConfig
+from shadow.mirror.service import MirrorConfig
 from tests.harness import TapThread
 from tests.mirror.h11_upstream import H11Server, Recorder, recording_app
 from tests.mirror.stub_worker import ThreadServer, create_stub
@@ -240,7 +240,7 @@ def test_a_blocked_analysis_never_stops_relaying() -> None:
 
     with (
         ThreadServer(create_stub("d0", tokens=20)) as up,
-        TapThread(TapConfig({"d0": up.url}, scrape_interval_s=0)) as t,
+        TapThread(MirrorConfig({"d0": up.url}, scrape_interval_s=0)) as t,
     ):
         t.sync(t.svc.mirror.listeners.append, stuck)
         try:
@@ -358,7 +358,7 @@ def test_a_connection_that_has_sent_nothing_is_idle_not_a_late_head() -> None:
 def test_event_api_hostile_content_is_rejected_line_by_line_and_metrics_never_fail() -> None:
     with (
         ThreadServer(create_stub("d0")) as up,
-        TapThread(TapConfig({"d0": up.url}, scrape_interval_s=0, max_live=1000)) as t,
+        TapThread(MirrorConfig({"d0": up.url}, scrape_interval_s=0, max_live=1000)) as t,
     ):
         api = t.ready["api"]
         now = time.monotonic()  # event times are on the host's monotonic clock (within the skew)
@@ -397,7 +397,7 @@ def test_forward_token_lowercase_bearer_and_counted_forwarding_failures() -> Non
     assert bearer_ok("bearer s3cret", "s3cret") and bearer_ok("BEARER s3cret", "s3cret")
     assert not bearer_ok("Basic s3cret", "s3cret") and not bearer_ok("bearer nope", "s3cret")
     with ThreadServer(create_stub("d0", tokens=2)) as up:
-        sink_cfg = TapConfig({"s0": up.url}, scrape_interval_s=0, host="127.0.0.1", events_token="tok")
+        sink_cfg = MirrorConfig({"s0": up.url}, scrape_interval_s=0, host="127.0.0.1", events_token="tok")
         with TapThread(sink_cfg) as sink:
             r = httpx.post(
                 sink.ready["api"] + "/v1/events",
@@ -406,7 +406,7 @@ def test_forward_token_lowercase_bearer_and_counted_forwarding_failures() -> Non
             )
             assert r.status_code == 200 and r.json()["accepted"] == 1
             for token, ok in (("tok", True), ("wrong", False)):
-                cfg = TapConfig(
+                cfg = MirrorConfig(
                     {"d0": up.url}, scrape_interval_s=0, forward_to=sink.ready["api"], forward_token=token
                 )
                 with TapThread(cfg) as t:

@@ -17,7 +17,7 @@ import pytest
 from shadow.contracts.events import Cancel, Finish, Route
 from shadow.contracts.ids import request_hash
 from shadow.contracts.tapwire import TapContext
-from shadow.mirror.service import TapConfig
+from shadow.mirror.service import MirrorConfig
 from tests.harness import TapThread
 from tests.mirror.helpers import dechunk, http_post, raw_request, split_response
 from tests.mirror.stub_worker import ThreadServer, create_stub
@@ -161,7 +161,7 @@ RELAYS = pytest.mark.parametrize("relay", ["thread", "process"])
 def test_client_sees_identical_bytes_and_the_mirror_sees_every_end(relay: str) -> None:
     with (
         ThreadServer(create_stub("d0")) as up,
-        TapThread(TapConfig({"d0": up.url}, scrape_interval_s=0, relay=relay)) as t,
+        TapThread(MirrorConfig({"d0": up.url}, scrape_interval_s=0, relay=relay)) as t,
     ):
         direct = _fetch_all(up.port, "direct")
         via = _fetch_all(_port(t.ready["taps"]["d0"]), "tap")
@@ -186,7 +186,7 @@ def test_client_sees_identical_bytes_and_the_mirror_sees_every_end(relay: str) -
 def test_keep_alive_connection_reuse_and_pooled_upstreams() -> None:
     with (
         ThreadServer(create_stub("d0", tokens=4)) as up,
-        TapThread(TapConfig({"d0": up.url}, scrape_interval_s=0)) as t,
+        TapThread(MirrorConfig({"d0": up.url}, scrape_interval_s=0)) as t,
     ):
         bodies = []
         with httpx.Client(base_url=t.ready["taps"]["d0"]) as c, httpx.Client(base_url=up.url) as d:
@@ -207,14 +207,14 @@ def test_analysis_that_raises_or_is_saturated_never_changes_the_bytes(relay: str
 
     with ThreadServer(create_stub("d0")) as up:
         direct = _fetch_all(up.port, "direct")
-        with TapThread(TapConfig({"d0": up.url}, scrape_interval_s=0, hook=boom, relay=relay)) as t:
+        with TapThread(MirrorConfig({"d0": up.url}, scrape_interval_s=0, hook=boom, relay=relay)) as t:
             via = _fetch_all(_port(t.ready["taps"]["d0"]), "tap")
             _assert_identical(direct, via)
             assert t.wait_for(lambda: t.svc.state.live() == 0)
             assert _metric(t, "shadow_mirror_errors_total", {"stage": "analysis"}) > 10
             assert t.sync(lambda: t.svc.state.active()) == 0
         # a one-item hand-off (with a relay process: also an 8 KB socket buffer) and a slow consumer
-        cfg = TapConfig({"d0": up.url}, scrape_interval_s=0, queue_size=1, pace_s=0.05, relay=relay)
+        cfg = MirrorConfig({"d0": up.url}, scrape_interval_s=0, queue_size=1, pace_s=0.05, relay=relay)
         cfg.queue_bytes = 8192 if relay == "process" else cfg.queue_bytes
         with TapThread(cfg) as t:
             via = _fetch_all(_port(t.ready["taps"]["d0"]), "tap")
@@ -231,7 +231,7 @@ def test_one_thousand_random_client_disconnects_release_their_slots(relay: str) 
     TTL is far away), with no phantoms. Waits on the analysis watermark, not on a clock; how fast
     a release happens is measured by bench/bench_tap_abuse.py, not asserted here."""
     stub = create_stub("d0", tokens=40, step_s=0.005)
-    cfg = TapConfig({"d0": "http://placeholder"}, scrape_interval_s=0, tick_s=0.05, relay=relay)
+    cfg = MirrorConfig({"d0": "http://placeholder"}, scrape_interval_s=0, tick_s=0.05, relay=relay)
     with ThreadServer(stub) as up:
         cfg.upstreams = {"d0": up.url}
         with TapThread(cfg) as t:
@@ -342,7 +342,7 @@ def test_pd_legs_are_paired_and_every_decision_recovered() -> None:
         ThreadServer(create_stub("d0")) as d0,
         ThreadServer(create_stub("d1")) as d1,
     ):
-        cfg = TapConfig({"d0": d0.url, "d1": d1.url}, prefill={"p0": p0.url}, scrape_interval_s=0.1)
+        cfg = MirrorConfig({"d0": d0.url, "d1": d1.url}, prefill={"p0": p0.url}, scrape_interval_s=0.1)
         with TapThread(cfg) as t:
             taps = t.ready["taps"]
             truth = _pd_proxy(taps["p0"], {"d0": taps["d0"], "d1": taps["d1"]}, 60, seed=3)
@@ -371,7 +371,7 @@ def test_recorded_events_are_valid_ndjson(tmp_path: Any) -> None:
 
     rec = tmp_path / "events.ndjson"
     with ThreadServer(create_stub("d0", tokens=3)) as up:  # noqa: SIM117 - t needs up.url
-        with TapThread(TapConfig({"d0": up.url}, record=str(rec), scrape_interval_s=0)) as t:
+        with TapThread(MirrorConfig({"d0": up.url}, record=str(rec), scrape_interval_s=0)) as t:
             with httpx.Client(base_url=t.ready["taps"]["d0"]) as c:
                 for i in range(5):
                     c.post(
@@ -403,7 +403,7 @@ def test_inject_usage_gives_exact_counts_and_clients_see_what_they_asked_for() -
         "json": {"model": "m", "prompt": "abc", "max_tokens": 3},
     }
     with ThreadServer(create_stub("d0", tokens=6)) as up:
-        cfg = TapConfig({"d0": up.url}, scrape_interval_s=0, inject_usage=True)
+        cfg = MirrorConfig({"d0": up.url}, scrape_interval_s=0, inject_usage=True)
         with TapThread(cfg) as t, httpx.Client() as c:
             for name, body in bodies.items():
                 direct = c.post(
@@ -434,7 +434,7 @@ def test_relay_process_serves_the_taps_and_the_analysis_thread_yields_to_it() ->
     process), the analysis thread here runs at the configured lower priority, and stopping the
     service stops the group it started (`stop_taps`, the default when embedded)."""
     with ThreadServer(create_stub("d0", tokens=5)) as up:
-        cfg = TapConfig({"d0": up.url}, scrape_interval_s=0, relay="process", analysis_nice=7)
+        cfg = MirrorConfig({"d0": up.url}, scrape_interval_s=0, relay="process", analysis_nice=7)
         with TapThread(cfg) as t:
             group = t.svc.group
             assert group is not None and group.proc is not None and group.proc.pid != os.getpid()

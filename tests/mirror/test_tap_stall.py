@@ -23,9 +23,9 @@ import pytest
 
 from shadow.base.front import STALL_S
 from shadow.base.runtime import loop_runner
-from shadow.mirror.dropqueue import DropQueue
-from shadow.mirror.http1 import TapLimits
-from shadow.mirror.proxy import Tap
+from shadow.dataplane.dropqueue import DropQueue
+from shadow.dataplane.http1 import TapLimits
+from shadow.dataplane.tap import Tap
 from tests.mirror.h11_upstream import H11Server, Recorder, recording_app
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

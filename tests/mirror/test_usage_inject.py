@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from shadow.mirror.usage_inject import (
+from shadow.dataplane.usage_inject import (
     STRIP_ALL,
     STRIP_CONTINUOUS,
     FrameRewriter,

@@ -20,7 +20,7 @@ from shadow.base.tools import find_executable
 from shadow.contracts.events import Route
 from shadow.contracts.ids import request_hash
 from shadow.fleet import FleetConfig
-from shadow.mirror.service import TapConfig
+from shadow.mirror.service import MirrorConfig
 from shadow.vllm.metrics import parse_vllm_metrics
 from tests.harness import FleetThread, TapThread
 
@@ -177,7 +177,7 @@ def _quiescent_check(t: TapThread, decode: dict[str, str], url: str, n: int) -> 
 def test_plain_mode_decisions_recovered_and_active_counts_match(router: Any) -> None:
     with FleetThread(FleetConfig(prefill=0, decode=3, base_port=0, time_scale=0.25)) as ft:
         decode = {f"d{i}": u for i, u in enumerate(ft.decode_urls)}
-        with TapThread(TapConfig(decode, scrape_interval_s=0.2)) as t:
+        with TapThread(MirrorConfig(decode, scrape_interval_s=0.2)) as t:
             taps = t.ready["taps"]
             url, murl = router(["--worker-urls", *taps.values(), "--policy", "random"])
             _run_requests(url, 24, 4)
@@ -200,7 +200,7 @@ def test_plain_mode_decisions_recovered_and_active_counts_match(router: Any) -> 
 def test_pd_mode_decisions_recovered_from_taps(router: Any) -> None:
     with FleetThread(FleetConfig(prefill=1, decode=2, base_port=0, time_scale=0.25)) as ft:
         decode = {f"d{i}": u for i, u in enumerate(ft.decode_urls)}
-        cfg = TapConfig(decode, prefill={"p0": ft.prefill_urls[0]}, scrape_interval_s=0.2)
+        cfg = MirrorConfig(decode, prefill={"p0": ft.prefill_urls[0]}, scrape_interval_s=0.2)
         with TapThread(cfg) as t:
             taps = t.ready["taps"]
             args = ["--vllm-pd-disaggregation", "--prefill", taps["p0"]]
@@ -250,7 +250,7 @@ def test_front_mode_reads_decisions_from_vllm_router_responses(router: Any) -> N
         for u in decode.values():
             args += ["--decode", u]
         url, murl = router([*args, "--policy", "random"])
-        cfg = TapConfig({}, front={"router": url}, workers=decode, scrape_interval_s=0.2)
+        cfg = MirrorConfig({}, front={"router": url}, workers=decode, scrape_interval_s=0.2)
         with TapThread(cfg) as t:
             front = t.ready["taps"]["router"]
             _run_requests(front, 24, 4)

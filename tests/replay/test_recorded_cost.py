@@ -18,7 +18,7 @@ from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import LaneClock
 from shadow.engine.settings import LaneSettings, clock_from_json, clock_to_json
 from shadow.mirror.recording import CompactRecorder
-from shadow.mirror.service import TapConfig
+from shadow.mirror.service import MirrorConfig
 from shadow.replay.experiment import ReplaySetup, as_recorded
 from shadow.traces import load_trace
 from tests.replay.test_recorded_settings import SETTINGS, _recording
@@ -132,7 +132,7 @@ def test_a_measured_recording_replays_on_the_lanes_last_clock(
 
 def test_serve_records_the_lanes_clock_when_it_changes(tmp_path: Path) -> None:
     path = tmp_path / "s.ndjson"
-    tap = TapConfig({"d0": "http://127.0.0.1:1", "d1": "http://127.0.0.1:2"}, slots=8, record=str(path))
+    tap = MirrorConfig({"d0": "http://127.0.0.1:1", "d1": "http://127.0.0.1:2"}, slots=8, record=str(path))
     svc = ServeService(ServeConfig(tap))  # constructed, never started: its recorder is open
     svc._note_clock()  # the configured model on one barrier: a replay runs on it without a line
     svc.live.lane_clock = FITTED  # as a refit sets it

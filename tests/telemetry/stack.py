@@ -15,7 +15,7 @@ import httpx
 
 from shadow.app.serve import ServeConfig
 from shadow.fleet import FleetConfig
-from shadow.mirror.service import TapConfig
+from shadow.mirror.service import MirrorConfig
 from shadow.realvllm.stepsender import StepSample, StepSender
 from tests.harness import FleetThread, ServeThread, TapThread
 
@@ -64,7 +64,7 @@ def running_stack(decode: int = 2, slots: int = 8, scrape_interval_s: float = 0.
     cfg = FleetConfig(prefill=0, decode=decode, slots=slots, base_port=0, time_scale=time_scale)
     with FleetThread(cfg) as fleet:
         workers = {f"d{g}": u for g, u in enumerate(fleet.decode_urls)}
-        tap = TapConfig(workers, slots=slots, scrape_interval_s=scrape_interval_s)
+        tap = MirrorConfig(workers, slots=slots, scrape_interval_s=scrape_interval_s)
         runner = ServeThread(ServeConfig(tap=tap)) if serve else TapThread(tap)
         with runner as taps:
             yield Stack(fleet, taps)

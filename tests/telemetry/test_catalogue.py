@@ -144,7 +144,7 @@ def test_docs_table_is_generated_from_the_catalogue() -> None:
 def test_real_exporters_export_nothing_outside_the_catalogue(serve: bool) -> None:
     """`shadow tap` exports the `tap` metrics, `shadow serve` the `tap` and `serve` ones, the fleet
     its ground truth and vLLM's; each declares every family catalogued for it and nothing else."""
-    exporters = ["tap", "serve"] if serve else ["tap"]
+    exporters = ["mirror", "serve"] if serve else ["mirror"]
     with running_stack(serve=serve, time_scale=1.0 if serve else 0.05) as stack:
         send_traffic(list(stack.tap_urls.values()), per_url=4, max_tokens=30)
         stack.taps.wait_for(lambda: stack.taps.svc.state.live() == 0 and not len(stack.taps.svc.queue))
@@ -197,11 +197,11 @@ def test_shadow_serve_active_declares_every_catalogued_family_and_nothing_else(t
     with active_stack(tmp_path) as stack:
         send_traffic([stack.front], per_url=12, max_tokens=30)
         text = httpx.get(stack.api + "/metrics", timeout=5).text
-    assert check_exposition(text, exporters=["tap", "serve"]) == []
+    assert check_exposition(text, exporters=["mirror", "serve"]) == []
     declared = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
     families = {s.name for n in declared if (s := lookup(n)) is not None}
     assert catalogue.active_only() - families == set(), "active families the exporter does not declare"
-    assert {m.name for m in catalogue.for_exporter("tap", "serve")} - families == set()
+    assert {m.name for m in catalogue.for_exporter("mirror", "serve")} - families == set()
     modes = {line.split('mode="')[1].split('"')[0] for line in text.splitlines()
              if line.startswith("shadow_router_requests_total{") and 'outcome="ok"' in line}
     assert {"active", "shadow"} <= modes, modes  # canary routed both ways

@@ -14,10 +14,10 @@ from shadow.active import mode_metrics, standin
 from shadow.app.catalogue import catalogue
 from shadow.base import listener_metrics, procinfo
 from shadow.base.families import DeclaredCollector, Family
+from shadow.dataplane import relay_metrics
 from shadow.fleet import metrics as fleet_metrics
 from shadow.live import metrics as live_metrics
 from shadow.mirror import metrics as mirror_metrics
-from shadow.mirror import relay_metrics
 from shadow.realvllm import probe_metrics
 from shadow.realvllm.probe_metrics import ProbeCollector
 from shadow.realvllm.stepsender import SenderCounts, StepSample
@@ -65,8 +65,8 @@ def test_a_declaration_builds_families_and_instruments() -> None:
     assert '# HELP shadow_h_seconds H.\n' in text and 'shadow_h_seconds_bucket{le="1.0"} 1.0' in text
     assert [(s.labels, s.value) for f in text_string_to_metric_families(text) for s in f.samples
             if s.name == "shadow_x_total"] == [({"worker": "x", "lane": "y"}, 1.0)]
-    assert CATALOGUE.check_exposition(text, ["tap"]) != []  # not catalogued
-    assert Catalogue([Exported("tap", (fam, hist, gauge))]).check_exposition(text, ["tap"]) == []
+    assert CATALOGUE.check_exposition(text, ["mirror"]) != []  # not catalogued
+    assert Catalogue([Exported("mirror", (fam, hist, gauge))]).check_exposition(text, ["mirror"]) == []
 
 
 class _Queue:
@@ -173,11 +173,12 @@ def test_catalogue_is_every_declaration_once() -> None:
     assert sorted(e.family.name for e in CATALOGUE) == sorted(f.name for f in declared)
     assert all(CATALOGUE.get(f.name).family is f for f in declared)  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="declared twice"):
-        Catalogue([Exported("tap", mirror_metrics.FAMILIES), Exported("serve", mirror_metrics.FAMILIES[:1])])
+        Catalogue([Exported("mirror", mirror_metrics.FAMILIES),
+                   Exported("serve", mirror_metrics.FAMILIES[:1])])
     with pytest.raises(ValueError, match="unknown exporter"):
         Catalogue([Exported("nowhere", ())])
     with pytest.raises(ValueError, match="not in LABELS"):
-        Catalogue([Exported("tap", (Family("shadow_x", "gauge", "h", "x", ("colour",)),))])
+        Catalogue([Exported("mirror", (Family("shadow_x", "gauge", "h", "x", ("colour",)),))])
 
 
 def test_check_exposition_reports_help_and_bucket_drift() -> None:

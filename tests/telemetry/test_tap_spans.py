@@ -17,8 +17,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
 
 from shadow.contracts.tapwire import TapContext
+from shadow.dataplane.http1 import head_ids
 from shadow.mirror.analyzer import Analyzer
-from shadow.mirror.http1 import head_ids
 from shadow.mirror.hub import Mirror
 from shadow.mirror.state import MirrorState
 from shadow.telemetry import attrs

@@ -18,7 +18,7 @@ from shadow.contracts.events import MAX_REQUEST_TOKENS
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.settings import LaneSettings
 from shadow.mirror.bounds import EventBounds
-from shadow.mirror.service import TapConfig
+from shadow.mirror.service import MirrorConfig
 from shadow.traces import TraceError, TraceLimits, load_trace
 
 ROW = '{"arrival_s": 0.5, "prompt_tokens": 10, "output_tokens": 3}\n'
@@ -45,7 +45,7 @@ def _fails(path: Path, limits: TraceLimits, line: int | None, what: str) -> None
 
 
 def test_the_token_bound_is_the_live_mirrors_one_constant(tmp_path: Path) -> None:
-    tap_default = next(f.default for f in fields(TapConfig) if f.name == "max_request_tokens")
+    tap_default = next(f.default for f in fields(MirrorConfig) if f.name == "max_request_tokens")
     assert EventBounds().max_request_tokens == tap_default == MAX_REQUEST_TOKENS
     ok = tmp_path / "ok.jsonl"
     ok.write_text(ROW.replace('"output_tokens": 3', f'"output_tokens": {MAX_REQUEST_TOKENS}'))
