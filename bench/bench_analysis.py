@@ -62,7 +62,7 @@ from shadow.contracts.frames import (
     encode_info,
 )
 from shadow.mirror.channel_reader import ChannelReader
-from shadow.mirror.service import MirrorConfig
+from shadow.mirror.config import MirrorConfig
 from shadow.traces import resolve
 
 READ = 1 << 20  # an attachment's read (shadow.mirror.attach)

@@ -210,7 +210,8 @@ def _start_upstream(step_s: float, tokens: int, groups: int) -> tuple[mp.Process
 # data plane became a process of its own): attached to the tap group, or with the taps in-process.
 _ANALYSIS_BOOT = """
 import asyncio, json, sys
-from shadow.mirror.service import MirrorConfig, MirrorService
+from shadow.mirror.config import MirrorConfig
+from shadow.mirror.service import MirrorService
 async def main():
     svc = MirrorService(MirrorConfig(**json.loads(sys.argv[1])))
     print(json.dumps(await svc.start()), flush=True)

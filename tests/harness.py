@@ -19,7 +19,8 @@ from shadow.base.loopthread import LoopThread
 from shadow.dataplane.rundir import groups, pid_alive
 from shadow.dataplane.supervisor import control
 from shadow.fleet import Fleet, FleetConfig
-from shadow.mirror.service import MirrorConfig, MirrorService
+from shadow.mirror.config import MirrorConfig
+from shadow.mirror.service import MirrorService
 
 T = TypeVar("T")
 

@@ -22,26 +22,12 @@ from orjson import loads as json_loads
 
 from shadow.active.flagfile import setting_from
 from shadow.active.modes import ModeController, ModeUnavailable
+from shadow.base.listener import capped_body
 from shadow.base.security import bearer_ok
 
 DEFAULT_MAX_BODY = 4096
 DISABLED = ("PUT /v1/mode is disabled: no admin token configured (start shadow serve with "
             "--admin-token-file FILE, --admin-token or SHADOW_SERVE_ADMIN_TOKEN)")
-
-
-async def _capped_body(request: Request, max_body: int) -> bytes | None:
-    """The request body, or None when it is over `max_body` bytes (read no further than that)."""
-    cl = request.headers.get("content-length")
-    if cl is not None and (not cl.isdigit() or int(cl) > max_body):
-        return None
-    parts: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_body:
-            return None
-        parts.append(chunk)
-    return b"".join(parts)
 
 
 def mode_router(
@@ -71,7 +57,7 @@ def mode_router(
         if not bearer_ok(request.headers.get("authorization"), token):
             return refuse(401, "unauthorized", "PUT /v1/mode needs 'Authorization: Bearer <admin token>'",
                           {"www-authenticate": 'Bearer realm="shadow"'})
-        raw = await _capped_body(request, max_body)
+        raw = await capped_body(request, max_body)
         if raw is None:
             return refuse(413, "too_large", f"body over {max_body} bytes")
         try:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from shadow.app.process import announce, stop_event
-from shadow.mirror.service import MirrorConfig, MirrorService
+from shadow.mirror.config import MirrorConfig
+from shadow.mirror.service import MirrorService
 
 PROG = "shadow capture"
 

@@ -26,6 +26,7 @@ from typing import Any
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse, Response
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import Tracer
 from prometheus_client.registry import Collector
 
 from shadow.active.control import ModeControl
@@ -63,8 +64,9 @@ from shadow.live.lanes import DEFAULT_POLICIES, LiveLanes
 from shadow.live.metrics import LiveCollector
 from shadow.live.shards import ProcessShards, RayShards, ShardedLanes, Shards
 from shadow.live.stepfit import SOURCES
+from shadow.mirror.config import MirrorConfig
 from shadow.mirror.hub import Listener
-from shadow.mirror.service import MirrorConfig, MirrorService
+from shadow.mirror.service import MirrorService
 from shadow.replay.sweep_ray import connect, import_ray
 from shadow.telemetry.httpspans import TapSpans
 from shadow.telemetry.tracing import MirrorSpans, RoutingSpans, get_tracer, otlp_provider
@@ -250,39 +252,14 @@ class ServeService:
             else None
         )
         self._schema: dict[str, Any] | None = None
-        report = APIRouter()
-        report.add_api_route("/v1/report", self._report, methods=["GET"])
-        report.add_api_route("/v1/report/schema", self._report_schema, methods=["GET"])
-        listeners: list[Listener] = [self.live.listener]
-        routers = [report]
-        collectors: list[Collector] = [LiveCollector(self.sharded or self.live)]  # (shards: merged)
-        if self.mode_control is not None:
-            listeners.append(self.mode_control.calibration)
-            routers.append(self.mode_control.router)
-            collectors.append(self.mode_control.collector)
-        if self.oracle is not None:
-            listeners.append(self.oracle)
-        if tracer is not None:
-            listeners.append(MirrorSpans(tracer))
-        tap_config = config.tap
-        if mc is not None and mc.admin_token is not None:  # events can trip the mode: theirs too
-            tap_config = dataclasses.replace(tap_config, events_token_required=True)
-        if tap_config.record:
-            tap_config = dataclasses.replace(tap_config, record_lanes=self.lane_settings().to_json())
-        self.tap = MirrorService(tap_config, clock=clock, listeners=listeners, collectors=collectors,
-                              routers=routers, spans=TapSpans(tracer) if tracer is not None else None)
+        self.tap = self._mirror(mc, tracer)
         if self.tap.recorder is not None:  # the recording carries the seeds: a replay starts windows alike
             self.live.seed_sink = self.tap.recorder.seed
         self.health = (
-            HealthPoll(
-                HealthReader(self.tap.reconciler, self.live, self.mode_control.calibration),
-                self.mode_control.controller,
-                mc.check_interval_s,
-                oracle=self.oracle,
-                oracle_interval_s=mc.oracle_interval_s,
-            )
-            if self.mode_control is not None and mc is not None
-            else None
+            HealthPoll(HealthReader(self.tap.reconciler, self.live, self.mode_control.calibration),
+                       self.mode_control.controller, mc.check_interval_s, oracle=self.oracle,
+                       oracle_interval_s=mc.oracle_interval_s)
+            if self.mode_control is not None and mc is not None else None
         )
         # the mode source the active proxy asks per request: the mode controller when there is one
         self.modes: ModeSource = (
@@ -301,6 +278,31 @@ class ServeService:
         self._recorded_clock: object = None  # the lanes' clock last written to the recording
         self._proxy_server: AsgiListener | None = None
         self._jobs: list[asyncio.Task[None]] = []
+
+    def _mirror(self, mc: ModeConfig | None, tracer: Tracer | None) -> MirrorService:
+        """The analysis's mirror, told of the lanes, the modes, the oracle and the spans (its
+        listeners), serving the report and the modes' routes, exporting their collectors."""
+        report = APIRouter()
+        report.add_api_route("/v1/report", self._report, methods=["GET"])
+        report.add_api_route("/v1/report/schema", self._report_schema, methods=["GET"])
+        listeners: list[Listener] = [self.live.listener]
+        routers = [report]
+        collectors: list[Collector] = [LiveCollector(self.sharded or self.live)]  # (shards: merged)
+        if self.mode_control is not None:
+            listeners.append(self.mode_control.calibration)
+            routers.append(self.mode_control.router)
+            collectors.append(self.mode_control.collector)
+        if self.oracle is not None:
+            listeners.append(self.oracle)
+        if tracer is not None:
+            listeners.append(MirrorSpans(tracer))
+        tap_config = self.config.tap
+        if mc is not None and mc.admin_token is not None:  # events can trip the mode: theirs too
+            tap_config = dataclasses.replace(tap_config, events_token_required=True)
+        if tap_config.record:
+            tap_config = dataclasses.replace(tap_config, record_lanes=self.lane_settings().to_json())
+        return MirrorService(tap_config, clock=self.clock, listeners=listeners, collectors=collectors,
+                             routers=routers, spans=TapSpans(tracer) if tracer is not None else None)
 
     def route_cost(self) -> RouteCost:
         """What a running sequence costs the fleet's step as the lanes step on it (their models, refits
@@ -378,7 +380,7 @@ class ServeService:
             await asyncio.to_thread(self.live.drain)
         sharded = self.sharded
         report = await asyncio.to_thread(sharded.report) if sharded is not None else self.live.report()
-        outputs = self.tap.output_counts()
+        outputs = self.tap.analyzer.output_summary()
         report = {**report, "output_counts": outputs}
         if "warning" in outputs:
             report["warnings"] = [*report.get("warnings", []), outputs["warning"]]

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 from httptools import HttpParserError, HttpRequestParser
+from starlette.requests import Request
 
 from shadow.base.front import Conn, Front, head_fault
 from shadow.base.net import bind_listen
@@ -787,3 +788,20 @@ class _Lifespan:
             task.cancel()
         with contextlib.suppress(BaseException):
             await asyncio.wait_for(task, 5)
+
+
+async def capped_body(request: Request, max_body: int) -> bytes | None:
+    """A request's body for a handler behind one of these listeners, or None when it is over
+    `max_body` bytes (by a Content-Length over it or not a number, or as it streams: reading
+    stops there)."""
+    cl = request.headers.get("content-length")
+    if cl is not None and (not cl.isdigit() or int(cl) > max_body):
+        return None
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_body:
+            return None
+        parts.append(chunk)
+    return b"".join(parts)

@@ -25,8 +25,8 @@ from shadow.commands._help import add_command, run_alone
 from shadow.commands._service import run_reporting
 from shadow.commands.serve import mirror_flags
 from shadow.commands.tap import pairs
+from shadow.mirror.config import MirrorBounds, MirrorConfig
 from shadow.mirror.keys import key_location, open_secret
-from shadow.mirror.service import MirrorBounds, MirrorConfig
 
 PROG = "shadow capture"
 SUMMARY = "mirror the router's traffic passively, off an interface"

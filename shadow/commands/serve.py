@@ -40,8 +40,8 @@ from shadow.core.policies import ACTIVE, active_names, active_policy, lane_names
 from shadow.dataplane.http1 import TapLimits
 from shadow.dataplane.relay import RelayBounds
 from shadow.live.lanes import DEFAULT_POLICIES
+from shadow.mirror.config import MirrorConfig
 from shadow.mirror.keys import key_location, open_secret
-from shadow.mirror.service import MirrorConfig
 
 PROG = "shadow serve"
 ENV_PREFIX = "SHADOW_SERVE_"

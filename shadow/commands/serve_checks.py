@@ -20,7 +20,7 @@ from shadow.contracts.modes import MODES
 from shadow.dataplane.http1 import TapLimits
 from shadow.dataplane.relay import RelayBounds
 from shadow.mirror.attach import parse_address
-from shadow.mirror.service import MirrorConfig
+from shadow.mirror.config import MirrorConfig
 
 NO_ACTIVE = ("without --active the existing router routes every request, so only mode shadow can be "
              "carried out")

@@ -105,29 +105,9 @@ def _float(body: dict[str, Any], key: str, default: float) -> float:
     return float(v)
 
 
-def parse_request(raw: bytes, *, chat: bool, config: FleetConfig) -> GenRequest:
-    """Validate a request body; raise ApiError as vLLM would answer it."""
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ApiError(400, f"Invalid JSON in request body: {exc}") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "Request body must be a JSON object")
-    model = body.get("model")
-    if model is not None and model != config.model:
-        raise ApiError(404, f"The model `{model}` does not exist.", "model")
-    stream = _bool(body, "stream")
-    opts = body.get("stream_options")
-    if opts is not None:
-        if not isinstance(opts, dict):
-            raise ApiError(400, "stream_options must be an object", "stream_options")
-        if not stream:
-            raise ApiError(400, "Stream options can only be defined when `stream=True`.", "stream_options")
-    include_usage = _bool(opts or {}, "include_usage")
-    continuous = _bool(opts or {}, "continuous_usage_stats")
-    n = _int(body, "n")
-    if n is not None and n != 1:
-        raise ApiError(400, f"n={n} is not supported by the simulated fleet (only n=1)", "n")
+def _prompt(body: dict[str, Any], chat: bool, config: FleetConfig) -> tuple[int, str]:
+    """The prompt's token count and the text its output length is seeded from; a prompt that is
+    empty or fills the context is refused as vLLM refuses it."""
     try:
         if chat:
             p_tokens, seed_text = chat_tokens(body.get("messages"))
@@ -145,6 +125,12 @@ def parse_request(raw: bytes, *, chat: bool, config: FleetConfig) -> GenRequest:
             "messages.",
             "messages" if chat else "prompt",
         )
+    return p_tokens, seed_text
+
+
+def _lengths(body: dict[str, Any], chat: bool, config: FleetConfig, p_tokens: int) -> tuple[int, int]:
+    """`max_tokens` (chat: `max_completion_tokens` first; default: the rest of the context for chat,
+    16 for completions) and `min_tokens`, checked against the context as vLLM checks them."""
     key = "max_tokens"
     max_tokens = None
     if chat:
@@ -170,6 +156,34 @@ def parse_request(raw: bytes, *, chat: bool, config: FleetConfig) -> GenRequest:
         raise ApiError(
             400, f"min_tokens must be between 0 and max_tokens={max_tokens}, got {min_tokens}", "min_tokens"
         )
+    return max_tokens, min_tokens
+
+
+def parse_request(raw: bytes, *, chat: bool, config: FleetConfig) -> GenRequest:
+    """Validate a request body; raise ApiError as vLLM would answer it."""
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ApiError(400, f"Invalid JSON in request body: {exc}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "Request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and model != config.model:
+        raise ApiError(404, f"The model `{model}` does not exist.", "model")
+    stream = _bool(body, "stream")
+    opts = body.get("stream_options")
+    if opts is not None:
+        if not isinstance(opts, dict):
+            raise ApiError(400, "stream_options must be an object", "stream_options")
+        if not stream:
+            raise ApiError(400, "Stream options can only be defined when `stream=True`.", "stream_options")
+    include_usage = _bool(opts or {}, "include_usage")
+    continuous = _bool(opts or {}, "continuous_usage_stats")
+    n = _int(body, "n")
+    if n is not None and n != 1:
+        raise ApiError(400, f"n={n} is not supported by the simulated fleet (only n=1)", "n")
+    p_tokens, seed_text = _prompt(body, chat, config)
+    max_tokens, min_tokens = _lengths(body, chat, config, p_tokens)
     kv = body.get("kv_transfer_params")
     if kv is not None and not isinstance(kv, dict):
         raise ApiError(400, "kv_transfer_params must be an object", "kv_transfer_params")

@@ -570,3 +570,19 @@ class Analyzer:
                 self.mirror.emit(Finish(leg.mid, t, "other", leg.sent_gen or None), "tap", self.clock())
         except Exception:
             self.mirror.count_error("analysis_end")
+
+    def output_summary(self) -> dict[str, Any]:
+        """Finished decode responses by what their output count came from (`output_count`), with a
+        warning when some were only counted in chunks (a lower bound of their tokens)."""
+        by: dict[str, int] = {}
+        for (_, source), n in list(self.output_counts.items()):
+            by[source] = by.get(source, 0) + n
+        out: dict[str, Any] = {"by_source": by}
+        total, chunks = sum(by.values()), by.get("chunks", 0)
+        if chunks:
+            out["warning"] = (
+                f"{chunks} of {total} finished responses carried no usage or token_ids and did not end "
+                "for length: their output tokens are counted in chunks, a lower bound (vLLM merges "
+                "tokens into one chunk under load); clients asking stream_options.include_usage, or "
+                "the taps with --inject-usage, make them exact")
+        return out

@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
+from shadow.base.listener import capped_body
 from shadow.base.logthrottle import Throttled
 from shadow.base.security import bearer_ok, is_loopback
 from shadow.contracts.events import EVENT_TYPES, Arrive, Event, Step, from_dict, load_schema
@@ -245,6 +246,57 @@ def _ingest_lines(
             rejected[reason] = rejected.get(reason, 0) + 1
 
 
+def events_router(
+    mirror: Mirror,
+    rejected_counts: MutableMapping[str, int],
+    *,
+    max_body: int,
+    clock: Callable[[], float],
+    host: str,
+    ingest_token: str | None,
+    max_id_len: int,
+    token_required: bool,
+    probe_token: str | None,
+) -> APIRouter:
+    """The event API: `POST /v1/events` (NDJSON in, guarded as `create_app` says), `GET /v1/events`
+    (the recent ones after a sequence number) and `GET /v1/events/schema`."""
+    router = APIRouter()
+    schema = load_schema()
+    rejections = Throttled(logging.getLogger("shadow.mirror.api"))
+
+    @router.post("/v1/events")
+    async def post_events(request: Request) -> Response:
+        access = events_access(host, ingest_token, probe_token, request.headers.get("authorization"),
+                               token_required)
+        if isinstance(access, tuple):
+            rejected_counts["unauthorized"] = rejected_counts.get("unauthorized", 0) + 1
+            rejections.warning("unauthorized", "POST /v1/events refused (%s): %s", access[0], access[1])
+            return JSONResponse({"error": access[1]}, status_code=access[0])
+        body = await capped_body(request, max_body)
+        if body is None:
+            rejected_counts["too_large"] = rejected_counts.get("too_large", 0) + 1
+            rejections.warning("too_large", "POST /v1/events refused: body over %d bytes", max_body)
+            return JSONResponse({"error": f"body over {max_body} bytes"}, status_code=413)
+        result = await ingest_ndjson_sliced(body, mirror, clock(), rejected_counts, max_id_len, kinds=access)
+        if result["rejected"]:
+            why = dict(result["rejected"])
+            rejections.warning("lines", "POST /v1/events: %d lines rejected", sum(why.values()), reasons=why)
+        return JSONResponse(result)
+
+    @router.get("/v1/events")
+    async def get_events(after: int = Query(0, ge=0), limit: int = Query(1000, ge=1, le=100_000)) -> Response:
+        items = mirror.recent_after(after, limit)
+        last = items[-1][0] if items else max(after, 0)
+        body = "".join(json.dumps(event_dict(ev), separators=(",", ":")) + "\n" for _, ev in items)
+        return Response(body, media_type="application/x-ndjson", headers={"X-Last-Seq": str(last)})
+
+    @router.get("/v1/events/schema")
+    async def get_schema() -> Response:
+        return JSONResponse(schema, media_type="application/schema+json")
+
+    return router
+
+
 def create_app(
     mirror: Mirror,
     registry: CollectorRegistry,
@@ -270,48 +322,9 @@ def create_app(
     """
     app = FastAPI(title="shadow mirror", docs_url=None, redoc_url=None, openapi_url=None)
     rejected_counts: MutableMapping[str, int] = rejected if rejected is not None else {}
-    schema = load_schema()
-    rejections = Throttled(logging.getLogger("shadow.mirror.api"))
-
-    @app.post("/v1/events")
-    async def post_events(request: Request) -> Response:
-        access = events_access(host, ingest_token, probe_token, request.headers.get("authorization"),
-                               token_required)
-        if isinstance(access, tuple):
-            rejected_counts["unauthorized"] = rejected_counts.get("unauthorized", 0) + 1
-            rejections.warning("unauthorized", "POST /v1/events refused (%s): %s", access[0], access[1])
-            return JSONResponse({"error": access[1]}, status_code=access[0])
-        cl = request.headers.get("content-length")
-        if cl is not None and cl.isdigit() and int(cl) > max_body:
-            rejected_counts["too_large"] = rejected_counts.get("too_large", 0) + 1
-            rejections.warning("too_large", "POST /v1/events refused: body over %d bytes", max_body)
-            return JSONResponse({"error": f"body over {max_body} bytes"}, status_code=413)
-        parts: list[bytes] = []
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > max_body:
-                rejected_counts["too_large"] = rejected_counts.get("too_large", 0) + 1
-                rejections.warning("too_large", "POST /v1/events refused: body over %d bytes", max_body)
-                return JSONResponse({"error": f"body over {max_body} bytes"}, status_code=413)
-            parts.append(chunk)
-        result = await ingest_ndjson_sliced(b"".join(parts), mirror, clock(), rejected_counts, max_id_len,
-                                            kinds=access)
-        if result["rejected"]:
-            why = dict(result["rejected"])
-            rejections.warning("lines", "POST /v1/events: %d lines rejected", sum(why.values()), reasons=why)
-        return JSONResponse(result)
-
-    @app.get("/v1/events")
-    async def get_events(after: int = Query(0, ge=0), limit: int = Query(1000, ge=1, le=100_000)) -> Response:
-        items = mirror.recent_after(after, limit)
-        last = items[-1][0] if items else max(after, 0)
-        body = "".join(json.dumps(event_dict(ev), separators=(",", ":")) + "\n" for _, ev in items)
-        return Response(body, media_type="application/x-ndjson", headers={"X-Last-Seq": str(last)})
-
-    @app.get("/v1/events/schema")
-    async def get_schema() -> Response:
-        return JSONResponse(schema, media_type="application/schema+json")
+    app.include_router(events_router(
+        mirror, rejected_counts, max_body=max_body, clock=clock, host=host, ingest_token=ingest_token,
+        max_id_len=max_id_len, token_required=token_required, probe_token=probe_token))
 
     @app.get("/v1/state")
     async def get_state() -> Response:

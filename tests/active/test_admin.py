@@ -12,7 +12,7 @@ import pytest
 
 from shadow.active.modes import ModeConfig
 from shadow.app.serve import ActiveSettings, ServeConfig
-from shadow.mirror.service import MirrorConfig
+from shadow.mirror.config import MirrorConfig
 from tests.active.procs import shadow_process
 from tests.harness import ServeThread
 

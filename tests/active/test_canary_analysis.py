@@ -58,7 +58,7 @@ from shadow.core.policies import make_router
 from shadow.core.routers import Router
 from shadow.core.snapshot import FleetSnapshot
 from shadow.fleet import FleetConfig
-from shadow.mirror.service import MirrorConfig
+from shadow.mirror.config import MirrorConfig
 from tests.active.test_decision_exception import RaisingRouter
 from tests.alerts.test_alertmanager_integration import Traffic
 from tests.harness import FleetThread, ServeThread

@@ -17,7 +17,7 @@ from shadow.contracts.modes import StaticModeSource
 from shadow.core.cost import SEQUENCES, TOKENS, RouteCost
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import LaneClock
-from shadow.mirror.service import MirrorConfig
+from shadow.mirror.config import MirrorConfig
 from tests.active.stubs import FixedSource
 
 # d0 runs six short requests (600 KV tokens), d1 one long one (700): the bytes say d0, the

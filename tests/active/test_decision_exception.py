@@ -22,7 +22,7 @@ from shadow.core.policies import make_router
 from shadow.core.routers import Router
 from shadow.core.snapshot import FleetSnapshot
 from shadow.fleet import FleetConfig
-from shadow.mirror.service import MirrorConfig
+from shadow.mirror.config import MirrorConfig
 from tests.active.test_fallback_e2e import metric, wait_for
 from tests.active.test_mode_flips import metric_sum
 from tests.harness import FleetThread, ServeThread

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from shadow.app.serve import ServeConfig
-from shadow.mirror.service import MirrorConfig
+from shadow.mirror.config import MirrorConfig
 from tests.harness import ServeThread
 from tests.live.test_live_fleet import _fleet_steps, _start, _stop
 

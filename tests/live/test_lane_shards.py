@@ -25,7 +25,7 @@ from shadow.contracts.events import Event, Step
 from shadow.live.lanes import LiveLanes
 from shadow.live.metrics import LiveCollector
 from shadow.live.shards import LocalShards, ProcessShards, ShardedLanes, Shards, deal
-from shadow.mirror.service import MirrorConfig
+from shadow.mirror.config import MirrorConfig
 from tests.harness import ServeThread
 from tests.live import test_serve_api as serve_api
 from tests.live.sessions import session_events

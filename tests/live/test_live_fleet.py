@@ -27,7 +27,7 @@ import pytest
 
 from shadow.app.serve import ServeConfig
 from shadow.core.stepmodel import StepTimeModel
-from shadow.mirror.service import MirrorConfig
+from shadow.mirror.config import MirrorConfig
 from shadow.replay.experiment import ReplaySetup, run_replay
 from shadow.traces import at_load, estimate_capacity_rps, load_trace, resolve
 from tests.harness import ServeThread

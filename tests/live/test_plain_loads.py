@@ -8,7 +8,7 @@ import threading
 import httpx
 
 from shadow.fleet import FleetConfig
-from shadow.mirror.service import MirrorConfig
+from shadow.mirror.config import MirrorConfig
 from tests.harness import FleetThread, TapThread
 
 

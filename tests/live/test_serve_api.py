@@ -11,8 +11,8 @@ import pytest
 from shadow.app.serve import ServeConfig
 from shadow.contracts.events import Event
 from shadow.live import LiveLanes
+from shadow.mirror.config import MirrorConfig
 from shadow.mirror.emitter import Emitter
-from shadow.mirror.service import MirrorConfig
 from tests.harness import ServeThread
 from tests.live.sessions import session_events
 

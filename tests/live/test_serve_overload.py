@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from shadow.app.serve import ServeConfig
-from shadow.mirror.service import MirrorConfig
+from shadow.mirror.config import MirrorConfig
 from tests.harness import ServeThread
 from tests.live.test_live_fleet import _stop, start_fleet
 

@@ -33,7 +33,7 @@ import pytest
 from shadow.app.serve import ServeConfig
 from shadow.core.stepmodel import StepTimeModel
 from shadow.live.lanes import DEFAULT_POLICIES
-from shadow.mirror.service import MirrorConfig
+from shadow.mirror.config import MirrorConfig
 from shadow.replay.experiment import ReplaySetup, run_replay
 from shadow.traces import load_trace
 from tests.harness import ServeThread

@@ -25,7 +25,7 @@ from shadow.base.procs import shadow_argv
 from shadow.capture.packets import PacketSocket, bpf_program
 from shadow.capture.reassembly import GAP, Direction
 from shadow.fleet import FleetConfig
-from shadow.mirror.service import MirrorConfig
+from shadow.mirror.config import MirrorConfig
 from tests.harness import FleetThread, TapThread
 from tests.live.stack import Procs, Streams, router, wait
 

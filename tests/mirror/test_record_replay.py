@@ -9,7 +9,7 @@ import pytest
 from openai import OpenAI
 
 from shadow.fleet import FleetConfig
-from shadow.mirror.service import MirrorConfig
+from shadow.mirror.config import MirrorConfig
 from shadow.replay import ReplaySetup, run_replay
 from shadow.traces import load_trace
 from tests.harness import FleetThread, TapThread

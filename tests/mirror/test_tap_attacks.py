@@ -24,8 +24,8 @@ from shadow.contracts.tapwire import END_UPSTREAM_CUT
 from shadow.dataplane.dropqueue import DropQueue
 from shadow.dataplane.http1 import TapLimits
 from shadow.dataplane.tap import Tap
+from shadow.mirror.config import MirrorConfig
 from shadow.mirror.keys import KeySecret, load_or_create_secret
-from shadow.mirror.service import MirrorConfig
 from tests.harness import TapThread
 from tests.mirror.h11_upstream import H11Server, Recorder, recording_app
 from tests.mirror.stub_worker import ThreadServer, create_stub

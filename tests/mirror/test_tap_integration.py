@@ -17,7 +17,7 @@ import pytest
 from shadow.contracts.events import Cancel, Finish, Route
 from shadow.contracts.ids import request_hash
 from shadow.contracts.tapwire import TapContext
-from shadow.mirror.service import MirrorConfig
+from shadow.mirror.config import MirrorConfig
 from tests.harness import TapThread
 from tests.mirror.helpers import dechunk, http_post, raw_request, split_response
 from tests.mirror.stub_worker import ThreadServer, create_stub
@@ -436,9 +436,9 @@ def test_relay_process_serves_the_taps_and_the_analysis_thread_yields_to_it() ->
     with ThreadServer(create_stub("d0", tokens=5)) as up:
         cfg = MirrorConfig({"d0": up.url}, scrape_interval_s=0, relay="process", analysis_nice=7)
         with TapThread(cfg) as t:
-            group = t.svc.group
+            group = t.svc.link.group
             assert group is not None and group.proc is not None and group.proc.pid != os.getpid()
-            (att,) = t.svc.attachments
+            (att,) = t.svc.link.attachments
             assert att.attached and att.relay["pid"] not in (os.getpid(), group.proc.pid)
             tid = t.svc.analysis.thread.native_id
             # 7 below the process (capped at 19: a suite run under `nice` starts nearer the floor)

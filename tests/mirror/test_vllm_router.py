@@ -20,7 +20,7 @@ from shadow.base.tools import find_executable
 from shadow.contracts.events import Route
 from shadow.contracts.ids import request_hash
 from shadow.fleet import FleetConfig
-from shadow.mirror.service import MirrorConfig
+from shadow.mirror.config import MirrorConfig
 from shadow.vllm.metrics import parse_vllm_metrics
 from tests.harness import FleetThread, TapThread
 

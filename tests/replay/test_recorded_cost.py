@@ -17,8 +17,8 @@ from shadow.cli import main
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import LaneClock
 from shadow.engine.settings import LaneSettings, clock_from_json, clock_to_json
+from shadow.mirror.config import MirrorConfig
 from shadow.mirror.recording import CompactRecorder
-from shadow.mirror.service import MirrorConfig
 from shadow.replay.experiment import ReplaySetup, as_recorded
 from shadow.traces import load_trace
 from tests.replay.test_recorded_settings import SETTINGS, _recording

@@ -15,7 +15,7 @@ import httpx
 
 from shadow.app.serve import ServeConfig
 from shadow.fleet import FleetConfig
-from shadow.mirror.service import MirrorConfig
+from shadow.mirror.config import MirrorConfig
 from shadow.realvllm.stepsender import StepSample, StepSender
 from tests.harness import FleetThread, ServeThread, TapThread
 

@@ -18,7 +18,7 @@ from shadow.contracts.events import MAX_REQUEST_TOKENS
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.settings import LaneSettings
 from shadow.mirror.bounds import EventBounds
-from shadow.mirror.service import MirrorConfig
+from shadow.mirror.config import MirrorConfig
 from shadow.traces import TraceError, TraceLimits, load_trace
 
 ROW = '{"arrival_s": 0.5, "prompt_tokens": 10, "output_tokens": 3}\n'
