@@ -30,6 +30,7 @@ class Bound:
     asks: str
 
 
+POSITIVE = Bound(lambda v: math.isfinite(v) and v > 0, "> 0")
 POSITIVE_S = Bound(lambda v: math.isfinite(v) and v > 0, "> 0 s")
 NON_NEGATIVE = Bound(lambda v: math.isfinite(v) and v >= 0, ">= 0")
 NON_NEGATIVE_S = Bound(lambda v: math.isfinite(v) and v >= 0, ">= 0 s")
@@ -46,12 +47,15 @@ NICENESS = Bound(lambda v: 0 <= v <= 19, "in 0..19")
 @dataclass(frozen=True)
 class Knob:
     """A setting's flag, help (without its default: derived), bound and `add_argument` extras
-    (`metavar`, `action`, a `type` other than the default's)."""
+    (`metavar`, `action`, a `type` other than the default's). `unset_is_none`: the flag parses to
+    None when not given (the command picks the value, e.g. by another flag); its help still shows
+    the field's default."""
 
     flag: str
     help: str
     bound: Bound | None
     kw: Mapping[str, Any]
+    unset_is_none: bool = False
 
     @property
     def dest(self) -> str:
@@ -59,9 +63,11 @@ class Knob:
         return self.flag.lstrip("-").replace("-", "_")
 
 
-def knob(default: Any, flag: str, help: str, bound: Bound | None = None, **kw: Any) -> Any:
+def knob(
+    default: Any, flag: str, help: str, bound: Bound | None = None, *, unset_is_none: bool = False, **kw: Any
+) -> Any:
     """A dataclass field with `default` that is the setting `flag` (see module docstring)."""
-    return dataclasses.field(default=default, metadata={KNOB: Knob(flag, help, bound, kw)})
+    return dataclasses.field(default=default, metadata={KNOB: Knob(flag, help, bound, kw, unset_is_none)})
 
 
 def knobs(cls: type) -> Iterator[tuple[dataclasses.Field[Any], Knob]]:
@@ -75,13 +81,15 @@ def knobs(cls: type) -> Iterator[tuple[dataclasses.Field[Any], Knob]]:
 def argument(f: dataclasses.Field[Any], k: Knob) -> dict[str, Any]:
     """`add_argument`'s keywords for setting `k` of field `f`: a boolean is a switch (off by
     default); anything else takes the default's type (a None default: `k.kw`'s), the default,
-    and its help ends with "(default X)" (None: "(default: none)")."""
+    and its help ends with "(default X)" (None: "(default: none)"); `k.unset_is_none`: the flag's
+    own default is None."""
     default = f.default
     if isinstance(default, bool):
         return {"action": "store_true", "help": k.help, **k.kw}
     shown = "none" if default is None else format(default, "g") if isinstance(default, float) else default
     typed = {} if default is None or "choices" in k.kw else {"type": type(default)}
-    return {**typed, "default": default, "help": f"{k.help} (default {shown})", **k.kw}
+    given = None if k.unset_is_none else default
+    return {**typed, "default": given, "help": f"{k.help} (default {shown})", **k.kw}
 
 
 def add_knobs(group: argparse._ActionsContainer, cls: type) -> None:

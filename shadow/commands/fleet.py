@@ -11,10 +11,10 @@ import os
 from typing import Any
 
 from shadow.app import fleet as fleet_app
+from shadow.base.knobs import add_knobs, knob_values
 from shadow.commands import fleet_vllm
 from shadow.commands._service import add_log_arguments, run_reporting, start_logging
-from shadow.core.stepmodel import DEFAULT_A_S_PER_TOKEN, DEFAULT_B_S
-from shadow.fleet.config import DEFAULT_BASE_PORT, DEFAULT_MODEL, FleetConfig
+from shadow.fleet.config import FleetConfig
 from shadow.fleet.faults import FaultSpec
 
 EPILOG = """examples:
@@ -31,7 +31,7 @@ Decode legs must carry the kv_transfer_params a prefill server returned (P/D, as
 """
 
 
-def register(subparsers: Any) -> None:  # long by design: the command's flags, one statement each
+def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "fleet",
         help="run a simulated vLLM prefill/decode fleet (OpenAI API, SSE, /metrics, P/D, faults)",
@@ -42,61 +42,9 @@ def register(subparsers: Any) -> None:  # long by design: the command's flags, o
         ),
         epilog=EPILOG,
     )
-    p.add_argument("--prefill", type=int, default=None, metavar="N",
-                   help="prefill servers (default 1; 0 with --engine vllm)")
-    p.add_argument("--decode", type=int, default=2, metavar="G", help="decode DP ranks (default 2)")
-    p.add_argument("--slots", type=int, default=64, metavar="B", help="running slots per rank (default 64)")
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    p.add_argument(
-        "--control-token",
-        default=os.environ.get("SHADOW_FLEET_CONTROL_TOKEN"),
-        help="bearer token for POST /fleet/faults (env SHADOW_FLEET_CONTROL_TOKEN); without one, fault "
-        "injection is refused unless the fleet listens on loopback",
-    )
-    p.add_argument(
-        "--port",
-        type=int,
-        default=None,
-        metavar="BASE",
-        help=f"base port (default {DEFAULT_BASE_PORT}; free ports with --engine vllm; 0 = free ports)",
-    )
-    p.add_argument(
-        "--time-scale",
-        type=float,
-        default=1.0,
-        metavar="X",
-        help="wall seconds per model second (default 1; 0.1 runs 10× faster)",
-    )
-    p.add_argument(
-        "--a", type=float, default=DEFAULT_A_S_PER_TOKEN, help="step seconds per KV token of max load"
-    )
-    p.add_argument("--b", type=float, default=DEFAULT_B_S, help="fixed step seconds")
-    p.add_argument("--prefill-c0", type=float, default=0.010, help="prefill seconds per request")
-    p.add_argument("--prefill-c1", type=float, default=2.0e-5, help="prefill seconds per prompt token")
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"served model name (default {DEFAULT_MODEL})")
-    p.add_argument("--max-model-len", type=int, default=32768)
-    p.add_argument("--kv-tokens", type=int, default=1 << 20, help="KV capacity per engine, in tokens")
-    p.add_argument("--kv-ttl", type=float, default=480.0, help="seconds a prefill holds KV nobody pulled")
-    p.add_argument(
-        "--catch-up",
-        type=float,
-        default=0.0,
-        metavar="S",
-        help="keep the step model's timeline on a busy host: make up to S seconds of lateness "
-        "(held-up steps end at once); default 0: only a lateness shorter than the step",
-    )
-    p.add_argument(
-        "--mean-output-tokens",
-        type=int,
-        default=128,
-        help="mean output length of requests without ignore_eos (deterministic draw)",
-    )
-    p.add_argument("--max-body-bytes", type=int, default=8 << 20, help="request body limit (413 above)")
-    p.add_argument(
-        "--dp-front",
-        action="store_true",
-        help="also serve all decode ranks on PORT+200, chosen by X-data-parallel-rank",
-    )
+    add_knobs(p, FleetConfig)  # the fleet's settings, declared on FleetConfig
+    # not given: the environment's token (a knob's default is fixed; this one is read at start-up)
+    p.set_defaults(control_token=os.environ.get("SHADOW_FLEET_CONTROL_TOKEN"))
     p.add_argument(
         "--fault",
         action="append",
@@ -119,28 +67,10 @@ def register(subparsers: Any) -> None:  # long by design: the command's flags, o
 
 
 def config_from_args(args: argparse.Namespace) -> FleetConfig:
-    return FleetConfig(
-        prefill=1 if args.prefill is None else args.prefill,
-        decode=args.decode,
-        slots=args.slots,
-        host=args.host,
-        base_port=DEFAULT_BASE_PORT if args.port is None else args.port,
-        control_token=args.control_token,
-        time_scale=args.time_scale,
-        a=args.a,
-        b=args.b,
-        prefill_c0=args.prefill_c0,
-        prefill_c1=args.prefill_c1,
-        model=args.model,
-        max_model_len=args.max_model_len,
-        kv_capacity_tokens=args.kv_tokens,
-        kv_ttl_s=args.kv_ttl,
-        catch_up_s=args.catch_up,
-        mean_output_tokens=args.mean_output_tokens,
-        max_body_bytes=args.max_body_bytes,
-        dp_front=args.dp_front,
-        faults=tuple(FaultSpec.parse(f) for f in args.fault),
-    )
+    """The simulated fleet's config: every setting from its flag (`--prefill`, `--port` not given:
+    the field's default), the faults from `--fault`."""
+    given = {name: v for name, v in knob_values(args, FleetConfig).items() if v is not None}
+    return FleetConfig(**given, faults=tuple(FaultSpec.parse(f) for f in args.fault))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,6 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from shadow.base.knobs import knobs
+from shadow.fleet.config import FleetConfig
+
 SIM_ONLY = ("dp_front", "fault", "time_scale")  # options the real engine has no use for
 
 
@@ -63,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from shadow.commands._service import start_logging
     from shadow.realvllm.launcher import VllmFleet, VllmFleetConfig
 
-    used = [name for name in SIM_ONLY if getattr(args, name, None) not in (None, False, [], 1.0)]
+    used = _sim_only(args)
     if used:
         flags = ", ".join("--" + n.replace("_", "-") for n in used)
         print(f"shadow fleet: {flags} only apply to the simulated fleet (--engine sim)", file=sys.stderr)
@@ -96,6 +99,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"shadow fleet: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _sim_only(args: argparse.Namespace) -> list[str]:
+    """The SIM_ONLY options given a value other than their default (FleetConfig's, for a setting)."""
+    defaults = {k.dest: f.default for f, k in knobs(FleetConfig)}
+    return [name for name in SIM_ONLY
+            if getattr(args, name, None) not in (None, False, [], defaults.get(name))]
 
 
 def _ports(args: argparse.Namespace) -> tuple[int, ...] | None:

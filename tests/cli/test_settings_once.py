@@ -6,7 +6,9 @@ shared with `shadow tap`, the mirror's `MirrorConfig`, the active listener's `Ac
 lease's `LeaseSettings`), and the command derives from them their flags
 (default and help), their YAML keys and environment variables (through the layered options), and
 their checks — shown here for `transfer_cap` by introspection, and for every one of them; and no
-flag of theirs is written a second time where serve builds its options."""
+flag of theirs is written a second time where serve builds its options. Likewise `shadow fleet`'s
+settings, fields of `FleetConfig` (tests/fleet/test_fleet_settings_once.py): no flag of theirs is
+written a second time where fleet builds its options."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from shadow.active.proxy import ActiveConfig
 from shadow.base.knobs import KNOB, Knob, knobs
 from shadow.commands.serve import active_settings, build_parser, config_from_args, resolve_args
 from shadow.commands.serve_checks import DECLARED
+from shadow.fleet.config import FleetConfig
 
 BASE = ["--upstream", "d0=http://127.0.0.1:1", "--active"]
 KNOBS = [(cls, f, k) for cls in DECLARED for f, k in knobs(cls)]
@@ -95,7 +98,7 @@ def test_no_declared_setting_is_written_again_where_serve_builds_its_options() -
     src = "\n".join((root / m).read_text() for m in (
         "commands/serve.py", "commands/serve_checks.py", "commands/tap.py", "commands/_flags.py",
         "app/serve.py", "active/proxy.py", "active/cohorts.py", "active/canary.py", "active/fallback.py",
-        "active/modes.py", "app/tap.py", "mirror/service.py"))
+        "active/modes.py", "app/tap.py", "mirror/service.py", "mirror/link.py"))
     # `shadow tap`'s own --port (its first tap's port; serve's is its API's): declared in `group_flags`,
     # which serve does not use, and given to the tap group serve starts (API port + 1)
     others = {"--port": 1}
@@ -105,3 +108,20 @@ def test_no_declared_setting_is_written_again_where_serve_builds_its_options() -
         # nor spelt into a command line by hand (the tap group serve starts: `knob_argv`)
         spelt = re.findall('"' + re.escape(k.flag) + r'",\s*(?:str\(|f")', src)
         assert len(spelt) == others.get(k.flag, 0), k.flag
+
+
+def test_no_setting_is_written_again_where_fleet_builds_its_options() -> None:
+    """grep: no `add_argument("--X"` for a FleetConfig setting, no "(default N)" of one written by
+    hand, nor its flag spelt into a command line, in the modules that build `shadow fleet`'s options
+    and config."""
+    root = Path(shadow.__file__).parent
+    src = "\n".join((root / m).read_text() for m in (
+        "commands/fleet.py", "commands/fleet_vllm.py", "fleet/config.py"))
+    for _, k in knobs(FleetConfig):
+        declared = re.findall(r'(?:flag|add_argument)\(\s*"' + re.escape(k.flag) + '"', src)
+        assert declared == [], k.flag
+        spelt = re.findall('"' + re.escape(k.flag) + r'",\s*(?:str\(|f")', src)
+        assert spelt == [], k.flag
+    # the fleet's defaults are nowhere in a help text written by hand
+    assert not re.search(r"\(default (1|2|64|127\.0\.0\.1|18000|sim-llm)[;)]", src)
+    assert "1.0)" not in src  # --engine vllm's check of the sim-only options takes the field's default
