@@ -330,7 +330,7 @@ def test_decode_leg_not_sent_is_retried_with_the_same_kv_and_no_second_prefill()
             assert len(pre.calls) == 1 and len(dec.calls) == 1  # one prefill; the decode got its handle
             assert dec.calls[0][1]["kv_transfer_params"]["remote_request_id"] == "kv-1"
             assert metric(proxy, "shadow_router_retries_total", leg="decode") >= 1
-            assert not proxy._aborted  # the handle was used, not given up
+            assert not proxy.legs.aborted  # the handle was used, not given up
             assert not proxy.ledger.legs and proxy.prefill.prefillers[0].requests == 0
         await pre.stop()
         await dec.stop()
@@ -476,7 +476,7 @@ def test_over_the_resume_budget_a_stream_keeps_no_bytes_counted_on_health_and_pr
             assert r.content.endswith(DONE)
             assert metric(proxy, "shadow_router_resume_dropped_total") == 1
             assert (await c.get(url + "/health")).json()["resume_dropped"] == 1
-            assert proxy._resume_bytes == 0  # nothing held once the stream ended
+            assert proxy.resume.held == 0  # nothing held once the stream ended
             r2 = await _read_cut(c, url)  # cut where it could not be continued: an error for the client
             assert _texts(r2) == ["y" * 40] * 4 and b"recomputed" not in r2
             assert "no_continuation" in _error_events(r2)[0]["message"]
