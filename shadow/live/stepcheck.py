@@ -2,7 +2,7 @@
 it reaches the lanes' clock. Pure: event times come in as arguments.
 
 The mirror sees a worker step in its streams: once per step, the first chunk of that step on any
-of its streams, with that stream's per-token gap (`LiveDriver.worker_gap_ends`: (worker, t, gap)).
+of its streams, with that stream's per-token gap (`RequestTable.worker_gap_ends`: (worker, t, gap)).
 A step reported on worker g as ending at t is judged by p, the longer of its duration and its
 period (the time since the engine's previous busy step), on the gaps of g's streams seen within
 (t − p, t + p] (the step's own span and as long again after it, where the chunk that ends it

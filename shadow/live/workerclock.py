@@ -188,7 +188,7 @@ class WorkerClock:
                 w.gaps.append(xs)
 
     def add_ends(self, ends: Iterable[tuple[int, float, float]]) -> None:
-        """(g, t, gap) once per step worker g made in its streams (`LiveDriver.worker_gap_ends`)."""
+        """(g, t, gap) once per step worker g made in its streams (`RequestTable.worker_gap_ends`)."""
         ws = self.w
         for g, t, gap in ends:
             w = ws[g]

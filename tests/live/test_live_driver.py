@@ -57,7 +57,7 @@ def test_live_lanes_equal_the_offline_replay_of_the_same_session() -> None:
     # Ends were learnt from events only: with a token event every 16 tokens the lanes had to wait.
     assert sum(lane.totals.stalls for lane in driver.lanes) > 0
     # Bounded memory: every finished request has left the table and the release queue.
-    assert driver.open_requests() == 0 and len(driver._released) == 0
+    assert driver.open_requests() == 0 and len(driver.releases.jobs) == 0
 
 
 def test_a_lane_never_guesses_an_end_it_does_not_know() -> None:
@@ -176,7 +176,7 @@ def test_agreement_counts_what_each_policy_would_have_chosen_and_keeps_nothing()
     assert lanes["jsq-bytes"]["decisions"] == 6 and lanes["jsq-bytes"]["agreements"] == 3
     assert 0 < lanes["br0"]["decisions"] <= 6
     assert set(lanes) == {"actual", "jsq-bytes", "br0"}
-    assert all(r.waiting() == 0 for r in live._agree.values())
+    assert all(r.waiting() == 0 for r in live.agreement.routers.values())
 
 
 def test_agreement_asks_each_rule_on_the_routers_view_not_the_lanes_model() -> None:
