@@ -685,11 +685,11 @@ def test_the_lane_computes_the_life_basis_over_its_running_requests() -> None:
     idx = np.flatnonzero(lane.slot_active)
     age = lane.k - lane.slot_start[idx]
     want = predicted_basis(
-        "life", SurvivalPredictor(), 2, lane._slot_worker[idx], lane.slot_prompt[idx] + age, age, 80
+        "life", SurvivalPredictor(), 2, lane.slots.worker[idx], lane.slot_prompt[idx] + age, age, 80
     )
     assert sb.loads == pytest.approx(want.loads)
     # nothing finished yet: with no lengths known a request is assumed to stay for the cap, so each
     # counts its KV plus half the cap
-    running = np.bincount(lane._slot_worker[idx], minlength=2)
+    running = np.bincount(lane.slots.worker[idx], minlength=2)
     want_loads = [kv + n * FINAL_CAP / 2 for kv, n in zip(lane.loads, running, strict=True)]
     assert sb.loads == pytest.approx(want_loads)

@@ -19,7 +19,7 @@ def loads_from_slots(lane: Lane) -> list[float]:
     incremental loads against."""
     act = lane.slot_active
     w = lane.slot_prompt[act] + (lane.slot_steps()[act] - lane.slot_start[act])
-    sums = np.bincount(lane._slot_worker[act], weights=w, minlength=lane.config.workers)
+    sums = np.bincount(lane.slots.worker[act], weights=w, minlength=lane.config.workers)
     return [float(x) for x in sums.tolist()]
 
 

@@ -81,7 +81,7 @@ class _StepProbe(Observer):
         period, self._busy = lane.totals.busy_time_s - self._busy, lane.totals.busy_time_s
         # as vLLM counts them: a preemption when the request resumes (its next token)
         preempted, self._preempted = lane.resumed - self._preempted, lane.resumed
-        pf = lane._prefilling[g]
+        pf = lane.sched.prefilling[g]
         finished, self._finished = lane.totals.finished - self._finished, lane.totals.finished
         scheduled = lane.engine_running(g) + finished  # the requests the step computed
         self.events.append(Step(lane.group_now(c), period, self.names[g], 0, lane.engine_running(g),

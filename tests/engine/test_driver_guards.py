@@ -62,7 +62,7 @@ class _Endless(_Fused):
     """Requests never finish: every booked finish is dropped (steps keep running)."""
 
     def step(self, until: float = math.inf) -> bool:
-        self._calendars[0].clear()
+        self.barrier.calendars[0].clear()
         return super().step(until)
 
 
@@ -267,7 +267,7 @@ def test_the_live_driver_runs_correct_lanes_to_the_end_within_the_fuse() -> None
 
 
 def _endless_step(lane: Lane, until: float = math.inf) -> bool:
-    lane._calendars[0].clear()  # every booked finish dropped
+    lane.barrier.calendars[0].clear()  # every booked finish dropped
     return Lane.step(lane, until)
 
 

@@ -115,7 +115,7 @@ def test_prefill_chunks_take_the_budget_decodes_leave() -> None:
         assert lane.step()
         spent.append(lane.now - before - 1.0)  # p = 1 s per prefill token
     assert spent == pytest.approx([7.0, 7.0, 6.0])
-    assert lane.running[0] == 4 and not lane._prefilling[0]
+    assert lane.running[0] == 4 and not lane.sched.prefilling[0]
 
 
 def test_kv_exhaustion_preempts_the_newest_request_which_recomputes_and_finishes() -> None:
