@@ -13,13 +13,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from shadow.base.knobs import knobs
+from shadow.base.knobs import add_knobs, knob_values, knobs
 from shadow.fleet.config import FleetConfig
+from shadow.realvllm.launcher import ENV_VENV, VllmFleetConfig
 
 SIM_ONLY = ("dp_front", "fault", "time_scale")  # options the real engine has no use for
 
 
 def add_arguments(p: Any) -> None:
+    """The real engine's group: `--engine`, the settings declared on `VllmFleetConfig` (`add_knobs`),
+    and the flags whose default is read from the environment when the parser is built (`--vllm-venv`
+    is looked up again at run time: `find_engine_venv`), which a knob's fixed default cannot say."""
     g = p.add_argument_group(
         "real engine (--engine vllm; install it with scripts/install-vllm.sh)",
         "G decode servers (and --prefill N prefill servers in a NixlConnector P/D pair, "
@@ -28,43 +32,35 @@ def add_arguments(p: Any) -> None:
     g.add_argument("--engine", choices=("sim", "vllm"), default="sim",
                    help="sim: the simulated fleet (default); vllm: real vLLM CPU servers")
     g.add_argument("--vllm-venv", metavar="DIR", default=None,
-                   help="the engine venv (default $SHADOW_VLLM_VENV, else the repository's .venv-vllm)")
-    g.add_argument("--model-size", choices=("tiny", "mid", "moe"), default="tiny",
-                   help="the built-in random model: tiny (fast), mid (~20 ms steps) or moe (tiny with 4 "
-                   "experts per layer); default tiny")
-    g.add_argument("--model-seed", type=int, default=0, help="seed of the built model (default 0)")
-    g.add_argument("--model-path", metavar="DIR", default=None,
-                   help="serve this model directory instead of building one")
-    g.add_argument("--data-parallel", type=int, default=1, metavar="N",
-                   help="DP engines per decode server (vLLM's --data-parallel-size, one core each; "
-                   "its /metrics labels each engine; default 1)")
-    g.add_argument("--dp-ports", action="store_true",
-                   help="with --data-parallel N: one API server (port, core, decode worker of the ready "
-                   "line) per DP rank, vLLM's external-LB mode; the ranks stay one DP group")
-    g.add_argument("--moe-dp-collectives", action="store_true",
-                   help="add the CPU collectives vLLM 0.32 lacks for an MoE model under DP (all_gatherv, "
-                   "reduce_scatterv; without them --model-size moe --data-parallel 2 dies on its first "
-                   "forward pass)")
-    g.add_argument("--kv-bytes", type=int, default=128 << 20, metavar="BYTES",
-                   help="KV cache per server (default 128 MiB: 131k tokens of the tiny model)")
-    g.add_argument("--connector", choices=("auto", "nixl", "example"), default="auto",
-                   help="P/D KV connector with --prefill (default auto: NIXL when it imports)")
+                   help=f"the engine venv (default ${ENV_VENV}, else the repository's .venv-vllm)")
+    add_knobs(g, VllmFleetConfig)  # the real engine's settings, declared on VllmFleetConfig
     g.add_argument("--probe-url", metavar="URL", default=os.environ.get("SHADOW_PROBE_URL"),
                    help="shadow serve's event API: every engine step is posted there by shadow's probe "
                    "(env SHADOW_PROBE_URL)")
     g.add_argument("--probe-token", metavar="TOKEN", default=os.environ.get("SHADOW_PROBE_TOKEN"),
                    help="bearer token for --probe-url: that serve's --probe-token (it admits steps only) or "
                    "its --events-token (env SHADOW_PROBE_TOKEN)")
-    g.add_argument("--log-dir", metavar="DIR", default=None,
-                   help="where each server's log goes (default: a new temporary directory)")
-    g.add_argument("--start-timeout", type=float, default=600.0, metavar="S",
-                   help="seconds every server has to answer /health (default 600)")
+
+
+def config_from_args(args: argparse.Namespace) -> VllmFleetConfig:
+    """The real fleet's config: its own settings from their flags (`knob_values`), the fleet's shape
+    from `shadow fleet`'s shared flags (`--prefill` not given: 0; `--max-model-len` at most 2048),
+    the probe and the venv from their flags or the environment. ValueError naming a flag."""
+    return VllmFleetConfig(
+        **knob_values(args, VllmFleetConfig),
+        decode=args.decode, prefill=args.prefill if args.prefill is not None else 0, host=args.host,
+        served_model_name=args.model, max_num_seqs=args.slots, max_model_len=min(args.max_model_len, 2048),
+        probe_url=args.probe_url, probe_token=args.probe_token,
+        venv=Path(args.vllm_venv) if args.vllm_venv else None, ports=_ports(args),
+        extra_args=(("--otlp-traces-endpoint", args.otlp_traces_endpoint)
+                    if args.otlp_traces_endpoint else ()),
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from shadow.app import fleet as fleet_app
     from shadow.commands._service import start_logging
-    from shadow.realvllm.launcher import VllmFleet, VllmFleetConfig
+    from shadow.realvllm.launcher import VllmFleet
 
     used = _sim_only(args)
     if used:
@@ -72,20 +68,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"shadow fleet: {flags} only apply to the simulated fleet (--engine sim)", file=sys.stderr)
         return 2
     try:
-        config = VllmFleetConfig(
-            decode=args.decode, prefill=args.prefill if args.prefill is not None else 0, host=args.host,
-            served_model_name=args.model, model_size=args.model_size, model_seed=args.model_seed,
-            model_path=Path(args.model_path) if args.model_path else None,
-            data_parallel=args.data_parallel, dp_ports=args.dp_ports,
-            moe_dp_collectives=args.moe_dp_collectives, max_num_seqs=args.slots,
-            max_model_len=min(args.max_model_len, 2048), kv_bytes=args.kv_bytes,
-            connector=args.connector, probe_url=args.probe_url, probe_token=args.probe_token,
-            venv=Path(args.vllm_venv) if args.vllm_venv else None,
-            log_dir=Path(args.log_dir) if args.log_dir else None, start_timeout_s=args.start_timeout,
-            ports=_ports(args),
-            extra_args=(("--otlp-traces-endpoint", args.otlp_traces_endpoint)
-                        if args.otlp_traces_endpoint else ()),
-        )
+        config = config_from_args(args)
         fleet = VllmFleet(config)
     except (ValueError, FileNotFoundError) as exc:
         print(f"shadow fleet: {exc}", file=sys.stderr)

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from shadow.base.knobs import POSITIVE, argument, knob_values, knobs
 from shadow.commands._help import add_command
+from shadow.loadgen.options import LoadOptions
+from shadow.loadgen.prompts import PromptBuilder
 
 if TYPE_CHECKING:
     from shadow.contracts.traces import TraceLike
-    from shadow.loadgen import LoadOptions, LoadReport, ProgressSink
+    from shadow.loadgen import LoadReport, ProgressSink
 
 DESCRIPTION = """\
 Replay a request trace (or a labelled synthetic workload) against any OpenAI-compatible
@@ -34,31 +38,25 @@ examples:
   shadow load traces/conv.csv --target http://router:8000 --concurrency 64 --chat --json out.json
   shadow load paper-templates --target http://127.0.0.1:8000 --request-id-prefix run7-"""
 
-#: The options that fill the `LoadOptions` field of their own name.
-SAME_NAME = ("model", "api_key", "chat", "stream", "concurrency", "limit", "request_id_prefix", "ignore_eos")
-
 
 def register(subparsers: Any) -> None:
-    """Add the `load` sub-command."""
+    """Add the `load` sub-command. The settings that are `LoadOptions` fields are declared there
+    (`shadow.base.knobs`) and their flags derived from them (`--time-scale` in the pace group, with
+    --rate-scale and --rate); the others are this command's own: `--target` (required, the run's
+    endpoint), `--seed` and `--chat-overhead` (the prompt builder's, `--seed` the synthetic
+    workload's too), `--stream/--no-stream` and `--no-ignore-eos` (switches on by default: a knob's
+    switch is off by default), `--rate-scale` and `--rate` (other ways to say the time scale),
+    `--header` (repeatable), `--json` and `--quiet` (the command's output)."""
     summary = "replay a trace against an OpenAI-compatible endpoint (load generator)"
     p = add_command(subparsers, "load", summary, DESCRIPTION, EPILOG)
     p.add_argument("trace", metavar="TRACE|WORKLOAD", help="trace file path or synthetic workload name")
     p.add_argument(
         "--target", required=True, metavar="URL", help="server base URL; /v1 is appended if absent"
     )
-    p.add_argument("--model", help="model name to send (default: first id from GET /v1/models)")
-    p.add_argument("--api-key", default="EMPTY", help="API key sent as a bearer token (default: EMPTY)")
-    p.add_argument("--limit", type=int, metavar="N", help="replay only the first N requests")
-    p.add_argument(
-        "--seed", type=int, default=0, help="seed for synthetic workloads and prompt words (default 0)"
-    )
     pace = p.add_mutually_exclusive_group()
-    pace.add_argument(
-        "--time-scale",
-        type=float,
-        metavar="X",
-        help="divide arrival times by X (2 = twice as fast; default 1)",
-    )
+    for f, k in sorted(knobs(LoadOptions), key=lambda fk: fk[1].dest == "time_scale"):
+        # add_knobs, with --time-scale last: in the pace group, beside --rate-scale and --rate
+        (pace if k.dest == "time_scale" else p).add_argument(k.flag, dest=k.dest, **argument(f, k))
     pace.add_argument(
         "--rate-scale",
         type=float,
@@ -69,21 +67,13 @@ def register(subparsers: Any) -> None:
         "--rate", type=float, metavar="RPS", help="rescale arrivals to a mean of RPS requests per second"
     )
     p.add_argument(
-        "--concurrency",
-        type=int,
-        metavar="C",
-        help="at most C requests in flight; later arrivals wait in order (default: no cap)",
+        "--seed", type=int, default=0, help="seed for synthetic workloads and prompt words (default 0)"
     )
     p.add_argument(
         "--stream",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=LoadOptions.stream,
         help="stream responses (default) or not; TTFT/TPOT need streaming",
-    )
-    p.add_argument(
-        "--chat",
-        action="store_true",
-        help="use /v1/chat/completions (one user message) instead of /v1/completions",
     )
     p.add_argument(
         "--header",
@@ -100,20 +90,29 @@ def register(subparsers: Any) -> None:
         help="tokens the server adds per chat message; the message gets N-K words so the server "
         "counts N (shadow's simulated fleet: 4; default 0)",
     )
-    p.add_argument("--request-id-prefix", metavar="P", help="send X-Request-Id: P<index> with each request")
     p.add_argument(
         "--no-ignore-eos", dest="ignore_eos", action="store_false", help="do not send ignore_eos: true"
-    )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=600.0,
-        metavar="S",
-        help="per-request timeout in seconds (default 600)",
     )
     p.add_argument("--json", metavar="OUT", help="also write the summary as JSON to OUT ('-' for stdout)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.set_defaults(func=run)
+
+
+def options_from_args(args: argparse.Namespace) -> LoadOptions:
+    """The run's options before the trace is known: every setting from its flag (`--time-scale` not
+    given: `--rate-scale`, else the field's default; `--rate` rescales it once the trace is read),
+    the switches and headers from theirs. ValueError naming the flag."""
+    given = {name: v for name, v in knob_values(args, LoadOptions).items() if v is not None}
+    if args.rate_scale is not None:
+        if not POSITIVE.ok(args.rate_scale):
+            raise ValueError(f"--rate-scale must be {POSITIVE.asks}, got {args.rate_scale}")
+        given["time_scale"] = args.rate_scale
+    if args.rate is not None and not POSITIVE.ok(args.rate):
+        raise ValueError(f"--rate must be {POSITIVE.asks}, got {args.rate}")
+    return LoadOptions(
+        **given, stream=args.stream, ignore_eos=args.ignore_eos, headers=_headers(args.header),
+        prompt_builder=PromptBuilder(seed=args.seed, chat_overhead=args.chat_overhead),
+    )
 
 
 def _fail(message: str) -> int:
@@ -161,47 +160,32 @@ def run(args: argparse.Namespace) -> int:
     """Resolve the trace, run the load, print the summary; see the exit status in --help."""
     from rich.console import Console
 
-    from shadow.loadgen import (
-        LoadError,
-        LoadOptions,
-        PromptBuilder,
-        make_progress,
-        render_summary,
-        trace_rate,
-    )
+    from shadow.loadgen import LoadError, make_progress, render_summary, trace_rate
 
     try:
         from shadow.traces import TraceError, resolve
     except ImportError as exc:  # pragma: no cover - only while shadow.traces is missing
         return _fail(f"trace support is not available ({exc})")
 
-    if args.limit is not None and args.limit < 1:
-        return _fail("--limit must be >= 1")
     try:
-        trace = resolve(args.trace, seed=args.seed, limit=args.limit)
+        options = options_from_args(args)
+    except ValueError as exc:
+        return _fail(str(exc))
+    try:
+        trace = resolve(args.trace, seed=args.seed, limit=options.limit)
     except (TraceError, ValueError) as exc:
         return _fail(str(exc))
     except OSError as exc:
         return _fail(f"{args.trace}: {exc.strerror or exc}")
 
-    scale = next((x for x in (args.time_scale, args.rate_scale) if x is not None), 1.0)
     if args.rate is not None:
-        if args.rate <= 0:
-            return _fail("--rate must be > 0")
-        base = trace_rate(trace, args.limit)
+        base = trace_rate(trace, options.limit)
         if base <= 0:
             return _fail("--rate needs a trace whose arrivals span some time")
-        scale = args.rate / base
-    try:
-        options = LoadOptions(
-            **{k: getattr(args, k) for k in SAME_NAME},
-            time_scale=scale,
-            headers=_headers(args.header),
-            request_timeout_s=args.timeout,
-            prompt_builder=PromptBuilder(seed=args.seed, chat_overhead=args.chat_overhead),
-        )
-    except ValueError as exc:
-        return _fail(str(exc))
+        try:
+            options = dataclasses.replace(options, time_scale=args.rate / base)
+        except ValueError as exc:
+            return _fail(str(exc))
 
     console = Console()
     progress = make_progress(console, quiet=args.quiet)

@@ -1,11 +1,19 @@
-"""Knobs of a load run (everything except the trace and the target)."""
+"""Knobs of a load run (everything except the trace and the target).
+
+Each setting of `shadow load` that is a field here is declared once (`shadow.base.knobs`): its
+flag, type, default, help and bound; the command derives its flags from them, and a value out of
+its bound is a ValueError naming the flag."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from shadow.base.knobs import AT_LEAST_ONE, POSITIVE, Bound, check_knobs, knob
 from shadow.loadgen.prompts import PromptBuilder
+
+#: A request's timeout: any number of seconds above 0, inf included (no timeout).
+TIMEOUT = Bound(lambda v: v > 0, "> 0 s")
 
 
 @dataclass(frozen=True)
@@ -26,26 +34,29 @@ class LoadOptions:
     - ``prompt_builder``: how prompt text is made (default: words, seed 0).
     """
 
-    model: str | None = None
-    api_key: str = "EMPTY"
-    chat: bool = False
-    stream: bool = True
-    concurrency: int | None = None
-    time_scale: float = 1.0
-    limit: int | None = None
-    headers: Mapping[str, str] = field(default_factory=dict)
-    request_id_prefix: str | None = None
-    ignore_eos: bool = True
-    request_timeout_s: float = 600.0
+    model: str | None = knob(None, "--model", "model name to send (none: the first id from GET /v1/models)")
+    api_key: str = knob("EMPTY", "--api-key", "API key sent as a bearer token")
+    chat: bool = knob(False, "--chat", "use /v1/chat/completions (one user message) instead of "
+                      "/v1/completions")
+    stream: bool = True  # `shadow load --stream/--no-stream` (a switch on by default: not a knob)
+    concurrency: int | None = knob(None, "--concurrency", "at most C requests in flight; later arrivals "
+                                   "wait in order (none: no cap)", AT_LEAST_ONE, type=int, metavar="C")
+    # `shadow load`: --time-scale, or --rate-scale (the same), or --rate (then the trace's rate
+    # decides); --time-scale is None when not given
+    time_scale: float = knob(1.0, "--time-scale", "divide arrival times by X (2 = twice as fast)", POSITIVE,
+                             metavar="X", unset_is_none=True)
+    limit: int | None = knob(None, "--limit", "replay only the first N requests", AT_LEAST_ONE, type=int,
+                             metavar="N")
+    headers: Mapping[str, str] = field(default_factory=dict)  # `shadow load --header K=V`, repeatable
+    request_id_prefix: str | None = knob(None, "--request-id-prefix",
+                                         "send X-Request-Id: P<index> with each request", metavar="P")
+    ignore_eos: bool = True  # `shadow load --no-ignore-eos` turns it off (not a knob: the flag negates)
+    request_timeout_s: float = knob(600.0, "--timeout", "per-request timeout in seconds", TIMEOUT,
+                                    metavar="S")
     prompt_builder: PromptBuilder | None = None
 
     def __post_init__(self) -> None:
-        if self.concurrency is not None and self.concurrency < 1:
-            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
-        if not self.time_scale > 0:
-            raise ValueError(f"time scale must be > 0, got {self.time_scale}")
-        if not self.request_timeout_s > 0:
-            raise ValueError(f"request timeout must be > 0, got {self.request_timeout_s}")
+        check_knobs(self)  # every setting within its bound, naming its flag
 
     def builder(self) -> PromptBuilder:
         """The prompt builder to use (the default one when none was given)."""

@@ -37,14 +37,17 @@ from typing import IO, Any
 
 import httpx
 
+from shadow.base.knobs import AT_LEAST_ONE, POSITIVE_S, check_knobs, knob
 from shadow.base.procs import log_tail
 from shadow.realvllm.cpumoe import write_site_hook
+from shadow.realvllm.model import SIZES
 from shadow.realvllm.nixlpace import ENV as NIXL_PACE_ENV
 
 ENV_VENV = "SHADOW_VLLM_VENV"
 NIXL_PROGRESS_DELAY_US = 1000  # NIXL's progress thread's sleep between polls in the servers
 DEFAULT_KV_BYTES = 128 << 20
-CONNECTORS = ("auto", "nixl", "example", "none")
+CONNECTORS = ("auto", "nixl", "example")  # P/D KV connectors (without prefill servers: none is used)
+MODEL_SIZES = tuple(SIZES)  # the built-in models: tiny, mid, moe
 INSTALL_HINT = "install the engine tier with scripts/install-vllm.sh (or set SHADOW_VLLM_VENV to its venv)"
 
 
@@ -138,46 +141,69 @@ def ensure_model(venv: Path, size: str, seed: int, models_dir: Path | None = Non
 
 @dataclass(frozen=True)
 class VllmFleetConfig:
-    """What to start; defaults fit a 2-core machine (tiny model, 128 MiB of KV per server)."""
+    """What to start; defaults fit a 2-core machine (tiny model, 128 MiB of KV per server).
+
+    The settings of `shadow fleet --engine vllm`'s own group are declared once, as knobs here
+    (`shadow.base.knobs`): flag, type, default, help, bound or choices; the command derives its
+    flags from them, and a value out of bounds is a ValueError naming the flag. The fleet's shape
+    (`decode`, `prefill`, `host`, `served_model_name`, `max_num_seqs`, `max_model_len`) comes from
+    `shadow fleet`'s shared flags (FleetConfig's); `probe_url`, `probe_token` and `venv` from flags
+    of the command's own (their defaults are read from the environment). Checks across fields stay
+    in `__post_init__`."""
 
     decode: int = 2
     prefill: int = 0
     host: str = "127.0.0.1"
     served_model_name: str = "sim-llm"
-    model_path: Path | None = None  # else the builder's model for (model_size, model_seed)
-    model_size: str = "tiny"
-    model_seed: int = 0
+    # None: the builder's model for (model_size, model_seed). (RUF009: a knob is a dataclasses.field)
+    model_path: Path | None = knob(  # noqa: RUF009
+        None, "--model-path", "serve this model directory instead of building one", type=Path, metavar="DIR")
+    model_size: str = knob("tiny", "--model-size", "the built-in random model: tiny (fast), mid (~20 ms "
+                           "steps) or moe (tiny with 4 experts per layer)", choices=MODEL_SIZES)
+    model_seed: int = knob(0, "--model-seed", "seed of the built model")
     models_dir: Path | None = None
-    data_parallel: int = 1  # DP engines per decode server (--data-parallel-size; one core each)
-    dp_ports: bool = False  # one API server (port, decode worker) per DP rank: external-LB mode
-    moe_dp_collectives: bool = False  # add the CPU collectives an MoE model needs under DP (cpumoe)
+    data_parallel: int = knob(1, "--data-parallel", "DP engines per decode server (vLLM's "
+                              "--data-parallel-size, one core each; its /metrics labels each engine)",
+                              AT_LEAST_ONE, metavar="N")
+    # one API server (port, decode worker) per DP rank: external-LB mode
+    dp_ports: bool = knob(False, "--dp-ports", "with --data-parallel N: one API server (port, core, decode "
+                          "worker of the ready line) per DP rank, vLLM's external-LB mode; the ranks stay "
+                          "one DP group")
+    # add the CPU collectives an MoE model needs under DP (cpumoe)
+    moe_dp_collectives: bool = knob(False, "--moe-dp-collectives", "add the CPU collectives vLLM 0.32 lacks "
+                                    "for an MoE model under DP (all_gatherv, reduce_scatterv; without them "
+                                    "--model-size moe --data-parallel 2 dies on its first forward pass)")
     max_num_seqs: int = 64
     max_num_batched_tokens: int | None = None  # a step's token budget (None: vLLM's default, 2048 on CPU)
     max_model_len: int = 2048
-    kv_bytes: int = DEFAULT_KV_BYTES
-    connector: str = "auto"  # P/D connector when prefill > 0: auto = NIXL if it imports, else Example
+    kv_bytes: int = knob(DEFAULT_KV_BYTES, "--kv-bytes", "KV cache per server in bytes (128 MiB: 131k "
+                         "tokens of the tiny model)", AT_LEAST_ONE, metavar="BYTES")
+    # P/D connector when prefill > 0: auto = NIXL if it imports, else Example
+    connector: str = knob("auto", "--connector", "P/D KV connector with --prefill (auto: NIXL when it "
+                          "imports, else ExampleConnector)", choices=CONNECTORS)
     cores: tuple[int, ...] | None = None  # core of server i = cores[i % len]; default: all cores
     ports: tuple[int, ...] | None = None  # port of each server, prefill ones first; default: free ports
     probe_url: str | None = None  # shadow serve's event API: the step probe posts there
     probe_token: str | None = None
     venv: Path | None = None
-    log_dir: Path | None = None
-    start_timeout_s: float = 600.0
+    log_dir: Path | None = knob(  # noqa: RUF009
+        None, "--log-dir", "where each server's log goes (none: a new temporary directory)", type=Path,
+        metavar="DIR")
+    start_timeout_s: float = knob(600.0, "--start-timeout", "seconds every server has to answer /health",
+                                  POSITIVE_S, metavar="S")
     stop_grace_s: float = 20.0
     extra_args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()  # more environment for every server (e.g. SHADOW_PROBE_QUEUE)
 
     def __post_init__(self) -> None:
+        check_knobs(self)  # every setting within its bound or choices, naming its flag
         if self.decode < 1 or self.prefill < 0:
             raise ValueError("need at least one decode server and a non-negative prefill count")
-        if self.data_parallel < 1:
-            raise ValueError(f"data_parallel must be >= 1, got {self.data_parallel}")
-        if self.connector not in CONNECTORS:
-            raise ValueError(f"connector must be one of {', '.join(CONNECTORS)}")
         if self.host not in ("127.0.0.1", "localhost"):
             raise ValueError("real vLLM servers bind loopback only (their admin surface has no token)")
         if self.dp_ports and self.data_parallel < 2:
-            raise ValueError("dp_ports needs data_parallel >= 2 (one API server per DP rank)")
+            raise ValueError("dp_ports (--dp-ports) needs data_parallel (--data-parallel) >= 2 "
+                             "(one API server per DP rank)")
         if self.ports is not None and len(self.ports) != self.prefill + self.decode * self.ranks_per_port:
             n = self.prefill + self.decode * self.ranks_per_port
             raise ValueError(f"ports: need {n} (prefill first, then each decode API server), "
@@ -253,7 +279,7 @@ class VllmFleet:
     # -- building the commands ---------------------------------------------------------------------
     def _connector(self) -> str | None:
         cfg = self.config
-        if cfg.prefill == 0 or cfg.connector == "none":
+        if cfg.prefill == 0:
             return None
         if cfg.connector != "auto":
             return cfg.connector

@@ -7,8 +7,10 @@ lease's `LeaseSettings`), and the command derives from them their flags
 (default and help), their YAML keys and environment variables (through the layered options), and
 their checks — shown here for `transfer_cap` by introspection, and for every one of them; and no
 flag of theirs is written a second time where serve builds its options. Likewise `shadow fleet`'s
-settings, fields of `FleetConfig` (tests/fleet/test_fleet_settings_once.py): no flag of theirs is
-written a second time where fleet builds its options."""
+settings, fields of `FleetConfig` (tests/fleet/test_fleet_settings_once.py), and its `--engine vllm`
+group's, fields of `VllmFleetConfig` (tests/fleet/test_vllm_settings_once.py): no flag of theirs is
+written a second time where fleet builds its options. And `shadow load`'s, fields of `LoadOptions`
+(tests/loadgen/test_load_settings_once.py)."""
 
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ from shadow.base.knobs import KNOB, Knob, knobs
 from shadow.commands.serve import active_settings, build_parser, config_from_args, resolve_args
 from shadow.commands.serve_checks import DECLARED
 from shadow.fleet.config import FleetConfig
+from shadow.loadgen.options import LoadOptions
+from shadow.realvllm.launcher import VllmFleetConfig
 
 BASE = ["--upstream", "d0=http://127.0.0.1:1", "--active"]
 KNOBS = [(cls, f, k) for cls in DECLARED for f, k in knobs(cls)]
@@ -125,3 +129,31 @@ def test_no_setting_is_written_again_where_fleet_builds_its_options() -> None:
     # the fleet's defaults are nowhere in a help text written by hand
     assert not re.search(r"\(default (1|2|64|127\.0\.0\.1|18000|sim-llm)[;)]", src)
     assert "1.0)" not in src  # --engine vllm's check of the sim-only options takes the field's default
+
+
+def test_no_real_engine_setting_is_written_again_where_fleet_builds_its_options() -> None:
+    """grep: no `add_argument("--X"` for a VllmFleetConfig setting, no "(default X)" or "default X" of
+    one written by hand, nor its flag spelt into a command line, where `shadow fleet --engine vllm`
+    builds its options and config (the launcher's own `vllm serve` flags, `--data-parallel-size`
+    and the like, are vLLM's)."""
+    root = Path(shadow.__file__).parent
+    src = "\n".join((root / m).read_text() for m in (
+        "commands/fleet.py", "commands/fleet_vllm.py", "realvllm/launcher.py"))
+    for _, k in knobs(VllmFleetConfig):
+        declared = re.findall(r'(?:flag|add_argument)\(\s*"' + re.escape(k.flag) + '"', src)
+        assert declared == [], k.flag
+        spelt = re.findall('"' + re.escape(k.flag) + r'",\s*(?:str\(|f")', src)
+        assert spelt == [], k.flag
+    assert not re.search(r"default:? (0|1|600|tiny|auto|128 MiB|a new temporary)\b", src)
+
+
+def test_no_load_setting_is_written_again_where_load_builds_its_options() -> None:
+    """grep: no `add_argument("--X"` for a LoadOptions setting, nor a "default X" of one written by
+    hand, where `shadow load` builds its options."""
+    root = Path(shadow.__file__).parent
+    src = "\n".join((root / m).read_text() for m in ("commands/load.py", "loadgen/options.py"))
+    for _, k in knobs(LoadOptions):
+        declared = re.findall(r'(?:flag|add_argument)\(\s*"' + re.escape(k.flag) + '"', src)
+        assert declared == [], k.flag
+    assert not re.search(r"default:? (EMPTY|1|600|no cap|first id)\b", src)
+    assert "SAME_NAME" not in src  # the options' fields are read through their knobs (`knob_values`)
