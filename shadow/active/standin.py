@@ -20,6 +20,7 @@ from prometheus_client.core import Metric
 
 from shadow.active.proxy import ActiveConfig, ActiveProxy
 from shadow.base.families import Family, SourceCollector
+from shadow.base.knobs import AT_LEAST_ONE, NON_NEGATIVE, check_knobs, knob
 from shadow.contracts.modes import StaticModeSource
 from shadow.core.policies import REGISTRY, lookup
 from shadow.telemetry.tracing import RoutingSpans
@@ -33,15 +34,26 @@ UNBOUNDED = 1 << 30  # slots and KV transfers per worker: a binding rule never w
 
 @dataclass
 class RouterConfig:
-    """Backends as {name: base URL}; `prefill` empty = plain mode (decode only)."""
+    """Backends as {name: base URL}; `prefill` empty = plain mode (decode only).
+
+    Its `knob` fields are `shadow router`'s flags (`shadow.base.knobs`); construction checks each
+    (ValueError naming the flag)."""
 
     decode: dict[str, str]
     prefill: dict[str, str] = field(default_factory=dict)
-    policy: str = "jsq-bytes"
-    max_body_bytes: int = 8 << 20
-    max_connections: int = 1024
-    retries: int = 3  # attempts again before anything reached the client (none after HTTP 4xx)
+    policy: str = knob(
+        "jsq-bytes", "--policy", "routing rule: jsq-bytes (the vllm-ascend proxy's: least outstanding "
+        "request-body bytes) or rr / round-robin", choices=POLICIES)
+    max_body_bytes: int = knob(8 << 20, "--max-body-bytes", "request body limit (413 above)", AT_LEAST_ONE)
+    max_connections: int = knob(1024, "--max-connections", "upstream connection pool size", AT_LEAST_ONE)
+    retries: int = knob(
+        3, "--prefill-retries", "retries of a request before anything reached the client: a failed prefill "
+        "leg (on another prefiller when there is one), a decode leg that could not be sent; exponential "
+        "backoff from 1 ms, none after HTTP 4xx", NON_NEGATIVE)
     api_key: str | None = None  # sent upstream as a bearer token when set
+
+    def __post_init__(self) -> None:
+        check_knobs(self)
 
     def decode_policy(self) -> str:
         """The policy's registry name (ValueError naming the known ones)."""

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from shadow.active.standin import POLICIES, RouterConfig
+from shadow.active.standin import RouterConfig
 from shadow.app import router as router_app
+from shadow.base.knobs import PORT, argument, check_knobs, knob, knob_values, knobs
 from shadow.commands._service import add_log_arguments, run_reporting, start_logging
 
 PROG = "shadow router"
@@ -32,6 +34,17 @@ prefill = least 0.3 × outstanding (0.0345·bytes/4 + 120.0745)); round-robin (v
 """
 
 
+@dataclass(frozen=True)
+class Listen:
+    """Where `shadow router` listens."""
+
+    host: str = knob("127.0.0.1", "--host", "bind address")
+    port: int = knob(8000, "--port", "listen port (0 = a free port)", PORT)
+
+    def __post_init__(self) -> None:
+        check_knobs(self)
+
+
 def _backends(values: Sequence[str] | None, prefix: str, flag: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for i, v in enumerate(values or ()):
@@ -47,23 +60,20 @@ def _backends(values: Sequence[str] | None, prefix: str, flag: str) -> dict[str,
 
 
 def register(subparsers: Any) -> None:
+    """The command's flags. Its settings are declared once (`shadow.base.knobs`): the router's in
+    `RouterConfig`'s fields (`--policy`, `--max-body-bytes`, `--max-connections`, `--prefill-retries`),
+    where it listens in `Listen`'s (`--host`, `--port`); their flags, defaults and checks derive from
+    them. `--decode` and `--prefill` stay hand-written: repeatable [NAME=]URL lists, parsed into the
+    config's backends (`_backends`)."""
     summary = "a stand-in router: the vllm-ascend P/D proxy's JSQ rule (prefill + decode, or plain)"
     p = subparsers.add_parser("router", help=summary, description=__doc__, epilog=EPILOG)
     p.add_argument("--decode", action="append", metavar="[NAME=]URL", required=True,
                    help="a decode (or plain) backend; repeatable, registration order breaks ties")
     p.add_argument("--prefill", action="append", metavar="[NAME=]URL",
                    help="a prefill backend; repeatable (none: plain mode, requests go straight to decode)")
-    p.add_argument("--policy", choices=POLICIES, default="jsq-bytes",
-                   help="routing rule: jsq-bytes (the vllm-ascend proxy's: least outstanding request-body "
-                   "bytes) or rr / round-robin (default jsq-bytes)")
-    p.add_argument("--host", default="127.0.0.1", help="bind address")
-    p.add_argument("--port", type=int, default=8000, help="listen port (0 = a free port)")
-    p.add_argument("--max-body-bytes", type=int, default=8 << 20, help="request body limit (413 above)")
-    p.add_argument("--max-connections", type=int, default=1024, help="upstream connection pool size")
-    p.add_argument("--prefill-retries", type=int, default=3,
-                   help="retries of a request before anything reached the client: a failed prefill leg "
-                        "(on another prefiller when there is one), a decode leg that could not be sent; "
-                        "exponential backoff from 1 ms, none after HTTP 4xx (default 3)")
+    router = list(knobs(RouterConfig))
+    for f, k in [*router[:1], *knobs(Listen), *router[1:]]:  # --policy, where it listens, then the rest
+        p.add_argument(k.flag, dest=k.dest, **argument(f, k))
     add_log_arguments(p)
     p.set_defaults(func=run)
 
@@ -72,10 +82,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
     config = RouterConfig(
         decode=_backends(args.decode, "d", "--decode"),
         prefill=_backends(args.prefill, "p", "--prefill"),
-        policy=args.policy,
-        max_body_bytes=args.max_body_bytes,
-        max_connections=args.max_connections,
-        retries=args.prefill_retries,
+        **knob_values(args, RouterConfig),
     )
     config.active_config()  # validates (one-line errors)
     return config
@@ -84,7 +91,8 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
 def run(args: argparse.Namespace) -> int:
     def body() -> None:
         config = config_from_args(args)
+        listen = Listen(**knob_values(args, Listen))
         start_logging(PROG, args)
-        router_app.run(config, args.host, args.port)
+        router_app.run(config, listen.host, listen.port)
 
     return run_reporting(PROG, body)

@@ -12,6 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from shadow.base.knobs import argument, knob_values, knobs
 from shadow.commands._replay_args import br_params, step_model, trace_limits
 from shadow.core.cost import RouteCost
 from shadow.replay.protocol import (
@@ -36,8 +37,9 @@ def add_protocol_args(p: argparse.ArgumentParser, default: bool) -> None:
     else:
         g.add_argument("--steady", action="store_true", help="measure under the steady-state protocol")
     g.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
-    g.add_argument("--warmup", type=float, default=3.0, help="warm-up discarded, in lifetimes (default 3)")
-    g.add_argument("--window", type=float, default=5.0, help="measured window, in lifetimes (default 5)")
+    warmup, window, max_requests = knobs(Protocol)  # declared once: the protocol's fields
+    for f, k in (warmup, window):
+        g.add_argument(k.flag, dest=k.dest, **argument(f, k))
     g.add_argument(
         "--timeout",
         type=float,
@@ -52,21 +54,17 @@ def add_protocol_args(p: argparse.ArgumentParser, default: bool) -> None:
         help="bounded queue: reject arrivals while N×G requests wait (pool or queues); "
         "0 = unbounded (default 6)",
     )
-    g.add_argument(
-        "--max-requests", type=int, default=40_000, help="cap on requests per run (default 40,000)"
-    )
+    g.add_argument(max_requests[1].flag, dest=max_requests[1].dest, **argument(*max_requests))
     g.add_argument("--jobs", type=int, default=1, help="local worker processes (default 1)")
 
 
 def protocol_from(args: argparse.Namespace) -> Protocol:
     seeds = tuple(int(x) for x in str(args.seeds).split(",") if x.strip())
     return Protocol(
-        warmup_lifetimes=args.warmup,
-        window_lifetimes=args.window,
         timeout_s=args.timeout if args.timeout and args.timeout > 0 else None,
         queue_per_worker=args.queue if args.queue else None,
         seeds=seeds,
-        max_requests=args.max_requests,
+        **knob_values(args, Protocol),
     )
 
 

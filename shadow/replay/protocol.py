@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from shadow.base.knobs import NON_NEGATIVE, POSITIVE, Bound, check_knobs, knob
 from shadow.core.bra import BRAParams
 from shadow.core.intervals import mean_interval, ratio_interval
 from shadow.core.params import BRParams
@@ -57,6 +58,8 @@ ABLATIONS: dict[str, BRAParams] = {
     "bra{v1}": BRAParams(hold_life=None, hold_pool=None, basis="prompt"),
 }
 
+AT_LEAST_TEN = Bound(lambda v: v >= 10, ">= 10")  # requests per run: enough for a window
+
 
 @dataclass(frozen=True)
 class Protocol:
@@ -82,24 +85,23 @@ class Protocol:
     per seed on the same traffic (paired), then averaged with their t-interval.
     """
 
-    warmup_lifetimes: float = 3.0
-    window_lifetimes: float = 5.0
+    # `knob` fields: `shadow sweep`'s (and `shadow replay --steady`'s) flags (`shadow.base.knobs`);
+    # --timeout, --queue (0 = none on the command line) and --seeds (a comma list) are the command's
+    warmup_lifetimes: float = knob(3.0, "--warmup", "warm-up discarded, in lifetimes", NON_NEGATIVE)
+    window_lifetimes: float = knob(5.0, "--window", "measured window, in lifetimes", POSITIVE)
     timeout_s: float | None = None
     queue_per_worker: int | None = 6  # bounded queue: reject arrivals while waiting >= this × G
     seeds: tuple[int, ...] = (0, 1, 2)
-    max_requests: int = 40_000
+    max_requests: int = knob(40_000, "--max-requests", "cap on requests per run", AT_LEAST_TEN)
 
     def __post_init__(self) -> None:
-        if not self.warmup_lifetimes >= 0 or not self.window_lifetimes > 0:
-            raise ValueError("warm-up must be >= 0 and the window > 0 lifetimes")
+        check_knobs(self)  # --warmup, --window, --max-requests: each within its bound, naming its flag
         if self.queue_per_worker is not None and self.queue_per_worker < 1:
             raise ValueError(f"queue bound must be >= 1 per worker (or none), got {self.queue_per_worker!r}")
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise ValueError(f"admission timeout must be > 0 s (or none), got {self.timeout_s!r}")
         if not self.seeds:
             raise ValueError("give at least one seed")
-        if self.max_requests < 10:
-            raise ValueError(f"max_requests must be >= 10, got {self.max_requests}")
 
     def describe(self) -> str:
         timeout = "none" if self.timeout_s is None else f"{self.timeout_s:g} s, shed"

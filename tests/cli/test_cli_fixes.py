@@ -93,7 +93,8 @@ def test_every_default_is_shown() -> None:
                 missing.append(f"{name} {action.option_strings[0]}")
     assert not missing, missing
     # And the rendered text carries the value (a sample):
-    assert "(default: 8000)" in _subparsers(parser)["router"].format_help()
+    # (router's --port is a knob: its help states the field's default, "(default 8000)")
+    assert "(default 8000)" in _subparsers(parser)["router"].format_help()
 
 
 def test_version() -> None:

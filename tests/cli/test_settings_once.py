@@ -10,7 +10,9 @@ flag of theirs is written a second time where serve builds its options. Likewise
 settings, fields of `FleetConfig` (tests/fleet/test_fleet_settings_once.py), and its `--engine vllm`
 group's, fields of `VllmFleetConfig` (tests/fleet/test_vllm_settings_once.py): no flag of theirs is
 written a second time where fleet builds its options. And `shadow load`'s, fields of `LoadOptions`
-(tests/loadgen/test_load_settings_once.py)."""
+(tests/loadgen/test_load_settings_once.py); `shadow router`'s, fields of `RouterConfig` and of the
+command's `Listen` (tests/cli/test_router_settings_once.py); the steady-state protocol's of `shadow
+sweep` and `shadow replay --steady`, fields of `Protocol` (tests/cli/test_sweep_settings_once.py)."""
 
 from __future__ import annotations
 
@@ -23,12 +25,15 @@ import pytest
 
 import shadow
 from shadow.active.proxy import ActiveConfig
+from shadow.active.standin import RouterConfig
 from shadow.base.knobs import KNOB, Knob, knobs
+from shadow.commands.router import Listen
 from shadow.commands.serve import active_settings, build_parser, config_from_args, resolve_args
 from shadow.commands.serve_checks import DECLARED
 from shadow.fleet.config import FleetConfig
 from shadow.loadgen.options import LoadOptions
 from shadow.realvllm.launcher import VllmFleetConfig
+from shadow.replay.protocol import Protocol
 
 BASE = ["--upstream", "d0=http://127.0.0.1:1", "--active"]
 KNOBS = [(cls, f, k) for cls in DECLARED for f, k in knobs(cls)]
@@ -157,3 +162,32 @@ def test_no_load_setting_is_written_again_where_load_builds_its_options() -> Non
         assert declared == [], k.flag
     assert not re.search(r"default:? (EMPTY|1|600|no cap|first id)\b", src)
     assert "SAME_NAME" not in src  # the options' fields are read through their knobs (`knob_values`)
+
+
+def test_no_router_setting_is_written_again_where_router_builds_its_options() -> None:
+    """grep: no `add_argument("--X"` for a RouterConfig or Listen setting, no "(default X)" of one
+    written by hand, nor its value read off the parsed flags by hand, where `shadow router` builds its
+    options and config."""
+    root = Path(shadow.__file__).parent
+    src = "\n".join((root / m).read_text() for m in ("commands/router.py", "active/standin.py"))
+    for _, k in [*knobs(RouterConfig), *knobs(Listen)]:
+        declared = re.findall(r'(?:flag|add_argument)\(\s*"' + re.escape(k.flag) + '"', src)
+        assert declared == [], k.flag
+        assert f"args.{k.dest}" not in src, k.flag  # read through `knob_values`
+    assert not re.search(r"default:? (jsq-bytes|3|1024|8000|8388608|127\.0\.0\.1)\)", src)
+    assert "default=" not in src
+
+
+def test_no_protocol_setting_is_written_again_where_sweep_and_replay_build_their_options() -> None:
+    """grep: no `add_argument("--X"` for a Protocol setting, no "(default X)" of one written by hand,
+    nor its value read off the parsed flags by hand, where `shadow sweep` and `shadow replay` build
+    their options and the protocol."""
+    root = Path(shadow.__file__).parent
+    src = "\n".join((root / m).read_text() for m in (
+        "commands/sweep.py", "commands/replay.py", "commands/sweep_protocol.py", "commands/_replay_args.py",
+        "replay/protocol.py"))
+    for _, k in knobs(Protocol):
+        declared = re.findall(r'(?:flag|add_argument)\(\s*"' + re.escape(k.flag) + '"', src)
+        assert declared == [], k.flag
+        assert f"args.{k.dest}" not in src, k.flag  # read through `knob_values`
+    assert not re.search(r"\(default (3|5|40,?000)\)", src)
