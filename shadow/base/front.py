@@ -1,4 +1,4 @@
-"""What shadow's two HTTP/1.1 fronts (the listener in `base.listener`, the tap in `mirror.proxy`)
+"""What shadow's two HTTP/1.1 fronts (the listener in `base.listener`, the tap in `dataplane.tap`)
 share: a front's refusal counts and draining; a connection's reads paused for named reasons, its
 one deadline, its held bytes, the connection cap, the staged close after a last response, and the
 request head as llhttp delivers it."""

@@ -1,5 +1,5 @@
 """A request's id as shadow keeps it: the hash of the `X-Request-Id` it came with, never the id
-itself. The taps and the passive capture hash the header as they read it (`mirror.http1.head_ids`),
+itself. The taps and the passive capture hash the header as they read it (`dataplane.http1.head_ids`),
 so the mirror, its recordings, the API, logs and spans only ever see the hash; the header itself
 goes upstream unchanged."""
 
