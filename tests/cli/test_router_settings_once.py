@@ -21,21 +21,15 @@ from shadow.active.standin import POLICIES, RouterConfig
 from shadow.base.knobs import KNOB, Knob, knobs
 from shadow.cli import build_parser, main
 from shadow.commands.router import Listen, config_from_args
+from tests.cli_parsers import action, subparser
 
 KNOBS = [*knobs(RouterConfig), *knobs(Listen)]
 BASE = ("--decode", "http://127.0.0.1:9")
 
 
-def _parser() -> argparse.ArgumentParser:
-    for action in build_parser()._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            parser: argparse.ArgumentParser = action.choices["router"]
-            return parser
-    raise AssertionError("no sub-commands")
-
 
 def _action(dest: str) -> argparse.Action:
-    return next(a for a in _parser()._actions if a.dest == dest)
+    return action("router", dest)
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -89,7 +83,7 @@ def test_every_bound_names_its_flag(argv: tuple[str, ...], error: str,
 
 
 def test_the_cli_is_as_before() -> None:
-    metavars = {a.dest: a.metavar for a in _parser()._actions}
+    metavars = {a.dest: a.metavar for a in subparser("router")._actions}
     assert (metavars["decode"], metavars["prefill"]) == ("[NAME=]URL", "[NAME=]URL")
     assert all(metavars[k.dest] is None for _, k in KNOBS)  # argparse's: the dest, upper case
     args = _args()
@@ -101,7 +95,7 @@ def test_the_cli_is_as_before() -> None:
         _args("--policy", "nope")
     with pytest.raises(ValueError, match=r"^--policy must be one of .*jsq-bytes, got 'nope'$"):
         RouterConfig(decode={"d0": "http://x"}, policy="nope")
-    usage = " ".join(_parser().format_usage().split())
+    usage = " ".join(subparser("router").format_usage().split())
     assert re.search(r"\[--policy \{rr,round-robin,jsq-bytes\}\] \[--host HOST\] \[--port PORT\] "
                      r"\[--max-body-bytes MAX_BODY_BYTES\] \[--max-connections MAX_CONNECTIONS\] "
                      r"\[--prefill-retries PREFILL_RETRIES\]", usage)

@@ -107,7 +107,8 @@ def test_no_declared_setting_is_written_again_where_serve_builds_its_options() -
     src = "\n".join((root / m).read_text() for m in (
         "commands/serve.py", "commands/serve_checks.py", "commands/tap.py", "commands/_flags.py",
         "app/serve.py", "active/proxy.py", "active/cohorts.py", "active/canary.py", "active/fallback.py",
-        "active/modes.py", "app/tap.py", "mirror/service.py", "mirror/link.py"))
+        "active/modes.py", "app/tap.py", "mirror/service.py", "mirror/link.py", "mirror/config.py",
+        "active/proxyconfig.py", "active/wiring.py"))
     # `shadow tap`'s own --port (its first tap's port; serve's is its API's): declared in `group_flags`,
     # which serve does not use, and given to the tap group serve starts (API port + 1)
     others = {"--port": 1}
@@ -119,18 +120,34 @@ def test_no_declared_setting_is_written_again_where_serve_builds_its_options() -
         assert len(spelt) == others.get(k.flag, 0), k.flag
 
 
+def _sources(*modules: str) -> str:
+    """The text of `shadow`'s modules (paths below the package)."""
+    root = Path(shadow.__file__).parent
+    return "\n".join((root / m).read_text() for m in modules)
+
+
+def _written_again(src: str, *classes: type, spelt: bool = False, read: bool = False) -> list[str]:
+    """The flags of `classes`' knobs that `src` declares again (`add_argument("--X"`, `flag("--X"`),
+    and with `spelt` that it spells into a command line (`"--X", str(` / `"--X", f"`), and with
+    `read` that it reads off the parsed flags by hand (`args.x`, not through `knob_values`)."""
+    out = []
+    for cls in classes:
+        for _, k in knobs(cls):
+            if re.findall(r'(?:flag|add_argument)\(\s*"' + re.escape(k.flag) + '"', src):
+                out.append(f"{k.flag} declared again")
+            if spelt and re.findall('"' + re.escape(k.flag) + r'",\s*(?:str\(|f")', src):
+                out.append(f"{k.flag} spelt into a command line")
+            if read and f"args.{k.dest}" in src:
+                out.append(f"{k.flag} read as args.{k.dest}")
+    return out
+
+
 def test_no_setting_is_written_again_where_fleet_builds_its_options() -> None:
     """grep: no `add_argument("--X"` for a FleetConfig setting, no "(default N)" of one written by
     hand, nor its flag spelt into a command line, in the modules that build `shadow fleet`'s options
     and config."""
-    root = Path(shadow.__file__).parent
-    src = "\n".join((root / m).read_text() for m in (
-        "commands/fleet.py", "commands/fleet_vllm.py", "fleet/config.py"))
-    for _, k in knobs(FleetConfig):
-        declared = re.findall(r'(?:flag|add_argument)\(\s*"' + re.escape(k.flag) + '"', src)
-        assert declared == [], k.flag
-        spelt = re.findall('"' + re.escape(k.flag) + r'",\s*(?:str\(|f")', src)
-        assert spelt == [], k.flag
+    src = _sources("commands/fleet.py", "commands/fleet_vllm.py", "fleet/config.py")
+    assert _written_again(src, FleetConfig, spelt=True) == []
     # the fleet's defaults are nowhere in a help text written by hand
     assert not re.search(r"\(default (1|2|64|127\.0\.0\.1|18000|sim-llm)[;)]", src)
     assert "1.0)" not in src  # --engine vllm's check of the sim-only options takes the field's default
@@ -141,25 +158,16 @@ def test_no_real_engine_setting_is_written_again_where_fleet_builds_its_options(
     one written by hand, nor its flag spelt into a command line, where `shadow fleet --engine vllm`
     builds its options and config (the launcher's own `vllm serve` flags, `--data-parallel-size`
     and the like, are vLLM's)."""
-    root = Path(shadow.__file__).parent
-    src = "\n".join((root / m).read_text() for m in (
-        "commands/fleet.py", "commands/fleet_vllm.py", "realvllm/launcher.py"))
-    for _, k in knobs(VllmFleetConfig):
-        declared = re.findall(r'(?:flag|add_argument)\(\s*"' + re.escape(k.flag) + '"', src)
-        assert declared == [], k.flag
-        spelt = re.findall('"' + re.escape(k.flag) + r'",\s*(?:str\(|f")', src)
-        assert spelt == [], k.flag
+    src = _sources("commands/fleet.py", "commands/fleet_vllm.py", "realvllm/launcher.py")
+    assert _written_again(src, VllmFleetConfig, spelt=True) == []
     assert not re.search(r"default:? (0|1|600|tiny|auto|128 MiB|a new temporary)\b", src)
 
 
 def test_no_load_setting_is_written_again_where_load_builds_its_options() -> None:
     """grep: no `add_argument("--X"` for a LoadOptions setting, nor a "default X" of one written by
     hand, where `shadow load` builds its options."""
-    root = Path(shadow.__file__).parent
-    src = "\n".join((root / m).read_text() for m in ("commands/load.py", "loadgen/options.py"))
-    for _, k in knobs(LoadOptions):
-        declared = re.findall(r'(?:flag|add_argument)\(\s*"' + re.escape(k.flag) + '"', src)
-        assert declared == [], k.flag
+    src = _sources("commands/load.py", "loadgen/options.py")
+    assert _written_again(src, LoadOptions) == []
     assert not re.search(r"default:? (EMPTY|1|600|no cap|first id)\b", src)
     assert "SAME_NAME" not in src  # the options' fields are read through their knobs (`knob_values`)
 
@@ -168,12 +176,8 @@ def test_no_router_setting_is_written_again_where_router_builds_its_options() ->
     """grep: no `add_argument("--X"` for a RouterConfig or Listen setting, no "(default X)" of one
     written by hand, nor its value read off the parsed flags by hand, where `shadow router` builds its
     options and config."""
-    root = Path(shadow.__file__).parent
-    src = "\n".join((root / m).read_text() for m in ("commands/router.py", "active/standin.py"))
-    for _, k in [*knobs(RouterConfig), *knobs(Listen)]:
-        declared = re.findall(r'(?:flag|add_argument)\(\s*"' + re.escape(k.flag) + '"', src)
-        assert declared == [], k.flag
-        assert f"args.{k.dest}" not in src, k.flag  # read through `knob_values`
+    src = _sources("commands/router.py", "active/standin.py")
+    assert _written_again(src, RouterConfig, Listen, read=True) == []
     assert not re.search(r"default:? (jsq-bytes|3|1024|8000|8388608|127\.0\.0\.1)\)", src)
     assert "default=" not in src
 
@@ -182,12 +186,7 @@ def test_no_protocol_setting_is_written_again_where_sweep_and_replay_build_their
     """grep: no `add_argument("--X"` for a Protocol setting, no "(default X)" of one written by hand,
     nor its value read off the parsed flags by hand, where `shadow sweep` and `shadow replay` build
     their options and the protocol."""
-    root = Path(shadow.__file__).parent
-    src = "\n".join((root / m).read_text() for m in (
-        "commands/sweep.py", "commands/replay.py", "commands/sweep_protocol.py", "commands/_replay_args.py",
-        "replay/protocol.py"))
-    for _, k in knobs(Protocol):
-        declared = re.findall(r'(?:flag|add_argument)\(\s*"' + re.escape(k.flag) + '"', src)
-        assert declared == [], k.flag
-        assert f"args.{k.dest}" not in src, k.flag  # read through `knob_values`
+    src = _sources("commands/sweep.py", "commands/replay.py", "commands/sweep_protocol.py",
+                   "commands/_replay_args.py", "replay/protocol.py")
+    assert _written_again(src, Protocol, read=True) == []
     assert not re.search(r"\(default (3|5|40,?000)\)", src)

@@ -25,21 +25,11 @@ from shadow.base.knobs import KNOB, Knob, knobs
 from shadow.cli import build_parser, main
 from shadow.commands.sweep_protocol import protocol_from
 from shadow.replay.protocol import Protocol
+from tests.cli_parsers import action, subparser
 
 KNOBS = list(knobs(Protocol))
 COMMANDS = {"sweep": ("paper-azure",), "replay": ("paper-azure", "--steady")}
 
-
-def _parser(command: str) -> argparse.ArgumentParser:
-    for action in build_parser()._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            parser: argparse.ArgumentParser = action.choices[command]
-            return parser
-    raise AssertionError("no sub-commands")
-
-
-def _action(command: str, dest: str) -> argparse.Action:
-    return next(a for a in _parser(command)._actions if a.dest == dest)
 
 
 def _args(command: str, *argv: str) -> argparse.Namespace:
@@ -52,7 +42,7 @@ def test_window_is_one_field_and_everything_else_derives_from_it(
     field = next(f for f in dataclasses.fields(Protocol) if f.name == "window_lifetimes")
     k = field.metadata[KNOB]
     assert isinstance(k, Knob) and k.flag == "--window" and field.default == 5.0
-    flag = _action(command, "window")  # the flag: its default, type and help come from the field
+    flag = action(command, "window")  # the flag: its default, type and help come from the field
     assert flag.option_strings == ["--window"] and flag.default == 5.0 and flag.type is float
     assert flag.help == "measured window, in lifetimes (default 5)"
     assert protocol_from(_args(command)).window_lifetimes == 5.0
@@ -68,11 +58,11 @@ def test_window_is_one_field_and_everything_else_derives_from_it(
 @pytest.mark.parametrize(("field", "k"), KNOBS, ids=[k.flag for _, k in KNOBS])
 def test_every_setting_is_a_flag_with_the_fields_default(
         command: str, field: dataclasses.Field[object], k: Knob) -> None:
-    action = _action(command, k.dest)
-    assert action.option_strings == [k.flag] and action.default == field.default and action.metavar is None
-    assert action.type is type(field.default)
+    flag = action(command, k.dest)
+    assert flag.option_strings == [k.flag] and flag.default == field.default and flag.metavar is None
+    assert flag.type is type(field.default)
     shown = format(cast(Any, field.default), "g")
-    assert action.help is not None and action.help.endswith(f"(default {shown})")
+    assert flag.help is not None and flag.help.endswith(f"(default {shown})")
     assert getattr(protocol_from(_args(command)), field.name) == field.default
     assert getattr(protocol_from(_args(command, k.flag, "12")), field.name) == 12
 
@@ -92,6 +82,6 @@ def test_the_hand_written_protocol_flags_are_as_before() -> None:
     assert (proto.timeout_s, proto.queue_per_worker, proto.seeds) == (None, 6, (0, 1, 2))
     proto = protocol_from(_args("sweep", "--timeout", "2", "--queue", "0", "--seeds", "4,5"))
     assert (proto.timeout_s, proto.queue_per_worker, proto.seeds) == (2.0, None, (4, 5))
-    usage = " ".join(_parser("sweep").format_usage().split())
+    usage = " ".join(subparser("sweep").format_usage().split())
     assert re.search(r"\[--warmup WARMUP\] \[--window WINDOW\] \[--timeout TIMEOUT\] \[--queue N\] "
                      r"\[--max-requests MAX_REQUESTS\] \[--jobs JOBS\]", usage)

@@ -18,6 +18,7 @@ from shadow.cli import build_parser, main
 from shadow.commands import fleet_vllm
 from shadow.commands.fleet import config_from_args
 from shadow.fleet.config import FleetConfig
+from tests.cli_parsers import action, subparser
 
 KNOBS = list(knobs(FleetConfig))
 #: Settings whose flag is None when not given: the engine picks (the simulated fleet: the field's
@@ -25,16 +26,9 @@ KNOBS = list(knobs(FleetConfig))
 UNSET_IS_NONE = {"--prefill", "--port"}
 
 
-def _parser() -> argparse.ArgumentParser:
-    for action in build_parser()._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            parser: argparse.ArgumentParser = action.choices["fleet"]
-            return parser
-    raise AssertionError("no sub-commands")
-
 
 def _action(dest: str) -> argparse.Action:
-    return next(a for a in _parser()._actions if a.dest == dest)
+    return action("fleet", dest)
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -48,7 +42,7 @@ def test_slots_is_one_field_and_everything_else_derives_from_it(capsys: pytest.C
     flag = _action("slots")  # the flag: its default, type and help come from the field
     assert flag.option_strings == ["--slots"] and flag.default == 64 and flag.type is int
     assert flag.metavar == "B" and flag.help is not None and flag.help.endswith("(default 64)")
-    assert "running slots per rank (default 64)" in " ".join(_parser().format_help().split())
+    assert "running slots per rank (default 64)" in " ".join(subparser("fleet").format_help().split())
     assert config_from_args(_args()).slots == 64 and config_from_args(_args("--slots", "16")).slots == 16
     # validated, naming the flag: by the config and by the command (exit 2, one line)
     with pytest.raises(ValueError, match=r"^--slots must be >= 1, got 0$"):
@@ -105,7 +99,7 @@ def test_the_cli_is_as_before() -> None:
     assert fleet_vllm._sim_only(_args("--time-scale", "1")) == []
     assert fleet_vllm._sim_only(_args("--time-scale", "0.5", "--dp-front", "--fault", "decode/0:slow=2")) == [
         "dp_front", "fault", "time_scale"]
-    metavars = {a.dest: a.metavar for a in _parser()._actions}
+    metavars = {a.dest: a.metavar for a in subparser("fleet")._actions}
     assert {d: metavars[d] for d in ("prefill", "decode", "slots", "port", "time_scale", "catch_up")} == {
         "prefill": "N", "decode": "G", "slots": "B", "port": "BASE", "time_scale": "X", "catch_up": "S"}
     assert all(metavars[d] is None for d in ("host", "control_token", "kv_tokens", "kv_ttl", "a", "b"))
@@ -115,7 +109,7 @@ def test_control_token_comes_from_the_environment(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("SHADOW_FLEET_CONTROL_TOKEN", "s3cret")
     assert config_from_args(_args()).control_token == "s3cret"
     assert config_from_args(_args("--control-token", "other")).control_token == "other"
-    assert "s3cret" not in _parser().format_help()  # the help never shows the token
+    assert "s3cret" not in subparser("fleet").format_help()  # the help never shows the token
 
 
 

@@ -25,29 +25,20 @@ from shadow.cli import build_parser, main
 from shadow.commands import fleet_vllm
 from shadow.commands.fleet_vllm import config_from_args
 from shadow.realvllm.launcher import DEFAULT_KV_BYTES, VllmFleetConfig
+from tests.cli_parsers import action, shown, subparser
 
 KNOBS = list(knobs(VllmFleetConfig))
 VLLM = ("--engine", "vllm")
 
 
-def _parser() -> argparse.ArgumentParser:
-    for action in build_parser()._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            parser: argparse.ArgumentParser = action.choices["fleet"]
-            return parser
-    raise AssertionError("no sub-commands")
-
 
 def _action(dest: str) -> argparse.Action:
-    return next(a for a in _parser()._actions if a.dest == dest)
+    return action("fleet", dest)
 
 
 def _args(*argv: str) -> argparse.Namespace:
     return build_parser().parse_args(["fleet", *VLLM, *argv])
 
-
-def _shown(default: object) -> object:
-    return "none" if default is None else format(default, "g") if isinstance(default, float) else default
 
 
 def test_data_parallel_is_one_field_and_everything_else_derives_from_it(
@@ -58,7 +49,8 @@ def test_data_parallel_is_one_field_and_everything_else_derives_from_it(
     flag = _action("data_parallel")  # the flag: its default, type and help come from the field
     assert flag.option_strings == ["--data-parallel"] and flag.default == 1 and flag.type is int
     assert flag.metavar == "N" and flag.help is not None and flag.help.endswith("(default 1)")
-    assert "its /metrics labels each engine) (default 1)" in " ".join(_parser().format_help().split())
+    help_text = " ".join(subparser("fleet").format_help().split())
+    assert "its /metrics labels each engine) (default 1)" in help_text
     assert config_from_args(_args()).data_parallel == 1
     assert config_from_args(_args("--data-parallel", "2")).data_parallel == 2
     # validated, naming the flag: by the config and by the command (exit 2, one line, nothing started)
@@ -80,7 +72,7 @@ def test_every_setting_is_a_flag_with_the_fields_default(field: dataclasses.Fiel
         assert action.default is False and isinstance(action, argparse._StoreTrueAction)
         return
     assert action.default == field.default
-    assert action.help is not None and action.help.endswith(f"(default {_shown(field.default)})")
+    assert action.help is not None and action.help.endswith(f"(default {shown(field.default)})")
     choices = k.kw.get("choices")
     if choices is not None:
         assert list(action.choices or ()) == list(choices) and field.default in choices
@@ -113,7 +105,7 @@ def test_every_choice_names_its_flag(field: dataclasses.Field[object], k: Knob) 
 
 def test_the_cli_is_as_before() -> None:
     """Flags, defaults, types, metavars and choices of the group; the shared flags fill the shape."""
-    metavars = {a.dest: a.metavar for a in _parser()._actions}
+    metavars = {a.dest: a.metavar for a in subparser("fleet")._actions}
     assert {d: metavars[d] for d in ("data_parallel", "kv_bytes", "start_timeout", "model_path", "log_dir",
                                      "vllm_venv", "probe_url", "probe_token")} == {
         "data_parallel": "N", "kv_bytes": "BYTES", "start_timeout": "S", "model_path": "DIR",

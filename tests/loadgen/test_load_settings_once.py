@@ -23,29 +23,20 @@ from shadow.base.knobs import KNOB, Knob, knobs
 from shadow.cli import build_parser, main
 from shadow.commands.load import options_from_args
 from shadow.loadgen.options import LoadOptions
+from tests.cli_parsers import action, shown, subparser
 
 KNOBS = list(knobs(LoadOptions))
 BASE = ("paper-azure", "--target", "http://127.0.0.1:9")
 
 
-def _parser() -> argparse.ArgumentParser:
-    for action in build_parser()._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            parser: argparse.ArgumentParser = action.choices["load"]
-            return parser
-    raise AssertionError("no sub-commands")
-
 
 def _action(dest: str) -> argparse.Action:
-    return next(a for a in _parser()._actions if a.dest == dest)
+    return action("load", dest)
 
 
 def _args(*argv: str) -> argparse.Namespace:
     return build_parser().parse_args(["load", *BASE, *argv])
 
-
-def _shown(default: object) -> object:
-    return "none" if default is None else format(default, "g") if isinstance(default, float) else default
 
 
 def test_concurrency_is_one_field_and_everything_else_derives_from_it(
@@ -57,7 +48,7 @@ def test_concurrency_is_one_field_and_everything_else_derives_from_it(
     assert flag.option_strings == ["--concurrency"] and flag.default is None and flag.type is int
     assert flag.metavar == "C" and flag.help is not None and flag.help.endswith("(default none)")
     assert "later arrivals wait in order (none: no cap) (default none)" in " ".join(
-        _parser().format_help().split())
+        subparser("load").format_help().split())
     assert options_from_args(_args()).concurrency is None
     assert options_from_args(_args("--concurrency", "8")).concurrency == 8
     # validated, naming the flag: by the options and by the command (exit 1, one line, before the trace)
@@ -81,7 +72,7 @@ def test_every_setting_is_a_flag_with_the_fields_default(field: dataclasses.Fiel
         return
     # --time-scale is None when not given (--rate-scale and --rate are the other ways to say it)
     assert action.default == (None if k.flag == "--time-scale" else field.default)
-    assert action.help is not None and action.help.endswith(f"(default {_shown(field.default)})")
+    assert action.help is not None and action.help.endswith(f"(default {shown(field.default)})")
     assert action.type is k.kw.get("type", type(field.default) if field.default is not None else None)
     value = {int: "3", float: "0.5"}.get(cast(type, action.type), "x")
     typed = cast(Any, action.type)(value) if action.type else value
@@ -98,7 +89,7 @@ def test_every_bound_names_its_flag(field: dataclasses.Field[object], k: Knob) -
 
 
 def test_the_cli_is_as_before() -> None:
-    metavars = {a.dest: a.metavar for a in _parser()._actions}
+    metavars = {a.dest: a.metavar for a in subparser("load")._actions}
     assert {d: metavars[d] for d in ("limit", "time_scale", "rate_scale", "rate", "concurrency", "timeout",
                                      "request_id_prefix", "header", "chat_overhead", "json")} == {
         "limit": "N", "time_scale": "X", "rate_scale": "X", "rate": "RPS", "concurrency": "C", "timeout": "S",
@@ -117,7 +108,8 @@ def test_the_cli_is_as_before() -> None:
     assert options_from_args(_args("--timeout", "inf")).request_timeout_s == float("inf")  # no timeout
     with pytest.raises(SystemExit):  # the pace flags exclude each other
         _args("--time-scale", "2", "--rate", "1")
-    assert "[--time-scale X | --rate-scale X | --rate RPS]" in " ".join(_parser().format_usage().split())
+    usage = " ".join(subparser("load").format_usage().split())
+    assert "[--time-scale X | --rate-scale X | --rate RPS]" in usage
 
 
 def test_the_other_ways_to_give_the_time_scale_name_their_flags() -> None:
