@@ -210,8 +210,11 @@ def _start_upstream(step_s: float, tokens: int, groups: int) -> tuple[mp.Process
 # data plane became a process of its own): attached to the tap group, or with the taps in-process.
 _ANALYSIS_BOOT = """
 import asyncio, json, sys
-from shadow.mirror.config import MirrorConfig
-from shadow.mirror.service import MirrorService
+try:
+    from shadow.mirror.config import MirrorConfig
+    from shadow.mirror.service import MirrorService
+except ImportError:  # a checkout before the analysis had its own config module (--before)
+    from shadow.mirror.service import TapConfig as MirrorConfig, TapService as MirrorService
 async def main():
     svc = MirrorService(MirrorConfig(**json.loads(sys.argv[1])))
     print(json.dumps(await svc.start()), flush=True)
@@ -253,11 +256,12 @@ def _popen(argv: list[str], root: Path) -> tuple[subprocess.Popen[str], dict]:  
 
 
 def _start_tap(upstream_port: int, record: str, extra: list[str], root: Path, state: str) -> _UnderTest:
-    """Before the split (no shadow/dataplane/relay.py): `shadow tap` ran the relay and the mirror's
+    """Before the split (no relay.py: in shadow/mirror then, in shadow/dataplane since the analysis
+    and the data plane became packages of their own): `shadow tap` ran the relay and the mirror's
     analysis itself. After it: the data plane `shadow tap` plus a mirror-only analysis attached to
     it (`--relay thread` in `extra`: one process, the taps in it)."""
     up = f"http://127.0.0.1:{upstream_port}"
-    if not (root / "shadow" / "mirror" / "relay.py").exists():
+    if not any((root / "shadow" / room / "relay.py").exists() for room in ("mirror", "dataplane")):
         proc, ready = _popen(["-m", "shadow.commands.tap", "--upstream", f"u={up}", "--scrape-interval", "0",
                               "--record", record, *extra], root)
         return _UnderTest([proc], ready)
