@@ -28,7 +28,10 @@ from shadow.vllm.sse import EventSplitter
 from tests.active.stubs import DONE, Step, Stub, proxy_on, sse, until
 
 BODY = {"model": "m", "prompt": "a b c", "max_tokens": 5, "stream": True}
-PAUSE_S = 0.05  # between the reads an upstream's body is split into (so they arrive apart)
+#: Between the reads an upstream's body is written in, so that they tend to arrive apart. Not a wait
+#: on a condition, and none is needed: the assertions hold whether the proxy reads them apart or
+#: coalesced (a busy machine); the pause only lets the split cases reach the proxy split.
+PAUSE_S = 0.05
 
 
 class Recorder(StaticModeSource):
