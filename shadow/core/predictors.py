@@ -18,6 +18,11 @@ import numpy.typing as npt
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+Prediction = tuple[FloatArray, FloatArray]
+"""Per request: p_fin, the probability it ends within the horizon, and mu_rem, its expected
+remaining steps if it does."""
+Keys = Sequence[Hashable | None] | None
+"""Per request its prompt key (None: no key), or None for none at all."""
 
 
 def contribution(p_fin: FloatArray, mu_rem: FloatArray, horizon: int) -> FloatArray:
@@ -37,20 +42,15 @@ class Predictor(Protocol):
 
     name: str
 
-    def predict(
-        self,
-        generated: IntArray,
-        horizon: int,
-        keys: Sequence[Hashable | None] | None = None,
-        remaining: IntArray | None = None,
-    ) -> tuple[FloatArray, FloatArray]: ...
+    def predict(self, generated: IntArray, horizon: int, keys: Keys = None,
+                remaining: IntArray | None = None) -> Prediction: ...
 
     def observe(self, output_tokens: int, key: Hashable | None = None) -> None: ...
 
 
 def _from_counts(
     age: FloatArray, horizon: int, survivors: IntArray, finishing: IntArray, sums: FloatArray
-) -> tuple[FloatArray, FloatArray]:
+) -> Prediction:
     """p_fin and mu_rem from, per query, the samples above the age, those ending within H, and
     the sum of the latter (see `EmpiricalLengths.conditional` for the edge cases)."""
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -85,7 +85,7 @@ class EmpiricalLengths:
             self._prefix = np.concatenate([[0.0], np.cumsum(self._sorted)])
             self._pending.clear()
 
-    def conditional(self, age: FloatArray, horizon: int) -> tuple[FloatArray, FloatArray]:
+    def conditional(self, age: FloatArray, horizon: int) -> Prediction:
         """p_fin(a) = [F(a+H) − F(a)] / [1 − F(a)], mu_rem(a) = E[O − a | a < O ≤ a+H].
 
         No data: p_fin = 0 (assume it stays). Every sample ≤ a: p_fin = 1, mu_rem = 1.
@@ -106,13 +106,8 @@ class OraclePredictor:
 
     name = "oracle"
 
-    def predict(
-        self,
-        generated: IntArray,
-        horizon: int,
-        keys: Sequence[Hashable | None] | None = None,
-        remaining: IntArray | None = None,
-    ) -> tuple[FloatArray, FloatArray]:
+    def predict(self, generated: IntArray, horizon: int, keys: Keys = None,
+                remaining: IntArray | None = None) -> Prediction:
         if remaining is None:
             raise ValueError("the oracle predictor needs true remaining lengths (offline replay only)")
         r = np.asarray(remaining, dtype=np.float64)
@@ -130,13 +125,8 @@ class SurvivalPredictor:
     def __init__(self, history: Sequence[int] = ()) -> None:
         self.lengths = EmpiricalLengths(history)
 
-    def predict(
-        self,
-        generated: IntArray,
-        horizon: int,
-        keys: Sequence[Hashable | None] | None = None,
-        remaining: IntArray | None = None,
-    ) -> tuple[FloatArray, FloatArray]:
+    def predict(self, generated: IntArray, horizon: int, keys: Keys = None,
+                remaining: IntArray | None = None) -> Prediction:
         return self.lengths.conditional(np.asarray(generated, dtype=np.float64), horizon)
 
     def observe(self, output_tokens: int, key: Hashable | None = None) -> None:
@@ -170,13 +160,8 @@ class ExactMatchPredictor:
             self._prefix = np.concatenate([[0.0], np.cumsum(np.mod(self._composite, self._SHIFT))])
             self._pending.clear()
 
-    def predict(
-        self,
-        generated: IntArray,
-        horizon: int,
-        keys: Sequence[Hashable | None] | None = None,
-        remaining: IntArray | None = None,
-    ) -> tuple[FloatArray, FloatArray]:
+    def predict(self, generated: IntArray, horizon: int, keys: Keys = None,
+                remaining: IntArray | None = None) -> Prediction:
         gen = np.asarray(generated, dtype=np.float64)
         p_fin, mu = self.fallback.predict(np.asarray(generated), horizon)
         if keys is None or not self._ids:
