@@ -109,7 +109,10 @@ class ManagedGroup:
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGKILL)
-            p.wait(5)
+            # still not reaped (a process in uninterruptible disk I/O dies when that ends): the
+            # caller's error says why the start failed, not this wait
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(5)
 
     def _wait(self, timeout_s: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s
