@@ -37,8 +37,11 @@ fi
 # ~3 min the first time, seconds when it is already there). Its tests fail without it.
 scripts/install-vllm.sh
 
+# 3 workers (pytest-xdist; SHADOW_TEST_WORKERS=0 runs serially): most tests wait on processes and
+# real time, so serially the 2 cores are idle half the time; how the suite is shared out, and which
+# tests never run beside each other: tests/conftest.py. Arguments after it (`-n 0` too) win.
 set +e
-python3 -m pytest "$@"
+python3 -m pytest -n "${SHADOW_TEST_WORKERS:-3}" "$@"
 rc=$?
 set -e
 if [ "$rc" = "5" ]; then
