@@ -96,6 +96,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             return _unit(nodeid)
 
+        def _reschedule(self, node: Any) -> None:
+            # The tier, last, goes to the first worker with nothing left to run: queued behind a
+            # long test it would start minutes after the other workers went idle.
+            tier_next = bool(self.workqueue) and next(iter(self.workqueue)) == TIER
+            if tier_next and self._pending_of(self.assigned_work[node]):
+                return
+            super()._reschedule(node)
+
     config.option.loadscopereorder = False
     return WholeUnits(config, log)
 

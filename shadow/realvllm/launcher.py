@@ -377,7 +377,7 @@ class VllmFleet:
             if role == "decode" and cfg.dp_ports:
                 servers += self._rank_servers(i, mine, ports)
                 continue
-            port = ports.pop(0) if ports else free_port()
+            port = ports.pop(0) if ports else quiet_port()
             servers.append(Server(
                 name=f"{role}/{i}", worker=worker, port=port, core=mine[0],
                 argv=self._argv(self.model_path, port, role),
@@ -400,10 +400,10 @@ class VllmFleet:
         d{g*N+r}; the ranks share one DP RPC port (rank 0's front end hosts the coordinator)."""
         assert self.model_path is not None
         n = self.config.data_parallel
-        rpc = free_port()
+        rpc = quiet_port()
         out = []
         for r in range(n):
-            port = ports.pop(0) if ports else free_port()
+            port = ports.pop(0) if ports else quiet_port()
             worker = f"d{g * n + r}"
             env = self._with_collectives(self._env(str(cores[r]), worker))
             out.append(Server(

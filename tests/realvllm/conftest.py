@@ -36,7 +36,7 @@ from shadow.realvllm.launcher import (
     VllmFleetConfig,
     ensure_model,
     find_engine_venv,
-    free_port,
+    quiet_port,
 )
 
 EVENTS_TOKEN = "tier-events-token"
@@ -94,7 +94,9 @@ def tiny_model(engine_venv: Path) -> Path:
 @pytest.fixture(scope="session")
 def tier(engine_venv: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tier]:
     logs = tmp_path_factory.mktemp("vllm-tier")
-    d0_port, dp_port = free_port(), free_port()
+    # below the ephemeral range: the DP server binds its port minutes later, after the probe server
+    # is up, and a port from bind(0) may meanwhile go to any socket (a tap took one once)
+    d0_port, dp_port = quiet_port(), quiet_port()
     serve = Child("shadow serve", shadow_argv(
         "serve", "--upstream", f"d0=http://127.0.0.1:{d0_port}", "--upstream", f"dp=http://127.0.0.1:{dp_port}",
         "--slots", "64", "--events-token", EVENTS_TOKEN, "--probe-token", PROBE_TOKEN,

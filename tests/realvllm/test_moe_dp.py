@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 from shadow.realvllm.cpumoe import write_site_hook
-from shadow.realvllm.launcher import VllmFleet, VllmFleetConfig, free_port
+from shadow.realvllm.launcher import VllmFleet, VllmFleetConfig, quiet_port
 
 COLLECTIVES = r"""
 import json, sys, types
@@ -82,7 +82,7 @@ def test_dp_ports_needs_two_ranks_and_counts_ports_per_rank() -> None:
 def test_cpu_collectives_on_a_real_gloo_group(engine_venv: Path, tmp_path: Path) -> None:
     script = tmp_path / "collectives.py"
     script.write_text(COLLECTIVES)
-    done = subprocess.run([str(engine_venv / "bin" / "python"), str(script), str(free_port())],
+    done = subprocess.run([str(engine_venv / "bin" / "python"), str(script), str(quiet_port())],
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
