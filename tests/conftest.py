@@ -97,10 +97,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return _unit(nodeid)
 
         def _reschedule(self, node: Any) -> None:
-            # The tier, last, goes to the first worker with nothing left to run: queued behind a
-            # long test it would start minutes after the other workers went idle.
+            # The tier, last, goes to the first worker down to its last test (a worker runs a test
+            # once it holds the next one or is told to stop, so it never gets to none): queued
+            # behind a long test it would start minutes after the other workers went idle.
             tier_next = bool(self.workqueue) and next(iter(self.workqueue)) == TIER
-            if tier_next and self._pending_of(self.assigned_work[node]):
+            if tier_next and self._pending_of(self.assigned_work[node]) > 1:
                 return
             super()._reschedule(node)
 
