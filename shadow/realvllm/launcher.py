@@ -439,10 +439,14 @@ class VllmFleet:
                                          f"{s.proc.returncode} before it was healthy; "
                                          f"{s.log_path}:\n{s.tail()}")
                     try:
-                        if client.get(f"{s.url}/health").status_code == 200:
-                            pending.remove(s)
+                        healthy = client.get(f"{s.url}/health").status_code == 200
                     except httpx.HTTPError:
-                        pass
+                        healthy = False
+                    if healthy and not group_listens_on(s.proc.pid, s.port):
+                        raise StartError(f"port {s.port} answers, but not from vLLM server {s.name}: another "
+                                         f"process listens there; {s.log_path}:\n{s.tail()}")
+                    if healthy:
+                        pending.remove(s)
                 if not pending:
                     return
                 if time.monotonic() > deadline:
@@ -493,6 +497,38 @@ def processes() -> Iterator[tuple[int, bytes, int]]:
 def group_members(pgid: int) -> list[int]:
     """PIDs of the live (not zombie) processes in process group `pgid`."""
     return [pid for pid, state, pgrp in processes() if state != b"Z" and pgrp == pgid]
+
+
+def listening_inodes(port: int) -> set[int]:
+    """Socket inodes of the TCP listeners on `port`, any address (Linux /proc/net/tcp and tcp6)."""
+    found: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()  # sl local_address rem_address st ... uid timeout inode
+            if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                found.add(int(cols[9]))
+    return found
+
+
+def group_listens_on(pgid: int, port: int) -> bool:
+    """Whether a process of group `pgid` holds a socket listening on `port`: a server's health
+    answer is its own only then (another process may have bound the port it was given)."""
+    wanted = {f"socket:[{inode}]" for inode in listening_inodes(port)}
+    for pid in group_members(pgid) if wanted else ():
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") in wanted:
+                    return True
+    return False
 
 
 def _reap_group(s: Server, deadline: float) -> None:

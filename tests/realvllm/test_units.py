@@ -4,8 +4,10 @@ errors) and the model builder's determinism and cache (in the engine venv)."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -281,3 +283,33 @@ def test_engine_sched_finds_the_engine_cores_below_the_api_server(tmp_path: Path
     (tmp_path / "101" / "schedstat").write_text("2700000000 1000000000 44\n")
     assert sched.read(1, 10.0) == (2.7, 1.0)  # found again
     assert EngineSched(root=100, proc=str(tmp_path / "none")).read(0, 0.0) is None
+
+
+LISTEN_IN_OWN_GROUP = ("import socket, sys; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+                       "print(s.getsockname()[1], flush=True); sys.stdin.read()")
+
+
+def test_a_health_answer_counts_only_from_a_port_the_servers_group_listens_on() -> None:
+    """The launcher takes a server's health answer as its own only while a process of the server's
+    group listens on the port (a tap once held a DP server's port: the server exited, the tap
+    answered its health check and the tier's tests ran against the tap)."""
+    from shadow.realvllm.launcher import group_listens_on
+
+    ours = socket.socket()
+    ours.bind(("127.0.0.1", 0))
+    port = ours.getsockname()[1]
+    assert not group_listens_on(os.getpgrp(), port), "bound, not listening: no listener yet"
+    ours.listen()
+    assert group_listens_on(os.getpgrp(), port)
+    ours.close()
+    assert not group_listens_on(os.getpgrp(), port)
+    other = subprocess.Popen([sys.executable, "-c", LISTEN_IN_OWN_GROUP], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, process_group=0)
+    try:
+        assert other.stdout is not None
+        theirs = int(other.stdout.readline())
+        assert group_listens_on(other.pid, theirs)
+        assert not group_listens_on(os.getpgrp(), theirs), "another group's listener taken for ours"
+    finally:
+        other.kill()
+        other.wait(10)
