@@ -30,11 +30,11 @@ grows without bound (its slope is printed); RSS: peak and current after the run.
 
 Check (unless `--no-check`): the same input is run again as the reference — the single-process
 path, reads of `--check-read` bytes (default 1 MiB, as the fast run; 4093 splits frames everywhere
-and analyses each read on its own), the lanes processing the queue once per step in both — and the
-report's figures (lanes, fidelity, step fit, agreement, requests; everything but decision times
-and the host's load) must equal the fast run's; a difference is printed and the exit status is 1.
-On f6df15e the figures depend on the read size (what one analysis batch holds): see
-docs/scale.md, "What batching changes".
+and analyses each read on its own), the lanes taking their queue every `--check-lanes-every` steps
+(default 1, as the fast run; 0: after every read) — and the report's figures (lanes, fidelity, step
+fit, agreement, requests; everything but decision times and the host's load) must equal the fast
+run's; a difference is printed and the exit status is 1. Before 2026-12-07 the figures depended
+on how the input was batched (docs/scale.md, "What batching changes"); now they must not.
 """
 
 from __future__ import annotations
@@ -198,8 +198,11 @@ def rss_mb() -> float:
 class Run:
     """One pass over the input: the service, the reader, per-stage CPU, the lag model."""
 
-    def __init__(self, args: argparse.Namespace, g: int, b: int, read: int, shards: int = 0) -> None:
+    def __init__(self, args: argparse.Namespace, g: int, b: int, read: int, shards: int = 0,
+                 lanes_every: int = 1) -> None:
         self.args, self.read = args, read
+        self.lanes_every = lanes_every  # steps between the lanes' runs (0: after every read)
+        self.k = 0
         self.step_s = args.step_ms / 1e3
         self.clock = Clock()  # the analysis' clock: event time (a shard replays the lanes' moves)
         self.svc = service(g, b, self.step_s, args.policies, self.clock, shards, args.ray)
@@ -236,8 +239,12 @@ class Run:
             c2 = time.process_time()
             d += c1 - c0
             a += c2 - c1
+            if not self.lanes_every:
+                self.lanes()
         c3 = time.process_time()
-        self.lanes()
+        self.k += 1
+        if self.lanes_every and self.k % self.lanes_every == 0:
+            self.lanes()
         lanes_all = time.process_time() - c3
         if measured:
             self.gen_s += t0 - g0
@@ -330,10 +337,12 @@ def one(args: argparse.Namespace, fleet: str) -> bool:
     if args.no_check:
         return True
     del fast
-    ref = Run(args, g, b, args.check_read)
+    ref = Run(args, g, b, args.check_read, lanes_every=args.check_lanes_every)
     rep_ref = ref.run()
     d = diff(strip(rep), strip(rep_ref))
-    print(f"  check against a reference run (one process, {args.check_read}-byte reads): "
+    every = {0: "after every read", 1: "every step"}.get(args.check_lanes_every,
+                                                       f"every {args.check_lanes_every} steps")
+    print(f"  check against a reference run (one process, {args.check_read}-byte reads, lanes {every}): "
           + ("report figures equal" if not d else f"{len(d)} DIFFERENT"))
     for line in d[:20]:
         print("    " + line)
@@ -355,6 +364,9 @@ def main() -> None:
     ap.add_argument("--ray", default=None, metavar="ADDRESS", help="with --lane-shards: as Ray actors there")
     ap.add_argument("--check-read", type=int, default=READ, help="the reference run's read size in bytes "
                     "(default: the fast run's)")
+    ap.add_argument("--check-lanes-every", type=int, default=1, metavar="K",
+                    help="the reference run's lanes take their queue every K steps (default 1, as the fast "
+                    "run; 0: after every read)")
     args = ap.parse_args()
     ok = True
     for fleet in args.fleet or ["64x256", "256x256"]:

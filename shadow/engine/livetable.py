@@ -174,9 +174,9 @@ class RequestTable:
         r.generated = generated
         if last >= 0:
             # dg tokens since the last event are dg decode steps (one token per step per running
-            # stream), each the gap's share. Not only one-token advances: a busy tap coalesces a
-            # stream's chunks per analysis batch, and a chunk is alone in its batch when the gaps
-            # around it are long (one-token gaps only: step mean +14-24% at load average 15-19).
+            # stream), each the gap's share. Not only one-token advances: vLLM merges a stream's
+            # tokens into one chunk when its HTTP side lags, and a merged chunk comes after a long
+            # gap (one-token gaps only: step mean +14-24% at load average 15-19).
             gap = (t - last) / dg
             if dg == 1:
                 self.gaps[g].append(gap)  # (g = -1: the last one, no worker)

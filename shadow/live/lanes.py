@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -45,6 +46,10 @@ __all__ = [
 ]
 
 DEFAULT_POLICIES = ("jsq-bytes", "br0", "brh:survival")
+#: Event-time spacing of the observation points: the mirrored loads are sampled (fidelity, the step
+#: fit's x, the worker clocks' loads) and step windows may close when an event passes a multiple of
+#: it, so the figures depend on the events and their times, not on how they were batched.
+OBSERVE_S = 0.05
 
 
 class _ActualLane(Observer):
@@ -130,6 +135,7 @@ class LiveLanes:
         self.tick_s = tick_s
         self.publish_s = publish_s
         self._queue: deque[Event] = deque()
+        self._next_observe = float("-inf")  # the next observation point (event time)
         self.enqueued = 0
         self.processed = 0
         self.dropped: dict[str, int] = {"queue_full": 0, "error": 0}
@@ -150,7 +156,8 @@ class LiveLanes:
         self._thread: threading.Thread | None = None
         self.busy_s = 0.0  # CPU seconds the worker thread spent (thread_time)
         # told what moves the lanes, in order — ("batch", the events one `process_now` applied),
-        # ("advance", t), ("drain", None) — so lane shards replay it (`shadow.live.shards`)
+        # ("observe", next point), ("advance", t), ("drain", None) — so lane shards replay it
+        # (`shadow.live.shards`)
         self.tee: Callable[[str, Any], None] | None = None
         self._publish()
 
@@ -211,7 +218,10 @@ class LiveLanes:
         while not self._stop.is_set():
             with self._lock:
                 self.process_now()
-                self.advance_to(self.live_now())
+                now = self.live_now()
+                if math.isfinite(now) and now >= self._next_observe:  # the input went quiet past a point
+                    self.observe((math.floor(now / OBSERVE_S) + 1) * OBSERVE_S)
+                self.advance_to(now)
                 wall = self.clock()
                 if wall - last_publish >= self.publish_s:
                     self._publish()
@@ -239,10 +249,16 @@ class LiveLanes:
         n = 0
         before = d.now
         taken: list[Event] | None = [] if self.tee is not None else None
+        grid = self._next_observe
         while q and n < limit:
             ev = q.popleft()
             if taken is not None:
                 taken.append(ev)
+            t = ev.t
+            if t >= grid:  # the event passes an observation point: observe what came before it
+                if d.table.now > float("-inf"):
+                    self._observe()
+                grid = self._next_observe = (math.floor(t / OBSERVE_S) + 1) * OBSERVE_S
             try:
                 apply(ev)
             except Exception:
@@ -251,8 +267,6 @@ class LiveLanes:
                 if isinstance(ev, Step):
                     steps.events.append(ev)
             n += 1
-            if n % 512 == 0:
-                self._observe()
         self.processed += n
         if taken and self.tee is not None:
             self.tee("batch", taken)
@@ -261,17 +275,31 @@ class LiveLanes:
             if self.seed_sink is not None:
                 for seed in seeds:
                     self.seed_sink(seed)
-        if n:
-            self._observe()
-            if d.now > before:
-                self._last_event_wall = self.clock()
+        if n and d.now > before:
+            self._last_event_wall = self.clock()
         return n
+
+    def observe(self, next_point: float | None = None) -> None:
+        """An observation point between events: at the input's end (`drain`), or where the live clock
+        passed the next point with no event passing it (the worker thread, when the input goes
+        quiet); then the next point is `next_point` (None: unchanged). Teed, so that lane shards
+        observe at the same place in the events."""
+        if self.driver.table.now > float("-inf"):
+            self._observe()
+        if next_point is not None:
+            self._next_observe = next_point
+        if self.tee is not None:
+            self.tee("observe", next_point)
 
     def _observe(self) -> None:
         """What the events since the last call gathered: to the fidelity check's mirror window and
-        the lanes' clock (whose step-time windows the mirror windows follow)."""
+        the lanes' clock (whose step-time windows the mirror windows follow). Called at points of
+        event time (`OBSERVE_S`), never at batch ends; before a window's close changes the lanes'
+        clock, the lanes are run up to it, so their steps up to that point take the old clock."""
         table = self.driver.table
         self.fidelity.observe(table.now, table.mirror_placed)
+        if self.steps.closes(table.now):
+            self.driver.advance_to(table.now)  # (not teed: a shard does it where it replays the batch)
         if self.steps.observe(table):
             self.fidelity.close_window(table.now)
 
@@ -281,6 +309,7 @@ class LiveLanes:
             raise TimeoutError("live lanes busy")
         try:
             self.process_now()
+            self.observe()  # the end of the input: its last observation point
             self.driver.drain()
             if self.tee is not None:
                 self.tee("drain", None)

@@ -1,9 +1,9 @@
 """Live lanes spread over processes, or over a Ray cluster: the policies' lanes in shards, one
 report.
 
-The lanes are independent given what moves them: the events, in the batches one
-`LiveLanes.process_now` applied them in (the batches fix where the measured clock changes), and the
-times the lanes were advanced to. `ShardedLanes` keeps one central `LiveLanes` with only the
+The lanes are independent given what moves them: the events in order, the observation points
+between them that no event marks (where the input went quiet, and its end: `LiveLanes.observe`),
+and the times the lanes were advanced to. `ShardedLanes` keeps one central `LiveLanes` with only the
 `actual` lane (event folding, step windows and fit, fidelity, the twin check: everything of the
 report that is not a policy's lane) and tees those moves (`LiveLanes.tee`) to `shards` shards, each
 a `LiveLanes` over some of the policies (dealt round-robin) that replays them in the same order: a
@@ -39,7 +39,7 @@ from shadow.live.routerrule import router_rule
 
 #: the live driver's counts summed over its lanes (in the report's `rolling` block)
 PER_LANE_COUNTERS = ("reseeds", "seed_unknown_worker")
-Move = tuple[str, Any]  # ("batch", [events]) | ("advance", t) | ("drain", None)
+Move = tuple[str, Any]  # ("batch", [events]) | ("observe", next point) | ("advance", t) | ("drain", None)
 Part = dict[str, Any]  # a shard's lanes: {"lanes": {label: entry}, "windows": {label: (windows, passed)}}
 
 
@@ -56,6 +56,8 @@ class LaneShard:
                 live._queue.extend(arg)
                 live.enqueued += len(arg)
                 live.process_now()
+            elif kind == "observe":
+                live.observe(arg)
             elif kind == "advance":
                 live.driver.advance_to(arg)
             elif kind == "drain":
@@ -228,7 +230,7 @@ class ShardedLanes:
 
     def _tee(self, kind: str, arg: Any) -> None:
         self._moves.append((kind, arg))
-        if kind != "batch":  # a tick of the lanes ends with an advance: send per tick
+        if kind in ("advance", "drain"):  # a tick of the lanes ends with an advance: send per tick
             self.flush()
 
     def flush(self) -> None:

@@ -76,6 +76,10 @@ class StepClock:
         self._x_sum = 0.0  # max mirrored load summed over the observations of the current window
         self._x_n = 0
 
+    def closes(self, t: float) -> bool:
+        """True when an observation at event time `t` closes the current step-time window."""
+        return self.estimator.closes(t)
+
     def observe(self, table: RequestTable) -> bool:
         """Take the table's step observations; True when a step-time window closed (at `table.now`)."""
         est = self.estimator

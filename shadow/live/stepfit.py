@@ -113,6 +113,10 @@ class StepEstimator:
     def add_steps(self, durations: list[float]) -> None:
         self._steps.extend(durations)
 
+    def closes(self, t: float) -> bool:
+        """`due(t)` without opening a window: True when event time `t` would close the current one."""
+        return self._window_end is not None and t >= self._window_end
+
     def due(self, t: float) -> bool:
         """True when event time `t` closes the current window."""
         if self._window_end is None:

@@ -5,8 +5,9 @@ classifies each request as a prefill leg (`kv_transfer_params.do_remote_decode =
 non-streaming `max_tokens == 1` request with `kv_transfer_params` or on a tap declared prefill) or a
 decode leg, pairs P/D legs by the hash of their `X-Request-Id` (the mirror knows a request by that
 hash, `contracts.ids`: the id itself is never kept), and emits Arrive/Route (decode placement = the
-tap that saw the decode leg), Token (cumulative, coalesced per batch), Finish and Cancel into a
-`Mirror`. Every exception is counted and confined to the item that raised it; an end marker always
+tap that saw the decode leg), Token (cumulative: one per data frame that advances the count, in the
+frames' order, so how the frames were batched does not change the events), Finish and Cancel into
+a `Mirror`. Every exception is counted and confined to the item that raised it; an end marker always
 produces the request's end event. Prompt text is never kept: a prompt key is a blake2b hash.
 
 Front mode: a tap in front of the router itself (`front_taps`) sees whole client requests; the
@@ -250,7 +251,6 @@ class Analyzer:
         # raw rid -> (decode legs seen, when the last one started); oldest first, expired by tick()
         self._decode_legs: OrderedDict[str, tuple[int, float]] = OrderedDict()
         self._recomputed: OrderedDict[str, str] = OrderedDict()  # raw rid -> mirrored id
-        self._dirty: dict[_Leg, float] = {}
         self.calibration = PromptCalibration()
         # counters (exported by MirrorCollector)
         self.items = 0
@@ -283,7 +283,6 @@ class Analyzer:
                     self._end_anyway(ctx, t)
             if seq < 0 and self.spans is not None:
                 self._span_end(ctx, t, payload)
-        self._flush_tokens()
 
     def _span_start(self, ctx: TapContext, leg: _Leg) -> None:
         assert self.spans is not None
@@ -441,7 +440,7 @@ class Analyzer:
                 g = parser.generated
                 if g > leg.sent_gen:
                     leg.sent_gen = g
-                    self._dirty[leg] = t
+                    self.mirror.emit(Token(leg.mid, t, g), "tap", self.clock())
                 if not leg.prompt_known and leg.worker is not None and parser.prompt_tokens is not None:
                     self._prompt_learnt(ctx, leg, parser.prompt_tokens, t)
         elif leg.body is not None and not leg.body_lost:
@@ -458,15 +457,6 @@ class Analyzer:
             self.calibration.observe(leg.estimate, prompt)
         if leg.worker is not None:
             self.mirror.emit(Route(leg.mid, ctx.t_start, leg.worker, prompt), "tap", self.clock())
-
-    def _flush_tokens(self) -> None:
-        if not self._dirty:
-            return
-        dirty, self._dirty = self._dirty, {}
-        now = self.clock()
-        emit = self.mirror.emit
-        for leg, t in dirty.items():
-            emit(Token(leg.mid, t, leg.sent_gen), "tap", now)
 
     def _result(self, leg: _Leg) -> StreamParser | None:
         p: StreamParser | None = None
@@ -496,7 +486,6 @@ class Analyzer:
         if leg.role == ROLE_PREFILL:
             self._end_prefill(ctx, leg, t, reason)
             return
-        self._dirty.pop(leg, None)
         if leg.worker is None:
             self.mirror.count_drop("no_routing_decision")  # front mode: the router named no worker
         now = self.clock()
@@ -566,7 +555,6 @@ class Analyzer:
         leg = ctx.an
         try:
             if isinstance(leg, _Leg) and leg.role == ROLE_DECODE and leg.mid:
-                self._dirty.pop(leg, None)
                 self.mirror.emit(Finish(leg.mid, t, "other", leg.sent_gen or None), "tap", self.clock())
         except Exception:
             self.mirror.count_error("analysis_end")

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import random
 from typing import Any
 
 from shadow.contracts.events import Arrive, Cancel, Finish, Route, Token
 from shadow.contracts.tapwire import END_CLIENT_CANCEL, END_COMPLETE, END_UPSTREAM_CUT, TapContext
 from shadow.mirror.analyzer import Analyzer
 from shadow.mirror.hub import Mirror
+from shadow.mirror.keys import KeySecret
 from shadow.mirror.state import MirrorState
 
 SSE = {"content-type": "text/event-stream; charset=utf-8"}
@@ -289,3 +292,47 @@ def test_arrive_carries_the_client_body_size_never_the_body() -> None:
     r.run(big, _sse(1))
     arrive = r.events("c")[0]
     assert isinstance(arrive, Arrive) and arrive.body_bytes == 9_000_000
+
+
+def test_the_events_do_not_depend_on_how_the_items_were_batched() -> None:
+    """A stream's Token comes where its frame is (one per frame that advances the count), so the
+    same items in one batch, one at a time or split anywhere give the same events in the same
+    order — also a stream whose last frames and end share a batch (before, its last chunk's Token
+    was dropped when they did)."""
+    def items(rig: Rig) -> list[tuple[TapContext, int, float, Any]]:
+        streams = [rig.ctx(f"d{k % 2}", {"prompt": "p", "stream": True}, rid=f"s{k}", t=1.0 + k / 10)
+                   for k in range(6)]
+        out: list[tuple[TapContext, int, float, Any]] = []
+        pieces = {k: _sse(3 + k) for k in range(6)}
+        for ctx in streams:
+            out.append((ctx, 0, ctx.t_start, None))
+            ctx.resp_headers = SSE
+            ctx.status = 200
+        t = 2.0
+        for i in range(10):  # interleaved frames, one per stream per step, as a relay sends them
+            for k, ctx in enumerate(streams):
+                if i < len(pieces[k]):
+                    t += 0.001
+                    out.append((ctx, i + 1, t, pieces[k][i]))
+                elif i == len(pieces[k]):
+                    ctx.seq = i
+                    out.append((ctx, -1, t, END_COMPLETE))
+        return out
+
+    def run(cuts: list[int]) -> list[Any]:
+        rig = Rig(prompt_key_fn=KeySecret(bytes(32)).prompt_key)  # one secret: the same prompt keys
+        got: list[Any] = []
+        rig.mirror.listeners.append(got.append)
+        xs = items(rig)
+        bounds = [0, *sorted(cuts), len(xs)]
+        for a, b in itertools.pairwise(bounds):
+            rig.an.process(xs[a:b])
+        return got
+
+    whole = run([])
+    assert sum(isinstance(e, Token) for e in whole) == sum(3 + k for k in range(6))  # ([DONE] adds none)
+    n = len(items(Rig()))
+    assert run(list(range(1, n))) == whole
+    rng = random.Random(7)
+    for _ in range(20):
+        assert run(rng.sample(range(1, n), rng.randrange(1, 8))) == whole
