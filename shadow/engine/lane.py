@@ -73,6 +73,10 @@ class Lane:
         # told (worker, from, until, KV tokens) of each request finished while its stream goes on
         self.on_drain: Callable[[int, float, float, float], None] | None = None
         self.stalled = False
+        # the router has seen the lane as it is (no offer, shed or clock change since its last round):
+        # a held step tried again at the same instant does not route again (BRA counts its holds in
+        # rounds: the retries of a held step would count as rounds of their own)
+        self._routed = False
         self.last_group = 0  # the barrier group of the last step that ran
         self.reseeds = 0
         self.seed_overflow = 0  # seeded running requests beyond a worker's slots (offered anew)
@@ -135,6 +139,7 @@ class Lane:
         finish would be booked for a step already past, so it would run forever).
         """
         self.admission.offer(job, ready_s)
+        self._routed = False
 
     def snapshot(self, free_slots: Sequence[int] | None = None) -> FleetSnapshot:
         """The lane as a router sees it now, valid until the lane moves (`Admission.snapshot`)."""
@@ -150,7 +155,10 @@ class Lane:
         The overload model of a proxy with an admission timeout; returns and counts the number shed.
         Queues and the pool hold requests in ready order, so only their heads are looked at.
         """
-        return self.admission.shed(before)
+        shed = self.admission.shed(before)
+        if shed:
+            self._routed = False
+        return shed
 
     def reseed(
         self, at: float, running: Sequence[tuple[int, Job, int]], waiting: Sequence[tuple[Job, float]]
@@ -210,7 +218,9 @@ class Lane:
         with several barrier groups), or (live, `stalled` set) when a running request's end at this
         step is not yet known. In engine mode a step may also wait for a request still on its way
         to an idle worker (front latency)."""
-        self._admit()
+        if not (self.stalled and self._routed):
+            self._admit()
+            self._routed = True
         engine = self._engine
         bc = self.barrier
         nxt: int | None
@@ -334,6 +344,7 @@ class Lane:
         request's progress: a merged group starts its next step when its slowest member ends its
         current one; a split group's workers start theirs where the group would have."""
         clock.check(self.config.workers)
+        self._routed = False
         bc = self.barrier
         bc.models = clock.models
         self.admission.fleet = None  # the next snapshot says the new models' cost to the policies
