@@ -255,6 +255,7 @@ class ServeService:
         self.tap = self._mirror(mc, tracer)
         if self.tap.recorder is not None:  # the recording carries the seeds: a replay starts windows alike
             self.live.seed_sink = self.tap.recorder.seed
+        self.live.on_error = self.tap.mirror.count_error  # a failed tick of the lanes: counted, logged
         self.health = (
             HealthPoll(HealthReader(self.tap.reconciler, self.live, self.mode_control.calibration),
                        self.mode_control.controller, mc.check_interval_s, oracle=self.oracle,

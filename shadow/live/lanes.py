@@ -124,6 +124,10 @@ class LiveLanes:
         )
         self.specs = [LaneSpec.parse(p) for p in policies]
         self.seed_sink: Callable[[Seed], None] | None = None  # told every seed taken (a recorder)
+        # told of an exception a tick of the worker thread raised ("lanes"; shadow serve counts it in
+        # shadow_mirror_errors_total and logs it); the thread goes on with the next tick
+        self.on_error: Callable[[str], None] | None = None
+        self.tick_errors = 0
         self.driver = LiveDriver(self.config, self.specs, self.workers, time.perf_counter, lag_s=lag_s,
                                  rolling_s=rolling_s)
         # lane figures per window; rolling: the windows are the re-seeded ones
@@ -216,16 +220,21 @@ class LiveLanes:
         last_publish = 0.0
         t_cpu = time.thread_time()
         while not self._stop.is_set():
-            with self._lock:
-                self.process_now()
-                now = self.live_now()
-                if math.isfinite(now) and now >= self._next_observe:  # the input went quiet past a point
-                    self.observe((math.floor(now / OBSERVE_S) + 1) * OBSERVE_S)
-                self.advance_to(now)
-                wall = self.clock()
-                if wall - last_publish >= self.publish_s:
-                    self._publish()
-                    last_publish = wall
+            try:
+                with self._lock:
+                    self.process_now()
+                    now = self.live_now()
+                    if math.isfinite(now) and now >= self._next_observe:  # the input went quiet past a point
+                        self.observe((math.floor(now / OBSERVE_S) + 1) * OBSERVE_S)
+                    self.advance_to(now)
+                    wall = self.clock()
+                    if wall - last_publish >= self.publish_s:
+                        self._publish()
+                        last_publish = wall
+            except Exception:  # counted and told; a thread that died would leave the report frozen, unsaid
+                self.tick_errors += 1
+                if self.on_error is not None:
+                    self.on_error("lanes")
             now_cpu = time.thread_time()
             self.busy_s += now_cpu - t_cpu
             t_cpu = now_cpu
