@@ -1,7 +1,8 @@
 """Which rule the real router is (the live report's `router_rule`): with `shadow router` in its
 JSQ-bytes mode as the real router (the demo's loop: simulated fleet, taps, `shadow serve`), the lane
-whose choices agree most with its placements is `jsq-bytes`, strictly (no other lane ties it), among
-the incumbents' rules and the other baselines.
+whose choices agree most with its placements is `jsq-bytes`, among the incumbents' rules and the
+other baselines: strictly above every rule on another signal; SGLang's total_tokens may tie it (see
+below).
 
 The router scores request-body bytes; the taps put each request's body size in its Arrive event
 (`body_bytes`) and the `jsq-bytes` lane scores the same bytes, held until the stream ends (the
@@ -11,8 +12,11 @@ their bytes, the mirror's running requests), not on the lanes' modelled fleet. W
 them is the hop between the taps and the router: the router releases a request when it relays the
 stream's end, after the tap saw it, and places a request before the tap sees it. SGLang's
 total_tokens (prompt plus generated tokens) orders the workers otherwise wherever bytes and tokens
-disagree (in the demo's prompts they mostly agree: it comes close); rules on other signals (request
-counts, rotation, BalanceRoute) agree less."""
+disagree; in the demo's prompts they mostly agree, so over a 12 s run (164 placements) it comes
+close and may tie (measured on 1556045 and after, 6 runs: sglang-tokens 0.94-0.98 against
+jsq-bytes 0.98-1.0, tied once; a CI run: both 1.0): the placements cannot tell the two rules
+apart then, and the report lists both as tied. Rules on other signals (request counts, rotation,
+BalanceRoute) agree less."""
 
 from __future__ import annotations
 
@@ -30,6 +34,8 @@ pytestmark = pytest.mark.integration
 #: view the lanes rebuild at the taps, one hop away (runs measured 99-100 % at load average 2-4,
 #: 75-79 % beside 4 CPU burners, load average 4-5: a starved router relays ends late).
 AGREEMENT_MIN = 0.6
+#: the only tie the placements allow (tokens order the workers as bytes do on the demo's prompts)
+TIE = ["jsq-bytes", "sglang-tokens"]
 POLICIES = ("jsq-bytes", "vllm-dp", "vllm-dp-legacy", "sglang-tokens", "sglang-requests", "smg-min-tokens",
             "trtllm-adp", "rr", "br0")
 
@@ -48,9 +54,9 @@ def test_the_report_names_jsq_bytes_behind_the_jsq_bytes_router(tmp_path: Path) 
                         "smg-min-tokens", "trtllm-adp", "rr", "br0"}
     assert rule["decisions"] == lanes["jsq-bytes"]["decisions"] == doc["demo"]["requests_ok"]
     print("router_rule:", json.dumps(rule, sort_keys=True))
-    assert rule["closest_lane"] == "jsq-bytes" and rule["tied"] == ["jsq-bytes"], rule
+    assert rule["closest_lane"] == "jsq-bytes" and rule["tied"] in (["jsq-bytes"], TIE), rule
     assert rule["agreement_rate"] == lanes["jsq-bytes"]["agreement_rate"] == max(rule["by_lane"].values())
     assert rule["agreement_rate"] >= AGREEMENT_MIN, rule
     for other, rate in rule["by_lane"].items():
-        if other != "jsq-bytes":
+        if other not in TIE:
             assert rate < rule["agreement_rate"], (other, rule)
