@@ -104,5 +104,8 @@ class ShadowStepProbe(AggregateStatLoggerBase):  # type: ignore[misc,unused-igno
         sender.offer(sample_of(t, engine_idx, scheduler_stats, iteration_stats, host))
 
     def log_engine_initialized(self) -> None:
-        pass
+        """The engines are up: the sender thread looks for their processes now, not at their first
+        steps (a burst of steps shorter than a post would otherwise go out without their CPU times)."""
+        if self.sender is not None and self.sender.sched is not None:
+            self.sender.sched.want(self.engine_indexes)
 

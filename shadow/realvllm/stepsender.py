@@ -17,7 +17,7 @@ import threading
 import time
 import urllib.parse
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -191,6 +191,16 @@ class EngineSched:
             self._find(now)
         return self._pids.get(engine)
 
+    def want(self, engines: Iterable[int]) -> None:
+        """Look for `engines` from the next `look` on, before their first poll (the probe says so once
+        the engines are up: a short burst of steps would otherwise all come before a look found them)."""
+        self._wanted.update(engines)
+
+    @property
+    def wanting(self) -> bool:
+        """Some engine is wanted and not found yet."""
+        return bool(self._wanted)
+
     def look(self, now: float) -> None:
         """Open the statistics of the engines polled but not found yet (scanning /proc at most every
         LOOK_EVERY_S); close the files polls dropped."""
@@ -345,6 +355,8 @@ class StepSender:
         # One post per flush interval (or per full batch): at hundreds of steps a second, a post
         # per step would cost the engine's host more CPU than the steps' data is worth.
         while not self._closing.is_set():
+            if self.sched is not None and self.sched.wanting:  # found before their first steps
+                self.sched.look(time.monotonic())
             if self._queue:
                 self.flush_once()
             if len(self._queue) < self.batch:

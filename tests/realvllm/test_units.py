@@ -223,6 +223,8 @@ def test_a_step_sample_takes_what_the_engine_scheduled_and_its_own_period() -> N
 class _Sched:
     """EngineSched's sender-side interface: counts the looks the sender thread makes."""
 
+    wanting = False
+
     def __init__(self) -> None:
         self.looks = 0
 
@@ -283,6 +285,27 @@ def test_engine_sched_finds_the_engine_cores_below_the_api_server(tmp_path: Path
     (tmp_path / "101" / "schedstat").write_text("2700000000 1000000000 44\n")
     assert sched.read(1, 10.0) == (2.7, 1.0)  # found again
     assert EngineSched(root=100, proc=str(tmp_path / "none")).read(0, 0.0) is None
+
+
+def test_the_engines_are_found_once_they_are_up_before_their_first_step(tmp_path: Path) -> None:
+    """The probe wants its engines when vLLM says they are up (`log_engine_initialized`); the sender
+    thread looks for them then, so the first step polled already has their CPU times (a burst of
+    steps shorter than the sender's first post had none: found by the real-engine tier on a fast host)."""
+    d = tmp_path / "101"
+    d.mkdir()
+    (d / "stat").write_text("101 (x) S 100 1 1\n")
+    (d / "cmdline").write_bytes(b"VLLM::EngineCore\0")
+    (d / "schedstat").write_text("3000000000 250000000 9\n")
+    sched = EngineSched(root=100, proc=str(tmp_path))
+    assert not sched.wanting
+    sched.want([0])
+    assert sched.wanting
+    sender = StepSender("http://127.0.0.1:9/v1/events", flush_s=0.01, sched=sched)
+    try:
+        wait_for(lambda: not sched.wanting, "the sender thread's look", timeout=30)
+    finally:
+        sender.close(0.1)
+    assert sched.poll(0) == (3.0, 0.25)  # the first poll of a step: already found
 
 
 LISTEN_IN_OWN_GROUP = ("import socket, sys; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
