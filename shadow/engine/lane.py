@@ -73,9 +73,8 @@ class Lane:
         # told (worker, from, until, KV tokens) of each request finished while its stream goes on
         self.on_drain: Callable[[int, float, float, float], None] | None = None
         self.stalled = False
-        # the router has seen the lane as it is (no offer, shed or clock change since its last round):
-        # a held step tried again at the same instant does not route again (BRA counts its holds in
-        # rounds: the retries of a held step would count as rounds of their own)
+        # the router saw the lane as it is (no offer, shed or clock change since): a held step tried
+        # again does not route again (BRA counts its holds in rounds, not in retries)
         self._routed = False
         self.last_group = 0  # the barrier group of the last step that ran
         self.reseeds = 0
