@@ -119,6 +119,10 @@ SCRAPE_AGE = Family("shadow_mirror_scrape_age_seconds", "gauge",
                     "Seconds since the last good scrape.", "seconds", W)
 SCRAPE_ERRORS = Family("shadow_mirror_scrape_errors_total", "counter",
                        "Failed scrapes of worker /metrics.", "errors", W)
+DRIFT_UNSETTLED = Family(
+    "shadow_mirror_drift_unsettled_total", "counter",
+    "Reconciliation rounds whose drift was taken before the analysis had taken in what the taps had seen "
+    "when the scrapes returned (it was further behind than min(1 s, the scrape interval)).", "rounds")
 
 #: Every family `MirrorCollector` may yield, in the order it yields them.
 FAMILIES = (
@@ -127,7 +131,7 @@ FAMILIES = (
     CHUNKS, OUTPUT_COUNTS, LEGS, TAP_ENDS, LEGS_INFLIGHT, STREAM_GAPS, TAP_REQUESTS, CONNECT_ERRORS,
     TAP_REJECTED, TAP_CUT, TAP_CONNECTIONS, QUEUE_BYTES, FORWARD_SENT, FORWARD_DROPPED, FORWARD_ERRORS,
     DRIFT_REQUESTS,
-    DRAINING, DRIFT_KV, WORKER_RUNNING, WORKER_WAITING, WORKER_KV, SCRAPE_AGE, SCRAPE_ERRORS,
+    DRAINING, DRIFT_KV, WORKER_RUNNING, WORKER_WAITING, WORKER_KV, SCRAPE_AGE, SCRAPE_ERRORS, DRIFT_UNSETTLED,
 )
 
 
@@ -218,6 +222,7 @@ class MirrorCollector(DeclaredCollector):
             yield SCRAPE_AGE.sampled(
                 {w: (now - x.last_ok if x.last_ok is not None else None) for w, x in rw.items()})
             yield SCRAPE_ERRORS.sampled({w: x.errors for w, x in rw.items()})
+            yield DRIFT_UNSETTLED.value(r.unsettled)
 
 
 CAPTURE_SEGMENTS = Family("shadow_capture_segments_total", "counter", "TCP segments read off the interface.",

@@ -6,6 +6,11 @@ transport is swappable for tests) and keeps, per worker, the remote figures, the
 an error count; `shadow.mirror.metrics` exports them. A target `URL#engine=N` is one DP engine of a
 server's page (its `engine` label); one page serving several workers is scraped once per round.
 
+A round's drift is taken once the analysis has taken in what the taps had seen when its scrapes
+returned (`settle`, up to min(1 s, the interval)): a burst of starts the workers count and the
+analysis has not reached yet is not a drift (it tripped fallback at a canary's start under load).
+A round that could not wait so long is counted (`unsettled`) and its drift taken as it is.
+
 Draining: a stream the engine has finished may still be on its way to a slow client, so the mirror
 (which ends it when the tap sees its end) counts it a while longer. The engine's finished-request
 counter (`vllm:request_success_total`) minus the requests the mirror ended there, both counted from
@@ -22,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -90,8 +95,14 @@ class Reconciler:
         slots: int | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         clock: Callable[[], float] = time.monotonic,
+        settle: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self.state = state
+        # awaited between a round's scrapes and its drift: the mirror takes in what the taps had seen
+        # by then (a burst of starts the analysis has not reached yet is not a drift); False (timed
+        # out: the analysis is that far behind) is counted in `unsettled` and the drift taken as it is
+        self.settle = settle
+        self.unsettled = 0
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.kv_capacity = kv_capacity_tokens or {}
@@ -115,6 +126,8 @@ class Reconciler:
     async def scrape_once(self) -> None:
         """Scrape every target concurrently and update drift; never raises."""
         pages = await self._scraper.scrape_all({w.url: w.url for w in self.workers.values()})
+        if self.settle is not None and not await self.settle():
+            self.unsettled += 1
         for name, w in self.workers.items():
             result = pages[w.url]
             if w.engine is not None and isinstance(result, VllmLoad):

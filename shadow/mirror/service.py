@@ -137,7 +137,8 @@ class MirrorService:
         self.capture, self.taps = self._sources()
         targets = {n: c.metrics_of.get(n, u.rstrip("/") + "/metrics") for n, u in decode_workers.items()}
         self.reconciler = (
-            Reconciler(targets, self.state, interval_s=c.scrape_interval_s, slots=c.slots, clock=clock)
+            Reconciler(targets, self.state, interval_s=c.scrape_interval_s, slots=c.slots, clock=clock,
+                       settle=lambda: self.settle(timeout_s=min(1.0, c.scrape_interval_s)))
             if c.scrape_interval_s > 0
             else None
         )

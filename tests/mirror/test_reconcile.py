@@ -86,6 +86,42 @@ def test_reconciler_drift_errors_and_gauges() -> None:
     assert reg.get_sample_value("shadow_mirror_drift_requests", {"worker": "d2"}) is None
 
 
+def test_the_drift_waits_for_the_analysis_to_take_in_what_the_taps_had_seen() -> None:
+    """A burst of starts the worker counts (6 running + waiting on V033's engines) and the analysis has
+    not reached when the scrape returns: the round's `settle` lets it catch up before the drift is
+    taken, so it reads 0, not -6; a settle that times out is counted and the drift taken as it is."""
+    state = MirrorState(["d0"])
+    pending = [Route(f"r{i}", 0, "d0", 100) for i in range(6)]  # seen by the taps, not yet analysed
+    outcome = [True]
+
+    async def settle() -> bool:
+        while pending:
+            state.apply(pending.pop(), 0)
+        return outcome[0]
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, text=V033)
+
+    page = {"d0": "http://w0/metrics"}
+    rec = Reconciler(page, state, transport=httpx.MockTransport(handler), settle=settle)
+    late = Reconciler(page, MirrorState(["d0"]), transport=httpx.MockTransport(handler))
+
+    async def go() -> None:
+        await rec.scrape_once()
+        outcome[0] = False
+        await rec.scrape_once()
+        await late.scrape_once()
+        await rec.aclose()
+        await late.aclose()
+
+    asyncio.run(go())
+    assert rec.workers["d0"].drift_requests == 0 and rec.unsettled == 1
+    assert late.workers["d0"].drift_requests == -6 and late.unsettled == 0  # (no settle: as before)
+    reg = CollectorRegistry()
+    reg.register(MirrorCollector(Mirror(state), reconciler=rec))
+    assert reg.get_sample_value("shadow_mirror_drift_unsettled_total") == 1
+
+
 def test_drop_queue_drops_data_but_never_end_markers() -> None:
     q = DropQueue(2)
     assert q.put("a") and q.put("b")

@@ -89,7 +89,8 @@ def _collectors() -> list[tuple[DeclaredCollector, tuple[Family, ...]]]:
     analyzer = SimpleNamespace(chunks={}, legs={}, ends={}, inflight={}, gaps=0, output_counts={})
     tap = SimpleNamespace(name="a", requests=0, connect_errors=0, rejected={}, cut={}, connections=0)
     rec = SimpleNamespace(workers={"a": SimpleNamespace(drift_requests=0, drift_kv_ratio=None, draining=None,
-                                                        load=None, last_ok=None, errors=0)})
+                                                        load=None, last_ok=None, errors=0)},
+                          unsettled=0)
     mc = mirror_metrics.MirrorCollector(mirror, analyzer=analyzer, queue=queue,  # type: ignore[arg-type]
                                         taps=[tap], reconciler=rec)  # type: ignore[list-item,arg-type]
     live = SimpleNamespace(report=lambda: {"lanes": {}, "step_model": {}, "step_histogram": {}})
