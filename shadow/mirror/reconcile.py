@@ -126,8 +126,13 @@ class Reconciler:
     async def scrape_once(self) -> None:
         """Scrape every target concurrently and update drift; never raises."""
         pages = await self._scraper.scrape_all({w.url: w.url for w in self.workers.values()})
-        if self.settle is not None and not await self.settle():
-            self.unsettled += 1
+        if self.settle is not None:
+            try:
+                settled = await self.settle()
+            except Exception:  # (the analysis' channel broke meanwhile): counted, the drift taken as it is
+                settled = False
+            if not settled:
+                self.unsettled += 1
         for name, w in self.workers.items():
             result = pages[w.url]
             if w.engine is not None and isinstance(result, VllmLoad):

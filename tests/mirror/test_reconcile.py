@@ -89,14 +89,17 @@ def test_reconciler_drift_errors_and_gauges() -> None:
 def test_the_drift_waits_for_the_analysis_to_take_in_what_the_taps_had_seen() -> None:
     """A burst of starts the worker counts (6 running + waiting on V033's engines) and the analysis has
     not reached when the scrape returns: the round's `settle` lets it catch up before the drift is
-    taken, so it reads 0, not -6; a settle that times out is counted and the drift taken as it is."""
+    taken, so it reads 0, not -6; a settle that times out or raises is counted and the drift taken as
+    it is."""
     state = MirrorState(["d0"])
     pending = [Route(f"r{i}", 0, "d0", 100) for i in range(6)]  # seen by the taps, not yet analysed
-    outcome = [True]
+    outcome: list[bool | None] = [True]
 
     async def settle() -> bool:
         while pending:
             state.apply(pending.pop(), 0)
+        if outcome[0] is None:
+            raise OSError("the analysis' channel broke")
         return outcome[0]
 
     def handler(req: httpx.Request) -> httpx.Response:
@@ -110,16 +113,18 @@ def test_the_drift_waits_for_the_analysis_to_take_in_what_the_taps_had_seen() ->
         await rec.scrape_once()
         outcome[0] = False
         await rec.scrape_once()
+        outcome[0] = None  # a settle that raises: the round goes on (scrape_once never raises)
+        await rec.scrape_once()
         await late.scrape_once()
         await rec.aclose()
         await late.aclose()
 
     asyncio.run(go())
-    assert rec.workers["d0"].drift_requests == 0 and rec.unsettled == 1
+    assert rec.workers["d0"].drift_requests == 0 and rec.unsettled == 2 and rec.scrapes == 3
     assert late.workers["d0"].drift_requests == -6 and late.unsettled == 0  # (no settle: as before)
     reg = CollectorRegistry()
     reg.register(MirrorCollector(Mirror(state), reconciler=rec))
-    assert reg.get_sample_value("shadow_mirror_drift_unsettled_total") == 1
+    assert reg.get_sample_value("shadow_mirror_drift_unsettled_total") == 2
 
 
 def test_drop_queue_drops_data_but_never_end_markers() -> None:
