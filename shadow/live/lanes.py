@@ -265,8 +265,7 @@ class LiveLanes:
                 taken.append(ev)
             t = ev.t
             if t >= grid:  # the event passes an observation point: observe what came before it
-                if d.table.now > float("-inf"):
-                    self._observe()
+                self._observe()
                 grid = self._next_observe = (math.floor(t / OBSERVE_S) + 1) * OBSERVE_S
             try:
                 apply(ev)
@@ -293,8 +292,7 @@ class LiveLanes:
         passed the next point with no event passing it (the worker thread, when the input goes
         quiet); then the next point is `next_point` (None: unchanged). Teed, so that lane shards
         observe at the same place in the events."""
-        if self.driver.table.now > float("-inf"):
-            self._observe()
+        self._observe()
         if next_point is not None:
             self._next_observe = next_point
         if self.tee is not None:
@@ -306,6 +304,8 @@ class LiveLanes:
         event time (`OBSERVE_S`), never at batch ends; before a window's close changes the lanes'
         clock, the lanes are run up to it, so their steps up to that point take the old clock."""
         table = self.driver.table
+        if table.now == float("-inf"):
+            return  # no event yet: nothing to observe
         self.fidelity.observe(table.now, table.mirror_placed)
         if self.steps.closes(table.now):
             self.driver.advance_to(table.now)  # (not teed: a shard does it where it replays the batch)

@@ -252,6 +252,7 @@ class Analyzer:
         self._decode_legs: OrderedDict[str, tuple[int, float]] = OrderedDict()
         self._recomputed: OrderedDict[str, str] = OrderedDict()  # raw rid -> mirrored id
         self.calibration = PromptCalibration()
+        self._now = 0.0  # set by `process` for its batch
         # counters (exported by MirrorCollector)
         self.items = 0
         self.chunks: dict[str, int] = {}
@@ -264,6 +265,7 @@ class Analyzer:
 
     def process(self, items: list[tuple[TapContext, int, float, Any]]) -> None:
         mirror = self.mirror
+        self._now = self.clock()  # the batch's receive time, for its Token events (one read per batch)
         for item in items:
             self.items += 1
             ctx, seq, t, payload = item
@@ -440,7 +442,7 @@ class Analyzer:
                 g = parser.generated
                 if g > leg.sent_gen:
                     leg.sent_gen = g
-                    self.mirror.emit(Token(leg.mid, t, g), "tap", self.clock())
+                    self.mirror.emit(Token(leg.mid, t, g), "tap", self._now)
                 if not leg.prompt_known and leg.worker is not None and parser.prompt_tokens is not None:
                     self._prompt_learnt(ctx, leg, parser.prompt_tokens, t)
         elif leg.body is not None and not leg.body_lost:
