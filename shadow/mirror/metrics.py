@@ -105,8 +105,9 @@ DRAINING = Family("shadow_mirror_draining_requests", "gauge",
                   "still drain to the client; left out of the drift.", "requests", W)
 DRIFT_REQUESTS = Family(
     "shadow_mirror_drift_requests", "gauge",
-    "Mirrored active minus the worker's running+waiting requests at the last scrape; for a worker "
-    "that refuses connections (gone), the slots the mirror still counts there.", "requests", W)
+    "Mirrored active minus the worker's running+waiting requests at the last scrape (0 when the page "
+    "matches the mirror at some point of the round); for a worker that refuses connections (gone), "
+    "the slots the mirror still counts there.", "requests", W)
 DRIFT_KV = Family("shadow_mirror_drift_kv_ratio", "gauge",
                   "Mirrored KV share minus the worker's KV cache usage (when capacity is known).", "ratio", W)
 WORKER_RUNNING = Family("shadow_mirror_worker_requests_running", "gauge",

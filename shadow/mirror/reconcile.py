@@ -6,10 +6,15 @@ transport is swappable for tests) and keeps, per worker, the remote figures, the
 an error count; `shadow.mirror.metrics` exports them. A target `URL#engine=N` is one DP engine of a
 server's page (its `engine` label); one page serving several workers is scraped once per round.
 
-A round's drift is taken once the analysis has taken in what the taps had seen when its scrapes
-returned (`settle`, up to min(1 s, the interval)): a burst of starts the workers count and the
-analysis has not reached yet is not a drift (it tripped fallback at a canary's start under load).
-A round that could not wait so long is counted (`unsettled`) and its drift taken as it is.
+A worker's page tells its state at one instant between the round's request and its answer; the
+mirror moves meanwhile. A round's drift is therefore taken against the mirror over that span: from
+when the round sent its scrapes to when the analysis has taken in what the taps had seen when they
+returned (`settle`, up to min(1 s, the interval)). The state keeps each worker's least and most
+active count since the round opened (`MirrorState.open_window`), and the drift is 0 when the page
+matches the mirror at some point of the span, else the gap to the nearest. Under load a burst of
+starts the analysis had not reached yet, or of ends the page had not counted yet, read -17..-22
+on a canary's first round and tripped fallback; neither is a request one side has and the other
+never had. A round that could not wait so long is counted (`unsettled`) and its drift taken as it is.
 
 Draining: a stream the engine has finished may still be on its way to a slow client, so the mirror
 (which ends it when the tap sees its end) counts it a while longer. The engine's finished-request
@@ -125,6 +130,8 @@ class Reconciler:
 
     async def scrape_once(self) -> None:
         """Scrape every target concurrently and update drift; never raises."""
+        self.state.open_window()
+        opened = {name: wc.routed for name, wc in self.state.workers.items()}
         pages = await self._scraper.scrape_all({w.url: w.url for w in self.workers.values()})
         if self.settle is not None:
             try:
@@ -138,10 +145,10 @@ class Reconciler:
             if w.engine is not None and isinstance(result, VllmLoad):
                 engine = result.engine(w.engine)
                 result = engine if engine is not None else KeyError(f"no engine {w.engine} on the page")
-            self._apply(name, w, result)
+            self._apply(name, w, result, opened.get(name))
         self.scrapes += 1
 
-    def _apply(self, name: str, w: WorkerReconcile, load: VllmLoad | Exception) -> None:
+    def _apply(self, name: str, w: WorkerReconcile, load: VllmLoad | Exception, opened: int | None) -> None:
         if isinstance(load, Exception):  # network, HTTP status, parse: all counted, none raised
             w.errors += 1
             w.last_error = type(load).__name__
@@ -157,11 +164,29 @@ class Reconciler:
             remote = load.running + (load.waiting or 0.0)
             active = self.state.active(name)
             w.draining = self._draining(w, load, wc, quiet=active == 0 and remote == 0)
-            w.drift_requests = active - remote - (w.draining or 0.0)
+            w.drift_requests = self._drift(w, load, remote, wc, opened)
         w.kv_capacity_tokens = self.kv_capacity.get(name) or load.kv_capacity_tokens
         cap = w.kv_capacity_tokens
         if cap and load.kv_usage is not None and wc is not None:
             w.drift_kv_ratio = wc.kv_tokens / cap - load.kv_usage
+
+    @staticmethod
+    def _drift(w: WorkerReconcile, load: VllmLoad, remote: float, wc: WorkerCounts | None,
+               opened: int | None) -> float:
+        """Mirrored − reported requests, 0 when the page matches the mirror somewhere in the round's
+        span (module docstring). At one instant the drift is min(A − R, C − (R + F − base)): A the
+        mirror's active, C its routed-so-far (active + ended), R the page's running + waiting, F its
+        finished, base the draining base; A ranges over [low, high] and C over its values at the
+        round's ends, so the drift over the span lies between the two bounds below."""
+        if wc is None:
+            return -remote
+        lo, hi = wc.low - remote, wc.high - remote
+        if w.draining is not None and w.done_base is not None and load.finished is not None:
+            x = remote + load.finished - w.done_base
+            c0 = wc.routed if opened is None else opened
+            lo = min(lo, min(c0, wc.routed) - x)
+            hi = min(hi, max(c0, wc.routed) - x)
+        return lo if lo > 0 else hi if hi < 0 else 0.0
 
     @staticmethod
     def _draining(w: WorkerReconcile, load: VllmLoad, wc: WorkerCounts | None, quiet: bool) -> float | None:

@@ -39,7 +39,8 @@ class _Mirrored(RequestRecord):
 
 @dataclass(slots=True)
 class WorkerCounts:
-    """Aggregates of one worker (kept incrementally)."""
+    """Aggregates of one worker (kept incrementally). `low`/`high`: the least and most `active` has
+    been since `MirrorState.open_window` (a reconciliation round's span: see `shadow.mirror.reconcile`)."""
 
     active: int = 0
     kv_tokens: int = 0
@@ -48,9 +49,26 @@ class WorkerCounts:
     reaped: int = 0
     slots: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    low: int = 0
+    high: int = 0
 
     #: The counters, as /v1/state names them.
     COUNTS: ClassVar[tuple[str, ...]] = ("active", "kv_tokens", "finished", "cancelled", "reaped")
+
+    @property
+    def routed(self) -> int:
+        """Requests routed here so far: active or ended (only a move elsewhere lowers it)."""
+        return self.active + self.finished + self.cancelled + self.reaped
+
+    def active_up(self) -> None:
+        self.active += 1
+        if self.active > self.high:
+            self.high = self.active
+
+    def active_down(self) -> None:
+        self.active -= 1
+        if self.active < self.low:
+            self.low = self.active
 
 
 class MirrorState:
@@ -93,6 +111,11 @@ class MirrorState:
             return
         slots = self._slots.get(name) if isinstance(self._slots, dict) else self._slots
         self.workers[name] = WorkerCounts(slots=slots)
+
+    def open_window(self) -> None:
+        """Start every worker's `low`/`high` afresh at its `active` now."""
+        for wc in self.workers.values():
+            wc.low = wc.high = wc.active
 
     # -- events --------------------------------------------------------------------------------
 
@@ -146,7 +169,7 @@ class MirrorState:
         if req is None:
             req = _Mirrored(worker, ev.prompt_tokens or 0, last_seen=now)
             self._live[rid] = req
-            wc.active += 1
+            wc.active_up()
             wc.kv_tokens += req.held
             return OK
         req.last_seen = now
@@ -158,11 +181,11 @@ class MirrorState:
         out = OK
         if req.worker is not None:  # reassignment (e.g. recompute on another worker)
             old = self.workers[req.worker]
-            old.active -= 1
+            old.active_down()
             old.kv_tokens -= req.held
             out = MOVED
         req.worker = worker
-        wc.active += 1
+        wc.active_up()
         wc.kv_tokens += req.held
         return out
 
@@ -202,7 +225,7 @@ class MirrorState:
         self._bury(rid, req.worker, now)
         if req.worker is not None:
             wc = self.workers[req.worker]
-            wc.active -= 1
+            wc.active_down()
             wc.kv_tokens -= req.held
             if reaped:
                 wc.reaped += 1

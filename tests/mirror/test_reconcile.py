@@ -278,3 +278,40 @@ def test_streams_the_engine_finished_but_still_draining_to_the_client_are_not_dr
     page.update(running=(0, 0), done=(13, 0))
     asyncio.run(rec.scrape_once())
     assert (w.draining, w.drift_requests) == (0, 1)
+
+
+def test_the_drift_is_taken_over_the_round_so_ends_the_page_had_not_counted_are_not_drift() -> None:
+    """A worker's page is its state at one instant of the round; the mirror moves meanwhile. Six
+    requests end while the round's scrape is in flight, after the page was written (it still counts
+    them running, its success counter not yet): the mirror matches the page at the round's start, so
+    the drift is 0 (before: -6, and a burst of such ends tripped fallback under load). A request the
+    worker has and the mirror never had during the round is still drift."""
+    state = MirrorState(["d0"])
+    page = {"running": (0, 0), "done": (0, 0)}
+    during: list[list[Finish | Route]] = [[]]
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        text = _dp_page(page["running"], page["done"])  # the page is written first ...
+        for ev in during[0]:  # ... then the taps see these and the analysis takes them in
+            state.apply(ev, 1.0)
+        during[0] = []
+        return httpx.Response(200, text=text)
+
+    rec = Reconciler({"d0": "http://w/metrics"}, state, transport=httpx.MockTransport(handler))
+    w = rec.workers["d0"]
+    asyncio.run(rec.scrape_once())  # quiet: both sides run nothing
+    for i in range(6):
+        state.apply(Route(f"r{i}", 0, "d0", 10), 0)
+    page.update(running=(4, 2))
+    during[0] = [Finish(f"r{i}", 1.0, "length", 1) for i in range(6)]
+    asyncio.run(rec.scrape_once())
+    assert state.active("d0") == 0 and (w.draining, w.drift_requests) == (0, 0)
+    page.update(running=(0, 0), done=(6, 0))
+    asyncio.run(rec.scrape_once())
+    assert (w.draining, w.drift_requests) == (0, 0)
+    state.apply(Route("a", 0, "d0", 10), 0)
+    state.apply(Route("b", 0, "d0", 10), 0)
+    page.update(running=(3, 2))  # five on the worker, two in the mirror all round long
+    asyncio.run(rec.scrape_once())
+    assert w.drift_requests == -3
+    asyncio.run(rec.aclose())
