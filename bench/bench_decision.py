@@ -76,11 +76,11 @@ def time_round(policy: str, state, params: BRParams) -> float:  # type: ignore[n
             bra = BalanceRouteAdaptive(params)
             prompts = [0.8 * x for x in loads]
             t0 = now()
-            bra.round(loads, free, pool, 0.0, idx, w, c, prompts)
+            bra.round(loads, free, pool, 0.0, (idx, w, c), prompts)
             return (now() - t0) * 1e3
         router = BalanceRoute(policy, params)  # type: ignore[arg-type]
         t0 = now()
-        router.round(loads, free, pool, 0.0, idx, w, c)
+        router.round(loads, free, pool, 0.0, (idx, w, c))
         return (now() - t0) * 1e3
     n = min(len(waiting), sum(free))
     view = BindState(list(loads), [0] * len(loads), list(loads), list(free))
@@ -110,8 +110,6 @@ def time_thin(state, params: BRParams) -> float:  # type: ignore[no-untyped-def]
         free,
         pool,
         0.0,
-        None,
-        None,
         None,
         [0.8 * x for x in loads],
         lambda kind: predicted_basis(kind, predictor, workers, idx, w, age, params.horizon),

@@ -20,12 +20,12 @@ from shadow.base.runtime import cancel_task
 from shadow.contracts.modes import ModeSource
 from shadow.core.balanceroute import BalanceRoute
 from shadow.core.cost import TOKENS, RouteCost
-from shadow.core.fscore import BR0Scorer
+from shadow.core.fscore import BR0Scorer, Projection
 from shadow.core.params import BRParams
 from shadow.core.policies import RouterOptions, active_policy, make_router
 from shadow.core.predictors import Predictor, contribution
 from shadow.core.routers import PoolRouter, Router
-from shadow.core.snapshot import FleetSnapshot, Projection
+from shadow.core.snapshot import FleetSnapshot
 from shadow.telemetry.tracing import RoutingSpans
 
 T = TypeVar("T")

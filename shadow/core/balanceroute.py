@@ -11,17 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-import numpy as np
-import numpy.typing as npt
-
 from shadow.core.assigner import Assignment, assign_round
 from shadow.core.cost import TOKENS, RouteCost
-from shadow.core.fscore import BR0Scorer, BRHScorer, Scorer, project_loads
+from shadow.core.fscore import NO_PROJECTION, BR0Scorer, BRHScorer, Projection, Scorer, project_loads
 from shadow.core.params import BRParams
 from shadow.core.pool import Pool
-
-_EMPTY_I = np.zeros(0, dtype=np.int64)
-_EMPTY_F = np.zeros(0, dtype=np.float64)
 
 
 class BalanceRoute:
@@ -37,20 +31,17 @@ class BalanceRoute:
     def scorer(
         self,
         loads: Sequence[float],
-        active_worker: npt.NDArray[np.int64] | None = None,
-        active_load: npt.NDArray[np.float64] | None = None,
-        active_steps: npt.NDArray[np.float64] | None = None,
+        active: Projection | None = None,
         *,
         cost: RouteCost = TOKENS,
         seqs: Sequence[float] | None = None,
     ) -> Scorer:
-        """The round's F-score: BR-0 over loads, or BR-H over the projection of active requests,
-        in `cost`'s units (`seqs`: running sequences per worker, needed by a per-sequence cost)."""
+        """The round's F-score: BR-0 over loads, or BR-H over the projection of `active` requests
+        (None: none listed), in `cost`'s units (`seqs`: running sequences per worker, needed by a
+        per-sequence cost)."""
         if cost.paper and self.variant == "br0":
             return BR0Scorer(loads)
-        worker = _EMPTY_I if active_worker is None else active_worker
-        load = _EMPTY_F if active_load is None else active_load
-        steps = _EMPTY_F if active_steps is None else active_steps
+        worker, load, steps = NO_PROJECTION if active is None else active
         if cost.paper:
             return BRHScorer(project_loads(loads, worker, load, steps, self.params.horizon), self.params)
         if seqs is None:
@@ -68,9 +59,7 @@ class BalanceRoute:
         free_slots: Sequence[int],
         pool: Pool,
         now: float = 0.0,
-        active_worker: npt.NDArray[np.int64] | None = None,
-        active_load: npt.NDArray[np.float64] | None = None,
-        active_steps: npt.NDArray[np.float64] | None = None,
+        active: Projection | None = None,
         *,
         cost: RouteCost = TOKENS,
         seqs: Sequence[float] | None = None,
@@ -78,5 +67,5 @@ class BalanceRoute:
         """Admit from `pool` into free slots; returns (request_id, worker) in decision order."""
         if not pool or not any(c > 0 for c in free_slots):
             return []
-        scorer = self.scorer(loads, active_worker, active_load, active_steps, cost=cost, seqs=seqs)
+        scorer = self.scorer(loads, active, cost=cost, seqs=seqs)
         return assign_round(scorer, pool, free_slots, self.params, now, self.on_stage)

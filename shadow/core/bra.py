@@ -7,13 +7,10 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-import numpy as np
-import numpy.typing as npt
-
 from shadow.core.assigner import Assignment, assign_round, stage2_tied
 from shadow.core.balanceroute import BalanceRoute
 from shadow.core.cost import TOKENS, RouteCost
-from shadow.core.fscore import Scorer
+from shadow.core.fscore import NO_PROJECTION, Projection, Scorer
 from shadow.core.params import BRParams
 from shadow.core.pool import Pool, PoolEntry
 from shadow.core.stay import StayBasis
@@ -75,8 +72,6 @@ class BRAParams:
         return max(base, min(16, math.ceil(workers / 2)))
 
 
-_EMPTY_I = np.zeros(0, dtype=np.int64)
-_EMPTY_F = np.zeros(0, dtype=np.float64)
 
 
 class BalanceRouteAdaptive:
@@ -127,9 +122,7 @@ class BalanceRouteAdaptive:
         free_slots: Sequence[int],
         pool: Pool,
         now: float = 0.0,
-        active_worker: npt.NDArray[np.int64] | None = None,
-        active_load: npt.NDArray[np.float64] | None = None,
-        active_steps: npt.NDArray[np.float64] | None = None,
+        active: Projection | None = None,
         prompt_loads: Sequence[float] | None = None,
         stay: Callable[[str], StayBasis | None] | None = None,
         *,
@@ -138,7 +131,7 @@ class BalanceRouteAdaptive:
     ) -> list[Assignment]:
         """Admit from `pool` into free slots; returns (request_id, worker) in decision order.
 
-        Scores with BR-H over the projection when active requests are given (`active_*`), with
+        Scores with BR-H over the projection when active requests are given (`active`), with
         BR-0 over `loads` otherwise; a thin pool is placed by BR-0 over its basis: `prompt_loads`
         (per-worker prompt tokens of running requests; `loads` if None) or, with basis "stay",
         what `stay()` returns (asked only then; None falls back to the prompt basis).
@@ -154,13 +147,8 @@ class BalanceRouteAdaptive:
             return self._thin_round(loads, free, pool, now, prompt_loads, stay, cost, seqs)
         workers = len(loads)
         params = replace(self.params, r_max=a.window(workers, self.params.r_max))
-        scorer = BalanceRoute("br0" if active_worker is None else "brh", params).scorer(
-            loads,
-            _EMPTY_I if active_worker is None else active_worker,
-            _EMPTY_F if active_load is None else active_load,
-            _EMPTY_F if active_steps is None else active_steps,
-            cost=cost,
-            seqs=seqs,
+        scorer = BalanceRoute("br0" if active is None else "brh", params).scorer(
+            loads, NO_PROJECTION if active is None else active, cost=cost, seqs=seqs
         )
         if not a.scale_window:
             return assign_round(scorer, pool, free, params, now)

@@ -122,6 +122,12 @@ class BR0Scorer(_Tokens):
             self._max = self._loads[g]
 
 
+#: BR-H's active requests: (worker index, current load, predicted steps within the horizon).
+Projection = tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.float64]]
+#: No active requests (loads held constant over the horizon).
+NO_PROJECTION: Projection = (np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0))
+
+
 def project_loads(
     loads: Sequence[float],
     active_worker: npt.NDArray[np.int64],

@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import partial
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, Self, TypeVar
 
 from shadow.core.baselines import (
     Baseline,
@@ -58,8 +58,18 @@ class RouterOptions:
     view_age_s: float | None = None  # None: the policy's own default (`Policy.view_age_s`)
 
 
+class _FromOptions:
+    """A policy's parameters: the caller's `RouterOptions` fields of the same names."""
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, o: RouterOptions) -> Self:
+        return cls(**{f.name: getattr(o, f.name) for f in fields(cls)})  # type: ignore[arg-type]  # (a dataclass mixin)
+
+
 @dataclass(frozen=True, slots=True)
-class BaselineParams:
+class BaselineParams(_FromOptions):
     """A baseline's random stream seed; `only_free`: bind only into free slots (a routing round);
     `view_age_s`: the age of its view of the engines at most (`StaleView`; None: its default)."""
 
@@ -67,13 +77,9 @@ class BaselineParams:
     only_free: bool = False
     view_age_s: float | None = None
 
-    @classmethod
-    def of(cls, o: RouterOptions) -> BaselineParams:
-        return cls(o.seed, o.only_free, o.view_age_s)
-
 
 @dataclass(frozen=True, slots=True)
-class BalanceRouteParams:
+class BalanceRouteParams(_FromOptions):
     """BR-0/BR-H: BalanceRoute's knobs and (BR-H) a length predictor by name; without one BR-H
     takes predicted steps from its caller."""
 
@@ -81,23 +87,15 @@ class BalanceRouteParams:
     predictor: str | None = None
     view_age_s: float | None = None
 
-    @classmethod
-    def of(cls, o: RouterOptions) -> BalanceRouteParams:
-        return cls(o.br, o.predictor, o.view_age_s)
-
 
 @dataclass(frozen=True, slots=True)
-class AdaptiveParams:
+class AdaptiveParams(_FromOptions):
     """BRA: BalanceRoute's knobs, BRA's own and a length predictor by name (optional)."""
 
     br: BRParams = field(default_factory=BRParams)
     bra: BRAParams = field(default_factory=BRAParams)
     predictor: str | None = None
     view_age_s: float | None = None
-
-    @classmethod
-    def of(cls, o: RouterOptions) -> AdaptiveParams:
-        return cls(o.br, o.bra, o.predictor, o.view_age_s)
 
 
 @dataclass(frozen=True, slots=True)

@@ -224,13 +224,13 @@ class PoolRouter:
                 proj = fleet.projection()
                 if len(proj[0]) or self.predictor is not None:
                     return br.round(
-                        fleet.loads, free, self.pool, now, *proj, prompts, stay, cost=cost, seqs=seqs
+                        fleet.loads, free, self.pool, now, proj, prompts, stay, cost=cost, seqs=seqs
                     )
             return br.round(
-                fleet.loads, free, self.pool, now, None, None, None, prompts, stay, cost=cost, seqs=seqs
+                fleet.loads, free, self.pool, now, None, prompts, stay, cost=cost, seqs=seqs
             )
         if br.variant == "brh":
-            return br.round(fleet.loads, free, self.pool, now, *fleet.active(), cost=cost, seqs=seqs)
+            return br.round(fleet.loads, free, self.pool, now, fleet.active(), cost=cost, seqs=seqs)
         return br.round(fleet.loads, free, self.pool, now, cost=cost, seqs=seqs)
 
 

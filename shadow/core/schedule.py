@@ -16,10 +16,11 @@ from typing import Any
 import numpy as np
 
 from shadow.core.cost import TOKENS, RouteCost
+from shadow.core.fscore import Projection
 from shadow.core.params import BRParams
 from shadow.core.policies import POLICIES, RouterOptions, lookup
 from shadow.core.routers import Router
-from shadow.core.snapshot import FleetSnapshot, Projection
+from shadow.core.snapshot import FleetSnapshot
 
 Waiting = tuple[Hashable, int] | tuple[Hashable, int, float]
 Active = tuple[int, float, float]

@@ -11,20 +11,14 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Generic, TypeVar, cast
 
-import numpy as np
-import numpy.typing as npt
-
 from shadow.core.cost import TOKENS, RouteCost
+from shadow.core.fscore import NO_PROJECTION, Projection
 from shadow.core.stay import StayBasis
-
-#: BR-H's active requests: (worker index, current load, predicted steps within the horizon).
-Projection = tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.float64]]
 
 T = TypeVar("T")
 
 _NO_EXTRAS: Mapping[str, object] = MappingProxyType({})
 
-_EMPTY: Projection = (np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0))
 
 
 class Extra(Generic[T]):
@@ -80,7 +74,7 @@ class FleetSnapshot:
 
     def active(self) -> Projection:
         """The projection's arrays; empty (loads held constant over the horizon) without one."""
-        return _EMPTY if self.projection is None else self.projection()
+        return NO_PROJECTION if self.projection is None else self.projection()
 
     def seqs(self) -> Sequence[int] | None:
         """Running sequences per worker: `running`, else `outstanding`, else None (unknown)."""

@@ -22,9 +22,10 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Protocol
 
 from shadow.core.cost import RouteCost
+from shadow.core.fscore import Projection
 from shadow.core.predictors import Predictor
 from shadow.core.routers import PoolRouter, Router
-from shadow.core.snapshot import FleetSnapshot, Projection
+from shadow.core.snapshot import FleetSnapshot
 from shadow.engine.barrier import BarrierClock, EndSource
 from shadow.engine.config import EngineConfig, LaneSpec
 from shadow.engine.jobs import Job

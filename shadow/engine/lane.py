@@ -21,10 +21,11 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 import numpy as np
 import numpy.typing as npt
 
+from shadow.core.fscore import Projection
 from shadow.core.policies import RouterOptions, make_router
 from shadow.core.predictors import Predictor
 from shadow.core.routers import Router
-from shadow.core.snapshot import KV_CAPACITY, STAY_BASIS, FleetSnapshot, Projection
+from shadow.core.snapshot import KV_CAPACITY, STAY_BASIS, FleetSnapshot
 from shadow.core.stay import StayBasis
 from shadow.engine.admission import Admission
 from shadow.engine.barrier import BarrierClock, EndSource

@@ -19,8 +19,8 @@ from collections.abc import Hashable
 import numpy as np
 import numpy.typing as npt
 
+from shadow.core.fscore import Projection
 from shadow.core.predictors import Predictor, contribution
-from shadow.core.snapshot import Projection
 from shadow.core.stay import StayBasis, predicted_basis
 from shadow.engine.jobs import Job
 

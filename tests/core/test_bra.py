@@ -84,7 +84,7 @@ def test_round_never_exceeds_slots_and_admits_each_request_at_most_once(
     prompt_loads = [x / 2 for x in loads]
     stay = None if stay_span is None else (lambda kind: StayBasis([x / 3 for x in loads], stay_span))
     out = router.round(
-        loads, free, pool, now, *(active or (None, None, None)), prompt_loads=prompt_loads, stay=stay
+        loads, free, pool, now, active, prompt_loads=prompt_loads, stay=stay
     )
     ids = [rid for rid, _ in out]
     assert len(ids) == len(set(ids)), "a request was admitted twice"
@@ -112,10 +112,9 @@ def test_every_idea_off_makes_balanceroute_decisions(
     loads, free, sizes, ages, active = state
     br = BRParams(r_max=r_max, s_greedy=s_greedy, horizon=20)
     off = BRAParams(score_pick=False, hold=False, scale_window=False)
-    act = active or (None, None, None)
-    a = BalanceRouteAdaptive(br, off).round(loads, free, _pool(sizes, ages, 10.0), 10.0, *act)
+    a = BalanceRouteAdaptive(br, off).round(loads, free, _pool(sizes, ages, 10.0), 10.0, active)
     variant = "br0" if active is None else "brh"
-    b = BalanceRoute(variant, br).round(loads, free, _pool(sizes, ages, 10.0), 10.0, *act)
+    b = BalanceRoute(variant, br).round(loads, free, _pool(sizes, ages, 10.0), 10.0, active)
     assert a == b
 
 
@@ -440,11 +439,11 @@ def test_bra_scores_with_its_own_params_and_the_given_projection() -> None:
         def fresh(sizes: list[int] = sizes) -> Pool:
             return _pool(sizes, [0.0] * len(sizes), 0.0)
 
-        want = BalanceRoute("brh", mine).round(loads, free, fresh(), 0.0, *act)
-        if (want == BalanceRoute("brh", other).round(loads, free, fresh(), 0.0, *act)
+        want = BalanceRoute("brh", mine).round(loads, free, fresh(), 0.0, act)
+        if (want == BalanceRoute("brh", other).round(loads, free, fresh(), 0.0, act)
                 and want == BalanceRoute("br0", mine).round(loads, free, fresh(), 0.0)):
             continue  # this state cannot tell the horizon or the projection apart
-        assert BalanceRouteAdaptive(mine, off).round(loads, free, fresh(), 0.0, *act) == want
+        assert BalanceRouteAdaptive(mine, off).round(loads, free, fresh(), 0.0, act) == want
         checked += 1
     assert checked >= 20, f"only {checked} states told the horizon or projection apart"
 

@@ -103,7 +103,7 @@ def _reference_round(
         return []
     scaled = replace(params, r_max=STAGE2_ONLY.window(len(loads), params.r_max))
     variant = "br0" if active is None else "brh"
-    scorer = BalanceRoute(variant, scaled).scorer(loads, *(active or (None, None, None)))
+    scorer = BalanceRoute(variant, scaled).scorer(loads, active)
     return _ref_centred_round(scorer, pool, list(free), scaled, now)
 
 
@@ -128,7 +128,7 @@ def _both(
 ) -> tuple[list[Assignment], list[Assignment]]:
     want = _reference_round(params, loads, free, _pool(sizes, arrived), now, active)
     got = BalanceRouteAdaptive(params, STAGE2_ONLY).round(
-        loads, free, _pool(sizes, arrived), now, *(active or (None, None, None))
+        loads, free, _pool(sizes, arrived), now, active
     )
     return got, want
 

@@ -325,15 +325,15 @@ def _direct(policy: str, loads: list[float], free: list[int], waiting: list[Any]
     pool = Pool()
     for item in waiting:
         pool.add(item[0], item[1], 0.0, item[2] if len(item) == 3 else None)
-    arrays: tuple[Any, Any, Any] = (None, None, None)
+    arrays: tuple[Any, Any, Any] | None = None
     if active:
         arr = np.asarray(active, dtype=np.float64)
         arrays = (arr[:, 0].astype(np.int64), arr[:, 1], arr[:, 2])
     if policy == "bra":
-        return BalanceRouteAdaptive(params).round(loads, free, pool, 0.0, *arrays)
+        return BalanceRouteAdaptive(params).round(loads, free, pool, 0.0, arrays)
     if policy == "br0":
-        arrays = (None, None, None)
-    return BalanceRoute(policy, params).round(loads, free, pool, 0.0, *arrays)
+        arrays = None
+    return BalanceRoute(policy, params).round(loads, free, pool, 0.0, arrays)
 
 
 @pytest.mark.parametrize("policy", ["br0", "brh", "bra"])

@@ -186,14 +186,14 @@ def test_br0_and_brh_decide_on_the_cost_as_the_paper_on_loads_shifted_by_kappa( 
 ) -> None:
     loads, counts, free, sizes, arrived, (worker, load, steps) = state
     params, now = PARAMS[which], float(arrived[-1]) if arrived else 0.0
-    active = (worker, load, steps) if variant == "brh" else (None, None, None)
-    shifted = (worker, load + kappa, steps) if variant == "brh" else (None, None, None)
+    active = (worker, load, steps) if variant == "brh" else None
+    shifted = (worker, load + kappa, steps) if variant == "brh" else None
     got = BalanceRoute(variant, params).round(  # type: ignore[arg-type]
-        loads, free, _pool(sizes, arrived), now, *active, cost=RouteCost.kappa(kappa), seqs=counts
+        loads, free, _pool(sizes, arrived), now, active, cost=RouteCost.kappa(kappa), seqs=counts
     )
     want = BalanceRoute(variant, params).round(  # type: ignore[arg-type]
         [x + kappa * n for x, n in zip(loads, counts, strict=True)], free, _pool(sizes, arrived, kappa), now,
-        *shifted,
+        shifted,
     )
     assert got == want
 
@@ -208,14 +208,14 @@ def test_bra_decides_on_the_cost_as_on_prompt_loads_shifted_by_kappa(  # type: i
     params, now = PARAMS[which], float(arrived[-1]) if arrived else 0.0
     prompts = [0.6 * x for x in loads]  # a prompt basis apart from the KV loads
     bra = BRAParams(score_pick=pick, hold=pick, scale_window=scale, basis="prompt")
-    active = (worker, load, steps) if brh else (None, None, None)
-    shifted = (worker, load + kappa, steps) if brh else (None, None, None)
+    active = (worker, load, steps) if brh else None
+    shifted = (worker, load + kappa, steps) if brh else None
     shift = [x + kappa * n for x, n in zip(loads, counts, strict=True)]
     got = BalanceRouteAdaptive(params, bra).round(
-        loads, free, _pool(sizes, arrived), now, *active, prompts, cost=RouteCost.kappa(kappa), seqs=counts
+        loads, free, _pool(sizes, arrived), now, active, prompts, cost=RouteCost.kappa(kappa), seqs=counts
     )
     want = BalanceRouteAdaptive(params, bra).round(
-        shift, free, _pool(sizes, arrived, kappa), now, *shifted,
+        shift, free, _pool(sizes, arrived, kappa), now, shifted,
         [p + kappa * n for p, n in zip(prompts, counts, strict=True)],
     )
     assert got == want

@@ -62,12 +62,12 @@ def _round(policy: str, st: dict[str, Any], params: BRParams, cost: RouteCost, a
     if policy == "bra":
         bra = BalanceRouteAdaptive(params)
         prompts = [0.8 * x for x in st["loads"]]
-        out = bra.round(st["loads"], st["free"], pool, now, st["idx"], st["w"], st["c"], prompts,
+        out = bra.round(st["loads"], st["free"], pool, now, (st["idx"], st["w"], st["c"]), prompts,
                         cost=cost, seqs=seqs)
     else:
         router = BalanceRoute(policy, params)  # type: ignore[arg-type]
-        act = (st["idx"], st["w"], st["c"]) if policy == "brh" else (None, None, None)
-        out = router.round(st["loads"], st["free"], pool, now, *act, cost=cost, seqs=seqs)
+        act = (st["idx"], st["w"], st["c"]) if policy == "brh" else None
+        out = router.round(st["loads"], st["free"], pool, now, act, cost=cost, seqs=seqs)
     return [[int(r), int(g)] for r, g in out]  # type: ignore[call-overload]
 
 
