@@ -232,6 +232,7 @@ class Demo:
         self.drift: dict[str, Any] = {}  # mirror − workers' own running count, after the drain
         # --fleet vllm: the sidecar's API port and its taps' (the following ones), held until it starts
         self._reserved: list[socket.socket] = []
+        self._serve_env: dict[str, str] = {}  # secrets for serve (its events token), not on its argv
         self.trace = demo_workload(opts)
         self.load: LoadReport | None = None
         self.progress = {"done": 0, "failed": 0, "in_flight": 0}
@@ -275,7 +276,7 @@ class Demo:
         if o.record:
             serve_args += ["--record", o.record]
         self._release_port()
-        serve = self._spawn("serve", shadow_argv(*serve_args))
+        serve = self._spawn("serve", shadow_argv(*serve_args), env=self._serve_env)
         self.taps, self.api = serve.ready["taps"], serve.ready["api"]
         say(f"shadow serve: a tap group in front of every worker (its own process: it outlives the "
              "analysis); "
@@ -322,18 +323,22 @@ class Demo:
                  if choice.moe_dp else ["--decode", str(o.workers)])
         argv = ["fleet", "--engine", "vllm", *shape, "--slots", str(o.slots),
                 "--model-size", size, "--probe-url", f"http://127.0.0.1:{api_port}",
-                "--probe-token", token, "--log-dir", str(self.workdir / "vllm"),
+                "--log-dir", str(self.workdir / "vllm"),
                 "--start-timeout", str(o.fleet_start_timeout_s)]
         if o.vllm_venv:
             argv += ["--vllm-venv", o.vllm_venv]
         say(f"fleet: starting {what} ({size} model, {o.slots} slots each; "
             "about a minute, more on a loaded machine)")
-        fleet = self._spawn("fleet", shadow_argv(*argv), timeout_s=o.fleet_start_timeout_s + 60)
+        # the token goes through the environment: a command line is any local user's to read (and
+        # argparse took a token starting with "-" for a flag: the fleet exited with code 2)
+        fleet = self._spawn("fleet", shadow_argv(*argv), timeout_s=o.fleet_start_timeout_s + 60,
+                            env={"SHADOW_PROBE_TOKEN": token})
         decode = {f"d{g}": u for g, u in enumerate(fleet.ready["decode"])}
         self.engine = engine_identity(next(iter(decode.values())), o.vllm_venv)
         say(f"fleet: {len(decode)} × {self.engine.get('engine', 'vLLM')} ({size} model) × {o.slots} "
             f"slots; configured step model ({o.step_a:g}·max L + {o.step_b:g}) s, fitted from the probe")
-        serve_args += ["--port", str(api_port), "--events-token", token]
+        serve_args += ["--port", str(api_port)]
+        self._serve_env["SHADOW_EVENTS_TOKEN"] = token
         return decode, {}
 
     def _release_port(self) -> None:
@@ -342,11 +347,11 @@ class Demo:
         self._reserved = []
 
     def _spawn(self, name: str, argv: list[str], json_ready: bool = True,
-               timeout_s: float | None = None) -> Child:
+               timeout_s: float | None = None, env: dict[str, str] | None = None) -> Child:
         if argv[:len(shadow_argv())] == shadow_argv():  # a shadow process: it logs as asked
             argv = [*argv, "--log-level", self.opts.log_level, "--log-format", self.opts.log_format]
         child = Child(name, argv, self.workdir / f"{name}.log", json_ready=json_ready,
-                      timeout_s=self.opts.start_timeout_s if timeout_s is None else timeout_s)
+                      timeout_s=self.opts.start_timeout_s if timeout_s is None else timeout_s, env=env)
         self.children.append(child)
         return child
 

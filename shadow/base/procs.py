@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -35,14 +35,16 @@ def read_json_line(proc: subprocess.Popen[str], what: str, timeout_s: float) -> 
 
 
 class Child:
-    """One child process; `stop()` sends SIGTERM, then SIGKILL after `grace_s`."""
+    """One child process; `stop()` sends SIGTERM, then SIGKILL after `grace_s`. `env`: variables
+    added to this process's environment for it (secrets go there, not on its command line, which
+    any local user can read)."""
 
     def __init__(self, name: str, argv: Sequence[str], log: Path, *, json_ready: bool = True,
-                 timeout_s: float = 60.0) -> None:
+                 timeout_s: float = 60.0, env: Mapping[str, str] | None = None) -> None:
         self.name = name
         self.log_path = log
         self._log: IO[bytes] = log.open("wb")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
         self.proc: subprocess.Popen[str] = subprocess.Popen(
             list(argv), stdout=subprocess.PIPE if json_ready else self._log, stderr=self._log,
             stdin=subprocess.DEVNULL, text=True, env=env, process_group=0,
