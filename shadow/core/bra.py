@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from shadow.core.assigner import Assignment, assign_round, stage2_tied
 from shadow.core.balanceroute import BalanceRoute
 from shadow.core.cost import TOKENS, RouteCost
-from shadow.core.fscore import NO_PROJECTION, Projection, Scorer
+from shadow.core.fscore import Projection, Scorer
 from shadow.core.params import BRParams
 from shadow.core.pool import Pool, PoolEntry
 from shadow.core.stay import StayBasis
@@ -148,7 +148,7 @@ class BalanceRouteAdaptive:
         workers = len(loads)
         params = replace(self.params, r_max=a.window(workers, self.params.r_max))
         scorer = BalanceRoute("br0" if active is None else "brh", params).scorer(
-            loads, NO_PROJECTION if active is None else active, cost=cost, seqs=seqs
+            loads, active, cost=cost, seqs=seqs
         )
         if not a.scale_window:
             return assign_round(scorer, pool, free, params, now)
