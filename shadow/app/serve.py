@@ -41,10 +41,7 @@ from shadow.active.proxy import ActiveConfig, ActiveProxy
 from shadow.app.process import announce, stop_event
 from shadow.base.knobs import (
     AT_LEAST_ONE,
-    NON_NEGATIVE,
-    NON_NEGATIVE_S,
     PORT,
-    POSITIVE_S,
     Bound,
     check_knobs,
     knob,
@@ -60,10 +57,10 @@ from shadow.core.routers import Router
 from shadow.core.stepmodel import DEFAULT_A_S_PER_TOKEN, DEFAULT_B_S, StepTimeModel
 from shadow.engine.config import LaneClock, LaneSpec
 from shadow.engine.settings import LaneSettings
+from shadow.live.config import LanesConfig
 from shadow.live.lanes import DEFAULT_POLICIES, LiveLanes
 from shadow.live.metrics import LiveCollector
 from shadow.live.shards import ProcessShards, RayShards, ShardedLanes, Shards
-from shadow.live.stepfit import SOURCES
 from shadow.mirror.config import MirrorConfig
 from shadow.mirror.hub import Listener
 from shadow.mirror.service import MirrorService
@@ -145,47 +142,12 @@ class LeaseSettings:
 
 
 @dataclass
-class ServeConfig:
-    """What `shadow serve` is told: the tap configuration plus the live lanes'."""
+class ServeConfig(LanesConfig):
+    """What `shadow serve` is told: the tap configuration plus the live lanes' (`LanesConfig`: their
+    settings are declared there)."""
 
     tap: MirrorConfig
     policies: tuple[str, ...] = DEFAULT_POLICIES
-    # the live lanes' settings: their flags, YAML keys and env variables from here (`shadow.base.knobs`)
-    lag_s: float = knob(
-        2.0, "--lag", "lanes run this far behind the live clock, so that late events still count",
-        Bound(lambda v: 0 <= v <= 3600, "in [0, 3600] s"), metavar="SECONDS")
-    step_source: str = knob(
-        "auto", "--step-source", "measured step times: worker `step` events, SSE inter-chunk gaps, or auto "
-        "(events when reported, else SSE)", choices=SOURCES)
-    lane_clock: str = knob(
-        "measured", "--lane-clock", "the clock the lanes step on: measured (per-worker step models and "
-        "barrier groups from the workers' measured steps; the configured model until measured) or "
-        "configured (--step-a/--step-b, one fleet-wide barrier)", choices=("measured", "configured"))
-    step_a: float = knob(
-        DEFAULT_A_S_PER_TOKEN, "--step-a", "step model the lanes simulate: seconds per KV token of max load",
-        NON_NEGATIVE_S)
-    step_b: float = knob(
-        DEFAULT_B_S, "--step-b", "step model the lanes simulate: fixed seconds per step", NON_NEGATIVE_S)
-    compare_window_s: float = knob(
-        60.0, "--compare-window", "each lane is compared with `actual` window by window: one ratio per "
-        "window of this many seconds, a 95%% interval over windows", Bound(lambda v: 0 < v < 1e9, "> 0 s"),
-        metavar="SECONDS")
-    rolling: bool = knob(
-        False, "--rolling", "rolling counterfactual: at every --compare-window boundary each lane is "
-        "re-seeded from the mirrored fleet (what each policy would have done over the next window from the "
-        "same state); a lane more than one window behind is re-seeded ahead (its window cut), so lag stays "
-        "within --lag + one window under any overload")
-    step_window_s: float = knob(
-        0.5, "--step-window", "window of one measured step-time sample", POSITIVE_S, metavar="SECONDS")
-    live_queue_size: int = knob(
-        200_000, "--live-queue-size", "events waiting for the lanes; beyond it events are dropped and "
-        "counted", AT_LEAST_ONE, metavar="EVENTS")
-    lane_shards: int = knob(
-        0, "--lane-shards", "run the policies' lanes in this many processes beside the analysis, one "
-        "report (0: in the analysis process)", NON_NEGATIVE, metavar="N")
-    lane_ray: str | None = knob(
-        None, "--ray", "with --lane-shards: the shards as Ray actors on the cluster at this address (as "
-        "`shadow sweep --ray`; none: local processes)", metavar="ADDRESS")
     br: BRParams = field(default_factory=BRParams)
     mode_config: ModeConfig | None = None  # the mode controller (active routing); None: none
     active: ActiveSettings | None = None  # --active: the front listener is shadow's own proxy

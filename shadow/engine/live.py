@@ -31,6 +31,7 @@ __all__ = ["ACTUAL", "PROBE_SOURCES", "TWIN_WINDOW_S", "LiveDriver"]
 
 ACTUAL = "actual"
 TWIN_WINDOW_S = 10.0  # the twin check's window (event time)
+DEFAULT_LAG_S = 2.0  # how far lanes run behind the live clock (`shadow serve --lag`'s default)
 
 
 def _streaming_totals() -> LaneTotals:
@@ -74,7 +75,7 @@ class LiveDriver:
         workers: Sequence[str],
         clock: Clock,
         *,
-        lag_s: float = 2.0,
+        lag_s: float = DEFAULT_LAG_S,
         actual: bool = True,
         max_requests: int = 1_000_000,
         rolling_s: float | None = None,

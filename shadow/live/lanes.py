@@ -21,6 +21,7 @@ from shadow.engine.live import ACTUAL, LiveDriver
 from shadow.engine.rolling import Seed
 from shadow.engine.windows import Windows
 from shadow.live.agreement import AgreementLedger
+from shadow.live.config import LanesConfig
 from shadow.live.fidelity import FidelityLedger
 from shadow.live.reporting import (
     COST_METHOD,
@@ -94,18 +95,18 @@ class LiveLanes:
         workers: Sequence[str],
         slots: int,
         policies: Sequence[str] = DEFAULT_POLICIES,
-        lag_s: float = 2.0,
+        lag_s: float = LanesConfig.lag_s,
         step: StepTimeModel | None = None,
-        step_source: str = "auto",
-        lane_clock: str = "measured",
+        step_source: str = LanesConfig.step_source,
+        lane_clock: str = LanesConfig.lane_clock,
         br: BRParams | None = None,
         seed: int = 0,
-        queue_size: int = 200_000,
+        queue_size: int = LanesConfig.live_queue_size,
         tick_s: float = 0.05,
         publish_s: float = 0.25,
-        window_s: float = 0.5,
+        window_s: float = LanesConfig.step_window_s,
         fit_window: int = 600,
-        compare_window_s: float = 60.0,
+        compare_window_s: float = LanesConfig.compare_window_s,
         rolling_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:

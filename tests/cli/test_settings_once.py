@@ -1,5 +1,6 @@
 """A setting is declared once (`shadow.base.knobs`): `shadow serve`'s settings are fields of the
-configs that use them (`serve_checks.DECLARED`: the live lanes' `ServeConfig`, the active proxy's
+configs that use them (`serve_checks.DECLARED`: the live lanes' `LanesConfig` through `ServeConfig`,
+which `LiveLanes` takes its defaults from, the active proxy's
 `ActiveConfig`, the mode controller's `ModeConfig`, the fallback's `GuardConfig`, the client-felt
 checks' `ClientConfig`, the canary's `CanaryConfig`, the data plane's `RelayBounds` and `TapLimits`
 shared with `shadow tap`, the mirror's `MirrorConfig`, the active listener's `ActiveSettings` and the
@@ -108,7 +109,7 @@ def test_no_declared_setting_is_written_again_where_serve_builds_its_options() -
         "commands/serve.py", "commands/serve_checks.py", "commands/tap.py", "commands/_flags.py",
         "app/serve.py", "active/proxy.py", "active/cohorts.py", "active/canary.py", "active/fallback.py",
         "active/modes.py", "app/tap.py", "mirror/service.py", "mirror/link.py", "mirror/config.py",
-        "active/proxyconfig.py", "active/wiring.py"))
+        "active/proxyconfig.py", "active/wiring.py", "live/config.py", "live/lanes.py"))
     # `shadow tap`'s own --port (its first tap's port; serve's is its API's): declared in `group_flags`,
     # which serve does not use, and given to the tap group serve starts (API port + 1)
     others = {"--port": 1}
@@ -190,3 +191,29 @@ def test_no_protocol_setting_is_written_again_where_sweep_and_replay_build_their
                    "commands/_replay_args.py", "replay/protocol.py")
     assert _written_again(src, Protocol, read=True) == []
     assert not re.search(r"\(default (3|5|40,?000)\)", src)
+
+
+#: LiveLanes' parameters and the `LanesConfig` settings they are.
+LANE_PARAMETERS = {"lag_s": "lag_s", "step_source": "step_source", "lane_clock": "lane_clock",
+                   "queue_size": "live_queue_size", "window_s": "step_window_s",
+                   "compare_window_s": "compare_window_s"}
+
+
+def test_the_live_lanes_take_their_defaults_from_the_declarations() -> None:
+    """`LiveLanes`' defaults are `LanesConfig`'s, referred to, not written again (grep: no literal
+    default for these parameters in its signature), and `LiveDriver`'s lag is the same constant."""
+    import inspect
+
+    from shadow.engine.live import DEFAULT_LAG_S, LiveDriver
+    from shadow.live.config import LanesConfig
+    from shadow.live.lanes import LiveLanes
+
+    params = inspect.signature(LiveLanes.__init__).parameters
+    declared = {f.name: f.default for f in dataclasses.fields(LanesConfig)}
+    for param, name in LANE_PARAMETERS.items():
+        assert params[param].default == declared[name], param
+    src = inspect.getsource(LiveLanes.__init__).split(") -> None:")[0]
+    for param, name in LANE_PARAMETERS.items():
+        assert re.search(rf"\b{param}: [\w| ]+ = LanesConfig\.{name},", src), param
+    driver = inspect.signature(LiveDriver.__init__).parameters
+    assert declared["lag_s"] == DEFAULT_LAG_S == driver["lag_s"].default
