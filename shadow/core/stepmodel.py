@@ -18,6 +18,8 @@ import numpy as np
 # max load ≈ 333 k tokens): 0.020 s + 1.2e-7 s/token × 333 k ≈ 0.060 s.
 DEFAULT_A_S_PER_TOKEN = 1.2e-7
 DEFAULT_B_S = 0.020
+#: How many recent samples a step-time fit covers (`SlidingFit`; the live lanes' windows).
+FIT_WINDOW = 600
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +101,7 @@ class SlidingFit:
     (a slope <= 0 or an intercept < 0 is "poor"). Non-finite, negative-load and non-positive-time
     samples are not taken."""
 
-    def __init__(self, size: int = 600, *, min_samples: int = 20, min_r2: float = 0.9) -> None:
+    def __init__(self, size: int = FIT_WINDOW, *, min_samples: int = 20, min_r2: float = 0.9) -> None:
         self.xs: deque[float] = deque(maxlen=size)
         self.ys: deque[float] = deque(maxlen=size)
         self.min_samples = min_samples

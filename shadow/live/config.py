@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from shadow.base.knobs import AT_LEAST_ONE, NON_NEGATIVE, NON_NEGATIVE_S, POSITIVE_S, Bound, knob
 from shadow.core.stepmodel import DEFAULT_A_S_PER_TOKEN, DEFAULT_B_S
 from shadow.engine.live import DEFAULT_LAG_S
-from shadow.live.stepfit import SOURCES
+from shadow.live.stepfit import DEFAULT_SOURCE, SOURCES, WINDOW_S
 
 
 @dataclass(kw_only=True)
@@ -21,8 +21,8 @@ class LanesConfig:
         DEFAULT_LAG_S, "--lag", "lanes run this far behind the live clock, so that late events still count",
         Bound(lambda v: 0 <= v <= 3600, "in [0, 3600] s"), metavar="SECONDS")
     step_source: str = knob(
-        "auto", "--step-source", "measured step times: worker `step` events, SSE inter-chunk gaps, or auto "
-        "(events when reported, else SSE)", choices=SOURCES)
+        DEFAULT_SOURCE, "--step-source", "measured step times: worker `step` events, SSE inter-chunk gaps, "
+        "or auto (events when reported, else SSE)", choices=SOURCES)
     lane_clock: str = knob(
         "measured", "--lane-clock", "the clock the lanes step on: measured (per-worker step models and "
         "barrier groups from the workers' measured steps; the configured model until measured) or "
@@ -42,7 +42,7 @@ class LanesConfig:
         "same state); a lane more than one window behind is re-seeded ahead (its window cut), so lag stays "
         "within --lag + one window under any overload")
     step_window_s: float = knob(
-        0.5, "--step-window", "window of one measured step-time sample", POSITIVE_S, metavar="SECONDS")
+        WINDOW_S, "--step-window", "window of one measured step-time sample", POSITIVE_S, metavar="SECONDS")
     live_queue_size: int = knob(
         200_000, "--live-queue-size", "events waiting for the lanes; beyond it events are dropped and "
         "counted", AT_LEAST_ONE, metavar="EVENTS")

@@ -12,7 +12,7 @@ from typing import Any
 from shadow.contracts.events import Event, Step
 from shadow.contracts.report import EventsReport, Report
 from shadow.core.params import BRParams
-from shadow.core.stepmodel import StepTimeModel
+from shadow.core.stepmodel import FIT_WINDOW, StepTimeModel
 from shadow.engine.config import EngineConfig, LaneClock, LaneSpec
 from shadow.engine.driver import Observer
 from shadow.engine.jobs import Job
@@ -105,7 +105,7 @@ class LiveLanes:
         tick_s: float = 0.05,
         publish_s: float = 0.25,
         window_s: float = LanesConfig.step_window_s,
-        fit_window: int = 600,
+        fit_window: int = FIT_WINDOW,
         compare_window_s: float = LanesConfig.compare_window_s,
         rolling_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,

@@ -10,10 +10,13 @@ import numpy as np
 import numpy.typing as npt
 
 SOURCES = ("auto", "events", "sse")
+DEFAULT_SOURCE = "auto"  # (`--step-source`'s default)
+WINDOW_S = 0.5  # event time one step-time sample covers (`--step-window`'s default)
 # Histogram buckets for measured step durations (s): 5 ms … 2 s.
 STEP_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0)
 CLAMP = 4.0  # steps beyond this multiple of the reference step are outliers (`RobustMean`)
 MEAN_WINDOWS = 120  # windows a running mean step covers
+MIN_GAPS = 5  # token gaps a window needs to be a step-time sample
 
 
 def upper_median(xs: npt.NDArray[np.float64]) -> float:
@@ -92,7 +95,9 @@ class StepEstimator:
     worker-reported steps when any arrived in the last window, else SSE gaps.
     """
 
-    def __init__(self, *, window_s: float = 0.5, min_gaps: int = 5, source: str = "auto") -> None:
+    def __init__(
+        self, *, window_s: float = WINDOW_S, min_gaps: int = MIN_GAPS, source: str = DEFAULT_SOURCE
+    ) -> None:
         if source not in SOURCES:
             raise ValueError(f"step source must be one of {list(SOURCES)}, got {source!r}")
         self.window_s = window_s

@@ -34,9 +34,9 @@ import numpy.typing as npt
 from shadow.core.barrier import MIN_STEPS, BarrierChoice, choose_barrier
 from shadow.core.hostfactor import LEVEL_WINDOWS
 from shadow.core.stepcost import WINDOW_STEPS, CostFit, StepCostFit
-from shadow.core.stepmodel import FitResult, SlidingFit, StepTimeModel
+from shadow.core.stepmodel import FIT_WINDOW, FitResult, SlidingFit, StepTimeModel
 from shadow.engine.config import LaneClock
-from shadow.live.stepfit import RobustMean, upper_median
+from shadow.live.stepfit import MEAN_WINDOWS, MIN_GAPS, RobustMean, upper_median
 
 SOURCE_NAMES = {"probe": "probe", "probe_interval": "probe"}  # step event source -> clock source
 
@@ -123,9 +123,9 @@ class WorkerClock:
         workers: int,
         configured: StepTimeModel,
         *,
-        fit_window: int = 600,
-        mean_windows: int = 120,
-        min_gaps: int = 5,
+        fit_window: int = FIT_WINDOW,
+        mean_windows: int = MEAN_WINDOWS,
+        min_gaps: int = MIN_GAPS,
         choose_every: int = 4,
         min_windows: int = 4,
         check_windows: int = 20,

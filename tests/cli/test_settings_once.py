@@ -217,3 +217,8 @@ def test_the_live_lanes_take_their_defaults_from_the_declarations() -> None:
         assert re.search(rf"\b{param}: [\w| ]+ = LanesConfig\.{name},", src), param
     driver = inspect.signature(LiveDriver.__init__).parameters
     assert declared["lag_s"] == DEFAULT_LAG_S == driver["lag_s"].default
+    from shadow.live.stepfit import DEFAULT_SOURCE, WINDOW_S, StepEstimator
+
+    estimator = inspect.signature(StepEstimator.__init__).parameters
+    assert declared["step_window_s"] == WINDOW_S == estimator["window_s"].default
+    assert declared["step_source"] == DEFAULT_SOURCE == estimator["source"].default
