@@ -44,10 +44,10 @@ class Child:
         self.name = name
         self.log_path = log
         self._log: IO[bytes] = log.open("wb")
-        env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+        environ = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
         self.proc: subprocess.Popen[str] = subprocess.Popen(
             list(argv), stdout=subprocess.PIPE if json_ready else self._log, stderr=self._log,
-            stdin=subprocess.DEVNULL, text=True, env=env, process_group=0,
+            stdin=subprocess.DEVNULL, text=True, env=environ, process_group=0,
         )
         self.ready: dict[str, Any] = {}
         self._signalled = False

@@ -193,7 +193,7 @@ class Reconciler:
         """Requests the engine finished that the mirror has not ended yet (see module docstring)."""
         if load.finished is None or wc is None:
             return None
-        ended = wc.finished + wc.cancelled + wc.reaped
+        ended = wc.ended
         if w.done_base is None or quiet:
             w.done_base = load.finished - ended
         return max(0.0, load.finished - w.done_base - ended)

@@ -56,9 +56,14 @@ class WorkerCounts:
     COUNTS: ClassVar[tuple[str, ...]] = ("active", "kv_tokens", "finished", "cancelled", "reaped")
 
     @property
+    def ended(self) -> int:
+        """Requests that ended here: finished, cancelled or reaped."""
+        return self.finished + self.cancelled + self.reaped
+
+    @property
     def routed(self) -> int:
         """Requests routed here so far: active or ended (only a move elsewhere lowers it)."""
-        return self.active + self.finished + self.cancelled + self.reaped
+        return self.active + self.ended
 
     def active_up(self) -> None:
         self.active += 1
