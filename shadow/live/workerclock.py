@@ -12,12 +12,13 @@ since the member's previous step, `host_wait`). Per worker, the model in the clo
 (else its own) chosen cost model × its clock factor (`CostFit.clock_model`: the engine's cost fitted
 on its work, times the most recent windows' periods over what it predicts for them; the fit of the
 period itself where the probe measures no wait), "cost fit"; without one yet (or with SSE gaps only, which
-keep today's estimator): the per-worker linear fit τ_g = a_g·L_g + b_g of window medians against
-the mean mirrored load when it is good, "linear fit"; else its robust mean step over the recent
+keep today's estimator): the per-worker linear fit τ_g = a_g·L_g + b_g of the windows' figures
+(`stepfit.RobustMean`: the median of reported periods, the mean of SSE gaps) against the mean
+mirrored load when it is good, "linear fit"; else its robust mean step over the recent
 windows, "mean step" (after `min_windows` windows); else the configured model. Outliers do not
 count (`stepfit.RobustMean`: steps beyond a multiple of the worker's reference step, and windows of
-them). Under a fleet-wide barrier the fleet's cost model (else the caller's fleet model) is every
-worker's; otherwise each group steps at the max over its members' models.
+them; SSE windows whole). Under a fleet-wide barrier the fleet's cost model (else the caller's fleet
+model) is every worker's; otherwise each group steps at the max over its members' models.
 """
 
 from __future__ import annotations
@@ -182,7 +183,7 @@ class WorkerClock:
 
     def add_gaps(self, gaps: Sequence[npt.NDArray[np.float64]]) -> None:
         """Per worker, its streams' per-token gaps (`gaps[g]`, kept until the window closes: the
-        caller gives them up; only positive ones count)."""
+        caller gives them up; negative ones do not count)."""
         for w, xs in zip(self.w, gaps, strict=True):
             if len(xs):
                 w.gaps.append(xs)
@@ -225,17 +226,19 @@ class WorkerClock:
                 xs = np.asarray(periods, dtype=np.float64)
             else:
                 xs = np.concatenate(gaps) if gaps else np.zeros(0)
-                xs = xs[xs > 0]
+                xs = xs[xs >= 0]
                 if len(xs) < self.min_gaps:
                     continue
                 w.source = "sse"
             # the check takes a worker's reported periods whole (the engine's own: a long step is
-            # as real as a short one, and the cost model predicts their mean), SSE gaps robustly
+            # as real as a short one, and the cost model predicts their mean), SSE gaps robustly;
+            # the fit a window's figure (`RobustMean`: SSE gaps judged as a whole window, their mean)
             raw = xs if periods else None
-            xs = w.robust.add(xs)
+            whole = not periods
+            xs = w.robust.add(xs, whole=whole)
             if not len(xs):
                 continue  # outliers only
-            w.fit.add(x, upper_median(xs))
+            w.fit.add(x, float(xs.mean()) if whole else upper_median(xs))
             w.steps += len(xs)
             checked = xs if raw is None else raw
             if models is not None:
