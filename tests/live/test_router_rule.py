@@ -13,10 +13,12 @@ them is the hop between the taps and the router: the router releases a request w
 stream's end, after the tap saw it, and places a request before the tap sees it. SGLang's
 total_tokens (prompt plus generated tokens) orders the workers otherwise wherever bytes and tokens
 disagree; in the demo's prompts they mostly agree, so over a 12 s run (164 placements) it comes
-close and may tie (measured on 1556045 and after, 6 runs: sglang-tokens 0.94-0.98 against
-jsq-bytes 0.98-1.0, tied once; a CI run: both 1.0): the placements cannot tell the two rules
-apart then, and the report lists both as tied. Rules on other signals (request counts, rotation,
-BalanceRoute) agree less."""
+close, and by chance ahead (measured on 1556045 and after, 6 runs: sglang-tokens 0.94-0.98 against
+jsq-bytes 0.98-1.0, tied once; CI runs: both 1.0, and 162 against 160 of 164 once): the report ties
+the lanes whose misses are not more frequent than the closest lane's beyond chance
+(`shadow.live.routerrule`), so `jsq-bytes` is always among the tied, and only `sglang-tokens` may
+be beside it. Rules on other signals (request counts, rotation, BalanceRoute) agree less, and
+significantly."""
 
 from __future__ import annotations
 
@@ -34,7 +36,8 @@ pytestmark = pytest.mark.integration
 #: view the lanes rebuild at the taps, one hop away (runs measured 99-100 % at load average 2-4,
 #: 75-79 % beside 4 CPU burners, load average 4-5: a starved router relays ends late).
 AGREEMENT_MIN = 0.6
-#: the only tie the placements allow (tokens order the workers as bytes do on the demo's prompts)
+#: the only lanes the placements may not tell apart (tokens order the workers as bytes do on the
+#: demo's prompts)
 TIE = ["jsq-bytes", "sglang-tokens"]
 POLICIES = ("jsq-bytes", "vllm-dp", "vllm-dp-legacy", "sglang-tokens", "sglang-requests", "smg-min-tokens",
             "trtllm-adp", "rr", "br0")
@@ -54,9 +57,10 @@ def test_the_report_names_jsq_bytes_behind_the_jsq_bytes_router(tmp_path: Path) 
                         "smg-min-tokens", "trtllm-adp", "rr", "br0"}
     assert rule["decisions"] == lanes["jsq-bytes"]["decisions"] == doc["demo"]["requests_ok"]
     print("router_rule:", json.dumps(rule, sort_keys=True))
-    assert rule["closest_lane"] == "jsq-bytes" and rule["tied"] in (["jsq-bytes"], TIE), rule
-    assert rule["agreement_rate"] == lanes["jsq-bytes"]["agreement_rate"] == max(rule["by_lane"].values())
-    assert rule["agreement_rate"] >= AGREEMENT_MIN, rule
+    assert rule["closest_lane"] in TIE and "jsq-bytes" in rule["tied"] and set(rule["tied"]) <= set(TIE), rule
+    closest = lanes[rule["closest_lane"]]
+    assert rule["agreement_rate"] == closest["agreement_rate"] == max(rule["by_lane"].values())
+    assert lanes["jsq-bytes"]["agreement_rate"] >= AGREEMENT_MIN, rule
     for other, rate in rule["by_lane"].items():
         if other not in TIE:
-            assert rate < rule["agreement_rate"], (other, rule)
+            assert rate < lanes["jsq-bytes"]["agreement_rate"], (other, rule)
