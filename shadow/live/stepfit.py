@@ -63,10 +63,13 @@ class RobustMean:
         return float(np.partition(np.fromiter((m for _, _, m in h), np.float64, len(h)), k)[k])
 
     def add(self, xs: npt.NDArray[np.float64], *, whole: bool = False) -> npt.NDArray[np.float64]:
-        """One window's (non-negative) steps; returns those it keeps (see the class: `whole`)."""
+        """One window's (non-negative) steps; returns those it keeps (see the class: `whole`). A
+        whole window of zero gaps carries no time: none of it is kept and it is not a figure."""
         if not len(xs):
             return xs
         figure = float(xs.mean()) if whole else upper_median(xs)
+        if not figure > 0:
+            return xs[:0]
         ref = self.reference()
         limit = self.clamp * (figure if ref is None else ref)
         if whole:

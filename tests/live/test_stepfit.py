@@ -95,6 +95,11 @@ def test_a_whole_window_beyond_the_clamp_is_left_out_and_a_lasting_change_is_tak
     # one long gap in a window whose mean is within the clamp is kept whole (its time is real)
     kept = robust.add(np.array([0.2] + [0.0] * 19 + [0.01] * 20), whole=True)
     assert len(kept) == 40
+    # windows of zero gaps only (chunks read together, their gap in an earlier window) are no figure:
+    # however many, the reference stays and later windows are kept
+    for _ in range(12):
+        assert len(robust.add(np.zeros(10), whole=True)) == 0
+    assert robust.reference() == pytest.approx(0.01)
     # once most recent windows agree on a new step, it is the reference, and such windows are kept
     for _ in range(6):
         robust.add(np.full(10, 0.05), whole=True)
