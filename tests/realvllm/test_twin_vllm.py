@@ -15,9 +15,10 @@ bench/bench_twin_vllm.py); it differs only where the lane's scheduling rules dif
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 
 import httpx
@@ -61,7 +62,7 @@ def _prompt(rng: random.Random, words: int) -> str:
                     for _ in range(words))
 
 
-def test_the_twin_schedules_each_step_as_the_engine_did(engine: Engine) -> None:
+def test_the_twin_schedules_each_step_as_the_engine_did(engine: Engine, tmp_path: Path) -> None:
     url = engine.fleet.decode_urls[0]
     text = httpx.get(url + "/metrics", timeout=10, trust_env=False).text
     info = next(labels for (name, labels), _ in samples(text).items() if name == "vllm:cache_config_info")
@@ -112,6 +113,12 @@ def test_the_twin_schedules_each_step_as_the_engine_did(engine: Engine) -> None:
               "max_kv_blocks": max(s.kv_blocks or 0 for s in real), "blocks": blocks, "agree": agree,
               "first_differences": differ[:8]}
     print(report)
+    # the engine's steps and the requests, for a failed run's post-mortem (CI keeps its tmp_path):
+    # `replay` them again to find the step where the lane's rules part from the engine's
+    (tmp_path / "engine_steps.json").write_text(json.dumps({
+        "slots": SLOTS, "budget": BUDGET, "block": BLOCK, "blocks": blocks,
+        "steps": [astuple(s) for s in real],
+        "jobs": [[str(j.request_id), j.prompt_tokens, j.output_tokens] for j in jobs]}))
     # the run exercised every rule the lanes model
     assert report["max_waiting"] >= 2, ("requests waited behind the slots", report)
     assert max(j.prompt_tokens for j in jobs) > BUDGET, ("a prompt was prefilled in chunks", report)
