@@ -50,6 +50,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from shadow.app.serve import ServeConfig, ServeService
+from shadow.contracts.events import Event
 from shadow.contracts.frames import (
     DATA,
     DATA_FIXED,
@@ -61,8 +62,11 @@ from shadow.contracts.frames import (
     encode_end,
     encode_info,
 )
+from shadow.mirror.api import ingest_ndjson
 from shadow.mirror.channel_reader import ChannelReader
 from shadow.mirror.config import MirrorConfig
+from shadow.mirror.hub import event_dict
+from shadow.mirror.service import MirrorService
 from shadow.traces import resolve
 
 READ = 1 << 20  # an attachment's read (shadow.mirror.attach)
@@ -166,13 +170,17 @@ class Clock:
         return self.t
 
 
-def service(workers: int, slots: int, step_s: float, policies: str, clock: Callable[[], float],
-            shards: int = 0, ray: str | None = None) -> ServeService:
-    """`shadow serve`'s analysis objects, not started (no sockets, no threads): driven by hand."""
-    tap = MirrorConfig(
+def tap_config(workers: int, slots: int, token_interval_s: float) -> MirrorConfig:
+    return MirrorConfig(
         upstreams={f"d{g}": f"http://127.0.0.1:{9000 + g}" for g in range(workers)}, slots=slots,
         scrape_interval_s=0, relay="process", attach=("unix:/nonexistent.sock",),
-        event_skew_s=3600.0)
+        event_skew_s=3600.0, token_interval_s=token_interval_s)
+
+
+def service(workers: int, slots: int, step_s: float, policies: str, clock: Callable[[], float],
+            shards: int = 0, ray: str | None = None, token_interval_s: float = 0.0) -> ServeService:
+    """`shadow serve`'s analysis objects, not started (no sockets, no threads): driven by hand."""
+    tap = tap_config(workers, slots, token_interval_s)
     cfg = ServeConfig(tap=tap, policies=tuple(p for p in policies.split(",") if p), step_a=1e-12,
                       step_b=step_s, live_queue_size=100_000_000, lane_shards=shards, lane_ray=ray)
     return ServeService(cfg, clock=clock)
@@ -195,21 +203,56 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
 
 
+class NodeStage:
+    """`--stage`: the per-node part — the relay's frames → `ChannelReader` → the analysis
+    (`Analyzer`, a `Mirror` whose Tokens pass the hold) → its events as the NDJSON lines `--forward`
+    posts (`Emitter`). One object stands for every node: its CPU per token is what G nodes
+    spend between them."""
+
+    def __init__(self, g: int, b: int, interval: float, clock: Callable[[], float]) -> None:
+        self.svc = MirrorService(tap_config(g, b, interval), clock=clock, listeners=[self._line])
+        self.reader = ChannelReader()
+        self.lines: list[str] = []
+
+    def _line(self, ev: Event) -> None:
+        self.lines.append(json.dumps(event_dict(ev), separators=(",", ":")))
+
+    def feed(self, data: bytes, read: int) -> bytes:
+        """The step's frames in; the events it let out, as one NDJSON body."""
+        for part in reads(data, read):
+            self.svc._on_items(self.reader, self.reader.feed(part))
+        return self.take()
+
+    def take(self) -> bytes:
+        body = "\n".join(self.lines).encode()
+        self.lines.clear()
+        return body
+
+
 class Run:
-    """One pass over the input: the service, the reader, per-stage CPU, the lag model."""
+    """One pass over the input: the service, the reader, per-stage CPU, the lag model. With
+    `stage`, the frames go through a `NodeStage` and its NDJSON into this (central) service's event
+    API (`ingest_ndjson`), as `shadow serve --forward` nodes feed a central `shadow serve`."""
 
     def __init__(self, args: argparse.Namespace, g: int, b: int, read: int, shards: int = 0,
-                 lanes_every: int = 1) -> None:
+                 lanes_every: int = 1, stage: bool = False) -> None:
         self.args, self.read = args, read
         self.lanes_every = lanes_every  # steps between the lanes' runs (0: after every read)
         self.k = 0
         self.step_s = args.step_ms / 1e3
         self.clock = Clock()  # the analysis' clock: event time (a shard replays the lanes' moves)
-        self.svc = service(g, b, self.step_s, args.policies, self.clock, shards, args.ray)
+        interval = args.token_interval
+        self.node = NodeStage(g, b, interval, self.clock) if stage else None
+        # (with a stage, the centre's own interval holds no Tokens — it has no taps — but tells its
+        # lanes the Tokens come held, as `shadow serve --token-interval` at the centre of nodes does)
+        self.svc = service(g, b, self.step_s, args.policies, self.clock, shards, args.ray, interval)
         self.live = self.svc.live
         self.reader = ChannelReader()
         self.fleet = FleetFrames(g, b, self.step_s, args.coalesce, args.seed)
         self.cpu = {"decode": 0.0, "analysis": 0.0, "lanes": 0.0}
+        self.node_cpu = 0.0
+        self.rejected: dict[str, int] = {}
+        self.events_in = 0  # events the centre took (stage)
         self.gen_s = 0.0
         self.lag = self.lag_max = 0.0
         self.last_publish = T0
@@ -231,6 +274,15 @@ class Run:
         t0 = time.process_time()
         self.clock.t = fleet.t
         d = a = 0.0
+        if self.node is not None:
+            body = self.node.feed(data, self.read)
+            c0 = time.process_time()
+            if measured:
+                self.node_cpu += c0 - t0
+            self.events_in += body.count(b"\n") + 1 if body else 0
+            ingest_ndjson(body, self.svc.tap.mirror, self.clock.t, self.rejected)
+            a = time.process_time() - c0
+            data = b""
         for part in reads(data, self.read):
             c0 = time.process_time()
             items = reader.feed(part)
@@ -262,6 +314,10 @@ class Run:
         meas = round(args.seconds / self.step_s)
         for k in range(warm + meas):
             self.step(k >= warm)
+        if self.node is not None:  # the nodes' input ended: their held Tokens go to the centre
+            self.node.svc.mirror.release_held()
+            ingest_ndjson(self.node.take(), self.svc.tap.mirror, self.clock.t, self.rejected)
+        self.svc.tap.mirror.release_held()
         self.live.drain()
         sharded = self.svc.sharded
         if sharded is None:
@@ -305,7 +361,7 @@ def diff(a: Any, b: Any, path: str = "") -> list[str]:
 def one(args: argparse.Namespace, fleet: str) -> bool:
     g, b = (int(x) for x in fleet.lower().split("x"))
     step_s = args.step_ms / 1e3
-    fast = Run(args, g, b, READ, args.lane_shards)
+    fast = Run(args, g, b, READ, args.lane_shards, stage=args.stage)
     rep = fast.run()
     shard_cpu = fast.shard_cpu_s()
     fast.close()
@@ -318,8 +374,18 @@ def one(args: argparse.Namespace, fleet: str) -> bool:
           f"({fast.frames / secs:,.0f} frames/s); load average {load:.2f}")
     per = "  ".join(f"{k} {v:.2f} s ({fast.tokens / v / 1e3:,.0f}k tok/s)"
                     for k, v in fast.cpu.items() if v > 0)
-    print(f"  analysis CPU {cpu:.2f} s = {cpu / secs:.2f} core: {fast.tokens / cpu:,.0f} tokens per analysis "
+    where = "central process" if args.stage else "analysis"
+    print(f"  {where} CPU {cpu:.2f} s = {cpu / secs:.2f} core: {fast.tokens / cpu:,.0f} tokens per {where} "
           f"CPU-second  [{per}]")
+    if args.stage:
+        events = fast.events_in / (secs + args.warmup)
+        rejected = sum(fast.rejected.values())
+        print(f"  its input: {events:,.0f} events per fleet-second from the nodes (one Token per stream per "
+              f"{args.token_interval:g} s), NDJSON lines rejected {rejected}")
+        node = fast.node_cpu
+        print(f"  per-node part (frames → analysis → held Tokens → NDJSON, every node together): "
+              f"{node:.2f} s = {node / secs:.2f} core: {fast.tokens / node:,.0f} tokens per CPU-second, "
+              f"{node / fast.tokens * 1e6:.2f} µs per token; {node / secs / g:.4f} core per worker")
     slope = cpu / secs - 1.0
     bound = f"bounded, max {fast.lag_max * 1e3:.0f} ms" if slope <= 0 else f"unbounded, +{slope:.2f} s per s"
     print(f"  lag (one core, steps in order): {bound}; last {fast.lag * 1e3:.0f} ms; "
@@ -337,7 +403,7 @@ def one(args: argparse.Namespace, fleet: str) -> bool:
     if args.no_check:
         return True
     del fast
-    ref = Run(args, g, b, args.check_read, lanes_every=args.check_lanes_every)
+    ref = Run(args, g, b, args.check_read, lanes_every=args.check_lanes_every)  # one process
     rep_ref = ref.run()
     d = diff(strip(rep), strip(rep_ref))
     every = {0: "after every read", 1: "every step"}.get(args.check_lanes_every,
@@ -362,6 +428,12 @@ def main() -> None:
     ap.add_argument("--lane-shards", type=int, default=0, help="the policies' lanes in this many processes "
                     "(shadow serve --lane-shards; default 0: in the analysis process)")
     ap.add_argument("--ray", default=None, metavar="ADDRESS", help="with --lane-shards: as Ray actors there")
+    ap.add_argument("--token-interval", type=float, default=0.0, metavar="S",
+                    help="Tokens held per stream per S seconds of event time (shadow serve --token-interval; "
+                    "default 0: one per chunk); the reference run holds them the same")
+    ap.add_argument("--stage", action="store_true", help="run the per-node part apart (its CPU printed on "
+                    "its own) and feed its NDJSON events to a central service (--token-interval > 0 thins "
+                    "them); the check's reference is the one-process run")
     ap.add_argument("--check-read", type=int, default=READ, help="the reference run's read size in bytes "
                     "(default: the fast run's)")
     ap.add_argument("--check-lanes-every", type=int, default=1, metavar="K",

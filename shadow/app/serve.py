@@ -198,6 +198,7 @@ class ServeService:
             queue_size=config.live_queue_size, window_s=config.step_window_s,
             compare_window_s=config.compare_window_s,
             rolling_s=config.compare_window_s if config.rolling else None, clock=clock,
+            token_interval_s=config.tap.token_interval_s,
         )
         # --lane-shards: the policies' lanes in other processes (or Ray actors), one report
         self.sharded = shard_lanes(lanes, config.lane_shards, config.lane_ray) if config.lane_shards else None

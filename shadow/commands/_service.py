@@ -21,8 +21,9 @@ LOG_FLAGS = (
          f"logger, message, trace_id, span_id) (default {logs.DEFAULT_FORMAT})",
          choices=logs.FORMATS, default=logs.DEFAULT_FORMAT),
 )
-# Options whose values are never logged (their names say they hold a credential).
-_SECRET = re.compile(r"token|secret|password|api_key|credential", re.IGNORECASE)
+# Options whose values are never logged (their names say they hold a credential: a token or its file,
+# not a setting that merely mentions tokens, such as --token-interval).
+_SECRET = re.compile(r"(^|_)token(_file)?$|secret|password|api_key|credential", re.IGNORECASE)
 
 
 def add_log_arguments(p: argparse.ArgumentParser) -> None:

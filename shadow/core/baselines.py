@@ -151,12 +151,13 @@ class Baseline:
 class _ByKey(Baseline):
     """Pick the candidate with the lowest key; ties to the first registered."""
 
-    def key(self, state: BindState, g: int) -> float:
+    def keys(self, state: BindState) -> Sequence[float]:
+        """Every worker's key, by index."""
         raise NotImplementedError
 
     def pick(self, state: BindState, prompt_tokens: int, only_free: bool = False) -> int:
-        cands = self.candidates(state, only_free)
-        return min(cands, key=lambda g: (self.key(state, g), g))
+        # candidates ascend, and min keeps the first of equal keys: ties go to the first registered
+        return min(self.candidates(state, only_free), key=self.keys(state).__getitem__)
 
 
 class RoundRobin(Baseline):
@@ -206,8 +207,8 @@ class JoinShortestQueue(_ByKey):
 
     name = "jsq"
 
-    def key(self, state: BindState, g: int) -> float:
-        return state.outstanding[g]
+    def keys(self, state: BindState) -> Sequence[float]:
+        return state.outstanding
 
 
 class JoinShortestQueueBytes(_ByKey):
@@ -218,8 +219,8 @@ class JoinShortestQueueBytes(_ByKey):
 
     name = "jsq-bytes"
 
-    def key(self, state: BindState, g: int) -> float:
-        return state.outstanding_bytes[g]
+    def keys(self, state: BindState) -> Sequence[float]:
+        return state.outstanding_bytes
 
 
 class LeastTokens(_ByKey):
@@ -227,8 +228,8 @@ class LeastTokens(_ByKey):
 
     name = "least-tokens"
 
-    def key(self, state: BindState, g: int) -> float:
-        return state.kv_tokens[g]
+    def keys(self, state: BindState) -> Sequence[float]:
+        return state.kv_tokens
 
 
 def bind_all(baseline: Baseline, state: BindState, prompts: Sequence[int], only_free: bool) -> list[int]:

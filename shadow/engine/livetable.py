@@ -81,6 +81,9 @@ class RequestTable:
         self.step_sources: dict[str, int] = {}  # step events by their `source` (probe, ...; "worker")
         self.worker_gap_ends: list[tuple[int, float, float]] = []
         self._gap_end = [float("-inf")] * n
+        # False: the Tokens come one per stream per interval (`--token-interval`), not one per chunk:
+        # their gaps are interval means and one chunk per interval shows no step; neither is measured
+        self.stream_steps = True
 
     def take_gaps(self) -> list[array[float]]:
         """The per-token gaps per worker (the last one: no worker known) since the last take; the
@@ -172,7 +175,7 @@ class RequestTable:
         last = r.t_token
         r.t_token = t
         r.generated = generated
-        if last >= 0:
+        if last >= 0 and self.stream_steps:
             # dg tokens since the last event are dg decode steps (one token per step per running
             # stream), each the gap's share. Not only one-token advances: vLLM merges a stream's
             # tokens into one chunk when its HTTP side lags, and a merged chunk comes after a long

@@ -109,6 +109,7 @@ class LiveLanes:
         compare_window_s: float = LanesConfig.compare_window_s,
         rolling_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        token_interval_s: float = 0.0,
     ) -> None:
         if not workers:
             raise ValueError("live lanes need at least one decode worker")
@@ -131,6 +132,9 @@ class LiveLanes:
         self.tick_errors = 0
         self.driver = LiveDriver(self.config, self.specs, self.workers, time.perf_counter, lag_s=lag_s,
                                  rolling_s=rolling_s)
+        # Tokens held per interval (`--token-interval`): no steps are measured in the streams
+        self.token_interval_s = token_interval_s
+        self.driver.table.stream_steps = token_interval_s == 0
         # lane figures per window; rolling: the windows are the re-seeded ones
         self.rolling_s = self.driver.rolling_s
         self.windows = Windows(self.driver.lanes, self.rolling_s or compare_window_s)

@@ -292,6 +292,11 @@ class ReportBuilder:
             )
         if dropped_total:
             warnings.append(f"{dropped_total} events dropped (lanes overloaded): lanes miss requests")
+        if not self.driver.table.stream_steps:
+            warnings.append(
+                "Tokens come one per stream per interval (--token-interval): no steps are measured in the "
+                "streams; the lanes step on worker step events (an engine probe) or the configured model"
+            )
         return warnings
 
     def _rolling(self) -> RollingReport:

@@ -106,6 +106,10 @@ class MirrorConfig(MirrorBounds):
     analysis_nice: int = knob(0, "--analysis-nice", "lower the analysis thread's priority by N, so that a "
                               "core shared with the relay serves the relay first (the analysis drops and "
                               "counts instead)", NICENESS, metavar="N")
+    token_interval_s: float = knob(0.0, "--token-interval", "pass on one Token per stream per interval of "
+                                   "this many seconds of event time, not one per chunk (what a node forwards "
+                                   "to the centre of a large fleet: docs/scale.md); 0 = every chunk",
+                                   NON_NEGATIVE_S, metavar="S")
     # relay="process": the tap groups to attach to (a group directory, unix:PATH or tcp://HOST:PORT);
     # none = start (or adopt) one group for the configured taps in STATE_DIR/taps/
     attach: tuple[str, ...] = ()

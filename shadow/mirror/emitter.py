@@ -21,7 +21,8 @@ from typing import Any
 
 import httpx
 
-from shadow.contracts.events import Event, to_dict
+from shadow.contracts.events import Event
+from shadow.mirror.hub import event_dict
 
 
 class Emitter:
@@ -61,7 +62,7 @@ class Emitter:
             if len(self._buf) >= self.max_buffer:
                 self.dropped += 1
                 return False
-            obj = event if isinstance(event, dict) else to_dict(event)
+            obj = event if isinstance(event, dict) else event_dict(event)
             self._buf.append(json.dumps(obj, separators=(",", ":")))
             if len(self._buf) >= self.batch_size and self._wake is not None:
                 self._wake.set()

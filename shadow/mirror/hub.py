@@ -2,6 +2,9 @@
 
 `Mirror.emit(event, source, now)` applies the event to the `MirrorState`, appends it to the
 recorder (if any) and to a bounded ring of recent events (served by GET /v1/events), and counts it.
+With `token_interval_s` > 0 the taps' Tokens pass a `TokenHold` first (one per stream per
+interval of event time: `shadow.mirror.tokenhold`); everything after the hub sees the same events
+whatever the interval's batches were.
 All counters here are plain integers exported by `shadow.mirror.metrics.MirrorCollector`.
 """
 
@@ -14,11 +17,13 @@ from collections.abc import Callable, Sequence
 from typing import IO, Any, Protocol
 
 from shadow.base.logthrottle import Throttled
-from shadow.contracts.events import Event, Finish
+from shadow.contracts.events import Event, Finish, Token
 from shadow.mirror.bounds import EventBounds
 from shadow.mirror.state import OK, MirrorState
+from shadow.mirror.tokenhold import TokenHold
 
 SOURCES = ("tap", "api", "reaper")
+HELD = "held"  # `Mirror.emit`'s outcome for a tap Token the hold keeps (passed on later)
 
 Listener = Callable[[Event], None]  # told of every applied event, on the analysis thread
 
@@ -97,8 +102,10 @@ class Mirror:
         max_live: int = 1_000_000,
         listeners: Sequence[Listener] = (),
         bounds: EventBounds | None = None,
+        token_interval_s: float = 0.0,
     ) -> None:
         self.state = state
+        self.hold = TokenHold(token_interval_s) if token_interval_s > 0 else None
         self.bounds = bounds or EventBounds()  # time and counts an event may claim (else dropped)
         self.recorder = recorder
         self.recent: deque[tuple[int, Event]] = deque(maxlen=ring)
@@ -127,7 +134,32 @@ class Mirror:
 
     def emit(self, ev: Event, source: str, now: float) -> str:
         """Apply and fan out one event; returns the state's outcome, or the reason it was dropped
-        ("live_cap", or `bounds.TIME_SKEW`/`TOKEN_BOUND`)."""
+        ("live_cap", or `bounds.TIME_SKEW`/`TOKEN_BOUND`), or HELD (a tap Token kept by the hold)."""
+        hold = self.hold
+        if hold is not None:
+            for tok, t_now in hold.advance(ev.t):
+                self._apply(tok, "tap", t_now)
+            if source == "tap" and isinstance(ev, Token):
+                hold.hold(ev, now)
+                return HELD
+            held_one = hold.take(ev)
+            if held_one is not None:
+                self._apply(held_one[0], "tap", held_one[1])
+        return self._apply(ev, source, now)
+
+    def tick(self, now: float) -> None:
+        """The clock reads `now` (event time): held Tokens whose interval it has left go out."""
+        if self.hold is not None and self.hold.due(now):
+            for tok, t_now in self.hold.advance(now):
+                self._apply(tok, "tap", t_now)
+
+    def release_held(self) -> None:
+        """The input ended (drain, stop): every held Token goes out now."""
+        if self.hold is not None:
+            for tok, t_now in self.hold.release():
+                self._apply(tok, "tap", t_now)
+
+    def _apply(self, ev: Event, source: str, now: float) -> str:
         out_of_bounds = self.bounds.check(ev, now)
         if out_of_bounds is not None:
             self.count_drop(out_of_bounds)
@@ -173,6 +205,7 @@ class Mirror:
 
     def reap(self, now: float, t: float | None = None) -> list[Finish]:
         """TTL-reap silent requests; the resulting Finish("reaped") events are recorded too."""
+        self.tick(now)
         out = self.state.reap(now, t)
         for ev in out:
             key = ("reaper", ev.kind)

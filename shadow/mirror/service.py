@@ -121,6 +121,7 @@ class MirrorService:
             ring_bytes=c.ring_bytes,
             listeners=[*([self.emitter] if self.emitter is not None else []), *listeners],
             bounds=EventBounds(c.event_skew_s, c.max_request_tokens),
+            token_interval_s=c.token_interval_s,
         )
         self.keys = KeySecret(c.key_secret)
         self.analyzer = Analyzer(
@@ -453,6 +454,8 @@ class MirrorService:
             self.analysis.stop()
 
     async def _stop_analysis(self) -> None:
+        with contextlib.suppress(Exception):
+            self.mirror.release_held()  # the input has ended: held Tokens go out before the end
         await self._server.stop(grace_s=5.0)
         for t in self._tasks:
             t.cancel()

@@ -91,9 +91,12 @@ def test_rejections_log_once_per_interval_per_key_and_count_the_rest(captured: i
 
 def test_the_start_up_summary_leaves_credentials_out() -> None:
     args = argparse.Namespace(admin_token="s3cret-admin-token-123", forward_token=None, slots=8,
-                              upstream=["d0=http://user:pw@10.0.0.5:8000/x"], func=print)
+                              upstream=["d0=http://user:pw@10.0.0.5:8000/x"], func=print,
+                              admin_token_file="/etc/shadow/s3cret", token_interval=0.5, hf_token="s3cret")
     got = summary(args)
     assert got["admin_token"] == "<redacted>" and got["forward_token"] is None
+    assert got["admin_token_file"] == got["hf_token"] == "<redacted>"
+    assert got["token_interval"] == 0.5  # a setting about tokens, not a credential
     assert got["upstream"] == ["d0=http://10.0.0.5:8000/x"] and got["slots"] == 8
     assert "func" not in got and "s3cret" not in json.dumps(got) and "pw" not in json.dumps(got)
 

@@ -163,6 +163,22 @@ def test_token_gaps_are_single_token_advances_including_one_at_time_zero() -> No
     assert d.mirror_loads == [8.0, 0.0] and d.mirror_placed == [8.0, 0.0]
 
 
+def test_tokens_held_per_interval_measure_no_steps_and_count_the_same() -> None:
+    # --token-interval: one Token per stream per interval; its gaps are interval means and one chunk
+    # per interval shows no step, so the table measures neither, and keeps every count and load
+    held, plain = _driver(), _driver()
+    held.table.stream_steps = False
+    for d, tokens in ((held, [(0.0, 1), (0.5, 4)]), (plain, [(0.0, 1), (0.2, 2), (0.4, 3), (0.5, 4)])):
+        d.apply(Arrive("a", 0.0, 5))
+        d.apply(Route("a", 0.0, "d0"))
+        for t, n in tokens:
+            d.apply(Token("a", t, n))
+    assert [list(xs) for xs in held.take_gaps()] == [[], [], []] and held.table.worker_gap_ends == []
+    assert [len(xs) for xs in plain.take_gaps()] == [3, 0, 0] and len(plain.table.worker_gap_ends) == 3
+    assert held.mirror_loads == plain.mirror_loads == [9.0, 0.0]
+    assert held.end_of("a") == plain.end_of("a") == (4, None)
+
+
 def test_taken_gaps_are_the_callers_a_numpy_view_of_them_leaves_the_fold_working() -> None:
     # the lanes view a window's gaps with numpy (no copy); a packed array exporting its buffer
     # cannot grow, so the driver must fold later tokens into new arrays

@@ -1,0 +1,72 @@
+"""Token coalescing: one `Token` per stream per interval of event time instead of one per chunk.
+
+A decode stream sends a chunk per step; the centre of a large fleet cannot take one event per
+token (docs/scale.md). `TokenHold` keeps each request's newest tap `Token` and lets it go when
+event time leaves the interval it fell in (intervals of `interval_s` seconds on a fixed grid,
+k·interval_s), so what follows the hold sees, per stream and interval, the count at its last
+chunk and that chunk's time. The sum of a stream's per-token gaps and their number are the same
+either way (the gaps of one released Token are its span over the tokens it adds); what is lost is
+how they were spread inside the interval.
+
+Order: a held Token goes out before any later event of its request (its end, a late Route), and
+all held Tokens go out, in the order their requests first held one, before the first event whose
+time lies past their interval: the events that follow are a function of the events that came in,
+never of how they were batched. The high-water mark moves with every event (any source); `due(t)`
+tells a quiet input's caller whether time alone should release them. Pure: time is in the events.
+"""
+
+from __future__ import annotations
+
+import math
+
+from shadow.contracts.events import Event, Token
+
+Held = tuple[Token, float]  # the Token and the `now` it came with
+
+
+class TokenHold:
+    """See module docstring. `interval_s` > 0."""
+
+    __slots__ = ("_k", "_pending", "coalesced", "interval_s")
+
+    def __init__(self, interval_s: float) -> None:
+        if not interval_s > 0:
+            raise ValueError("interval_s must be > 0")
+        self.interval_s = interval_s
+        self._k = -math.inf  # the latest interval an event fell in
+        self._pending: dict[str, Held] = {}
+        self.coalesced = 0  # Tokens replaced by a newer one of their stream (never passed on)
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def due(self, t: float) -> bool:
+        """Whether time `t` lies past the interval of the held Tokens (release them)."""
+        return bool(self._pending) and t // self.interval_s > self._k
+
+    def advance(self, t: float) -> list[Held]:
+        """Time `t` has come (an event's, or the clock's): every held Token when it leaves their
+        interval, in the order their requests first held one; else nothing."""
+        k = t // self.interval_s
+        if k <= self._k:
+            return []
+        self._k = k
+        return self.release()
+
+    def hold(self, ev: Token, now: float) -> None:
+        """Keep `ev` as its request's newest Token (call `advance(ev.t)` first)."""
+        pending = self._pending
+        if ev.request_id in pending:
+            self.coalesced += 1
+        pending[ev.request_id] = (ev, now)
+
+    def take(self, ev: Event) -> Held | None:
+        """The held Token of `ev`'s request, to go out before `ev` (None: none held)."""
+        rid = getattr(ev, "request_id", None)
+        return None if rid is None or not self._pending else self._pending.pop(rid, None)
+
+    def release(self) -> list[Held]:
+        """Every held Token, in the order their requests first held one (the hold is emptied)."""
+        out = list(self._pending.values())
+        self._pending.clear()
+        return out
