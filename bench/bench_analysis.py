@@ -17,7 +17,8 @@ uniformly; paper-azure prompt/output lengths, seed `--seed`), all workers steppi
 `--step-ms`; every step each running stream's tap sends one data frame holding one vLLM-format
 SSE chunk (`--coalesce K`: one frame of K chunks every K steps, the second case: vLLM merging
 tokens when its HTTP side lags, or a relay read holding several); a finished stream's last frame
-carries a usage chunk and `[DONE]`, then its end frame; a new request takes its slot in the same
+carries a usage chunk (the tokens it sent: a stream under way at the start counts from there) and
+`[DONE]`, then its end frame; a new request takes its slot in the same
 step (JSQ by outstanding prompt tokens, like the "real" router). The first `--warmup` fleet
 seconds are not measured. The analysis' clock is the fleet's (event time), so a run is a function
 of its input. Frames are generated per step and their generation is not counted.
@@ -108,7 +109,7 @@ class FleetFrames:
         self.outstanding = [0] * workers
         self.tokens = 0  # decode tokens sent
         self.frames = 0
-        # stream: [cid, worker, prompt, output, generated, pending SSE text, rid, seq]
+        # stream: [cid, worker, prompt, output, generated, pending SSE text, rid, seq, age at the start]
         self.streams: list[list[Any]] = []
         self.out: list[bytes] = []
         for _ in range(workers * slots):
@@ -128,7 +129,7 @@ class FleetFrames:
         self.out.append(encode_info(info))
         self.out.append(START.pack(T_START, START_LEN, cid, self.t))
         self.frames += 2
-        return [cid, g, s, o, gen, [], rid, 0]
+        return [cid, g, s, o, gen, [], rid, 0, gen]
 
     def step(self) -> bytes:
         """One decode step: every stream's token (sent every `coalesce` steps), ends, new requests."""
@@ -141,7 +142,9 @@ class FleetFrames:
             self.tokens += 1
             last = gen >= st[3]
             if last:
-                st[5].append(last_chunk(st[6], st[2], st[3]))
+                # usage counts the tokens this stream sent (a stream under way at the start sent
+                # fewer than its output): as a real engine's, whose streams the taps see whole
+                st[5].append(last_chunk(st[6], st[2], st[3] - st[8]))
             if last or len(st[5]) >= k:
                 payload = "".join(st[5]).encode()
                 st[5] = []
