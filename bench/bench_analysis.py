@@ -21,7 +21,8 @@ carries a usage chunk (the tokens it sent: a stream under way at the start count
 `[DONE]`, then its end frame; a new request takes its slot in the same
 step (JSQ by outstanding prompt tokens, like the "real" router). The first `--warmup` fleet
 seconds are not measured. The analysis' clock is the fleet's (event time), so a run is a function
-of its input. Frames are generated per step and their generation is not counted.
+of its input. The process collects garbage as `shadow serve` does once started (`tune_gc`).
+Frames are generated per step and their generation is not counted.
 
 Figures: tokens (decode chunks' tokens) per analysis CPU-second (process CPU, user + system, of
 the decoding, analysis and lanes; split per stage), and the fleet's token rate it is fed at; lag:
@@ -51,6 +52,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from shadow.app.serve import ServeConfig, ServeService
+from shadow.base.runtime import ANALYSIS_YOUNG, tune_gc
 from shadow.contracts.events import Event
 from shadow.contracts.frames import (
     DATA,
@@ -419,6 +421,7 @@ def one(args: argparse.Namespace, fleet: str) -> bool:
 
 
 def main() -> None:
+    tune_gc(ANALYSIS_YOUNG)  # as `shadow serve` runs once started (shadow.app.process.announce)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fleet", action="append", help="G×B as GxB (repeatable; default 64x256 and 256x256)")
     ap.add_argument("--step-ms", type=float, default=60.0)

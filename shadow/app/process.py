@@ -39,10 +39,11 @@ def stop_event(*, hard_exit: str | None = None, says: str | None = None) -> asyn
     return stop
 
 
-def announce(ready: Mapping[str, Any], *, latency: bool = False) -> None:
+def announce(ready: Mapping[str, Any], *, latency: bool = False, young: int = 700) -> None:
     """Print the ready document as one JSON line; `latency`: first make full collections rare and
-    leave the start-up objects out of them (servers on the request path)."""
+    leave the start-up objects out of them (servers on the request path; `young`: the first
+    generation's threshold, `tune_gc`)."""
     if latency:
-        tune_gc()
+        tune_gc(young)
     print(json.dumps(ready), flush=True)
     logging.getLogger("shadow").info("ready", extra={"ready": dict(ready)})

@@ -48,7 +48,7 @@ from shadow.base.knobs import (
 )
 from shadow.base.listener import AsgiListener, ListenerLimits
 from shadow.base.loopthread import LoopThread
-from shadow.base.runtime import loop_runner, raise_fd_limit
+from shadow.base.runtime import ANALYSIS_YOUNG, loop_runner, raise_fd_limit
 from shadow.contracts.modes import ModeSource, StaticModeSource
 from shadow.contracts.report import report_schema
 from shadow.core.cost import RouteCost
@@ -470,7 +470,7 @@ async def serve(config: ServeConfig) -> None:
         if tracing is not None:
             tracing.shutdown()
         return
-    announce(starting.result(), latency=True)
+    announce(starting.result(), latency=True, young=ANALYSIS_YOUNG)
     try:
         await stop.wait()
     finally:

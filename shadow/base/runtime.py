@@ -30,11 +30,21 @@ def loop_runner(kind: str) -> Runner:
     return asyncio.run
 
 
-def tune_gc() -> None:
+#: the young generation's threshold of an analysis process (`shadow serve`): it allocates per event
+#: and keeps every live request's state (~1M objects at G×B = 256×256), so a young collection every
+#: 700 allocations cost it 6-7 CPU-s per 10 fleet-seconds there (bench/bench_analysis.py --stage,
+#: node and centre in one process: GC 14.7 s at 700, 2.9 s at 50,000); a collection of 50,000 young
+#: objects is still a pause of about a millisecond
+ANALYSIS_YOUNG = 50_000
+
+
+def tune_gc(young: int = 700) -> None:
     """Full (generation 2) collections are the relay's worst pauses: make them rare and leave the
-    objects made so far out of them. Memory is still freed by reference counting."""
+    objects made so far out of them. Memory is still freed by reference counting. `young`: the
+    first generation's threshold (700, Python's default, for the relay; `ANALYSIS_YOUNG` for an
+    analysis process)."""
     gc.freeze()
-    gc.set_threshold(700, 10, 1000)
+    gc.set_threshold(young, 10, 1000)
 
 
 def raise_fd_limit() -> None:

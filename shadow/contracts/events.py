@@ -121,6 +121,9 @@ class Step:
 Event = Arrive | Route | Token | Finish | Cancel | Step
 
 EVENT_TYPES: dict[str, type[Event]] = {cls.kind: cls for cls in (Arrive, Route, Token, Finish, Cancel, Step)}
+#: each kind's field names (what `from_dict` accepts besides "type")
+EVENT_FIELDS: dict[str, frozenset[str]] = {
+    kind: frozenset(f.name for f in fields(cls)) for kind, cls in EVENT_TYPES.items()}
 
 
 def load_schema() -> dict[str, Any]:
@@ -145,14 +148,15 @@ def from_dict(data: dict[str, Any]) -> Event:
     cls = EVENT_TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise ValueError(f"unknown event type {kind!r}")
-    known = {f.name: f for f in fields(cls)}
-    extra = set(data) - set(known) - {"type"}
-    if extra:
-        raise ValueError(f"{kind}: unknown field(s) {sorted(extra)}")
+    known = EVENT_FIELDS[cls.kind]
     kwargs: dict[str, Any] = {}
-    for name in known:
-        if name in data and data[name] is not None:
-            kwargs[name] = data[name]
+    for name, value in data.items():
+        if name in known:
+            if value is not None:
+                kwargs[name] = value
+        elif name != "type":
+            extra = sorted(set(data) - known - {"type"})
+            raise ValueError(f"{kind}: unknown field(s) {extra}")
     try:
         event = cls(**kwargs)
     except TypeError as exc:

@@ -118,23 +118,29 @@ class BarrierClock:
         """Live: resolve the open ends group `c`'s step needs (booking those now known, their output
         written to `slot_output`); True when one is still unknown (hold)."""
         watch, k = self.watches[c], self.gk[c]
+        end_of, refile = ends.end_of, heapq.heapreplace  # (bound once: every running request
+        # of a lane at the edge of the known tokens is looked at again each time its count moves)
         # Each open end is looked at once at most: it is resolved, re-filed under a step >= k, or
         # holds the step. The loop is bounded by that count rather than left open-ended.
         for _ in range(len(watch)):
-            if not watch or watch[0][0] >= k:
+            if not watch:
                 break
-            _, n, g, slot, job = watch[0]
-            gen, final = ends.end_of(job.request_id)
+            top = watch[0]
+            if top[0] >= k:
+                break
+            _, n, g, slot, job = top
+            gen, final = end_of(job.request_id)
             start = int(slot_start[slot])
             if final is not None:
                 heapq.heappop(watch)
                 done = max(start + max(final, gen, 1) - 1, k)
                 self.calendars[c].setdefault(done, []).append((g, slot, job, done - start + 1))
                 slot_output[slot] = done - start + 1
-            elif start + gen - 2 >= k:
-                heapq.heapreplace(watch, (start + gen - 2, n, g, slot, job))
-            else:
+                continue
+            key = start + gen - 2
+            if key < k:
                 return True
+            refile(watch, (key, n, g, slot, job))
         return False
 
     def regroup(self, groups: list[tuple[int, ...]], running: Sequence[int]) -> list[int] | None:
