@@ -73,7 +73,8 @@ class LaneShard:
         d = live.driver
         return {"lanes": {label: lanes[label] for label in labels},
                 "windows": {label: live.windows.booked(label) for label in labels},
-                "counters": {name: getattr(d, name) for name in PER_LANE_COUNTERS}}
+                "counters": {name: getattr(d, name) for name in PER_LANE_COUNTERS},
+                "open": d.open_requests()}
 
 
 class Shards(Protocol):
@@ -277,6 +278,11 @@ class ShardedLanes:
                   for name in PER_LANE_COUNTERS}
         rep["rolling"] = {**rep["rolling"], "windows_complete": windows.complete,
                           "reseeds": counts["reseeds"], "seed_unknown_worker": counts["seed_unknown_worker"]}
+        # a request stays open until every lane is done with it: the central table lets it go when
+        # its own (actual) lane is, each shard's when its lanes are; the most any process keeps (one
+        # shard: the one-process figure; several: a lower bound on it)
+        most = max([rep["requests"]["open"], *(p["open"] for p in parts)])
+        rep["requests"] = {**rep["requests"], "open": most}
         return rep
 
     def close(self) -> None:
