@@ -133,7 +133,6 @@ class LiveLanes:
         self.driver = LiveDriver(self.config, self.specs, self.workers, time.perf_counter, lag_s=lag_s,
                                  rolling_s=rolling_s)
         # Tokens held per interval (`--token-interval`): no steps are measured in the streams
-        self.token_interval_s = token_interval_s
         self.driver.table.stream_steps = token_interval_s == 0
         # lane figures per window; rolling: the windows are the re-seeded ones
         self.rolling_s = self.driver.rolling_s

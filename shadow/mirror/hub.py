@@ -137,11 +137,13 @@ class Mirror:
         ("live_cap", or `bounds.TIME_SKEW`/`TOKEN_BOUND`), or HELD (a tap Token kept by the hold)."""
         hold = self.hold
         if hold is not None:
-            for tok, t_now in hold.advance(ev.t):
-                self._apply(tok, "tap", t_now)
-            if source == "tap" and isinstance(ev, Token):
-                hold.hold(ev, now)
-                return HELD
+            if source == "tap":  # (only the relay's times move the intervals: an API event's time
+                # is the poster's, and one far ahead must not hold the taps' Tokens back)
+                for tok, t_now in hold.advance(ev.t):
+                    self._apply(tok, "tap", t_now)
+                if isinstance(ev, Token):
+                    hold.hold(ev, now)
+                    return HELD
             held_one = hold.take(ev)
             if held_one is not None:
                 self._apply(held_one[0], "tap", held_one[1])

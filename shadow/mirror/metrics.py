@@ -73,6 +73,12 @@ TAP_ENDS = Family("shadow_mirror_tap_ends_total", "counter",
                   "Ends of proxied requests, by reason.", "requests", ("worker", "reason"))
 LEGS_INFLIGHT = Family("shadow_mirror_legs_inflight", "gauge",
                        "Legs in flight through each tap.", "requests", W)
+TOKENS_HELD = Family("shadow_mirror_tokens_held", "gauge",
+                     "Streams whose newest Token the hub holds until its interval ends (--token-interval).",
+                     "streams")
+TOKENS_COALESCED = Family("shadow_mirror_tokens_coalesced_total", "counter",
+                          "Tap Tokens replaced by a newer one of their stream in the same interval, never "
+                          "passed on (--token-interval).", "events")
 STREAM_GAPS = Family("shadow_mirror_stream_gaps_total", "counter",
                      "Gaps in copied streams after queue drops.", "gaps")
 TAP_REQUESTS = Family("shadow_mirror_tap_requests_total", "counter",
@@ -128,7 +134,8 @@ DRIFT_UNSETTLED = Family(
 #: Every family `MirrorCollector` may yield, in the order it yields them.
 FAMILIES = (
     REQUESTS_ACTIVE, KV_TOKENS, FREE_SLOTS, FINISHED, CANCELLED, REAPED, PHANTOMS, PENDING,
-    OLDEST_SILENCE, ORPHANS, EVENTS, IGNORED, REJECTED, DROPPED, ERRORS, QUEUE_DEPTH, QUEUE_CAPACITY,
+    OLDEST_SILENCE, ORPHANS, EVENTS, IGNORED, REJECTED, DROPPED, ERRORS, TOKENS_HELD, TOKENS_COALESCED,
+    QUEUE_DEPTH, QUEUE_CAPACITY,
     CHUNKS, OUTPUT_COUNTS, LEGS, TAP_ENDS, LEGS_INFLIGHT, STREAM_GAPS, TAP_REQUESTS, CONNECT_ERRORS,
     TAP_REJECTED, TAP_CUT, TAP_CONNECTIONS, QUEUE_BYTES, FORWARD_SENT, FORWARD_DROPPED, FORWARD_ERRORS,
     DRIFT_REQUESTS,
@@ -192,6 +199,9 @@ class MirrorCollector(DeclaredCollector):
         if m.recorder is not None:
             errors["record"] = m.recorder.errors
         yield ERRORS.sampled(errors)
+        hold = m.hold  # zeros without --token-interval
+        yield TOKENS_HELD.value(len(hold) if hold is not None else 0)
+        yield TOKENS_COALESCED.value(hold.coalesced if hold is not None else 0)
         if self.queue is not None:
             yield QUEUE_DEPTH.value(len(self.queue))
             yield QUEUE_CAPACITY.value(self.queue.maxsize)

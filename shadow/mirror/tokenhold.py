@@ -11,8 +11,9 @@ how they were spread inside the interval.
 Order: a held Token goes out before any later event of its request (its end, a late Route), and
 all held Tokens go out, in the order their requests first held one, before the first event whose
 time lies past their interval: the events that follow are a function of the events that came in,
-never of how they were batched. The high-water mark moves with every event (any source); `due(t)`
-tells a quiet input's caller whether time alone should release them. Pure: time is in the events.
+never of how they were batched. The high-water mark moves with the events the caller advances it
+with (the hub: the taps' own, whose times are the relay's clock); `due(t)` tells a quiet input's
+caller whether time alone should release them. Pure: time is in the events.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import httpx
 import openai
 
 from shadow.mirror.config import MirrorConfig
@@ -55,6 +56,9 @@ def test_the_centre_takes_held_tokens_and_ends_with_the_nodes_state() -> None:
                 assert STREAMS <= centre_tokens == node_tokens <= STREAMS * intervals, spanned
                 coalesced = node.sync(lambda: hold.coalesced)
                 assert coalesced > 0 and coalesced + node_tokens >= STREAMS * (TOKENS - 1)
+                metrics = httpx.get(node.ready["api"] + "/metrics").text
+                assert f"shadow_mirror_tokens_coalesced_total {float(coalesced)}" in metrics
+                assert "shadow_mirror_tokens_held 0.0" in metrics
                 node_w = node.sync(lambda: node.svc.state.snapshot(0)["workers"]["d0"])
                 centre_w = centre.sync(lambda: centre.svc.state.snapshot(0)["workers"]["d0"])
                 assert {k: centre_w[k] for k in ("active", "kv_tokens", "finished")} == {

@@ -55,6 +55,18 @@ def test_api_tokens_are_not_held_and_no_interval_means_no_hold() -> None:
     assert plain.emit(Token("a", 0.1, 1), "tap", 0.1) != HELD and len(seen_plain) == 2
 
 
+def test_an_api_event_from_far_ahead_does_not_hold_the_taps_tokens_back() -> None:
+    # a poster's clock (or a hostile one) must not move the intervals: only the taps' times do
+    m, seen = mirror(IV)
+    m.emit(Route("a", 0.0, "d0", 10), "tap", 0.0)
+    m.emit(Route("x", 1e9, "d1", 1), "api", 0.0)  # dropped as out of bounds, and moves nothing
+    m.emit(Token("a", 0.1, 1), "tap", 0.1)
+    m.emit(Token("a", 0.6, 2), "tap", 0.6)  # the next interval: the first one's Token goes out
+    assert [e for e in seen if isinstance(e, Token)] == [Token("a", 0.1, 1)]
+    m.tick(1.0)
+    assert [e for e in seen if isinstance(e, Token)] == [Token("a", 0.1, 1), Token("a", 0.6, 2)]
+
+
 def test_the_interval_must_be_positive() -> None:
     for bad in (0.0, -1.0, float("nan")):
         try:

@@ -84,7 +84,7 @@ def _collectors() -> list[tuple[DeclaredCollector, tuple[Family, ...]]]:
     state = SimpleNamespace(workers=ws, orphans=0, phantoms=lambda now: 0, pending=lambda: 0,
                             oldest_silence=lambda now: None)
     mirror = SimpleNamespace(state=state, events={}, ignored={}, dropped={}, recorder=None, errors={},
-                             listener_errors=0)
+                             listener_errors=0, hold=None)
     queue = _Queue()
     analyzer = SimpleNamespace(chunks={}, legs={}, ends={}, inflight={}, gaps=0, output_counts={})
     tap = SimpleNamespace(name="a", requests=0, connect_errors=0, rejected={}, cut={}, connections=0)
