@@ -86,6 +86,18 @@ def unread(transports: list[Any]) -> int:
     return n
 
 
+def accept_queue(port: int) -> int:
+    """Connections waiting in the accept queue of the loopback listener on `port` (Linux: the
+    receive-queue column of a listening socket's /proc/net/tcp line)."""
+    local = f"0100007F:{port:04X}"
+    with open("/proc/net/tcp", encoding="ascii") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            if fields[1] == local and fields[3] == "0A":  # (0A: LISTEN)
+                return int(fields[4].split(":")[1], 16)
+    return 0
+
+
 class H11Server:
     """uvicorn (http="h11") on a free loopback port in a daemon thread."""
 
@@ -111,10 +123,13 @@ class H11Server:
         return len(self.server.server_state.connections)
 
     def settled(self) -> bool:
-        """Nothing sent to this server is still to be handled: no app running, and no connection
-        with bytes unread in its socket (what a peer wrote and then walked away from is read, framed
-        and handed to the app in one callback, so a request on its way shows in one or the other).
-        Read from another thread: a set changing under the copy reads as not settled."""
+        """Nothing sent to this server is still to be handled: no connection waiting to be accepted,
+        no app running, and no connection with bytes unread in its socket (what a peer wrote and
+        then walked away from is read, framed and handed to the app in one callback, so a request on
+        its way shows in one or the other). Read from another thread: a set changing under the copy
+        reads as not settled."""
+        if accept_queue(self.port):
+            return False  # a connection (and maybe a request on it) the loop has not accepted yet
         state = self.server.server_state
         try:
             if state.tasks:
