@@ -280,8 +280,10 @@ class WorkerClock:
         group = next((grp for grp in self.group_cost if g in grp), (g,))
         cost = self.group_cost[group].result() if len(group) > 1 else w.cost.result()
         clock = cost.clock_model
-        if clock is not None:
-            return WorkerModel(clock, "cost fit", source, fit, mean, steps, cost, group, cost.model,
+        if clock is not None:  # fitted on the steps a worker reported with its counts: their source,
+            # not the last window's (one without reported steps takes its figure from SSE gaps)
+            return WorkerModel(clock, "cost fit", w.event_source or source, fit, mean, steps, cost, group,
+                               cost.model,
                                cost.clock_factor if cost.basis == "engine" else None)
         if fit.quality == "good" and fit.a_s_per_token is not None and fit.b_s is not None:
             linear = StepTimeModel(fit.a_s_per_token, fit.b_s)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from shadow.app.demo import cost_line
-from shadow.contracts.events import Event, Step
+from shadow.contracts.events import Event, Route, Step, Token
 from shadow.core.hostfactor import HOST_WINDOWS, HostFactor
 from shadow.core.stepcost import PERIOD_ERROR_MAX, select
 from shadow.core.stepmodel import FitResult
@@ -89,6 +89,24 @@ def test_independent_engines_get_the_per_sequence_cost_each_with_its_interval() 
     assert not any("step cost" in p for p in rep["comparison"]["problems"]), rep["comparison"]["problems"]
     line = cost_line(sm)
     assert line is not None and "d0 b + c·n (b " in line and "ms/seq" in line and "out-of-sample" in line
+
+
+def test_a_cost_model_says_it_comes_from_the_probe_after_a_window_of_stream_gaps_only() -> None:
+    # the probe's posts can lag the streams: a last window with SSE gaps and no reported step takes
+    # its figure from the gaps, but the cost model the lanes step on is still the probe's
+    steps = _probe_steps(1, 2, 1500, shared=False)
+    end = steps[-1].t
+    tail: list[Event] = []
+    for i in range(32):
+        tail += [Route(f"s{i}", end + 0.01, f"d{i % 2}", 10), Token(f"s{i}", end + 0.02, 1)]
+    tail += [Token(f"s{i}", end + 0.02 + 0.01 * k, 1 + k) for k in range(1, 200) for i in range(32)]
+    live = _run(steps + tail, 2)
+    sm = live.report()["step_model"]
+    for g in range(2):
+        assert sm["clock"]["workers"][f"d{g}"]["model"] == "cost fit", sm["clock"]["workers"]
+        assert sm["clock"]["workers"][f"d{g}"]["source"] == "probe", sm["clock"]["workers"]
+    assert {w.source for w in live.steps.worker_clock.w} == {"sse"}  # (the last window's figures)
+    assert sm["model_source"] == "probe", sm
 
 
 def test_engines_behind_one_barrier_share_one_fitted_model() -> None:
