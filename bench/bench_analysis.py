@@ -68,7 +68,7 @@ from shadow.contracts.frames import (
 from shadow.mirror.api import ingest_ndjson
 from shadow.mirror.channel_reader import ChannelReader
 from shadow.mirror.config import MirrorConfig
-from shadow.mirror.hub import event_dict
+from shadow.mirror.hub import event_line
 from shadow.mirror.service import MirrorService
 from shadow.traces import resolve
 
@@ -220,7 +220,7 @@ class NodeStage:
         self.lines: list[str] = []
 
     def _line(self, ev: Event) -> None:
-        self.lines.append(json.dumps(event_dict(ev), separators=(",", ":")))
+        self.lines.append(event_line(ev))
 
     def feed(self, data: bytes, read: int) -> bytes:
         """The step's frames in; the events it let out, as one NDJSON body."""

@@ -28,7 +28,7 @@ from shadow.base.listener import capped_body
 from shadow.base.logthrottle import Throttled
 from shadow.base.security import bearer_ok, is_loopback
 from shadow.contracts.events import EVENT_TYPES, Arrive, Event, Step, from_dict, load_schema
-from shadow.mirror.hub import Mirror, event_dict
+from shadow.mirror.hub import Mirror, event_line
 
 try:  # faster, and refuses nesting beyond 1024 levels and integers beyond 64 bits by itself
     import orjson as _orjson
@@ -287,7 +287,7 @@ def events_router(
     async def get_events(after: int = Query(0, ge=0), limit: int = Query(1000, ge=1, le=100_000)) -> Response:
         items = mirror.recent_after(after, limit)
         last = items[-1][0] if items else max(after, 0)
-        body = "".join(json.dumps(event_dict(ev), separators=(",", ":")) + "\n" for _, ev in items)
+        body = "".join(event_line(ev) + "\n" for _, ev in items)
         return Response(body, media_type="application/x-ndjson", headers={"X-Last-Seq": str(last)})
 
     @router.get("/v1/events/schema")

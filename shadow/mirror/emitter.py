@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 from shadow.contracts.events import Event
-from shadow.mirror.hub import event_dict
+from shadow.mirror.hub import event_line
 
 
 class Emitter:
@@ -62,8 +62,8 @@ class Emitter:
             if len(self._buf) >= self.max_buffer:
                 self.dropped += 1
                 return False
-            obj = event if isinstance(event, dict) else event_dict(event)
-            self._buf.append(json.dumps(obj, separators=(",", ":")))
+            line = json.dumps(event, separators=(",", ":")) if isinstance(event, dict) else event_line(event)
+            self._buf.append(line)
             if len(self._buf) >= self.batch_size and self._wake is not None:
                 self._wake.set()
             return True

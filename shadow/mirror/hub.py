@@ -38,6 +38,12 @@ def event_dict(ev: Event) -> dict[str, Any]:
     return out
 
 
+def event_line(ev: Event) -> str:
+    """One event as an NDJSON line (no newline): what the event API takes and serves, `--forward`
+    posts and the debugging recorder writes."""
+    return json.dumps(event_dict(ev), separators=(",", ":"))
+
+
 class Recorder:
     """Appends events as NDJSON (to_dict form) to a file; buffered, written on `flush()`.
 
@@ -56,7 +62,7 @@ class Recorder:
         if len(self._lines) >= self.max_buffered:
             self.dropped += 1
             return
-        self._lines.append(json.dumps(event_dict(ev), separators=(",", ":")))
+        self._lines.append(event_line(ev))
 
     def flush(self) -> None:
         if not self._lines or self._fh is None:
