@@ -9,6 +9,7 @@ worker list. `to_dict`/`from_dict` give the NDJSON form published as a JSON Sche
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, fields
 from importlib import resources
 from typing import Any, ClassVar, Literal
@@ -19,6 +20,9 @@ from typing import Any, ClassVar, Literal
 MAX_REQUEST_TOKENS = 1 << 21
 #: The fields of an event that count tokens (each bounded by MAX_REQUEST_TOKENS).
 TOKEN_FIELDS = ("prompt_tokens", "generated", "max_tokens", "tokens")
+
+#: The most step ends one Token carries (`Token.step_ends`; a node passes a Token on when it has them).
+MAX_STEP_ENDS = 1024
 
 FinishReason = Literal["stop", "length", "abort", "error", "cut", "reaped", "other"]
 
@@ -55,10 +59,17 @@ class Route(RequestEvent):
 
 @dataclass(frozen=True, slots=True)
 class Token(RequestEvent):
-    """The request's stream advanced to `generated` output tokens in total (cumulative)."""
+    """The request's stream advanced to `generated` output tokens in total (cumulative).
+
+    `step_ends`: set only by a node that holds its Tokens (`--token-interval`): the chunks of this
+    stream since its previous Token that ended a decode step of its worker as that worker's streams
+    show it (`shadow.engine.stepends`), flat as (t, per-token gap in seconds) pairs, at most
+    `MAX_STEP_ENDS` of them. A held Token's own gap is a mean over its interval, so a centre takes a
+    worker's step ends from these."""
 
     kind: ClassVar[str] = "token"
     generated: int
+    step_ends: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +168,9 @@ def from_dict(data: dict[str, Any]) -> Event:
         elif name != "type":
             extra = sorted(set(data) - known - {"type"})
             raise ValueError(f"{kind}: unknown field(s) {extra}")
+    ends = kwargs.get("step_ends")
+    if isinstance(ends, list):  # (JSON's array; the event keeps a tuple: events are immutable)
+        kwargs["step_ends"] = tuple(ends)
     try:
         event = cls(**kwargs)
     except TypeError as exc:
@@ -180,6 +194,8 @@ def _validate(event: Event) -> None:
         raise ValueError("route: worker must be a non-empty string")
     if isinstance(event, Step):
         _validate_step(event)
+    if isinstance(event, Token) and event.step_ends is not None:
+        _validate_step_ends(event.step_ends)
     if isinstance(event, Finish) and event.reason not in (
         "stop",
         "length",
@@ -190,6 +206,16 @@ def _validate(event: Event) -> None:
         "other",
     ):
         raise ValueError(f"finish: unknown reason {event.reason!r}")
+
+
+def _validate_step_ends(ends: object) -> None:
+    if not isinstance(ends, tuple) or len(ends) % 2 or not 0 < len(ends) <= 2 * MAX_STEP_ENDS:
+        raise ValueError(f"token: step_ends must be 1 to {MAX_STEP_ENDS} (t, gap) pairs, flat")
+    for i, x in enumerate(ends):
+        if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
+            raise ValueError("token: step_ends must be finite numbers")
+        if i % 2 and not 0 < x < 3600:
+            raise ValueError("token: a step end's gap must be in (0, 3600) s")
 
 
 def _validate_step(event: Step) -> None:

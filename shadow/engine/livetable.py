@@ -20,6 +20,7 @@ from shadow.contracts.requests import RequestRecord
 from shadow.core.baselines import BODY_BYTES_PER_TOKEN
 from shadow.engine.engineside import EngineSide
 from shadow.engine.routerview import RouterViews
+from shadow.engine.stepends import SAME_STEP_FRACTION
 
 PROBE_SOURCES = ("probe", "probe_interval")  # step events of an engine probe (with its counts)
 
@@ -82,7 +83,8 @@ class RequestTable:
         self.worker_gap_ends: list[tuple[int, float, float]] = []
         self._gap_end = [float("-inf")] * n
         # False: the Tokens come one per stream per interval (`--token-interval`), not one per chunk:
-        # their gaps are interval means and one chunk per interval shows no step; neither is measured
+        # their gaps are interval means (kept: the same sum and count) and one chunk per interval
+        # shows no step, so the step ends are the node's (`Token.step_ends`), not found here
         self.stream_steps = True
 
     def take_gaps(self) -> list[array[float]]:
@@ -175,21 +177,25 @@ class RequestTable:
         last = r.t_token
         r.t_token = t
         r.generated = generated
-        if last >= 0 and self.stream_steps:
+        if last >= 0:
             # dg tokens since the last event are dg decode steps (one token per step per running
             # stream), each the gap's share. Not only one-token advances: vLLM merges a stream's
             # tokens into one chunk when its HTTP side lags, and a merged chunk comes after a long
-            # gap (one-token gaps only: step mean +14-24% at load average 15-19).
+            # gap (one-token gaps only: step mean +14-24% at load average 15-19). Held Tokens give
+            # each token of an interval the interval's mean gap: the same sum and count.
             gap = (t - last) / dg
             if dg == 1:
                 self.gaps[g].append(gap)  # (g = -1: the last one, no worker)
             else:
                 self.gaps[g].extend([gap] * dg)
-            if g >= 0 and gap > 0:
+            if g >= 0 and gap > 0 and self.stream_steps:
                 ends = self._gap_end
-                if t - ends[g] >= 0.1 * gap:
+                if t - ends[g] >= SAME_STEP_FRACTION * gap:
                     ends[g] = t
                     self.worker_gap_ends.append((g, t, gap))
+        if not self.stream_steps and g >= 0 and ev.step_ends is not None:  # the node's (`StreamSteps`)
+            e = ev.step_ends
+            self.worker_gap_ends += [(g, e[i], e[i + 1]) for i in range(0, len(e) - 1, 2)]
         if g >= 0:
             if r.queued:
                 self.mirror_placed[g] += dg

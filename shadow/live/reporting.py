@@ -294,8 +294,9 @@ class ReportBuilder:
             warnings.append(f"{dropped_total} events dropped (lanes overloaded): lanes miss requests")
         if not self.driver.table.stream_steps:
             warnings.append(
-                "Tokens come one per stream per interval (--token-interval): no steps are measured in the "
-                "streams; the lanes step on worker step events (an engine probe) or the configured model"
+                "Tokens come one per stream per interval (--token-interval): the streams' step times are "
+                "interval means and their step ends the nodes' (Token.step_ends), both taken when the "
+                "interval's Tokens come: a step-time window's SSE figure lags by up to one interval"
             )
         return warnings
 

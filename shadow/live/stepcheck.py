@@ -53,10 +53,14 @@ class _Seen:
         self.median: float | None = None  # of `gaps`, computed when asked (None: stale or none)
 
     def add(self, t: float, gap: float) -> None:
-        if self.times and t < self.times[-1]:
-            return  # (the driver gives them ascending per worker)
-        self.times.append(t)
-        self.gaps.append(gap)
+        times = self.times
+        if times and t < times[-1]:  # (held Tokens bring a worker's step ends by stream, not in time)
+            i = bisect_right(times, t)
+            times.insert(i, t)
+            self.gaps.insert(i, gap)
+        else:
+            times.append(t)
+            self.gaps.append(gap)
         if len(self.times) > 2 * self.keep:  # trimmed in halves: amortised O(1)
             del self.times[: -self.keep], self.gaps[: -self.keep]
         self.median = None

@@ -3,8 +3,10 @@
 `Mirror.emit(event, source, now)` applies the event to the `MirrorState`, appends it to the
 recorder (if any) and to a bounded ring of recent events (served by GET /v1/events), and counts it.
 With `token_interval_s` > 0 the taps' Tokens pass a `TokenHold` first (one per stream per
-interval of event time: `shadow.mirror.tokenhold`); everything after the hub sees the same events
-whatever the interval's batches were.
+interval of event time: `shadow.mirror.tokenhold`), except a stream's first Token, passed on at
+once; the chunks that ended a decode step of their worker (`shadow.engine.stepends`) go out with
+the held Token (`Token.step_ends`);
+everything after the hub sees the same events whatever the interval's batches were.
 All counters here are plain integers exported by `shadow.mirror.metrics.MirrorCollector`.
 """
 
@@ -17,7 +19,8 @@ from collections.abc import Callable, Sequence
 from typing import IO, Any, Protocol
 
 from shadow.base.logthrottle import Throttled
-from shadow.contracts.events import Event, Finish, Token
+from shadow.contracts.events import Cancel, Event, Finish, Token
+from shadow.engine.stepends import FIRST, StreamSteps
 from shadow.mirror.bounds import EventBounds
 from shadow.mirror.state import OK, MirrorState
 from shadow.mirror.tokenhold import TokenHold
@@ -112,6 +115,8 @@ class Mirror:
     ) -> None:
         self.state = state
         self.hold = TokenHold(token_interval_s) if token_interval_s > 0 else None
+        # with the hold: the taps' step ends, found per chunk (carried as `Token.step_ends`)
+        self.stream_steps = StreamSteps()
         self.bounds = bounds or EventBounds()  # time and counts an event may claim (else dropped)
         self.recorder = recorder
         self.recent: deque[tuple[int, Event]] = deque(maxlen=ring)
@@ -148,8 +153,12 @@ class Mirror:
                 for tok, t_now in hold.advance(ev.t):
                     self._apply(tok, "tap", t_now)
                 if isinstance(ev, Token):
-                    hold.hold(ev, now)
-                    return HELD
+                    gap = self.stream_steps.token(ev)
+                    if gap != FIRST:  # (a stream's first Token goes out at once: its gaps start there)
+                        full = hold.hold(ev, now, gap)
+                        if full is None:
+                            return HELD
+                        return self._apply(full[0], source, now)
             held_one = hold.take(ev)
             if held_one is not None:
                 self._apply(held_one[0], "tap", held_one[1])
@@ -177,6 +186,9 @@ class Mirror:
             self.count_drop("live_cap")
             return "live_cap"
         outcome = self.state.apply(ev, now)
+        learns = outcome == OK or isinstance(ev, Finish | Cancel)  # (of a request the state refused: nothing)
+        if learns and self.hold is not None and not isinstance(ev, Token):
+            self.stream_steps.learn(ev)
         key = (source, ev.kind)
         self.events[key] = self.events.get(key, 0) + 1
         if outcome != OK:

@@ -163,18 +163,24 @@ def test_token_gaps_are_single_token_advances_including_one_at_time_zero() -> No
     assert d.mirror_loads == [8.0, 0.0] and d.mirror_placed == [8.0, 0.0]
 
 
-def test_tokens_held_per_interval_measure_no_steps_and_count_the_same() -> None:
-    # --token-interval: one Token per stream per interval; its gaps are interval means and one chunk
-    # per interval shows no step, so the table measures neither, and keeps every count and load
+def test_tokens_held_per_interval_keep_the_gaps_sum_and_take_the_step_ends_they_carry() -> None:
+    # --token-interval: one Token per stream per interval, carrying the step ends the node found in
+    # its chunks; the held Tokens' gaps are interval means (same sum, same count), the step ends are
+    # the ones carried, and every count and load is kept
     held, plain = _driver(), _driver()
     held.table.stream_steps = False
-    for d, tokens in ((held, [(0.0, 1), (0.5, 4)]), (plain, [(0.0, 1), (0.2, 2), (0.4, 3), (0.5, 4)])):
+    marked = [Token("a", 0.0, 1), Token("a", 0.5, 4, (0.2, 0.2))]
+    plain_tokens = [Token("a", t, n) for t, n in ((0.0, 1), (0.2, 2), (0.4, 3), (0.5, 4))]
+    for d, tokens in ((held, marked), (plain, plain_tokens)):
         d.apply(Arrive("a", 0.0, 5))
         d.apply(Route("a", 0.0, "d0"))
-        for t, n in tokens:
-            d.apply(Token("a", t, n))
-    assert [list(xs) for xs in held.take_gaps()] == [[], [], []] and held.table.worker_gap_ends == []
-    assert [len(xs) for xs in plain.take_gaps()] == [3, 0, 0] and len(plain.table.worker_gap_ends) == 3
+        for tok in tokens:
+            d.apply(tok)
+    held_gaps, plain_gaps = held.take_gaps(), plain.take_gaps()
+    assert [len(xs) for xs in held_gaps] == [len(xs) for xs in plain_gaps] == [3, 0, 0]
+    assert sum(held_gaps[0]) == pytest.approx(sum(plain_gaps[0])) == 0.5
+    assert held.table.worker_gap_ends == [(0, 0.2, 0.2)]  # the carried one, not found in the held gaps
+    assert len(plain.table.worker_gap_ends) == 3
     assert held.mirror_loads == plain.mirror_loads == [9.0, 0.0]
     assert held.end_of("a") == plain.end_of("a") == (4, None)
 

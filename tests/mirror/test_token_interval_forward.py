@@ -50,8 +50,8 @@ def test_the_centre_takes_held_tokens_and_ends_with_the_nodes_state() -> None:
                 assert hold is not None and node.sync(len, hold) == 0  # every stream's end took its Token
                 node_tokens = node.sync(lambda: node.svc.mirror.events.get(("tap", "token"), 0))
                 centre_tokens = centre.sync(lambda: centre.svc.mirror.events.get(("api", "token"), 0))
-                # a stream's Tokens: one per 0.2 s interval its chunks fell in, not one per chunk; every
-                # chunk that advanced a count is either passed on or coalesced into a later one
+                # a stream's Tokens: its first, then one per 0.2 s interval its chunks fell in, not one
+                # per chunk; every chunk that advanced a count is either passed on or coalesced
                 intervals = int(spanned / 0.2) + 2
                 assert STREAMS <= centre_tokens == node_tokens <= STREAMS * intervals, spanned
                 coalesced = node.sync(lambda: hold.coalesced)
