@@ -93,7 +93,11 @@ class ServerTimes:
 
     def placed(self, g: int, t: float, request_id: str, prompt: float) -> None:
         """A request placed on worker g at event time t (in placement order per worker)."""
-        self.w[g].placed.append((t, request_id, prompt))
+        placed = self.w[g].placed
+        placed.append((t, request_id, prompt))
+        while t - placed[0][0] > MAX_LATENCY_S:  # never admitted (no probe, a lost step): no pair
+            placed.popleft()
+            self.desyncs += 1
 
     def ended(self, g: int, t: float, request_id: str, generated: int) -> None:
         """A request of worker g ended at t: its stream's end when it generated tokens (the engine
@@ -102,6 +106,7 @@ class ServerTimes:
         if generated >= 1:
             w.ends.append(t)
             self._pair_ends(w)
+            _expire(w.ends, t, self)  # ends no finishing step came for (no probe, a lost step)
             return
         for i, (_, rid, _) in enumerate(w.placed):
             if rid == request_id:
@@ -139,6 +144,7 @@ class ServerTimes:
         for _ in range(finished):
             w.finished.append(t)
         self._pair_ends(w)
+        _expire(w.finished, t, self)  # finishing steps no stream end came for (an untapped stream)
         w.running, w.waiting = running, waiting
         if period > 0 and tokens > 0:
             b = int(t // self.bucket_s)
@@ -257,3 +263,10 @@ class ServerTimes:
                          "front_samples": len(w.front), "back_samples": len(w.back)}
         return out
 
+
+def _expire(times: deque[float], now: float, counts: ServerTimes) -> None:
+    """Drop the times more than `MAX_LATENCY_S` before `now` (oldest first): no partner can come for
+    them (a pairing further apart is broken); each counted in `desyncs`."""
+    while times and now - times[0] > MAX_LATENCY_S:
+        times.popleft()
+        counts.desyncs += 1

@@ -23,6 +23,7 @@ model) is every worker's; otherwise each group steps at the max over its members
 
 from __future__ import annotations
 
+import heapq
 import operator
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -40,6 +41,8 @@ from shadow.engine.config import LaneClock
 from shadow.live.stepfit import MEAN_WINDOWS, MIN_GAPS, RobustMean, upper_median
 
 SOURCE_NAMES = {"probe": "probe", "probe_interval": "probe"}  # step event source -> clock source
+#: The most worker pairs whose step-end coincidence the report lists (every pair of 16 workers).
+REPORTED_PAIRS = 120
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +211,7 @@ class WorkerClock:
         the lanes stepped on in it)."""
         models = clock.models
         group_of = {g: grp for grp in clock.groups for g in grp}
+        group_step: dict[tuple[int, ...], float] = {}  # the step each barrier group's models predict
         n = self._load_n
         xs_all = [x / n for x in self._load_sum] if n else [0.0] * self.n
         self._load_sum, self._load_n = [0.0] * self.n, 0
@@ -242,9 +246,12 @@ class WorkerClock:
             w.steps += len(xs)
             checked = xs if raw is None else raw
             if models is not None:
+                grp = group_of[g]
+                step = group_step.get(grp)
+                if step is None:  # (once per group and window: a fleet-wide group is every worker)
+                    step = group_step[grp] = max(models[h].worker_time(xs_all[h], *counts[h]) for h in grp)
                 measured += float(checked.sum())
-                predicted += len(checked) * max(models[h].worker_time(xs_all[h], *counts[h])
-                                                for h in group_of[g])
+                predicted += len(checked) * step
         if predicted > 0:
             self.check.append((measured, predicted))
         self._closes += 1
@@ -315,13 +322,19 @@ class WorkerClock:
         return sum(m for m, _ in self.check) / predicted if predicted > 0 else None
 
     def describe(self, names: Sequence[str], per: Sequence[WorkerModel]) -> dict[str, Any]:
-        """The clock's part of the report's step model, per worker by name."""
+        """The clock's part of the report's step model, per worker by name. `coincidence`: every
+        pair's up to `REPORTED_PAIRS` pairs (16 workers), else the `REPORTED_PAIRS` least coincident
+        ones (the pairs nearest to splitting a group); `pairs`: how many pairs were measured."""
         ch = self.choice
+        pairs: Iterable[tuple[tuple[int, int], float]] = ch.coincidence.items()
+        if len(ch.coincidence) > REPORTED_PAIRS:
+            pairs = heapq.nsmallest(REPORTED_PAIRS, pairs, key=operator.itemgetter(1))
         return {
             "barrier": ch.model,
             "groups": None if ch.groups is None else [[names[g] for g in grp] for grp in ch.groups],
             "reason": ch.reason,
-            "coincidence": {f"{names[i]}~{names[j]}": round(c, 3) for (i, j), c in ch.coincidence.items()},
+            "coincidence": {f"{names[i]}~{names[j]}": round(c, 3) for (i, j), c in pairs},
+            "pairs": len(ch.coincidence),
             "workers": {
                 names[g]: {
                     "model": m.kind,

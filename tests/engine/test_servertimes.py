@@ -17,7 +17,7 @@ from shadow.engine.config import EngineConfig, EngineLimits, LaneSpec
 from shadow.engine.driver import LaneDriver, Observer
 from shadow.engine.jobs import Job
 from shadow.engine.lane import Lane
-from shadow.engine.servertimes import ServerTimes
+from shadow.engine.servertimes import MAX_LATENCY_S, ServerTimes
 
 BLOCK = 128
 BLOCKS = 1000
@@ -138,3 +138,18 @@ def test_a_request_that_never_reached_the_engine_leaves_the_admission_order() ->
     times.step(0, 0.16, 0.01, 1, 0, 1, 0, 0.01, 0.0)  # admits "a" at 0.15
     assert times.front(0) == pytest.approx(0.05)
     assert times.desyncs == 0
+
+
+def test_without_a_probe_or_without_events_nothing_waits_for_a_partner_forever() -> None:
+    # an SSE-only fleet never admits a placement nor finishes a step; a worker whose streams are not
+    # tapped never ends one: what waits for a partner is kept for MAX_LATENCY_S, not for the run
+    times = ServerTimes(2, [StepTimeModel(0.0, 0.01)] * 2)
+    for i in range(20_000):  # 10 requests a second for 2,000 s on worker 0
+        t = 0.1 * i
+        times.placed(0, t, f"r{i}", 100)
+        times.ended(0, t + 1.0, f"r{i}", 5)
+        times.step(1, t, 0.1, 0, 0, 1, 0, None, 0.0)  # worker 1: a finish in every step, no stream
+    w0, w1 = times.w
+    assert len(w0.placed) <= 10 * MAX_LATENCY_S + 1 and len(w0.ends) <= 10 * MAX_LATENCY_S + 1
+    assert len(w1.finished) <= 10 * MAX_LATENCY_S + 1
+    assert times.desyncs > 3 * 19_000  # each one dropped is counted

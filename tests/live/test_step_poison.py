@@ -151,3 +151,15 @@ def test_each_plausibility_rule_has_its_reason() -> None:
     assert check.check(None, 11.0, 0.1, 0.1, loads) is None  # fits worker 1's 30 ms steps
     assert check.check(None, 11.0, 0.5, 0.5, loads) == LONGER
     assert check.rejected == {LONGER: 3, BEYOND_MODEL: 2}
+
+
+def test_stream_steps_that_come_by_stream_not_in_time_are_judged_as_in_time() -> None:
+    # held Tokens bring a worker's step ends stream by stream: the same ends in any order vouch for
+    # the same steps
+    ends = [(0, 10.0 + 0.02 * i, 0.02) for i in range(1, 101)] + [(0, 14.0, 2.0)]
+    ordered, shuffled = StepCheck(1, StepTimeModel(a=0.0, b=0.02)), StepCheck(1, StepTimeModel(a=0.0, b=0.02))
+    ordered.saw(ends)
+    shuffled.saw(ends[1::2] + ends[::-2])
+    assert shuffled.seen[0].times == ordered.seen[0].times and shuffled.seen[0].gaps == ordered.seen[0].gaps
+    for t, d in ((11.0, 0.02), (11.0, 0.5), (14.0, 1.9), (12.5, 0.03)):
+        assert shuffled.check(0, t, d, d, [1.0]) == ordered.check(0, t, d, d, [1.0])
