@@ -193,7 +193,7 @@ class RequestTable:
                 if t - ends[g] >= SAME_STEP_FRACTION * gap:
                     ends[g] = t
                     self.worker_gap_ends.append((g, t, gap))
-        if not self.stream_steps and g >= 0 and ev.step_ends is not None:  # the node's (`StreamSteps`)
+        if not self.stream_steps and g >= 0 and ev.step_ends is not None:  # the node's (`StepEndFinder`)
             e = ev.step_ends
             self.worker_gap_ends += [(g, e[i], e[i + 1]) for i in range(0, len(e) - 1, 2)]
         if g >= 0:

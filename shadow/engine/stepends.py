@@ -4,7 +4,7 @@ A running stream gets one chunk per decode step of its worker, so the chunks of 
 streams come in bursts, one burst per step. A chunk ends a step when it comes at least
 `SAME_STEP_FRACTION` of its stream's per-token gap after the worker's previous step end (a chunk
 closer than that is another stream's chunk of the same step). The lanes' request table applies
-this rule to every Token it folds (`shadow.engine.livetable.RequestTable`); `StreamSteps` applies it
+this rule to every Token it folds (`shadow.engine.livetable.RequestTable`); `StepEndFinder` applies it
 where the Tokens are still one per chunk, at a node that holds them (`--token-interval`): the node
 passes a stream's first Token on at once and the step ends with the held Tokens (`Token.step_ends`),
 so that the centre has every step end and, from the held Tokens, every stream's gaps with the same
@@ -22,7 +22,7 @@ from shadow.contracts.events import Arrive, Cancel, Event, Finish, Route, Token
 #: A chunk less than this fraction of its per-token gap after its worker's previous step end is a
 #: chunk of the same step.
 SAME_STEP_FRACTION = 0.1
-#: `StreamSteps.token`'s answer for a stream's first advance (never a step end: it has no gap).
+#: `StepEndFinder.token`'s answer for a stream's first advance (never a step end: it has no gap).
 FIRST = 0.0
 
 
@@ -35,7 +35,7 @@ class _Stream:
         self.count = 0  # tokens seen
 
 
-class StreamSteps:
+class StepEndFinder:
     """The step-end rule over a node's events, in their order: per request its worker (the first
     Route's), its count and the time of its last advance; per worker its last step end. As the
     request table: a request is known from its first Arrive or Route and forgotten at its end; a

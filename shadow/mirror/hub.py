@@ -20,7 +20,7 @@ from typing import IO, Any, Protocol
 
 from shadow.base.logthrottle import Throttled
 from shadow.contracts.events import Cancel, Event, Finish, Token
-from shadow.engine.stepends import FIRST, StreamSteps
+from shadow.engine.stepends import FIRST, StepEndFinder
 from shadow.mirror.bounds import EventBounds
 from shadow.mirror.state import OK, MirrorState
 from shadow.mirror.tokenhold import TokenHold
@@ -116,7 +116,7 @@ class Mirror:
         self.state = state
         self.hold = TokenHold(token_interval_s) if token_interval_s > 0 else None
         # with the hold: the taps' step ends, found per chunk (carried as `Token.step_ends`)
-        self.stream_steps = StreamSteps()
+        self.step_end_finder = StepEndFinder()
         self.bounds = bounds or EventBounds()  # time and counts an event may claim (else dropped)
         self.recorder = recorder
         self.recent: deque[tuple[int, Event]] = deque(maxlen=ring)
@@ -153,7 +153,7 @@ class Mirror:
                 for tok, t_now in hold.advance(ev.t):
                     self._apply(tok, "tap", t_now)
                 if isinstance(ev, Token):
-                    gap = self.stream_steps.token(ev)
+                    gap = self.step_end_finder.token(ev)
                     if gap != FIRST:  # (a stream's first Token goes out at once: its gaps start there)
                         full = hold.hold(ev, now, gap)
                         if full is None:
@@ -188,7 +188,7 @@ class Mirror:
         outcome = self.state.apply(ev, now)
         learns = outcome == OK or isinstance(ev, Finish | Cancel)  # (of a request the state refused: nothing)
         if learns and self.hold is not None and not isinstance(ev, Token):
-            self.stream_steps.learn(ev)
+            self.step_end_finder.learn(ev)
         key = (source, ev.kind)
         self.events[key] = self.events.get(key, 0) + 1
         if outcome != OK:
