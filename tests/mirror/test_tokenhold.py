@@ -3,6 +3,7 @@ order that is a function of the events alone, and the mirrored state the same on
 
 from __future__ import annotations
 
+import json
 import math
 
 from hypothesis import given, settings
@@ -12,7 +13,8 @@ from shadow.contracts.events import MAX_STEP_ENDS, Event, Finish, Route, Token, 
 from shadow.core.stepmodel import StepTimeModel
 from shadow.engine.config import EngineConfig, LaneSpec
 from shadow.engine.live import LiveDriver
-from shadow.mirror.hub import HELD, Mirror, event_dict
+from shadow.mirror.api import MAX_LINE
+from shadow.mirror.hub import HELD, Mirror, event_dict, event_line
 from shadow.mirror.state import MirrorState
 from shadow.mirror.tokenhold import TokenHold
 
@@ -214,3 +216,11 @@ def test_held_tokens_give_the_lanes_the_same_step_ends_and_per_worker_gap_sums_a
         assert len(xs) == len(ys)
         assert math.isclose(sum(xs), sum(ys), rel_tol=1e-9, abs_tol=1e-9)
     assert held.mirror_loads == plain.mirror_loads and held.mirror_active == plain.mirror_active
+
+
+def test_a_token_with_the_most_step_ends_fits_one_line_of_the_event_api() -> None:
+    # the worst case: times of a long-running monotonic clock and gaps, each with all 17 digits
+    ends = tuple(x for i in range(MAX_STEP_ENDS) for x in (1_234_567.0 + i / 3, 1 / 3 + 1e-9 * i))
+    line = event_line(Token("x" * 256, 9_876_543.123456789, 2**21, ends))
+    assert len(line.encode()) <= MAX_LINE
+    assert from_dict(json.loads(line)).step_ends == ends  # (JSON keeps every float exactly)
