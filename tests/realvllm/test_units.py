@@ -287,6 +287,29 @@ def test_engine_sched_finds_the_engine_cores_below_the_api_server(tmp_path: Path
     assert EngineSched(root=100, proc=str(tmp_path / "none")).read(0, 0.0) is None
 
 
+def test_engine_sched_reads_the_worker_that_runs_the_forward_pass(tmp_path: Path) -> None:
+    """vLLM's CPU build runs each engine's forward pass in a worker process below its engine core
+    (the engine core spins, runnable, while it waits): the worker's main thread is the measure; of
+    tensor-parallel workers the first started."""
+
+    def proc(pid: int, ppid: int, title: bytes, sched: str) -> None:
+        d = tmp_path / str(pid)
+        d.mkdir()
+        (d / "stat").write_text(f"{pid} (x) S {ppid} 1 1\n")
+        (d / "cmdline").write_bytes(title + b"\0")
+        (d / "schedstat").write_text(sched)
+
+    proc(100, 1, b"vllm", "1 1 1\n")
+    proc(101, 100, b"VLLM::EngineCore_DP0", "4000000000 6000000000 9\n")  # the spinning loop
+    proc(103, 101, b"VLLM::Worker_DP0_TP1", "5000000000 0 9\n")
+    proc(102, 101, b"VLLM::Worker_DP0_TP0", "8700000000 1300000000 9\n")
+    proc(104, 101, b"python", "9 9 9\n")  # (a helper of the engine core: not a worker)
+    proc(105, 100, b"VLLM::EngineCore_DP1", "2000000000 0 9\n")  # no worker: the engine core itself
+    sched = EngineSched(root=100, proc=str(tmp_path))
+    assert sched.read(0, 0.0) == (8.7, 1.3) and sched.pid(0, 0.0) == 102
+    assert sched.read(1, 0.0) == (2.0, 0.0) and sched.pid(1, 0.0) == 105
+
+
 def test_the_engines_are_found_once_they_are_up_before_their_first_step(tmp_path: Path) -> None:
     """The probe wants its engines when vLLM says they are up (`log_engine_initialized`); the sender
     thread looks for them then, so the first step polled already has their CPU times (a burst of
