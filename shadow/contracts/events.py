@@ -102,10 +102,11 @@ class Step:
     (consecutive: a gap is steps the probe did not see), `dummy` a DP rank's padding step (no
     request of its own, run to keep its group's collectives in lockstep), `engine_interval_s` the
     time since the previous step on the engine's own clock (absent when no request decoded in
-    both: after idle or a prefill-only step), `engine_run_s`/`engine_wait_s` the seconds the
-    engine's main thread had run on a CPU / waited, runnable, for one since it started (Linux
-    schedstat, interpolated at the step's time; their difference between two steps is the host's
-    share of that span: what the engine waited for a CPU)."""
+    both: after idle or a prefill-only step), `engine_run_s`/`engine_wait_s` the seconds the main
+    thread of the process that runs the engine's forward pass (its worker where it has one) had run
+    on a CPU / waited, runnable, for one since it started (Linux schedstat, read at the step's
+    record time; their difference between two steps is the host's share of that span: what the
+    engine waited for a CPU)."""
 
     kind: ClassVar[str] = "step"
     t: float

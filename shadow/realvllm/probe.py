@@ -26,9 +26,11 @@ the previous step too has exactly the time between the two steps' outputs). runn
 are the scheduler's counts after the step; tokens and preemptions come from the step's
 IterationStats.
 
-What the host did to the step: `record()` reads the engine-core process's scheduler statistics
-(`/proc/<pid>/schedstat` of its main thread: time on a CPU, time runnable but waiting for one;
-`stepsender.EngineSched.poll`, one `pread` of a file kept open, about a microsecond) at each step,
+What the host did to the step: `record()` reads the engine's scheduler statistics
+(`/proc/<pid>/schedstat` of the main thread of the process that runs its forward pass — its
+`VLLM::Worker`, which the CPU build always starts, else the engine core: `EngineSched` — time on a
+CPU, time runnable but waiting for one; `stepsender.EngineSched.poll`, one `pread` of a file kept
+open, about a microsecond) at each step,
 at the step's record time `t` (`engine_run_s`, `engine_wait_s`, cumulative; the sender thread finds
 the engine's process). On a loaded host the wait is most of a step's period, and it is not the
 load's cost. The values are exact at `t`, which follows the engine's step by the time its outputs

@@ -55,7 +55,7 @@ class StepSample(NamedTuple):
     iteration: int | None = None
     dummy: bool = False
     engine_interval_s: float | None = None
-    run_s: float | None = None  # the engine's main thread's seconds on a CPU so far, read at t
+    run_s: float | None = None  # the engine's measured thread's (EngineSched) seconds on a CPU so far, at t
     wait_s: float | None = None  # ... and waiting, runnable, for one
 
 
@@ -241,7 +241,7 @@ class EngineSched:
             self._wanted.discard(engine)
 
     def poll(self, engine: int) -> tuple[float, float] | None:
-        """(seconds on a CPU, seconds waiting for one) of engine `engine`'s main thread now; None
+        """(seconds on a CPU, seconds waiting for one) of engine `engine`'s measured thread now; None
         until `look` has found it (asked for here), or when it went away."""
         fd = self._fds.get(engine)
         if fd is None:
