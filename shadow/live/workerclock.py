@@ -323,8 +323,9 @@ class WorkerClock:
 
     def describe(self, names: Sequence[str], per: Sequence[WorkerModel]) -> dict[str, Any]:
         """The clock's part of the report's step model, per worker by name. `coincidence`: every
-        pair's up to `REPORTED_PAIRS` pairs (16 workers), else the `REPORTED_PAIRS` least coincident
-        ones (the pairs nearest to splitting a group); `pairs`: how many pairs were measured."""
+        pair's while there are at most `REPORTED_PAIRS` pairs (16 workers), else the `REPORTED_PAIRS`
+        least coincident ones (the pairs nearest to splitting a group); `pairs`: how many pairs
+        were measured."""
         ch = self.choice
         pairs: Iterable[tuple[tuple[int, int], float]] = ch.coincidence.items()
         if len(ch.coincidence) > REPORTED_PAIRS:
