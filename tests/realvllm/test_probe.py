@@ -7,12 +7,15 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import statistics
+import time
+from pathlib import Path
 
 import httpx
 import jsonschema
 import pytest
 
 from shadow.contracts.events import load_schema
+from shadow.realvllm.stepsender import EngineSched
 from tests.realvllm.conftest import MODEL_NAME, Tier
 from tests.realvllm.helpers import completion_tokens, latest_seq, metric, prompt_tokens, raw_stream, wait_for
 
@@ -103,3 +106,20 @@ def test_a_probe_whose_sink_hangs_drops_and_counts_and_the_engine_serves_on(tier
     wait_for(lambda: metric(url, "shadow_probe_steps_total", outcome="dropped_failed") > 0,
              "a failed post counted", timeout=30)
     assert metric(url, "shadow_probe_steps_total", outcome="sent") == 0
+
+
+def test_the_probe_reads_the_process_that_runs_the_forward_pass(tier: Tier) -> None:
+    # vLLM's CPU build runs each engine's forward pass in a worker process below its engine core
+    # (the MP executor); the engine core waits for it in a loop that spins, so the worker's main
+    # thread is what the probe reads (a vLLM that lays its processes out otherwise fails here)
+    server = tier.probe.servers[0]
+    assert server.proc is not None
+    pid = EngineSched(root=server.proc.pid).pid(0, time.monotonic())
+    assert pid is not None, "the engine's processes below the API server"
+
+    def title(p: int | str) -> bytes:
+        return Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0", 1)[0]
+
+    parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+    assert title(pid).startswith(b"VLLM::Worker") and title(parent) == b"VLLM::EngineCore", (title(pid),
+                                                                                             title(parent))
