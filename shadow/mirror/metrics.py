@@ -79,6 +79,12 @@ TOKENS_HELD = Family("shadow_mirror_tokens_held", "gauge",
 TOKENS_COALESCED = Family("shadow_mirror_tokens_coalesced_total", "counter",
                           "Tap Tokens replaced by a newer one of their stream in the same interval, never "
                           "passed on (--token-interval).", "events")
+STEP_ENDS = Family("shadow_mirror_step_ends_total", "counter",
+                   "Decode step ends found in the taps' chunks and carried on held Tokens "
+                   "(--token-interval).", "steps")
+TOKENS_FULL = Family("shadow_mirror_tokens_full_total", "counter",
+                     "Held Tokens passed on before their interval ended: they carried the most step ends one "
+                     "Token takes (--token-interval).", "events")
 STREAM_GAPS = Family("shadow_mirror_stream_gaps_total", "counter",
                      "Gaps in copied streams after queue drops.", "gaps")
 TAP_REQUESTS = Family("shadow_mirror_tap_requests_total", "counter",
@@ -135,6 +141,7 @@ DRIFT_UNSETTLED = Family(
 FAMILIES = (
     REQUESTS_ACTIVE, KV_TOKENS, FREE_SLOTS, FINISHED, CANCELLED, REAPED, PHANTOMS, PENDING,
     OLDEST_SILENCE, ORPHANS, EVENTS, IGNORED, REJECTED, DROPPED, ERRORS, TOKENS_HELD, TOKENS_COALESCED,
+    STEP_ENDS, TOKENS_FULL,
     QUEUE_DEPTH, QUEUE_CAPACITY,
     CHUNKS, OUTPUT_COUNTS, LEGS, TAP_ENDS, LEGS_INFLIGHT, STREAM_GAPS, TAP_REQUESTS, CONNECT_ERRORS,
     TAP_REJECTED, TAP_CUT, TAP_CONNECTIONS, QUEUE_BYTES, FORWARD_SENT, FORWARD_DROPPED, FORWARD_ERRORS,
@@ -202,6 +209,8 @@ class MirrorCollector(DeclaredCollector):
         hold = m.hold  # zeros without --token-interval
         yield TOKENS_HELD.value(len(hold) if hold is not None else 0)
         yield TOKENS_COALESCED.value(hold.coalesced if hold is not None else 0)
+        yield STEP_ENDS.value(hold.step_ends if hold is not None else 0)
+        yield TOKENS_FULL.value(hold.full if hold is not None else 0)
         if self.queue is not None:
             yield QUEUE_DEPTH.value(len(self.queue))
             yield QUEUE_CAPACITY.value(self.queue.maxsize)

@@ -30,7 +30,7 @@ Held = tuple[Token, float]  # the Token and the `now` it came with
 class TokenHold:
     """See module docstring. `interval_s` > 0."""
 
-    __slots__ = ("_ends", "_k", "_pending", "coalesced", "interval_s")
+    __slots__ = ("_ends", "_k", "_pending", "coalesced", "full", "interval_s", "step_ends")
 
     def __init__(self, interval_s: float) -> None:
         if not interval_s > 0:
@@ -40,6 +40,8 @@ class TokenHold:
         self._pending: dict[str, Held] = {}
         self._ends: dict[str, list[float]] = {}  # a held stream's step ends, flat (t, gap) pairs
         self.coalesced = 0  # Tokens replaced by a newer one of their stream (never passed on)
+        self.step_ends = 0  # step ends taken to carry on the Tokens that go out
+        self.full = 0  # Tokens passed on before their interval's end: full of step ends
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -67,11 +69,13 @@ class TokenHold:
         if rid in pending:
             self.coalesced += 1
         if step_gap is not None:
+            self.step_ends += 1
             ends = self._ends.get(rid)
             if ends is None:
                 ends = self._ends[rid] = []
             ends += (ev.t, step_gap)
             if len(ends) >= 2 * MAX_STEP_ENDS:
+                self.full += 1
                 pending.pop(rid, None)
                 return self._out((ev, now))
         pending[rid] = (ev, now)

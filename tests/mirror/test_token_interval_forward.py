@@ -52,13 +52,16 @@ def test_the_centre_takes_held_tokens_and_ends_with_the_nodes_state() -> None:
                 centre_tokens = centre.sync(lambda: centre.svc.mirror.events.get(("api", "token"), 0))
                 # a stream's Tokens: its first, then one per 0.2 s interval its chunks fell in, not one
                 # per chunk; every chunk that advanced a count is either passed on or coalesced
-                intervals = int(spanned / 0.2) + 2
-                assert STREAMS <= centre_tokens == node_tokens <= STREAMS * intervals, spanned
+                intervals = int(spanned / 0.2) + 2  # (a span meets at most this many intervals)
+                assert STREAMS <= centre_tokens == node_tokens <= STREAMS * (1 + intervals), spanned
                 coalesced = node.sync(lambda: hold.coalesced)
                 assert coalesced > 0 and coalesced + node_tokens >= STREAMS * (TOKENS - 1)
                 metrics = httpx.get(node.ready["api"] + "/metrics").text
                 assert f"shadow_mirror_tokens_coalesced_total {float(coalesced)}" in metrics
                 assert "shadow_mirror_tokens_held 0.0" in metrics
+                ends = [float(line.split()[1]) for line in metrics.splitlines()
+                        if line.startswith("shadow_mirror_step_ends_total ")]
+                assert ends and ends[0] > 0, "the node found step ends in its streams and carried them"
                 node_w = node.sync(lambda: node.svc.state.snapshot(0)["workers"]["d0"])
                 centre_w = centre.sync(lambda: centre.svc.state.snapshot(0)["workers"]["d0"])
                 assert {k: centre_w[k] for k in ("active", "kv_tokens", "finished")} == {

@@ -67,6 +67,7 @@ def test_a_stream_with_the_most_step_ends_a_token_carries_goes_out_at_once() -> 
     assert len(out) == 2 and out[1].generated == MAX_STEP_ENDS + 1
     assert out[1].step_ends is not None and len(out[1].step_ends) == 2 * MAX_STEP_ENDS
     assert from_dict(event_dict(out[1])) == out[1]  # (the event API takes it)
+    assert m.hold is not None and (m.hold.full, m.hold.step_ends) == (1, MAX_STEP_ENDS + 1)  # (counted)
 
 
 def _three_on_d0(m: Mirror) -> None:
