@@ -5,8 +5,8 @@ recorder (if any) and to a bounded ring of recent events (served by GET /v1/even
 With `token_interval_s` > 0 the taps' Tokens pass a `TokenHold` first (one per stream per
 interval of event time: `shadow.mirror.tokenhold`), except a stream's first Token, passed on at
 once; the chunks that ended a decode step of their worker (`shadow.engine.stepends`) go out with
-the held Token (`Token.step_ends`);
-everything after the hub sees the same events whatever the interval's batches were.
+the held Token (`Token.step_ends`); everything after the hub sees the same events whatever the
+interval's batches were.
 All counters here are plain integers exported by `shadow.mirror.metrics.MirrorCollector`.
 """
 
@@ -186,9 +186,9 @@ class Mirror:
             self.count_drop("live_cap")
             return "live_cap"
         outcome = self.state.apply(ev, now)
-        learns = outcome == OK or isinstance(ev, Finish | Cancel)  # (of a request the state refused: nothing)
-        if learns and self.hold is not None and not isinstance(ev, Token):
-            self.step_end_finder.learn(ev)
+        if (self.hold is not None and not isinstance(ev, Token)
+                and (outcome == OK or isinstance(ev, Finish | Cancel))):
+            self.step_end_finder.learn(ev)  # (of a request the state refused: nothing)
         key = (source, ev.kind)
         self.events[key] = self.events.get(key, 0) + 1
         if outcome != OK:

@@ -182,8 +182,8 @@ class EngineSched:
             kids = children.get(todo.pop(), [])
             mine += kids
             todo += kids
-        for pid in mine:
-            title = self._title(pid)
+        titles = {pid: self._title(pid) for pid in mine}
+        for pid, title in titles.items():
             if title == b"VLLM::EngineCore":
                 if 0 in self._pids:
                     continue
@@ -193,7 +193,7 @@ class EngineSched:
             else:
                 continue
             workers = [c for c in sorted(children.get(pid, []))
-                       if (self._title(c) or b"").startswith(b"VLLM::Worker")]
+                       if (titles.get(c) or b"").startswith(b"VLLM::Worker")]
             self._pids[engine] = workers[0] if workers else pid
 
     def _title(self, pid: int) -> bytes | None:
