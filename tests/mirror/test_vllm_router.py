@@ -34,12 +34,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait(url: str, timeout: float = 30) -> None:
+def _wait(url: str, proc: subprocess.Popen[bytes], timeout: float = 30) -> bool:
+    """True once url answers 200; False as soon as proc has exited (its log says why)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
         try:
             if httpx.get(url, timeout=1).status_code == 200:
-                return
+                return True
         except httpx.HTTPError:
             pass
         time.sleep(0.1)
@@ -51,37 +54,45 @@ def router(tmp_path: Path) -> Iterator[Any]:
     procs: list[tuple[subprocess.Popen[bytes], Any]] = []
 
     def start(args: list[str]) -> tuple[str, str]:
+        """The router on two free ports; started again on new ones only when another process took a
+        port between our probe and its bind (xdist workers run beside it)."""
         exe = find_executable("vllm-router")
         if exe is None:
             pytest.fail("vllm-router is not installed (pip install -e '.[test]')")
-        port, mport = _free_port(), _free_port()
-        log = (tmp_path / "router.log").open("wb")
-        p = subprocess.Popen(
-            [
-                exe,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                *args,
-                "--prometheus-host",
-                "127.0.0.1",
-                "--prometheus-port",
-                str(mport),
-                "--worker-startup-check-interval",
-                "1",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-        procs.append((p, log))
-        url = f"http://127.0.0.1:{port}"
-        try:
-            _wait(url + "/health")
-        except TimeoutError:
-            pytest.fail((tmp_path / "router.log").read_text()[-2000:])
-        return url, f"http://127.0.0.1:{mport}/metrics"
+        for attempt in range(3):
+            port, mport = _free_port(), _free_port()
+            path = tmp_path / f"router{len(procs)}.log"
+            log = path.open("wb")
+            p = subprocess.Popen(
+                [
+                    exe,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    *args,
+                    "--prometheus-host",
+                    "127.0.0.1",
+                    "--prometheus-port",
+                    str(mport),
+                    "--worker-startup-check-interval",
+                    "1",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+            procs.append((p, log))
+            url = f"http://127.0.0.1:{port}"
+            try:
+                if _wait(url + "/health", p):
+                    return url, f"http://127.0.0.1:{mport}/metrics"
+            except TimeoutError:
+                pytest.fail(path.read_text()[-2000:])
+            text = path.read_text()
+            if "Address already in use" not in text or attempt == 2:
+                pytest.fail(text[-2000:])
+        raise AssertionError("unreachable")
 
     yield start
     for p, log in procs:
