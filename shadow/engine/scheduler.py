@@ -107,7 +107,9 @@ class EngineScheduler:
         self.fresh: list[list[int]] = [[] for _ in range(g)]  # ... the fresh slots per worker
         self.order: list[list[int]] = [[] for _ in range(g)]  # kv-limited: running slots, admission order
         self.slot_jobs: list[Job | None] = [None] * (g * self.b)  # kv-limited: each running slot's job
-        self.cache = [FreeBlocks(self.kv_blocks) for _ in range(g)]  # kv-limited: its free blocks
+        limits = self.limits
+        bs = 1 if limits is None else limits.block_tokens
+        self.cache = [FreeBlocks(self.kv_blocks, bs) for _ in range(g)]  # kv-limited: its free blocks
         self.prefill = [0.0] * g  # prefill tokens scheduled into each worker's next step
         self.sched_k = [-1] * g  # the step index (of its group) each worker's plan is for
         self.no_admit = [False] * g  # its plan preempted: nothing is admitted in that step (vLLM)
@@ -343,10 +345,8 @@ class EngineScheduler:
             key = int(start[slot] + self.slots.output[slot]) - 1
             host.barrier.unbook(host.barrier.group_of[g], slot, key)
             computed = job.prompt_tokens + age - 1
-        bs = self.limits.block_tokens
-        full, partial = divmod(computed, bs)
-        self.cache[g].free(1 if partial else 0)  # its last block first (evicted first)
-        self.cache[g].free(full, job.request_id)
+        full, partial = divmod(computed, self.limits.block_tokens)
+        self.cache[g].release(computed, job.request_id)
         host._release(g, slot, job, job.prompt_tokens + age)
         host.queues[g].appendleft((job, float(self.slot_ready[slot])))
         host.queued_tokens[g] += job.prompt_tokens + age
@@ -388,7 +388,7 @@ class EngineScheduler:
         back latency, it drains (its stream ends later; `on_drain` told)."""
         if self.kv_limited:
             assert self.limits is not None
-            self.cache[g].free(-(-(held - 1) // self.limits.block_tokens))
+            self.cache[g].release(held - 1)
         if self.back_s is not None and self.back_s[g] > 0:
             self.draining[g].append((end + self.back_s[g], held))
             self.draining_tokens[g] += held

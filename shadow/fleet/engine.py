@@ -176,7 +176,7 @@ class DecodeEngine:
         self.last_step_end = 0.0
         self.up = True
         self._stats = EngineStats(max_model_len)
-        self._cache = FreeBlocks(kv_capacity_tokens // block_size)  # its free blocks (prefix cache)
+        self._cache = FreeBlocks(kv_capacity_tokens // block_size, block_size)  # free blocks (prefix cache)
 
     @classmethod
     def sized(
@@ -232,7 +232,7 @@ class DecodeEngine:
                 self.running.remove(seq)
                 self.load -= seq.prompt_tokens + seq.generated
                 held = seq.prompt_tokens + seq.generated - seq.prefill_left
-                self._cache.free(-(-held // self.block_size))
+                self._cache.release(held)
             except ValueError:
                 pass
         finish_seq(seq, reason, now, self._stats)
@@ -249,7 +249,7 @@ class DecodeEngine:
         self.running = []
         self.waiting.clear()
         self.load = 0
-        self._cache = FreeBlocks(self.kv_capacity_tokens // self.block_size)
+        self._cache = FreeBlocks(self.kv_capacity_tokens // self.block_size, self.block_size)
         self._stats = EngineStats(self.max_model_len)
 
     # -- clock side ------------------------------------------------------------------------------
@@ -331,8 +331,7 @@ class DecodeEngine:
                 computed = seq.prompt_tokens + seq.generated - 1
             full, partial = divmod(computed, bs)
             seq.held_blocks = full + (1 if partial else 0)
-            self._cache.free(1 if partial else 0)  # its last block first (evicted first)
-            self._cache.free(full, seq.rid)
+            self._cache.release(computed, seq.rid)
             seq.status = WAITING
             seq.prefill_left = 0
             self.waiting.appendleft(seq)
@@ -378,7 +377,7 @@ class DecodeEngine:
             for seq in running:
                 if seq.generated >= seq.target:
                     self.load -= seq.prompt_tokens + seq.generated
-                    self._cache.free(-(-(seq.prompt_tokens + seq.generated - 1) // self.block_size))
+                    self._cache.release(seq.prompt_tokens + seq.generated - 1)
                     finish_seq(seq, seq.natural_finish, now, st)
                 else:
                     keep.append(seq)
