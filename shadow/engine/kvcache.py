@@ -69,12 +69,16 @@ class FreeBlocks:
         if owner is not None:
             self._owned[owner] = group
 
-    def reclaim(self, owner: Hashable) -> int:
-        """The blocks of `owner` still cached (0: none), taken out of the queue: its hit."""
+    def reclaim(self, owner: Hashable, tokens: int) -> int:
+        """The prefix-cache hit, in tokens, of `owner` resuming with `tokens` tokens: its blocks still
+        cached, at most (tokens - 1) // block_tokens of them (vLLM computes at least the last token),
+        taken out of the queue; cached blocks of it past those stay where they are, no one's."""
         group = self._owned.pop(owner, None)
         if group is None:
             return 0
         count = group[1]
         assert isinstance(count, int)
-        group[1] = 0  # left in the queue as an empty group: popped when reached
-        return count
+        hit = min(count, max(0, tokens - 1) // self.block_tokens)
+        group[0] = None
+        group[1] = count - hit  # an empty group is popped when reached
+        return hit * self.block_tokens

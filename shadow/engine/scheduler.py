@@ -272,11 +272,9 @@ class EngineScheduler:
             if self.kv_limited:
                 assert limits is not None
                 bs = limits.block_tokens
-                cached = self.cache[g].reclaim(rid)
-                hit = min(cached, (need - 1) // bs) * bs
+                hit = self.cache[g].reclaim(rid, need)
             chunk = int(min(need - hit, budget))
             if self.kv_limited:
-                self.cache[g].free(cached - hit // bs)  # (cached past the last token: not a hit)
                 self.cache[g].allocate(-(-(hit + chunk) // bs) - hit // bs)
             budget -= chunk
             self.prefill[g] += chunk

@@ -291,10 +291,8 @@ class DecodeEngine:
                 if used + -(-size // bs) > cap:
                     break
             # a preempted request's blocks still cached: only the tokens past them are computed
-            cached = cache.reclaim(seq.rid)
-            hit = min(cached, (size - 1) // bs) * bs
+            hit = cache.reclaim(seq.rid, size)
             chunk = size if remote else int(min(size - hit, budget))
-            cache.free(cached - hit // bs)
             cache.allocate(-(-(hit + chunk) // bs) - hit // bs)
             used = used if used < 0 else used + -(-(hit + chunk) // bs)
             waiting.popleft()

@@ -26,7 +26,7 @@ def test_a_partly_filled_block_is_reused_before_a_preempted_requests_cached_bloc
     cache.release(3 * 128, owner="r7")
     cache.release(4 * 128 + 5)
     cache.allocate(1)
-    assert cache.reclaim("r7") == 3
+    assert cache.reclaim("r7", 3 * 128 + 1) == 3 * 128
 
 
 def test_hashed_blocks_are_evicted_oldest_first_and_a_requests_last_block_first() -> None:
@@ -35,8 +35,21 @@ def test_hashed_blocks_are_evicted_oldest_first_and_a_requests_last_block_first(
     cache.release(3 * 128, owner="a")  # freed first: evicted first, its last block first
     cache.release(3 * 128, owner="b")
     cache.allocate(2)
-    assert cache.reclaim("a") == 1
-    assert cache.reclaim("b") == 3
+    assert cache.reclaim("a", 1000) == 128
+    assert cache.reclaim("b", 1000) == 3 * 128
+
+
+def test_a_cached_block_past_the_hit_stays_where_it_was() -> None:
+    # vLLM computes at least a sequence's last token: resuming with exactly 3 blocks' tokens, only 2
+    # are a hit; the third stays in the queue where it was, evicted before blocks freed after it
+    cache = FreeBlocks(6, 128)
+    cache.allocate(6)
+    cache.release(3 * 128, owner="a")
+    cache.release(3 * 128, owner="b")
+    assert cache.reclaim("a", 3 * 128) == 2 * 128
+    assert cache.reclaim("a", 3 * 128) == 0  # taken once
+    cache.allocate(1)
+    assert cache.reclaim("b", 1000) == 3 * 128
 
 
 @given(st.lists(st.tuples(st.integers(0, 2000), st.booleans()), max_size=20), st.integers(0, 40))
@@ -50,7 +63,7 @@ def test_partial_blocks_go_first_and_no_block_is_made(frees: list[tuple[int, boo
     released = sum(-(-t // 128) for t, _ in frees)
     take = min(take, released)
     cache.allocate(take)
-    kept = sum(cache.reclaim(i) for i, (_, owned) in enumerate(frees) if owned)
+    kept = sum(cache.reclaim(i, 10**6) for i, (_, owned) in enumerate(frees) if owned) // 128
     assert cache.unhashed == max(0, partial - take)
     assert kept <= owned_full and cache.unhashed + kept <= released - take
     if take <= partial:  # taken from the partly filled blocks alone: every cached one is still there
