@@ -13,19 +13,15 @@ import os
 import sys
 from typing import Any
 
+from shadow.realvllm.pluginenv import micros_from_env
+
 ENV = "SHADOW_NIXL_PROGRESS_DELAY_US"
 LOG = logging.getLogger("vllm.plugins.shadow_nixlpace")  # under vLLM's handler: in its log
 
 
 def delay_from_env(environ: dict[str, str] | os._Environ[str] = os.environ) -> int | None:
     """The delay asked for (µs), None when unset; ValueError for a value that is not an int ≥ 0."""
-    raw = environ.get(ENV, "").strip()
-    if not raw:
-        return None
-    delay = int(raw)
-    if delay < 0:
-        raise ValueError(f"{ENV} must be >= 0 µs, got {delay}")
-    return delay
+    return micros_from_env(ENV, 0, environ)
 
 
 def pace(bindings: Any, delay_us: int) -> bool:

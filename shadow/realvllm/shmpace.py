@@ -20,19 +20,15 @@ import os
 import time
 from typing import Any
 
+from shadow.realvllm.pluginenv import micros_from_env
+
 ENV = "SHADOW_SHM_SPIN_SLEEP_US"
 LOG = logging.getLogger("vllm.plugins.shadow_shmpace")  # under vLLM's handler: in its log
 
 
 def sleep_from_env(environ: dict[str, str] | os._Environ[str] = os.environ) -> int | None:
     """The sleep asked for (µs), None when unset; ValueError for a value that is not an int ≥ 1."""
-    raw = environ.get(ENV, "").strip()
-    if not raw:
-        return None
-    sleep_us = int(raw)
-    if sleep_us < 1:
-        raise ValueError(f"{ENV} must be >= 1 µs, got {sleep_us}")
-    return sleep_us
+    return micros_from_env(ENV, 1, environ)
 
 
 def pace(spin_condition: Any, sleep_us: int) -> bool:
