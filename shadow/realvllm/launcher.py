@@ -42,9 +42,13 @@ from shadow.base.procs import log_tail
 from shadow.realvllm.cpumoe import write_site_hook
 from shadow.realvllm.model import SIZES
 from shadow.realvllm.nixlpace import ENV as NIXL_PACE_ENV
+from shadow.realvllm.shmpace import ENV as SHM_PACE_ENV
 
 ENV_VENV = "SHADOW_VLLM_VENV"
 NIXL_PROGRESS_DELAY_US = 1000  # NIXL's progress thread's sleep between polls in the servers
+#: vLLM's message-queue readers' sleep between checks where they would spin (shadow.realvllm.shmpace);
+#: the servers' environment's own value wins (empty: off)
+SHM_SPIN_SLEEP_US = 100
 DEFAULT_KV_BYTES = 128 << 20
 CONNECTORS = ("auto", "nixl", "example")  # P/D KV connectors (without prefill servers: none is used)
 MODEL_SIZES = tuple(SIZES)  # the built-in models: tiny, mid, moe
@@ -311,6 +315,8 @@ class VllmFleet:
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
         })
+        # an engine core and its worker would each keep a thread spinning (shadow.realvllm.shmpace)
+        env.setdefault(SHM_PACE_ENV, str(SHM_SPIN_SLEEP_US))
         for k in ("SHADOW_PROBE_URL", "SHADOW_PROBE_TOKEN", "SHADOW_PROBE_WORKER"):
             env.pop(k, None)
         if cfg.probe_url:

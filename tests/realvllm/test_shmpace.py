@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 
 from shadow.realvllm import shmpace
+from shadow.realvllm.launcher import SHM_SPIN_SLEEP_US, VllmFleet, VllmFleetConfig
 from shadow.realvllm.shmpace import ENV, pace, sleep_from_env
 
 
@@ -72,3 +74,17 @@ def test_register_is_inert_when_unset_and_warns_on_a_bad_value(monkeypatch: Any,
     with caplog.at_level("WARNING", logger=shmpace.LOG.name):
         shmpace.register()
     assert ENV in caplog.text and "left as they are" in caplog.text
+
+
+def test_the_launcher_paces_the_servers_it_starts_unless_their_environment_says(tmp_path: Path,
+                                                                               monkeypatch: Any) -> None:
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    for exe in ("vllm", "python"):
+        (venv / "bin" / exe).touch()
+    fleet = VllmFleet(VllmFleetConfig(decode=1, venv=str(venv), log_dir=tmp_path))
+    monkeypatch.delenv(ENV, raising=False)
+    assert fleet._env(0, "d0")[ENV] == str(SHM_SPIN_SLEEP_US)
+    monkeypatch.setenv(ENV, "")  # the operator's own value wins: empty turns the plugin off
+    assert fleet._env(0, "d0")[ENV] == ""
+    assert sleep_from_env(fleet._env(0, "d0")) is None
