@@ -91,3 +91,16 @@ def test_the_twin_matches_a_real_engines_steps_where_a_partial_block_was_freed_b
     counted = {k for k, s in enumerate(steps) if s.preempted}
     resumes = counted | {k - 1 for k in counted}
     assert {k for k, p in enumerate(pairs) if p.engine[3] != p.twin[3]} <= resumes
+
+
+def test_a_request_preempted_again_after_a_resume_keeps_its_new_blocks_cached() -> None:
+    # its first group, emptied by the resume, is reached by a later allocation: that must not drop
+    # the second preemption's blocks from the cache (it did while the empty group kept its owner)
+    cache = FreeBlocks(8, 128)
+    cache.allocate(8)
+    cache.release(2 * 128, owner="r")
+    assert cache.reclaim("r", 2 * 128 + 1) == 2 * 128
+    cache.release(3 * 128, owner="r")  # preempted again, later
+    cache.release(2 * 128)  # another request's blocks, freed after
+    cache.allocate(1)  # reaches the first (empty) group, then takes one of the second's
+    assert cache.reclaim("r", 10_000) == 2 * 128
