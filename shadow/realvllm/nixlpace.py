@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any
 
-from shadow.realvllm.pluginenv import micros_from_env
+from shadow.realvllm.pluginenv import micros_from_env, patch_once, setting_or_warn
 
 ENV = "SHADOW_NIXL_PROGRESS_DELAY_US"
 LOG = logging.getLogger("vllm.plugins.shadow_nixlpace")  # under vLLM's handler: in its log
@@ -26,26 +26,17 @@ def delay_from_env(environ: dict[str, str] | os._Environ[str] = os.environ) -> i
 
 def pace(bindings: Any, delay_us: int) -> bool:
     """Make every agent `bindings.nixlAgent` builds use `delay_us` (False: already paced)."""
-    make = bindings.nixlAgent
-    if getattr(make, "_shadow_paced", False):
-        return False
+    def wrap(make: Any) -> Any:
+        def paced(name: str, config: Any) -> Any:
+            config.pthrDelay = delay_us
+            return make(name, config)
+        return paced
 
-    def paced(name: str, config: Any) -> Any:
-        config.pthrDelay = delay_us
-        return make(name, config)
-
-    paced._shadow_paced = True  # type: ignore[attr-defined]
-    bindings.nixlAgent = paced
-    return True
-
+    return patch_once(bindings, "nixlAgent", wrap)
 
 def register() -> None:
     """The plugin's entry point (vLLM calls it in every process it starts; idempotent)."""
-    try:
-        delay = delay_from_env()
-    except ValueError as exc:
-        LOG.warning("shadow nixlpace: %s; NIXL left as it is", exc)
-        return
+    delay = setting_or_warn(delay_from_env, LOG, "shadow nixlpace", "NIXL left as it is")
     if delay is None:
         return
     os.environ.setdefault("UCX_RCACHE_MAX_UNRELEASED", "1024")  # vLLM's own default, set pre-import

@@ -10,7 +10,8 @@ vLLM's own idle wait is unchanged. Inert when unset.
 Not done instead: a shorter busy second (vLLM's idle wait on the queue's notify socket then runs
 at every step; measured: both engines of a 2-server fleet stalled within seconds, 8 running
 requests each, a notification lost).
-`shadow fleet --engine vllm` sets it for the servers it starts (`VllmFleetConfig.shm_spin_sleep_us`).
+`shadow fleet --engine vllm` sets 100 µs for the servers it starts unless their environment has
+its own value (`shadow.realvllm.launcher.SHM_SPIN_SLEEP_US`; empty: off).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import os
 import time
 from typing import Any
 
-from shadow.realvllm.pluginenv import micros_from_env
+from shadow.realvllm.pluginenv import micros_from_env, patch_once, setting_or_warn
 
 ENV = "SHADOW_SHM_SPIN_SLEEP_US"
 LOG = logging.getLogger("vllm.plugins.shadow_shmpace")  # under vLLM's handler: in its log
@@ -34,29 +35,22 @@ def sleep_from_env(environ: dict[str, str] | os._Environ[str] = os.environ) -> i
 def pace(spin_condition: Any, sleep_us: int) -> bool:
     """Make every reader of `spin_condition` (the class) sleep `sleep_us` between checks while
     vLLM would spin, instances made before included (False: already paced)."""
-    wait = spin_condition.wait
-    if getattr(wait, "_shadow_paced", False):
-        return False
     pause = sleep_us / 1e6
 
-    def paced(self: Any, timeout_ms: int | None = None) -> None:
-        if time.monotonic() <= self.last_read + self.busy_loop_s:
-            time.sleep(pause)
-        else:
-            wait(self, timeout_ms)
+    def wrap(wait: Any) -> Any:
+        def paced(self: Any, timeout_ms: int | None = None) -> None:
+            if time.monotonic() <= self.last_read + self.busy_loop_s:
+                time.sleep(pause)
+            else:
+                wait(self, timeout_ms)
+        return paced
 
-    paced._shadow_paced = True  # type: ignore[attr-defined]
-    spin_condition.wait = paced
-    return True
-
+    return patch_once(spin_condition, "wait", wrap)
 
 def register() -> None:
     """The plugin's entry point (vLLM calls it in every process it starts; idempotent)."""
-    try:
-        sleep_us = sleep_from_env()
-    except ValueError as exc:
-        LOG.warning("shadow shmpace: %s; vLLM's message queues left as they are", exc)
-        return
+    sleep_us = setting_or_warn(sleep_from_env, LOG, "shadow shmpace",
+                               "vLLM's message queues left as they are")
     if sleep_us is None:
         return
     try:
